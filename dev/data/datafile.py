@@ -1,0 +1,570 @@
+"""Shared reading and writing of remat's data files, used by every data script.
+
+The trainer reads two binary formats (see docs/FORMATS.md): token shards (a
+1,024-byte header of 256 int32 values, then uint16 tokens) and tokenizer files
+(same header size, then one length byte plus raw bytes per token). Keeping the
+one implementation here means the scripts, the tests and the C reader all agree
+on a single definition, and that every writer is atomic: a file only appears
+under its final name once it is complete, so an interrupted run can never leave
+a half-written shard that looks valid.
+
+It also builds the GPT-2 tiktoken encoding, either online or, for machines
+without internet, from a local copy of the r50k_base ranks file whose sha256 is
+checked before use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+# --- format constants (docs/FORMATS.md) -----------------------------------------
+
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+TOKENIZER_MAGIC = 20240328
+TOKENIZER_VERSION = 2
+
+MAX_TOKEN_ID = 65535  # shards store uint16
+MAX_SHARD_TOKENS = 2**31 - 1  # the count lives in an int32 header slot
+
+# --- GPT-2 tokenizer facts --------------------------------------------------------
+
+GPT2_EOT = 50256
+GPT2_VOCAB_SIZE = 50257
+GPT2_EOT_TEXT = "<|endoftext|>"
+# sha256 of the r50k_base ranks file (the one tiktoken itself expects).
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+# GPT-2's pre-tokenizer split pattern, as tiktoken defines it for gpt2/r50k_base.
+GPT2_PAT_STR = (
+    r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+)
+TIKTOKEN_ENV = "REMAT_TIKTOKEN_FILE"
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Defaults are anchored at the repository so a script writes to the same place
+# whatever directory it is started from.
+DATA_ROOT = REPO_ROOT / "data"
+
+# Token counts above which writers show a progress bar.
+PROGRESS_THRESHOLD = 1 << 24
+
+
+class DataError(ValueError):
+    """An expected failure (bad input file, no network...) reported in one line."""
+
+
+# --- atomic files -----------------------------------------------------------------
+
+
+class _AtomicFile:
+    """A binary file written under `path + ".tmp"` and renamed into place on commit.
+
+    os.replace is atomic on POSIX, so readers see either no file or a whole one.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = os.fspath(path)
+        self.tmp = self.path + ".tmp"
+        parent = os.path.dirname(self.path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        self.f = open(self.tmp, "wb")
+
+    def commit(self) -> None:
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.f.close()
+        try:
+            os.remove(self.tmp)
+        except FileNotFoundError:
+            pass
+
+
+def _header(values: Sequence[int], dtype: str) -> bytes:
+    h = np.zeros(HEADER_INTS, dtype=dtype)  # unused slots must be zero
+    h[: len(values)] = values
+    return h.tobytes()
+
+
+def _progress(total: int | None, desc: str, enabled: bool | None):
+    """A tqdm token counter, shown only for big outputs unless asked for."""
+    from tqdm import tqdm
+
+    if enabled is None:
+        enabled = total is None or total >= PROGRESS_THRESHOLD
+    return tqdm(total=total, desc=desc, unit="tok", unit_scale=True, disable=not enabled)
+
+
+# --- token shards -----------------------------------------------------------------
+
+
+def as_tokens(tokens) -> np.ndarray:
+    """Validate token ids and return them as little-endian uint16."""
+    arr = np.asarray(tokens)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    if arr.size == 0:
+        return np.zeros(0, dtype="<u2")
+    if arr.dtype.kind not in "iu":
+        raise DataError(f"token ids must be integers, got dtype {arr.dtype}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi > MAX_TOKEN_ID:
+        bad = lo if lo < 0 else hi
+        raise DataError(f"token id {bad} does not fit in uint16 (0..{MAX_TOKEN_ID})")
+    return arr.astype("<u2", copy=False)
+
+
+def shard_header(ntokens: int) -> bytes:
+    if not 0 <= ntokens <= MAX_SHARD_TOKENS:
+        raise DataError(f"a shard holds at most {MAX_SHARD_TOKENS} tokens, got {ntokens}")
+    return _header([SHARD_MAGIC, SHARD_VERSION, ntokens], "<i4")
+
+
+def write_shard(path, tokens, progress: bool | None = None) -> None:
+    """Write one token shard atomically; big arrays are written in chunks with a bar."""
+    arr = as_tokens(tokens)
+    out = _AtomicFile(path)
+    try:
+        out.f.write(shard_header(len(arr)))
+        chunk = 1 << 22
+        with _progress(len(arr), f"write {os.path.basename(out.path)}", progress) as bar:
+            for i in range(0, len(arr), chunk):
+                piece = arr[i : i + chunk]
+                out.f.write(piece.tobytes())
+                bar.update(len(piece))
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+
+
+def read_shard(path, mmap: bool = False) -> np.ndarray:
+    """Read a token shard, refusing anything that is not exactly a valid one."""
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read token shard: {e.strerror}") from None
+    if len(raw) < HEADER_BYTES:
+        raise DataError(f"{path}: truncated header ({len(raw)} of {HEADER_BYTES} bytes)")
+    header = np.frombuffer(raw, dtype="<i4")
+    magic, version, ntokens = (int(x) for x in header[:3])
+    if magic != SHARD_MAGIC:
+        raise DataError(f"{path}: bad magic {magic} (a token shard has {SHARD_MAGIC})")
+    if version != SHARD_VERSION:
+        raise DataError(f"{path}: unsupported shard version {version} (expected {SHARD_VERSION})")
+    if ntokens < 0:
+        raise DataError(f"{path}: negative token count {ntokens}")
+    expected = HEADER_BYTES + 2 * ntokens
+    if size != expected:
+        what = "truncated" if size < expected else "trailing bytes"
+        raise DataError(
+            f"{path}: {what}: file is {size} bytes but header says {ntokens} tokens "
+            f"({expected} bytes)"
+        )
+    if mmap:
+        return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntokens,))
+    data = np.fromfile(path, dtype="<u2", count=ntokens, offset=HEADER_BYTES)
+    return data.astype(np.uint16, copy=False)
+
+
+class ShardWriter:
+    """Streams token arrays into shards of exactly `shard_tokens` tokens each.
+
+    `path_for(index)` names shard `index` (0, 1, ...). Documents are not kept whole:
+    a document that crosses a boundary continues at the start of the next shard, so
+    every shard except the last is exactly full. With `shard_tokens=None` everything
+    goes into the single shard 0, written incrementally so the whole token stream
+    never has to sit in memory. Each shard becomes visible only once complete.
+    """
+
+    def __init__(
+        self,
+        path_for: Callable[[int], str | os.PathLike],
+        shard_tokens: int | None = None,
+        desc: str = "tokens",
+        total: int | None = None,
+        progress: bool | None = None,
+    ):
+        if shard_tokens is not None and not 0 < shard_tokens <= MAX_SHARD_TOKENS:
+            raise DataError(f"shard size must be in 1..{MAX_SHARD_TOKENS}, got {shard_tokens}")
+        self.path_for = path_for
+        self.shard_tokens = shard_tokens
+        self.paths: list[str] = []
+        self._out: _AtomicFile | None = None
+        self._count = 0
+        self.total_tokens = 0
+        self._bar = _progress(total, desc, True if progress is None else progress)
+
+    def add(self, tokens) -> None:
+        arr = as_tokens(tokens)
+        pos = 0
+        while pos < len(arr):
+            if self._out is None:
+                self._open()
+            take = len(arr) - pos
+            if self.shard_tokens is not None:
+                take = min(take, self.shard_tokens - self._count)
+            self._out.f.write(arr[pos : pos + take].tobytes())
+            self._count += take
+            self.total_tokens += take
+            pos += take
+            self._bar.update(take)
+            if self._count == self.shard_tokens:
+                self._finish()
+
+    def close(self) -> list[str]:
+        """Finish the last (possibly partial) shard and return all shard paths."""
+        if self._out is None and not self.paths:
+            self._open()  # always leave at least one (possibly empty) shard behind
+        if self._out is not None:
+            self._finish()
+        self._bar.close()
+        return self.paths
+
+    def abort(self) -> None:
+        if self._out is not None:
+            self._out.abort()
+            self._out = None
+        self._bar.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def _open(self) -> None:
+        self._out = _AtomicFile(self.path_for(len(self.paths)))
+        self._out.f.write(bytes(HEADER_BYTES))  # placeholder until the count is known
+        self._count = 0
+
+    def _finish(self) -> None:
+        out = self._out
+        if self._count > MAX_SHARD_TOKENS:
+            self.abort()
+            raise DataError(f"{out.path}: more than {MAX_SHARD_TOKENS} tokens; use shards")
+        out.f.seek(0)
+        out.f.write(shard_header(self._count))
+        out.commit()
+        self.paths.append(out.path)
+        self._out = None
+
+
+def write_train_val(out_dir, prefix: str, train, val, progress: bool | None = None):
+    """Write `<prefix>_train.bin` and `<prefix>_val.bin`; returns their paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_path = out_dir / f"{prefix}_train.bin"
+    val_path = out_dir / f"{prefix}_val.bin"
+    write_shard(val_path, val, progress)
+    write_shard(train_path, train, progress)
+    return train_path, val_path
+
+
+# --- tokenizer files --------------------------------------------------------------
+
+
+def write_tokenizer(path, token_bytes_list: Sequence[bytes], eot_id: int) -> None:
+    """Write a version-2 tokenizer file (eot id in header slot 3)."""
+    n = len(token_bytes_list)
+    if not 0 <= eot_id < n:
+        raise DataError(f"end-of-text id {eot_id} is outside the vocabulary (size {n})")
+    body = bytearray()
+    for i, tok in enumerate(token_bytes_list):
+        if not isinstance(tok, (bytes, bytearray)):
+            raise DataError(f"token {i} is {type(tok).__name__}, expected bytes")
+        if not 1 <= len(tok) <= 255:
+            raise DataError(f"token {i} has length {len(tok)}; the format allows 1..255 bytes")
+        body.append(len(tok))
+        body += tok
+    out = _AtomicFile(path)
+    try:
+        out.f.write(_header([TOKENIZER_MAGIC, TOKENIZER_VERSION, n, eot_id], "<u4"))
+        out.f.write(bytes(body))
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+
+
+def read_tokenizer(path) -> tuple[list[bytes], int]:
+    """Read a tokenizer file (version 1 or 2); returns (token bytes by id, eot id)."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read tokenizer file: {e.strerror}") from None
+    if len(data) < HEADER_BYTES:
+        raise DataError(f"{path}: truncated header ({len(data)} of {HEADER_BYTES} bytes)")
+    magic, version, vocab, eot = (int(x) for x in np.frombuffer(data, "<u4", 4))
+    if magic != TOKENIZER_MAGIC:
+        raise DataError(f"{path}: bad magic {magic} (a tokenizer file has {TOKENIZER_MAGIC})")
+    if version == 1:
+        eot = GPT2_EOT  # version 1 predates the eot slot and means GPT-2
+    elif version != 2:
+        raise DataError(f"{path}: unsupported tokenizer version {version} (expected 1 or 2)")
+    if not 0 <= eot < vocab:
+        raise DataError(f"{path}: end-of-text id {eot} is outside the vocabulary ({vocab})")
+    tokens: list[bytes] = []
+    pos = HEADER_BYTES
+    for i in range(vocab):
+        if pos >= len(data):
+            raise DataError(f"{path}: truncated: file ends before token {i} of {vocab}")
+        n = data[pos]
+        if n == 0:
+            raise DataError(f"{path}: token {i} has length 0 (must be 1..255)")
+        if pos + 1 + n > len(data):
+            raise DataError(f"{path}: truncated: token {i} runs past the end of the file")
+        tokens.append(data[pos + 1 : pos + 1 + n])
+        pos += 1 + n
+    if pos != len(data):
+        raise DataError(f"{path}: trailing bytes: {len(data) - pos} bytes after the last token")
+    return tokens, eot
+
+
+# --- GPT-2 encoding ---------------------------------------------------------------
+
+
+def sha256_file(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _import_tiktoken():
+    try:
+        import tiktoken
+        import tiktoken.load
+    except ImportError:
+        raise DataError(
+            "tiktoken is not installed: pip install -r dev/data/requirements.txt"
+        ) from None
+    return tiktoken
+
+
+def gpt2_encoding(tiktoken_file: str | os.PathLike | None = None):
+    """The GPT-2 tiktoken Encoding: from a local ranks file if one is given
+    (argument, else $REMAT_TIKTOKEN_FILE), otherwise fetched by tiktoken online."""
+    tiktoken = _import_tiktoken()
+    path = tiktoken_file or os.environ.get(TIKTOKEN_ENV) or None
+    if path is None:
+        try:
+            return tiktoken.get_encoding("gpt2")
+        except Exception as e:  # tiktoken surfaces network failures in many types
+            raise DataError(
+                f"cannot fetch the GPT-2 tokenizer online ({type(e).__name__}); "
+                f"without internet pass --tiktoken-file PATH or set {TIKTOKEN_ENV} to the "
+                "r50k_base ranks file (e.g. ../shared/data/gpt2.tiktoken)"
+            ) from None
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"tiktoken ranks file not found: {path}")
+    # Checked here as well as by tiktoken: our message is clearer, and tiktoken's
+    # cache (keyed by path) could otherwise serve an older copy of the file.
+    digest = sha256_file(path)
+    if digest != GPT2_RANKS_SHA256:
+        raise DataError(
+            f"{path}: sha256 {digest} is not the GPT-2 r50k_base ranks file "
+            f"(expected {GPT2_RANKS_SHA256})"
+        )
+    ranks = tiktoken.load.load_tiktoken_bpe(path, expected_hash=GPT2_RANKS_SHA256)
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=GPT2_PAT_STR,
+        mergeable_ranks=ranks,
+        special_tokens={GPT2_EOT_TEXT: GPT2_EOT},
+        explicit_n_vocab=GPT2_VOCAB_SIZE,
+    )
+
+
+def gpt2_token_bytes(enc) -> list[bytes]:
+    return [enc.decode_single_token_bytes(i) for i in range(GPT2_VOCAB_SIZE)]
+
+
+def write_gpt2_tokenizer(path, enc) -> None:
+    """Write the GPT-2 tokenizer file (vocab 50257, eot 50256) for decoding in C."""
+    if enc.n_vocab != GPT2_VOCAB_SIZE or enc.eot_token != GPT2_EOT:
+        raise DataError(f"not a GPT-2 encoding (n_vocab {enc.n_vocab}, eot {enc.eot_token})")
+    write_tokenizer(path, gpt2_token_bytes(enc), GPT2_EOT)
+
+
+def encode_document(enc, text: str) -> np.ndarray:
+    """One document as uint16 tokens, preceded by EOT (FORMATS: EOT precedes each
+    document). encode_ordinary so "<|endoftext|>" inside text stays plain text."""
+    ids = enc.encode_ordinary(text)
+    out = np.empty(len(ids) + 1, dtype="<u2")
+    out[0] = GPT2_EOT
+    out[1:] = ids
+    return out
+
+
+# --- network and command-line plumbing --------------------------------------------
+
+# Exception type names (anywhere in the MRO) that mean "could not reach the server".
+# Names rather than classes, so requests/httpx/urllib3/huggingface_hub need not be
+# importable to recognise their errors.
+_NETWORK_ERROR_NAMES = {
+    "ConnectionError",
+    "ConnectError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "Timeout",
+    "TimeoutError",
+    "TimeoutException",
+    "NetworkError",
+    "TransportError",
+    "gaierror",
+    "NameResolutionError",
+    "MaxRetryError",
+    "NewConnectionError",
+    "ProtocolError",
+    "OfflineModeIsEnabled",
+    "LocalEntryNotFoundError",
+    "URLError",
+}
+
+
+def is_network_error(exc: BaseException | None) -> bool:
+    """True if exc, or anything it was raised from, is a failure to reach a server."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if any(t.__name__ in _NETWORK_ERROR_NAMES for t in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def download(url: str, dest, what: str, offline_hint: str, timeout: float = 60) -> Path:
+    """Fetch url into dest atomically with a progress bar; skip if dest exists."""
+    dest = Path(dest)
+    if dest.exists():
+        print(f"{dest} already present, not downloading")
+        return dest
+    import requests
+    from tqdm import tqdm
+
+    out = None
+    try:
+        with requests.get(url, stream=True, timeout=timeout) as r:
+            r.raise_for_status()
+            total = int(r.headers.get("content-length", 0)) or None
+            out = _AtomicFile(dest)
+            with tqdm(total=total, desc=f"download {dest.name}", unit="B", unit_scale=True) as bar:
+                for block in r.iter_content(1 << 20):
+                    out.f.write(block)
+                    bar.update(len(block))
+            out.commit()
+    except Exception as e:
+        if out is not None:
+            out.abort()
+        if is_network_error(e):
+            raise DataError(
+                f"downloading {what} needs internet ({url} unreachable); {offline_hint}"
+            ) from None
+        if isinstance(e, requests.HTTPError):
+            raise DataError(f"downloading {what} failed: {e}") from None
+        raise
+    return dest
+
+
+def check_reachable(url: str, what: str, offline_hint: str, timeout: float = 15) -> None:
+    """Fail in seconds, not after a library's minutes of retries, when offline."""
+    import requests
+
+    try:
+        requests.head(url, timeout=timeout, allow_redirects=True)
+    except Exception as e:
+        if is_network_error(e):
+            raise DataError(f"{what} needs internet ({url} unreachable); {offline_hint}") from None
+        raise
+
+
+def add_tiktoken_arg(parser) -> None:
+    parser.add_argument(
+        "--tiktoken-file",
+        metavar="PATH",
+        default=None,
+        help=f"GPT-2 r50k_base ranks file for offline use (default: ${TIKTOKEN_ENV}, "
+        "else tiktoken downloads it); its sha256 is checked",
+    )
+
+
+def run_main(main: Callable[[], object]) -> None:
+    """Run a script's main(); expected failures print one line and exit 1."""
+    prog = os.path.basename(sys.argv[0]) or "remat-data"
+    try:
+        main()
+    except DataError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def iter_chunks(items: Iterable, n: int):
+    """Group an iterable into lists of n (the last may be shorter)."""
+    batch = []
+    for x in items:
+        batch.append(x)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# --- parallel tokenization ----------------------------------------------------------
+
+_worker_enc = None
+
+
+def init_gpt2_worker(tiktoken_file=None) -> None:
+    """Pool initializer: each worker process builds its own encoding once."""
+    global _worker_enc
+    _worker_enc = gpt2_encoding(tiktoken_file)
+
+
+def tokenize_batch(texts: Sequence[str]) -> np.ndarray:
+    """Documents (in a worker) to one uint16 array, EOT before each document."""
+    if not texts:
+        return np.zeros(0, dtype="<u2")
+    return np.concatenate([encode_document(_worker_enc, t) for t in texts])
+
+
+def ordered_pool_map(pool, fn, items: Iterable, window: int):
+    """Like pool.imap, but with at most `window` tasks in flight. pool.imap reads its
+    whole input eagerly, which for a streamed corpus would pull the dataset into
+    memory as fast as the network allows."""
+    pending = deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()

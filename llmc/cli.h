@@ -1,0 +1,260 @@
+/*
+ * Command-line flags of both trainers.
+ *
+ * One table drives both the parser and --help, so the help text cannot drift
+ * from what the parser accepts. Values are parsed strictly: a flag's whole
+ * argument must be a number in range, or the run stops naming the flag.
+ */
+#ifndef REMAT_CLI_H
+#define REMAT_CLI_H
+
+#include <stddef.h>
+#include <limits.h>
+#include <math.h>
+#include "utils.h"
+
+typedef struct {
+    /* model */
+    const char* model;  /* -e: model file or descriptor d6 d12 d24 d36 d48 */
+    int layers, heads, channels, max_seq_len, vocab_size;
+    /* data */
+    const char* train_glob;
+    const char* val_glob;
+    const char* tokenizer_path;
+    int shuffle;
+    /* batch */
+    int B, T, total_batch_tokens;
+    int max_steps;
+    /* optimizer */
+    float lr, final_lr_frac, weight_decay, beta1, beta2, eps, grad_clip;
+    const char* schedule;
+    int warmup_steps;
+    /* evaluation and sampling */
+    int val_every, val_batches, sample_every, gen_tokens;
+    /* memory */
+    const char* recompute;
+    const char* recompute_layers;
+    int plan_only, plan_json;
+    const char* mem_budget;
+    int zero_stage, master_weights;
+    /* checkpoints and output */
+    const char* out_dir;
+    int checkpoint_every, resume;
+    int seed;
+} TrainOptions;
+
+typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_SWITCH } FlagType;
+enum { FOR_BOTH = 3, FOR_CPU = 1, FOR_GPU = 2 };
+
+typedef struct {
+    const char* name; /* as typed: "-b" or "--beta1" */
+    FlagType type;
+    size_t offset;
+    double min, max;  /* numeric range, inclusive */
+    int trainers;     /* FOR_CPU, FOR_GPU or FOR_BOTH */
+    const char* help;
+} FlagSpec;
+
+#define OPT(field) offsetof(TrainOptions, field)
+static const FlagSpec flag_table[] = {
+    {"-e", FLAG_STRING, OPT(model), 0, 0, FOR_BOTH, "model: an llm.c model file (v3 fp32 or v5 bf16), or d6|d12|d24|d36|d48 for random init"},
+    {"--layers", FLAG_INT, OPT(layers), 1, 4096, FOR_BOTH, "random init: number of layers (overrides the descriptor)"},
+    {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
+    {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
+    {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 1048576, FOR_BOTH, "random init: rows of the position table"},
+    {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 65536, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
+    {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
+    {"-j", FLAG_STRING, OPT(val_glob), 0, 0, FOR_BOTH, "validation token shards (glob; empty string: no validation)"},
+    {"--tokenizer", FLAG_STRING, OPT(tokenizer_path), 0, 0, FOR_BOTH, "tokenizer file for decoding samples (default: *tokenizer.bin beside the train shards, else gpt2_tokenizer.bin)"},
+    {"--shuffle", FLAG_INT, OPT(shuffle), 0, 1, FOR_BOTH, "1: shuffle shard order and batch order each epoch"},
+    {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
+    {"-t", FLAG_INT, OPT(T), 1, 1048576, FOR_BOTH, "sequence length T"},
+    {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*processes); must be a multiple of B*T*processes"},
+    {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data)"},
+    {"-l", FLAG_FLOAT, OPT(lr), 0, 10, FOR_BOTH, "peak learning rate"},
+    {"-k", FLAG_STRING, OPT(schedule), 0, 0, FOR_BOTH, "learning-rate schedule: cosine|linear|constant"},
+    {"-u", FLAG_INT, OPT(warmup_steps), 0, INT_MAX, FOR_BOTH, "linear warmup steps"},
+    {"-q", FLAG_FLOAT, OPT(final_lr_frac), 0, 1, FOR_BOTH, "final learning rate as a fraction of the peak (cosine, linear)"},
+    {"-c", FLAG_FLOAT, OPT(weight_decay), 0, 10, FOR_BOTH, "AdamW weight decay (2-D weights only)"},
+    {"--beta1", FLAG_FLOAT, OPT(beta1), 0, 0.999999, FOR_BOTH, "AdamW beta1"},
+    {"--beta2", FLAG_FLOAT, OPT(beta2), 0, 0.999999, FOR_BOTH, "AdamW beta2"},
+    {"--eps", FLAG_FLOAT, OPT(eps), 1e-30, 1, FOR_BOTH, "AdamW epsilon"},
+    {"--grad-clip", FLAG_FLOAT, OPT(grad_clip), 0, 1e30, FOR_BOTH, "clip the global gradient norm to this (0: off)"},
+    {"-v", FLAG_INT, OPT(val_every), 0, INT_MAX, FOR_BOTH, "validate every N steps (0: never)"},
+    {"-m", FLAG_INT, OPT(val_batches), 1, INT_MAX, FOR_BOTH, "validation batches per evaluation (at most)"},
+    {"-s", FLAG_INT, OPT(sample_every), 0, INT_MAX, FOR_BOTH, "sample every N steps (0: never)"},
+    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T)"},
+    {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, auto (fit --mem-budget)"},
+    {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 applies to: all|none|N (first N)|every:K|list like 0,2,5-7"},
+    {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
+    {"--plan-json", FLAG_SWITCH, OPT(plan_json), 0, 1, FOR_BOTH, "print the memory plan as one JSON object, then exit"},
+    {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 80GiB, 24000MiB (GPU default: free memory)"},
+    {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},
+    {"-w", FLAG_INT, OPT(master_weights), 0, 1, FOR_GPU, "1: keep fp32 master weights (low-precision builds)"},
+    {"-o", FLAG_STRING, OPT(out_dir), 0, 0, FOR_BOTH, "output directory for checkpoints and log.jsonl (empty: none)"},
+    {"-n", FLAG_INT, OPT(checkpoint_every), 0, INT_MAX, FOR_BOTH, "write a checkpoint every N steps (0: only at the end, if -o)"},
+    {"-y", FLAG_INT, OPT(resume), 0, 1, FOR_BOTH, "1: resume from the latest complete checkpoint in -o"},
+    {"--seed", FLAG_INT, OPT(seed), 0, INT_MAX, FOR_BOTH, "seed for init, shuffling and sampling"},
+};
+#undef OPT
+#define NUM_FLAGS ((int)(sizeof(flag_table) / sizeof(flag_table[0])))
+
+static inline void options_defaults(TrainOptions* o) {
+    memset(o, 0, sizeof(*o));
+    o->model = "d12";
+    o->train_glob = "data/tinyshakespeare/tiny_shakespeare_train.bin";
+    o->val_glob = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    o->tokenizer_path = "";
+    o->B = 4;
+    o->T = 1024;
+    o->total_batch_tokens = -1;
+    o->max_steps = -1;
+    o->lr = 3e-4f;
+    o->schedule = "cosine";
+    o->final_lr_frac = 1.0f;
+    o->beta1 = 0.9f;
+    o->beta2 = 0.95f;
+    o->eps = 1e-8f;
+    o->grad_clip = 1.0f;
+    o->val_every = 20;
+    o->val_batches = 20;
+    o->sample_every = 20;
+    o->gen_tokens = 64;
+    o->recompute = "0";
+    o->recompute_layers = "all";
+    o->mem_budget = "";
+    o->master_weights = 1;
+    o->out_dir = "";
+    o->seed = 1337;
+}
+
+static inline void format_default(const TrainOptions* d, const FlagSpec* f, char* buf, size_t n) {
+    const char* base = (const char*)d + f->offset;
+    switch (f->type) {
+    case FLAG_INT: snprintf(buf, n, "%d", *(const int*)base); break;
+    case FLAG_FLOAT: snprintf(buf, n, "%g", (double)*(const float*)base); break;
+    case FLAG_STRING: snprintf(buf, n, "\"%s\"", *(const char* const*)base); break;
+    case FLAG_SWITCH: snprintf(buf, n, "off"); break;
+    }
+}
+
+static inline void print_usage(const char* prog, int trainer) {
+    TrainOptions d;
+    options_defaults(&d);
+    printf("usage: %s [flags]\n\nflags (default in brackets):\n", prog);
+    for (int i = 0; i < NUM_FLAGS; i++) {
+        const FlagSpec* f = &flag_table[i];
+        if (!(f->trainers & trainer)) continue;
+        char def[96];
+        format_default(&d, f, def, sizeof(def));
+        const char* arg = f->type == FLAG_SWITCH ? "" : f->type == FLAG_STRING ? " S" : f->type == FLAG_INT ? " N" : " X";
+        char head[48];
+        snprintf(head, sizeof(head), "%s%s", f->name, arg);
+        printf("  %-22s %s [%s]\n", head, f->help, def);
+    }
+    printf("  %-22s show this help\n", "-h, --help");
+}
+
+static inline void parse_flag_value(const FlagSpec* f, const char* val, TrainOptions* o) {
+    char* end = NULL;
+    void* field = (char*)o + f->offset;
+    if (f->type == FLAG_STRING) { *(const char**)field = val; return; }
+    errno = 0;
+    if (f->type == FLAG_INT) {
+        long v = strtol(val, &end, 10);
+        if (end == val || *end != '\0' || errno == ERANGE) fail("flag %s: '%s' is not an integer", f->name, val);
+        if ((double)v < f->min || (double)v > f->max) fail("flag %s: %ld out of range [%.0f, %.0f]", f->name, v, f->min, f->max);
+        *(int*)field = (int)v;
+    } else {
+        double v = strtod(val, &end);
+        if (end == val || *end != '\0' || errno == ERANGE || !isfinite(v)) fail("flag %s: '%s' is not a number", f->name, val);
+        if (v < f->min || v > f->max) fail("flag %s: %g out of range [%g, %g]", f->name, v, f->min, f->max);
+        *(float*)field = (float)v;
+    }
+}
+
+/* Parses argv into o (defaults first). Prints help and exits 0 on -h. */
+static inline void parse_args(int argc, char** argv, TrainOptions* o, int trainer) {
+    options_defaults(o);
+    for (int i = 1; i < argc; i++) {
+        const char* a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { print_usage(argv[0], trainer); exit(0); }
+        const FlagSpec* f = NULL;
+        for (int k = 0; k < NUM_FLAGS; k++)
+            if ((flag_table[k].trainers & trainer) && strcmp(flag_table[k].name, a) == 0) f = &flag_table[k];
+        if (!f) fail("unknown flag '%s' (see --help)", a);
+        if (f->type == FLAG_SWITCH) { *(int*)((char*)o + f->offset) = 1; continue; }
+        if (i + 1 >= argc) fail("flag %s needs a value", a);
+        parse_flag_value(f, argv[++i], o);
+    }
+    if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "linear") && strcmp(o->schedule, "constant"))
+        fail("flag -k: unknown schedule '%s' (cosine, linear or constant)", o->schedule);
+    if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "auto"))
+        fail("flag -r: '%s' is not 0, 1, 2 or auto", o->recompute);
+    if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
+}
+
+/* Parses a byte size such as 80GiB, 80GB, 512MiB, 1e9: binary and decimal
+ * units, case-insensitive; bare numbers are bytes. Returns 0 for "". */
+static inline size_t parse_bytes(const char* flag, const char* s) {
+    if (s[0] == '\0') return 0;
+    char* end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno == ERANGE || !isfinite(v) || v <= 0) fail("flag %s: '%s' is not a positive size like 80GiB", flag, s);
+    static const struct { const char* unit; double mult; } units[] = {
+        {"", 1}, {"b", 1}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+        {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}, {"k", 1024.0}, {"m", 1048576.0}, {"g", 1073741824.0}};
+    char unit[8] = {0};
+    size_t n = strlen(end);
+    if (n >= sizeof(unit)) fail("flag %s: unknown unit in '%s' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", flag, s);
+    for (size_t i = 0; i < n; i++) unit[i] = (char)((end[i] >= 'A' && end[i] <= 'Z') ? end[i] + 32 : end[i]);
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(unit, units[i].unit) == 0) {
+            double bytes = v * units[i].mult;
+            if (bytes >= 1.8e19) fail("flag %s: '%s' is too large", flag, s);
+            return (size_t)bytes;
+        }
+    }
+    fail("flag %s: unknown unit in '%s' (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", flag, s);
+    return 0;
+}
+
+/* Parses --recompute-layers into a 0/1 mask over L layers. */
+static inline void parse_layer_set(const char* spec, int L, unsigned char* mask) {
+    memset(mask, 0, (size_t)L);
+    if (strcmp(spec, "all") == 0) { memset(mask, 1, (size_t)L); return; }
+    if (strcmp(spec, "none") == 0) return;
+    char* end = NULL;
+    if (strncmp(spec, "every:", 6) == 0) {
+        long k = strtol(spec + 6, &end, 10);
+        if (end == spec + 6 || *end || k < 1) fail("flag --recompute-layers: '%s': every:K needs a positive K", spec);
+        for (int l = 0; l < L; l += (int)k) mask[l] = 1;
+        return;
+    }
+    int is_count = strchr(spec, ',') == NULL && strchr(spec, '-') == NULL;
+    const char* p = spec;
+    while (*p) {
+        long a = strtol(p, &end, 10);
+        if (end == p || a < 0) fail("flag --recompute-layers: '%s' is not all, none, N, every:K or a list like 0,2,5-7", spec);
+        long b = a;
+        p = end;
+        if (*p == '-') {
+            const char* q = p + 1;
+            b = strtol(q, &end, 10);
+            if (end == q || b < a) fail("flag --recompute-layers: bad range in '%s'", spec);
+            p = end;
+        }
+        if (*p == ',') p++;
+        else if (*p) fail("flag --recompute-layers: unexpected '%c' in '%s'", *p, spec);
+        if (is_count) { /* a single number N means the first N layers */
+            if (a > L) fail("flag --recompute-layers: %ld layers requested, the model has %d", a, L);
+            memset(mask, 1, (size_t)a);
+            return;
+        }
+        if (b >= L) fail("flag --recompute-layers: layer %ld out of range (the model has %d layers)", b, L);
+        for (long l = a; l <= b; l++) mask[l] = 1;
+    }
+}
+
+#endif

@@ -1,0 +1,200 @@
+/*
+ * Token-shard dataloader (FORMATS.md: magic 20240520, version 1, uint16).
+ *
+ * A global batch is world * B * T tokens; process `rank` reads its own B*T+1
+ * window of it, so N processes with batch B see exactly the tokens of one
+ * process with batch N*B. Every shard is validated (header, exact size, every
+ * token < V) when the loader opens, before any training. Batches go in file
+ * order by default; with shuffling, shard order and batch order inside each
+ * shard are permuted per epoch from (seed, epoch), so a resumed run only
+ * needs (epoch, shard position, batch position) to continue exactly.
+ */
+#ifndef REMAT_DATALOADER_H
+#define REMAT_DATALOADER_H
+
+#include <glob.h>
+#include "utils.h"
+#include "rand.h"
+
+#define SHARD_MAGIC 20240520
+
+typedef struct {
+    char** paths;
+    size_t* num_tokens;
+    size_t* batches;       /* global batches in each shard */
+    int num_shards;
+    int B, T, rank, world;
+    int shuffle;
+    uint64_t seed;
+    /* position: the next batch is batch_order[batch_pos] of shard shard_order[shard_pos] */
+    int epoch, shard_pos;
+    size_t batch_pos;
+    int* shard_order;
+    size_t* batch_order;   /* NULL when not shuffling */
+    size_t batch_order_cap;
+    FILE* file;
+    int open_shard;
+    uint16_t* window;      /* B*T+1 tokens (from the plan) */
+    int* inputs;           /* B*T (from the plan) */
+    int* targets;
+} DataLoader;
+
+typedef struct {
+    int epoch, shard_pos;
+    int64_t batch_pos;
+} DataLoaderState;
+
+/* Reads and validates a shard header; returns the token count. */
+static inline size_t shard_open_validate_header(FILE* f, const char* path) {
+    int32_t h[256];
+    if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: too short for a token shard header (1024 bytes)", path);
+    if (h[0] != SHARD_MAGIC) fail("%s: bad magic %d (expected %d: not an llm.c token shard)", path, h[0], SHARD_MAGIC);
+    if (h[1] != 1) fail("%s: unsupported shard version %d (expected 1)", path, h[1]);
+    if (h[2] < 0) fail("%s: negative token count %d in header", path, h[2]);
+    size_t n = (size_t)(uint32_t)h[2], actual = file_size_check(f, path);
+    if (actual != 1024 + 2 * n)
+        fail("%s: size %zu bytes does not match its header (expected %zu: %zu tokens)", path, actual, 1024 + 2 * n, n);
+    return n;
+}
+
+/* Full validation of one shard: header, size, and every token < vocab_size. */
+static inline size_t shard_validate(const char* path, int vocab_size, uint16_t* buf, size_t buf_tokens) {
+    FILE* f = fopen_check(path, "rb");
+    size_t n = shard_open_validate_header(f, path);
+    for (size_t done = 0; done < n;) {
+        size_t k = n - done < buf_tokens ? n - done : buf_tokens;
+        fread_check(buf, 2, k, f, path);
+        for (size_t i = 0; i < k; i++)
+            if (buf[i] >= vocab_size)
+                fail("%s: token %u at position %zu is out of range for vocabulary size %d", path, buf[i], done + i, vocab_size);
+        done += k;
+    }
+    fclose(f);
+    return n;
+}
+
+static inline void shuffle_indices_int(int* a, int n, uint64_t seed, uint64_t stream) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rand_u64(seed, stream, (uint64_t)i) % (uint64_t)(i + 1));
+        int t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+static inline void shuffle_indices_size(size_t* a, size_t n, uint64_t seed, uint64_t stream) {
+    for (size_t i = n - 1; i > 0 && n > 1; i--) {
+        size_t j = (size_t)(rand_u64(seed, stream, (uint64_t)i) % (uint64_t)(i + 1));
+        size_t t = a[i]; a[i] = a[j]; a[j] = t;
+    }
+}
+
+/* Streams for the shuffle generator: distinct per epoch and shard. */
+static inline uint64_t loader_stream(int epoch, int shard) { return 0x5348554600000000ULL ^ ((uint64_t)epoch << 24) ^ (uint64_t)shard; }
+
+static inline int loader_current_shard(const DataLoader* dl) { return dl->shard_order[dl->shard_pos]; }
+
+/* Lays out the epoch's shard order and the current shard's batch order. */
+static inline void loader_prepare_position(DataLoader* dl) {
+    for (int i = 0; i < dl->num_shards; i++) dl->shard_order[i] = i;
+    if (dl->shuffle) shuffle_indices_int(dl->shard_order, dl->num_shards, dl->seed, loader_stream(dl->epoch, 0xffffff));
+    if (!dl->shuffle) return;
+    int s = loader_current_shard(dl);
+    size_t nb = dl->batches[s];
+    if (nb > dl->batch_order_cap) {
+        free(dl->batch_order);
+        dl->batch_order = (size_t*)malloc_check(nb * sizeof(size_t), "dataloader batch order");
+        dl->batch_order_cap = nb;
+    }
+    for (size_t i = 0; i < nb; i++) dl->batch_order[i] = i;
+    shuffle_indices_size(dl->batch_order, nb, dl->seed, loader_stream(dl->epoch, s));
+}
+
+/* Opens every shard matching `pattern`, validates all of them, and prepares
+ * epoch 0. `staging` is scratch for validation reads. */
+static inline void dataloader_init(DataLoader* dl, const char* flag, const char* pattern, int B, int T, int rank, int world,
+                                   int vocab_size, int shuffle, uint64_t seed, uint16_t* window, int* inputs, int* targets,
+                                   uint16_t* staging, size_t staging_tokens) {
+    memset(dl, 0, sizeof(*dl));
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) fail("%s: no files match '%s'", flag, pattern);
+    if (rc != 0) fail("%s: cannot expand '%s'", flag, pattern);
+    dl->num_shards = (int)g.gl_pathc;
+    dl->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "dataloader");
+    dl->num_tokens = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
+    dl->batches = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
+    dl->shard_order = (int*)malloc_check(g.gl_pathc * sizeof(int), "dataloader");
+    dl->B = B; dl->T = T; dl->rank = rank; dl->world = world;
+    dl->shuffle = shuffle; dl->seed = seed;
+    size_t global_tokens = (size_t)world * (size_t)B * (size_t)T;
+    for (int i = 0; i < dl->num_shards; i++) {
+        dl->paths[i] = strdup(g.gl_pathv[i]);
+        if (!dl->paths[i]) fail("out of host memory for the dataloader");
+        dl->num_tokens[i] = shard_validate(dl->paths[i], vocab_size, staging, staging_tokens);
+        if (dl->num_tokens[i] < global_tokens + 1)
+            fail("%s: %zu tokens, too few for one batch of %d x %d x %d processes + 1 tokens", dl->paths[i],
+                 dl->num_tokens[i], B, T, world);
+        dl->batches[i] = (dl->num_tokens[i] - 1) / global_tokens;
+    }
+    globfree(&g);
+    dl->window = window; dl->inputs = inputs; dl->targets = targets;
+    dl->open_shard = -1;
+    loader_prepare_position(dl);
+}
+
+static inline size_t dataloader_batches_per_epoch(const DataLoader* dl) {
+    size_t total = 0;
+    for (int i = 0; i < dl->num_shards; i++) total += dl->batches[i];
+    return total;
+}
+
+/* Loads the next batch into inputs/targets and advances, wrapping epochs. */
+static inline void dataloader_next(DataLoader* dl) {
+    int s = loader_current_shard(dl);
+    size_t batch = dl->shuffle ? dl->batch_order[dl->batch_pos] : dl->batch_pos;
+    size_t BT = (size_t)dl->B * (size_t)dl->T;
+    size_t start = batch * BT * (size_t)dl->world + (size_t)dl->rank * BT;
+    if (dl->open_shard != s) {
+        if (dl->file) fclose(dl->file);
+        dl->file = fopen_check(dl->paths[s], "rb");
+        dl->open_shard = s;
+    }
+    fseek_check(dl->file, (long)(1024 + 2 * start), SEEK_SET, dl->paths[s]);
+    fread_check(dl->window, 2, BT + 1, dl->file, dl->paths[s]);
+    for (size_t i = 0; i < BT; i++) {
+        dl->inputs[i] = dl->window[i];
+        dl->targets[i] = dl->window[i + 1];
+    }
+    if (++dl->batch_pos < dl->batches[s]) return;
+    dl->batch_pos = 0;
+    if (++dl->shard_pos == dl->num_shards) { dl->shard_pos = 0; dl->epoch++; }
+    loader_prepare_position(dl);
+}
+
+static inline void dataloader_reset(DataLoader* dl) {
+    dl->epoch = 0; dl->shard_pos = 0; dl->batch_pos = 0;
+    loader_prepare_position(dl);
+}
+
+static inline DataLoaderState dataloader_get_state(const DataLoader* dl) {
+    DataLoaderState st = {dl->epoch, dl->shard_pos, (int64_t)dl->batch_pos};
+    return st;
+}
+
+static inline void dataloader_set_state(DataLoader* dl, DataLoaderState st, const char* what) {
+    if (st.epoch < 0 || st.shard_pos < 0 || st.shard_pos >= dl->num_shards || st.batch_pos < 0)
+        fail("%s: dataloader position does not fit the current shards", what);
+    dl->epoch = st.epoch; dl->shard_pos = st.shard_pos;
+    loader_prepare_position(dl);
+    if ((size_t)st.batch_pos >= dl->batches[loader_current_shard(dl)])
+        fail("%s: dataloader position does not fit the current shards", what);
+    dl->batch_pos = (size_t)st.batch_pos;
+}
+
+static inline void dataloader_free(DataLoader* dl) {
+    if (dl->file) fclose(dl->file);
+    for (int i = 0; i < dl->num_shards; i++) free(dl->paths[i]);
+    free(dl->paths); free(dl->num_tokens); free(dl->batches); free(dl->shard_order); free(dl->batch_order);
+    memset(dl, 0, sizeof(*dl));
+}
+
+#endif

@@ -1,0 +1,209 @@
+/*
+ * GPT-2 model shape, parameter layout, initialisation and model files.
+ *
+ * The 16 parameter tensors live back to back in one buffer in the order of
+ * FORMATS.md, so a model file's payload maps onto the buffer 1:1. Both
+ * trainers use these functions; they move parameters through small fp32
+ * chunks so the same code serves fp32, fp64 (the gradient-check build) and
+ * device memory.
+ */
+#ifndef REMAT_MODEL_H
+#define REMAT_MODEL_H
+
+#include <math.h>
+#include "utils.h"
+#include "rand.h"
+
+#define MODEL_MAGIC 20240326
+#define NUM_PARAM_TENSORS 16
+
+typedef struct {
+    int max_seq_len;       /* maxT: rows of the position table */
+    int vocab_size;        /* V: real vocabulary */
+    int padded_vocab_size; /* Vp: V rounded up to a multiple of 128 */
+    int num_layers;        /* L */
+    int num_heads;         /* NH */
+    int channels;          /* C */
+} ModelConfig;
+
+enum {
+    P_WTE, P_WPE, P_LN1W, P_LN1B, P_QKVW, P_QKVB, P_ATTPROJW, P_ATTPROJB,
+    P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB
+};
+
+static const char* const param_tensor_names[NUM_PARAM_TENSORS] = {
+    "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+    "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
+
+typedef struct {
+    size_t count[NUM_PARAM_TENSORS];  /* elements per tensor (all layers) */
+    size_t offset[NUM_PARAM_TENSORS]; /* element offset in the parameter buffer */
+    size_t total;                     /* elements in all */
+} ParamLayout;
+
+static inline int pad_vocab(int vocab_size) { return (vocab_size + 127) / 128 * 128; }
+
+static inline void param_layout(const ModelConfig* cfg, ParamLayout* pl) {
+    size_t Vp = (size_t)cfg->padded_vocab_size, C = (size_t)cfg->channels;
+    size_t L = (size_t)cfg->num_layers, maxT = (size_t)cfg->max_seq_len;
+    size_t counts[NUM_PARAM_TENSORS] = {
+        Vp * C, maxT * C, L * C, L * C, L * 3 * C * C, L * 3 * C, L * C * C, L * C,
+        L * C, L * C, L * 4 * C * C, L * 4 * C, L * C * 4 * C, L * C, C, C};
+    size_t off = 0;
+    for (int i = 0; i < NUM_PARAM_TENSORS; i++) {
+        pl->count[i] = counts[i];
+        pl->offset[i] = off;
+        off += counts[i];
+    }
+    pl->total = off;
+}
+
+/* Weight decay applies to the 2-D weight matrices only, never to biases or
+ * LayerNorm parameters. */
+static inline int param_is_decayed(int tensor) {
+    return tensor == P_WTE || tensor == P_WPE || tensor == P_QKVW || tensor == P_ATTPROJW ||
+           tensor == P_FCW || tensor == P_FCPROJW;
+}
+
+/* Returns 0 and fills cfg for a known descriptor (d6 d12 d24 d36 d48), else -1. */
+static inline int config_from_descriptor(const char* desc, ModelConfig* cfg) {
+    static const struct { const char* name; int L, NH, C; } known[] = {
+        {"d6", 6, 6, 384}, {"d12", 12, 12, 768}, {"d24", 24, 16, 1024},
+        {"d36", 36, 20, 1280}, {"d48", 48, 25, 1600}};
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+        if (strcmp(desc, known[i].name) == 0) {
+            cfg->num_layers = known[i].L;
+            cfg->num_heads = known[i].NH;
+            cfg->channels = known[i].C;
+            cfg->max_seq_len = 1024;
+            cfg->vocab_size = 50257;
+            cfg->padded_vocab_size = pad_vocab(50257);
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* Checks a shape for internal consistency; `what` names its source. */
+static inline void config_validate(const ModelConfig* c, const char* what) {
+    if (c->num_layers < 1 || c->num_layers > 4096) fail("%s: number of layers %d out of range [1, 4096]", what, c->num_layers);
+    if (c->num_heads < 1) fail("%s: number of heads %d must be positive", what, c->num_heads);
+    if (c->channels < 1 || c->channels > (1 << 16)) fail("%s: channels %d out of range [1, 65536]", what, c->channels);
+    if (c->channels % c->num_heads != 0) fail("%s: channels %d not divisible by heads %d", what, c->channels, c->num_heads);
+    if (c->vocab_size < 2 || c->vocab_size > 65536) fail("%s: vocabulary size %d out of range [2, 65536] (tokens are uint16)", what, c->vocab_size);
+    if (c->padded_vocab_size < c->vocab_size) fail("%s: padded vocabulary %d smaller than vocabulary %d", what, c->padded_vocab_size, c->vocab_size);
+    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20)) fail("%s: max sequence length %d out of range [1, 1048576]", what, c->max_seq_len);
+}
+
+/* Standard deviation of a tensor's init; 0 means a constant fill. */
+static inline float param_init_std(const ModelConfig* cfg, int tensor) {
+    switch (tensor) {
+    case P_WTE: case P_WPE: case P_QKVW: case P_FCW: return 0.02f;
+    case P_ATTPROJW: case P_FCPROJW: return 0.02f / sqrtf(2.0f * (float)cfg->num_layers);
+    default: return 0.0f;
+    }
+}
+
+/* Fills out[0..n) with elements [start, start+n) of tensor `tensor` at init:
+ * N(0, std) weights, LayerNorm weights 1, biases 0, padded wte rows 0. */
+static inline void param_init_chunk(const ModelConfig* cfg, uint64_t seed, int tensor,
+                                    size_t start, size_t n, float* out) {
+    float std = param_init_std(cfg, tensor);
+    float fill = (tensor == P_LN1W || tensor == P_LN2W || tensor == P_LNFW) ? 1.0f : 0.0f;
+    size_t real_wte = (size_t)cfg->vocab_size * (size_t)cfg->channels;
+    for (size_t i = 0; i < n; i++) {
+        size_t e = start + i;
+        if (std == 0.0f || (tensor == P_WTE && e >= real_wte)) out[i] = fill;
+        else out[i] = std * rand_normal(seed, (uint64_t)tensor, e);
+    }
+}
+
+/* ---- model files (FORMATS.md) ---- */
+
+typedef struct {
+    ModelConfig cfg;
+    int version;       /* 3: fp32 payload, 5: bf16 payload */
+    size_t num_params; /* elements in the payload */
+} ModelFileInfo;
+
+static inline float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even; NaN stays NaN. */
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Opens a model file and validates its header and exact size. The returned
+ * stream is positioned at the payload. */
+static inline FILE* model_file_open(const char* path, ModelFileInfo* info) {
+    FILE* f = fopen_check(path, "rb");
+    int32_t h[256];
+    if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: too short for a model file header (1024 bytes)", path);
+    if (h[0] != MODEL_MAGIC) fail("%s: bad magic %d (expected %d: not an llm.c model file)", path, h[0], MODEL_MAGIC);
+    if (h[1] != 3 && h[1] != 5) fail("%s: unsupported model file version %d (expected 3 or 5)", path, h[1]);
+    info->version = h[1];
+    info->cfg.max_seq_len = h[2];
+    info->cfg.vocab_size = h[3];
+    info->cfg.num_layers = h[4];
+    info->cfg.num_heads = h[5];
+    info->cfg.channels = h[6];
+    info->cfg.padded_vocab_size = h[7];
+    config_validate(&info->cfg, path);
+    ParamLayout pl;
+    param_layout(&info->cfg, &pl);
+    info->num_params = pl.total;
+    size_t elem = info->version == 3 ? 4 : 2;
+    size_t expected = 1024 + pl.total * elem, actual = file_size_check(f, path);
+    if (actual != expected)
+        fail("%s: size %zu bytes does not match its header (expected %zu: %zu parameters x %zu bytes + 1024)",
+             path, actual, expected, pl.total, elem);
+    return f;
+}
+
+/* Reads the next n parameters of an open model file as fp32. */
+static inline void model_file_read_chunk(FILE* f, const ModelFileInfo* info, float* out, size_t n, const char* path) {
+    if (info->version == 3) {
+        fread_check(out, sizeof(float), n, f, path);
+        return;
+    }
+    uint16_t* half = (uint16_t*)out + n; /* upper half of out as staging: n bf16 fit in n/2 floats */
+    fread_check(half, sizeof(uint16_t), n, f, path);
+    for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(half[i]);
+}
+
+static inline void model_file_write_header(FILE* f, const ModelConfig* cfg, int version, const char* path) {
+    int32_t h[256];
+    memset(h, 0, sizeof(h));
+    h[0] = MODEL_MAGIC;
+    h[1] = version;
+    h[2] = cfg->max_seq_len;
+    h[3] = cfg->vocab_size;
+    h[4] = cfg->num_layers;
+    h[5] = cfg->num_heads;
+    h[6] = cfg->channels;
+    h[7] = cfg->padded_vocab_size;
+    fwrite_check(h, sizeof(int32_t), 256, f, path);
+}
+
+/* Writes n fp32 parameters as version `version` payload. For bf16 the input
+ * chunk is converted in place into its own first half. */
+static inline void model_file_write_chunk(FILE* f, int version, float* chunk, size_t n, const char* path) {
+    if (version == 3) {
+        fwrite_check(chunk, sizeof(float), n, f, path);
+        return;
+    }
+    uint16_t* half = (uint16_t*)chunk;
+    for (size_t i = 0; i < n; i++) half[i] = float_to_bf16(chunk[i]);
+    fwrite_check(half, sizeof(uint16_t), n, f, path);
+}
+
+#endif

@@ -1,0 +1,307 @@
+/*
+ * The memory plan: every buffer a training run needs, with its size and its
+ * offset in one arena, computed from the model shape, batch, sequence length,
+ * storage precision, per-layer recompute choice, ranks and ZeRO stage.
+ *
+ * Both trainers allocate exactly plan.total_bytes once, before the first step,
+ * and carve it up by these offsets; --plan prints the same numbers without
+ * allocating. The prediction equals the allocation by construction.
+ *
+ * Per layer and token, with E = bytes per stored element (4 fp32, 2 bf16/fp16)
+ * and fp32 statistics (DESIGN.md; the fp64 gradient-check build stores all in fp64):
+ *   -r 0  x ln1 qkv atty res2 ln2 fch fch_gelu = 16C elements + (4 + NH) floats
+ *   -r 2  x qkv atty res2 fch                  = 10C elements + (4 + NH) floats
+ *   -r 1  x                                    =  1C elements
+ * Whatever a layer does not keep lives in one shared "recompute set" in the
+ * scratch section, which the backward pass refills layer by layer.
+ */
+#ifndef REMAT_PLAN_H
+#define REMAT_PLAN_H
+
+#include "model.h"
+
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_SELECTIVE = 2 } RecomputeMode;
+
+enum {
+    SEC_PARAMETERS, SEC_MASTER_WEIGHTS, SEC_GRADIENTS, SEC_OPTIMIZER,
+    SEC_ACTIVATIONS, SEC_SCRATCH, SEC_WORKSPACE, NUM_SECTIONS
+};
+static const char* const plan_section_names[NUM_SECTIONS] = {
+    "parameters", "master_weights", "gradients", "optimizer", "activations", "scratch", "workspace"};
+
+/* Per-layer activations, in forward order. */
+enum {
+    ACT_X, ACT_LN1, ACT_LN1_MEAN, ACT_LN1_RSTD, ACT_QKV, ACT_ATTY, ACT_ATT_LSE, ACT_RES2,
+    ACT_LN2, ACT_LN2_MEAN, ACT_LN2_RSTD, ACT_FCH, ACT_FCH_GELU, NUM_LAYER_ACTS
+};
+static const char* const layer_act_names[NUM_LAYER_ACTS] = {
+    "x", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "att_lse", "res2",
+    "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
+
+/* Elements per token of a layer activation, and whether it is an fp32 statistic. */
+static inline size_t layer_act_per_token(int act, const ModelConfig* cfg, int* is_stat) {
+    size_t C = (size_t)cfg->channels;
+    *is_stat = 0;
+    switch (act) {
+    case ACT_X: case ACT_LN1: case ACT_ATTY: case ACT_RES2: case ACT_LN2: return C;
+    case ACT_QKV: return 3 * C;
+    case ACT_FCH: case ACT_FCH_GELU: return 4 * C;
+    case ACT_ATT_LSE: *is_stat = 1; return (size_t)cfg->num_heads;
+    default: *is_stat = 1; return 1; /* LayerNorm mean and rstd */
+    }
+}
+
+/* Whether a layer under `mode` keeps activation `act` through to backward. */
+static inline int layer_keeps(int mode, int act) {
+    if (mode == RECOMPUTE_NONE) return 1;
+    if (mode == RECOMPUTE_FULL) return act == ACT_X;
+    return act != ACT_LN1 && act != ACT_LN2 && act != ACT_FCH_GELU;
+}
+
+/* Backward-pass gradient buffers, shared by all layers (scratch). */
+enum { GRAD_DRES, GRAD_DLN, GRAD_DQKV, GRAD_DATTY, GRAD_DFCH, NUM_GRAD_ACTS };
+static const size_t grad_act_width[NUM_GRAD_ACTS] = {1, 1, 3, 1, 4}; /* x C */
+static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln", "dqkv", "datty", "dfch"};
+
+typedef enum { BACKEND_CPU = 0, BACKEND_GPU = 1 } PlanBackend;
+
+typedef struct {
+    ModelConfig cfg;
+    int B, T;
+    int backend;
+    int elem_bytes;         /* storage bytes of parameters, gradients, activations */
+    int stat_bytes;         /* bytes of statistics and losses: 4 (fp32), 8 in the fp64 check build */
+    int master_weights;     /* fp32 master copy of the parameters (low-precision builds) */
+    int world_size, zero_stage;
+    const unsigned char* layer_mode; /* L recompute modes; NULL means all RECOMPUTE_NONE */
+    int logits_chunk_rows;  /* rows of (B*T, Vp) logits materialised at once */
+    size_t io_chunk_floats; /* staging for file I/O and parameter init */
+    size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
+} PlanSpec;
+
+typedef struct {
+    char name[40];
+    int section;
+    int layer;    /* -1 for non-layer buffers */
+    size_t bytes; /* exact size */
+    size_t offset;
+} PlanEntry;
+
+typedef struct {
+    PlanSpec spec;
+    PlanEntry* entries;
+    int num_entries, cap_entries;
+    size_t section_bytes[NUM_SECTIONS];  /* aligned bytes, as allocated */
+    size_t total_bytes;
+    size_t (*layer_act)[NUM_LAYER_ACTS]; /* [L][act]: arena offset each layer uses */
+    size_t layer_stored_bytes_max;       /* largest per-layer kept bytes */
+    size_t grad_act[NUM_GRAD_ACTS];      /* arena offsets of backward buffers */
+    size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
+    size_t off_losses, off_logits, off_io_chunk, off_loader;
+    size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
+    size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
+} MemoryPlan;
+
+#define PLAN_ALIGN 256
+
+static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int layer, size_t bytes) {
+    if (p->num_entries == p->cap_entries) {
+        p->cap_entries = p->cap_entries ? 2 * p->cap_entries : 64;
+        p->entries = (PlanEntry*)realloc(p->entries, (size_t)p->cap_entries * sizeof(PlanEntry));
+        if (!p->entries) fail("out of host memory for the memory plan");
+    }
+    PlanEntry* e = &p->entries[p->num_entries++];
+    snprintf(e->name, sizeof(e->name), "%s", name);
+    e->section = section;
+    e->layer = layer;
+    e->bytes = bytes;
+    e->offset = p->total_bytes;
+    size_t aligned = ceil_div(bytes, PLAN_ALIGN) * PLAN_ALIGN;
+    p->total_bytes += aligned;
+    p->section_bytes[section] += aligned;
+    return e->offset;
+}
+
+static inline int plan_layer_mode(const PlanSpec* s, int layer) {
+    return s->layer_mode ? s->layer_mode[layer] : RECOMPUTE_NONE;
+}
+
+/* Bytes of activation `act` for B*T tokens. */
+static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
+    int is_stat;
+    size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
+    return (size_t)s->B * (size_t)s->T * per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes);
+}
+
+/* Bytes per token that one layer keeps under `mode` (the DESIGN.md table). */
+static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
+    size_t total = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        int is_stat;
+        size_t per_token = layer_act_per_token(a, &s->cfg, &is_stat);
+        if (layer_keeps(mode, a)) total += per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes);
+    }
+    return total;
+}
+
+static inline void plan_add_model_state(MemoryPlan* p) {
+    const PlanSpec* s = &p->spec;
+    ParamLayout pl;
+    param_layout(&s->cfg, &pl);
+    p->num_params = pl.total;
+    int sharded = s->zero_stage >= 1 && s->world_size > 1;
+    p->shard_params = sharded ? ceil_div(pl.total, (size_t)s->world_size) : pl.total;
+    p->off_params = plan_add(p, "params", SEC_PARAMETERS, -1, pl.total * (size_t)s->elem_bytes);
+    if (s->master_weights) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
+    p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl.total * (size_t)s->elem_bytes);
+    p->off_adam_m = plan_add(p, "adam_m", SEC_OPTIMIZER, -1, p->shard_params * 4);
+    p->off_adam_v = plan_add(p, "adam_v", SEC_OPTIMIZER, -1, p->shard_params * 4);
+}
+
+/* Per-layer kept tensors, then the shared recompute set for everything some
+ * layer does not keep. */
+static inline void plan_add_layer_activations(MemoryPlan* p) {
+    const PlanSpec* s = &p->spec;
+    int L = s->cfg.num_layers;
+    int needs_shared[NUM_LAYER_ACTS] = {0};
+    char name[40];
+    p->layer_stored_bytes_max = 0;
+    for (int l = 0; l < L; l++) {
+        int mode = plan_layer_mode(s, l);
+        size_t stored = 0;
+        for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+            if (!layer_keeps(mode, a)) { needs_shared[a] = 1; continue; }
+            snprintf(name, sizeof(name), "layer%d.%s", l, layer_act_names[a]);
+            p->layer_act[l][a] = plan_add(p, name, SEC_ACTIVATIONS, l, plan_act_bytes(s, a));
+            stored += plan_act_bytes(s, a);
+        }
+        if (stored > p->layer_stored_bytes_max) p->layer_stored_bytes_max = stored;
+    }
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        if (!needs_shared[a]) continue;
+        snprintf(name, sizeof(name), "recompute.%s", layer_act_names[a]);
+        size_t off = plan_add(p, name, SEC_SCRATCH, -1, plan_act_bytes(s, a));
+        for (int l = 0; l < L; l++)
+            if (!layer_keeps(plan_layer_mode(s, l), a)) p->layer_act[l][a] = off;
+    }
+}
+
+static inline void plan_add_other_buffers(MemoryPlan* p) {
+    const PlanSpec* s = &p->spec;
+    size_t BT = (size_t)s->B * (size_t)s->T, C = (size_t)s->cfg.channels, E = (size_t)s->elem_bytes;
+    size_t S = (size_t)s->stat_bytes;
+    p->off_inputs = plan_add(p, "inputs", SEC_ACTIVATIONS, -1, BT * 4);
+    p->off_targets = plan_add(p, "targets", SEC_ACTIVATIONS, -1, BT * 4);
+    p->off_final_res = plan_add(p, "final_residual", SEC_ACTIVATIONS, -1, BT * C * E);
+    p->off_lnf = plan_add(p, "lnf", SEC_ACTIVATIONS, -1, BT * C * E);
+    p->off_lnf_mean = plan_add(p, "lnf_mean", SEC_ACTIVATIONS, -1, BT * S);
+    p->off_lnf_rstd = plan_add(p, "lnf_rstd", SEC_ACTIVATIONS, -1, BT * S);
+    p->off_losses = plan_add(p, "losses", SEC_ACTIVATIONS, -1, BT * S);
+    for (int g = 0; g < NUM_GRAD_ACTS; g++) {
+        char name[40];
+        snprintf(name, sizeof(name), "backward.%s", grad_act_names[g]);
+        p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, BT * C * grad_act_width[g] * E);
+    }
+    size_t chunk_rows = (size_t)s->logits_chunk_rows < BT ? (size_t)s->logits_chunk_rows : BT;
+    p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, chunk_rows * (size_t)s->cfg.padded_vocab_size * E);
+    if (s->backend == BACKEND_CPU) { /* on a GPU these live in host memory, outside the device plan */
+        p->off_io_chunk = plan_add(p, "io_staging", SEC_SCRATCH, -1, s->io_chunk_floats * 4);
+        p->off_loader = plan_add(p, "dataloader_tokens", SEC_SCRATCH, -1, (BT + 1) * 2);
+    }
+    if (s->workspace_bytes) plan_add(p, "library_workspace", SEC_WORKSPACE, -1, s->workspace_bytes);
+}
+
+static inline void plan_validate_spec(const PlanSpec* s) {
+    if (s->B < 1) fail("batch size -b %d must be positive", s->B);
+    if (s->T < 1) fail("sequence length -t %d must be positive", s->T);
+    if (s->T > s->cfg.max_seq_len) fail("sequence length -t %d exceeds the model's maximum %d", s->T, s->cfg.max_seq_len);
+    if (s->logits_chunk_rows < 1) fail("logits chunk must have at least one row");
+    if (s->world_size < 1) fail("world size %d must be positive", s->world_size);
+    if (s->zero_stage != 0 && s->zero_stage != 1) fail("ZeRO stage -z %d unsupported (0 or 1)", s->zero_stage);
+}
+
+static inline void plan_build(MemoryPlan* p, const PlanSpec* spec) {
+    plan_validate_spec(spec);
+    memset(p, 0, sizeof(*p));
+    p->spec = *spec;
+    p->spec.layer_mode = NULL; /* the caller's array may not outlive the plan; copied below */
+    int L = spec->cfg.num_layers;
+    p->layer_act = (size_t(*)[NUM_LAYER_ACTS])calloc_check((size_t)L, sizeof(*p->layer_act), "memory plan");
+    unsigned char* modes = (unsigned char*)calloc_check((size_t)L, 1, "memory plan");
+    if (spec->layer_mode) memcpy(modes, spec->layer_mode, (size_t)L);
+    p->spec.layer_mode = modes;
+    plan_add_model_state(p);
+    plan_add_layer_activations(p);
+    plan_add_other_buffers(p);
+}
+
+static inline void plan_free(MemoryPlan* p) {
+    free(p->entries);
+    free(p->layer_act);
+    free((void*)p->spec.layer_mode);
+    memset(p, 0, sizeof(*p));
+}
+
+/* Activation bytes kept by layers (excluding shared recompute set and non-layer buffers). */
+static inline size_t plan_layer_activation_bytes(const MemoryPlan* p) {
+    size_t total = 0;
+    for (int i = 0; i < p->num_entries; i++)
+        if (p->entries[i].section == SEC_ACTIVATIONS && p->entries[i].layer >= 0) total += p->entries[i].bytes;
+    return total;
+}
+
+/* The largest single buffer: none may grow with T^2; used as a startup check. */
+static inline size_t plan_largest_entry(const MemoryPlan* p, const char** name) {
+    size_t best = 0;
+    for (int i = 0; i < p->num_entries; i++)
+        if (p->entries[i].bytes >= best) { best = p->entries[i].bytes; *name = p->entries[i].name; }
+    return best;
+}
+
+
+
+/* ---- reporting ---- */
+
+static inline const char* recompute_mode_name(int mode) {
+    return mode == RECOMPUTE_FULL ? "-r 1 (full)" : mode == RECOMPUTE_SELECTIVE ? "-r 2 (selective)" : "-r 0 (none)";
+}
+
+/* Formats the set of layers with mode `mode` as "0-3,7" into buf. */
+static inline int plan_layers_with_mode(const MemoryPlan* p, int mode, char* buf, size_t n) {
+    int L = p->spec.cfg.num_layers, count = 0;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int l = 0; l < L; l++) {
+        if (p->spec.layer_mode[l] != mode) continue;
+        int e = l;
+        while (e + 1 < L && p->spec.layer_mode[e + 1] == mode) e++;
+        int w = e > l ? snprintf(buf + used, n - used, "%s%d-%d", count ? "," : "", l, e)
+                      : snprintf(buf + used, n - used, "%s%d", count ? "," : "", l);
+        if (w < 0 || (size_t)w >= n - used) { snprintf(buf + (n > 4 ? n - 4 : 0), n > 4 ? 4 : n, "..."); used = n - 1; }
+        else used += (size_t)w;
+        count += e - l + 1;
+        l = e;
+    }
+    return count;
+}
+
+/* The startup printout: the four components plus scratch and workspace, in
+ * MiB, the total allocated, and the bytes per token per layer of each mode. */
+static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
+    static const char* labels[NUM_SECTIONS] = {"parameters", "master weights", "gradients", "optimizer state",
+                                               "activations", "scratch", "workspace"};
+    fprintf(out, "memory plan (%d-byte storage, B=%d T=%d):\n", p->spec.elem_bytes, p->spec.B, p->spec.T);
+    for (int s = 0; s < NUM_SECTIONS; s++)
+        fprintf(out, "  %-16s %12.1f MiB\n", labels[s], mib(p->section_bytes[s]));
+    fprintf(out, "  %-16s %12.1f MiB (%zu bytes, allocated once)\n", "total", mib(p->total_bytes), p->total_bytes);
+    for (int mode = 0; mode < 3; mode++) {
+        char layers[256];
+        int count = plan_layers_with_mode(p, mode, layers, sizeof(layers));
+        if (!count) continue;
+        fprintf(out, "  activations per token per layer, %s: %zu bytes (%.2f C) on %d layer%s [%s]\n",
+                recompute_mode_name(mode), plan_layer_bytes_per_token(&p->spec, mode),
+                (double)plan_layer_bytes_per_token(&p->spec, mode) / p->spec.cfg.channels,
+                count, count == 1 ? "" : "s", layers);
+    }
+}
+#endif

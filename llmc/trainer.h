@@ -1,0 +1,434 @@
+/*
+ * The training driver shared by both trainers: model source, recompute
+ * choice and memory plan from the flags; data, schedule, evaluation,
+ * sampling, checkpoints and the step printout. Each trainer supplies a
+ * Backend: the model's forward/backward, optimizer and parameter transfer,
+ * on its own device. Nothing here knows whether that device is a CPU or GPU.
+ */
+#ifndef REMAT_TRAINER_H
+#define REMAT_TRAINER_H
+
+#include <sys/resource.h>
+#include <time.h>
+#include "utils.h"
+#include "model.h"
+#include "plan.h"
+#include "cli.h"
+#include "dataloader.h"
+#include "tokenizer.h"
+#include "schedule.h"
+#include "sampler.h"
+#include "logger.h"
+#include "checkpoint.h"
+
+typedef enum { TENSOR_PARAMS, TENSOR_MASTER, TENSOR_ADAM_M, TENSOR_ADAM_V } StateTensor;
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* gradients are multiplied by this first (clipping) */
+    int t;            /* 1-based optimizer step, for bias correction */
+} AdamWStep;
+
+typedef struct {
+    void* ctx;
+    int* inputs;            /* B*T host tokens the driver fills before each call */
+    int* targets;
+    int model_file_version; /* 3 (fp32) or 5 (bf16) when writing checkpoints */
+    float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
+    uint16_t* window;       /* host B*T+1 tokens for the dataloader */
+    /* forward and backward of one micro-batch; gradients accumulate; returns the mean loss */
+    float (*forward_backward)(void* ctx, float dloss_mean);
+    float (*forward_loss)(void* ctx);
+    /* probabilities over V of the token after tokens[0..len) */
+    void (*next_token_probs)(void* ctx, const int* tokens, int len, float* probs);
+    void (*zero_grads)(void* ctx);
+    float (*grad_norm)(void* ctx);
+    void (*update)(void* ctx, const AdamWStep* s);
+    /* moves n fp32 values of a state tensor between device and host, from element `start` */
+    void (*transfer)(void* ctx, int tensor, size_t start, size_t n, float* host, int to_host);
+    /* extra text for the step line (MFU, device memory); may be NULL */
+    void (*step_extras)(void* ctx, double step_ms, char* buf, size_t n);
+} Backend;
+
+typedef struct {
+    TrainOptions opt;
+    ModelConfig cfg;
+    char model_desc[4200];    /* for the printout */
+    const char* model_path;   /* NULL: random init */
+    int resume_step;          /* -1: fresh run */
+    int rank, world;
+    int grad_accum;
+    unsigned char* layer_mode;
+    MemoryPlan plan;
+    size_t io_chunk_floats;   /* size of Backend.io_chunk */
+} Run;
+
+static inline double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* True when -e names a descriptor or shape flags ask for random init. */
+static inline int wants_random_init(const TrainOptions* o) {
+    ModelConfig tmp;
+    return config_from_descriptor(o->model, &tmp) == 0;
+}
+
+static inline void resolve_model(Run* run) {
+    TrainOptions* o = &run->opt;
+    int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
+    run->resume_step = o->resume ? checkpoint_latest(o->out_dir) : -1;
+    if (o->resume && run->resume_step < 0) fail("-y 1: no complete checkpoint (DONE_* marker) in %s", o->out_dir);
+    static char ckpt_model[4200];
+    if (run->resume_step >= 0) {
+        checkpoint_path(ckpt_model, sizeof(ckpt_model), o->out_dir, "model", run->resume_step, -1);
+        run->model_path = ckpt_model;
+    } else if (wants_random_init(o)) {
+        run->model_path = NULL;
+    } else {
+        if (shape_flags) fail("flags --layers/--heads/--channels/--max-seq-len/--vocab-size apply to random init only, not to the model file %s", o->model);
+        run->model_path = o->model;
+    }
+    if (run->model_path) {
+        ModelFileInfo info;
+        fclose(model_file_open(run->model_path, &info));
+        run->cfg = info.cfg;
+        snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
+        return;
+    }
+    config_from_descriptor(o->model, &run->cfg);
+    if (o->layers) run->cfg.num_layers = o->layers;
+    if (o->heads) run->cfg.num_heads = o->heads;
+    if (o->channels) run->cfg.channels = o->channels;
+    if (o->max_seq_len) run->cfg.max_seq_len = o->max_seq_len;
+    if (o->vocab_size) { run->cfg.vocab_size = o->vocab_size; run->cfg.padded_vocab_size = pad_vocab(o->vocab_size); }
+    config_validate(&run->cfg, "model shape");
+    snprintf(run->model_desc, sizeof(run->model_desc), "%s%s, random init with seed %d", o->model,
+             shape_flags ? " with shape flags" : "", o->seed);
+}
+
+/* Per-layer recompute modes from -r and --recompute-layers. */
+static inline void resolve_recompute(Run* run) {
+    int L = run->cfg.num_layers;
+    run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
+    const char* r = run->opt.recompute;
+    if (strcmp(r, "auto") == 0) fail("-r auto is not available yet: pick 0, 1 or 2 and check the fit with --plan");
+    if (strcmp(r, "2") == 0) { memset(run->layer_mode, RECOMPUTE_SELECTIVE, (size_t)L); return; }
+    if (strcmp(r, "1") == 0) {
+        parse_layer_set(run->opt.recompute_layers, L, run->layer_mode);
+        for (int l = 0; l < L; l++) run->layer_mode[l] = run->layer_mode[l] ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+    }
+}
+
+static inline void resolve_batch(Run* run) {
+    TrainOptions* o = &run->opt;
+    if (o->T > run->cfg.max_seq_len) fail("flag -t: sequence length %d exceeds the model's maximum %d", o->T, run->cfg.max_seq_len);
+    long long micro_tokens = (long long)o->B * o->T * run->world;
+    if (micro_tokens > INT_MAX) fail("flags -b/-t: %lld tokens per micro-step is too many", micro_tokens);
+    long long total = o->total_batch_tokens == -1 ? micro_tokens : o->total_batch_tokens;
+    if (total < 1 || total % micro_tokens != 0)
+        fail("flag -d: %lld tokens per step is not a positive multiple of B*T*processes = %d*%d*%d = %lld",
+             total, o->B, o->T, run->world, micro_tokens);
+    run->grad_accum = (int)(total / micro_tokens);
+}
+
+/* Everything a trainer needs before it allocates: flags, model, plan. */
+static inline void run_setup(Run* run, int argc, char** argv, int trainer, int elem_bytes, int stat_bytes,
+                             int master_weights, size_t workspace_bytes, int logits_chunk_rows) {
+    memset(run, 0, sizeof(*run));
+    parse_args(argc, argv, &run->opt, trainer);
+    run->rank = 0;
+    run->world = 1;
+    resolve_model(run);
+    resolve_recompute(run);
+    resolve_batch(run);
+    PlanSpec spec;
+    memset(&spec, 0, sizeof(spec));
+    spec.cfg = run->cfg;
+    spec.B = run->opt.B;
+    spec.T = run->opt.T;
+    spec.backend = trainer == FOR_GPU ? BACKEND_GPU : BACKEND_CPU;
+    spec.elem_bytes = elem_bytes;
+    spec.stat_bytes = stat_bytes;
+    spec.master_weights = master_weights;
+    spec.world_size = run->world;
+    spec.zero_stage = run->opt.zero_stage;
+    spec.layer_mode = run->layer_mode;
+    spec.logits_chunk_rows = logits_chunk_rows;
+    spec.io_chunk_floats = (size_t)1 << 18;
+    spec.workspace_bytes = workspace_bytes;
+    plan_build(&run->plan, &spec);
+    run->io_chunk_floats = spec.io_chunk_floats;
+}
+
+static inline void run_print_header(const Run* run) {
+    const ModelConfig* c = &run->cfg;
+    printf("model: %s\n", run->model_desc);
+    printf("  L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->num_layers, c->num_heads, c->channels,
+           c->vocab_size, c->padded_vocab_size, c->max_seq_len, run->plan.num_params);
+    printf("batch: B=%d T=%d x %d process%s, gradient accumulation %d (%lld tokens per step)\n", run->opt.B,
+           run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum,
+           (long long)run->grad_accum * run->opt.B * run->opt.T * run->world);
+    plan_print_summary(&run->plan, stdout);
+    const char* big = "";
+    size_t largest = plan_largest_entry(&run->plan, &big);
+    printf("  largest buffer: %s, %.1f MiB (no buffer grows with T^2)\n", big, mib(largest));
+}
+
+/* ---- parameters and checkpoints ---- */
+
+static inline void load_parameters(Run* run, Backend* be) {
+    size_t n_total = run->plan.num_params, chunk = run->io_chunk_floats / 2; /* half: bf16 staging */
+    if (run->model_path) {
+        ModelFileInfo info;
+        FILE* f = model_file_open(run->model_path, &info);
+        for (size_t s = 0; s < n_total; s += chunk) {
+            size_t n = n_total - s < chunk ? n_total - s : chunk;
+            model_file_read_chunk(f, &info, be->io_chunk, n, run->model_path);
+            be->transfer(be->ctx, TENSOR_PARAMS, s, n, be->io_chunk, 0);
+        }
+        fclose(f);
+        return;
+    }
+    ParamLayout pl;
+    param_layout(&run->cfg, &pl);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++)
+        for (size_t s = 0; s < pl.count[t]; s += chunk) {
+            size_t n = pl.count[t] - s < chunk ? pl.count[t] - s : chunk;
+            param_init_chunk(&run->cfg, (uint64_t)run->opt.seed, t, s, n, be->io_chunk);
+            be->transfer(be->ctx, TENSOR_PARAMS, pl.offset[t] + s, n, be->io_chunk, 0);
+        }
+}
+
+/* Streams a state tensor of n elements from element `start` between a file and the backend. */
+static inline void stream_tensor(Run* run, Backend* be, int tensor, size_t start, size_t n, FILE* f, const char* path, int write) {
+    size_t chunk = run->io_chunk_floats;
+    for (size_t s = 0; s < n; s += chunk) {
+        size_t k = n - s < chunk ? n - s : chunk;
+        if (write) {
+            be->transfer(be->ctx, tensor, start + s, k, be->io_chunk, 1);
+            fwrite_check(be->io_chunk, 4, k, f, path);
+        } else {
+            fread_check(be->io_chunk, 4, k, f, path);
+            be->transfer(be->ctx, tensor, start + s, k, be->io_chunk, 0);
+        }
+    }
+}
+
+static inline void save_model_file(Run* run, Backend* be, const char* path) {
+    AtomicFile af;
+    atomic_open(&af, path);
+    model_file_write_header(af.f, &run->cfg, be->model_file_version, path);
+    size_t n_total = run->plan.num_params, chunk = run->io_chunk_floats;
+    for (size_t s = 0; s < n_total; s += chunk) {
+        size_t n = n_total - s < chunk ? n_total - s : chunk;
+        be->transfer(be->ctx, TENSOR_PARAMS, s, n, be->io_chunk, 1);
+        model_file_write_chunk(af.f, be->model_file_version, be->io_chunk, n, path);
+    }
+    atomic_commit(&af);
+}
+
+static inline size_t shard_start(const Run* run) {
+    return run->plan.shard_params == run->plan.num_params ? 0 : (size_t)run->rank * run->plan.shard_params;
+}
+
+static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLoader* loader) {
+    const char* dir = run->opt.out_dir;
+    char path[4200];
+    if (run->rank == 0) {
+        checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+        save_model_file(run, be, path);
+    }
+    TrainState st;
+    memset(&st, 0, sizeof(st));
+    st.step = step; st.world = run->world; st.rank = run->rank; st.zero_stage = run->opt.zero_stage;
+    st.has_master = run->plan.spec.master_weights; st.B = run->opt.B; st.T = run->opt.T;
+    st.loader = dataloader_get_state(loader);
+    st.num_params = run->plan.num_params; st.shard_params = run->plan.shard_params; st.shard_start = shard_start(run);
+    st.loss_scale = 1.0f;
+    checkpoint_path(path, sizeof(path), dir, "state", step, run->rank);
+    AtomicFile af;
+    atomic_open(&af, path);
+    state_header_write(af.f, &st, path);
+    stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, af.f, path, 1);
+    stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, af.f, path, 1);
+    if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, af.f, path, 1);
+    atomic_commit(&af);
+    if (run->rank == 0) checkpoint_write_marker(dir, step);
+    printf("checkpoint: step %d written to %s\n", step, dir);
+}
+
+/* Restores optimizer state and data position; the parameters were loaded
+ * from the checkpoint's model file. Returns the step to continue after. */
+static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
+    char path[4200];
+    checkpoint_path(path, sizeof(path), run->opt.out_dir, "state", run->resume_step, run->rank);
+    TrainState st;
+    FILE* f = state_open(path, &st);
+    if (st.world != run->world)
+        fail("%s: checkpoint written by %d process%s; resume needs the same number (this run has %d)", path, st.world,
+             st.world == 1 ? "" : "es", run->world);
+    if (st.B != run->opt.B || st.T != run->opt.T)
+        fail("%s: checkpoint written with B=%d T=%d; resume needs the same (-b %d -t %d given)", path, st.B, st.T, run->opt.B, run->opt.T);
+    if (st.zero_stage != run->opt.zero_stage) fail("%s: checkpoint written with -z %d; resume needs the same", path, st.zero_stage);
+    if (st.num_params != run->plan.num_params || st.shard_params != run->plan.shard_params || st.shard_start != shard_start(run))
+        fail("%s: parameter count does not match the model", path);
+    if (st.has_master != run->plan.spec.master_weights) fail("%s: checkpoint master-weight setting (-w) differs from this run", path);
+    stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, f, path, 0);
+    stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, f, path, 0);
+    if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, f, path, 0);
+    fclose(f);
+    dataloader_set_state(loader, st.loader, path);
+    printf("resumed: step %d from %s\n", st.step, run->opt.out_dir);
+    return st.step;
+}
+
+/* ---- evaluation and sampling ---- */
+
+static inline float evaluate(Run* run, Backend* be, DataLoader* val) {
+    dataloader_reset(val);
+    size_t batches = dataloader_batches_per_epoch(val);
+    int n = (size_t)run->opt.val_batches < batches ? run->opt.val_batches : (int)batches;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) {
+        dataloader_next(val);
+        sum += be->forward_loss(be->ctx);
+    }
+    return (float)(sum / n);
+}
+
+static inline int end_of_text(const Run* run, const Tokenizer* tk) {
+    if (tk->loaded && tk->eot_token < run->cfg.vocab_size) return tk->eot_token;
+    return run->cfg.vocab_size == 50257 ? 50256 : run->cfg.vocab_size - 1;
+}
+
+static inline void sample(Run* run, Backend* be, const Tokenizer* tk, int step, float* probs, int* tokens) {
+    int n = run->opt.gen_tokens < run->opt.T ? run->opt.gen_tokens : run->opt.T - 1;
+    tokens[0] = end_of_text(run, tk);
+    printf("sample at step %d:\n---\n", step);
+    for (int i = 1; i <= n; i++) {
+        be->next_token_probs(be->ctx, tokens, i, probs);
+        tokens[i] = sample_token(probs, run->cfg.vocab_size, sampler_uniform((uint64_t)run->opt.seed, step, i));
+        tokenizer_print(tk, tokens[i], stdout);
+    }
+    printf("\n---\n");
+    fflush(stdout);
+}
+
+/* Default tokenizer: *tokenizer.bin beside the first train shard, else gpt2_tokenizer.bin. */
+static inline void load_tokenizer(Run* run, Tokenizer* tk) {
+    memset(tk, 0, sizeof(*tk));
+    const char* given = run->opt.tokenizer_path;
+    if (given[0]) { tokenizer_load(tk, given); return; }
+    glob_t g;
+    char pattern[4300];
+    const char* slash = strrchr(run->opt.train_glob, '/');
+    int dirlen = slash ? (int)(slash - run->opt.train_glob) : 1;
+    snprintf(pattern, sizeof(pattern), "%.*s/*tokenizer.bin", dirlen, slash ? run->opt.train_glob : ".");
+    if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0) tokenizer_load(tk, g.gl_pathv[0]);
+    else if (file_exists("gpt2_tokenizer.bin")) tokenizer_load(tk, "gpt2_tokenizer.bin");
+    else printf("tokenizer: none found, samples print token ids (see --tokenizer)\n");
+    if (slash || g.gl_pathc) globfree(&g);
+}
+
+/* ---- the loop ---- */
+
+static inline long peak_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static inline int total_steps(const Run* run, const DataLoader* train) {
+    if (run->opt.max_steps >= 0) return run->opt.max_steps;
+    size_t steps = dataloader_batches_per_epoch(train) / (size_t)run->grad_accum;
+    return steps ? (int)(steps > INT_MAX ? INT_MAX : steps) : 1;
+}
+
+static inline float train_step(Run* run, Backend* be, DataLoader* train, int step, int steps, float* norm_out, float* lr_out) {
+    const TrainOptions* o = &run->opt;
+    be->zero_grads(be->ctx);
+    double loss = 0.0;
+    float dloss_mean = 1.0f / (float)run->grad_accum;
+    for (int micro = 0; micro < run->grad_accum; micro++) {
+        dataloader_next(train);
+        loss += be->forward_backward(be->ctx, dloss_mean);
+    }
+    float norm = be->grad_norm(be->ctx);
+    AdamWStep s;
+    s.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
+    s.beta1 = o->beta1; s.beta2 = o->beta2; s.eps = o->eps; s.weight_decay = o->weight_decay;
+    s.grad_scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
+    s.t = step;
+    be->update(be->ctx, &s);
+    *norm_out = norm;
+    *lr_out = s.lr;
+    return (float)(loss / run->grad_accum);
+}
+
+static inline int is_due(int every, int step, int last) { return every > 0 && (step % every == 0 || last); }
+
+/* Loads the parameters (or checkpoint), runs all steps, reports. */
+static inline void train(Run* run, Backend* be) {
+    const TrainOptions* o = &run->opt;
+    const MemoryPlan* p = &run->plan;
+    load_parameters(run, be);
+    DataLoader train_loader, val_loader;
+    uint16_t* staging = (uint16_t*)be->io_chunk;
+    size_t staging_tokens = run->io_chunk_floats * 2;
+    uint16_t* window = be->window;
+    dataloader_init(&train_loader, "-i", o->train_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size,
+                    o->shuffle, (uint64_t)o->seed, window, be->inputs, be->targets, staging, staging_tokens);
+    int has_val = o->val_glob[0] != '\0' && o->val_every > 0;
+    if (has_val)
+        dataloader_init(&val_loader, "-j", o->val_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size, 0,
+                        (uint64_t)o->seed, window, be->inputs, be->targets, staging, staging_tokens);
+    Tokenizer tk;
+    load_tokenizer(run, &tk);
+    if (o->out_dir[0]) mkdir_check(o->out_dir);
+    int start = run->resume_step >= 0 ? load_checkpoint(run, be, &train_loader) : 0;
+    int steps = total_steps(run, &train_loader);
+    Logger lg;
+    logger_open(&lg, run->rank == 0 ? o->out_dir : NULL);
+    if (start > 0) logger_event(&lg, start, "resumed");
+    float* probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
+    int* gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
+    printf("training: %d steps (from step %d), lr %g %s schedule, warmup %d\n", steps, start + 1, (double)o->lr, o->schedule, o->warmup_steps);
+    fflush(stdout);
+    double total_ms = 0.0;
+    int timed_steps = 0;
+    for (int step = start; step <= steps; step++) {
+        int last = step == steps;
+        if (has_val && is_due(o->val_every, step, last)) {
+            float vl = evaluate(run, be, &val_loader);
+            printf("val loss %.6f at step %d\n", (double)vl, step);
+            logger_val(&lg, step, vl);
+        }
+        if (step > start && step > 0 && is_due(o->sample_every, step, last)) sample(run, be, &tk, step, probs, gen);
+        if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last)) save_checkpoint(run, be, step, &train_loader);
+        if (last) break;
+        double t0 = now_ms();
+        float norm, lr;
+        float loss = train_step(run, be, &train_loader, step + 1, steps, &norm, &lr);
+        double ms = now_ms() - t0;
+        if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
+        double tokens_per_s = (double)run->grad_accum * o->B * o->T * run->world / (ms / 1e3);
+        char extras[256] = "";
+        if (be->step_extras) be->step_extras(be->ctx, ms, extras, sizeof(extras));
+        printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step + 1, steps, (double)loss,
+               (double)lr, (double)norm, ms, tokens_per_s, extras);
+        fflush(stdout);
+        logger_train(&lg, step + 1, loss, lr, norm, ms, tokens_per_s);
+    }
+    if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
+    printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
+    logger_close(&lg);
+    tokenizer_free(&tk);
+    free(probs);
+    free(gen);
+    dataloader_free(&train_loader);
+    if (has_val) dataloader_free(&val_loader);
+}
+
+#endif

@@ -1,0 +1,131 @@
+/*
+ * Error handling and checked I/O shared by both trainers.
+ *
+ * One error path: every failure goes through fail(), which prints a single
+ * line "error: <what>: <why>" to stderr and exits non-zero. Checked wrappers
+ * name the file they were working on, so a user never sees a bare errno.
+ */
+#ifndef REMAT_UTILS_H
+#define REMAT_UTILS_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Called by fail() before exit; the multi-process build installs a hook that
+ * brings down every rank, so an error on one never leaves the others hanging. */
+typedef void (*fail_hook_fn)(void);
+static fail_hook_fn remat_fail_hook = NULL;
+
+#if defined(__GNUC__)
+#define REMAT_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define REMAT_PRINTF(a, b)
+#endif
+
+static inline void fail(const char* fmt, ...) REMAT_PRINTF(1, 2);
+static inline void fail(const char* fmt, ...) {
+    va_list ap;
+    fflush(stdout);
+    fputs("error: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    if (remat_fail_hook) remat_fail_hook();
+    exit(1);
+}
+
+static inline void* malloc_check(size_t bytes, const char* what) {
+    void* p = malloc(bytes ? bytes : 1);
+    if (!p) fail("out of host memory allocating %zu bytes for %s", bytes, what);
+    return p;
+}
+
+static inline void* calloc_check(size_t n, size_t size, const char* what) {
+    void* p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) fail("out of host memory allocating %zu x %zu bytes for %s", n, size, what);
+    return p;
+}
+
+static inline FILE* fopen_check(const char* path, const char* mode) {
+    FILE* f = fopen(path, mode);
+    if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
+    return f;
+}
+
+static inline void fread_check(void* dst, size_t size, size_t n, FILE* f, const char* path) {
+    size_t got = fread(dst, size, n, f);
+    if (got != n) {
+        if (ferror(f)) fail("%s: read failed (%s)", path, strerror(errno));
+        fail("%s: truncated file (expected %zu more bytes)", path, (n - got) * size);
+    }
+}
+
+static inline void fwrite_check(const void* src, size_t size, size_t n, FILE* f, const char* path) {
+    if (fwrite(src, size, n, f) != n) fail("%s: write failed (%s)", path, strerror(errno));
+}
+
+static inline void fseek_check(FILE* f, long offset, int whence, const char* path) {
+    if (fseek(f, offset, whence) != 0) fail("%s: seek failed (%s)", path, strerror(errno));
+}
+
+/* Flushes to disk before closing, so that a rename after it publishes a file
+ * whose bytes are really there. */
+static inline void fclose_check(FILE* f, const char* path) {
+    if (fflush(f) != 0) fail("%s: write failed (%s)", path, strerror(errno));
+    if (fsync(fileno(f)) != 0 && errno != EINVAL) fail("%s: fsync failed (%s)", path, strerror(errno));
+    if (fclose(f) != 0) fail("%s: close failed (%s)", path, strerror(errno));
+}
+
+static inline size_t file_size_check(FILE* f, const char* path) {
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) fail("%s: cannot stat (%s)", path, strerror(errno));
+    return (size_t)st.st_size;
+}
+
+static inline int file_exists(const char* path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+/* Atomic file writes: write to "<path>.tmp", then rename over <path>. A crash
+ * leaves at worst a stray .tmp file, never a half-written file under the
+ * final name. */
+typedef struct {
+    FILE* f;
+    char path[4096];
+    char tmp_path[4200];
+} AtomicFile;
+
+static inline void atomic_open(AtomicFile* af, const char* path) {
+    if (strlen(path) >= sizeof(af->path)) fail("%s: path too long", path);
+    strcpy(af->path, path);
+    snprintf(af->tmp_path, sizeof(af->tmp_path), "%s.tmp", path);
+    af->f = fopen_check(af->tmp_path, "wb");
+}
+
+static inline void atomic_commit(AtomicFile* af) {
+    fclose_check(af->f, af->tmp_path);
+    af->f = NULL;
+    if (rename(af->tmp_path, af->path) != 0)
+        fail("%s: cannot rename into place (%s)", af->path, strerror(errno));
+}
+
+static inline void mkdir_check(const char* dir) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) fail("%s: cannot create directory (%s)", dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) fail("%s: not a directory", dir);
+}
+
+static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+#endif

@@ -1,0 +1,706 @@
+/*
+ * remat CPU reference trainer: GPT-2 in plain C with OpenMP.
+ *
+ * Its job is to be right: every GPU gradient is checked against it. All
+ * tensors are `real` (fp32; fp64 in the gradient-check build, -DREMAT_FP64),
+ * row-major, and every kernel is deterministic: each output element is summed
+ * in an order fixed by the code, never by the thread count, so a run gives
+ * the same bits every time and a recomputed activation equals the original.
+ *
+ * Shapes: B batch, T time, C channels, NH heads, hs = C/NH, N = B*T rows,
+ * V vocabulary, Vp padded vocabulary, L layers. Weights are (out, in).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include "llmc/trainer.h"
+
+#ifdef REMAT_FP64
+typedef double real;
+#define R_EXP exp
+#define R_LOG log
+#define R_SQRT sqrt
+#define R_TANH tanh
+#else
+typedef float real;
+#define R_EXP expf
+#define R_LOG logf
+#define R_SQRT sqrtf
+#define R_TANH tanhf
+#endif
+
+/* 32-byte vectors of real; one lane of partial sums per element. */
+typedef real rvec __attribute__((vector_size(32)));
+#define RLANES ((int)(32 / sizeof(real)))
+#define CPU_LOGITS_CHUNK_ROWS 256
+#define LN_EPS 1e-5
+
+static inline rvec vload(const real* p) { rvec v; memcpy(&v, p, sizeof(v)); return v; }
+static inline void vstore(real* p, rvec v) { memcpy(p, &v, sizeof(v)); }
+static inline rvec vsplat(real x) { rvec v; for (int k = 0; k < RLANES; k++) v[k] = x; return v; }
+static inline real vsum(rvec v) { real s = 0; for (int k = 0; k < RLANES; k++) s += v[k]; return s; }
+
+/* ------------------------------------------------------------------------ */
+/* matmul: out (N,OC) = inp (N,IC) @ W (OC,IC)^T + bias (OC)                 */
+
+/* One output element: lane-wise partial sums over IC, a fixed-order lane
+ * sum, the scalar tail, then the bias. Every tile shape below produces
+ * exactly these bits. */
+static inline real dot_finish(rvec acc, const real* a, const real* w, int i0, int IC, const real* bias, int o) {
+    real s = vsum(acc);
+    for (int i = i0; i < IC; i++) s += a[i] * w[i];
+    return bias ? s + bias[o] : s;
+}
+
+static void matmul_forward(real* out, const real* inp, const real* W, const real* bias, int N, int IC, int OC) {
+    const int OB = 64; /* a block of W rows stays in cache while all rows stream past */
+    int vec_end = IC - IC % RLANES;
+    #pragma omp parallel for schedule(static)
+    for (int ob = 0; ob < OC; ob += OB) {
+        int oe = ob + OB < OC ? ob + OB : OC;
+        int n = 0;
+        for (; n + 4 <= N; n += 4) {
+            const real* a[4] = {inp + (size_t)n * IC, inp + (size_t)(n + 1) * IC, inp + (size_t)(n + 2) * IC, inp + (size_t)(n + 3) * IC};
+            int o = ob;
+            for (; o + 2 <= oe; o += 2) {
+                const real* w0 = W + (size_t)o * IC;
+                const real* w1 = w0 + IC;
+                rvec acc[4][2];
+                memset(acc, 0, sizeof(acc));
+                for (int i = 0; i < vec_end; i += RLANES) {
+                    rvec x0 = vload(w0 + i), x1 = vload(w1 + i);
+                    for (int r = 0; r < 4; r++) {
+                        rvec ar = vload(a[r] + i);
+                        acc[r][0] += ar * x0;
+                        acc[r][1] += ar * x1;
+                    }
+                }
+                for (int r = 0; r < 4; r++) {
+                    out[(size_t)(n + r) * OC + o] = dot_finish(acc[r][0], a[r], w0, vec_end, IC, bias, o);
+                    out[(size_t)(n + r) * OC + o + 1] = dot_finish(acc[r][1], a[r], w1, vec_end, IC, bias, o + 1);
+                }
+            }
+            for (; o < oe; o++)
+                for (int r = 0; r < 4; r++) {
+                    const real* w = W + (size_t)o * IC;
+                    rvec acc = {0};
+                    for (int i = 0; i < vec_end; i += RLANES) acc += vload(a[r] + i) * vload(w + i);
+                    out[(size_t)(n + r) * OC + o] = dot_finish(acc, a[r], w, vec_end, IC, bias, o);
+                }
+        }
+        for (; n < N; n++) {
+            const real* a = inp + (size_t)n * IC;
+            for (int o = ob; o < oe; o++) {
+                const real* w = W + (size_t)o * IC;
+                rvec acc = {0};
+                for (int i = 0; i < vec_end; i += RLANES) acc += vload(a + i) * vload(w + i);
+                out[(size_t)n * OC + o] = dot_finish(acc, a, w, vec_end, IC, bias, o);
+            }
+        }
+    }
+}
+
+/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten; summed over o in order. */
+static void matmul_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
+    const int IB = 2 * RLANES;
+    #pragma omp parallel for schedule(static)
+    for (int ib = 0; ib < IC; ib += IB) {
+        int width = ib + IB <= IC ? IB : IC - ib;
+        for (int n = 0; n < N; n++) {
+            const real* d = dout + (size_t)n * OC;
+            real* dst = dinp + (size_t)n * IC + ib;
+            if (width == IB) {
+                rvec acc0 = {0}, acc1 = {0};
+                for (int o = 0; o < OC; o++) {
+                    const real* w = W + (size_t)o * IC + ib;
+                    rvec s = vsplat(d[o]);
+                    acc0 += s * vload(w);
+                    acc1 += s * vload(w + RLANES);
+                }
+                vstore(dst, acc0);
+                vstore(dst + RLANES, acc1);
+            } else {
+                for (int k = 0; k < width; k++) {
+                    real acc = 0;
+                    for (int o = 0; o < OC; o++) acc += d[o] * W[(size_t)o * IC + ib + k];
+                    dst[k] = acc;
+                }
+            }
+        }
+    }
+}
+
+/* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout; summed over n in order. */
+static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
+    const int IB = 2 * RLANES;
+    int iblocks = (IC + IB - 1) / IB;
+    #pragma omp parallel for schedule(static)
+    for (int job = 0; job < OC * iblocks; job++) {
+        int o = job / iblocks, ib = (job % iblocks) * IB;
+        int width = ib + IB <= IC ? IB : IC - ib;
+        real* dst = dW + (size_t)o * IC + ib;
+        if (width == IB) {
+            rvec acc0 = vload(dst), acc1 = vload(dst + RLANES);
+            for (int n = 0; n < N; n++) {
+                rvec s = vsplat(dout[(size_t)n * OC + o]);
+                const real* a = inp + (size_t)n * IC + ib;
+                acc0 += s * vload(a);
+                acc1 += s * vload(a + RLANES);
+            }
+            vstore(dst, acc0);
+            vstore(dst + RLANES, acc1);
+        } else {
+            for (int k = 0; k < width; k++) {
+                real acc = dst[k];
+                for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o] * inp[(size_t)n * IC + ib + k];
+                dst[k] = acc;
+            }
+        }
+    }
+    if (!dbias) return;
+    #pragma omp parallel for schedule(static)
+    for (int o = 0; o < OC; o++) {
+        real acc = dbias[o];
+        for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
+        dbias[o] = acc;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* encoder: x (B,T,C) = wte[tokens] + wpe[t]                                 */
+
+static void encoder_forward(real* x, const int* tokens, const real* wte, const real* wpe, int B, int T, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        const real* te = wte + (size_t)tokens[bt] * C;
+        const real* pe = wpe + (size_t)(bt % T) * C;
+        real* dst = x + (size_t)bt * C;
+        for (int c = 0; c < C; c++) dst[c] = te[c] + pe[c];
+    }
+}
+
+/* dwte rows are shared by repeated tokens, so they accumulate serially in
+ * row order; dwpe sums over b in order, parallel over t. */
+static void encoder_backward(real* dwte, real* dwpe, const real* dx, const int* tokens, int B, int T, int C) {
+    for (int bt = 0; bt < B * T; bt++) {
+        real* dst = dwte + (size_t)tokens[bt] * C;
+        const real* src = dx + (size_t)bt * C;
+        for (int c = 0; c < C; c++) dst[c] += src[c];
+    }
+    #pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        for (int b = 0; b < B; b++) {
+            const real* src = dx + ((size_t)b * T + t) * C;
+            for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += src[c];
+        }
+}
+
+/* ------------------------------------------------------------------------ */
+/* layernorm over C: out (N,C) = (x - mean) * rstd * w + b; mean, rstd (N)   */
+
+/* The normalisation itself, used by the forward pass and by recomputation
+ * from stored statistics alike, so both give the same bits. */
+static __attribute__((noinline)) void layernorm_apply(real* out, const real* x, const real* mean, const real* rstd,
+                                                      const real* w, const real* b, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real* xr = x + (size_t)n * C;
+        real* o = out + (size_t)n * C;
+        real m = mean[n], s = rstd[n];
+        for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * w[c] + b[c];
+    }
+}
+
+static void layernorm_forward(real* out, real* mean, real* rstd, const real* x, const real* w, const real* b, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real* xr = x + (size_t)n * C;
+        real m = 0, v = 0;
+        for (int c = 0; c < C; c++) m += xr[c];
+        m /= (real)C;
+        for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
+        v /= (real)C;
+        mean[n] = m;
+        rstd[n] = (real)1 / R_SQRT(v + (real)LN_EPS);
+    }
+    layernorm_apply(out, x, mean, rstd, w, b, N, C);
+}
+
+/* dx (N,C) += input gradient; dw, db (C) += parameter gradients. */
+static void layernorm_backward(real* dx, real* dw, real* db, const real* dout, const real* x, const real* w,
+                               const real* mean, const real* rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real* xr = x + (size_t)n * C;
+        const real* d = dout + (size_t)n * C;
+        real m = mean[n], s = rstd[n], dmean = 0, dnorm_norm = 0;
+        for (int c = 0; c < C; c++) {
+            real dnorm = d[c] * w[c];
+            dmean += dnorm;
+            dnorm_norm += dnorm * (xr[c] - m) * s;
+        }
+        dmean /= (real)C;
+        dnorm_norm /= (real)C;
+        real* dxr = dx + (size_t)n * C;
+        for (int c = 0; c < C; c++) {
+            real norm = (xr[c] - m) * s;
+            dxr[c] += s * (d[c] * w[c] - dmean - norm * dnorm_norm);
+        }
+    }
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        real gw = dw[c], gb = db[c];
+        for (int n = 0; n < N; n++) {
+            real dv = dout[(size_t)n * C + c];
+            gw += dv * (x[(size_t)n * C + c] - mean[n]) * rstd[n];
+            gb += dv;
+        }
+        dw[c] = gw;
+        db[c] = gb;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention: qkv (B,T,3C) = [q | k | v] with head h at channels h*hs;        */
+/* out (B,T,C); lse (B,NH,T) = log-sum-exp of each row's scaled scores.       */
+/* No (T,T) matrix: forward uses an online softmax, backward recomputes the   */
+/* probabilities from lse, one score at a time.                              */
+
+static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    real scale = (real)1 / R_SQRT((real)hs);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++) {
+            const real* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
+            real* o = out + ((size_t)b * T + t) * C + h * hs;
+            real run_max = -INFINITY, run_sum = 0;
+            for (int i = 0; i < hs; i++) o[i] = 0;
+            for (int t2 = 0; t2 <= t; t2++) {
+                const real* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
+                const real* v = k + C;
+                real s = 0;
+                for (int i = 0; i < hs; i++) s += q[i] * k[i];
+                s *= scale;
+                if (s > run_max) { /* rescale what was summed against the old maximum */
+                    real corr = R_EXP(run_max - s);
+                    run_sum *= corr;
+                    for (int i = 0; i < hs; i++) o[i] *= corr;
+                    run_max = s;
+                }
+                real p = R_EXP(s - run_max);
+                run_sum += p;
+                for (int i = 0; i < hs; i++) o[i] += p * v[i];
+            }
+            for (int i = 0; i < hs; i++) o[i] /= run_sum;
+            lse[((size_t)b * NH + h) * T + t] = run_max + R_LOG(run_sum);
+        }
+    }
+}
+
+/* dqkv (B,T,3C) is overwritten. Each (b,h) job owns its head's slices, so
+ * parallel jobs never write the same element. */
+static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
+                               int B, int T, int C, int NH) {
+    int hs = C / NH;
+    real scale = (real)1 / R_SQRT((real)hs);
+    #pragma omp parallel for schedule(static)
+    for (int bh = 0; bh < B * NH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        for (int t = 0; t < T; t++)
+            for (int part = 0; part < 3; part++)
+                memset(dqkv + ((size_t)b * T + t) * 3 * C + part * C + h * hs, 0, (size_t)hs * sizeof(real));
+        for (int t = 0; t < T; t++) {
+            size_t row = (size_t)b * T + t;
+            const real* q = qkv + row * 3 * C + h * hs;
+            const real* o = out + row * C + h * hs;
+            const real* dO = dout + row * C + h * hs;
+            real* dq = dqkv + row * 3 * C + h * hs;
+            real row_lse = lse[((size_t)b * NH + h) * T + t], d_dot_o = 0;
+            for (int i = 0; i < hs; i++) d_dot_o += dO[i] * o[i];
+            for (int t2 = 0; t2 <= t; t2++) {
+                size_t row2 = (size_t)b * T + t2;
+                const real* k = qkv + row2 * 3 * C + C + h * hs;
+                const real* v = k + C;
+                real* dk = dqkv + row2 * 3 * C + C + h * hs;
+                real* dv = dk + C;
+                real s = 0, dp = 0;
+                for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dO[i] * v[i]; }
+                real p = R_EXP(s * scale - row_lse);
+                real ds = p * (dp - d_dot_o) * scale;
+                for (int i = 0; i < hs; i++) {
+                    dv[i] += p * dO[i];
+                    dq[i] += ds * k[i];
+                    dk[i] += ds * q[i];
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* GELU, tanh approximation, elementwise over n values                       */
+
+#define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
+
+static __attribute__((noinline)) void gelu_forward(real* out, const real* x, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        real v = x[i];
+        out[i] = (real)0.5 * v * ((real)1 + R_TANH((real)GELU_K * (v + (real)0.044715 * v * v * v)));
+    }
+}
+
+/* d (n) holds the output gradient on entry and the input gradient on exit. */
+static void gelu_backward(real* d, const real* x, size_t n) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        real v = x[i];
+        real th = R_TANH((real)GELU_K * (v + (real)0.044715 * v * v * v));
+        real dudx = (real)GELU_K * ((real)1 + (real)3 * (real)0.044715 * v * v);
+        d[i] *= (real)0.5 * ((real)1 + th) + (real)0.5 * v * ((real)1 - th * th) * dudx;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* the model                                                                  */
+
+typedef struct {
+    ModelConfig cfg;
+    const MemoryPlan* plan;
+    char* arena;
+    real* params;
+    real* grads;
+    float* adam_m;
+    float* adam_v;
+    real* p[NUM_PARAM_TENSORS];  /* views into params */
+    size_t layer_stride[NUM_PARAM_TENSORS]; /* elements per layer of a stacked tensor */
+    real* g[NUM_PARAM_TENSORS];  /* views into grads */
+    int* inputs;
+    int* targets;
+    real* losses;                /* (N) per-token loss */
+    real* final_res;             /* (N,C) output of the last block */
+    real* lnf;                   /* (N,C) */
+    real* lnf_mean;
+    real* lnf_rstd;
+    real* logits;                /* (chunk rows, Vp) */
+    int logits_rows;
+    real* grad_act[NUM_GRAD_ACTS];
+    int B, T;                    /* shape of the current call; at most the plan's */
+} CpuModel;
+
+static inline real* act(const CpuModel* m, int layer, int a) {
+    return (real*)(m->arena + m->plan->layer_act[layer][a]);
+}
+
+/* Parameter (or gradient) tensor `t` of layer l: per-layer tensors are stacked on L. */
+static inline real* lp(real* const* base, const CpuModel* m, int t, int l) {
+    return base[t] + (size_t)l * m->layer_stride[t];
+}
+
+static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = plan->spec.cfg;
+    m->plan = plan;
+    if (posix_memalign((void**)&m->arena, PLAN_ALIGN, plan->total_bytes) != 0)
+        fail("out of host memory: the plan needs %.1f MiB (see --plan for what fits)", mib(plan->total_bytes));
+    m->params = (real*)(m->arena + plan->off_params);
+    m->grads = (real*)(m->arena + plan->off_grads);
+    m->adam_m = (float*)(m->arena + plan->off_adam_m);
+    m->adam_v = (float*)(m->arena + plan->off_adam_v);
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        m->p[t] = m->params + pl.offset[t];
+        m->g[t] = m->grads + pl.offset[t];
+        m->layer_stride[t] = pl.count[t] / (size_t)m->cfg.num_layers;
+    }
+    m->inputs = (int*)(m->arena + plan->off_inputs);
+    m->targets = (int*)(m->arena + plan->off_targets);
+    m->losses = (real*)(m->arena + plan->off_losses);
+    m->final_res = (real*)(m->arena + plan->off_final_res);
+    m->lnf = (real*)(m->arena + plan->off_lnf);
+    m->lnf_mean = (real*)(m->arena + plan->off_lnf_mean);
+    m->lnf_rstd = (real*)(m->arena + plan->off_lnf_rstd);
+    m->logits = (real*)(m->arena + plan->off_logits);
+    size_t N = (size_t)plan->spec.B * plan->spec.T;
+    m->logits_rows = (size_t)plan->spec.logits_chunk_rows < N ? plan->spec.logits_chunk_rows : (int)N;
+    for (int g = 0; g < NUM_GRAD_ACTS; g++) m->grad_act[g] = (real*)(m->arena + plan->grad_act[g]);
+    memset(m->grads, 0, plan->num_params * sizeof(real));
+    memset(m->adam_m, 0, plan->shard_params * sizeof(float));
+    memset(m->adam_v, 0, plan->shard_params * sizeof(float));
+    m->B = plan->spec.B;
+    m->T = plan->spec.T;
+}
+
+/* Block l forward from its stored input x. `out` receives the block output
+ * (the next layer's x). With out == NULL it stops after the GELU: that is
+ * the recomputation for backward, which needs nothing later than that. */
+static void block_forward(CpuModel* m, int l, real* out) {
+    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    real* x = act(m, l, ACT_X);
+    real* ln1 = act(m, l, ACT_LN1);
+    real* qkv = act(m, l, ACT_QKV);
+    real* atty = act(m, l, ACT_ATTY);
+    real* res2 = act(m, l, ACT_RES2);
+    real* ln2 = act(m, l, ACT_LN2);
+    real* fch = act(m, l, ACT_FCH);
+    real* fch_gelu = act(m, l, ACT_FCH_GELU);
+    layernorm_forward(ln1, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), x, lp(m->p, m, P_LN1W, l), lp(m->p, m, P_LN1B, l), N, C);
+    matmul_forward(qkv, ln1, lp(m->p, m, P_QKVW, l), lp(m->p, m, P_QKVB, l), N, C, 3 * C);
+    attention_forward(atty, act(m, l, ACT_ATT_LSE), qkv, B, T, C, NH);
+    matmul_forward(res2, atty, lp(m->p, m, P_ATTPROJW, l), lp(m->p, m, P_ATTPROJB, l), N, C, C);
+    for (size_t i = 0; i < (size_t)N * C; i++) res2[i] += x[i];
+    layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, lp(m->p, m, P_LN2W, l), lp(m->p, m, P_LN2B, l), N, C);
+    matmul_forward(fch, ln2, lp(m->p, m, P_FCW, l), lp(m->p, m, P_FCB, l), N, C, 4 * C);
+    gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
+    if (!out) return;
+    matmul_forward(out, fch_gelu, lp(m->p, m, P_FCPROJW, l), lp(m->p, m, P_FCPROJB, l), N, 4 * C, C);
+    for (size_t i = 0; i < (size_t)N * C; i++) out[i] += res2[i];
+}
+
+/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1 and -r 2). */
+static void block_recompute(CpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
+    if (mode == RECOMPUTE_FULL) { block_forward(m, l, NULL); return; }
+    if (mode != RECOMPUTE_SELECTIVE) return;
+    layernorm_apply(act(m, l, ACT_LN1), act(m, l, ACT_X), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD),
+                    lp(m->p, m, P_LN1W, l), lp(m->p, m, P_LN1B, l), N, C);
+    layernorm_apply(act(m, l, ACT_LN2), act(m, l, ACT_RES2), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD),
+                    lp(m->p, m, P_LN2W, l), lp(m->p, m, P_LN2B, l), N, C);
+    gelu_forward(act(m, l, ACT_FCH_GELU), act(m, l, ACT_FCH), (size_t)N * 4 * C);
+}
+
+/* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
+static void block_backward(CpuModel* m, int l) {
+    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    real* dres = m->grad_act[GRAD_DRES];
+    real* dln = m->grad_act[GRAD_DLN];
+    real* dqkv = m->grad_act[GRAD_DQKV];
+    real* datty = m->grad_act[GRAD_DATTY];
+    real* dfch = m->grad_act[GRAD_DFCH];
+    matmul_backward_input(dfch, dres, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
+    matmul_backward_weight(lp(m->g, m, P_FCPROJW, l), lp(m->g, m, P_FCPROJB, l), dres, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
+    gelu_backward(dfch, act(m, l, ACT_FCH), (size_t)N * 4 * C);
+    matmul_backward_input(dln, dfch, lp(m->p, m, P_FCW, l), N, C, 4 * C);
+    matmul_backward_weight(lp(m->g, m, P_FCW, l), lp(m->g, m, P_FCB, l), dfch, act(m, l, ACT_LN2), N, C, 4 * C);
+    layernorm_backward(dres, lp(m->g, m, P_LN2W, l), lp(m->g, m, P_LN2B, l), dln, act(m, l, ACT_RES2),
+                       lp(m->p, m, P_LN2W, l), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), N, C);
+    matmul_backward_input(datty, dres, lp(m->p, m, P_ATTPROJW, l), N, C, C);
+    matmul_backward_weight(lp(m->g, m, P_ATTPROJW, l), lp(m->g, m, P_ATTPROJB, l), dres, act(m, l, ACT_ATTY), N, C, C);
+    attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH);
+    matmul_backward_input(dln, dqkv, lp(m->p, m, P_QKVW, l), N, C, 3 * C);
+    matmul_backward_weight(lp(m->g, m, P_QKVW, l), lp(m->g, m, P_QKVB, l), dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
+    layernorm_backward(dres, lp(m->g, m, P_LN1W, l), lp(m->g, m, P_LN1B, l), dln, act(m, l, ACT_X),
+                       lp(m->p, m, P_LN1W, l), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), N, C);
+}
+
+/* Embeddings, all blocks, final LayerNorm, for the B*T tokens in inputs. */
+static void model_forward(CpuModel* m) {
+    int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
+    encoder_forward(act(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C);
+    for (int l = 0; l < L; l++) block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C);
+}
+
+/* Softmax over the first V logits of one row (in place, padded entries left
+ * as they are); returns the log of the normaliser plus the maximum. */
+static real softmax_row(real* row, int V) {
+    real mx = row[0];
+    for (int v = 1; v < V; v++) mx = row[v] > mx ? row[v] : mx;
+    real sum = 0;
+    for (int v = 0; v < V; v++) { row[v] = R_EXP(row[v] - mx); sum += row[v]; }
+    for (int v = 0; v < V; v++) row[v] /= sum;
+    return mx + R_LOG(sum);
+}
+
+/* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
+ * chunk of rows at a time: logits (rows,Vp) = lnf @ wte^T, never all of
+ * (N,Vp) at once. Writes per-token losses; dlnf goes to the dln buffer. */
+static void classifier(CpuModel* m, real dloss_per_token) {
+    int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
+    for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
+        int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
+        const real* lnf = m->lnf + (size_t)r0 * C;
+        matmul_forward(m->logits, lnf, m->p[P_WTE], NULL, rows, C, Vp);
+        #pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; r++) {
+            real* row = m->logits + (size_t)r * Vp;
+            int target = m->targets[r0 + r];
+            real target_logit = row[target];
+            m->losses[r0 + r] = softmax_row(row, V) - target_logit;
+            if (dloss_per_token == 0) continue;
+            for (int v = 0; v < V; v++) row[v] = (row[v] - (v == target ? 1 : 0)) * dloss_per_token;
+            for (int v = V; v < Vp; v++) row[v] = 0;
+        }
+        if (dloss_per_token == 0) continue;
+        matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p[P_WTE], rows, C, Vp);
+        matmul_backward_weight(m->g[P_WTE], NULL, m->logits, lnf, rows, C, Vp);
+    }
+}
+
+static real mean_loss(const CpuModel* m) {
+    double sum = 0;
+    int N = m->B * m->T;
+    for (int i = 0; i < N; i++) sum += (double)m->losses[i];
+    return (real)(sum / N);
+}
+
+static void model_backward(CpuModel* m) {
+    int C = m->cfg.channels, N = m->B * m->T;
+    real* dres = m->grad_act[GRAD_DRES];
+    memset(dres, 0, (size_t)N * C * sizeof(real));
+    layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->grad_act[GRAD_DLN], m->final_res, m->p[P_LNFW],
+                       m->lnf_mean, m->lnf_rstd, N, C);
+    for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
+        block_recompute(m, l);
+        block_backward(m, l);
+    }
+    encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->inputs, m->B, m->T, C);
+}
+
+/* ------------------------------------------------------------------------ */
+/* optimizer                                                                  */
+
+#define NORM_BLOCK 65536 /* fixed partition: the sum does not depend on threads */
+
+static float cpu_grad_norm(void* ctx) {
+    CpuModel* m = (CpuModel*)ctx;
+    size_t n = m->plan->num_params, blocks = ceil_div(n, NORM_BLOCK);
+    double total = 0;
+    #pragma omp parallel for schedule(static) ordered
+    for (size_t b = 0; b < blocks; b++) {
+        size_t e = (b + 1) * NORM_BLOCK < n ? (b + 1) * NORM_BLOCK : n;
+        double s = 0;
+        for (size_t i = b * NORM_BLOCK; i < e; i++) s += (double)m->grads[i] * (double)m->grads[i];
+        #pragma omp ordered
+        total += s;
+    }
+    return (float)sqrt(total);
+}
+
+static void cpu_update(void* ctx, const AdamWStep* s) {
+    CpuModel* m = (CpuModel*)ctx;
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    double bc1 = 1.0 - pow((double)s->beta1, s->t), bc2 = 1.0 - pow((double)s->beta2, s->t);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
+        size_t off = pl.offset[t];
+        #pragma omp parallel for schedule(static)
+        for (size_t i = off; i < off + pl.count[t]; i++) {
+            float g = (float)m->grads[i] * s->grad_scale;
+            float mm = s->beta1 * m->adam_m[i] + (1.0f - s->beta1) * g;
+            float vv = s->beta2 * m->adam_v[i] + (1.0f - s->beta2) * g * g;
+            m->adam_m[i] = mm;
+            m->adam_v[i] = vv;
+            float mhat = mm / (float)bc1, vhat = vv / (float)bc2;
+            float p = (float)m->params[i];
+            m->params[i] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* backend                                                                    */
+
+static float cpu_forward_backward(void* ctx, float dloss_mean) {
+    CpuModel* m = (CpuModel*)ctx;
+    m->B = m->plan->spec.B;
+    m->T = m->plan->spec.T;
+    model_forward(m);
+    classifier(m, (real)dloss_mean / (real)(m->B * m->T));
+    model_backward(m);
+    return (float)mean_loss(m);
+}
+
+static float cpu_forward_loss(void* ctx) {
+    CpuModel* m = (CpuModel*)ctx;
+    m->B = m->plan->spec.B;
+    m->T = m->plan->spec.T;
+    model_forward(m);
+    classifier(m, 0);
+    return (float)mean_loss(m);
+}
+
+/* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
+ * planned buffers) and returns softmax probabilities at its last position. */
+static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
+    CpuModel* m = (CpuModel*)ctx;
+    int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    memcpy(m->inputs, tokens, (size_t)len * sizeof(int));
+    m->B = 1;
+    m->T = len;
+    model_forward(m);
+    matmul_forward(m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, 1, C, Vp);
+    softmax_row(m->logits, V);
+    for (int v = 0; v < V; v++) probs[v] = (float)m->logits[v];
+}
+
+static void cpu_zero_grads(void* ctx) {
+    CpuModel* m = (CpuModel*)ctx;
+    memset(m->grads, 0, m->plan->num_params * sizeof(real));
+}
+
+static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* host, int to_host) {
+    CpuModel* m = (CpuModel*)ctx;
+    if (tensor == TENSOR_PARAMS) {
+        for (size_t i = 0; i < n; i++) {
+            if (to_host) host[i] = (float)m->params[start + i];
+            else m->params[start + i] = (real)host[i];
+        }
+        return;
+    }
+    if (tensor == TENSOR_MASTER) fail("the CPU trainer keeps no master weights");
+    float* dst = tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v;
+    if (to_host) memcpy(host, dst + start, n * sizeof(float));
+    else memcpy(dst + start, host, n * sizeof(float));
+}
+
+static Backend cpu_backend(CpuModel* m) {
+    Backend be;
+    memset(&be, 0, sizeof(be));
+    be.ctx = m;
+    be.inputs = m->inputs;
+    be.targets = m->targets;
+    be.io_chunk = (float*)(m->arena + m->plan->off_io_chunk);
+    be.window = (uint16_t*)(m->arena + m->plan->off_loader);
+    be.model_file_version = 3;
+    be.forward_backward = cpu_forward_backward;
+    be.forward_loss = cpu_forward_loss;
+    be.next_token_probs = cpu_next_token_probs;
+    be.zero_grads = cpu_zero_grads;
+    be.grad_norm = cpu_grad_norm;
+    be.update = cpu_update;
+    be.transfer = cpu_transfer;
+    return be;
+}
+
+static void cpu_model_free(CpuModel* m) {
+    free(m->arena);
+    memset(m, 0, sizeof(*m));
+}
+
+#ifndef REMAT_NO_MAIN
+int main(int argc, char** argv) {
+    Run run;
+    run_setup(&run, argc, argv, FOR_CPU, (int)sizeof(real), (int)sizeof(real), 0, 0, CPU_LOGITS_CHUNK_ROWS);
+    run_print_header(&run);
+#ifdef _OPENMP
+    printf("threads: %d (OpenMP)\n", omp_get_max_threads());
+#endif
+    CpuModel m;
+    cpu_model_create(&m, &run.plan);
+    Backend be = cpu_backend(&m);
+    train(&run, &be);
+    cpu_model_free(&m);
+    plan_free(&run.plan);
+    free(run.layer_mode);
+    return 0;
+}
+#endif
