@@ -22,3 +22,6 @@ train_gpt_cpu: train_gpt.c $(HEADERS)
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt test_gpt
+
+# CUDA targets (train_gpt, test_gpt) live in cuda.mk
+-include cuda.mk

@@ -123,7 +123,7 @@ static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int 
 }
 
 static inline int plan_layer_mode(const PlanSpec* s, int layer) {
-    return s->layer_mode ? s->layer_mode[layer] : RECOMPUTE_NONE;
+    return s->layer_mode ? (int)s->layer_mode[layer] : (int)RECOMPUTE_NONE;
 }
 
 /* Bytes of activation `act` for B*T tokens. */
