@@ -13,7 +13,7 @@ BUILD = build
 
 HEADERS = $(wildcard llmc/*.h)
 
-.PHONY: all test test-c test-py clean
+.PHONY: all test test-bins clean
 
 all: train_gpt_cpu
 
@@ -25,3 +25,35 @@ clean:
 
 # CUDA targets (train_gpt, test_gpt) live in cuda.mk
 -include cuda.mk
+
+# ---- tests ----
+# Tests include train_gpt.c whole and use part of it.
+TEST_CFLAGS = $(CFLAGS) -Wno-unused-function
+TEST_BINS = $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/read_data
+SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+
+$(BUILD):
+	mkdir -p $(BUILD)
+
+$(BUILD)/test_gradcheck: dev/test/test_gradcheck.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(TEST_CFLAGS) -DREMAT_FP64 -o $@ $< $(LDLIBS)
+
+$(BUILD)/test_recompute: dev/test/test_recompute.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/test_plan: dev/test/test_plan.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/read_data: dev/test/read_data.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $< $(LDLIBS)
+
+# The trainer under AddressSanitizer and UndefinedBehaviorSanitizer, for the
+# bad-input tests (file parsers, flags). No OpenMP: its runtime confuses ASan.
+$(BUILD)/train_gpt_cpu_asan: train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS_BASE) $(CPU_ARCH) -Wno-unknown-pragmas -O1 -g $(SANITIZE) -o $@ $< $(LDLIBS)
+
+test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan
+
+# The README's test command. Every test, C and Python, runs under pytest.
+test: test-bins
+	python3 -m pytest -q dev/test

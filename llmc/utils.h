@@ -105,9 +105,11 @@ typedef struct {
 } AtomicFile;
 
 static inline void atomic_open(AtomicFile* af, const char* path) {
-    if (strlen(path) >= sizeof(af->path)) fail("%s: path too long", path);
-    strcpy(af->path, path);
-    snprintf(af->tmp_path, sizeof(af->tmp_path), "%s.tmp", path);
+    size_t len = strlen(path);
+    if (len >= sizeof(af->path)) fail("%s: path too long", path);
+    memcpy(af->path, path, len + 1);
+    memcpy(af->tmp_path, path, len);
+    memcpy(af->tmp_path + len, ".tmp", 5);
     af->f = fopen_check(af->tmp_path, "wb");
 }
 

@@ -1,0 +1,106 @@
+"""Bad input to the CPU trainer: each case exits 1 with one 'error:' line that
+names the file or flag and the reason, and never crashes. Run against the
+AddressSanitizer + UndefinedBehaviorSanitizer build, so a parser that reads
+out of bounds or overflows fails here even when it happens not to crash."""
+import struct
+
+import numpy as np
+import pytest
+
+from conftest import REPO, binary, datafile, run
+
+MODEL = ["-e", "d6", "--layers", "1", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    rng = np.random.default_rng(1)
+    datafile.write_shard(d / "good.bin", rng.integers(0, 64, 1000))
+    good = (d / "good.bin").read_bytes()
+    (d / "magic.bin").write_bytes(struct.pack("<i", 1234) + good[4:])
+    (d / "version.bin").write_bytes(good[:4] + struct.pack("<i", 7) + good[8:])
+    (d / "truncated.bin").write_bytes(good[:-2])
+    (d / "trailing.bin").write_bytes(good + b"\0\0")
+    (d / "short_header.bin").write_bytes(good[:100])
+    (d / "empty.bin").write_bytes(b"")
+    datafile.write_shard(d / "bigtoken.bin", np.r_[rng.integers(0, 64, 500), [64], rng.integers(0, 64, 10)])
+    datafile.write_shard(d / "small.bin", rng.integers(0, 64, 10))
+    # a valid model file (v3) to corrupt
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", d / "good.bin", "-j", "", "-b", "1", "-t", "16", "-x", "1",
+               "-s", "0", "-o", d / "ckpt"], check=True)
+    model = (d / "ckpt" / "model_00000001.bin").read_bytes()
+    (d / "model_ok.bin").write_bytes(model)
+    (d / "model_magic.bin").write_bytes(struct.pack("<i", 20240520) + model[4:])
+    (d / "model_version.bin").write_bytes(model[:4] + struct.pack("<i", 4) + model[8:])
+    (d / "model_truncated.bin").write_bytes(model[:-4])
+    (d / "model_badshape.bin").write_bytes(model[:16] + struct.pack("<i", -3) + model[20:])
+    (d / "model_heads.bin").write_bytes(model[:20] + struct.pack("<i", 3) + model[24:])
+    return d
+
+
+def cases(d):
+    base = ["-i", d / "good.bin", "-j", "", "-b", "1", "-t", "16", "-x", "1", "-s", "0"]
+    return {
+        "missing train file": ([*MODEL, "-i", d / "nope.bin", *base[2:]], ["nope.bin", "no files match"]),
+        "shard bad magic": ([*MODEL, "-i", d / "magic.bin", *base[2:]], ["magic.bin", "bad magic"]),
+        "shard bad version": ([*MODEL, "-i", d / "version.bin", *base[2:]], ["version.bin", "version 7"]),
+        "shard truncated": ([*MODEL, "-i", d / "truncated.bin", *base[2:]], ["truncated.bin", "does not match its header"]),
+        "shard trailing bytes": ([*MODEL, "-i", d / "trailing.bin", *base[2:]], ["trailing.bin", "does not match its header"]),
+        "shard short header": ([*MODEL, "-i", d / "short_header.bin", *base[2:]], ["short_header.bin", "too short"]),
+        "shard empty": ([*MODEL, "-i", d / "empty.bin", *base[2:]], ["empty.bin", "too short"]),
+        "token out of range": ([*MODEL, "-i", d / "bigtoken.bin", *base[2:]], ["bigtoken.bin", "token 64 at position 500"]),
+        "shard too small": ([*MODEL, "-i", d / "small.bin", *base[2:]], ["small.bin", "too few"]),
+        "val shard bad": ([*MODEL, *base[:2], "-j", d / "magic.bin", "-v", "1", *base[4:]], ["magic.bin", "bad magic"]),
+        "model missing": (["-e", d / "nomodel.bin", *base], ["nomodel.bin", "cannot open"]),
+        "model bad magic": (["-e", d / "model_magic.bin", *base], ["model_magic.bin", "bad magic"]),
+        "model bad version": (["-e", d / "model_version.bin", *base], ["model_version.bin", "version 4"]),
+        "model truncated": (["-e", d / "model_truncated.bin", *base], ["model_truncated.bin", "does not match its header"]),
+        "model bad shape": (["-e", d / "model_badshape.bin", *base], ["model_badshape.bin", "layers -3"]),
+        "model heads": (["-e", d / "model_heads.bin", *base], ["model_heads.bin", "not divisible by heads 3"]),
+        "model with shape flags": (["-e", d / "model_ok.bin", "--layers", "2", *base], ["--layers", "random init only"]),
+        "T above max": ([*MODEL, *base[:6], "-t", "17", *base[8:]], ["-t", "exceeds the model's maximum 16"]),
+        "-d not divisible": ([*MODEL, *base, "-d", "24"], ["-d", "not a positive multiple"]),
+        "unknown flag": ([*MODEL, *base, "--frobnicate", "1"], ["--frobnicate", "unknown flag"]),
+        "malformed int": ([*MODEL, *base[:4], "-b", "4x", *base[6:]], ["-b", "'4x' is not an integer"]),
+        "int out of range": ([*MODEL, *base[:4], "-b", "0", *base[6:]], ["-b", "out of range"]),
+        "malformed float": ([*MODEL, *base, "-l", "fast"], ["-l", "'fast' is not a number"]),
+        "nan float": ([*MODEL, *base, "-l", "nan"], ["-l", "is not a number"]),
+        "missing value": ([*MODEL, *base, "-l"], ["-l", "needs a value"]),
+        "bad schedule": ([*MODEL, *base, "-k", "step"], ["-k", "unknown schedule"]),
+        "bad recompute": ([*MODEL, *base, "-r", "3"], ["-r", "'3'"]),
+        "bad layer list": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0,x"], ["--recompute-layers"]),
+        "layer out of range": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0-5"], ["--recompute-layers", "out of range"]),
+        "bad descriptor": (["-e", "d7", *base], ["d7", "cannot open"]),
+        "resume without -o": ([*MODEL, *base, "-y", "1"], ["-y", "-o"]),
+        "resume nothing there": ([*MODEL, *base, "-y", "1", "-o", d / "emptydir"], ["no complete checkpoint"]),
+        "bad tokenizer": ([*MODEL, *base, "--tokenizer", d / "good.bin", "-s", "1"], ["good.bin", "bad magic"]),
+        "shape channels/heads": (["-e", "d6", "--channels", "10", "--heads", "3", *base], ["channels 10 not divisible by heads 3"]),
+    }
+
+
+CASE_NAMES = list(cases(REPO).keys())
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_bad_input_is_refused_with_one_line(files, case):
+    args, needles = cases(files)[case]
+    (files / "emptydir").mkdir(exist_ok=True)
+    res = run([binary("build/train_gpt_cpu_asan"), *args], timeout=120)
+    assert res.returncode == 1, f"exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr}"
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    for needle in needles:
+        assert str(needle) in lines[0], lines[0]
+
+
+def test_no_half_written_checkpoint_on_failure(files, tmp_path):
+    """An unwritable output directory stops the run with an error, leaving no file
+    under a final name."""
+    blocker = tmp_path / "file_not_dir"
+    blocker.write_text("x")
+    res = run([binary("build/train_gpt_cpu_asan"), *MODEL, "-i", files / "good.bin", "-j", "", "-b", "1", "-t", "16",
+               "-x", "1", "-s", "0", "-o", blocker])
+    assert res.returncode == 1
+    assert "not a directory" in res.stderr or "cannot create" in res.stderr

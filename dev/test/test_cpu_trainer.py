@@ -1,0 +1,160 @@
+"""The CPU reference trainer (train_gpt_cpu) end to end, and its C unit tests."""
+import re
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, binary, datafile, run
+
+TINY_MODEL = ["-e", "d6", "--layers", "3", "--channels", "32", "--heads", "4", "--vocab-size", "64",
+              "--max-seq-len", "32"]
+STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
+
+
+def steps(stdout):
+    """(step, loss, lr, norm) strings of each step line: compared as printed."""
+    return [(m.group(1), m.group(3), m.group(4), m.group(5)) for m in STEP_RE.finditer(stdout)]
+
+
+def tiny_run(tiny_shards, *extra, exe="train_gpt_cpu"):
+    return run([binary(exe), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin",
+                "-b", "2", "-t", "32", "-v", "0", "-s", "0", "-l", "1e-3", *extra], check=True)
+
+
+# ---- C unit tests ----
+
+@pytest.mark.parametrize("name", ["test_gradcheck", "test_recompute", "test_plan"])
+def test_c_unit(name):
+    res = run([binary(f"build/{name}")])
+    print(res.stdout)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "PASS" in res.stdout
+
+
+# ---- recompute: identical losses through the real command line ----
+
+@pytest.mark.parametrize("flags", [["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"],
+                                   ["-r", "1", "--recompute-layers", "every:2"],
+                                   ["-r", "1", "--recompute-layers", "0,2"]])
+def test_recompute_modes_print_identical_steps(tiny_shards, flags):
+    base = steps(tiny_run(tiny_shards, "-x", "6", "-d", "128").stdout)
+    other = steps(tiny_run(tiny_shards, "-x", "6", "-d", "128", *flags).stdout)
+    assert len(base) == 6
+    assert other == base
+
+
+def test_recompute_reduces_planned_activations(tiny_shards):
+    def act_mib(*flags):
+        out = tiny_run(tiny_shards, "-x", "1", *flags).stdout
+        return float(re.search(r"activations +([0-9.]+) MiB", out).group(1))
+    assert act_mib("-r", "1") < act_mib("-r", "2") < act_mib("-r", "0")
+
+
+# ---- checkpoints ----
+
+def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["-x", "8", "-n", "4", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1"]
+    ref = tiny_run(tiny_shards, *common, "-o", full)
+    assert (full / "DONE_00000004").exists() and (full / "DONE_00000008").exists()
+    part.mkdir()
+    for name in ["model_00000004.bin", "state_00000004_00000.bin", "DONE_00000004"]:
+        shutil.copy(full / name, part / name)
+    resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
+    assert "resumed: step 4" in resumed.stdout
+    assert steps(resumed.stdout) == steps(ref.stdout)[4:]
+    for name in ["model_00000008.bin", "state_00000008_00000.bin"]:
+        assert (part / name).read_bytes() == (full / name).read_bytes(), name
+    assert len(list(part.glob("*.tmp"))) == 0
+
+
+def test_incomplete_checkpoint_is_ignored(tiny_shards, tmp_path):
+    tiny_run(tiny_shards, "-x", "4", "-n", "2", "-o", tmp_path)
+    (tmp_path / "DONE_00000004").unlink()  # as if the run died while writing step 4
+    resumed = tiny_run(tiny_shards, "-x", "4", "-o", tmp_path, "-y", "1")
+    assert "resumed: step 2" in resumed.stdout
+
+
+def test_resume_with_other_batch_is_refused(tiny_shards, tmp_path):
+    tiny_run(tiny_shards, "-x", "2", "-o", tmp_path)
+    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "1",
+               "-t", "32", "-o", tmp_path, "-y", "1"])
+    assert res.returncode == 1
+    assert "B=2 T=32" in res.stderr
+
+
+def test_checkpoint_model_file_is_llmc_format(tiny_shards, tmp_path):
+    tiny_run(tiny_shards, "-x", "1", "-o", tmp_path)
+    data = (tmp_path / "model_00000001.bin").read_bytes()
+    header = np.frombuffer(data[:1024], dtype=np.int32)
+    assert list(header[:8]) == [20240326, 3, 32, 64, 3, 4, 32, 128]
+    assert not header[8:].any()
+    C, L, Vp, T = 32, 3, 128, 32
+    params = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
+    assert len(data) == 1024 + 4 * params
+    wte = np.frombuffer(data[1024:1024 + 4 * Vp * C], dtype=np.float32).reshape(Vp, C)
+    assert not wte[64:].any()  # padded rows stay zero through training
+
+
+def test_model_file_round_trip(tiny_shards, tmp_path):
+    """Training from a saved model file continues exactly as the saving run did."""
+    a = tmp_path / "a"
+    ref = tiny_run(tiny_shards, "-x", "3", "-o", a, "-l", "0", "-c", "0")  # lr 0: parameters stay at init
+    res = run([binary("train_gpt_cpu"), "-e", a / "model_00000003.bin", "-i", tiny_shards / "tiny_train.bin",
+               "-j", "", "-b", "2", "-t", "32", "-x", "3", "-s", "0", "-l", "0"], check=True)
+    assert [s[1] for s in steps(res.stdout)] == [s[1] for s in steps(ref.stdout)]
+
+
+# ---- learning ----
+
+def test_repeated_batch_loss_falls_steadily(tmp_path):
+    rng = np.random.default_rng(3)
+    datafile.write_shard(tmp_path / "one_train.bin", rng.integers(0, 64, 2 * 32 + 1))
+    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tmp_path / "one_train.bin", "-j", "", "-b", "2", "-t", "32",
+               "-x", "40", "-l", "1e-2", "-s", "0"], check=True)
+    losses = [float(s[1]) for s in steps(res.stdout)]
+    assert len(losses) == 40
+    assert losses[-1] < 0.1 * losses[0]
+    rises = sum(b > a for a, b in zip(losses, losses[1:]))
+    assert rises <= 1, losses
+
+
+def test_synthetic_loss_approaches_entropy_floor(synthetic):
+    out, meta = synthetic
+    floor = meta["entropy_nats_per_token"]
+    res = run([binary("train_gpt_cpu"), "-e", "d6", "--layers", "2", "--channels", "64", "--heads", "4",
+               "--vocab-size", str(meta["vocab_size"]), "--max-seq-len", "64", "-i", out / "synthetic_train.bin",
+               "-j", out / "synthetic_val.bin", "-b", "16", "-t", "64", "-x", "500", "-l", "4e-3", "-u", "20",
+               "-q", "0.05", "-v", "500", "-m", "20", "-s", "0"], check=True, timeout=900)
+    val = [float(v) for v in re.findall(r"val loss ([0-9.]+) at step 500", res.stdout)]
+    print(f"val loss {val[-1]:.4f}, entropy floor {floor:.4f}")
+    assert floor - 0.02 < val[-1] < floor + 0.1
+
+
+def test_sample_is_decoded_with_the_tokenizer(synthetic):
+    out, meta = synthetic
+    res = run([binary("train_gpt_cpu"), *TINY_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len", "32",
+               "-i", out / "synthetic_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-s", "2", "-g", "16"],
+              check=True)
+    text = res.stdout.split("sample at step 2:\n---\n")[1].split("\n---")[0]
+    assert re.fullmatch(r"[a-z <|>\n]+", text), text  # pseudo-words, not token ids
+
+
+def test_help_lists_every_flag_the_parser_takes():
+    res = run([binary("train_gpt_cpu"), "--help"], check=True)
+    flags = re.findall(r"^  (-[-a-z0-9]+)", res.stdout, re.M)
+    assert len(flags) > 30
+    src = (REPO / "llmc/cli.h").read_text()
+    table = re.findall(r'^\s*\{"(-[-a-z0-9]+)", FLAG_\w+, OPT\(\w+\), [^,]+, [^,]+, (FOR_\w+)', src, re.M)
+    flags = [f for f in flags if f != "-h"]
+    assert sorted(flags) == sorted(f for f, who in table if who != "FOR_GPU")
+    readme = (REPO / "README.md").read_text()
+    for f in flags:
+        assert f"`{f}`" in readme or f"`{f} " in readme, f"{f} missing from the README flag table"
+
+
+def test_peak_memory_reported(tiny_shards):
+    res = tiny_run(tiny_shards, "-x", "1")
+    assert re.search(r"peak resident memory: [0-9.]+ MiB", res.stdout)

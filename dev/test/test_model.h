@@ -1,0 +1,64 @@
+/*
+ * Helpers for the C tests that build the CPU reference in (train_gpt.c is
+ * included before this file): a small model from a shape, recompute modes
+ * and batch, with random parameters and tokens, without the command line.
+ */
+#ifndef REMAT_TEST_MODEL_H
+#define REMAT_TEST_MODEL_H
+
+typedef struct {
+    MemoryPlan plan;
+    CpuModel m;
+} TestModel;
+
+static ModelConfig test_config(int L, int NH, int C, int V, int maxT) {
+    ModelConfig c = {maxT, V, pad_vocab(V), L, NH, C};
+    return c;
+}
+
+static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = cfg;
+    s.B = B;
+    s.T = T;
+    s.backend = BACKEND_CPU;
+    s.elem_bytes = (int)sizeof(real);
+    s.stat_bytes = (int)sizeof(real);
+    s.world_size = 1;
+    s.layer_mode = modes;
+    s.logits_chunk_rows = 3; /* several chunks, one partial, even in tiny tests */
+    s.io_chunk_floats = 1024;
+    plan_build(&tm->plan, &s);
+    cpu_model_create(&tm->m, &tm->plan);
+}
+
+/* Init as the trainer does, then perturb every parameter (LayerNorm weights
+ * and biases included) so no gradient term hides behind a 0 or a 1. */
+static void test_model_randomize(TestModel* tm, uint64_t seed) {
+    ParamLayout pl;
+    param_layout(&tm->m.cfg, &pl);
+    float* chunk = (float*)malloc_check(pl.total * sizeof(float), "test");
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(&tm->m.cfg, seed, t, 0, pl.count[t], chunk + pl.offset[t]);
+    size_t real_wte = (size_t)tm->m.cfg.vocab_size * tm->m.cfg.channels;
+    for (size_t i = 0; i < pl.total; i++) {
+        int padded = i < real_wte ? 0 : i < pl.count[P_WTE];
+        tm->m.params[i] = padded ? 0 : (real)chunk[i] + (real)0.1 * (real)rand_normal(seed, 99, i);
+    }
+    free(chunk);
+}
+
+static void test_model_tokens(TestModel* tm, uint64_t seed) {
+    size_t N = (size_t)tm->plan.spec.B * tm->plan.spec.T;
+    for (size_t i = 0; i < N; i++) {
+        tm->m.inputs[i] = (int)(rand_u64(seed, 7, i) % (uint64_t)tm->m.cfg.vocab_size);
+        tm->m.targets[i] = (int)(rand_u64(seed, 8, i) % (uint64_t)tm->m.cfg.vocab_size);
+    }
+}
+
+static void test_model_free(TestModel* tm) {
+    cpu_model_free(&tm->m);
+    plan_free(&tm->plan);
+}
+
+#endif
