@@ -13,7 +13,8 @@
 typedef struct {
     int vocab_size;
     int eot_token;
-    char** tokens;   /* NUL-terminated byte strings */
+    char** tokens;   /* token bytes, NUL-terminated for convenience */
+    unsigned char* lengths; /* bytes per token: a token may itself hold a NUL byte */
     int loaded;
 } Tokenizer;
 
@@ -28,6 +29,7 @@ static inline void tokenizer_load(Tokenizer* tk, const char* path) {
     tk->vocab_size = (int)h[2];
     tk->eot_token = h[1] == 1 ? 50256 : (int)h[3];
     tk->tokens = (char**)calloc_check((size_t)tk->vocab_size, sizeof(char*), "tokenizer");
+    tk->lengths = (unsigned char*)calloc_check((size_t)tk->vocab_size, 1, "tokenizer");
     for (int i = 0; i < tk->vocab_size; i++) {
         unsigned char len;
         fread_check(&len, 1, 1, f, path);
@@ -35,6 +37,7 @@ static inline void tokenizer_load(Tokenizer* tk, const char* path) {
         tk->tokens[i] = (char*)malloc_check((size_t)len + 1, "tokenizer");
         fread_check(tk->tokens[i], 1, len, f, path);
         tk->tokens[i][len] = '\0';
+        tk->lengths[i] = len;
     }
     if (fgetc(f) != EOF) fail("%s: trailing bytes after %d tokens", path, tk->vocab_size);
     fclose(f);
@@ -51,17 +54,18 @@ static inline const char* tokenizer_decode(const Tokenizer* tk, int token) {
 static inline void tokenizer_print(const Tokenizer* tk, int token, FILE* out) {
     const char* s = tokenizer_decode(tk, token);
     if (!s) { fprintf(out, "<%d>", token); return; }
-    if (s[1] == '\0') {
+    if (tk->lengths[token] == 1) {
         unsigned char c = (unsigned char)s[0];
         if (c < 32 && c != '\n' && c != '\t' && c != '\r') { fprintf(out, "<%d>", token); return; }
     }
-    fputs(s, out);
+    fwrite(s, 1, tk->lengths[token], out);
 }
 
 static inline void tokenizer_free(Tokenizer* tk) {
     if (tk->tokens)
         for (int i = 0; i < tk->vocab_size; i++) free(tk->tokens[i]);
     free(tk->tokens);
+    free(tk->lengths);
     memset(tk, 0, sizeof(*tk));
 }
 

@@ -38,7 +38,8 @@ static int dump_tokenizer(const char* path) {
     printf("eot %d\nvocab %d\n", tk.eot_token, tk.vocab_size);
     for (int i = 0; i < tk.vocab_size; i++) {
         printf("%d ", i);
-        for (const unsigned char* p = (const unsigned char*)tokenizer_decode(&tk, i); *p; p++) printf("%02x", *p);
+        const unsigned char* p = (const unsigned char*)tokenizer_decode(&tk, i);
+        for (int k = 0; k < tk.lengths[i]; k++) printf("%02x", p[k]);
         printf("\n");
     }
     tokenizer_free(&tk);
