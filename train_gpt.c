@@ -407,8 +407,10 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m, 0, sizeof(*m));
     m->cfg = plan->spec.cfg;
     m->plan = plan;
-    if (posix_memalign((void**)&m->arena, PLAN_ALIGN, plan->total_bytes) != 0)
-        fail("out of host memory: the plan needs %.1f MiB (see --plan for what fits)", mib(plan->total_bytes));
+    if (posix_memalign((void**)&m->arena, PLAN_ALIGN, plan->total_bytes) != 0) {
+        plan_oom_report(plan, available_host_memory(), "host");
+        fail("out of host memory: the plan needs %.1f MiB", mib(plan->total_bytes));
+    }
     m->params = (real*)(m->arena + plan->off_params);
     m->grads = (real*)(m->arena + plan->off_grads);
     m->adam_m = (float*)(m->arena + plan->off_adam_m);

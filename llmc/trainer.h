@@ -13,6 +13,7 @@
 #include "utils.h"
 #include "model.h"
 #include "plan.h"
+#include "plan_report.h"
 #include "cli.h"
 #include "dataloader.h"
 #include "tokenizer.h"
@@ -113,7 +114,6 @@ static inline void resolve_recompute(Run* run) {
     int L = run->cfg.num_layers;
     run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
     const char* r = run->opt.recompute;
-    if (strcmp(r, "auto") == 0) fail("-r auto is not available yet: pick 0, 1 or 2 and check the fit with --plan");
     if (strcmp(r, "2") == 0) { memset(run->layer_mode, RECOMPUTE_SELECTIVE, (size_t)L); return; }
     if (strcmp(r, "1") == 0) {
         parse_layer_set(run->opt.recompute_layers, L, run->layer_mode);
@@ -133,7 +133,45 @@ static inline void resolve_batch(Run* run) {
     run->grad_accum = (int)(total / micro_tokens);
 }
 
-/* Everything a trainer needs before it allocates: flags, model, plan. */
+/* -r auto: the cheapest per-layer choice that fits the budget, or the flags
+ * that would fit and a non-zero exit. */
+static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source);
+    if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
+    if (recompute_auto(spec, budget, run->layer_mode) != 0) {
+        fflush(stdout);
+        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %.1f MiB (%s)\n",
+                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), mib(budget), source);
+        plan_print_suggestions(spec, budget, stderr);
+        fail("-r auto: nothing fits in %.1f MiB", mib(budget));
+    }
+    char layers[256];
+    MemoryPlan p;
+    plan_build(&p, spec);
+    printf("recompute auto: fits %.1f MiB (%s) with %.1f MiB;", mib(budget), source, mib(p.total_bytes));
+    for (int mode = 0; mode < 3; mode++)
+        if (plan_layers_with_mode(&p, mode, layers, sizeof(layers))) printf(" -r %s on [%s]", mode_flag(mode), layers);
+    printf("; predicted cost +%.1f%% compute\n", 100.0 * recompute_cost_fraction(&run->cfg, spec->T, run->layer_mode));
+    plan_free(&p);
+}
+
+/* --plan and --plan-json: print and exit without allocating anything. */
+static inline void maybe_print_plan_and_exit(const Run* run) {
+    if (!run->opt.plan_only && !run->opt.plan_json) return;
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source);
+    if (run->opt.plan_json) {
+        plan_print_json(&run->plan, budget, stdout);
+    } else {
+        printf("model: %s\n", run->model_desc);
+        plan_print_table(&run->plan, budget, source, stdout);
+    }
+    exit(0);
+}
+
+/* Everything a trainer needs before it allocates: flags, model, plan.
+ * Handles --plan/--plan-json itself (they exit here). */
 static inline void run_setup(Run* run, int argc, char** argv, int trainer, int elem_bytes, int stat_bytes,
                              int master_weights, size_t workspace_bytes, int logits_chunk_rows) {
     memset(run, 0, sizeof(*run));
@@ -158,8 +196,11 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
+    plan_validate_spec(&spec);
+    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
     plan_build(&run->plan, &spec);
     run->io_chunk_floats = spec.io_chunk_floats;
+    maybe_print_plan_and_exit(run);
 }
 
 static inline void run_print_header(const Run* run) {

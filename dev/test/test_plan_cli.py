@@ -1,0 +1,158 @@
+"""--plan, --plan-json and -r auto of the CPU trainer (the same planner serves
+the GPU trainer). The JSON totals are checked against a count of every buffer
+written out here independently of llmc/plan.h."""
+import json
+
+import pytest
+
+from conftest import binary, run
+
+SHAPES = {
+    "d12": (["-e", "d12"], dict(L=12, NH=12, C=768, V=50257, maxT=1024)),
+    "d48": (["-e", "d48"], dict(L=48, NH=25, C=1600, V=50257, maxT=1024)),
+    "24x2048": (["-e", "d24", "--layers", "24", "--channels", "2048", "--heads", "16", "--max-seq-len", "8192"],
+                dict(L=24, NH=16, C=2048, V=50257, maxT=8192)),
+}
+
+
+def plan_json(*args):
+    res = run([binary("train_gpt_cpu"), *map(str, args), "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def a256(n):
+    return (n + 255) // 256 * 256
+
+
+def independent_total(s, B, T, modes):
+    """Every buffer of the CPU trainer (fp32 storage, fp32 statistics), each
+    rounded up to 256 bytes, counted from DESIGN.md's tables."""
+    L, NH, C, V, maxT = s["L"], s["NH"], s["C"], s["V"], s["maxT"]
+    Vp = (V + 127) // 128 * 128
+    P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
+    N = B * T
+    total = 4 * a256(4 * P)  # parameters, gradients, AdamW m and v
+    kept = {0: [C, C, 1, 1, 3 * C, C, NH, C, C, 1, 1, 4 * C, 4 * C],
+            2: [C, 1, 1, 3 * C, C, NH, C, 1, 1, 4 * C],
+            1: [C]}
+    for m in modes:
+        total += sum(a256(4 * N * k) for k in kept[m])
+    if 1 in modes:    # one shared set of everything but x
+        total += sum(a256(4 * N * k) for k in kept[0][1:])
+    elif 2 in modes:  # one shared set of ln1, ln2, fch_gelu
+        total += sum(a256(4 * N * k) for k in [C, C, 4 * C])
+    total += 2 * a256(4 * N)                 # inputs, targets
+    total += 2 * a256(4 * N * C)             # final residual, lnf
+    total += 3 * a256(4 * N)                 # lnf mean, rstd, losses
+    total += sum(a256(4 * N * C * w) for w in [1, 1, 3, 1, 4])  # backward buffers
+    total += a256(4 * min(256, N) * Vp)      # logits chunk
+    total += a256(4 << 18) + a256(2 * (N + 1))  # io staging, dataloader window
+    return total
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("mode", ["0", "1", "2"])
+@pytest.mark.parametrize("T", [256, 1024])
+def test_plan_json_matches_an_independent_count(shape, mode, T):
+    flags, s = SHAPES[shape]
+    d = plan_json(*flags, "-b", 2, "-t", T, "-r", mode)
+    assert d["total_bytes"] == independent_total(s, 2, T, [int(mode)] * s["L"])
+    assert set(d["components"]) == {"parameters", "master_weights", "gradients", "optimizer", "activations",
+                                    "scratch", "workspace"}
+    assert sum(d["components"].values()) == d["total_bytes"]
+    assert [m["recompute"] for m in d["modes"]] == ["0", "2", "1"]
+    for m in d["modes"]:
+        assert set(m) >= {"recompute", "total_bytes", "max_batch", "max_seq_len"}
+    assert d["modes"][0]["total_bytes"] > d["modes"][1]["total_bytes"] > d["modes"][2]["total_bytes"]
+
+
+def test_plan_mixed_layers_and_zero_ranks():
+    flags, s = SHAPES["d12"]
+    d = plan_json(*flags, "-b", 1, "-t", 512, "-r", "1", "--recompute-layers", "0,3-5")
+    modes = [1 if l in (0, 3, 4, 5) else 0 for l in range(12)]
+    assert d["layer_modes"] == modes
+    assert d["total_bytes"] == independent_total(s, 1, 512, modes)
+
+
+def test_max_batch_and_seq_len_are_tight():
+    flags, _ = SHAPES["d12"]
+    d = plan_json(*flags, "-b", 4, "-t", 1024, "--mem-budget", "3GiB")
+    budget = 3 << 30
+    for m in d["modes"]:
+        b, t = m["max_batch"], m["max_seq_len"]
+        if b >= 1:
+            assert plan_json(*flags, "-b", b, "-t", 1024, "-r", m["recompute"])["total_bytes"] <= budget
+            assert plan_json(*flags, "-b", b + 1, "-t", 1024, "-r", m["recompute"])["total_bytes"] > budget
+        if 1 <= t < 1024:
+            assert plan_json(*flags, "-b", 4, "-t", t, "-r", m["recompute"])["total_bytes"] <= budget
+            assert plan_json(*flags, "-b", 4, "-t", t + 1, "-r", m["recompute"])["total_bytes"] > budget
+
+
+def auto(budget, *extra):
+    flags, _ = SHAPES["24x2048"]
+    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget,
+                "--plan-json", *extra])
+
+
+def mode_totals():
+    flags, _ = SHAPES["24x2048"]
+    d = plan_json(*flags, "-b", 1, "-t", 4096)
+    return {m["recompute"]: m["total_bytes"] for m in d["modes"]}
+
+
+def test_auto_picks_nothing_when_everything_fits():
+    tot = mode_totals()
+    d = json.loads(auto(tot["0"]).stdout.splitlines()[-1])
+    assert d["layer_modes"] == [0] * 24 and d["total_bytes"] <= tot["0"]
+
+
+def test_auto_picks_full_recompute_everywhere_when_only_that_fits():
+    tot = mode_totals()
+    d = json.loads(auto(tot["1"]).stdout.splitlines()[-1])
+    assert d["layer_modes"] == [1] * 24 and d["total_bytes"] <= tot["1"]
+
+
+@pytest.mark.parametrize("frac", [0.2, 0.5, 0.8])
+def test_auto_picks_a_fitting_subset_in_between(frac):
+    tot = mode_totals()
+    budget = int(tot["1"] + frac * (tot["0"] - tot["1"]))
+    res = auto(budget)
+    assert "recompute auto: fits" in res.stdout and "predicted cost" in res.stdout
+    d = json.loads(res.stdout.splitlines()[-1])
+    assert d["total_bytes"] <= budget
+    assert d["layer_modes"] != [0] * 24 and d["layer_modes"] != [1] * 24
+
+
+def test_auto_just_below_mode_zero_needs_some_recompute():
+    tot = mode_totals()
+    d = json.loads(auto(tot["0"] - 1).stdout.splitlines()[-1])
+    assert any(d["layer_modes"]) and d["total_bytes"] < tot["0"]
+
+
+def test_auto_nothing_fits_says_what_would():
+    tot = mode_totals()
+    res = auto(tot["1"] - 1)
+    assert res.returncode == 1
+    assert "what would fit" in res.stderr and "-r 1 -t" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: -r auto: nothing fits")
+
+
+@pytest.mark.parametrize("budget,needle", [("12XB", "unknown unit"), ("-5", "not a positive size"),
+                                           ("GiB", "not a positive size"), ("1e400", "not a positive size")])
+def test_malformed_budget(budget, needle):
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "--plan", "--mem-budget", budget])
+    assert res.returncode == 1 and needle in res.stderr and "--mem-budget" in res.stderr
+
+
+def test_impossible_configuration_is_refused():
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "-t", "2048", "--plan"])
+    assert res.returncode == 1 and "exceeds the model's maximum 1024" in res.stderr
+
+
+def test_plan_table_is_readable():
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "-b", "4", "-t", "1024", "--plan", "--mem-budget", "80GiB"],
+              check=True)
+    for needle in ["parameters", "gradients", "optimizer state", "activations", "scratch", "total",
+                   "activations by tensor", "fch_gelu", "logits_chunk", "max -b", "max -t", "-r 1"]:
+        assert needle in res.stdout

@@ -1,0 +1,102 @@
+/*
+ * Shared pieces of the CUDA kernels: the storage type, checked calls, and
+ * deterministic reductions.
+ *
+ * Storage type floatX is chosen at build time (PRECISION=BF16 -> ENABLE_BF16,
+ * the default; PRECISION=FP32 -> ENABLE_FP32). Parameters, gradients and
+ * activations are floatX; statistics, losses, optimizer moments, master
+ * weights and every accumulation inside a kernel are fp32.
+ *
+ * Determinism: no kernel uses floating-point atomics. Every reduction sums
+ * in an order fixed by the code and the launch configuration, which never
+ * depends on the device, so the same run gives the same bits and a
+ * recomputed activation equals the original.
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_CUDA_COMMON_CUH
+#define REMAT_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <cublasLt.h>
+#include <math.h>
+#include <stdint.h>
+#include "utils.h"
+
+/* ---- storage precision ---- */
+
+#if defined(ENABLE_FP16)
+#error "PRECISION=FP16 is not implemented yet (it comes with dynamic loss scaling); use BF16 or FP32"
+#elif defined(ENABLE_FP32)
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#define PRECISION_IS_FP32 1
+#define CUBLAS_FLOATX CUDA_R_32F
+#else
+#ifndef ENABLE_BF16
+#define ENABLE_BF16
+#endif
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#define PRECISION_IS_FP32 0
+#define CUBLAS_FLOATX CUDA_R_16BF
+#endif
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+/* Round to nearest even into the storage type. */
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+/* ---- checked calls: print the call, where, and why, then exit(1) via fail() ---- */
+
+static inline void cuda_check_impl(cudaError_t err, const char* call, const char* file, int line) {
+    if (err != cudaSuccess) fail("CUDA call %s failed at %s:%d: %s (%s)", call, file, line, cudaGetErrorString(err), cudaGetErrorName(err));
+}
+static inline void cublas_check_impl(cublasStatus_t st, const char* call, const char* file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS call %s failed at %s:%d: %s", call, file, line, cublasGetStatusString(st));
+}
+#define CUDA_CHECK(call) cuda_check_impl((call), #call, __FILE__, __LINE__)
+#define CUBLAS_CHECK(call) cublas_check_impl((call), #call, __FILE__, __LINE__)
+/* After a kernel launch: reports bad launch configurations at the launch site. */
+#define CUDA_CHECK_LAUNCH() cuda_check_impl(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+static inline unsigned int grid_for(size_t n, unsigned int block) {
+    size_t g = ceil_div(n, block);
+    if (g > 0x7fffffffu) fail("internal: grid of %zu blocks is too large", g);
+    return (unsigned int)(g ? g : 1);
+}
+
+/* ---- deterministic reductions ---- */
+
+/* Butterfly sum over a warp: every lane ends with the same value, because at
+ * each step both partners add the same two numbers (a + b == b + a). */
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024):
+ * warp sums, then warp 0 sums the per-warp results in a fixed tree. Returns
+ * the total in every thread. `scratch` holds 33 floats of shared memory. */
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        float w = lane < nwarps ? scratch[lane] : 0.0f;
+        w = warp_sum(w);
+        if (lane == 0) scratch[32] = w;
+    }
+    __syncthreads();
+    return scratch[32];
+}
+
+#endif
