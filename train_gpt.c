@@ -104,62 +104,81 @@ static void matmul_forward(real* out, const real* inp, const real* W, const real
     }
 }
 
-/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten; summed over o in order. */
+/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten. Register tiles of 4
+ * rows x 2 vectors; a strip of W columns stays in cache while all rows pass.
+ * Each element is summed over o in order, whatever the tiling. */
 static void matmul_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
     const int IB = 2 * RLANES;
     #pragma omp parallel for schedule(static)
     for (int ib = 0; ib < IC; ib += IB) {
         int width = ib + IB <= IC ? IB : IC - ib;
-        for (int n = 0; n < N; n++) {
-            const real* d = dout + (size_t)n * OC;
-            real* dst = dinp + (size_t)n * IC + ib;
-            if (width == IB) {
-                rvec acc0 = {0}, acc1 = {0};
+        for (int nb = 0; nb < N; nb += 4) {
+            int rows = nb + 4 <= N ? 4 : N - nb;
+            if (width == IB && rows == 4) {
+                rvec acc[4][2];
+                memset(acc, 0, sizeof(acc));
                 for (int o = 0; o < OC; o++) {
                     const real* w = W + (size_t)o * IC + ib;
-                    rvec s = vsplat(d[o]);
-                    acc0 += s * vload(w);
-                    acc1 += s * vload(w + RLANES);
+                    rvec w0 = vload(w), w1 = vload(w + RLANES);
+                    for (int r = 0; r < 4; r++) {
+                        rvec sv = vsplat(dout[(size_t)(nb + r) * OC + o]);
+                        acc[r][0] += sv * w0;
+                        acc[r][1] += sv * w1;
+                    }
                 }
-                vstore(dst, acc0);
-                vstore(dst + RLANES, acc1);
-            } else {
+                for (int r = 0; r < 4; r++) {
+                    vstore(dinp + (size_t)(nb + r) * IC + ib, acc[r][0]);
+                    vstore(dinp + (size_t)(nb + r) * IC + ib + RLANES, acc[r][1]);
+                }
+                continue;
+            }
+            for (int r = 0; r < rows; r++)
                 for (int k = 0; k < width; k++) {
                     real acc = 0;
-                    for (int o = 0; o < OC; o++) acc += d[o] * W[(size_t)o * IC + ib + k];
-                    dst[k] = acc;
+                    for (int o = 0; o < OC; o++) acc += dout[(size_t)(nb + r) * OC + o] * W[(size_t)o * IC + ib + k];
+                    dinp[(size_t)(nb + r) * IC + ib + k] = acc;
                 }
-            }
         }
     }
 }
 
-/* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout; summed over n in order. */
+/* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout. Register
+ * tiles of 4 rows x 2 vectors of dW; each element is summed over n in order. */
 static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
     const int IB = 2 * RLANES;
-    int iblocks = (IC + IB - 1) / IB;
+    int iblocks = (IC + IB - 1) / IB, oblocks = (OC + 3) / 4;
     #pragma omp parallel for schedule(static)
-    for (int job = 0; job < OC * iblocks; job++) {
-        int o = job / iblocks, ib = (job % iblocks) * IB;
-        int width = ib + IB <= IC ? IB : IC - ib;
-        real* dst = dW + (size_t)o * IC + ib;
-        if (width == IB) {
-            rvec acc0 = vload(dst), acc1 = vload(dst + RLANES);
+    for (int job = 0; job < oblocks * iblocks; job++) {
+        int ob = (job / iblocks) * 4, ib = (job % iblocks) * IB;
+        int width = ib + IB <= IC ? IB : IC - ib, rows = ob + 4 <= OC ? 4 : OC - ob;
+        if (width == IB && rows == 4) {
+            rvec acc[4][2];
+            for (int r = 0; r < 4; r++) {
+                acc[r][0] = vload(dW + (size_t)(ob + r) * IC + ib);
+                acc[r][1] = vload(dW + (size_t)(ob + r) * IC + ib + RLANES);
+            }
             for (int n = 0; n < N; n++) {
-                rvec s = vsplat(dout[(size_t)n * OC + o]);
                 const real* a = inp + (size_t)n * IC + ib;
-                acc0 += s * vload(a);
-                acc1 += s * vload(a + RLANES);
+                rvec a0 = vload(a), a1 = vload(a + RLANES);
+                const real* d = dout + (size_t)n * OC + ob;
+                for (int r = 0; r < 4; r++) {
+                    rvec sv = vsplat(d[r]);
+                    acc[r][0] += sv * a0;
+                    acc[r][1] += sv * a1;
+                }
             }
-            vstore(dst, acc0);
-            vstore(dst + RLANES, acc1);
-        } else {
-            for (int k = 0; k < width; k++) {
-                real acc = dst[k];
-                for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o] * inp[(size_t)n * IC + ib + k];
-                dst[k] = acc;
+            for (int r = 0; r < 4; r++) {
+                vstore(dW + (size_t)(ob + r) * IC + ib, acc[r][0]);
+                vstore(dW + (size_t)(ob + r) * IC + ib + RLANES, acc[r][1]);
             }
+            continue;
         }
+        for (int r = 0; r < rows; r++)
+            for (int k = 0; k < width; k++) {
+                real acc = dW[(size_t)(ob + r) * IC + ib + k];
+                for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + ob + r] * inp[(size_t)n * IC + ib + k];
+                dW[(size_t)(ob + r) * IC + ib + k] = acc;
+            }
     }
     if (!dbias) return;
     #pragma omp parallel for schedule(static)

@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "utils.h"
+#include "plan.h"
 
 /* ---- storage precision ---- */
 
@@ -55,19 +56,20 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 /* ---- checked calls: print the call, where, and why, then exit(1) via fail() ---- */
 
 static inline void cuda_check_impl(cudaError_t err, const char* call, const char* file, int line) {
-    if (err != cudaSuccess) fail("CUDA call %s failed at %s:%d: %s (%s)", call, file, line, cudaGetErrorString(err), cudaGetErrorName(err));
+    if (err != cudaSuccess)
+        fail("CUDA call %s failed at %s:%d: %s (%s)", call, file, line, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 static inline void cublas_check_impl(cublasStatus_t st, const char* call, const char* file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS) fail("cuBLAS call %s failed at %s:%d: %s", call, file, line, cublasGetStatusString(st));
 }
 #define CUDA_CHECK(call) cuda_check_impl((call), #call, __FILE__, __LINE__)
 #define CUBLAS_CHECK(call) cublas_check_impl((call), #call, __FILE__, __LINE__)
-/* After a kernel launch: reports bad launch configurations at the launch site. */
+/* After a kernel launch: reports a bad launch configuration at the launch site. */
 #define CUDA_CHECK_LAUNCH() cuda_check_impl(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
 
 static inline unsigned int grid_for(size_t n, unsigned int block) {
     size_t g = ceil_div(n, block);
-    if (g > 0x7fffffffu) fail("internal: grid of %zu blocks is too large", g);
+    if (g > 0x7fffffffu) fail("internal: a grid of %zu blocks is too large", g);
     return (unsigned int)(g ? g : 1);
 }
 
@@ -82,12 +84,12 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 /* Sum over a block of blockDim.x threads (a multiple of 32, at most 1024):
- * warp sums, then warp 0 sums the per-warp results in a fixed tree. Returns
- * the total in every thread. `scratch` holds 33 floats of shared memory. */
+ * warp sums, then warp 0 sums the per-warp results in a fixed tree. Every
+ * thread gets the total. `scratch`: 33 floats of shared memory. */
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     v = warp_sum(v);
-    __syncthreads(); /* scratch may still be read by a previous call */
+    __syncthreads(); /* scratch may still be read after a previous call */
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     if (warp == 0) {
@@ -97,6 +99,31 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     }
     __syncthreads();
     return scratch[32];
+}
+
+/* ---- deterministic column sums (bias and LayerNorm parameter gradients) ----
+ * Stage 1 (in the op's own file) writes fp32 partial sums over COLUMN_SPLITS
+ * fixed slices of the rows: partials[split * ncols + col]. Stage 2, below,
+ * adds the slices in order into the floatX gradient. The split count is a
+ * constant, not a function of the device, so the bits do not depend on the
+ * GPU model. Stage-1 blocks are (32 columns) x (COLUMN_BLOCK_Y row lanes). */
+#define COLUMN_SPLITS PLAN_GPU_COLUMN_SPLITS
+#define COLUMN_BLOCK_Y 8
+
+__host__ __device__ static inline int column_rows_per_split(int N) { return (N + COLUMN_SPLITS - 1) / COLUMN_SPLITS; }
+
+/* grad[c] += sum over s (in order) of partials[s * ncols + c]; one thread per column. */
+__global__ void column_finish_kernel(floatX* grad, const float* partials, int ncols) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= ncols) return;
+    float acc = 0.0f;
+    for (int s = 0; s < COLUMN_SPLITS; s++) acc += partials[(size_t)s * ncols + c];
+    grad[c] = from_f32<floatX>(to_f32(grad[c]) + acc);
+}
+
+static inline void gpu_column_finish(floatX* grad, const float* partials, int ncols, cudaStream_t stream) {
+    column_finish_kernel<<<grid_for((size_t)ncols, 256), 256, 0, stream>>>(grad, partials, ncols);
+    CUDA_CHECK_LAUNCH();
 }
 
 #endif

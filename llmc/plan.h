@@ -98,6 +98,7 @@ typedef struct {
     size_t grad_act[NUM_GRAD_ACTS];      /* arena offsets of backward buffers */
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
+    size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
 } MemoryPlan;
@@ -186,6 +187,11 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
     }
 }
 
+/* GPU scratch sizes: row slices of the deterministic column sums (bias and
+ * LayerNorm parameter gradients) and blocks of the gradient-norm reduction. */
+#define PLAN_GPU_COLUMN_SPLITS 32
+#define PLAN_GPU_NORM_BLOCKS 512
+
 static inline void plan_add_other_buffers(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     size_t BT = (size_t)s->B * (size_t)s->T, C = (size_t)s->cfg.channels, E = (size_t)s->elem_bytes;
@@ -207,6 +213,12 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     if (s->backend == BACKEND_CPU) { /* on a GPU these live in host memory, outside the device plan */
         p->off_io_chunk = plan_add(p, "io_staging", SEC_SCRATCH, -1, s->io_chunk_floats * 4);
         p->off_loader = plan_add(p, "dataloader_tokens", SEC_SCRATCH, -1, (BT + 1) * 2);
+    }
+    if (s->backend == BACKEND_GPU) { /* device scratch of the CUDA kernels, fp32 and int32 */
+        p->off_att_rowsum = plan_add(p, "attention_rowsum", SEC_SCRATCH, -1, BT * (size_t)s->cfg.num_heads * 4);
+        p->off_column_partials = plan_add(p, "column_partials", SEC_SCRATCH, -1, (size_t)PLAN_GPU_COLUMN_SPLITS * 4 * C * 4);
+        p->off_norm_partials = plan_add(p, "grad_norm_partials", SEC_SCRATCH, -1, ((size_t)PLAN_GPU_NORM_BLOCKS + 1) * 4);
+        p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, (3 * BT + 1) * 4);
     }
     if (s->workspace_bytes) plan_add(p, "library_workspace", SEC_WORKSPACE, -1, s->workspace_bytes);
 }

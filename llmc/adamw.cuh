@@ -1,0 +1,78 @@
+/*
+ * AdamW update, elementwise over one parameter tensor.
+ *
+ * Shapes: params, grads (n) floatX; master (n) fp32 or NULL; m, v (n) fp32.
+ * The same arithmetic as the CPU reference:
+ *   g = grad * grad_scale
+ *   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+ *   p -= lr (m / bc1 / (sqrt(v / bc2) + eps) + wd p)
+ * where p is the fp32 master weight when the run keeps them (-w 1), else the
+ * parameter itself. BF16 parameters are written back with stochastic
+ * rounding: the 16 bits dropped from the fp32 value are compared against 16
+ * random bits that are a pure function of (seed, step, element index), so a
+ * rerun or a resumed run rounds identically. FP32 parameters are stored as is.
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_ADAMW_CUH
+#define REMAT_ADAMW_CUH
+
+#include "cuda_common.cuh"
+
+/* SplitMix64 finaliser; the same counter-based scheme as llmc/rand.h. */
+__device__ __forceinline__ uint64_t sr_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+#define SR_STREAM 0x5352000000000000ULL /* "SR": apart from the init streams (tensor ids) */
+
+/* 32 random bits for element `index` at optimizer step `step`. */
+__device__ __forceinline__ uint32_t sr_bits(uint64_t seed, int step, uint64_t index) {
+    uint64_t h = sr_mix64(seed + 0x9e3779b97f4a7c15ULL * (SR_STREAM + (uint64_t)step + 1));
+    return (uint32_t)(sr_mix64(h ^ (index * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL)) >> 32);
+}
+
+/* Stochastic rounding to the storage type: for bf16, rounds away from zero
+ * with probability (dropped bits) / 2^16, else truncates; unbiased. */
+__device__ __forceinline__ floatX round_stochastic(float x, uint32_t bits) {
+#if PRECISION_IS_FP32
+    (void)bits;
+    return x;
+#else
+    uint32_t u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) >= 0x7f800000u) return __float2bfloat16_rn(x); /* inf, nan */
+    u = (u + (bits & 0xffffu)) & 0xffff0000u;
+    return __float2bfloat16_rn(__uint_as_float(u)); /* exact: the low 16 bits are zero */
+#endif
+}
+
+__global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
+                             size_t first_index, float lr, float beta1, float beta2, float bc1, float bc2, float eps,
+                             float wd, float grad_scale, uint64_t seed, int step) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = to_f32(grads[i]) * grad_scale;
+    float mm = beta1 * m[i] + (1.0f - beta1) * g;
+    float vv = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mm;
+    v[i] = vv;
+    float mhat = mm / bc1, vhat = vv / bc2;
+    float p = master ? master[i] : to_f32(params[i]);
+    float np = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    if (master) master[i] = np;
+    params[i] = round_stochastic(np, sr_bits(seed, step, first_index + i));
+}
+
+/* One tensor of n elements starting at element first_index of the parameter
+ * buffer (the index keys the rounding bits). bc1, bc2: bias corrections. */
+static inline void gpu_adamw(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, size_t first_index,
+                             float lr, float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
+                             uint64_t seed, int step, cudaStream_t stream) {
+    adamw_kernel<<<grid_for(n, 256), 256, 0, stream>>>(params, master, grads, m, v, n, first_index, lr, beta1, beta2, bc1, bc2,
+                                                       eps, wd, grad_scale, seed, step);
+    CUDA_CHECK_LAUNCH();
+}
+
+#endif

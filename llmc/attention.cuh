@@ -1,0 +1,347 @@
+/*
+ * Causal self-attention without any (T,T) buffer: forward with an online
+ * softmax over key tiles, backward recomputing the probabilities tile by tile
+ * from the stored log-sum-exp. A simple, correct version (CUDA cores, fp32
+ * math); tensor-core speed comes later.
+ *
+ * Shapes, for B batch, T time, C channels, NH heads, hs = C/NH:
+ *   qkv  (B,T,3C) floatX: q at channels [0,C), k at [C,2C), v at [2C,3C);
+ *        head h uses channels h*hs .. h*hs+hs-1 of each part
+ *   out  (B,T,C)  floatX: head h at channels h*hs..
+ *   lse  (B,NH,T) fp32: log sum_{s<=t} exp(scale * q_t.k_s), scale = 1/sqrt(hs)
+ *   dout (B,T,C), dqkv (B,T,3C) floatX; rowsum (B,NH,T) fp32 scratch:
+ *        D_t = sum_i dout_t[i] out_t[i]
+ * Backward, with p_ts = exp(scale q_t.k_s - lse_t) for s <= t:
+ *   dv_s = sum_{t>=s} p_ts dout_t
+ *   ds_ts = p_ts (dout_t.v_s - D_t) scale
+ *   dq_t = sum_{s<=t} ds_ts k_s,  dk_s = sum_{t>=s} ds_ts q_t
+ *
+ * Work split (all three kernels): a block owns ATT_ROWS rows (queries in the
+ * forward and dq kernels, keys in the dk/dv kernel) of one (b, h); G threads
+ * share a row, each owning CH = HS/G channels in float4 chunks interleaved
+ * across the G threads (conflict-free shared-memory reads). Dot products are
+ * summed over the G threads with a butterfly, so all G threads hold the same
+ * bits. The other side (keys, or queries for dk/dv) streams through shared
+ * memory ATT_TILE rows at a time, converted to fp32, zero-filled past T and
+ * past hs. HS is the head size rounded up to 16, 32, 64 or 128 (template);
+ * padded channels are zero and add nothing.
+ *
+ * Determinism: each output element is owned by one thread and accumulated
+ * in a fixed order (keys ascending for out and dq, queries ascending for
+ * dk and dv); no atomics. dq and dk/dv are two kernels, dq first (it also
+ * writes D). Every element of dqkv is written (overwritten), as on the CPU.
+ *
+ * Masking: key s is used for query t iff s <= t and both < T; T need not be a
+ * multiple of any tile size (partial tiles are zero-filled, and rows past T
+ * compute on zeros and store nothing).
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_ATTENTION_CUH
+#define REMAT_ATTENTION_CUH
+
+#include "cuda_common.cuh"
+
+#define ATT_ROWS 64 /* rows owned by a block */
+#define ATT_TILE 32 /* rows of the other side staged in shared memory at a time */
+#define ATT_SUB 16  /* forward: scores between two online-softmax rescales */
+
+template <int HS> struct AttConfig {
+    static constexpr int CH = HS < 32 ? HS : 32; /* channels per thread */
+    static constexpr int G = HS / CH;           /* threads per row: 1, 1, 2, 4 for HS 16, 32, 64, 128 */
+    static constexpr int NQ = CH / 4;           /* float4 chunks per thread */
+    static constexpr int THREADS = ATT_ROWS * G;
+};
+
+/* Channel of element e (0..CH-1) of thread g's slice: chunk q = e/4 sits at float4 index q*G + g. */
+template <int G> __device__ __forceinline__ int att_channel(int e, int g) { return 4 * ((e >> 2) * G + g) + (e & 3); }
+
+/* Sum over the G consecutive lanes that share a row; identical in all G lanes. */
+template <int G> __device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+    for (int off = 1; off < G; off <<= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* Loads this thread's CH channels of one head row (fp32; zero past hs or when !valid). */
+template <int HS> __device__ __forceinline__ void att_load_row(float* dst, const floatX* row, int hs, int g, bool valid) {
+    constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+#pragma unroll
+    for (int e = 0; e < CH; e++) {
+        int c = att_channel<G>(e, g);
+        dst[e] = (valid && c < hs) ? to_f32(row[c]) : 0.0f;
+    }
+}
+
+template <int HS> __device__ __forceinline__ void att_store_row(floatX* row, const float* src, float mul, int hs, int g) {
+    constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+#pragma unroll
+    for (int e = 0; e < CH; e++) {
+        int c = att_channel<G>(e, g);
+        if (c < hs) row[c] = from_f32<floatX>(src[e] * mul);
+    }
+}
+
+/* Partial dot product of this thread's channels with a shared-memory row (HS floats). */
+template <int HS> __device__ __forceinline__ float att_dot_smem(const float* reg, const float* srow, int g) {
+    constexpr int G = AttConfig<HS>::G, NQ = AttConfig<HS>::NQ;
+    const float4* s4 = reinterpret_cast<const float4*>(srow);
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NQ; q++) {
+        float4 s = s4[q * G + g];
+        acc += reg[4 * q] * s.x + reg[4 * q + 1] * s.y + reg[4 * q + 2] * s.z + reg[4 * q + 3] * s.w;
+    }
+    return acc;
+}
+
+/* acc[e] += a * srow[channel e] */
+template <int HS> __device__ __forceinline__ void att_axpy_smem(float* acc, float a, const float* srow, int g) {
+    constexpr int G = AttConfig<HS>::G, NQ = AttConfig<HS>::NQ;
+    const float4* s4 = reinterpret_cast<const float4*>(srow);
+#pragma unroll
+    for (int q = 0; q < NQ; q++) {
+        float4 s = s4[q * G + g];
+        acc[4 * q] += a * s.x;
+        acc[4 * q + 1] += a * s.y;
+        acc[4 * q + 2] += a * s.z;
+        acc[4 * q + 3] += a * s.w;
+    }
+}
+
+/* Stages rows [r0, r0+ATT_TILE) of two (B,T,ld)-strided head slices into
+ * shared memory as fp32, zero past T and past hs. base_x points at (b, t=0,
+ * this head's first channel) of each slice. */
+template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS], float (*sy)[HS], const floatX* base_x,
+                                                                 const floatX* base_y, size_t ld, int r0, int T, int hs) {
+    for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
+        int j = idx / HS, c = idx % HS, r = r0 + j;
+        bool ok = r < T && c < hs;
+        sx[j][c] = ok ? to_f32(base_x[(size_t)r * ld + c]) : 0.0f;
+        sy[j][c] = ok ? to_f32(base_y[(size_t)r * ld + c]) : 0.0f;
+    }
+}
+
+/* ---- forward ----
+ * grid (ceil(T/ATT_ROWS), B*NH), block THREADS. Query tiles are visited
+ * last-first (the causal mask makes them the longest). */
+template <int HS>
+__global__ void __launch_bounds__(AttConfig<HS>::THREADS)
+attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale) {
+    constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    __shared__ __align__(16) float ks[ATT_TILE][HS];
+    __shared__ __align__(16) float vs[ATT_TILE][HS];
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
+    const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    float q[CH], o[CH];
+    att_load_row<HS>(q, base + (size_t)min(t, T - 1) * ld, hs, g, t < T);
+#pragma unroll
+    for (int e = 0; e < CH; e++) o[e] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    const int kend = min(q0 + ATT_ROWS, T);
+    for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
+        __syncthreads();
+        att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
+        __syncthreads();
+        for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
+            float s[ATT_SUB];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < ATT_SUB; u++) {
+                const int key = k0 + j0 + u;
+                float d = group_sum<G>(att_dot_smem<HS>(q, ks[j0 + u], g));
+                s[u] = (key <= t && key < T) ? d * scale : -INFINITY;
+                mx = fmaxf(mx, s[u]);
+            }
+            const float mnew = fmaxf(m, mx);
+            const float ref = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp() away from inf - inf */
+            const float corr = expf(m - ref);
+            l *= corr;
+#pragma unroll
+            for (int e = 0; e < CH; e++) o[e] *= corr;
+#pragma unroll
+            for (int u = 0; u < ATT_SUB; u++) {
+                const float p = expf(s[u] - ref);
+                l += p;
+                att_axpy_smem<HS>(o, p, vs[j0 + u], g);
+            }
+            m = mnew;
+        }
+    }
+    if (t < T) {
+        att_store_row<HS>(out + ((size_t)b * T + t) * C + (size_t)h * hs, o, 1.0f / l, hs, g);
+        if (g == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+    }
+}
+
+/* ---- backward, pass 1: dq and D ----
+ * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one query row per G threads. */
+template <int HS>
+__global__ void __launch_bounds__(AttConfig<HS>::THREADS)
+attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                             const float* lse, int T, int C, int NH, int hs, float scale) {
+    constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    __shared__ __align__(16) float ks[ATT_TILE][HS];
+    __shared__ __align__(16) float vs[ATT_TILE][HS];
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
+    const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
+    const bool valid = t < T;
+    const int tc = min(t, T - 1);
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const size_t orow = ((size_t)b * T + tc) * C + (size_t)h * hs;
+    float q[CH], dO[CH], dq[CH];
+    att_load_row<HS>(q, base + (size_t)tc * ld, hs, g, valid);
+    att_load_row<HS>(dO, dout + orow, hs, g, valid);
+    float D;
+    {
+        float o[CH];
+        att_load_row<HS>(o, out + orow, hs, g, valid);
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < CH; e++) acc += dO[e] * o[e];
+        D = group_sum<G>(acc);
+    }
+    const size_t srow = ((size_t)b * NH + h) * T + tc;
+    if (valid && g == 0) rowsum[srow] = D;
+    const float row_lse = valid ? lse[srow] : 0.0f;
+#pragma unroll
+    for (int e = 0; e < CH; e++) dq[e] = 0.0f;
+    const int kend = min(q0 + ATT_ROWS, T);
+    for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
+        __syncthreads();
+        att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
+        __syncthreads();
+        for (int j = 0; j < ATT_TILE; j++) {
+            const int key = k0 + j;
+            const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
+            const float dp = group_sum<G>(att_dot_smem<HS>(dO, vs[j], g));
+            const float p = (key <= t && key < T) ? expf(s * scale - row_lse) : 0.0f;
+            const float ds = p * (dp - D) * scale;
+            att_axpy_smem<HS>(dq, ds, ks[j], g);
+        }
+    }
+    if (valid) att_store_row<HS>(dqkv + ((size_t)b * T + t) * ld + (size_t)h * hs, dq, 1.0f, hs, g);
+}
+
+/* ---- backward, pass 2: dk and dv ----
+ * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one key row per G threads;
+ * queries t >= the block's first key stream through shared memory. Key tiles
+ * are visited first-first (the longest). */
+template <int HS>
+__global__ void __launch_bounds__(AttConfig<HS>::THREADS)
+attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
+                              int T, int C, int NH, int hs, float scale) {
+    constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    __shared__ __align__(16) float qs[ATT_TILE][HS];
+    __shared__ __align__(16) float dos[ATT_TILE][HS];
+    __shared__ float lse_s[ATT_TILE], d_s[ATT_TILE];
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int s0 = blockIdx.x * ATT_ROWS;
+    const int g = threadIdx.x % G, s = s0 + threadIdx.x / G;
+    const bool valid = s < T;
+    const int sc = min(s, T - 1);
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const floatX* obase = dout + (size_t)b * T * C + (size_t)h * hs;
+    const size_t stat0 = ((size_t)b * NH + h) * T;
+    float k[CH], v[CH], dk[CH], dv[CH];
+    att_load_row<HS>(k, base + (size_t)sc * ld + C, hs, g, valid);
+    att_load_row<HS>(v, base + (size_t)sc * ld + 2 * C, hs, g, valid);
+#pragma unroll
+    for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
+    for (int t0 = s0; t0 < T; t0 += ATT_TILE) {
+        __syncthreads();
+        /* q rows have stride 3C, dout rows stride C: stage them separately */
+        for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
+            int j = idx / HS, c = idx % HS, r = t0 + j;
+            bool ok = r < T && c < hs;
+            qs[j][c] = ok ? to_f32(base[(size_t)r * ld + c]) : 0.0f;
+            dos[j][c] = ok ? to_f32(obase[(size_t)r * C + c]) : 0.0f;
+        }
+        for (int j = threadIdx.x; j < ATT_TILE; j += blockDim.x) {
+            int r = t0 + j;
+            lse_s[j] = r < T ? lse[stat0 + r] : 0.0f;
+            d_s[j] = r < T ? rowsum[stat0 + r] : 0.0f;
+        }
+        __syncthreads();
+        for (int j = 0; j < ATT_TILE; j++) {
+            const int t = t0 + j;
+            const float score = group_sum<G>(att_dot_smem<HS>(k, qs[j], g));
+            const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[j], g));
+            const float p = (t >= s && t < T) ? expf(score * scale - lse_s[j]) : 0.0f;
+            const float ds = p * (dp - d_s[j]) * scale;
+            att_axpy_smem<HS>(dv, p, dos[j], g);
+            att_axpy_smem<HS>(dk, ds, qs[j], g);
+        }
+    }
+    if (valid) {
+        floatX* drow = dqkv + ((size_t)b * T + s) * ld + (size_t)h * hs;
+        att_store_row<HS>(drow + C, dk, 1.0f, hs, g);
+        att_store_row<HS>(drow + 2 * C, dv, 1.0f, hs, g);
+    }
+}
+
+/* Smallest supported template head size >= hs, or 0. */
+static inline int attention_head_bucket(int hs) {
+    return hs <= 16 ? 16 : hs <= 32 ? 32 : hs <= 64 ? 64 : hs <= 128 ? 128 : 0;
+}
+
+static inline void attention_check_shape(int C, int NH) {
+    if (!attention_head_bucket(C / NH))
+        fail("attention: head size C/NH = %d/%d = %d is above the 128 the CUDA kernels support", C, NH, C / NH);
+}
+
+static inline dim3 attention_grid(int B, int T, int NH) {
+    if ((long long)B * NH > 65535) fail("attention: B*NH = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NH);
+    return dim3((unsigned)ceil_div((size_t)T, ATT_ROWS), (unsigned)(B * NH));
+}
+
+template <int HS>
+static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+    int hs = C / NH;
+    dim3 grid = attention_grid(B, T, NH);
+    attention_forward_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, 1.0f / sqrtf((float)hs));
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                      const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    dim3 grid = attention_grid(B, T, NH);
+    attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
+    CUDA_CHECK_LAUNCH();
+    attention_backward_dkv_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C). */
+static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+    switch (attention_head_bucket(C / NH)) {
+    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, stream); break;
+    default: attention_check_shape(C, NH);
+    }
+}
+
+/* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch. */
+static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                          const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+    switch (attention_head_bucket(C / NH)) {
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
+    default: attention_check_shape(C, NH);
+    }
+}
+
+#endif

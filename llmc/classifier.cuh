@@ -1,0 +1,90 @@
+/*
+ * Fused classifier: softmax, cross-entropy loss and dlogits in one kernel
+ * per chunk of rows, never materialising the probabilities.
+ *
+ * Shapes: logits (rows, Vp) floatX, a chunk of the (B*T, Vp) logits
+ * (rows = the plan's logits_chunk_rows or fewer); targets (rows) int;
+ * losses (rows) fp32. Only the first V columns are real: the softmax and the
+ * loss run over them, and the padded columns V..Vp-1 get dlogits 0.
+ *
+ * Per row r with target y: lse = log sum_{v<V} exp(logit_v);
+ *   loss_r = lse - logit_y
+ *   dlogits_v = (exp(logit_v - lse) - [v == y]) * dloss   (v < V), 0 (v >= V)
+ * written over the logits in place. With dloss == 0 only the loss is written.
+ *
+ * One block per row: each thread keeps an online (max, sum of exp) over its
+ * strided columns, the block combines them in a fixed tree, then the row is
+ * read once more to write dlogits. Deterministic, no atomics.
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_CLASSIFIER_CUH
+#define REMAT_CLASSIFIER_CUH
+
+#include "cuda_common.cuh"
+
+#define CLASSIFIER_THREADS 512
+
+/* Merges (m2, s2) into (m, s): s is a sum of exp(x - m). Symmetric in its
+ * arguments, so a butterfly leaves identical bits in both partners. */
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+    float mx = fmaxf(m, m2);
+    if (mx == -INFINITY) { s = 0.0f; m = mx; return; }
+    s = s * expf(m - mx) + s2 * expf(m2 - mx);
+    m = mx;
+}
+
+__global__ void __launch_bounds__(CLASSIFIER_THREADS)
+classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss) {
+    __shared__ float sm[32], ss[32];
+    const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    floatX* x = logits + (size_t)row * Vp;
+    const int target = targets[row];
+    const float target_logit = to_f32(x[target]); /* read before any thread overwrites the row */
+    float m = -INFINITY, s = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) {
+        float z = to_f32(x[v]);
+        if (z > m) {
+            s = s * expf(m - z) + 1.0f;
+            m = z;
+        } else {
+            s += expf(z - m);
+        }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+        lse_merge(m, s, m2, s2);
+    }
+    if (lane == 0) { sm[warp] = m; ss[warp] = s; }
+    __syncthreads(); /* also orders every read of the row above before the writes below */
+    if (warp == 0) {
+        const int nwarps = blockDim.x >> 5;
+        m = lane < nwarps ? sm[lane] : -INFINITY;
+        s = lane < nwarps ? ss[lane] : 0.0f;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            float m2 = __shfl_xor_sync(0xffffffffu, m, off), s2 = __shfl_xor_sync(0xffffffffu, s, off);
+            lse_merge(m, s, m2, s2);
+        }
+        if (lane == 0) { sm[0] = m; ss[0] = s; }
+    }
+    __syncthreads();
+    const float lse = sm[0] + logf(ss[0]);
+    if (threadIdx.x == 0) losses[row] = lse - target_logit;
+    if (dloss == 0.0f) return;
+    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
+        float d = 0.0f;
+        if (v < V) d = (expf(to_f32(x[v]) - lse) - (v == target ? 1.0f : 0.0f)) * dloss;
+        x[v] = from_f32<floatX>(d);
+    }
+}
+
+/* Loss (and, with dloss != 0, dlogits in place) for `rows` rows of logits. */
+static inline void gpu_classifier_fused(floatX* logits, float* losses, const int* targets, int rows, int V, int Vp, float dloss,
+                                        cudaStream_t stream) {
+    classifier_fused_kernel<<<(unsigned)rows, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, V, Vp, dloss);
+    CUDA_CHECK_LAUNCH();
+}
+
+#endif

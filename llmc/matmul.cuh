@@ -1,0 +1,248 @@
+/*
+ * Matmuls through cuBLASLt, forward and backward, and the bias gradient.
+ *
+ * Shapes (row-major, as in the CPU reference): inp (N,IC), W (OC,IC) stored
+ * (out, in), bias (OC), out (N,OC); N = B*T rows.
+ *   forward          out  = inp @ W^T + bias [+ resid]
+ *   backward input   dinp = dout @ W              (overwritten)
+ *   backward weight  dW  += dout^T @ inp,  dbias += column sums of dout
+ *
+ * Layout mapping. cuBLASLt is column-major. A row-major (R,K) matrix occupies
+ * memory exactly like the column-major (K,R) matrix that is its transpose,
+ * with leading dimension K. So cuBLASLt sees
+ *   Wc = W^T   (IC x OC, ld IC),  Ic = inp^T (IC x N, ld IC),
+ *   Oc = out^T (OC x N, ld OC),   dOc = dout^T (OC x N, ld OC), dWc = dW^T (IC x OC, ld IC)
+ * and the three products become D(m x n) = op(A)(m x k) op(B)(k x n):
+ *   forward:  out^T = W inp^T      -> Oc  = Wc^T Ic    m=OC n=N  k=IC  A=Wc op T, B=Ic op N
+ *   dinp:     dinp^T = W^T dout^T  -> dIc = Wc dOc     m=IC n=N  k=OC  A=Wc op N, B=dOc op N
+ *   dW:       dW^T += inp^T dout   -> dWc += Ic dOc^T  m=IC n=OC k=N   A=Ic op N, B=dOc op T, beta 1
+ * The bias epilogue adds a vector of length m (rows of D) to every column,
+ * which in the forward product is exactly bias (OC) added to every token.
+ *
+ * Residual fusion: D = op(A) op(B) + bias + beta*C with C the residual
+ * stream (beta 1, C != D is allowed by cuBLASLt when C and D share type,
+ * shape and order), so "matmul + bias + residual add" is one call, rounded
+ * once into floatX.
+ *
+ * Precision: compute type CUBLAS_COMPUTE_32F in both builds, so FP32 builds
+ * never use TF32 (no _FAST_ variant is requested), BF16 builds accumulate in
+ * fp32. Scale type fp32.
+ *
+ * Determinism: the algorithm for a call is the first heuristic result for its
+ * shapes, types, epilogue and operand alignments, cached per key, so a given
+ * call always runs the same kernel; cuBLASLt kernels are run-to-run
+ * deterministic on one stream (split-K reductions go through the workspace or
+ * serialise in place). Recompute passes operands of the same shapes and
+ * alignments (the plan aligns every buffer to 256 bytes), hence the same
+ * algorithm and the same bits. The bias gradient is our own two-stage column
+ * sum (no atomics).
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_MATMUL_CUH
+#define REMAT_MATMUL_CUH
+
+#include "cuda_common.cuh"
+
+#define MATMUL_CACHE_SIZE 256
+
+typedef struct {
+    int transa, transb, m, n, k, lda, ldb, ldd;
+    int has_bias, has_c, c_is_d;
+    int align_a, align_b, align_c, align_d;
+} MatmulKey;
+
+typedef struct {
+    MatmulKey key;
+    cublasLtMatmulAlgo_t algo;
+    int bias_in_epilogue; /* 0: no algorithm takes the bias epilogue here; a kernel adds it */
+} MatmulCacheEntry;
+
+typedef struct {
+    cublasLtHandle_t handle;
+    void* workspace;
+    size_t workspace_bytes;
+    MatmulCacheEntry cache[MATMUL_CACHE_SIZE];
+    int cache_used;
+    int fallback_noted;
+} MatmulContext;
+
+static inline void gpu_matmul_init(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
+    memset(mc, 0, sizeof(*mc));
+    CUBLAS_CHECK(cublasLtCreate(&mc->handle));
+    mc->workspace = workspace;
+    mc->workspace_bytes = workspace_bytes;
+}
+
+static inline void gpu_matmul_destroy(MatmulContext* mc) {
+    if (mc->handle) CUBLAS_CHECK(cublasLtDestroy(mc->handle));
+    mc->handle = NULL;
+}
+
+/* Largest power of two dividing the address, at most 256 (cuBLASLt's default assumption). */
+static inline int pointer_alignment(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    if (a == 0) return 256;
+    uintptr_t low = a & (~a + 1);
+    return low >= 256 ? 256 : (int)low;
+}
+
+typedef struct {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t a, b, c, d;
+} LtDescs;
+
+static inline void lt_descs_create(LtDescs* ds, const MatmulKey* key, int bias_epilogue, const void* bias) {
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&ds->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t ta = key->transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (bias_epilogue) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(ds->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    /* op(A) is m x k: A is stored k x m when transposed; op(B) is k x n: B is stored n x k when transposed. */
+    uint64_t m = (uint64_t)key->m, n = (uint64_t)key->n, k = (uint64_t)key->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->a, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->b, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->c, CUBLAS_FLOATX, m, n, key->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->d, CUBLAS_FLOATX, m, n, key->ldd));
+}
+
+static inline void lt_descs_destroy(LtDescs* ds) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ds->a));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ds->b));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ds->c));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ds->d));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(ds->desc));
+}
+
+/* The first heuristic result for a key, or 0 when cuBLASLt offers none. */
+static inline int lt_find_algo(MatmulContext* mc, const MatmulKey* key, int bias_epilogue, const void* bias,
+                               cublasLtMatmulAlgo_t* algo) {
+    LtDescs ds;
+    lt_descs_create(&ds, key, bias_epilogue, bias);
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    uint64_t ws = (uint64_t)mc->workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    uint32_t al[4] = {(uint32_t)key->align_a, (uint32_t)key->align_b, (uint32_t)key->align_c, (uint32_t)key->align_d};
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof(al[0])));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof(al[1])));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof(al[2])));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[3], sizeof(al[3])));
+    cublasLtMatmulHeuristicResult_t res;
+    memset(&res, 0, sizeof(res));
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(mc->handle, ds.desc, ds.a, ds.b, key->c_is_d ? ds.d : ds.c, ds.d, pref, 1,
+                                                       &res, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    lt_descs_destroy(&ds);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) return 0;
+    *algo = res.algo;
+    return 1;
+}
+
+/* D += bias broadcast over columns: D (m x n, column-major, ld ldd), bias (m). Fallback only. */
+__global__ void add_bias_kernel(floatX* D, const floatX* bias, int m, int n, int ldd) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)m * n) return;
+    int row = (int)(i % m);
+    size_t col = i / m;
+    floatX* p = D + col * (size_t)ldd + row;
+    *p = from_f32<floatX>(to_f32(*p) + to_f32(bias[row]));
+}
+
+/* D (m x n) = op(A) op(B) [+ bias over rows] + beta * C, all column-major floatX.
+ * C may be NULL (then beta must be 0) or equal D (accumulate in place). */
+static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int transb, int m, int n, int k,
+                      const floatX* A, int lda, const floatX* B, int ldb, const floatX* Cin, float beta,
+                      floatX* D, int ldd, const floatX* bias) {
+    if (!Cin) Cin = D;
+    MatmulKey key;
+    memset(&key, 0, sizeof(key));
+    key.transa = transa; key.transb = transb; key.m = m; key.n = n; key.k = k;
+    key.lda = lda; key.ldb = ldb; key.ldd = ldd;
+    key.has_bias = bias != NULL; key.has_c = beta != 0.0f; key.c_is_d = Cin == D;
+    key.align_a = pointer_alignment(A); key.align_b = pointer_alignment(B);
+    key.align_c = pointer_alignment(Cin); key.align_d = pointer_alignment(D);
+    MatmulCacheEntry found;
+    int hit = 0;
+    for (int i = 0; i < mc->cache_used; i++)
+        if (memcmp(&mc->cache[i].key, &key, sizeof(key)) == 0) { found = mc->cache[i]; hit = 1; break; }
+    if (!hit) {
+        memset(&found, 0, sizeof(found));
+        found.key = key;
+        found.bias_in_epilogue = key.has_bias;
+        if (!lt_find_algo(mc, &key, found.bias_in_epilogue, bias, &found.algo)) {
+            found.bias_in_epilogue = 0;
+            if (!key.has_bias || !lt_find_algo(mc, &key, 0, NULL, &found.algo))
+                fail("cuBLASLt offers no algorithm for a %s matmul m=%d n=%d k=%d (transa %d transb %d, alignments %d/%d/%d/%d)",
+                     PRECISION_NAME, m, n, k, transa, transb, key.align_a, key.align_b, key.align_c, key.align_d);
+            if (!mc->fallback_noted) {
+                printf("note: cuBLASLt has no bias epilogue for some %s matmul shapes; a separate kernel adds those biases\n", PRECISION_NAME);
+                mc->fallback_noted = 1;
+            }
+        }
+        if (mc->cache_used < MATMUL_CACHE_SIZE) mc->cache[mc->cache_used++] = found;
+    }
+    LtDescs ds;
+    lt_descs_create(&ds, &key, found.bias_in_epilogue, bias);
+    const float alpha = 1.0f;
+    /* in place (C == D) passes D's own layout for C, as cuBLASLt asks */
+    CUBLAS_CHECK(cublasLtMatmul(mc->handle, ds.desc, &alpha, A, ds.a, B, ds.b, &beta, Cin, key.c_is_d ? ds.d : ds.c, D, ds.d,
+                                &found.algo, mc->workspace, mc->workspace_bytes, stream));
+    lt_descs_destroy(&ds);
+    if (key.has_bias && !found.bias_in_epilogue) {
+        add_bias_kernel<<<grid_for((size_t)m * n, 256), 256, 0, stream>>>(D, bias, m, n, ldd);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* out (N,OC) = inp (N,IC) @ W (OC,IC)^T [+ bias (OC)] [+ resid (N,OC)]; out must not alias inp or W. */
+static inline void gpu_matmul_forward(MatmulContext* mc, floatX* out, const floatX* inp, const floatX* W, const floatX* bias,
+                                      const floatX* resid, int N, int IC, int OC, cudaStream_t stream) {
+    lt_matmul(mc, stream, 1, 0, OC, N, IC, W, IC, inp, IC, resid, resid ? 1.0f : 0.0f, out, OC, bias);
+}
+
+/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten. */
+static inline void gpu_matmul_backward_input(MatmulContext* mc, floatX* dinp, const floatX* dout, const floatX* W,
+                                             int N, int IC, int OC, cudaStream_t stream) {
+    lt_matmul(mc, stream, 0, 0, IC, N, OC, W, IC, dout, OC, NULL, 0.0f, dinp, IC, NULL);
+}
+
+/* Stage 1 of dbias (OC) += column sums of dout (N,OC): block (32 columns) x
+ * (COLUMN_BLOCK_Y row lanes), grid (ceil(OC/32), COLUMN_SPLITS); writes
+ * partials[split * OC + col]. */
+__global__ void bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
+    __shared__ float s[COLUMN_BLOCK_Y][32];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int c = blockIdx.x * 32 + tx;
+    const int rps = column_rows_per_split(N);
+    const int r0 = blockIdx.y * rps, r1 = min(N, r0 + rps);
+    float acc = 0.0f;
+    if (c < OC)
+        for (int r = r0 + ty; r < r1; r += COLUMN_BLOCK_Y) acc += to_f32(dout[(size_t)r * OC + c]);
+    s[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && c < OC) {
+        float total = 0.0f;
+        for (int k = 0; k < COLUMN_BLOCK_Y; k++) total += s[k][tx];
+        partials[(size_t)blockIdx.y * OC + c] = total;
+    }
+}
+
+/* dW (OC,IC) += dout^T @ inp; dbias (OC) += column sums of dout when dbias is
+ * not NULL (partials: COLUMN_SPLITS*OC floats of scratch). */
+static inline void gpu_matmul_backward_weight(MatmulContext* mc, floatX* dW, floatX* dbias, float* partials, const floatX* dout,
+                                              const floatX* inp, int N, int IC, int OC, cudaStream_t stream) {
+    lt_matmul(mc, stream, 0, 1, IC, OC, N, inp, IC, dout, OC, dW, 1.0f, dW, IC, NULL);
+    if (!dbias) return;
+    dim3 grid((unsigned)ceil_div((size_t)OC, 32), COLUMN_SPLITS), block(32, COLUMN_BLOCK_Y);
+    bias_partials_kernel<<<grid, block, 0, stream>>>(partials, dout, N, OC);
+    CUDA_CHECK_LAUNCH();
+    gpu_column_finish(dbias, partials, OC, stream);
+}
+
+#endif

@@ -1,0 +1,383 @@
+/*
+ * test_gpt: the CUDA trainer against the CPU reference, on the same random
+ * small models and tokens. Status: compiles, unverified on GPU.
+ *
+ * Both trainers are built in: train_gpt.c (CpuModel, cpu_forward_backward,
+ * ...) and train_gpt.cu (GpuModel, gpu_forward_backward, ...), each with its
+ * main() left out. For each shape and each T in {64, 256, 1024, 333} (333 is
+ * a multiple of no tile size) it runs TEST_STEPS AdamW steps and compares,
+ * after every step, per tensor: the per-token losses and mean loss, the
+ * forward activations (each block's output and the final LayerNorm), every
+ * gradient tensor, the gradient norm, and the AdamW update of every
+ * parameter tensor. After each step the CPU model takes the GPU's parameters
+ * and AdamW moments, so every step is compared from one common state.
+ *
+ * Recompute: the GPU runs every setting (-r 0, -r 1 on all layers and on the
+ * first, -r 2, a mix, and -r 0 again for run-to-run determinism); losses,
+ * gradients, parameters and master weights of every step must be bitwise
+ * identical to those of -r 0, which is itself compared with the CPU.
+ *
+ * Prints a table of max abs / max rel / norm rel errors and PASS/FAIL lines;
+ * exits 1 on any failure, 77 (skipped) without a CUDA device.
+ */
+#define REMAT_NO_MAIN
+#include "train_gpt.c"
+#include "train_gpt.cu"
+
+#define TEST_B 2
+#define TEST_STEPS 3
+#define TEST_LOGITS_ROWS 100 /* small and dividing no B*T below: partial chunks are exercised */
+#define TEST_SEED 4242
+#define TEST_L 2
+
+/* ---- tolerances ----
+ * Errors are measured per tensor against the CPU value b:
+ *   max_rel  = max_i |a_i - b_i| / max_i |b_i|      (worst element, scaled by the tensor's size)
+ *   norm_rel = ||a - b||_2 / ||b||_2
+ * FP32 (TF32 off): every product and sum is fp32 on both sides; they differ
+ *   only in summation order (cuBLASLt tiling and split-K against the CPU's
+ *   lane-wise sums, the online softmax's grouping), which moves results by a
+ *   few ulps per reduction of ~1e3 terms: ~1e-6 relative, compounded through
+ *   two layers and backward. 1e-4 (norm) and 1e-3 (worst element) leave
+ *   one to two orders of headroom while any indexing error gives O(1).
+ * BF16: every stored activation and gradient is rounded to 8 significant
+ *   bits (relative error up to 2^-9 = 0.2%), the logits and dlogits too, and
+ *   gradients accumulate through ~10 such roundings per layer; the CPU model
+ *   computes in fp32 from the same (bf16-representable) parameters. Expected
+ *   norm errors are about 1%: 5e-2 for gradients, 2e-2 for activations and
+ *   losses. Worst elements of small sums can be off by more: 2.5e-1.
+ *   AdamW updates near g = 0 can flip sign between the two (the step is
+ *   about lr * sign(g) early on), so only their norm is bounded (1e-1). */
+typedef struct { double norm_rel, max_rel; } Tol;
+#if PRECISION_IS_FP32
+static const Tol TOL_ACT = {1e-5, 1e-4}, TOL_LOSS = {1e-5, 1e-4}, TOL_GRAD = {1e-4, 1e-3}, TOL_UPDATE = {1e-4, 1e-3},
+                 TOL_PROBS = {1e-5, 1e-4};
+#else
+static const Tol TOL_ACT = {2e-2, 2.5e-1}, TOL_LOSS = {2e-2, 2.5e-1}, TOL_GRAD = {5e-2, 2.5e-1}, TOL_UPDATE = {1e-1, 1e30},
+                 TOL_PROBS = {2e-2, 2.5e-1};
+#endif
+
+static int g_failures = 0;
+
+typedef struct { const char* name; double ratio; } Worst;
+
+/* Compares n GPU values a with CPU values b; prints a row when verbose or failing. */
+static int check(const char* what, int step, const float* a, const float* b, size_t n, Tol tol, int verbose, Worst* worst) {
+    double max_abs = 0, max_b = 0, diff2 = 0, b2 = 0;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - (double)b[i];
+        if (!isfinite(a[i])) finite = 0;
+        if (fabs(d) > max_abs) max_abs = fabs(d);
+        if (fabs((double)b[i]) > max_b) max_b = fabs((double)b[i]);
+        diff2 += d * d;
+        b2 += (double)b[i] * b[i];
+    }
+    double max_rel = max_abs / (max_b > 0 ? max_b : 1e-30);
+    double norm_rel = sqrt(diff2) / (b2 > 0 ? sqrt(b2) : 1e-30);
+    if (max_b == 0 && max_abs == 0) max_rel = norm_rel = 0; /* both exactly zero */
+    int ok = finite && norm_rel <= tol.norm_rel && max_rel <= tol.max_rel;
+    if (verbose || !ok)
+        printf("  %4d  %-22s %12.3e %12.3e %12.3e   %s\n", step, what, max_abs, max_rel, norm_rel, ok ? "ok" : "FAIL");
+    if (!ok) g_failures++;
+    double ratio = norm_rel / tol.norm_rel;
+    if (worst && (ratio > worst->ratio || !finite)) { worst->ratio = finite ? ratio : INFINITY; worst->name = what; }
+    return ok;
+}
+
+static void fail_line(const char* fmt, ...) REMAT_PRINTF(1, 2);
+static void fail_line(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL: ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    g_failures++;
+}
+
+/* ---- GPU state to and from the host ---- */
+
+static void gpu_fetch(float* out, const floatX* dev, size_t n) {
+    void* tmp = malloc_check(n * sizeof(floatX), "test");
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(tmp, dev, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) out[i] = host_floatX_get(tmp, i);
+    free(tmp);
+}
+
+static void gpu_fetch_f32(float* out, const float* dev, size_t n) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(out, dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+/* Whole state tensors through the backend's own transfer, in staging-sized chunks. */
+static void gpu_state(GpuModel* m, int tensor, float* host, size_t n, int to_host) {
+    size_t chunk = m->plan->spec.io_chunk_floats;
+    for (size_t s = 0; s < n; s += chunk) gpu_transfer(m, tensor, s, n - s < chunk ? n - s : chunk, host + s, to_host);
+}
+
+/* ---- test setup ---- */
+
+typedef struct { const char* name; int C, NH, V; } Shape;
+typedef struct { const char* name; unsigned char modes[TEST_L]; } Setting;
+
+static const Setting settings[] = {
+    {"-r 0", {RECOMPUTE_NONE, RECOMPUTE_NONE}},
+    {"-r 1 all layers", {RECOMPUTE_FULL, RECOMPUTE_FULL}},
+    {"-r 1 first layer", {RECOMPUTE_FULL, RECOMPUTE_NONE}},
+    {"-r 2", {RECOMPUTE_SELECTIVE, RECOMPUTE_SELECTIVE}},
+    {"mixed 2/1", {RECOMPUTE_SELECTIVE, RECOMPUTE_FULL}},
+    {"-r 0 again", {RECOMPUTE_NONE, RECOMPUTE_NONE}},
+};
+#define NUM_SETTINGS ((int)(sizeof(settings) / sizeof(settings[0])))
+
+static ModelConfig test_shape_config(const Shape* sh) {
+    ModelConfig c;
+    c.max_seq_len = 1024;
+    c.vocab_size = sh->V;
+    c.padded_vocab_size = pad_vocab(sh->V);
+    c.num_layers = TEST_L;
+    c.num_heads = sh->NH;
+    c.channels = sh->C;
+    return c;
+}
+
+static void make_plan(MemoryPlan* p, const ModelConfig* cfg, int T, int gpu, const unsigned char* modes) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = *cfg;
+    s.B = TEST_B;
+    s.T = T;
+    s.backend = gpu ? BACKEND_GPU : BACKEND_CPU;
+    s.elem_bytes = gpu ? (int)sizeof(floatX) : 4;
+    s.stat_bytes = 4;
+    s.master_weights = gpu && !PRECISION_IS_FP32;
+    s.world_size = 1;
+    s.zero_stage = 0;
+    s.layer_mode = modes;
+    s.logits_chunk_rows = gpu ? TEST_LOGITS_ROWS : CPU_LOGITS_CHUNK_ROWS;
+    s.io_chunk_floats = (size_t)1 << 18;
+    s.workspace_bytes = gpu ? GPU_WORKSPACE_BYTES : 0;
+    plan_build(p, &s);
+}
+
+/* Initial parameters, rounded to what floatX can hold so both models start equal. */
+static float* initial_params(const ModelConfig* cfg, size_t* count) {
+    ParamLayout pl;
+    param_layout(cfg, &pl);
+    float* p = (float*)malloc_check(pl.total * sizeof(float), "test");
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(cfg, TEST_SEED, t, 0, pl.count[t], p + pl.offset[t]);
+    if (!PRECISION_IS_FP32)
+        for (size_t i = 0; i < pl.total; i++) p[i] = bf16_to_float(float_to_bf16(p[i]));
+    *count = pl.total;
+    return p;
+}
+
+static void step_tokens(int* inputs, int* targets, int N, int V, int step) {
+    for (int i = 0; i < N; i++) {
+        inputs[i] = (int)(rand_u64(TEST_SEED, 1000 + (uint64_t)step, (uint64_t)i) % (uint64_t)V);
+        targets[i] = (int)(rand_u64(TEST_SEED, 2000 + (uint64_t)step, (uint64_t)i) % (uint64_t)V);
+    }
+}
+
+/* Results of one GPU step, for the bitwise comparison across settings. */
+typedef struct { float *losses, *grads, *params, *master; float loss, norm; } StepRecord;
+
+static void record_alloc(StepRecord* r, size_t N, size_t P) {
+    r->losses = (float*)malloc_check(N * sizeof(float), "test");
+    r->grads = (float*)malloc_check(P * sizeof(float), "test");
+    r->params = (float*)malloc_check(P * sizeof(float), "test");
+    r->master = (float*)malloc_check(P * sizeof(float), "test");
+}
+
+static void record_free(StepRecord* r) { free(r->losses); free(r->grads); free(r->params); free(r->master); }
+
+static int same_bits(const float* a, const float* b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+/* Checks that every bf16 parameter is one of the two bf16 neighbours of its
+ * fp32 master weight (stochastic rounding), and that both were chosen. */
+static void check_stochastic_rounding(const float* params, const float* master, size_t n, int step) {
+    size_t bad = 0, up = 0, down = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t mb, pb;
+        memcpy(&mb, &master[i], 4);
+        memcpy(&pb, &params[i], 4);
+        uint32_t lo = mb & 0xffff0000u, hi = lo + 0x10000u;
+        if (pb == lo && mb != lo) down++;
+        else if (pb == hi) up++;
+        else if (pb != lo) bad++;
+    }
+    if (bad || (n > 1000 && (up == 0 || down == 0)))
+        fail_line("step %d: stochastic rounding: %zu of %zu parameters are not a bf16 neighbour of their master weight (%zu up, %zu down)",
+                  step, bad, n, up, down);
+}
+
+/* One shape at one T: all settings on the GPU, -r 0 also on the CPU. */
+static void run_case(const Shape* sh, int T) {
+    ModelConfig cfg = test_shape_config(sh);
+    int N = TEST_B * T, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
+    size_t P = 0;
+    float* init = initial_params(&cfg, &P);
+    ParamLayout pl;
+    param_layout(&cfg, &pl);
+    printf("\n== %s: L=%d C=%d NH=%d (head size %d) V=%d Vp=%d, B=%d T=%d, %zu parameters, %s\n", sh->name, cfg.num_layers, C,
+           cfg.num_heads, C / cfg.num_heads, V, Vp, TEST_B, T, P, PRECISION_NAME);
+    printf("  %4s  %-22s %12s %12s %12s\n", "step", "tensor", "max abs", "max rel", "norm rel");
+
+    MemoryPlan cplan;
+    make_plan(&cplan, &cfg, T, 0, NULL);
+    CpuModel cm;
+    cpu_model_create(&cm, &cplan);
+    memcpy(cm.params, init, P * sizeof(float));
+
+    StepRecord ref[TEST_STEPS], cur;
+    for (int s = 0; s < TEST_STEPS; s++) record_alloc(&ref[s], (size_t)N, P);
+    record_alloc(&cur, (size_t)N, P);
+    float* tmp_a = (float*)malloc_check(((size_t)N * C > P ? (size_t)N * C : P) * sizeof(float), "test");
+    float* before_gpu = (float*)malloc_check(P * sizeof(float), "test");
+    float* before_cpu = (float*)malloc_check(P * sizeof(float), "test");
+    float* upd_gpu = (float*)malloc_check(P * sizeof(float), "test");
+    float* upd_cpu = (float*)malloc_check(P * sizeof(float), "test");
+    int fails_before = g_failures;
+
+    for (int k = 0; k < NUM_SETTINGS; k++) {
+        const Setting* st = &settings[k];
+        MemoryPlan gplan;
+        make_plan(&gplan, &cfg, T, 1, st->modes);
+        GpuModel gm;
+        gpu_model_create(&gm, &gplan, TEST_SEED);
+        gpu_state(&gm, TENSOR_PARAMS, init, P, 0);
+        int with_cpu = k == 0, same = 1;
+        for (int step = 0; step < TEST_STEPS; step++) {
+            StepRecord* r = k == 0 ? &ref[step] : &cur;
+            step_tokens(gm.h_inputs, gm.h_targets, N, V, step);
+            gpu_zero_grads(&gm);
+            r->loss = gpu_forward_backward(&gm, 1.0f);
+            memcpy(r->losses, gm.h_losses, (size_t)N * sizeof(float));
+            gpu_fetch(r->grads, gm.grads, P);
+            r->norm = gpu_grad_norm(&gm);
+            AdamWStep a;
+            a.lr = 1e-3f; a.beta1 = 0.9f; a.beta2 = 0.95f; a.eps = 1e-8f; a.weight_decay = 0.1f;
+            a.grad_scale = r->norm > 1.0f ? 1.0f / r->norm : 1.0f;
+            a.t = step + 1;
+            Worst worst = {"", 0};
+            int verbose = step == 0;
+            if (with_cpu) {
+                step_tokens(cm.inputs, cm.targets, N, V, step);
+                cpu_zero_grads(&cm);
+                float cpu_loss = cpu_forward_backward(&cm, 1.0f);
+                check("loss (mean)", step + 1, &r->loss, &cpu_loss, 1, TOL_LOSS, verbose, &worst);
+                check("losses (per token)", step + 1, r->losses, cm.losses, (size_t)N, TOL_LOSS, verbose, &worst);
+                for (int l = 1; l <= TEST_L; l++) {
+                    char name[40];
+                    snprintf(name, sizeof(name), l < TEST_L ? "act x[%d]" : "act final_res", l);
+                    gpu_fetch(tmp_a, l < TEST_L ? gact(&gm, l, ACT_X) : gm.final_res, (size_t)N * C);
+                    check(name, step + 1, tmp_a, l < TEST_L ? act(&cm, l, ACT_X) : cm.final_res, (size_t)N * C, TOL_ACT, verbose, &worst);
+                }
+                gpu_fetch(tmp_a, gm.lnf, (size_t)N * C);
+                check("act lnf", step + 1, tmp_a, cm.lnf, (size_t)N * C, TOL_ACT, verbose, &worst);
+                for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+                    char name[40];
+                    snprintf(name, sizeof(name), "grad %s", param_tensor_names[t]);
+                    check(name, step + 1, r->grads + pl.offset[t], cm.grads + pl.offset[t], pl.count[t], TOL_GRAD, verbose, &worst);
+                }
+                float cpu_norm = cpu_grad_norm(&cm);
+                check("grad norm", step + 1, &r->norm, &cpu_norm, 1, TOL_GRAD, verbose, &worst);
+                memcpy(before_cpu, cm.params, P * sizeof(float));
+                if (gm.master) gpu_fetch_f32(before_gpu, gm.master, P);
+                else gpu_fetch(before_gpu, gm.params, P);
+            }
+            gpu_update(&gm, &a);
+            gpu_fetch(r->params, gm.params, P);
+            if (gm.master) gpu_fetch_f32(r->master, gm.master, P);
+            else memcpy(r->master, r->params, P * sizeof(float));
+            if (with_cpu) {
+                cpu_update(&cm, &a);
+                for (size_t i = 0; i < P; i++) {
+                    upd_gpu[i] = r->master[i] - before_gpu[i];
+                    upd_cpu[i] = cm.params[i] - before_cpu[i];
+                }
+                for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+                    char name[40];
+                    snprintf(name, sizeof(name), "update %s", param_tensor_names[t]);
+                    check(name, step + 1, upd_gpu + pl.offset[t], upd_cpu + pl.offset[t], pl.count[t], TOL_UPDATE, verbose, &worst);
+                }
+                if (gm.master) check_stochastic_rounding(r->params, r->master, P, step + 1);
+                /* the CPU continues from the GPU's state: parameters (as floatX) and moments */
+                memcpy(cm.params, r->params, P * sizeof(float));
+                gpu_state(&gm, TENSOR_ADAM_M, cm.adam_m, P, 1);
+                gpu_state(&gm, TENSOR_ADAM_V, cm.adam_v, P, 1);
+                if (!verbose)
+                    printf("  %4d  all tensors compared, worst %s at %.2f of its tolerance\n", step + 1, worst.name, worst.ratio);
+            } else {
+                const StepRecord* q = &ref[step];
+                int eq = same_bits(&r->loss, &q->loss, 1) && same_bits(r->losses, q->losses, (size_t)N) &&
+                         same_bits(r->grads, q->grads, P) && same_bits(&r->norm, &q->norm, 1) &&
+                         same_bits(r->params, q->params, P) && same_bits(r->master, q->master, P);
+                if (!eq) {
+                    same = 0;
+                    fail_line("%s, T=%d, %s: step %d differs from -r 0 (loss %d, per-token losses %d, gradients %d, norm %d, params %d, master %d bitwise equal)",
+                              sh->name, T, st->name, step + 1, same_bits(&r->loss, &q->loss, 1), same_bits(r->losses, q->losses, (size_t)N),
+                              same_bits(r->grads, q->grads, P), same_bits(&r->norm, &q->norm, 1), same_bits(r->params, q->params, P),
+                              same_bits(r->master, q->master, P));
+                }
+            }
+        }
+        if (with_cpu) {
+            /* evaluation and sampling paths from the same (synced) state */
+            step_tokens(gm.h_inputs, gm.h_targets, N, V, 99);
+            step_tokens(cm.inputs, cm.targets, N, V, 99);
+            float lg = gpu_forward_loss(&gm), lc = cpu_forward_loss(&cm);
+            check("forward_loss", TEST_STEPS, &lg, &lc, 1, TOL_LOSS, 1, NULL);
+            int len = T < 37 ? T : 37;
+            int* toks = (int*)malloc_check((size_t)len * sizeof(int), "test");
+            float* pg = (float*)malloc_check((size_t)V * sizeof(float), "test");
+            float* pc = (float*)malloc_check((size_t)V * sizeof(float), "test");
+            for (int i = 0; i < len; i++) toks[i] = (int)(rand_u64(TEST_SEED, 3000, (uint64_t)i) % (uint64_t)V);
+            gpu_next_token_probs(&gm, toks, len, pg);
+            cpu_next_token_probs(&cm, toks, len, pc);
+            check("next_token_probs", TEST_STEPS, pg, pc, (size_t)V, TOL_PROBS, 1, NULL);
+            free(toks); free(pg); free(pc);
+        } else {
+            printf("  %-18s %s\n", st->name, same ? "bitwise identical to -r 0 in every step (losses, gradients, norm, parameters, master weights)" : "DIFFERS from -r 0");
+        }
+        gpu_model_free(&gm);
+        plan_free(&gplan);
+    }
+    printf("%s: %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T);
+    for (int s = 0; s < TEST_STEPS; s++) record_free(&ref[s]);
+    record_free(&cur);
+    free(tmp_a); free(before_gpu); free(before_cpu); free(upd_gpu); free(upd_cpu); free(init);
+    cpu_model_free(&cm);
+    plan_free(&cplan);
+}
+
+int main(void) {
+    char why[256] = "";
+    if (gpu_device_count(why, sizeof(why)) <= 0) {
+        printf("SKIP: no CUDA device (%s)\n", why);
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("test_gpt: %s build on %s (sm_%d%d); CPU reference in fp32", PRECISION_NAME, prop.name, prop.major, prop.minor);
+#ifdef _OPENMP
+    printf(" with %d OpenMP threads", omp_get_max_threads());
+#endif
+    printf("\n");
+    /* head sizes 16 and 64 (the GPT-2 size) at every T; 32, 48 (a padded
+     * template) and 128 at the odd T. V = 300 pads to Vp = 384. */
+    const Shape main_shapes[] = {{"hs16", 64, 4, 300}, {"hs64", 256, 4, 300}};
+    const Shape odd_shapes[] = {{"hs32", 128, 4, 300}, {"hs48", 96, 2, 300}, {"hs128", 256, 2, 300}};
+    const int Ts[] = {64, 256, 1024, 333};
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++)
+        for (size_t t = 0; t < sizeof(Ts) / sizeof(Ts[0]); t++) run_case(&main_shapes[s], Ts[t]);
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) run_case(&odd_shapes[s], 333);
+    if (g_failures) {
+        printf("\nFAIL: test_gpt (%s): %d check%s failed\n", PRECISION_NAME, g_failures, g_failures == 1 ? "" : "s");
+        return 1;
+    }
+    printf("\nPASS: test_gpt (%s): every check passed\n", PRECISION_NAME);
+    return 0;
+}

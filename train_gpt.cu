@@ -1,0 +1,599 @@
+/*
+ * remat CUDA trainer: GPT-2 on one GPU, hand-written kernels (one .cuh per
+ * op family in llmc/) and cuBLASLt matmuls.
+ *
+ * The same model, flags, files and output as the CPU reference train_gpt.c,
+ * through the shared driver in llmc/trainer.h; this file supplies the
+ * Backend. It mirrors train_gpt.c function by function (gpu_model_create,
+ * gpu_block_forward, gpu_block_recompute, gpu_block_backward,
+ * gpu_classifier, gpu_model_backward, gpu_backend, main), so the two read
+ * side by side.
+ *
+ * Storage: floatX (bf16 by default, fp32 with PRECISION=FP32) for parameters,
+ * gradients and activations; fp32 for statistics, losses, AdamW moments and
+ * master weights. Memory: one cudaMalloc of the plan's total before step 1,
+ * carved by the plan's offsets; nothing is allocated on the device inside the
+ * training loop. Host buffers the driver fills (tokens, file staging) are
+ * pinned host memory outside the device plan.
+ *
+ * Shapes: B batch, T time, C channels, NH heads, N = B*T rows, V vocabulary,
+ * Vp padded vocabulary, L layers. Weights are (out, in).
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#include "llmc/trainer.h"
+#include "llmc/cuda_common.cuh"
+#include "llmc/encoder.cuh"
+#include "llmc/layernorm.cuh"
+#include "llmc/matmul.cuh"
+#include "llmc/attention.cuh"
+#include "llmc/gelu.cuh"
+#include "llmc/classifier.cuh"
+#include "llmc/adamw.cuh"
+#include "llmc/global_norm.cuh"
+
+#define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
+#define GPU_LOGITS_CHUNK_ROWS 8192             /* rows of (B*T, Vp) logits at once: 786 MiB at Vp=50304 in bf16 */
+
+/* ------------------------------------------------------------------------ */
+/* the model                                                                  */
+
+typedef struct {
+    ModelConfig cfg;
+    const MemoryPlan* plan;
+    char* arena; /* device, plan->total_bytes */
+    floatX* params;
+    floatX* grads;
+    float* master; /* NULL without master weights */
+    float* adam_m;
+    float* adam_v;
+    floatX* p[NUM_PARAM_TENSORS]; /* views into params */
+    floatX* g[NUM_PARAM_TENSORS]; /* views into grads */
+    size_t layer_stride[NUM_PARAM_TENSORS];
+    int* inputs; /* device (N) */
+    int* targets;
+    float* losses; /* (N) per-token loss */
+    floatX* final_res;
+    floatX* lnf;
+    float* lnf_mean;
+    float* lnf_rstd;
+    floatX* logits; /* (chunk rows, Vp) */
+    int logits_rows;
+    floatX* grad_act[NUM_GRAD_ACTS];
+    float* att_rowsum;      /* (B,NH,T) attention backward's D */
+    float* column_partials; /* bias / LayerNorm parameter gradient partial sums */
+    float* norm_partials;   /* gradient norm partial sums */
+    int* token_buckets;     /* positions grouped by token, for the wte gradient */
+    /* host, pinned */
+    int* h_inputs;
+    int* h_targets;
+    float* h_losses;
+    float* io_chunk;
+    uint16_t* window;
+    int* h_buckets;
+    void* h_xfer;    /* io_chunk_floats floatX: parameter conversion staging */
+    void* h_logits;  /* Vp floatX */
+    int* bucket_count; /* V ints, plain host memory */
+    int num_buckets;
+    MatmulContext mm;
+    cudaStream_t stream;
+    int B, T; /* shape of the current call; at most the plan's */
+    uint64_t seed;
+    /* reporting */
+    double flops_per_step, peak_flops;
+    size_t used_context, used_library, used_arena, used_peak;
+    int memory_reported;
+} GpuModel;
+
+static inline floatX* gact(const GpuModel* m, int layer, int a) { return (floatX*)(m->arena + m->plan->layer_act[layer][a]); }
+static inline float* gstat(const GpuModel* m, int layer, int a) { return (float*)(m->arena + m->plan->layer_act[layer][a]); }
+
+/* Parameter (or gradient) tensor `t` of layer l: per-layer tensors are stacked on L. */
+static inline floatX* glp(floatX* const* base, const GpuModel* m, int t, int l) { return base[t] + (size_t)l * m->layer_stride[t]; }
+
+static inline size_t gpu_used_memory(void) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return total_b - free_b;
+}
+
+static size_t plan_entry_offset(const MemoryPlan* plan, const char* name, size_t* bytes) {
+    for (int i = 0; i < plan->num_entries; i++)
+        if (strcmp(plan->entries[i].name, name) == 0) {
+            *bytes = plan->entries[i].bytes;
+            return plan->entries[i].offset;
+        }
+    *bytes = 0;
+    return 0;
+}
+
+static void* pinned_alloc(size_t bytes, const char* what) {
+    void* p = NULL;
+    cudaError_t err = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (err != cudaSuccess) fail("cannot allocate %zu bytes of pinned host memory for %s: %s", bytes, what, cudaGetErrorString(err));
+    return p;
+}
+
+static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = plan->spec.cfg;
+    m->plan = plan;
+    m->seed = seed;
+    m->stream = 0;
+    if (plan->spec.elem_bytes != (int)sizeof(floatX) || plan->spec.stat_bytes != 4 || plan->spec.backend != BACKEND_GPU)
+        fail("internal: the plan was not made for this GPU build (%d-byte storage, %s)", plan->spec.elem_bytes, PRECISION_NAME);
+    attention_check_shape(m->cfg.channels, m->cfg.num_heads);
+    CUDA_CHECK(cudaFree(0)); /* creates the context now, so that it is measured on its own */
+    m->used_context = gpu_used_memory();
+    gpu_matmul_init(&m->mm, NULL, 0);
+    m->used_library = gpu_used_memory();
+    cudaError_t err = cudaMalloc((void**)&m->arena, plan->total_bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        plan_oom_report(plan, free_b, "device");
+        fail("out of device memory: the plan needs %.1f MiB (%s)", mib(plan->total_bytes), cudaGetErrorString(err));
+    }
+    m->used_arena = gpu_used_memory();
+    size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
+    m->mm.workspace = ws_bytes ? m->arena + ws_off : NULL;
+    m->mm.workspace_bytes = ws_bytes;
+
+    m->params = (floatX*)(m->arena + plan->off_params);
+    m->grads = (floatX*)(m->arena + plan->off_grads);
+    m->master = plan->spec.master_weights ? (float*)(m->arena + plan->off_master) : NULL;
+    m->adam_m = (float*)(m->arena + plan->off_adam_m);
+    m->adam_v = (float*)(m->arena + plan->off_adam_v);
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        m->p[t] = m->params + pl.offset[t];
+        m->g[t] = m->grads + pl.offset[t];
+        m->layer_stride[t] = pl.count[t] / (size_t)m->cfg.num_layers;
+    }
+    m->inputs = (int*)(m->arena + plan->off_inputs);
+    m->targets = (int*)(m->arena + plan->off_targets);
+    m->losses = (float*)(m->arena + plan->off_losses);
+    m->final_res = (floatX*)(m->arena + plan->off_final_res);
+    m->lnf = (floatX*)(m->arena + plan->off_lnf);
+    m->lnf_mean = (float*)(m->arena + plan->off_lnf_mean);
+    m->lnf_rstd = (float*)(m->arena + plan->off_lnf_rstd);
+    m->logits = (floatX*)(m->arena + plan->off_logits);
+    size_t N = (size_t)plan->spec.B * plan->spec.T;
+    m->logits_rows = (size_t)plan->spec.logits_chunk_rows < N ? plan->spec.logits_chunk_rows : (int)N;
+    for (int g = 0; g < NUM_GRAD_ACTS; g++) m->grad_act[g] = (floatX*)(m->arena + plan->grad_act[g]);
+    m->att_rowsum = (float*)(m->arena + plan->off_att_rowsum);
+    m->column_partials = (float*)(m->arena + plan->off_column_partials);
+    m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
+    m->token_buckets = (int*)(m->arena + plan->off_token_buckets);
+    CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
+
+    size_t io = plan->spec.io_chunk_floats;
+    m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
+    m->h_targets = (int*)pinned_alloc(N * sizeof(int), "target tokens");
+    m->h_losses = (float*)pinned_alloc(N * sizeof(float), "losses");
+    m->io_chunk = (float*)pinned_alloc(io * sizeof(float), "file staging");
+    m->window = (uint16_t*)pinned_alloc((N + 1) * sizeof(uint16_t), "dataloader window");
+    m->h_buckets = (int*)pinned_alloc((3 * N + 1) * sizeof(int), "token buckets");
+    m->h_xfer = pinned_alloc(io * sizeof(floatX), "parameter staging");
+    m->h_logits = pinned_alloc((size_t)m->cfg.padded_vocab_size * sizeof(floatX), "logits row");
+    m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
+    m->B = plan->spec.B;
+    m->T = plan->spec.T;
+}
+
+static void gpu_model_free(GpuModel* m) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    gpu_matmul_destroy(&m->mm);
+    CUDA_CHECK(cudaFree(m->arena));
+    void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits};
+    for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) CUDA_CHECK(cudaFreeHost(pinned[i]));
+    free(m->bucket_count);
+    memset(m, 0, sizeof(*m));
+}
+
+/* Block l forward from its stored input x. `out` receives the block output
+ * (the next layer's x). With out == NULL it stops after the GELU: that is
+ * the recomputation for backward, which needs nothing later than that.
+ * The residual adds ride on the matmuls (C = residual, see matmul.cuh). */
+static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
+    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    cudaStream_t s = m->stream;
+    floatX* x = gact(m, l, ACT_X);
+    floatX* ln1 = gact(m, l, ACT_LN1);
+    floatX* qkv = gact(m, l, ACT_QKV);
+    floatX* atty = gact(m, l, ACT_ATTY);
+    floatX* res2 = gact(m, l, ACT_RES2);
+    floatX* ln2 = gact(m, l, ACT_LN2);
+    floatX* fch = gact(m, l, ACT_FCH);
+    floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
+    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), x, glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, s);
+    gpu_matmul_forward(&m->mm, qkv, ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, s);
+    gpu_attention_forward(atty, gstat(m, l, ACT_ATT_LSE), qkv, B, T, C, NH, s);
+    gpu_matmul_forward(&m->mm, res2, atty, glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), x, N, C, C, s);
+    gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, s);
+    gpu_matmul_forward(&m->mm, fch, ln2, glp(m->p, m, P_FCW, l), glp(m->p, m, P_FCB, l), NULL, N, C, 4 * C, s);
+    gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
+    if (!out) return;
+    gpu_matmul_forward(&m->mm, out, fch_gelu, glp(m->p, m, P_FCPROJW, l), glp(m->p, m, P_FCPROJB, l), res2, N, 4 * C, C, s);
+}
+
+/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1 and -r 2),
+ * with the forward pass's own kernels and launch configurations. */
+static void gpu_block_recompute(GpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
+    if (mode == RECOMPUTE_FULL) { gpu_block_forward(m, l, NULL); return; }
+    if (mode != RECOMPUTE_SELECTIVE) return;
+    gpu_layernorm_apply(gact(m, l, ACT_LN1), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X),
+                        glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, m->stream);
+    gpu_layernorm_apply(gact(m, l, ACT_LN2), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), gact(m, l, ACT_RES2),
+                        glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, m->stream);
+    gpu_gelu_forward(gact(m, l, ACT_FCH_GELU), gact(m, l, ACT_FCH), (size_t)N * 4 * C, m->stream);
+}
+
+/* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
+static void gpu_block_backward(GpuModel* m, int l) {
+    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    cudaStream_t s = m->stream;
+    MatmulContext* mm = &m->mm;
+    float* part = m->column_partials;
+    floatX* dres = m->grad_act[GRAD_DRES];
+    floatX* dln = m->grad_act[GRAD_DLN];
+    floatX* dqkv = m->grad_act[GRAD_DQKV];
+    floatX* datty = m->grad_act[GRAD_DATTY];
+    floatX* dfch = m->grad_act[GRAD_DFCH];
+    gpu_matmul_backward_input(mm, dfch, dres, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
+    gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCPROJW, l), glp(m->g, m, P_FCPROJB, l), part, dres, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
+    gpu_gelu_backward(dfch, gact(m, l, ACT_FCH), (size_t)N * 4 * C, s);
+    gpu_matmul_backward_input(mm, dln, dfch, glp(m->p, m, P_FCW, l), N, C, 4 * C, s);
+    gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCW, l), glp(m->g, m, P_FCB, l), part, dfch, gact(m, l, ACT_LN2), N, C, 4 * C, s);
+    gpu_layernorm_backward(dres, glp(m->g, m, P_LN2W, l), glp(m->g, m, P_LN2B, l), part, dln, gact(m, l, ACT_RES2),
+                           glp(m->p, m, P_LN2W, l), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), N, C, s);
+    gpu_matmul_backward_input(mm, datty, dres, glp(m->p, m, P_ATTPROJW, l), N, C, C, s);
+    gpu_matmul_backward_weight(mm, glp(m->g, m, P_ATTPROJW, l), glp(m->g, m, P_ATTPROJB, l), part, dres, gact(m, l, ACT_ATTY), N, C, C, s);
+    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), B, T, C, NH, s);
+    gpu_matmul_backward_input(mm, dln, dqkv, glp(m->p, m, P_QKVW, l), N, C, 3 * C, s);
+    gpu_matmul_backward_weight(mm, glp(m->g, m, P_QKVW, l), glp(m->g, m, P_QKVB, l), part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
+    gpu_layernorm_backward(dres, glp(m->g, m, P_LN1W, l), glp(m->g, m, P_LN1B, l), part, dln, gact(m, l, ACT_X),
+                           glp(m->p, m, P_LN1W, l), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), N, C, s);
+}
+
+/* Embeddings, all blocks, final LayerNorm, for the B*T tokens in inputs. */
+static void gpu_model_forward(GpuModel* m) {
+    int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
+    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C, m->stream);
+    for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
+    gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C, m->stream);
+}
+
+/* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
+ * chunk of rows at a time: logits (rows,Vp) = lnf @ wte^T, never all of
+ * (N,Vp) at once. Writes per-token losses; dlnf goes to the dln buffer. */
+static void gpu_classifier(GpuModel* m, float dloss_per_token) {
+    int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
+    for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
+        int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
+        const floatX* lnf = m->lnf + (size_t)r0 * C;
+        gpu_matmul_forward(&m->mm, m->logits, lnf, m->p[P_WTE], NULL, NULL, rows, C, Vp, m->stream);
+        gpu_classifier_fused(m->logits, m->losses + r0, m->targets + r0, rows, V, Vp, dloss_per_token, m->stream);
+        if (dloss_per_token == 0.0f) continue;
+        gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p[P_WTE], rows, C, Vp, m->stream);
+        gpu_matmul_backward_weight(&m->mm, m->g[P_WTE], NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
+    }
+}
+
+/* Mean of the per-token losses, summed on the host in double like the CPU. */
+static float gpu_mean_loss(GpuModel* m) {
+    int N = m->B * m->T;
+    CUDA_CHECK(cudaMemcpyAsync(m->h_losses, m->losses, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    double sum = 0;
+    for (int i = 0; i < N; i++) sum += (double)m->h_losses[i];
+    return (float)(sum / N);
+}
+
+static void gpu_model_backward(GpuModel* m) {
+    int C = m->cfg.channels, N = m->B * m->T;
+    floatX* dres = m->grad_act[GRAD_DRES];
+    CUDA_CHECK(cudaMemsetAsync(dres, 0, (size_t)N * C * sizeof(floatX), m->stream));
+    gpu_layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
+                           m->p[P_LNFW], m->lnf_mean, m->lnf_rstd, N, C, m->stream);
+    for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
+        gpu_block_recompute(m, l);
+        gpu_block_backward(m, l);
+    }
+    gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
+}
+
+/* Copies the host tokens of the current call to the device. */
+static void gpu_upload_tokens(GpuModel* m, int with_targets) {
+    size_t bytes = (size_t)m->B * m->T * sizeof(int);
+    CUDA_CHECK(cudaMemcpyAsync(m->inputs, m->h_inputs, bytes, cudaMemcpyHostToDevice, m->stream));
+    if (with_targets) CUDA_CHECK(cudaMemcpyAsync(m->targets, m->h_targets, bytes, cudaMemcpyHostToDevice, m->stream));
+}
+
+/* ------------------------------------------------------------------------ */
+/* optimizer                                                                  */
+
+static float gpu_grad_norm(void* ctx) {
+    GpuModel* m = (GpuModel*)ctx;
+    gpu_global_norm_squared(m->norm_partials, m->grads, m->plan->num_params, m->stream);
+    float sumsq = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    return (float)sqrt((double)sumsq);
+}
+
+static void gpu_update(void* ctx, const AdamWStep* s) {
+    GpuModel* m = (GpuModel*)ctx;
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    double bc1 = 1.0 - pow((double)s->beta1, s->t), bc2 = 1.0 - pow((double)s->beta2, s->t);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
+        size_t off = pl.offset[t];
+        gpu_adamw(m->params + off, m->master ? m->master + off : NULL, m->grads + off, m->adam_m + off, m->adam_v + off,
+                  pl.count[t], off, s->lr, s->beta1, s->beta2, (float)bc1, (float)bc2, s->eps, wd, s->grad_scale, m->seed, s->t,
+                  m->stream);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(m->stream)); /* the step time printed includes the update */
+}
+
+/* ------------------------------------------------------------------------ */
+/* backend                                                                    */
+
+static float gpu_forward_backward(void* ctx, float dloss_mean) {
+    GpuModel* m = (GpuModel*)ctx;
+    m->B = m->plan->spec.B;
+    m->T = m->plan->spec.T;
+    int N = m->B * m->T;
+    gpu_upload_tokens(m, 1);
+    m->num_buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, m->h_inputs, N, m->cfg.vocab_size);
+    CUDA_CHECK(cudaMemcpyAsync(m->token_buckets, m->h_buckets, (size_t)(2 * m->num_buckets + 1 + N) * sizeof(int),
+                               cudaMemcpyHostToDevice, m->stream));
+    gpu_model_forward(m);
+    gpu_classifier(m, dloss_mean / (float)N);
+    gpu_model_backward(m);
+    return gpu_mean_loss(m);
+}
+
+static float gpu_forward_loss(void* ctx) {
+    GpuModel* m = (GpuModel*)ctx;
+    m->B = m->plan->spec.B;
+    m->T = m->plan->spec.T;
+    gpu_upload_tokens(m, 1);
+    gpu_model_forward(m);
+    gpu_classifier(m, 0.0f);
+    return gpu_mean_loss(m);
+}
+
+/* floatX host staging -> float. */
+static inline float host_floatX_get(const void* buf, size_t i) {
+#if PRECISION_IS_FP32
+    return ((const float*)buf)[i];
+#else
+    return bf16_to_float(((const uint16_t*)buf)[i]);
+#endif
+}
+
+static inline void host_floatX_put(void* buf, size_t i, float v) {
+#if PRECISION_IS_FP32
+    ((float*)buf)[i] = v;
+#else
+    ((uint16_t*)buf)[i] = float_to_bf16(v);
+#endif
+}
+
+/* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
+ * planned buffers) and returns softmax probabilities at its last position. */
+static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
+    GpuModel* m = (GpuModel*)ctx;
+    int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    memcpy(m->h_inputs, tokens, (size_t)len * sizeof(int));
+    m->B = 1;
+    m->T = len;
+    gpu_upload_tokens(m, 0);
+    gpu_model_forward(m);
+    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, NULL, 1, C, Vp, m->stream);
+    CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    float mx = host_floatX_get(m->h_logits, 0);
+    for (int v = 1; v < V; v++) mx = fmaxf(mx, host_floatX_get(m->h_logits, (size_t)v));
+    float sum = 0.0f;
+    for (int v = 0; v < V; v++) {
+        probs[v] = expf(host_floatX_get(m->h_logits, (size_t)v) - mx);
+        sum += probs[v];
+    }
+    for (int v = 0; v < V; v++) probs[v] /= sum;
+}
+
+static void gpu_zero_grads(void* ctx) {
+    GpuModel* m = (GpuModel*)ctx;
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
+}
+
+/* Moves n fp32 values of a state tensor between the host and the device.
+ * Parameters are converted to and from floatX on the host (round to nearest
+ * even); loading parameters also sets the master weights to the given fp32
+ * values. Master weights and AdamW moments are fp32 on both sides. */
+static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* host, int to_host) {
+    GpuModel* m = (GpuModel*)ctx;
+    if (n > m->plan->spec.io_chunk_floats) fail("internal: transfer of %zu values exceeds the staging buffer", n);
+    cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    if (tensor == TENSOR_PARAMS) {
+        floatX* dev = m->params + start;
+        if (to_host) {
+            CUDA_CHECK(cudaMemcpy(m->h_xfer, dev, n * sizeof(floatX), kind));
+            for (size_t i = 0; i < n; i++) host[i] = host_floatX_get(m->h_xfer, i);
+            return;
+        }
+        for (size_t i = 0; i < n; i++) host_floatX_put(m->h_xfer, i, host[i]);
+        CUDA_CHECK(cudaMemcpy(dev, m->h_xfer, n * sizeof(floatX), kind));
+        if (m->master) CUDA_CHECK(cudaMemcpy(m->master + start, host, n * sizeof(float), kind));
+        return;
+    }
+    float* dev = NULL;
+    if (tensor == TENSOR_MASTER) {
+        if (!m->master) fail("this run keeps no fp32 master weights (-w 0, or an FP32 build)");
+        dev = m->master;
+    } else {
+        dev = tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v;
+    }
+    if (to_host) CUDA_CHECK(cudaMemcpy(host, dev + start, n * sizeof(float), kind));
+    else CUDA_CHECK(cudaMemcpy(dev + start, host, n * sizeof(float), kind));
+}
+
+/* Model FLOPs, PaLM convention (Chowdhery et al. 2022, appendix B): per token
+ * 6*N + 12*L*C*T, with N the parameters minus the position table (the token
+ * table counts: it is the LM head's weight too), 6*N for the matmuls of
+ * forward (2N) and backward (4N), 12*L*C*T for attention's QK^T and PV over
+ * the full T x T (no halving for the causal mask). Recomputation is not
+ * counted: MFU measures useful model FLOPs, not hardware FLOPs. */
+static double model_flops_per_token(const ModelConfig* c, size_t num_params, int T) {
+    double N = (double)num_params - (double)c->max_seq_len * c->channels;
+    return 6.0 * N + 12.0 * c->num_layers * (double)c->channels * T;
+}
+
+/* Dense peak of the datatype the matmuls use (bf16 tensor cores; fp32 CUDA
+ * cores in FP32 builds, TF32 being off), from the device name; 0 if unknown. */
+static double device_peak_flops(const char* name) {
+    double bf16 = 0, fp32 = 0;
+    if (strstr(name, "H200") || strstr(name, "GH200")) { bf16 = 989e12; fp32 = 67e12; }
+    else if (strstr(name, "H100") && strstr(name, "PCIe")) { bf16 = 756e12; fp32 = 51e12; }
+    else if (strstr(name, "H100")) { bf16 = 989e12; fp32 = 67e12; }
+    else if (strstr(name, "A100")) { bf16 = 312e12; fp32 = 19.5e12; }
+    return PRECISION_IS_FP32 ? fp32 : bf16;
+}
+
+static void gpu_step_extras(void* ctx, double step_ms, char* buf, size_t n) {
+    GpuModel* m = (GpuModel*)ctx;
+    size_t used = gpu_used_memory();
+    if (used > m->used_peak) m->used_peak = used;
+    char mfu[32] = "n/a";
+    if (m->peak_flops > 0 && step_ms > 0)
+        snprintf(mfu, sizeof(mfu), "%.1f%%", 100.0 * m->flops_per_step / (step_ms * 1e-3) / m->peak_flops);
+    snprintf(buf, n, " | MFU %s | device memory %.0f MiB", mfu, mib(used));
+    if (m->memory_reported) return;
+    m->memory_reported = 1;
+    size_t plan = m->plan->total_bytes;
+    printf("device memory after step 1: %.1f MiB in use (cudaMemGetInfo; nothing is allocated inside the loop) vs plan %.1f MiB;\n"
+           "  difference %+.1f MiB = CUDA context and other processes %.1f + cuBLASLt handle %.1f + allocation rounding %+.1f"
+           " + kernels and library state loaded during step 1 %+.1f\n",
+           mib(used), mib(plan), mib(used) - mib(plan), mib(m->used_context), mib(m->used_library - m->used_context),
+           (double)((long long)m->used_arena - (long long)m->used_library - (long long)plan) / 1048576.0,
+           (double)((long long)used - (long long)m->used_arena) / 1048576.0);
+}
+
+static Backend gpu_backend(GpuModel* m) {
+    Backend be;
+    memset(&be, 0, sizeof(be));
+    be.ctx = m;
+    be.inputs = m->h_inputs;
+    be.targets = m->h_targets;
+    be.io_chunk = m->io_chunk;
+    be.window = m->window;
+    be.model_file_version = PRECISION_IS_FP32 ? 3 : 5;
+    be.forward_backward = gpu_forward_backward;
+    be.forward_loss = gpu_forward_loss;
+    be.next_token_probs = gpu_next_token_probs;
+    be.zero_grads = gpu_zero_grads;
+    be.grad_norm = gpu_grad_norm;
+    be.update = gpu_update;
+    be.transfer = gpu_transfer;
+    be.step_extras = gpu_step_extras;
+    return be;
+}
+
+/* ------------------------------------------------------------------------ */
+/* startup                                                                    */
+
+/* Number of CUDA devices; 0 with the reason in `why` when there is none. */
+static int gpu_device_count(char* why, size_t n) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        snprintf(why, n, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
+        cudaGetLastError();
+        return 0;
+    }
+    if (count == 0) snprintf(why, n, "cudaGetDeviceCount found none");
+    return count;
+}
+
+/* The default budget of --plan and -r auto when a device is present. */
+static size_t gpu_free_memory(void) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
+    return free_b;
+}
+
+/* Every buffer's bytes at T are at most T/(T/2) times its bytes at T/2:
+ * affine sizes pass, anything growing like T^2 fails. */
+static void check_no_quadratic_buffers(const MemoryPlan* plan) {
+    int T = plan->spec.T, T2 = T / 2;
+    const char* big = "";
+    size_t largest = plan_largest_entry(plan, &big);
+    if (T2 >= 1) {
+        PlanSpec half = plan->spec;
+        half.T = T2;
+        MemoryPlan p2;
+        plan_build(&p2, &half);
+        for (int i = 0; i < plan->num_entries && i < p2.num_entries; i++) {
+            const PlanEntry *a = &plan->entries[i], *b = &p2.entries[i];
+            if (strcmp(a->name, b->name) != 0) continue;
+            if ((double)a->bytes * T2 > (double)b->bytes * T * (1.0 + 1e-12))
+                fail("memory plan: buffer %s grows faster than T (%zu bytes at T=%d, %zu at T=%d)", a->name, a->bytes, T, b->bytes, T2);
+        }
+        plan_free(&p2);
+    }
+    printf("  check: no buffer grows faster than T (plan at T=%d against T=%d); largest %s, %.1f MiB\n", T, T2, big, mib(largest));
+}
+
+static void print_device(const GpuModel* m, int master_weights) {
+    cudaDeviceProp prop;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    printf("device: %s (sm_%d%d, %d SMs, %.1f GiB), precision %s%s, matmuls cuBLASLt with fp32 accumulation%s\n", prop.name,
+           prop.major, prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30), PRECISION_NAME,
+           PRECISION_IS_FP32 ? "" : (master_weights ? " + fp32 master weights" : ", no master weights"),
+           PRECISION_IS_FP32 ? " (TF32 off)" : "");
+    if (m->peak_flops > 0)
+        printf("MFU: model FLOPs (PaLM convention, 6N + 12LCT per token) over %.0f TFLOPS dense %s peak\n", m->peak_flops / 1e12, PRECISION_NAME);
+    else
+        printf("MFU: n/a (no peak FLOPS known for this device)\n");
+}
+
+#ifndef REMAT_NO_MAIN
+int main(int argc, char** argv) {
+    char why[256] = "";
+    int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; it does not fail hard */
+    if (devices > 0) remat_free_memory_hook = gpu_free_memory;
+    TrainOptions pre;
+    parse_args(argc, argv, &pre, FOR_GPU); /* -h exits here; -w is needed before the plan */
+    int master_weights = PRECISION_IS_FP32 ? 0 : pre.master_weights;
+    Run run;
+    run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, master_weights, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
+    if (devices <= 0) fail("no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
+    attention_check_shape(run.cfg.channels, run.cfg.num_heads);
+    run_print_header(&run);
+    check_no_quadratic_buffers(&run.plan);
+    GpuModel m;
+    gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    m.peak_flops = device_peak_flops(prop.name);
+    m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T;
+    print_device(&m, master_weights);
+    Backend be = gpu_backend(&m);
+    train(&run, &be);
+    gpu_model_free(&m);
+    plan_free(&run.plan);
+    free(run.layer_mode);
+    return 0;
+}
+#endif
