@@ -13,7 +13,7 @@ BUILD = build
 
 HEADERS = $(wildcard llmc/*.h)
 
-.PHONY: all test test-bins clean
+.PHONY: all test test-bins deps clean
 
 all: train_gpt_cpu
 
@@ -54,6 +54,10 @@ $(BUILD)/train_gpt_cpu_asan: train_gpt.c $(HEADERS) | $(BUILD)
 
 test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan
 
+# Python packages the tests need, installed only when missing.
+deps:
+	@python3 -c "import numpy, pytest, tiktoken, tqdm, requests" 2>/dev/null || python3 -m pip install -q -r dev/data/requirements.txt
+
 # The README's test command. Every test, C and Python, runs under pytest.
-test: test-bins
+test: deps test-bins
 	python3 -m pytest -q dev/test

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The whole GPU check in one run that fits 10 minutes on a borrowed H200
+# (status of the code it checks: compiles, unverified on GPU until this runs):
+#   1. build every CUDA target for sm_90 in BF16 and FP32 (make cuda-all)
+#   2. test_gpt in each precision (GPU against the CPU reference, bitwise
+#      equality across -r settings)
+#   3. a short training run on the synthetic dataset: final val loss against
+#      the dataset's entropy floor
+#   4. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
+#      tokens) with -r 0, -r 2 and -r 1: ms/step, tok/s, MFU, planned and
+#      measured device memory
+# and prints a compact markdown table last (also written to LOGDIR/summary.md).
+# A failing or timed-out stage is recorded in the table; later stages still run.
+#
+# usage: dev/gpu_check.sh        (from anywhere; logs in $OUT/gpu_check or out/gpu_check)
+# env:   GPU_CHECK_BUDGET  seconds for everything (default 560)
+#        JOBS              parallel make jobs (default 8)
+#        D12_BATCH         -b of the throughput runs (default 16)
+set -u
+cd "$(dirname "$0")/.." || exit 1
+LOGDIR="${OUT:-out}/gpu_check"
+mkdir -p "$LOGDIR"
+BUDGET=${GPU_CHECK_BUDGET:-560}
+JOBS=${JOBS:-8}
+D12_B=${D12_BATCH:-16}
+T0=$(date +%s)
+SUMMARY=()
+
+now() { date +%s; }
+remaining() { echo $(( BUDGET - ($(now) - T0) )); }
+
+# stage NAME LIMIT CMD...: runs CMD under timeout (capped by the time left),
+# output in LOGDIR/NAME.log; returns CMD's status (124: timed out, 125: no time left).
+stage() {
+    local name=$1 limit=$2
+    shift 2
+    local left
+    left=$(( $(remaining) - 15 ))
+    if (( left < 10 )); then
+        echo "== $name: skipped, no time left" | tee "$LOGDIR/$name.log"
+        return 125
+    fi
+    (( limit > left )) && limit=$left
+    echo "== $name (limit ${limit}s): $*"
+    local start rc
+    start=$(now)
+    timeout --kill-after=10 "$limit" "$@" > "$LOGDIR/$name.log" 2>&1
+    rc=$?
+    echo "   rc=$rc after $(( $(now) - start ))s; last lines:"
+    tail -n 4 "$LOGDIR/$name.log" | sed 's/^/   | /'
+    return $rc
+}
+
+status_word() { # rc -> word
+    case $1 in
+        0) echo ok ;;
+        124|137) echo "TIMEOUT" ;;
+        125) echo "skipped (no time left)" ;;
+        77) echo "SKIP (no GPU)" ;;
+        *) echo "FAIL (rc $1)" ;;
+    esac
+}
+
+echo "gpu_check: $(nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader 2>/dev/null | head -n 1)"
+
+# ---- 1. build ----
+stage build 300 make -j"$JOBS" cuda-all GPU_COMPUTE_CAPABILITY=90
+BUILD_RC=$?
+SUMMARY+=("| build, sm_90, bf16 + fp32 (make cuda-all) | $(status_word $BUILD_RC) |")
+
+# ---- 2. test_gpt per precision ----
+for p in bf16 fp32; do
+    if [[ -x build/test_gpt_$p ]]; then
+        stage "test_gpt_$p" 200 "build/test_gpt_$p"
+        rc=$?
+        word=$(status_word $rc)
+        (( rc == 0 )) && word="PASS"
+        (( rc == 1 )) && word="FAIL: $(grep -c '^FAIL' "$LOGDIR/test_gpt_$p.log") FAIL lines (see log)"
+        worst=$(sed -n 's/.*, worst \(.*\) at \([0-9.einf+-]*\) of its tolerance.*/\2 of tolerance (\1)/p' \
+            "$LOGDIR/test_gpt_$p.log" | sort -g | tail -n 1)
+        SUMMARY+=("| test_gpt $p | $word${worst:+; worst error after step 1: $worst} |")
+    else
+        SUMMARY+=("| test_gpt $p | not built |")
+    fi
+done
+
+# ---- 3. synthetic dataset, short training run ----
+stage synthetic_data 60 python3 dev/data/synthetic.py
+FLOOR=$(python3 -c "import json; print('%.4f' % json.load(open('data/synthetic/synthetic_meta.json'))['entropy_nats_per_token'])" 2>/dev/null || echo "?")
+if [[ -x build/train_gpt_bf16 && -f data/synthetic/synthetic_train.bin ]]; then
+    stage train_synthetic 200 build/train_gpt_bf16 -e d6 --layers 4 --channels 256 --heads 4 --vocab-size 256 \
+        --max-seq-len 256 -b 16 -t 256 -x 300 -l 1e-3 -u 20 -i data/synthetic/synthetic_train.bin \
+        -j data/synthetic/synthetic_val.bin -v 100 -m 20 -s 0
+    rc=$?
+    VAL=$(grep '^val loss' "$LOGDIR/train_synthetic.log" | tail -n 1 | awk '{print $3}')
+    MS=$(grep '^average step time' "$LOGDIR/train_synthetic.log" | awk '{print $4}')
+    if [[ -n "$VAL" && "$FLOOR" != "?" ]]; then
+        GAP=$(python3 -c "print('%+.4f' % ($VAL - $FLOOR))")
+        SUMMARY+=("| synthetic, 4 layers x 256 ch, B=16 T=256, 300 steps (bf16) | $(status_word $rc): val loss $VAL vs floor $FLOOR ($GAP nats), ${MS:-?} ms/step |")
+    else
+        SUMMARY+=("| synthetic, 4 layers x 256 ch, B=16 T=256, 300 steps (bf16) | $(status_word $rc): no val loss (floor $FLOOR) |")
+    fi
+else
+    SUMMARY+=("| synthetic training run | not run (binary or data missing) |")
+fi
+
+# ---- 4. d12 throughput at T=1024 on random GPT-2-vocabulary tokens ----
+RANDOM_PY='
+import os, sys
+import numpy as np
+sys.path.insert(0, "dev/data")
+import datafile as df
+out = "data/random50257"
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(0)
+df.write_shard(out + "/random50257_train.bin", rng.integers(0, 50257, size=2_000_000))
+df.write_shard(out + "/random50257_val.bin", rng.integers(0, 50257, size=100_000))
+print("wrote", out)
+'
+stage random_shards 60 python3 -c "$RANDOM_PY"
+THR=()
+for r in 0 2 1; do
+    name="d12_r$r"
+    if [[ -x build/train_gpt_bf16 && -f data/random50257/random50257_train.bin ]]; then
+        stage "$name" 150 build/train_gpt_bf16 -e d12 -b "$D12_B" -t 1024 -x 30 -r "$r" \
+            -i data/random50257/random50257_train.bin -j "" -v 0 -s 0
+        rc=$?
+        log="$LOGDIR/$name.log"
+        ms=$(grep '^average step time' "$log" | awk '{print $4}')
+        toks=$( [[ -n "$ms" ]] && python3 -c "print('%.0f' % ($D12_B * 1024 / ($ms / 1000.0)))" || echo "?")
+        mfu=$(grep '^step ' "$log" | tail -n 1 | grep -o 'MFU [^ |]*' | awk '{print $2}')
+        plan=$(grep -E '^ +total +[0-9.]+ MiB' "$log" | head -n 1 | awk '{print $2}')
+        meas=$(grep '^device memory after step 1' "$log" | awk '{print $6}')
+        THR+=("| -r $r | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} |")
+    else
+        THR+=("| -r $r | not run | | | | | |")
+    fi
+done
+
+# ---- table ----
+{
+    echo
+    echo "## GPU check ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1), $(date -u +%Y-%m-%dT%H:%MZ), $(( $(now) - T0 ))s)"
+    echo
+    echo "| check | result |"
+    echo "| --- | --- |"
+    printf '%s\n' "${SUMMARY[@]}"
+    echo
+    echo "d12 (124M), B=$D12_B T=1024, bf16, random init and tokens, 30 steps (average excludes step 1); MFU: PaLM model FLOPs over 989 TFLOPS"
+    echo
+    echo "| recompute | status | ms/step | tok/s | MFU | planned MiB | measured MiB |"
+    echo "| --- | --- | --- | --- | --- | --- | --- |"
+    printf '%s\n' "${THR[@]}"
+} | tee "$LOGDIR/summary.md"
