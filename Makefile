@@ -29,7 +29,7 @@ clean:
 # ---- tests ----
 # Tests include train_gpt.c whole and use part of it.
 TEST_CFLAGS = $(CFLAGS) -Wno-unused-function
-TEST_BINS = $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/read_data
+TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/read_data
 SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 $(BUILD):
@@ -43,6 +43,9 @@ $(BUILD)/test_recompute: dev/test/test_recompute.c dev/test/test_model.h train_g
 
 $(BUILD)/test_plan: dev/test/test_plan.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/test_loss_scaler: dev/test/test_loss_scaler.c llmc/loss_scaler.h | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/read_data: dev/test/read_data.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) $(SANITIZE) -o $@ $< $(LDLIBS)

@@ -24,7 +24,7 @@
 enum {
     ST_MAGIC, ST_VERSION, ST_STEP, ST_WORLD, ST_RANK, ST_ZERO, ST_HAS_MASTER, ST_B, ST_T,
     ST_EPOCH, ST_SHARD_POS, ST_BATCH_POS_LO, ST_BATCH_POS_HI, ST_PARAMS_LO, ST_PARAMS_HI,
-    ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI
+    ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES
 };
 
 typedef struct {
@@ -33,6 +33,7 @@ typedef struct {
     size_t num_params, shard_params, shard_start;
     float loss_scale;
     int clean_steps;
+    int updates;       /* optimizer updates applied: AdamW's bias-correction step */
 } TrainState;
 
 static inline void put64(int32_t* h, int lo, uint64_t v) { h[lo] = (int32_t)(uint32_t)v; h[lo + 1] = (int32_t)(uint32_t)(v >> 32); }
@@ -51,6 +52,7 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     put64(h, ST_SHARD_START_LO, s->shard_start);
     memcpy(&h[ST_LOSS_SCALE_BITS], &s->loss_scale, 4);
     h[ST_CLEAN_STEPS] = s->clean_steps;
+    h[ST_UPDATES] = s->updates;
     fwrite_check(h, sizeof(int32_t), 256, f, path);
 }
 
@@ -70,6 +72,7 @@ static inline FILE* state_open(const char* path, TrainState* s) {
     s->shard_start = get64(h, ST_SHARD_START_LO);
     memcpy(&s->loss_scale, &h[ST_LOSS_SCALE_BITS], 4);
     s->clean_steps = h[ST_CLEAN_STEPS];
+    s->updates = h[ST_UPDATES];
     size_t expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
     size_t actual = file_size_check(f, path);
     if (actual != expected) fail("%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected);

@@ -21,6 +21,7 @@
 #include "sampler.h"
 #include "logger.h"
 #include "checkpoint.h"
+#include "loss_scaler.h"
 
 typedef enum { TENSOR_PARAMS, TENSOR_MASTER, TENSOR_ADAM_M, TENSOR_ADAM_V } StateTensor;
 
@@ -35,6 +36,7 @@ typedef struct {
     int* inputs;            /* B*T host tokens the driver fills before each call */
     int* targets;
     int model_file_version; /* 3 (fp32) or 5 (bf16) when writing checkpoints */
+    int loss_scaling;       /* 1: dynamic loss scaling (FP16 builds) */
     float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
     uint16_t* window;       /* host B*T+1 tokens for the dataloader */
     /* forward and backward of one micro-batch; gradients accumulate; returns the mean loss */
@@ -62,6 +64,8 @@ typedef struct {
     unsigned char* layer_mode;
     MemoryPlan plan;
     size_t io_chunk_floats;   /* size of Backend.io_chunk */
+    LossScaler scaler;
+    int updates;              /* optimizer updates applied (skipped FP16 steps excluded) */
 } Run;
 
 static inline double now_ms(void) {
@@ -287,7 +291,9 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     st.has_master = run->plan.spec.master_weights; st.B = run->opt.B; st.T = run->opt.T;
     st.loader = dataloader_get_state(loader);
     st.num_params = run->plan.num_params; st.shard_params = run->plan.shard_params; st.shard_start = shard_start(run);
-    st.loss_scale = 1.0f;
+    st.loss_scale = run->scaler.scale;
+    st.clean_steps = run->scaler.clean_steps;
+    st.updates = run->updates;
     checkpoint_path(path, sizeof(path), dir, "state", step, run->rank);
     AtomicFile af;
     atomic_open(&af, path);
@@ -316,6 +322,11 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     if (st.num_params != run->plan.num_params || st.shard_params != run->plan.shard_params || st.shard_start != shard_start(run))
         fail("%s: parameter count does not match the model", path);
     if (st.has_master != run->plan.spec.master_weights) fail("%s: checkpoint master-weight setting (-w) differs from this run", path);
+    if (!(st.loss_scale >= 1.0f) || st.clean_steps < 0 || st.updates < 0 || st.updates > st.step)
+        fail("%s: corrupt loss-scaler or step state in the header", path);
+    run->scaler.scale = st.loss_scale;
+    run->scaler.clean_steps = st.clean_steps;
+    run->updates = st.updates;
     stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, f, path, 0);
     stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, f, path, 0);
     if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, f, path, 0);
@@ -387,25 +398,36 @@ static inline int total_steps(const Run* run, const DataLoader* train) {
     return steps ? (int)(steps > INT_MAX ? INT_MAX : steps) : 1;
 }
 
-static inline float train_step(Run* run, Backend* be, DataLoader* train, int step, int steps, float* norm_out, float* lr_out) {
+typedef struct {
+    float loss, norm, lr;
+    int skipped; /* FP16: gradients overflowed, no update */
+} StepResult;
+
+static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, int step, int steps) {
     const TrainOptions* o = &run->opt;
+    StepResult r = {0.0f, 0.0f, 0.0f, 0};
     be->zero_grads(be->ctx);
     double loss = 0.0;
-    float dloss_mean = 1.0f / (float)run->grad_accum;
+    float scale = loss_scaler_factor(&run->scaler);
+    float dloss_mean = scale / (float)run->grad_accum;
     for (int micro = 0; micro < run->grad_accum; micro++) {
         dataloader_next(train);
         loss += be->forward_backward(be->ctx, dloss_mean);
     }
-    float norm = be->grad_norm(be->ctx);
+    r.loss = (float)(loss / run->grad_accum);
+    r.norm = be->grad_norm(be->ctx) / scale;
+    r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
+    int finite = isfinite(r.norm) && isfinite(r.loss);
+    if (!loss_scaler_update(&run->scaler, finite)) { r.skipped = 1; return r; }
+    if (!finite) fail("step %d: loss %g, gradient norm %g: training diverged (lower -l, or keep --grad-clip on)", step, (double)r.loss, (double)r.norm);
     AdamWStep s;
-    s.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
+    s.lr = r.lr;
     s.beta1 = o->beta1; s.beta2 = o->beta2; s.eps = o->eps; s.weight_decay = o->weight_decay;
-    s.grad_scale = (o->grad_clip > 0.0f && norm > o->grad_clip) ? o->grad_clip / norm : 1.0f;
-    s.t = step;
+    float clip = (o->grad_clip > 0.0f && r.norm > o->grad_clip) ? o->grad_clip / r.norm : 1.0f;
+    s.grad_scale = clip / scale;
+    s.t = ++run->updates;
     be->update(be->ctx, &s);
-    *norm_out = norm;
-    *lr_out = s.lr;
-    return (float)(loss / run->grad_accum);
+    return r;
 }
 
 static inline int is_due(int every, int step, int last) { return every > 0 && (step % every == 0 || last); }
@@ -415,6 +437,8 @@ static inline void train(Run* run, Backend* be) {
     const TrainOptions* o = &run->opt;
     const MemoryPlan* p = &run->plan;
     load_parameters(run, be);
+    loss_scaler_init(&run->scaler, be->loss_scaling);
+    run->updates = 0;
     DataLoader train_loader, val_loader;
     uint16_t* staging = (uint16_t*)be->io_chunk;
     size_t staging_tokens = run->io_chunk_floats * 2;
@@ -450,17 +474,22 @@ static inline void train(Run* run, Backend* be) {
         if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last)) save_checkpoint(run, be, step, &train_loader);
         if (last) break;
         double t0 = now_ms();
-        float norm, lr;
-        float loss = train_step(run, be, &train_loader, step + 1, steps, &norm, &lr);
+        StepResult r = train_step(run, be, &train_loader, step + 1, steps);
         double ms = now_ms() - t0;
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
         double tokens_per_s = (double)run->grad_accum * o->B * o->T * run->world / (ms / 1e3);
         char extras[256] = "";
         if (be->step_extras) be->step_extras(be->ctx, ms, extras, sizeof(extras));
-        printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step + 1, steps, (double)loss,
-               (double)lr, (double)norm, ms, tokens_per_s, extras);
+        if (r.skipped) {
+            printf("step %4d/%d | loss %.6f | skipped: inf/NaN gradients, loss scale now %g\n", step + 1, steps,
+                   (double)r.loss, (double)run->scaler.scale);
+            logger_event(&lg, step + 1, "skipped: inf/NaN gradients, loss scale halved");
+            continue;
+        }
+        printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step + 1, steps, (double)r.loss,
+               (double)r.lr, (double)r.norm, ms, tokens_per_s, extras);
         fflush(stdout);
-        logger_train(&lg, step + 1, loss, lr, norm, ms, tokens_per_s);
+        logger_train(&lg, step + 1, r.loss, r.lr, r.norm, ms, tokens_per_s);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
