@@ -11,6 +11,20 @@ CFLAGS = $(CFLAGS_BASE) $(CPU_ARCH) $(OPENMP)
 LDLIBS = -lm
 BUILD = build
 
+# MPI for multi-process training: used when mpicc is found, NO_USE_MPI=1 turns it off.
+ifeq ($(NO_USE_MPI),1)
+  MPICC :=
+else
+  MPICC := $(shell command -v mpicc 2>/dev/null)
+endif
+ifneq ($(MPICC),)
+  CPU_TRAINER_CC = $(MPICC)
+  MPI_FLAGS = -DUSE_MPI
+else
+  CPU_TRAINER_CC = $(CC)
+  MPI_FLAGS =
+endif
+
 HEADERS = $(wildcard llmc/*.h)
 
 .PHONY: all test test-bins deps clean
@@ -18,7 +32,7 @@ HEADERS = $(wildcard llmc/*.h)
 all: train_gpt_cpu
 
 train_gpt_cpu: train_gpt.c $(HEADERS)
-	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+	$(CPU_TRAINER_CC) $(CFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
 
 clean:
 	rm -rf $(BUILD) train_gpt_cpu train_gpt test_gpt

@@ -411,6 +411,8 @@ typedef struct {
     int logits_rows;
     real* grad_act[NUM_GRAD_ACTS];
     int B, T;                    /* shape of the current call; at most the plan's */
+    int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
+    size_t shard_start, shard_count; /* parameters this rank updates */
 } CpuModel;
 
 static inline real* act(const CpuModel* m, int layer, int a) {
@@ -457,6 +459,11 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m->adam_v, 0, plan->shard_params * sizeof(float));
     m->B = plan->spec.B;
     m->T = plan->spec.T;
+    m->rank = remat_proc.rank;
+    m->world = plan->spec.world_size;
+    m->zero = plan->spec.zero_stage == 1 && m->world > 1;
+    if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
+    else { m->shard_start = 0; m->shard_count = plan->num_params; }
 }
 
 /* Block l forward from its stored input x. `out` receives the block output
@@ -586,22 +593,78 @@ static void model_backward(CpuModel* m) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* data parallelism over MPI (llmc/multiproc.h)                               */
+
+#ifdef USE_MPI
+#define MPI_REAL_TYPE (sizeof(real) == 8 ? MPI_DOUBLE : MPI_FLOAT)
+#define MPI_CHUNK ((size_t)1 << 30) /* MPI counts are int */
+
+/* Sums gradients across ranks: all of them (all-reduce), or under ZeRO-1
+ * only each rank's shard, reduced onto that rank. */
+static void cpu_sync_grads(void* ctx) {
+    CpuModel* m = (CpuModel*)ctx;
+    size_t n = m->plan->num_params;
+    if (!m->zero) {
+        for (size_t s = 0; s < n; s += MPI_CHUNK) {
+            int k = (int)(n - s < MPI_CHUNK ? n - s : MPI_CHUNK);
+            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, m->grads + s, k, MPI_REAL_TYPE, MPI_SUM, MPI_COMM_WORLD));
+        }
+        return;
+    }
+    for (int r = 0; r < m->world; r++) {
+        size_t start, count;
+        shard_range(n, m->world, r, &start, &count);
+        for (size_t s = 0; s < count; s += MPI_CHUNK) {
+            int k = (int)(count - s < MPI_CHUNK ? count - s : MPI_CHUNK);
+            real* buf = m->grads + start + s;
+            if (r == m->rank) MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, buf, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
+            else MPI_CHECK(MPI_Reduce(buf, NULL, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
+        }
+    }
+}
+
+/* ZeRO-1: each rank updated its shard; gather every shard to every rank. */
+static void cpu_allgather_params(CpuModel* m) {
+    size_t n = m->plan->num_params;
+    if (n > (size_t)INT_MAX) fail("ZeRO-1 on the CPU supports at most %d parameters", INT_MAX);
+    int* counts = (int*)malloc_check((size_t)m->world * sizeof(int), "allgather");
+    int* displs = (int*)malloc_check((size_t)m->world * sizeof(int), "allgather");
+    for (int r = 0; r < m->world; r++) {
+        size_t start, count;
+        shard_range(n, m->world, r, &start, &count);
+        counts[r] = (int)count;
+        displs[r] = (int)start;
+    }
+    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->params, counts, displs, MPI_REAL_TYPE, MPI_COMM_WORLD));
+    free(counts);
+    free(displs);
+}
+#else
+static void cpu_sync_grads(void* ctx) { (void)ctx; }
+static void cpu_allgather_params(CpuModel* m) { (void)m; }
+#endif
+
+/* ------------------------------------------------------------------------ */
 /* optimizer                                                                  */
 
 #define NORM_BLOCK 65536 /* fixed partition: the sum does not depend on threads */
 
+/* Norm over this rank's shard (all parameters without ZeRO), summed across
+ * ranks when the gradients are sharded. */
 static float cpu_grad_norm(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    size_t n = m->plan->num_params, blocks = ceil_div(n, NORM_BLOCK);
+    const real* g = m->grads + m->shard_start;
+    size_t n = m->shard_count, blocks = ceil_div(n, NORM_BLOCK);
     double total = 0;
     #pragma omp parallel for schedule(static) ordered
     for (size_t b = 0; b < blocks; b++) {
         size_t e = (b + 1) * NORM_BLOCK < n ? (b + 1) * NORM_BLOCK : n;
         double s = 0;
-        for (size_t i = b * NORM_BLOCK; i < e; i++) s += (double)m->grads[i] * (double)m->grads[i];
+        for (size_t i = b * NORM_BLOCK; i < e; i++) s += (double)g[i] * (double)g[i];
         #pragma omp ordered
         total += s;
     }
+    if (m->zero) total = proc_sum(total);
     return (float)sqrt(total);
 }
 
@@ -610,21 +673,25 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     double bc1 = 1.0 - pow((double)s->beta1, s->t), bc2 = 1.0 - pow((double)s->beta2, s->t);
+    size_t lo = m->shard_start, hi = m->shard_start + m->shard_count;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
-        size_t off = pl.offset[t];
+        size_t begin = pl.offset[t] > lo ? pl.offset[t] : lo;
+        size_t end = pl.offset[t] + pl.count[t] < hi ? pl.offset[t] + pl.count[t] : hi;
         #pragma omp parallel for schedule(static)
-        for (size_t i = off; i < off + pl.count[t]; i++) {
+        for (size_t i = begin; i < end; i++) {
+            size_t k = i - lo; /* index into this rank's optimizer shard */
             float g = (float)m->grads[i] * s->grad_scale;
-            float mm = s->beta1 * m->adam_m[i] + (1.0f - s->beta1) * g;
-            float vv = s->beta2 * m->adam_v[i] + (1.0f - s->beta2) * g * g;
-            m->adam_m[i] = mm;
-            m->adam_v[i] = vv;
+            float mm = s->beta1 * m->adam_m[k] + (1.0f - s->beta1) * g;
+            float vv = s->beta2 * m->adam_v[k] + (1.0f - s->beta2) * g * g;
+            m->adam_m[k] = mm;
+            m->adam_v[k] = vv;
             float mhat = mm / (float)bc1, vhat = vv / (float)bc2;
             float p = (float)m->params[i];
             m->params[i] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
         }
     }
+    if (m->zero) cpu_allgather_params(m);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -678,9 +745,11 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         return;
     }
     if (tensor == TENSOR_MASTER) fail("the CPU trainer keeps no master weights");
-    float* dst = tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v;
-    if (to_host) memcpy(host, dst + start, n * sizeof(float));
-    else memcpy(dst + start, host, n * sizeof(float));
+    if (start < m->shard_start || start + n > m->shard_start + m->shard_count)
+        fail("optimizer state range outside this rank's shard");
+    float* dst = (tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v) + (start - m->shard_start);
+    if (to_host) memcpy(host, dst, n * sizeof(float));
+    else memcpy(dst, host, n * sizeof(float));
 }
 
 static Backend cpu_backend(CpuModel* m) {
@@ -696,6 +765,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.forward_loss = cpu_forward_loss;
     be.next_token_probs = cpu_next_token_probs;
     be.zero_grads = cpu_zero_grads;
+    be.sync_grads = cpu_sync_grads;
     be.grad_norm = cpu_grad_norm;
     be.update = cpu_update;
     be.transfer = cpu_transfer;
@@ -709,6 +779,7 @@ static void cpu_model_free(CpuModel* m) {
 
 #ifndef REMAT_NO_MAIN
 int main(int argc, char** argv) {
+    proc_init(&argc, &argv);
     Run run;
     run_setup(&run, argc, argv, FOR_CPU, (int)sizeof(real), (int)sizeof(real), 0, 0, CPU_LOGITS_CHUNK_ROWS);
     run_print_header(&run);
@@ -722,6 +793,7 @@ int main(int argc, char** argv) {
     cpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);
+    proc_finalize();
     return 0;
 }
 #endif

@@ -4,7 +4,9 @@
  * A global batch is world * B * T tokens; process `rank` reads its own B*T+1
  * window of it, so N processes with batch B see exactly the tokens of one
  * process with batch N*B. Every shard is validated (header, exact size, every
- * token < V) when the loader opens, before any training. Batches go in file
+ * token < V) when the loader opens, before any training; with several
+ * processes each scans the tokens of its share of the shards, and an error
+ * on any of them stops all (llmc/multiproc.h). Batches go in file
  * order by default; with shuffling, shard order and batch order inside each
  * shard are permuted per epoch from (seed, epoch), so a resumed run only
  * needs (epoch, shard position, batch position) to continue exactly.
@@ -57,11 +59,12 @@ static inline size_t shard_open_validate_header(FILE* f, const char* path) {
     return n;
 }
 
-/* Full validation of one shard: header, size, and every token < vocab_size. */
-static inline size_t shard_validate(const char* path, int vocab_size, uint16_t* buf, size_t buf_tokens) {
+/* Validation of one shard: header and size always; every token < vocab_size
+ * when scan_tokens (with several processes each scans its share of shards). */
+static inline size_t shard_validate(const char* path, int vocab_size, uint16_t* buf, size_t buf_tokens, int scan_tokens) {
     FILE* f = fopen_check(path, "rb");
     size_t n = shard_open_validate_header(f, path);
-    for (size_t done = 0; done < n;) {
+    for (size_t done = 0; scan_tokens && done < n;) {
         size_t k = n - done < buf_tokens ? n - done : buf_tokens;
         fread_check(buf, 2, k, f, path);
         for (size_t i = 0; i < k; i++)
@@ -129,7 +132,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     for (int i = 0; i < dl->num_shards; i++) {
         dl->paths[i] = strdup(g.gl_pathv[i]);
         if (!dl->paths[i]) fail("out of host memory for the dataloader");
-        dl->num_tokens[i] = shard_validate(dl->paths[i], vocab_size, staging, staging_tokens);
+        dl->num_tokens[i] = shard_validate(dl->paths[i], vocab_size, staging, staging_tokens, i % world == rank);
         if (dl->num_tokens[i] < global_tokens + 1)
             fail("%s: %zu tokens, too few for one batch of %d x %d x %d processes + 1 tokens", dl->paths[i],
                  dl->num_tokens[i], B, T, world);

@@ -22,6 +22,7 @@
 #include "logger.h"
 #include "checkpoint.h"
 #include "loss_scaler.h"
+#include "multiproc.h"
 
 typedef enum { TENSOR_PARAMS, TENSOR_MASTER, TENSOR_ADAM_M, TENSOR_ADAM_V } StateTensor;
 
@@ -45,6 +46,10 @@ typedef struct {
     /* probabilities over V of the token after tokens[0..len) */
     void (*next_token_probs)(void* ctx, const int* tokens, int len, float* probs);
     void (*zero_grads)(void* ctx);
+    /* after the last micro-step, with several processes: sum gradients across them
+     * (all-reduce, or reduce-scatter to each rank's shard under ZeRO-1) */
+    void (*sync_grads)(void* ctx);
+    /* global gradient norm (across processes when gradients are sharded) */
     float (*grad_norm)(void* ctx);
     void (*update)(void* ctx, const AdamWStep* s);
     /* moves n fp32 values of a state tensor between device and host, from element `start` */
@@ -84,6 +89,7 @@ static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
     run->resume_step = o->resume ? checkpoint_latest(o->out_dir) : -1;
+    proc_broadcast(&run->resume_step, sizeof(run->resume_step)); /* every rank resumes the same step */
     if (o->resume && run->resume_step < 0) fail("-y 1: no complete checkpoint (DONE_* marker) in %s", o->out_dir);
     static char ckpt_model[4200];
     if (run->resume_step >= 0) {
@@ -180,8 +186,9 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
                              int master_weights, size_t workspace_bytes, int logits_chunk_rows) {
     memset(run, 0, sizeof(*run));
     parse_args(argc, argv, &run->opt, trainer);
-    run->rank = 0;
-    run->world = 1;
+    run->rank = remat_proc.rank;
+    run->world = remat_proc.world;
+    if (run->opt.zero_stage == 1 && run->world == 1) printf("note: -z 1 with one process shards nothing\n");
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
@@ -274,8 +281,11 @@ static inline void save_model_file(Run* run, Backend* be, const char* path) {
     atomic_commit(&af);
 }
 
-static inline size_t shard_start(const Run* run) {
-    return run->plan.shard_params == run->plan.num_params ? 0 : (size_t)run->rank * run->plan.shard_params;
+/* The parameters whose optimizer state this rank holds: all of them, or its
+ * ZeRO-1 shard. */
+static inline void run_shard(const Run* run, size_t* start, size_t* count) {
+    if (run->plan.shard_params == run->plan.num_params) { *start = 0; *count = run->plan.num_params; return; }
+    shard_range(run->plan.num_params, run->world, run->rank, start, count);
 }
 
 static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLoader* loader) {
@@ -290,7 +300,8 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     st.step = step; st.world = run->world; st.rank = run->rank; st.zero_stage = run->opt.zero_stage;
     st.has_master = run->plan.spec.master_weights; st.B = run->opt.B; st.T = run->opt.T;
     st.loader = dataloader_get_state(loader);
-    st.num_params = run->plan.num_params; st.shard_params = run->plan.shard_params; st.shard_start = shard_start(run);
+    st.num_params = run->plan.num_params;
+    run_shard(run, &st.shard_start, &st.shard_params);
     st.loss_scale = run->scaler.scale;
     st.clean_steps = run->scaler.clean_steps;
     st.updates = run->updates;
@@ -302,6 +313,7 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, af.f, path, 1);
     if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, af.f, path, 1);
     atomic_commit(&af);
+    proc_barrier(); /* complete only when every rank has written */
     if (run->rank == 0) checkpoint_write_marker(dir, step);
     printf("checkpoint: step %d written to %s\n", step, dir);
 }
@@ -310,8 +322,13 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
  * from the checkpoint's model file. Returns the step to continue after. */
 static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     char path[4200];
-    checkpoint_path(path, sizeof(path), run->opt.out_dir, "state", run->resume_step, run->rank);
     TrainState st;
+    checkpoint_path(path, sizeof(path), run->opt.out_dir, "state", run->resume_step, 0);
+    fclose(state_open(path, &st));
+    if (st.world != run->world)
+        fail("%s: checkpoint written by %d process%s; resume needs the same number (this run has %d)", path, st.world,
+             st.world == 1 ? "" : "es", run->world);
+    checkpoint_path(path, sizeof(path), run->opt.out_dir, "state", run->resume_step, run->rank);
     FILE* f = state_open(path, &st);
     if (st.world != run->world)
         fail("%s: checkpoint written by %d process%s; resume needs the same number (this run has %d)", path, st.world,
@@ -319,8 +336,10 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     if (st.B != run->opt.B || st.T != run->opt.T)
         fail("%s: checkpoint written with B=%d T=%d; resume needs the same (-b %d -t %d given)", path, st.B, st.T, run->opt.B, run->opt.T);
     if (st.zero_stage != run->opt.zero_stage) fail("%s: checkpoint written with -z %d; resume needs the same", path, st.zero_stage);
-    if (st.num_params != run->plan.num_params || st.shard_params != run->plan.shard_params || st.shard_start != shard_start(run))
-        fail("%s: parameter count does not match the model", path);
+    size_t my_start, my_count;
+    run_shard(run, &my_start, &my_count);
+    if (st.num_params != run->plan.num_params || st.shard_params != my_count || st.shard_start != my_start)
+        fail("%s: parameter count or shard does not match this run", path);
     if (st.has_master != run->plan.spec.master_weights) fail("%s: checkpoint master-weight setting (-w) differs from this run", path);
     if (!(st.loss_scale >= 1.0f) || st.clean_steps < 0 || st.updates < 0 || st.updates > st.step)
         fail("%s: corrupt loss-scaler or step state in the header", path);
@@ -347,7 +366,7 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val) {
         dataloader_next(val);
         sum += be->forward_loss(be->ctx);
     }
-    return (float)(sum / n);
+    return (float)proc_mean(sum / n);
 }
 
 static inline int end_of_text(const Run* run, const Tokenizer* tk) {
@@ -409,12 +428,14 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
     be->zero_grads(be->ctx);
     double loss = 0.0;
     float scale = loss_scaler_factor(&run->scaler);
-    float dloss_mean = scale / (float)run->grad_accum;
+    /* summing over processes then gives the gradient of the mean loss of the global batch */
+    float dloss_mean = scale / (float)(run->grad_accum * run->world);
     for (int micro = 0; micro < run->grad_accum; micro++) {
         dataloader_next(train);
         loss += be->forward_backward(be->ctx, dloss_mean);
     }
-    r.loss = (float)(loss / run->grad_accum);
+    if (run->world > 1) be->sync_grads(be->ctx);
+    r.loss = (float)proc_mean(loss / run->grad_accum);
     r.norm = be->grad_norm(be->ctx) / scale;
     r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
     int finite = isfinite(r.norm) && isfinite(r.loss);
@@ -470,7 +491,7 @@ static inline void train(Run* run, Backend* be) {
             printf("val loss %.6f at step %d\n", (double)vl, step);
             logger_val(&lg, step, vl);
         }
-        if (step > start && step > 0 && is_due(o->sample_every, step, last)) sample(run, be, &tk, step, probs, gen);
+        if (run->rank == 0 && step > start && step > 0 && is_due(o->sample_every, step, last)) sample(run, be, &tk, step, probs, gen);
         if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last)) save_checkpoint(run, be, step, &train_loader);
         if (last) break;
         double t0 = now_ms();

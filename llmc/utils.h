@@ -21,6 +21,8 @@
  * brings down every rank, so an error on one never leaves the others hanging. */
 typedef void (*fail_hook_fn)(void);
 static fail_hook_fn remat_fail_hook = NULL;
+/* Rank named in error lines of multi-process runs; -1 for a single process. */
+static int remat_error_rank = -1;
 
 #if defined(__GNUC__)
 #define REMAT_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -33,6 +35,7 @@ static inline void fail(const char* fmt, ...) {
     va_list ap;
     fflush(stdout);
     fputs("error: ", stderr);
+    if (remat_error_rank >= 0) fprintf(stderr, "rank %d: ", remat_error_rank);
     va_start(ap, fmt);
     vfprintf(stderr, fmt, ap);
     va_end(ap);

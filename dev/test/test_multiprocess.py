@@ -1,0 +1,102 @@
+"""Data-parallel training of the CPU reference under OpenMPI: N processes with
+batch B train exactly like one process with batch N*B; ZeRO-1 like ZeRO-0;
+resume is bitwise identical; an error on one rank stops all of them."""
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from conftest import binary, datafile, run
+
+if shutil.which("mpirun") is None:
+    pytest.skip("mpirun not found (install OpenMPI: apt-get install openmpi-bin libopenmpi-dev)", allow_module_level=True)
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+MODEL = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--max-seq-len", "32"]
+STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr \S+ \| norm ([0-9.]+)", re.M)
+
+
+def train(np_, data, *flags, check=True, timeout=300):
+    out, meta = data
+    args = ["mpirun", "-np", str(np_), str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]),
+            "-i", out / "synthetic_train.bin", "-j", out / "synthetic_val.bin", "-t", "32", "-s", "0", "-l", "2e-3",
+            "-c", "0.1", *flags]
+    return run(args, env=MPI_ENV, check=check, timeout=timeout)
+
+
+def losses(stdout):
+    return [(int(m.group(1)), float(m.group(2))) for m in STEP_RE.finditer(stdout)]
+
+
+def val_losses(stdout):
+    return [float(v) for v in re.findall(r"val loss ([0-9.]+)", stdout)]
+
+
+def assert_close(a, b, rel=1e-5):
+    assert len(a) == len(b) and len(a) > 0
+    for (sa, la), (sb, lb) in zip(a, b):
+        assert sa == sb and abs(la - lb) <= rel * abs(lb), (a, b)
+
+
+def test_two_ranks_match_one_rank_with_twice_the_batch(synthetic):
+    one = train(1, synthetic, "-b", "4", "-x", "10", "-v", "5")
+    two = train(2, synthetic, "-b", "2", "-x", "10", "-v", "5")
+    assert "x 2 processes" in two.stdout
+    assert_close(losses(two.stdout), losses(one.stdout))
+    assert np.allclose(val_losses(two.stdout), val_losses(one.stdout), rtol=1e-5)
+
+
+def test_two_ranks_with_gradient_accumulation(synthetic):
+    one = train(1, synthetic, "-b", "2", "-d", "256", "-x", "10", "-v", "0")
+    two = train(2, synthetic, "-b", "1", "-d", "256", "-x", "10", "-v", "0")
+    assert "gradient accumulation 4" in two.stdout
+    assert_close(losses(two.stdout), losses(one.stdout))
+
+
+def test_zero1_matches_zero0(synthetic):
+    z0 = train(2, synthetic, "-b", "2", "-x", "10", "-v", "0", "-z", "0")
+    z1 = train(2, synthetic, "-b", "2", "-x", "10", "-v", "0", "-z", "1")
+    opt = lambda s: float(re.search(r"optimizer state +([0-9.]+) MiB", s).group(1))
+    assert opt(z1.stdout) < opt(z0.stdout)
+    assert_close(losses(z1.stdout), losses(z0.stdout))
+
+
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_two_rank_resume_is_bitwise_identical(synthetic, tmp_path, zero):
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["-b", "2", "-x", "8", "-n", "4", "-v", "0", "-z", zero, "--shuffle", "1"]
+    ref = train(2, synthetic, *common, "-o", full)
+    part.mkdir()
+    for name in ["model_00000004.bin", "state_00000004_00000.bin", "state_00000004_00001.bin", "DONE_00000004"]:
+        shutil.copy(full / name, part / name)
+    resumed = train(2, synthetic, *common, "-o", part, "-y", "1")
+    assert [s for s in STEP_RE.findall(resumed.stdout)] == [s for s in STEP_RE.findall(ref.stdout)][4:]
+    for name in ["model_00000008.bin", "state_00000008_00000.bin", "state_00000008_00001.bin"]:
+        assert (part / name).read_bytes() == (full / name).read_bytes(), name
+
+
+def test_resume_with_another_world_size_is_refused(synthetic, tmp_path):
+    train(2, synthetic, "-b", "2", "-x", "2", "-v", "0", "-o", tmp_path)
+    res = train(1, synthetic, "-b", "2", "-x", "4", "-v", "0", "-o", tmp_path, "-y", "1", check=False)
+    assert res.returncode != 0
+    assert "written by 2 processes; resume needs the same number (this run has 1)" in res.stderr
+
+
+def test_bad_shard_on_one_rank_stops_every_rank(synthetic, tmp_path):
+    out, meta = synthetic
+    good = datafile.read_shard(out / "synthetic_train.bin")[:5000]
+    bad = good.copy()
+    bad[100] = meta["vocab_size"]  # out of range: found by rank 1, which scans shard 1
+    datafile.write_shard(tmp_path / "s_000000.bin", good)
+    datafile.write_shard(tmp_path / "s_000001.bin", bad)
+    t0 = time.time()
+    res = run(["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]),
+               "-i", tmp_path / "s_*.bin", "-j", "", "-b", "2", "-t", "32", "-x", "5", "-s", "0"],
+              env=MPI_ENV, timeout=120)
+    assert res.returncode != 0
+    assert time.time() - t0 < 30
+    assert "error: rank 1: " in res.stderr and "s_000001.bin" in res.stderr and "out of range" in res.stderr
