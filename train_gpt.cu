@@ -410,6 +410,13 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     for (int v = 0; v < V; v++) probs[v] /= sum;
 }
 
+/* Several processes need an NCCL all-reduce of the gradients, not built yet;
+ * main refuses more than one process, so this is never reached. */
+static void gpu_sync_grads(void* ctx) {
+    (void)ctx;
+    fail("the CUDA trainer runs as one process (multi-GPU gradient all-reduce is not implemented)");
+}
+
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
@@ -501,6 +508,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.forward_loss = gpu_forward_loss;
     be.next_token_probs = gpu_next_token_probs;
     be.zero_grads = gpu_zero_grads;
+    be.sync_grads = gpu_sync_grads;
     be.grad_norm = gpu_grad_norm;
     be.update = gpu_update;
     be.transfer = gpu_transfer;
@@ -524,11 +532,15 @@ static int gpu_device_count(char* why, size_t n) {
     return count;
 }
 
-/* The default budget of --plan and -r auto when a device is present. */
+/* The default budget of --plan and -r auto when a device is present: free
+ * memory once the context exists (cudaMemGetInfo creates it), less 256 MiB
+ * of headroom for what the plan does not hold (cuBLASLt handle, kernels
+ * loaded lazily during the first step). */
+#define GPU_HEADROOM_BYTES ((size_t)256 << 20)
 static size_t gpu_free_memory(void) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
-    return free_b;
+    return free_b > GPU_HEADROOM_BYTES ? free_b - GPU_HEADROOM_BYTES : 0;
 }
 
 /* Every buffer's bytes at T are at most T/(T/2) times its bytes at T/2:
@@ -570,6 +582,7 @@ static void print_device(const GpuModel* m, int master_weights) {
 
 #ifndef REMAT_NO_MAIN
 int main(int argc, char** argv) {
+    proc_init(&argc, &argv); /* a no-op without MPI (this build has none) */
     char why[256] = "";
     int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; it does not fail hard */
     if (devices > 0) remat_free_memory_hook = gpu_free_memory;
@@ -579,6 +592,7 @@ int main(int argc, char** argv) {
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, master_weights, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     if (devices <= 0) fail("no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
+    if (run.world > 1) fail("the CUDA trainer runs as one process for now (%d started)", run.world);
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);
@@ -594,6 +608,7 @@ int main(int argc, char** argv) {
     gpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);
+    proc_finalize();
     return 0;
 }
 #endif
