@@ -604,6 +604,7 @@ static void model_backward(CpuModel* m) {
 static void cpu_sync_grads(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
     size_t n = m->plan->num_params;
+    if (m->world == 1) return;
     if (!m->zero) {
         for (size_t s = 0; s < n; s += MPI_CHUNK) {
             int k = (int)(n - s < MPI_CHUNK ? n - s : MPI_CHUNK);

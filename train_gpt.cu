@@ -412,11 +412,6 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
 
 /* Several processes need an NCCL all-reduce of the gradients, not built yet;
  * main refuses more than one process, so this is never reached. */
-static void gpu_sync_grads(void* ctx) {
-    (void)ctx;
-    fail("the CUDA trainer runs as one process (multi-GPU gradient all-reduce is not implemented)");
-}
-
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
@@ -508,7 +503,6 @@ static Backend gpu_backend(GpuModel* m) {
     be.forward_loss = gpu_forward_loss;
     be.next_token_probs = gpu_next_token_probs;
     be.zero_grads = gpu_zero_grads;
-    be.sync_grads = gpu_sync_grads;
     be.grad_norm = gpu_grad_norm;
     be.update = gpu_update;
     be.transfer = gpu_transfer;
@@ -586,11 +580,9 @@ int main(int argc, char** argv) {
     char why[256] = "";
     int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; it does not fail hard */
     if (devices > 0) remat_free_memory_hook = gpu_free_memory;
-    TrainOptions pre;
-    parse_args(argc, argv, &pre, FOR_GPU); /* -h exits here; -w is needed before the plan */
-    int master_weights = PRECISION_IS_FP32 ? 0 : pre.master_weights;
     Run run;
-    run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, master_weights, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
+    run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
+    int master_weights = run.plan.spec.master_weights;
     if (devices <= 0) fail("no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
     if (run.world > 1) fail("the CUDA trainer runs as one process for now (%d started)", run.world);
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);

@@ -46,8 +46,8 @@ typedef struct {
     /* probabilities over V of the token after tokens[0..len) */
     void (*next_token_probs)(void* ctx, const int* tokens, int len, float* probs);
     void (*zero_grads)(void* ctx);
-    /* after the last micro-step, with several processes: sum gradients across them
-     * (all-reduce, or reduce-scatter to each rank's shard under ZeRO-1) */
+    /* after the last micro-step: sum gradients across processes (all-reduce, or
+     * reduce-scatter to each rank's shard under ZeRO-1); NULL or a no-op alone */
     void (*sync_grads)(void* ctx);
     /* global gradient norm (across processes when gradients are sharded) */
     float (*grad_norm)(void* ctx);
@@ -183,7 +183,7 @@ static inline void maybe_print_plan_and_exit(const Run* run) {
 /* Everything a trainer needs before it allocates: flags, model, plan.
  * Handles --plan/--plan-json itself (they exit here). */
 static inline void run_setup(Run* run, int argc, char** argv, int trainer, int elem_bytes, int stat_bytes,
-                             int master_weights, size_t workspace_bytes, int logits_chunk_rows) {
+                             int master_weights_supported, size_t workspace_bytes, int logits_chunk_rows) {
     memset(run, 0, sizeof(*run));
     parse_args(argc, argv, &run->opt, trainer);
     run->rank = remat_proc.rank;
@@ -200,7 +200,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.backend = trainer == FOR_GPU ? BACKEND_GPU : BACKEND_CPU;
     spec.elem_bytes = elem_bytes;
     spec.stat_bytes = stat_bytes;
-    spec.master_weights = master_weights;
+    spec.master_weights = master_weights_supported && run->opt.master_weights;
     spec.world_size = run->world;
     spec.zero_stage = run->opt.zero_stage;
     spec.layer_mode = run->layer_mode;
@@ -434,7 +434,7 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
         dataloader_next(train);
         loss += be->forward_backward(be->ctx, dloss_mean);
     }
-    if (run->world > 1) be->sync_grads(be->ctx);
+    if (be->sync_grads) be->sync_grads(be->ctx);
     r.loss = (float)proc_mean(loss / run->grad_accum);
     r.norm = be->grad_norm(be->ctx) / scale;
     r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
@@ -513,7 +513,10 @@ static inline void train(Run* run, Backend* be) {
         logger_train(&lg, step + 1, r.loss, r.lr, r.norm, ms, tokens_per_s);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
-    printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
+    if (p->spec.backend == BACKEND_CPU)
+        printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
+    else
+        printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);
     logger_close(&lg);
     tokenizer_free(&tk);
     free(probs);
