@@ -1,4 +1,5 @@
 """The CPU reference trainer (train_gpt_cpu) end to end, and its C unit tests."""
+import json
 import re
 import shutil
 import sys
@@ -59,6 +60,9 @@ def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
     common = ["-x", "8", "-n", "4", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1"]
     ref = tiny_run(tiny_shards, *common, "-o", full)
     assert (full / "DONE_00000004").exists() and (full / "DONE_00000008").exists()
+    log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if "loss" in e] == list(range(1, 9))
+    assert [f"{e['loss']:.6f}" for e in log if "loss" in e] == [s[1] for s in steps(ref.stdout)]
     part.mkdir()
     for name in ["model_00000004.bin", "state_00000004_00000.bin", "DONE_00000004"]:
         shutil.copy(full / name, part / name)
