@@ -400,7 +400,7 @@ static inline void load_tokenizer(Run* run, Tokenizer* tk) {
     if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc > 0) tokenizer_load(tk, g.gl_pathv[0]);
     else if (file_exists("gpt2_tokenizer.bin")) tokenizer_load(tk, "gpt2_tokenizer.bin");
     else printf("tokenizer: none found, samples print token ids (see --tokenizer)\n");
-    if (slash || g.gl_pathc) globfree(&g);
+    globfree(&g);
 }
 
 /* ---- the loop ---- */
