@@ -35,7 +35,7 @@ train_gpt_cpu: train_gpt.c $(HEADERS)
 	$(CPU_TRAINER_CC) $(CFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
 
 clean:
-	rm -rf $(BUILD) train_gpt_cpu train_gpt test_gpt
+	rm -rf $(BUILD) train_gpt_cpu train_gpt train_gpt_nompi test_gpt
 
 # CUDA targets (train_gpt, test_gpt) live in cuda.mk
 -include cuda.mk

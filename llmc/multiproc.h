@@ -30,6 +30,15 @@ static ProcInfo remat_proc = {0, 1, 0, 1};
 
 static inline void proc_abort_all(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
 
+/* --help, --plan and other early exits leave through exit(0): finalize there
+ * too, or mpirun reports the job as failed. */
+static inline void proc_finalize_at_exit(void) {
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Finalize();
+}
+
 /* Local rank from the launcher's environment, else by grouping processes
  * that share a node (MPI_COMM_TYPE_SHARED). */
 static inline void proc_find_local_rank(ProcInfo* p) {
@@ -51,6 +60,7 @@ static inline void proc_find_local_rank(ProcInfo* p) {
 static inline void proc_init(int* argc, char*** argv) {
 #ifdef USE_MPI
     MPI_CHECK(MPI_Init(argc, argv));
+    atexit(proc_finalize_at_exit);
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &remat_proc.rank));
     MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &remat_proc.world));
     proc_find_local_rank(&remat_proc);
@@ -68,7 +78,7 @@ static inline void proc_init(int* argc, char*** argv) {
 
 static inline void proc_finalize(void) {
 #ifdef USE_MPI
-    MPI_CHECK(MPI_Finalize());
+    proc_finalize_at_exit();
 #endif
 }
 

@@ -32,15 +32,18 @@ static int remat_error_rank = -1;
 
 static inline void fail(const char* fmt, ...) REMAT_PRINTF(1, 2);
 static inline void fail(const char* fmt, ...) {
+    /* formatted whole, then written at once, so lines from several ranks never mix */
+    char line[2048];
+    int used = remat_error_rank >= 0 ? snprintf(line, sizeof(line), "error: rank %d: ", remat_error_rank)
+                                     : snprintf(line, sizeof(line), "error: ");
     va_list ap;
-    fflush(stdout);
-    fputs("error: ", stderr);
-    if (remat_error_rank >= 0) fprintf(stderr, "rank %d: ", remat_error_rank);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(line + used, sizeof(line) - (size_t)used - 1, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
-    fflush(stderr);
+    size_t len = strlen(line);
+    line[len] = '\n';
+    fflush(stdout);
+    if (write(STDERR_FILENO, line, len + 1) < 0) { /* nothing left to report to */ }
     if (remat_fail_hook) remat_fail_hook();
     exit(1);
 }
