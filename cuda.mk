@@ -1,7 +1,7 @@
 # CUDA targets, included by the Makefile (-include cuda.mk). Status: compiles,
 # unverified on GPU.
 #
-#   make train_gpt test_gpt           PRECISION=BF16 (default) | FP32
+#   make train_gpt test_gpt           PRECISION=BF16 (default) | FP16 | FP32
 #   make train_gpt GPU_COMPUTE_CAPABILITY=90   one architecture (sm_90) only
 #   make cuda-all                     every CUDA target in every precision:
 #                                     build/train_gpt_bf16 build/test_gpt_bf16 ...
@@ -9,13 +9,14 @@
 # GPU_COMPUTE_CAPABILITY: taken from the command line or environment when set
 # (an empty value forces the fat binary); otherwise detected with nvidia-smi
 # when it works; otherwise a fat binary for sm_80 and sm_90 (+ compute_90 PTX
-# for newer GPUs). No NCCL or MPI is needed. train_gpt and test_gpt do not
-# track PRECISION: run `make clean` (or use cuda-all's names) when switching.
+# for newer GPUs). NCCL and MPI are used when found (multi-GPU, below), never
+# needed. train_gpt and test_gpt do not track PRECISION: run `make clean` (or
+# use cuda-all's names) when switching.
 
 NVCC ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
 PRECISION ?= BF16
 BUILD ?= build
-CUDA_PRECISIONS ?= bf16 fp32
+CUDA_PRECISIONS ?= bf16 fp32 fp16
 
 PREC_FLAG_BF16 = -DENABLE_BF16
 PREC_FLAG_FP32 = -DENABLE_FP32
@@ -45,11 +46,67 @@ NVCC_TEST_FLAGS = -Xcompiler -fopenmp,-Wno-unused-function $(if $(strip $(CPU_AR
 NVCC_TEST_LDLIBS = -lgomp
 
 CUDA_DEPS = $(wildcard llmc/*.h llmc/*.cuh)
-check_precision = $(if $(PREC_FLAG_$(1)),,$(error PRECISION=$(1) is not one of BF16, FP32))
 
-.PHONY: cuda-all
+# ---- several GPUs: NCCL + MPI (llmc/multigpu.cuh) ----
+# train_gpt and build/train_gpt_<precision> are built with -DUSE_MPI -DMULTI_GPU
+# (one process per GPU under mpirun or srun, NCCL collectives) when both nccl.h
+# with libnccl.so and an OpenMPI mpicc (for --showme:compile/--showme:link) are
+# found; NO_MULTI_GPU=1 or NO_USE_MPI=1 turns that off (no MPI, no multi-GPU).
+# train_gpt_nompi and build/train_gpt_nompi_<precision> are always the plain
+# single-process build, to compare against. test_gpt never uses either.
+# `make cuda-info` prints what was found. Overrides: NCCL_HOME or
+# NCCL_INCLUDE_DIR and NCCL_LIB_DIR; MPI_CFLAGS and MPI_LDFLAGS (for an mpicc
+# without --showme, e.g. MPICH's: the -I and the -L/-l parts of `mpicc -show`).
+# Like PRECISION, the choice is not tracked: `make clean` (or touch
+# train_gpt.cu) after changing it.
+comma := ,
+ifneq ($(filter 1,$(NO_MULTI_GPU) $(NO_USE_MPI)),)
+MULTI_GPU_WHY := off by $(if $(filter 1,$(NO_USE_MPI)),NO_USE_MPI=1,NO_MULTI_GPU=1)
+else
+ifeq ($(origin NCCL_INCLUDE_DIR),undefined)
+NCCL_INCLUDE_DIR := $(abspath $(patsubst %/nccl.h,%,$(firstword $(wildcard $(addsuffix /nccl.h,$(if $(NCCL_HOME),$(NCCL_HOME)/include) \
+    $(if $(CUDA_HOME),$(CUDA_HOME)/include) $(dir $(NVCC))../include /usr/local/cuda/include /usr/include /usr/local/include)))))
+endif
+ifeq ($(origin NCCL_LIB_DIR),undefined)
+NCCL_LIB_DIR := $(abspath $(patsubst %/libnccl.so,%,$(firstword $(wildcard $(addsuffix /libnccl.so,$(if $(NCCL_HOME),$(NCCL_HOME)/lib $(NCCL_HOME)/lib64) \
+    $(if $(NCCL_INCLUDE_DIR),$(NCCL_INCLUDE_DIR)/../lib64 $(NCCL_INCLUDE_DIR)/../lib) /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib)))))
+endif
+MULTI_GPU_MPICC := $(shell command -v mpicc 2>/dev/null)
+ifeq ($(origin MPI_CFLAGS),undefined)
+MPI_CFLAGS := $(if $(MULTI_GPU_MPICC),$(shell $(MULTI_GPU_MPICC) --showme:compile 2>/dev/null))
+endif
+ifeq ($(origin MPI_LDFLAGS),undefined)
+MPI_LDFLAGS := $(if $(MULTI_GPU_MPICC),$(shell $(MULTI_GPU_MPICC) --showme:link 2>/dev/null))
+endif
+MULTI_GPU_WHY := $(if $(NCCL_INCLUDE_DIR),,no nccl.h found; )$(if $(NCCL_LIB_DIR),,no libnccl.so found; )$(if $(filter -lmpi%,$(MPI_LDFLAGS)),,no MPI link flags (mpicc --showme:link); )
+endif
+# mpicc's flags as nvcc options: -I -D -L -l as they are, -Wl,x to the linker, the rest to the host compiler
+nvcc_mpi_flags = $(foreach f,$(1),$(if $(filter -I% -D% -L% -l%,$(f)),$(f),$(if $(filter -Wl$(comma)%,$(f)),-Xlinker $(patsubst -Wl$(comma)%,%,$(f)),-Xcompiler $(f))))
+ifeq ($(strip $(MULTI_GPU_WHY)),)
+MULTI_GPU_STATUS := on: nccl.h in $(NCCL_INCLUDE_DIR), libnccl.so in $(NCCL_LIB_DIR), MPI from $(MULTI_GPU_MPICC)
+MULTI_GPU_FLAGS = -DUSE_MPI -DMULTI_GPU -DOMPI_SKIP_MPICXX -DMPICH_SKIP_MPICXX \
+    $(if $(filter /usr/include /usr/local/include $(abspath $(dir $(NVCC))../include),$(NCCL_INCLUDE_DIR)),,-I$(NCCL_INCLUDE_DIR)) \
+    $(call nvcc_mpi_flags,$(MPI_CFLAGS))
+MULTI_GPU_LDLIBS = -L$(NCCL_LIB_DIR) -Xlinker -rpath$(comma)$(NCCL_LIB_DIR) -lnccl $(call nvcc_mpi_flags,$(MPI_LDFLAGS))
+else
+MULTI_GPU_STATUS := off: $(MULTI_GPU_WHY)
+MULTI_GPU_FLAGS =
+MULTI_GPU_LDLIBS =
+endif
+check_precision = $(if $(PREC_FLAG_$(1)),,$(error PRECISION=$(1) is not one of BF16, FP16, FP32))
+
+.PHONY: cuda-all cuda-info
+
+cuda-info:
+	@echo "nvcc: $(NVCC)"
+	@echo "GPU_COMPUTE_CAPABILITY: $(if $(strip $(GPU_COMPUTE_CAPABILITY)),$(strip $(GPU_COMPUTE_CAPABILITY)),unset (fat binary))"
+	@echo "multi-GPU (NCCL + MPI) in train_gpt: $(MULTI_GPU_STATUS)"
 
 train_gpt: train_gpt.cu $(CUDA_DEPS)
+	$(call check_precision,$(PRECISION))
+	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$(PRECISION)) $(MULTI_GPU_FLAGS) -o $@ $< $(NVCC_LDLIBS) $(MULTI_GPU_LDLIBS)
+
+train_gpt_nompi: train_gpt.cu $(CUDA_DEPS)
 	$(call check_precision,$(PRECISION))
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$(PRECISION)) -o $@ $< $(NVCC_LDLIBS)
 
@@ -60,6 +117,11 @@ test_gpt: test_gpt.cu train_gpt.cu train_gpt.c $(CUDA_DEPS)
 cuda-all: $(foreach p,$(CUDA_PRECISIONS),$(BUILD)/train_gpt_$(p) $(BUILD)/test_gpt_$(p))
 
 $(BUILD)/train_gpt_%: train_gpt.cu $(CUDA_DEPS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) $(MULTI_GPU_FLAGS) -o $@ $< $(NVCC_LDLIBS) $(MULTI_GPU_LDLIBS)
+
+# the shorter stem wins: build/train_gpt_nompi_bf16 comes from here
+$(BUILD)/train_gpt_nompi_%: train_gpt.cu $(CUDA_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) -o $@ $< $(NVCC_LDLIBS)
 

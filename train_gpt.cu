@@ -1,6 +1,7 @@
 /*
  * remat CUDA trainer: GPT-2 on one GPU, hand-written kernels (one .cuh per
- * op family in llmc/) and cuBLASLt matmuls.
+ * op family in llmc/) and cuBLASLt matmuls; on several GPUs, one process per
+ * GPU, with NCCL (llmc/multigpu.cuh: built with MULTI_GPU).
  *
  * The same model, flags, files and output as the CPU reference train_gpt.c,
  * through the shared driver in llmc/trainer.h; this file supplies the
@@ -9,7 +10,7 @@
  * gpu_classifier, gpu_model_backward, gpu_backend, main), so the two read
  * side by side.
  *
- * Storage: floatX (bf16 by default, fp32 with PRECISION=FP32) for parameters,
+ * Storage: floatX (bf16 by default, fp16 or fp32 with PRECISION=FP16|FP32) for parameters,
  * gradients and activations; fp32 for statistics, losses, AdamW moments and
  * master weights. Memory: one cudaMalloc of the plan's total before step 1,
  * carved by the plan's offsets; nothing is allocated on the device inside the
@@ -31,6 +32,7 @@
 #include "llmc/classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
+#include "llmc/multigpu.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 #define GPU_LOGITS_CHUNK_ROWS 8192             /* rows of (B*T, Vp) logits at once: 786 MiB at Vp=50304 in bf16 */
@@ -83,6 +85,11 @@ typedef struct {
     double flops_per_step, peak_flops;
     size_t used_context, used_library, used_arena, used_peak;
     int memory_reported;
+    /* data parallelism: the parameters whose optimizer state (moments, master
+     * weights) this rank holds: all of them, or its ZeRO-1 shard */
+    int zero;
+    size_t shard_start, shard_count;
+    MultiGpu* mg; /* NCCL (MULTI_GPU builds), else NULL */
 } GpuModel;
 
 static inline floatX* gact(const GpuModel* m, int layer, int a) { return (floatX*)(m->arena + m->plan->layer_act[layer][a]); }
@@ -183,6 +190,10 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
     m->B = plan->spec.B;
     m->T = plan->spec.T;
+    m->zero = plan->spec.zero_stage == 1; /* with one rank the shard is everything */
+    if (m->zero) shard_range(plan->num_params, plan->spec.world_size, remat_proc.rank, &m->shard_start, &m->shard_count);
+    else { m->shard_start = 0; m->shard_count = plan->num_params; }
+    if (m->shard_count > plan->shard_params) fail("internal: shard of %zu parameters exceeds the plan's %zu", m->shard_count, plan->shard_params);
 }
 
 static void gpu_model_free(GpuModel* m) {
@@ -304,8 +315,10 @@ static void gpu_model_backward(GpuModel* m) {
     for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
         gpu_block_recompute(m, l);
         gpu_block_backward(m, l);
+        multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
     gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
+    multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
 }
 
 /* Copies the host tokens of the current call to the device. */
@@ -318,13 +331,17 @@ static void gpu_upload_tokens(GpuModel* m, int with_targets) {
 /* ------------------------------------------------------------------------ */
 /* optimizer                                                                  */
 
+/* Norm over this rank's shard (all parameters without ZeRO), summed across
+ * ranks when the gradients are sharded (only the shard's are summed here). */
 static float gpu_grad_norm(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
-    gpu_global_norm_squared(m->norm_partials, m->grads, m->plan->num_params, m->stream);
+    gpu_global_norm_squared(m->norm_partials, m->grads + m->shard_start, m->shard_count, m->stream);
     float sumsq = 0.0f;
     CUDA_CHECK(cudaMemcpyAsync(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    return (float)sqrt((double)sumsq);
+    double total = (double)sumsq;
+    if (m->zero) total = proc_sum(total);
+    return (float)sqrt(total);
 }
 
 static void gpu_update(void* ctx, const AdamWStep* s) {
@@ -332,13 +349,18 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     double bc1 = 1.0 - pow((double)s->beta1, s->t), bc2 = 1.0 - pow((double)s->beta2, s->t);
+    size_t lo = m->shard_start, hi = m->shard_start + m->shard_count; /* this rank's parameters */
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
-        size_t off = pl.offset[t];
-        gpu_adamw(m->params + off, m->master ? m->master + off : NULL, m->grads + off, m->adam_m + off, m->adam_v + off,
-                  pl.count[t], off, s->lr, s->beta1, s->beta2, (float)bc1, (float)bc2, s->eps, wd, s->grad_scale, m->seed, s->t,
+        size_t off = pl.offset[t] > lo ? pl.offset[t] : lo;
+        size_t end = pl.offset[t] + pl.count[t] < hi ? pl.offset[t] + pl.count[t] : hi;
+        if (off >= end) continue;
+        size_t k = off - lo; /* index into this rank's master weights and moments */
+        gpu_adamw(m->params + off, m->master ? m->master + k : NULL, m->grads + off, m->adam_m + k, m->adam_v + k,
+                  end - off, off, s->lr, s->beta1, s->beta2, (float)bc1, (float)bc2, s->eps, wd, s->grad_scale, m->seed, s->t,
                   m->stream);
     }
+    multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
     CUDA_CHECK(cudaStreamSynchronize(m->stream)); /* the step time printed includes the update */
 }
 
@@ -350,6 +372,7 @@ static float gpu_forward_backward(void* ctx, float dloss_mean) {
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
     int N = m->B * m->T;
+    multigpu_micro_step(m->mg); /* the last one reduces gradients during its backward */
     gpu_upload_tokens(m, 1);
     m->num_buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, m->h_inputs, N, m->cfg.vocab_size);
     CUDA_CHECK(cudaMemcpyAsync(m->token_buckets, m->h_buckets, (size_t)(2 * m->num_buckets + 1 + N) * sizeof(int),
@@ -370,22 +393,9 @@ static float gpu_forward_loss(void* ctx) {
     return gpu_mean_loss(m);
 }
 
-/* floatX host staging -> float. */
-static inline float host_floatX_get(const void* buf, size_t i) {
-#if PRECISION_IS_FP32
-    return ((const float*)buf)[i];
-#else
-    return bf16_to_float(((const uint16_t*)buf)[i]);
-#endif
-}
-
-static inline void host_floatX_put(void* buf, size_t i, float v) {
-#if PRECISION_IS_FP32
-    ((float*)buf)[i] = v;
-#else
-    ((uint16_t*)buf)[i] = float_to_bf16(v);
-#endif
-}
+/* floatX host staging <-> float (llmc/cuda_common.cuh, every precision). */
+static inline float host_floatX_get(const void* buf, size_t i) { return host_floatX_load(buf, i); }
+static inline void host_floatX_put(void* buf, size_t i, float v) { host_floatX_store(buf, i, v); }
 
 /* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
  * planned buffers) and returns softmax probabilities at its last position. */
@@ -410,10 +420,9 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     for (int v = 0; v < V; v++) probs[v] /= sum;
 }
 
-/* Several processes need an NCCL all-reduce of the gradients, not built yet;
- * main refuses more than one process, so this is never reached. */
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
+    multigpu_new_step(m->mg);
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
 }
 
@@ -435,7 +444,10 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         }
         for (size_t i = 0; i < n; i++) host_floatX_put(m->h_xfer, i, host[i]);
         CUDA_CHECK(cudaMemcpy(dev, m->h_xfer, n * sizeof(floatX), kind));
-        if (m->master) CUDA_CHECK(cudaMemcpy(m->master + start, host, n * sizeof(float), kind));
+        if (!m->master) return;
+        size_t lo = start > m->shard_start ? start : m->shard_start; /* master weights: this rank's shard only */
+        size_t hi = start + n < m->shard_start + m->shard_count ? start + n : m->shard_start + m->shard_count;
+        if (lo < hi) CUDA_CHECK(cudaMemcpy(m->master + (lo - m->shard_start), host + (lo - start), (hi - lo) * sizeof(float), kind));
         return;
     }
     float* dev = NULL;
@@ -445,8 +457,19 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
     } else {
         dev = tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v;
     }
-    if (to_host) CUDA_CHECK(cudaMemcpy(host, dev + start, n * sizeof(float), kind));
-    else CUDA_CHECK(cudaMemcpy(dev + start, host, n * sizeof(float), kind));
+    /* `start` is a global parameter index inside this rank's shard */
+    if (start < m->shard_start || start + n > m->shard_start + m->shard_count)
+        fail("optimizer state range outside this rank's shard");
+    dev += start - m->shard_start;
+    if (to_host) CUDA_CHECK(cudaMemcpy(host, dev, n * sizeof(float), kind));
+    else CUDA_CHECK(cudaMemcpy(dev, host, n * sizeof(float), kind));
+}
+
+/* After the last micro-step: every rank's gradients summed (or, ZeRO-1, each
+ * shard's onto its rank), the per-layer reductions of the backward included. */
+static void gpu_sync_grads(void* ctx) {
+    GpuModel* m = (GpuModel*)ctx;
+    multigpu_sync_grads(m->mg, m->grads, m->stream);
 }
 
 /* Model FLOPs, PaLM convention (Chowdhery et al. 2022, appendix B): per token
@@ -498,11 +521,13 @@ static Backend gpu_backend(GpuModel* m) {
     be.targets = m->h_targets;
     be.io_chunk = m->io_chunk;
     be.window = m->window;
-    be.model_file_version = PRECISION_IS_FP32 ? 3 : 5;
+    be.model_file_version = MODEL_FILE_VERSION_FLOATX; /* 5 in BF16; 3 in FP16 (exact) and FP32 */
+    be.loss_scaling = PRECISION_IS_FP16;                /* dynamic loss scaling in FP16 builds */
     be.forward_backward = gpu_forward_backward;
     be.forward_loss = gpu_forward_loss;
     be.next_token_probs = gpu_next_token_probs;
     be.zero_grads = gpu_zero_grads;
+    be.sync_grads = m->mg ? gpu_sync_grads : NULL; /* MULTI_GPU builds, even with one rank */
     be.grad_norm = gpu_grad_norm;
     be.update = gpu_update;
     be.transfer = gpu_transfer;
@@ -576,27 +601,31 @@ static void print_device(const GpuModel* m, int master_weights) {
 
 #ifndef REMAT_NO_MAIN
 int main(int argc, char** argv) {
-    proc_init(&argc, &argv); /* a no-op without MPI (this build has none) */
+    proc_init(&argc, &argv); /* MPI in MULTI_GPU builds; else a no-op */
     char why[256] = "";
     int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; it does not fail hard */
-    if (devices > 0) remat_free_memory_hook = gpu_free_memory;
+    int device = multigpu_select_device(devices);    /* device local_rank, before any context exists */
+    if (device >= 0) remat_free_memory_hook = gpu_free_memory;
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     int master_weights = run.plan.spec.master_weights;
-    if (devices <= 0) fail("no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
-    if (run.world > 1) fail("the CUDA trainer runs as one process for now (%d started)", run.world);
+    multigpu_check_device(device, devices, why); /* "no CUDA device": every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);
+    MultiGpu mg_state;
+    MultiGpu* mg = multigpu_init(&mg_state, &run.plan, run.grad_accum); /* NCCL before the arena takes the memory */
     GpuModel m;
     gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
+    m.mg = mg;
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     m.peak_flops = device_peak_flops(prop.name);
     m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T;
     print_device(&m, master_weights);
     Backend be = gpu_backend(&m);
     train(&run, &be);
+    multigpu_free(mg);
     gpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);

@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
 # The whole GPU check in one run that fits 10 minutes on a borrowed H200
 # (status of the code it checks: compiles, unverified on GPU until this runs):
-#   1. build every CUDA target for sm_90 in BF16 and FP32 (make cuda-all)
+#   1. build every CUDA target for sm_90 in BF16, FP32 and FP16 (make cuda-all)
 #   2. test_gpt in each precision (GPU against the CPU reference, bitwise
-#      equality across -r settings)
-#   3. a short training run on the synthetic dataset: final val loss against
-#      the dataset's entropy floor
+#      equality across -r settings, loss scaling, inf/NaN gradients)
+#   3. short training runs on the synthetic dataset in BF16 and FP16 (dynamic
+#      loss scaling): final val loss against the dataset's entropy floor
 #   4. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
 #      tokens) with -r 0, -r 2 and -r 1: ms/step, tok/s, MFU, planned and
 #      measured device memory
+#   5. dev/bench/sweep_recompute.py --quick (FP16): planned and measured memory
+#      and ms/step of d12 and the 24 x 2048 model at T = 2048 to 8192
 # and prints a compact markdown table last (also written to LOGDIR/summary.md).
 # A failing or timed-out stage is recorded in the table; later stages still run.
 #
 # usage: dev/gpu_check.sh        (from anywhere; logs in $OUT/gpu_check or out/gpu_check)
-# env:   GPU_CHECK_BUDGET  seconds for everything (default 560)
+# env:   GPU_CHECK_BUDGET  seconds for everything (default 530)
 #        JOBS              parallel make jobs (default 8)
 #        D12_BATCH         -b of the throughput runs (default 16)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 LOGDIR="${OUT:-out}/gpu_check"
 mkdir -p "$LOGDIR"
-BUDGET=${GPU_CHECK_BUDGET:-560}
+BUDGET=${GPU_CHECK_BUDGET:-530}
 JOBS=${JOBS:-8}
 D12_B=${D12_BATCH:-16}
 T0=$(date +%s)
@@ -66,12 +68,12 @@ echo "gpu_check: $(nvidia-smi --query-gpu=name,compute_cap,memory.total --format
 # ---- 1. build ----
 stage build 300 make -j"$JOBS" cuda-all GPU_COMPUTE_CAPABILITY=90 CUDA_WERROR=
 BUILD_RC=$?
-SUMMARY+=("| build, sm_90, bf16 + fp32 (make cuda-all) | $(status_word $BUILD_RC) |")
+SUMMARY+=("| build, sm_90, bf16 + fp32 + fp16 (make cuda-all) | $(status_word $BUILD_RC) |")
 
 # ---- 2. test_gpt per precision ----
-for p in bf16 fp32; do
+for p in bf16 fp32 fp16; do
     if [[ -x build/test_gpt_$p ]]; then
-        stage "test_gpt_$p" 200 "build/test_gpt_$p"
+        stage "test_gpt_$p" 150 "build/test_gpt_$p"
         rc=$?
         word=$(status_word $rc)
         (( rc == 0 )) && word="PASS"
@@ -87,22 +89,29 @@ done
 # ---- 3. synthetic dataset, short training run ----
 stage synthetic_data 60 python3 dev/data/synthetic.py
 FLOOR=$(python3 -c "import json; print('%.4f' % json.load(open('data/synthetic/synthetic_meta.json'))['entropy_nats_per_token'])" 2>/dev/null || echo "?")
-if [[ -x build/train_gpt_bf16 && -f data/synthetic/synthetic_train.bin ]]; then
-    stage train_synthetic 200 build/train_gpt_bf16 -e d6 --layers 4 --channels 256 --heads 4 --vocab-size 256 \
-        --max-seq-len 256 -b 16 -t 256 -x 300 -l 1e-3 -u 20 -i data/synthetic/synthetic_train.bin \
-        -j data/synthetic/synthetic_val.bin -v 100 -m 20 -s 0
-    rc=$?
-    VAL=$(grep '^val loss' "$LOGDIR/train_synthetic.log" | tail -n 1 | awk '{print $3}')
-    MS=$(grep '^average step time' "$LOGDIR/train_synthetic.log" | awk '{print $4}')
-    if [[ -n "$VAL" && "$FLOOR" != "?" ]]; then
-        GAP=$(python3 -c "print('%+.4f' % ($VAL - $FLOOR))")
-        SUMMARY+=("| synthetic, 4 layers x 256 ch, B=16 T=256, 300 steps (bf16) | $(status_word $rc): val loss $VAL vs floor $FLOOR ($GAP nats), ${MS:-?} ms/step |")
+for p in bf16 fp16; do
+    label="synthetic, 4 layers x 256 ch, B=16 T=256, 300 steps ($p)"
+    if [[ -x build/train_gpt_$p && -f data/synthetic/synthetic_train.bin ]]; then
+        stage "train_synthetic_$p" 150 "build/train_gpt_$p" -e d6 --layers 4 --channels 256 --heads 4 --vocab-size 256 \
+            --max-seq-len 256 -b 16 -t 256 -x 300 -l 1e-3 -u 20 -i data/synthetic/synthetic_train.bin \
+            -j data/synthetic/synthetic_val.bin -v 100 -m 20 -s 0
+        rc=$?
+        log="$LOGDIR/train_synthetic_$p.log"
+        VAL=$(grep '^val loss' "$log" | tail -n 1 | awk '{print $3}')
+        MS=$(grep '^average step time' "$log" | awk '{print $4}')
+        SKIPS=$(grep -c 'skipped: inf/NaN gradients' "$log")
+        EXTRA=""
+        [[ $p == fp16 ]] && EXTRA=", $SKIPS steps skipped by the loss scaler"
+        if [[ -n "$VAL" && "$FLOOR" != "?" ]]; then
+            GAP=$(python3 -c "print('%+.4f' % ($VAL - $FLOOR))")
+            SUMMARY+=("| $label | $(status_word $rc): val loss $VAL vs floor $FLOOR ($GAP nats), ${MS:-?} ms/step$EXTRA |")
+        else
+            SUMMARY+=("| $label | $(status_word $rc): no val loss (floor $FLOOR)$EXTRA |")
+        fi
     else
-        SUMMARY+=("| synthetic, 4 layers x 256 ch, B=16 T=256, 300 steps (bf16) | $(status_word $rc): no val loss (floor $FLOOR) |")
+        SUMMARY+=("| $label | not run (binary or data missing) |")
     fi
-else
-    SUMMARY+=("| synthetic training run | not run (binary or data missing) |")
-fi
+done
 
 # ---- 4. d12 throughput at T=1024 on random GPT-2-vocabulary tokens ----
 RANDOM_PY='
@@ -137,6 +146,33 @@ for r in 0 2 1; do
     fi
 done
 
+# ---- 5. recompute sweep, quick subset (FP16) ----
+# The sweep stops starting cells when its own budget runs out and still writes
+# its table (skipped cells say why), so give it what is left, at most 150s.
+SWEEP_MD="$LOGDIR/sweep/sweep.md"
+rm -f "$SWEEP_MD"
+if [[ -x build/train_gpt_fp16 ]]; then
+    SWEEP_S=$(( $(remaining) - 30 ))
+    (( SWEEP_S > 150 )) && SWEEP_S=150
+    if (( SWEEP_S >= 40 )); then
+        stage sweep_quick $(( SWEEP_S + 10 )) python3 dev/bench/sweep_recompute.py --quick --budget-s "$SWEEP_S" --out "$LOGDIR/sweep"
+        rc=$?
+        key=$(python3 - "$LOGDIR/sweep/sweep.csv" <<'PY' 2>/dev/null
+import csv, sys
+for r in csv.DictReader(open(sys.argv[1])):
+    if r["model"] == "24x2048" and r["T"] == "8192" and r["recompute"] == "1":
+        meas = "%.1f GiB" % (float(r["measured_mib"]) / 1024) if r["measured_mib"] else "-"
+        print("24x2048 T=8192 -r 1: plan %s GiB, measured %s, %s ms/step (%s)" % (r["planned_gib"], meas, r["ms_per_step"] or "-", r["status"]))
+PY
+)
+        SUMMARY+=("| recompute sweep --quick (fp16), table below | $(status_word $rc)${key:+: $key} |")
+    else
+        SUMMARY+=("| recompute sweep --quick (fp16) | skipped (no time left) |")
+    fi
+else
+    SUMMARY+=("| recompute sweep --quick (fp16) | not run (build/train_gpt_fp16 missing) |")
+fi
+
 # ---- table ----
 {
     echo
@@ -151,4 +187,8 @@ done
     echo "| recompute | status | ms/step | tok/s | MFU | planned MiB | measured MiB |"
     echo "| --- | --- | --- | --- | --- | --- | --- |"
     printf '%s\n' "${THR[@]}"
+    if [[ -f "$SWEEP_MD" ]]; then
+        echo
+        cat "$SWEEP_MD"
+    fi
 } | tee "$LOGDIR/summary.md"

@@ -10,7 +10,14 @@
  * parameter itself. BF16 parameters are written back with stochastic
  * rounding: the 16 bits dropped from the fp32 value are compared against 16
  * random bits that are a pure function of (seed, step, element index), so a
- * rerun or a resumed run rounds identically. FP32 parameters are stored as is.
+ * rerun or a resumed run rounds identically. FP16 parameters are rounded to
+ * nearest even: fp16 keeps 11 significant bits (bf16 8), so with fp32 master
+ * weights (-w 1, the default) nothing accumulates in fp16 and the rounding
+ * bias of round-to-nearest is at most half an fp16 ulp of the current value,
+ * never a sum of lost updates. (With -w 0 an update smaller than half an ulp
+ * of its parameter is lost; keep -w 1 in FP16.) FP32 parameters are stored as is.
+ * The kernel runs only after a finite gradient norm (the driver skips the
+ * step otherwise), so grads hold no inf or NaN here.
  *
  * Status: compiles, unverified on GPU.
  */
@@ -34,12 +41,16 @@ __device__ __forceinline__ uint32_t sr_bits(uint64_t seed, int step, uint64_t in
     return (uint32_t)(sr_mix64(h ^ (index * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL)) >> 32);
 }
 
-/* Stochastic rounding to the storage type: for bf16, rounds away from zero
- * with probability (dropped bits) / 2^16, else truncates; unbiased. */
+/* Rounding to the storage type: for bf16, stochastic (rounds away from zero
+ * with probability (dropped bits) / 2^16, else truncates; unbiased); fp16
+ * round to nearest even (bits unused); fp32 exact. */
 __device__ __forceinline__ floatX round_stochastic(float x, uint32_t bits) {
 #if PRECISION_IS_FP32
     (void)bits;
     return x;
+#elif PRECISION_IS_FP16
+    (void)bits;
+    return __float2half_rn(x);
 #else
     uint32_t u = __float_as_uint(x);
     if ((u & 0x7fffffffu) >= 0x7f800000u) return __float2bfloat16_rn(x); /* inf, nan */

@@ -3,9 +3,15 @@
  * deterministic reductions.
  *
  * Storage type floatX is chosen at build time (PRECISION=BF16 -> ENABLE_BF16,
- * the default; PRECISION=FP32 -> ENABLE_FP32). Parameters, gradients and
- * activations are floatX; statistics, losses, optimizer moments, master
- * weights and every accumulation inside a kernel are fp32.
+ * the default; PRECISION=FP16 -> ENABLE_FP16; PRECISION=FP32 -> ENABLE_FP32).
+ * Parameters, gradients and activations are floatX; statistics, losses,
+ * optimizer moments, master weights and every accumulation inside a kernel
+ * are fp32. Kernels touch floatX only through to_f32 (exact widening) and
+ * from_f32 (round to nearest even), so no arithmetic ever runs in half
+ * precision: in FP16 an intermediate may exceed 65504 (exp, x^3, sums of
+ * squares) without harm; only a stored value beyond it becomes +-inf, which
+ * is what dynamic loss scaling looks for (gradients) and propagates
+ * (inf and NaN pass through every kernel; nothing traps on them).
  *
  * Determinism: no kernel uses floating-point atomics. Every reduction sums
  * in an order fixed by the code and the launch configuration, which never
@@ -18,6 +24,7 @@
 #define REMAT_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <cublas_v2.h>
 #include <cublasLt.h>
@@ -28,13 +35,28 @@
 
 /* ---- storage precision ---- */
 
-#if defined(ENABLE_FP16)
-#error "PRECISION=FP16 is not implemented yet (it comes with dynamic loss scaling); use BF16 or FP32"
-#elif defined(ENABLE_FP32)
+#if (defined(ENABLE_FP16) + defined(ENABLE_FP32) + defined(ENABLE_BF16)) > 1
+#error "define at most one of ENABLE_BF16, ENABLE_FP16, ENABLE_FP32 (make PRECISION=BF16|FP16|FP32)"
+#endif
+
+/* NCCL_FLOATX names the NCCL datatype of floatX; it expands only where used,
+ * so this file needs no nccl.h. */
+#if defined(ENABLE_FP32)
 typedef float floatX;
 #define PRECISION_NAME "fp32"
 #define PRECISION_IS_FP32 1
+#define PRECISION_IS_FP16 0
+#define PRECISION_IS_BF16 0
 #define CUBLAS_FLOATX CUDA_R_32F
+#define NCCL_FLOATX ncclFloat
+#elif defined(ENABLE_FP16)
+typedef __half floatX;
+#define PRECISION_NAME "fp16"
+#define PRECISION_IS_FP32 0
+#define PRECISION_IS_FP16 1
+#define PRECISION_IS_BF16 0
+#define CUBLAS_FLOATX CUDA_R_16F
+#define NCCL_FLOATX ncclHalf
 #else
 #ifndef ENABLE_BF16
 #define ENABLE_BF16
@@ -42,16 +64,58 @@ typedef float floatX;
 typedef __nv_bfloat16 floatX;
 #define PRECISION_NAME "bf16"
 #define PRECISION_IS_FP32 0
+#define PRECISION_IS_FP16 0
+#define PRECISION_IS_BF16 1
 #define CUBLAS_FLOATX CUDA_R_16BF
+#define NCCL_FLOATX ncclBfloat16
 #endif
+
+/* Model file version the GPU trainer writes: 5 (bf16 payload) holds a BF16
+ * build's parameters exactly; FP16 and FP32 builds write 3 (fp32 payload),
+ * which holds every fp16 value exactly, so a resumed FP16 run restarts from
+ * bitwise the parameters it stopped with (fp16 -> bf16 would drop 3 bits). */
+#define MODEL_FILE_VERSION_FLOATX (PRECISION_IS_BF16 ? 5 : 3)
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
 
-/* Round to nearest even into the storage type. */
+/* Round to nearest even into the storage type. fp16: |x| >= 65520 gives
+ * +-inf, NaN stays NaN, values below 2^-14 become subnormal or zero. */
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+/* ---- floatX on the host (staging buffers of parameter transfers and tests) ----
+ * Element i of a host array of floatX, as fp32 (exact), and the reverse
+ * (round to nearest even, like from_f32). */
+static inline float host_floatX_load(const void* buf, size_t i) {
+#if PRECISION_IS_FP32
+    return ((const float*)buf)[i];
+#elif PRECISION_IS_FP16
+    return __half2float(((const __half*)buf)[i]);
+#else
+    return bf16_to_float(((const uint16_t*)buf)[i]);
+#endif
+}
+
+static inline void host_floatX_store(void* buf, size_t i, float v) {
+#if PRECISION_IS_FP32
+    ((float*)buf)[i] = v;
+#elif PRECISION_IS_FP16
+    ((__half*)buf)[i] = __float2half_rn(v);
+#else
+    ((uint16_t*)buf)[i] = float_to_bf16(v);
+#endif
+}
+
+/* v rounded to the nearest floatX value, as fp32. */
+static inline float host_round_floatX(float v) {
+    floatX t;
+    host_floatX_store(&t, 0, v);
+    return host_floatX_load(&t, 0);
+}
 
 /* ---- checked calls: print the call, where, and why, then exit(1) via fail() ---- */
 

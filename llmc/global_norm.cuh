@@ -8,6 +8,16 @@
  * Stage 2: one block sums the partials in a fixed tree into partials[NORM_BLOCKS].
  * The grid does not depend on the device, so neither do the bits.
  *
+ * Non-finite gradients (FP16 loss scaling relies on this): every step is an
+ * fp32 add of squares, never a max or a compare, so one inf element makes
+ * the sum +inf (squares are >= 0: no inf - inf) and one NaN makes it NaN;
+ * the driver then sees a non-finite norm and skips the step. Finite fp16
+ * gradients cannot overflow the fp32 sum (65504^2 * 2^32 < 2e19, far below
+ * 3.4e38), so the norm is non-finite exactly when some gradient is. FP16
+ * also counts a stored +-65504 (the largest finite half) as overflow: it is
+ * what a saturating conversion would leave behind, and a loss scale that
+ * brings a gradient within one ulp of the limit is too large anyway.
+ *
  * Status: compiles, unverified on GPU.
  */
 #ifndef REMAT_GLOBAL_NORM_CUH
@@ -24,6 +34,9 @@ __global__ void __launch_bounds__(NORM_THREADS) global_norm_partials_kernel(floa
     float acc = 0.0f;
     for (size_t i = (size_t)blockIdx.x * NORM_THREADS + threadIdx.x; i < n; i += stride) {
         float g = to_f32(grads[i]);
+#if PRECISION_IS_FP16
+        if (fabsf(g) >= 65504.0f) g = INFINITY; /* max finite counts as overflow (NaN fails the test, stays NaN) */
+#endif
         acc += g * g;
     }
     acc = block_sum(acc, scratch);

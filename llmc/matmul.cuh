@@ -24,9 +24,13 @@
  * shape and order), so "matmul + bias + residual add" is one call, rounded
  * once into floatX.
  *
- * Precision: compute type CUBLAS_COMPUTE_32F in both builds, so FP32 builds
- * never use TF32 (no _FAST_ variant is requested), BF16 builds accumulate in
- * fp32. Scale type fp32.
+ * Precision: compute type CUBLAS_COMPUTE_32F in every build, so FP32 builds
+ * never use TF32 (no _FAST_ variant is requested), BF16 and FP16 builds
+ * (A, B, C, D and bias in CUDA_R_16BF or CUDA_R_16F) accumulate in fp32 and
+ * round once into the storage type. Scale type fp32. In FP16 a result beyond
+ * 65504 is expected to be stored as inf (round to nearest), which the
+ * gradient norm then reports; a kernel that saturated to 65504 instead would
+ * hide the overflow (unverified on GPU: test_gpt's overflow check covers it).
  *
  * Determinism: the algorithm for a call is the first heuristic result for its
  * shapes, types, epilogue and operand alignments, cached per key, so a given

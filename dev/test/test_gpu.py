@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO, run
 
-PRECISIONS = ["bf16", "fp32"]
+PRECISIONS = ["bf16", "fp32", "fp16"]
 
 
 def built(name):

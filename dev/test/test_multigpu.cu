@@ -1,0 +1,96 @@
+/*
+ * Host-only test of llmc/multigpu.cuh's collective schedule, with NCCL and the
+ * CUDA event calls stubbed (no GPU, no libnccl): for world sizes 1, 2, 3, 7, 8
+ * (ragged shards included), ZeRO 0 and 1, overlap on and off, 1 and 3
+ * micro-steps, every rank issues the same collectives in the same order (NCCL
+ * requires it), every gradient element is reduced exactly once per step and
+ * never past the buffer, ZeRO-1 pieces land on their shard's owner, the
+ * all-gather covers every parameter once, and the per-layer path issues L+1
+ * groups. Not wired into `make test`; build and run with:
+ *   nvcc -std=c++17 -I. -DENABLE_BF16 -DUSE_MPI -DMULTI_GPU -DOMPI_SKIP_MPICXX $(mpicc --showme:compile) \
+ *        -o build/test_multigpu dev/test/test_multigpu.cu $(mpicc --showme:link) && build/test_multigpu
+ */
+#include "llmc/cuda_common.cuh"
+#include <vector>
+#include <string>
+static int stub_ok(void) { return 0; }
+#define cudaEventRecord(e, s) ((void)(e), (void)(s), (cudaError_t)stub_ok())
+#define cudaStreamWaitEvent(s, e, f) ((void)(s), (void)(e), (void)(f), (cudaError_t)stub_ok())
+#include "llmc/multigpu.cuh"
+
+struct Call { std::string op; size_t off, cnt; int root; };
+static std::vector<Call> calls;
+static floatX* base;
+extern "C" {
+const char* ncclGetLastError(ncclComm_t) { return ""; }
+const char* ncclGetErrorString(ncclResult_t) { return "stub"; }
+ncclResult_t ncclGroupStart() { calls.push_back({"start", 0, 0, -1}); return ncclSuccess; }
+ncclResult_t ncclGroupEnd() { calls.push_back({"end", 0, 0, -1}); return ncclSuccess; }
+ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
+    if (s != r) abort(); calls.push_back({"allreduce", (size_t)((floatX*)r - base), n, -1}); return ncclSuccess; }
+ncclResult_t ncclReduce(const void* s, void* r, size_t n, ncclDataType_t, ncclRedOp_t, int root, ncclComm_t, cudaStream_t) {
+    if (s != r) abort(); calls.push_back({"reduce", (size_t)((floatX*)r - base), n, root}); return ncclSuccess; }
+ncclResult_t ncclAllGather(const void* s, void* r, size_t n, ncclDataType_t, ncclComm_t, cudaStream_t) {
+    calls.push_back({"allgather", (size_t)((const floatX*)s - (floatX*)r), n, -1}); if (r != base) abort(); return ncclSuccess; }
+ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t, int root, ncclComm_t, cudaStream_t) {
+    if (s != r) abort(); calls.push_back({"bcast", (size_t)((floatX*)r - base), n, root}); return ncclSuccess; }
+}
+
+static std::vector<Call> simulate(ModelConfig cfg, int world, int rank, int zero, int overlap, int accum) {
+    calls.clear();
+    MultiGpu mg; memset(&mg, 0, sizeof(mg));
+    mg.rank = rank; mg.world = world; mg.zero = zero; mg.overlap = overlap; mg.grad_accum = accum;
+    param_layout(&cfg, &mg.layout); mg.num_params = mg.layout.total; mg.num_layers = cfg.num_layers;
+    base = (floatX*)0x100000; // never dereferenced
+    for (int step = 0; step < 2; step++) {
+        multigpu_new_step(&mg);
+        for (int a = 0; a < accum; a++) {
+            multigpu_micro_step(&mg);
+            for (int l = cfg.num_layers - 1; l >= 0; l--) multigpu_grads_ready(&mg, base, l, 0);
+            multigpu_grads_ready(&mg, base, -1, 0);
+        }
+        multigpu_sync_grads(&mg, base, 0);
+        multigpu_gather_params(&mg, base, 0);
+    }
+    return calls;
+}
+
+int main() {
+    int fails = 0;
+    int Ls[] = {1, 2, 3};
+    int worlds[] = {1, 2, 3, 7, 8};
+    for (int L : Ls) for (int world : worlds) for (int zero = 0; zero < 2; zero++) for (int overlap = 0; overlap < 2; overlap++) for (int accum = 1; accum <= 3; accum += 2) {
+        ModelConfig cfg; memset(&cfg, 0, sizeof(cfg));
+        cfg.num_layers = L; cfg.channels = 8 * (world == 7 ? 3 : 1); cfg.num_heads = 2; cfg.max_seq_len = 5; cfg.vocab_size = 13; cfg.padded_vocab_size = 128;
+        ParamLayout pl; param_layout(&cfg, &pl); size_t P = pl.total;
+        std::vector<Call> ref = simulate(cfg, world, 0, zero, overlap, accum);
+        for (int r = 1; r < world; r++) {
+            std::vector<Call> c = simulate(cfg, world, r, zero, overlap, accum);
+            bool same = c.size() == ref.size();
+            for (size_t i = 0; same && i < c.size(); i++) same = c[i].op == ref[i].op && c[i].cnt == ref[i].cnt && c[i].root == ref[i].root && (c[i].op == "allgather" || c[i].off == ref[i].off);
+            if (!same) { printf("FAIL order differs: L=%d world=%d zero=%d overlap=%d rank %d\n", L, world, zero, overlap, r); fails++; }
+        }
+        for (int r = 0; r < world; r++) {
+            std::vector<Call> c = simulate(cfg, world, r, zero, overlap, accum);
+            // first step only: until the first allgather or, without zero, half the calls
+            std::vector<int> red(P, 0), gat(P, 0);
+            int groups = 0, depth = 0; size_t half = c.size() / 2;
+            for (size_t i = 0; i < half; i++) {
+                const Call& k = c[i];
+                if (k.op == "start") { if (depth++) { printf("FAIL nested group\n"); fails++; } groups++; continue; }
+                if (k.op == "end") { depth--; continue; }
+                if (k.op == "allgather") { if (k.off != (size_t)r * k.cnt || k.cnt * world != P) { printf("FAIL allgather\n"); fails++; } for (size_t j = 0; j < P; j++) gat[j]++; continue; }
+                if (k.off + k.cnt > P || k.cnt == 0) { printf("FAIL range past buffer\n"); fails++; continue; }
+                if (k.op == "bcast") { size_t s, n; shard_range(P, world, k.root, &s, &n); if (k.off != s || k.cnt != n) { printf("FAIL bcast shard\n"); fails++; } for (size_t j = k.off; j < k.off + k.cnt; j++) gat[j]++; continue; }
+                if (k.op == "reduce") { size_t s, n; shard_range(P, world, k.root, &s, &n); if (k.off < s || k.off + k.cnt > s + n) { printf("FAIL reduce outside root shard\n"); fails++; } }
+                if ((k.op == "reduce") != (zero == 1)) { printf("FAIL op kind\n"); fails++; }
+                for (size_t j = k.off; j < k.off + k.cnt; j++) red[j]++;
+            }
+            for (size_t j = 0; j < P; j++) if (red[j] != 1 || gat[j] != (zero ? 1 : 0)) { printf("FAIL coverage L=%d world=%d zero=%d overlap=%d elem %zu red %d gat %d\n", L, world, zero, overlap, j, red[j], gat[j]); fails++; break; }
+            int want_groups = (overlap ? L + 1 : 1) + (zero && P % world ? 1 : 0);
+            if (groups != want_groups) { printf("FAIL groups %d want %d (L=%d world=%d zero=%d overlap=%d)\n", groups, want_groups, L, world, zero, overlap); fails++; }
+        }
+    }
+    printf("%s (%d failures)\n", fails ? "FAILED" : "all ok", fails);
+    return fails != 0;
+}

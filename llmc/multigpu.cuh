@@ -1,0 +1,368 @@
+/*
+ * Data parallelism on GPUs: one process per GPU, started by mpirun or srun
+ * (llmc/multiproc.h holds the process side: MPI, ranks, the abort-on-error
+ * hook), NCCL for the collectives on device buffers.
+ *
+ * Device choice: process `local_rank` of a node drives CUDA device
+ * `local_rank`, set before anything creates a CUDA context (the context is
+ * made on the current device, and a stray one on device 0 would cost every
+ * rank memory there). multigpu_check_device reports a missing device on
+ * every rank before any of them stops, so a job never hangs on it.
+ *
+ * NCCL: rank 0 makes the ncclUniqueId, MPI broadcasts it, every rank joins
+ * with ncclCommInitRank. The collectives run on their own CUDA stream (high
+ * priority, non-blocking with respect to the legacy default stream the
+ * trainer computes on) and are ordered against the compute stream with
+ * events only: "fork" (the collective waits for the compute work issued so
+ * far) and "join" (later compute waits for every collective issued so far).
+ *
+ * Gradients (-z 0): summed in place with ncclAllReduce (ncclSum on floatX;
+ * the driver already scaled dloss by 1/world, so the sum is the mean).
+ * ZeRO-1 (-z 1): each rank updates the parameters of its shard (shard_range,
+ * ceil(P/world) each, the last shorter), so each slice of gradients is
+ * reduced with ncclReduce onto the rank owning it, clipped at shard edges:
+ * the shards are ragged, so ncclReduceScatter (equal chunks) would read and
+ * write past the P-element gradient buffer. After the update, parameters are
+ * all-gathered: ncclAllGather in place when P divides evenly, else one
+ * ncclBroadcast per rank from its shard, grouped.
+ *
+ * Overlap: in the last micro-step's backward, the trainer calls
+ * multigpu_grads_ready after each layer (and once for the embeddings and the
+ * final LayerNorm): that layer's gradients are final, so its 12 strided
+ * slices (tensors are stacked per kind over layers) go to NCCL as one
+ * ncclGroupStart/End group while the backward of the layers below runs.
+ * multigpu_sync_grads makes the compute stream wait for all of them. With
+ * REMAT_NCCL_OVERLAP=0 (rank 0's value counts) the whole buffer is reduced
+ * after the backward instead, in one group: for comparison and debugging.
+ *
+ * Every rank issues the same collectives in the same order (everything here
+ * depends only on the plan, world and rank), which NCCL requires.
+ *
+ * Built without MULTI_GPU, the device choice and check remain and the rest
+ * is absent: the trainer's MultiGpu pointer is NULL and every call is a no-op.
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_MULTIGPU_CUH
+#define REMAT_MULTIGPU_CUH
+
+#include "cuda_common.cuh"
+#include "multiproc.h"
+#include "model.h"
+
+#ifdef MULTI_GPU
+#ifndef USE_MPI
+#error "MULTI_GPU needs USE_MPI: the NCCL id travels over MPI"
+#endif
+#include <nccl.h>
+
+/* NCCL's element type for floatX, by build precision (PRECISION=BF16|FP16|FP32);
+ * cuda_common.cuh names it next to floatX, this is the fallback. */
+#ifndef NCCL_FLOATX
+#if defined(ENABLE_FP32)
+#define NCCL_FLOATX ncclFloat32
+#elif defined(ENABLE_FP16)
+#define NCCL_FLOATX ncclHalf
+#else
+#define NCCL_FLOATX ncclBfloat16
+#endif
+#endif
+static_assert(sizeof(floatX) == ((NCCL_FLOATX) == ncclFloat32 ? 4 : 2) &&
+                  ((NCCL_FLOATX) == ncclFloat32 || (NCCL_FLOATX) == ncclHalf || (NCCL_FLOATX) == ncclBfloat16),
+              "NCCL_FLOATX does not match the storage type floatX");
+
+static inline void nccl_check_impl(ncclResult_t r, const char* call, const char* file, int line) {
+    if (r == ncclSuccess) return;
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+    const char* last = ncclGetLastError(NULL);
+#else
+    const char* last = "";
+#endif
+    fail("NCCL call %s failed at %s:%d: %s%s%s (NCCL_DEBUG=INFO tells more)", call, file, line, ncclGetErrorString(r),
+         last && last[0] ? ": " : "", last ? last : "");
+}
+#define NCCL_CHECK(call) nccl_check_impl((call), #call, __FILE__, __LINE__)
+#endif /* MULTI_GPU */
+
+typedef struct MultiGpu {
+    int rank, world;
+    int zero;          /* ZeRO-1: gradients reduced onto the shard's owner, parameters all-gathered */
+    int overlap;       /* 1: per-layer reduction during the last micro-step's backward */
+    size_t num_params; /* P */
+    int num_layers;
+    ParamLayout layout;
+    int grad_accum;    /* micro-steps per step */
+    int micro;         /* micro-steps started in this step */
+    int armed;         /* the running backward is the last micro-step's */
+    int issued;        /* gradient groups handed to NCCL in this step */
+#ifdef MULTI_GPU
+    ncclComm_t comm;
+    cudaStream_t stream; /* collectives */
+    cudaEvent_t ready;   /* compute -> collectives */
+    cudaEvent_t done;    /* collectives -> compute */
+#endif
+} MultiGpu;
+
+/* ---- device choice (every build) ---- */
+
+/* Makes device `local_rank` current. Returns it, or -1 when this rank has no
+ * device; that is reported by multigpu_check_device once the flags are read,
+ * so --help and --plan work without a GPU. Call before anything else touches
+ * a device (cudaGetDeviceCount does not). */
+static inline int multigpu_select_device(int devices) {
+#ifndef USE_MPI
+    /* mpirun or srun started this single-process build several times: each copy
+     * would train alone and all would write the same files */
+    const char* vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}; /* OpenMPI; MPICH and srun --mpi=pmi2 */
+    for (int i = 0; i < 2; i++) {
+        const char* v = getenv(vars[i]);
+        if (v && atoi(v) > 1)
+            fail("started as one of %s processes (%s), but this train_gpt was built without MPI and NCCL; "
+                 "rebuild with both present (see `make cuda-info`)", v, vars[i]);
+    }
+#else
+    /* one write per error line, so that lines of ranks failing together do not interleave */
+    if (remat_proc.world > 1) setvbuf(stderr, NULL, _IOLBF, BUFSIZ);
+#endif
+    int d = remat_proc.local_rank;
+    if (devices <= 0 || d < 0 || d >= devices) return -1;
+    CUDA_CHECK(cudaSetDevice(d));
+    return d;
+}
+
+#ifdef MULTI_GPU
+/* fail() hook for a failure every rank reaches together: all ranks print
+ * their line before the job ends (MPI_Abort from the first would cut the
+ * others off). */
+static inline void multigpu_fail_together(void) {
+    fflush(stderr);
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+}
+#endif
+
+/* After the flags: stops when this rank has no device, with one line per
+ * rank. Collective with MPI: every rank must call it. */
+static inline void multigpu_check_device(int device, int devices, const char* why) {
+    char err[600] = "";
+    if (devices <= 0)
+        snprintf(err, sizeof(err), "no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
+    else if (device < 0) {
+        const char* vis = getenv("CUDA_VISIBLE_DEVICES");
+        snprintf(err, sizeof(err),
+                 "no CUDA device for local rank %d: this node shows %d (CUDA_VISIBLE_DEVICES=%s); "
+                 "start at most %d process%s per node, each seeing all of the node's GPUs",
+                 remat_proc.local_rank, devices, vis ? vis : "unset", devices, devices == 1 ? "" : "es");
+    }
+#ifdef MULTI_GPU
+    if (remat_proc.world > 1) {
+        int bad = err[0] != '\0';
+        int nbad = (int)proc_sum((double)bad);
+        if (nbad == 0) return;
+        remat_fail_hook = multigpu_fail_together;
+        if (bad) fail("%s", err);
+        fail("stopping: %d of %d ranks have no usable CUDA device (their errors are above)", nbad, remat_proc.world);
+    }
+#else
+    if (remat_proc.world > 1) fail("this CUDA trainer was built without NCCL: it runs as one process (%d started)", remat_proc.world);
+#endif
+    if (err[0]) fail("%s", err);
+}
+
+#ifdef MULTI_GPU
+
+/* ---- setup and teardown ---- */
+
+/* Joins every rank into one NCCL communicator (all ranks, even alone, so the
+ * NCCL path is the one that runs). Before the big device allocation, so that
+ * NCCL's own buffers find room. Returns mg. */
+static inline MultiGpu* multigpu_init(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
+    memset(mg, 0, sizeof(*mg));
+    mg->rank = remat_proc.rank;
+    mg->world = remat_proc.world;
+    mg->zero = plan->spec.zero_stage == 1;
+    mg->num_params = plan->num_params;
+    mg->num_layers = plan->spec.cfg.num_layers;
+    param_layout(&plan->spec.cfg, &mg->layout);
+    if (mg->layout.total != mg->num_params) fail("internal: parameter layout and plan disagree");
+    mg->grad_accum = grad_accum;
+    const char* ov = getenv("REMAT_NCCL_OVERLAP");
+    mg->overlap = !(ov && strcmp(ov, "0") == 0);
+    proc_broadcast(&mg->overlap, sizeof(mg->overlap)); /* the same collectives on every rank */
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    proc_broadcast(&id, sizeof(id));
+    NCCL_CHECK(ncclCommInitRank(&mg->comm, mg->world, id, mg->rank));
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&mg->stream, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->done, cudaEventDisableTiming));
+    int v = 0;
+    NCCL_CHECK(ncclGetVersion(&v));
+    printf("data parallel: %d process%s, NCCL %d.%d.%d, %s; gradients %s %s\n", mg->world, mg->world == 1 ? "" : "es",
+           v / 10000, (v % 10000) / 100, v % 100,
+           mg->zero ? "ZeRO-1 (optimizer state and master weights sharded, parameters all-gathered)" : "no sharding",
+           mg->zero ? "reduced onto their shard's rank" : "all-reduced",
+           mg->overlap ? "per layer during the last micro-step's backward" : "after the backward (REMAT_NCCL_OVERLAP=0)");
+    return mg;
+}
+
+static inline void multigpu_free(MultiGpu* mg) {
+    if (!mg) return;
+    CUDA_CHECK(cudaStreamSynchronize(mg->stream));
+    NCCL_CHECK(ncclCommDestroy(mg->comm));
+    CUDA_CHECK(cudaEventDestroy(mg->ready));
+    CUDA_CHECK(cudaEventDestroy(mg->done));
+    CUDA_CHECK(cudaStreamDestroy(mg->stream));
+    memset(mg, 0, sizeof(*mg));
+}
+
+/* ---- ordering between the compute stream and the collectives ---- */
+
+static inline void multigpu_fork(MultiGpu* mg, cudaStream_t compute) {
+    CUDA_CHECK(cudaEventRecord(mg->ready, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(mg->stream, mg->ready, 0));
+}
+
+static inline void multigpu_join(MultiGpu* mg, cudaStream_t compute) {
+    CUDA_CHECK(cudaEventRecord(mg->done, mg->stream));
+    CUDA_CHECK(cudaStreamWaitEvent(compute, mg->done, 0));
+}
+
+/* ---- gradients ---- */
+
+/* Sums n slices [off[i], off[i] + cnt[i]) of the gradient buffer across
+ * ranks, as one NCCL group: in place everywhere, or (ZeRO-1) onto the rank
+ * whose shard holds each piece. */
+static inline void multigpu_reduce_slices(MultiGpu* mg, floatX* grads, const size_t* off, const size_t* cnt, int n) {
+    NCCL_CHECK(ncclGroupStart());
+    for (int i = 0; i < n; i++) {
+        if (cnt[i] == 0) continue;
+        if (off[i] + cnt[i] > mg->num_params) fail("internal: gradient slice past the buffer");
+        if (!mg->zero) {
+            floatX* g = grads + off[i];
+            NCCL_CHECK(ncclAllReduce(g, g, cnt[i], NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
+            continue;
+        }
+        for (int r = 0; r < mg->world; r++) {
+            size_t s, c;
+            shard_range(mg->num_params, mg->world, r, &s, &c);
+            size_t lo = s > off[i] ? s : off[i];
+            size_t hi = s + c < off[i] + cnt[i] ? s + c : off[i] + cnt[i];
+            if (lo >= hi) continue;
+            NCCL_CHECK(ncclReduce(grads + lo, grads + lo, hi - lo, NCCL_FLOATX, ncclSum, r, mg->comm, mg->stream));
+        }
+    }
+    NCCL_CHECK(ncclGroupEnd());
+}
+
+/* Start of each step (the driver zeroes the gradients first). */
+static inline void multigpu_new_step(MultiGpu* mg) {
+    if (!mg) return;
+    mg->micro = 0;
+    mg->armed = 0;
+    mg->issued = 0;
+}
+
+/* Start of each micro-step's forward and backward: arms the per-layer hook
+ * for the last one. */
+static inline void multigpu_micro_step(MultiGpu* mg) {
+    if (!mg) return;
+    mg->micro++;
+    mg->armed = mg->overlap && mg->grad_accum > 0 && mg->micro == mg->grad_accum;
+}
+
+/* In the armed backward: the gradients of `layer` (0..L-1), or with layer -1
+ * of the tensors outside the blocks (wte, wpe, lnfw, lnfb), are final. */
+static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, cudaStream_t compute) {
+    if (!mg || !mg->armed) return;
+    const ParamLayout* pl = &mg->layout;
+    size_t off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS];
+    int n = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int stacked = t != P_WTE && t != P_WPE && t != P_LNFW && t != P_LNFB;
+        if (stacked != (layer >= 0)) continue;
+        if (!stacked) {
+            off[n] = pl->offset[t];
+            cnt[n++] = pl->count[t];
+            continue;
+        }
+        size_t per_layer = pl->count[t] / (size_t)mg->num_layers;
+        off[n] = pl->offset[t] + (size_t)layer * per_layer;
+        cnt[n++] = per_layer;
+    }
+    multigpu_fork(mg, compute);
+    multigpu_reduce_slices(mg, grads, off, cnt, n);
+    mg->issued++;
+}
+
+/* After the last micro-step: the reductions not yet issued (all of them
+ * without overlap), then later compute waits for them all. */
+static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t compute) {
+    if (!mg) return;
+    if (mg->issued == 0) {
+        size_t off = 0, cnt = mg->num_params;
+        multigpu_fork(mg, compute);
+        multigpu_reduce_slices(mg, grads, &off, &cnt, 1);
+    } else if (mg->issued != mg->num_layers + 1) {
+        fail("internal: %d of %d gradient groups reduced before sync_grads", mg->issued, mg->num_layers + 1);
+    }
+    multigpu_join(mg, compute);
+    mg->armed = 0;
+    mg->issued = 0;
+}
+
+/* ---- parameters (ZeRO-1) ---- */
+
+/* After each rank updated its shard of params: every shard to every rank. */
+static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStream_t compute) {
+    if (!mg || !mg->zero) return;
+    size_t P = mg->num_params, per = ceil_div(P, (size_t)mg->world);
+    multigpu_fork(mg, compute);
+    if (per * (size_t)mg->world == P) {
+        NCCL_CHECK(ncclAllGather(params + (size_t)mg->rank * per, params, per, NCCL_FLOATX, mg->comm, mg->stream));
+    } else {
+        NCCL_CHECK(ncclGroupStart());
+        for (int r = 0; r < mg->world; r++) {
+            size_t s, c;
+            shard_range(P, mg->world, r, &s, &c);
+            if (c) NCCL_CHECK(ncclBroadcast(params + s, params + s, c, NCCL_FLOATX, r, mg->comm, mg->stream));
+        }
+        NCCL_CHECK(ncclGroupEnd());
+    }
+    multigpu_join(mg, compute);
+}
+
+#else /* !MULTI_GPU: one process, nothing to do */
+
+static inline MultiGpu* multigpu_init(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
+    (void)mg;
+    (void)plan;
+    (void)grad_accum;
+    return NULL;
+}
+static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
+static inline void multigpu_new_step(MultiGpu* mg) { (void)mg; }
+static inline void multigpu_micro_step(MultiGpu* mg) { (void)mg; }
+static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, cudaStream_t compute) {
+    (void)mg;
+    (void)grads;
+    (void)layer;
+    (void)compute;
+}
+static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t compute) {
+    (void)mg;
+    (void)grads;
+    (void)compute;
+}
+static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStream_t compute) {
+    (void)mg;
+    (void)params;
+    (void)compute;
+}
+
+#endif /* MULTI_GPU */
+
+#endif
