@@ -39,11 +39,12 @@ endif
 # unfamiliar toolchain (dev/gpu_check.sh does, so a new host compiler's new
 # warning cannot cost a borrowed GPU's time).
 CUDA_WERROR ?= -Werror all-warnings -Xcompiler -Werror
-NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) -Xcompiler -Wall,-Wextra $(CUDA_WERROR)
-NVCC_LDLIBS = -lcublasLt -lcublas
+# OpenMP on the host: parameter init and file conversion use every core.
+NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) -Xcompiler -Wall,-Wextra,-fopenmp $(CUDA_WERROR)
+NVCC_LDLIBS = -lcublasLt -lcublas -lgomp
 # test_gpt also builds the CPU reference (train_gpt.c) in, with OpenMP.
-NVCC_TEST_FLAGS = -Xcompiler -fopenmp,-Wno-unused-function $(if $(strip $(CPU_ARCH)),-Xcompiler $(strip $(CPU_ARCH)))
-NVCC_TEST_LDLIBS = -lgomp
+NVCC_TEST_FLAGS = -Xcompiler -Wno-unused-function $(if $(strip $(CPU_ARCH)),-Xcompiler $(strip $(CPU_ARCH)))
+NVCC_TEST_LDLIBS =
 
 CUDA_DEPS = $(wildcard llmc/*.h llmc/*.cuh)
 

@@ -111,6 +111,8 @@ static inline void param_init_chunk(const ModelConfig* cfg, uint64_t seed, int t
     float std = param_init_std(cfg, tensor);
     float fill = (tensor == P_LN1W || tensor == P_LN2W || tensor == P_LNFW) ? 1.0f : 0.0f;
     size_t real_wte = (size_t)cfg->vocab_size * (size_t)cfg->channels;
+    /* each value is a pure function of (seed, tensor, element): safe to split across threads */
+    #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         size_t e = start + i;
         if (std == 0.0f || (tensor == P_WTE && e >= real_wte)) out[i] = fill;

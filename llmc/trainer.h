@@ -439,7 +439,13 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
     r.norm = be->grad_norm(be->ctx) / scale;
     r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
     int finite = isfinite(r.norm) && isfinite(r.loss);
-    if (!loss_scaler_update(&run->scaler, finite)) { r.skipped = 1; return r; }
+    if (!loss_scaler_update(&run->scaler, finite)) {
+        if (run->scaler.scale <= run->scaler.min_scale)
+            fail("step %d: gradients overflow even at the minimum loss scale %g: the model exceeds fp16's range (train in BF16)",
+                 step, (double)run->scaler.min_scale);
+        r.skipped = 1;
+        return r;
+    }
     if (!finite) fail("step %d: loss %g, gradient norm %g: training diverged (lower -l, or keep --grad-clip on)", step, (double)r.loss, (double)r.norm);
     AdamWStep s;
     s.lr = r.lr;
