@@ -9,14 +9,28 @@
 
 #include "plan.h"
 #include "cli.h"
+#include <sys/resource.h>
 
 /* Free device memory, set by the GPU trainer when a device is present; the
  * default budget for --plan and -r auto. NULL: use available host memory. */
 static size_t (*remat_free_memory_hook)(void) = NULL;
 
+/* Physical memory available now, or less when an address-space limit
+ * (ulimit -v) leaves less room than that. */
 static inline size_t available_host_memory(void) {
     long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    size_t avail = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+        size_t used = 0;
+        FILE* f = fopen("/proc/self/statm", "r");
+        unsigned long vm_pages = 0;
+        if (f && fscanf(f, "%lu", &vm_pages) == 1 && page > 0) used = (size_t)vm_pages * (size_t)page;
+        if (f) fclose(f);
+        size_t room = (size_t)lim.rlim_cur > used ? (size_t)lim.rlim_cur - used : 0;
+        if (room < avail) avail = room;
+    }
+    return avail;
 }
 
 /* --mem-budget if given, else free device memory (GPU), else available RAM. */
@@ -137,13 +151,18 @@ static inline int plan_min_zero_ranks(const PlanSpec* spec, size_t budget) {
     return 0;
 }
 
-/* What would fit instead, as flags; printed when nothing fits. */
+/* What would fit instead, as flags; printed when the plan does not fit. */
 static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, FILE* out) {
+    fprintf(out, "what would fit in %.1f MiB:\n", mib(budget));
+    size_t full = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
+    if (full <= budget) {
+        fprintf(out, "  -r auto (the cheapest recompute that fits), or -r 1 on every layer: %.1f MiB\n", mib(full));
+        return;
+    }
     int b = plan_max_fitting(spec, RECOMPUTE_FULL, 0, spec->B, budget);
     int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget);
     int ranks = plan_min_zero_ranks(spec, budget);
-    fprintf(out, "what would fit in %.1f MiB:\n", mib(budget));
-    if (b >= 1) fprintf(out, "  -r 1 -b %d (gradient accumulation keeps the tokens per step: -d)\n", b);
+    if (b >= 1) fprintf(out, "  -r 1 -b %d (keep the tokens per step with -d: gradient accumulation)\n", b);
     if (t >= 1) fprintf(out, "  -r 1 -t %d\n", t);
     if (ranks) fprintf(out, "  -r 1 -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", ranks);
     if (b < 1 && t < 1 && !ranks) fprintf(out, "  nothing at this model size: the parameters alone need more\n");

@@ -156,3 +156,25 @@ def test_plan_table_is_readable():
     for needle in ["parameters", "gradients", "optimizer state", "activations", "scratch", "total",
                    "activations by tensor", "fch_gelu", "logits_chunk", "max -b", "max -t", "-r 1"]:
         assert needle in res.stdout
+
+
+def test_allocation_failure_prints_the_plan_and_what_fits(synthetic):
+    """An address-space limit makes the arena allocation fail: the trainer
+    prints the plan, the memory it found, and flags that fit, then exits 1."""
+    import resource
+    import subprocess
+
+    out, meta = synthetic
+    limit = 3 << 30
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    res = subprocess.run([str(binary("train_gpt_cpu")), "-e", "d12", "-b", "4", "-t", "1024", "--vocab-size",
+                          str(meta["vocab_size"]), "-i", str(out / "synthetic_train.bin"), "-j", "", "-x", "1", "-s", "0"],
+                         capture_output=True, text=True, preexec_fn=cap, timeout=300,
+                         env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 1, res.stderr
+    assert "out of memory on the host: the plan needs" in res.stderr
+    assert "what would fit in" in res.stderr and "-r auto" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: out of host memory")
