@@ -25,20 +25,13 @@
 #define REMAT_ADAMW_CUH
 
 #include "cuda_common.cuh"
-
-/* SplitMix64 finaliser; the same counter-based scheme as llmc/rand.h. */
-__device__ __forceinline__ uint64_t sr_mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
+#include "rand.h"
 
 #define SR_STREAM 0x5352000000000000ULL /* "SR": apart from the init streams (tensor ids) */
 
 /* 32 random bits for element `index` at optimizer step `step`. */
 __device__ __forceinline__ uint32_t sr_bits(uint64_t seed, int step, uint64_t index) {
-    uint64_t h = sr_mix64(seed + 0x9e3779b97f4a7c15ULL * (SR_STREAM + (uint64_t)step + 1));
-    return (uint32_t)(sr_mix64(h ^ (index * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL)) >> 32);
+    return (uint32_t)(rand_u64(seed, SR_STREAM + (uint64_t)step, index) >> 32);
 }
 
 /* Rounding to the storage type: for bf16, stochastic (rounds away from zero

@@ -12,13 +12,20 @@
 #include <math.h>
 #include <stdint.h>
 
-static inline uint64_t mix64(uint64_t z) {
+/* Callable from CUDA kernels too (stochastic rounding draws the same way). */
+#ifdef __CUDACC__
+#define REMAT_HOST_DEVICE __host__ __device__
+#else
+#define REMAT_HOST_DEVICE
+#endif
+
+REMAT_HOST_DEVICE static inline uint64_t mix64(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
     return z ^ (z >> 31);
 }
 
-static inline uint64_t rand_u64(uint64_t seed, uint64_t stream, uint64_t index) {
+REMAT_HOST_DEVICE static inline uint64_t rand_u64(uint64_t seed, uint64_t stream, uint64_t index) {
     uint64_t h = mix64(seed + 0x9e3779b97f4a7c15ULL * (stream + 1));
     return mix64(h ^ (index * 0xd1b54a32d192ed03ULL + 0x632be59bd9b4e019ULL));
 }
