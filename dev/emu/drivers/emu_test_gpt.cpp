@@ -1,0 +1,93 @@
+/*
+ * emu_test_gpt.cpp: test_gpt (the CUDA trainer against the CPU reference)
+ * built for remat's CPU emulator of CUDA (dev/emu). NOT a GPU: a pass here
+ * says the kernels' logic matches the CPU reference under emulation; it is
+ * never GPU verification (dev/emu/README.md).
+ *
+ * Why it exists: test_gpt.cu's own main runs shapes sized for a GPU (C=256,
+ * T=1024), hours under emulation. This driver includes the transformed
+ * test_gpt.cu whole (its main renamed) and runs either chosen cases with
+ * test_gpt's own functions (run_case; check_nonfinite, the injected inf/NaN
+ * and FP16 overflow checks), or, with --full, test_gpt's main unchanged.
+ *
+ * usage: emu_test_gpt_PREC CASE...      CASE = NAME:C:NH:V:T[,T...]            run_case  e.g. hs16:64:4:300:77,5
+ *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
+ *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
+ * Exit status: 0 all passed, 1 a check failed, 2 bad usage; the emulator
+ * aborts (SIGABRT) on undefined behaviour it detects, with a message.
+ */
+#define main test_gpt_main
+#include "test_gpt.cu"
+#undef main
+
+#include <string>
+#include <vector>
+
+static void banner(void) {
+    printf("emu: test_gpt (%s) under the CPU emulator of CUDA (dev/emu) - NOT a GPU; results are not GPU verification\n", PRECISION_NAME);
+    fflush(stdout);
+}
+
+static int usage(void) {
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+                    "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n");
+    return 2;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 2 && strcmp(argv[1], "--full") == 0) {
+        banner();
+        int rc = test_gpt_main();
+        printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
+        return rc;
+    }
+    if (argc < 2) return usage();
+    struct Case { bool nonfinite; std::string name; int C, NH, V; std::vector<int> Ts; };
+    std::vector<Case> cases;
+    for (int i = 1; i < argc; i++) {
+        std::string a = argv[i];
+        bool nonfinite = a.rfind("nonfinite:", 0) == 0;
+        if (nonfinite) a = a.substr(10);
+        std::vector<std::string> f;
+        size_t p = 0, q;
+        while ((q = a.find(':', p)) != std::string::npos) { f.push_back(a.substr(p, q - p)); p = q + 1; }
+        f.push_back(a.substr(p));
+        if (f.size() != 5) return usage();
+        Case c;
+        c.nonfinite = nonfinite;
+        c.name = f[0];
+        c.C = atoi(f[1].c_str());
+        c.NH = atoi(f[2].c_str());
+        c.V = atoi(f[3].c_str());
+        p = 0;
+        std::string ts = f[4];
+        while (true) {
+            q = ts.find(',', p);
+            c.Ts.push_back(atoi(ts.substr(p, q == std::string::npos ? std::string::npos : q - p).c_str()));
+            if (q == std::string::npos) break;
+            p = q + 1;
+        }
+        if (c.C <= 0 || c.NH <= 0 || c.V <= 0 || c.C % c.NH) return usage();
+        for (int T : c.Ts)
+            if (T <= 0 || T > 1024) return usage();
+        cases.push_back(c);
+    }
+    banner();
+    int runs = 0;
+    for (const Case& c : cases) {
+        Shape sh = {c.name.c_str(), c.C, c.NH, c.V};
+        for (int T : c.Ts) {
+            if (c.nonfinite) check_nonfinite(&sh, T);
+            else run_case(&sh, T);
+            runs++;
+        }
+    }
+    if (g_failures) {
+        printf("\nFAIL (emulated): test_gpt (%s): %d check%s failed in %d case%s\n", PRECISION_NAME, g_failures, g_failures == 1 ? "" : "s",
+               runs, runs == 1 ? "" : "s");
+        return 1;
+    }
+    printf("\nPASS (emulated, not GPU verification): test_gpt (%s): every check passed in %d case%s\n", PRECISION_NAME, runs,
+           runs == 1 ? "" : "s");
+    return 0;
+}

@@ -1,0 +1,1130 @@
+/*
+ * emu_runtime.cpp: the runtime of remat's CPU emulator of CUDA (dev/emu).
+ * NOT a GPU: what it checks and what it cannot is in dev/emu/README.md.
+ *
+ * Why it exists: to run the trainer's CUDA kernels, unchanged, on a CPU so
+ * that their indexing, tiling, masking and reductions are tested against the
+ * CPU reference without a GPU. Contents:
+ *   - thread blocks: each CUDA thread is a coroutine with its own stack
+ *     (x86-64 context switch below); a block runs until every thread has
+ *     finished, switching threads only at __syncthreads and warp operations;
+ *     blocks run one after another. Undefined behaviour the CUDA
+ *     documentation names (barriers in divergent code, warp operations not
+ *     reached by the whole warp, partial masks, launches beyond the limits or
+ *     the kernel's __launch_bounds__) stops the program with a message.
+ *   - memory: cudaMalloc / cudaMallocHost blocks are separate mappings with
+ *     inaccessible guard pages on both sides and a canary in the slack after
+ *     the requested size, filled with 0xff bytes (NaN in every float type) so
+ *     that reading memory nobody wrote shows; freed blocks stay inaccessible.
+ *     Copies and memsets are range-checked; kernel pointer arguments must
+ *     point into device or pinned memory.
+ *   - streams: kernels, async copies, memsets and matmuls are queued and run
+ *     at the next synchronisation point, in order (one queue for all
+ *     streams); copies involving pageable host memory follow the documented
+ *     synchronisation rules (H2D staged at the call, D2H synchronous).
+ *   - a SIGSEGV/SIGBUS handler that names the kernel, block and thread, and
+ *     whether the address was a guard page, a freed block or a stack guard.
+ */
+#include <execinfo.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "emu_internal.h"
+
+/* ------------------------------------------------------------------------ */
+/* context switch (System V x86-64: rbx, rbp, r12-r15 are callee-saved)      */
+
+extern "C" void emu_switch(void** save_sp, void* new_sp);
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch, .-emu_switch
+)");
+
+namespace emu {
+
+uint3 cur_thread_idx, cur_block_idx;
+dim3 cur_block_dim, cur_grid_dim;
+
+namespace {
+
+const size_t PAGE = 4096;
+const size_t STACK_BYTES = 256 * 1024; /* per CUDA thread, plus a guard page below */
+const int MAX_THREADS = 1024;
+
+/* ---- what is running, for messages ---- */
+const Site* g_site = nullptr; /* kernel being run, or null */
+std::string g_activity;       /* "cublasLtMatmul ..." etc. when not a kernel */
+int g_cur = -1;               /* running thread, -1 on the scheduler */
+
+/* ---- settings from the environment ---- */
+struct Settings {
+    int device_count = 1;
+    size_t device_memory = (size_t)80 << 30;
+    bool sync = false;
+    bool profile = false;
+    int order = 0; /* 0 forward, 1 reverse, 2 shuffle */
+    uint64_t seed = 1;
+};
+
+size_t parse_bytes(const char* s) {
+    char* end = nullptr;
+    double v = strtod(s, &end);
+    std::string u = end ? end : "";
+    double mul = 1;
+    if (u == "" || u == "B") mul = 1;
+    else if (u == "K" || u == "KiB") mul = 1024.0;
+    else if (u == "M" || u == "MiB") mul = 1024.0 * 1024;
+    else if (u == "G" || u == "GiB") mul = 1024.0 * 1024 * 1024;
+    else fatal("EMU_DEVICE_MEMORY=%s: expected bytes with an optional K, M or G (KiB, MiB, GiB) suffix", s);
+    return (size_t)(v * mul);
+}
+
+Settings& settings() {
+    static Settings s;
+    static bool init = false;
+    if (!init) {
+        init = true;
+        if (const char* v = getenv("EMU_DEVICE_COUNT")) s.device_count = atoi(v);
+        if (const char* v = getenv("EMU_DEVICE_MEMORY")) s.device_memory = parse_bytes(v);
+        if (const char* v = getenv("EMU_SYNC")) s.sync = atoi(v) != 0;
+        if (const char* v = getenv("EMU_PROFILE")) s.profile = atoi(v) != 0;
+        if (const char* v = getenv("EMU_ORDER")) {
+            std::string o = v;
+            if (o == "forward") s.order = 0;
+            else if (o == "reverse") s.order = 1;
+            else if (o.rfind("shuffle", 0) == 0) {
+                s.order = 2;
+                if (o.size() > 8 && o[7] == ':') s.seed = strtoull(o.c_str() + 8, nullptr, 10);
+            } else fatal("EMU_ORDER=%s: expected forward, reverse or shuffle[:seed]", v);
+        }
+    }
+    return s;
+}
+
+/* ---- memory registry ---- */
+enum Kind { DEVICE = 1, PINNED = 2 };
+struct Alloc {
+    char* base;    /* what the API returned */
+    size_t size;   /* requested bytes */
+    size_t data;   /* size rounded up to 256 */
+    char* map;     /* the mapping: guard page, slack, data, guard page */
+    size_t map_len;
+    int kind;
+};
+std::map<uintptr_t, Alloc> g_allocs; /* by base */
+struct Freed {
+    uintptr_t lo, hi;
+    int kind;
+    size_t size;
+};
+std::vector<Freed> g_freed;
+size_t g_device_bytes = 0;
+const unsigned char CANARY = 0xa5;
+
+const char* kind_name(int k) { return k == DEVICE ? "cudaMalloc" : "cudaMallocHost"; }
+
+/* " (inside a freed N-byte cudaMalloc block at P: use after free)" or "" */
+std::string freed_note(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    for (auto it = g_freed.rbegin(); it != g_freed.rend(); ++it)
+        if (a >= it->lo && a <= it->hi) {
+            char buf[160];
+            snprintf(buf, sizeof(buf), " (inside a freed %zu-byte %s block at %p: use after free)", it->size, kind_name(it->kind),
+                     (void*)it->lo);
+            return buf;
+        }
+    return "";
+}
+
+/* The allocation whose [base, base+size] holds p (end inclusive), or null. */
+const Alloc* find_alloc(const void* p) {
+    uintptr_t a = (uintptr_t)p;
+    auto it = g_allocs.upper_bound(a);
+    if (it == g_allocs.begin()) return nullptr;
+    --it;
+    const Alloc& al = it->second;
+    return a <= (uintptr_t)al.base + al.size ? &al : nullptr;
+}
+
+void* guarded_alloc(size_t n, int kind) {
+    size_t data = (n + 255) / 256 * 256;
+    size_t pages = (data + PAGE - 1) / PAGE * PAGE;
+    size_t len = pages + 2 * PAGE;
+    char* m = (char*)mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return nullptr;
+    mprotect(m, PAGE, PROT_NONE);
+    mprotect(m + PAGE + pages, PAGE, PROT_NONE);
+    char* p = m + PAGE + pages - data;
+    memset(p, 0xff, n);
+    memset(p + n, CANARY, data - n);
+    g_allocs[(uintptr_t)p] = Alloc{p, n, data, m, len, kind};
+    return p;
+}
+
+void guarded_free(const char* api, void* p, int kind) {
+    auto it = g_allocs.find((uintptr_t)p);
+    if (it == g_allocs.end() || it->second.kind != kind) {
+        const Alloc* in = find_alloc(p);
+        if (in) fatal("%s(%p): not the start of a block (inside the %zu-byte %s block at %p)", api, p, in->size, kind_name(in->kind), in->base);
+        fatal("%s(%p): not a pointer returned by %s (or freed already)", api, p, kind_name(kind));
+    }
+    Alloc a = it->second;
+    g_allocs.erase(it);
+    if (kind == DEVICE) g_device_bytes -= a.data;
+    /* keep the addresses, drop the memory: a later access faults and is named */
+    mmap(a.map, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    g_freed.push_back(Freed{(uintptr_t)a.base, (uintptr_t)a.base + a.size, kind, a.size});
+}
+
+/* ---- the queue ---- */
+std::deque<std::function<void()>> g_queue;
+std::vector<cudaStream_t> g_streams;
+cudaError_t g_last_error = cudaSuccess;
+
+cudaError_t set_error(cudaError_t e) {
+    if (e != cudaSuccess) g_last_error = e;
+    return e;
+}
+
+/* ---- coroutines ---- */
+enum TState : uint8_t { T_NEW, T_RUN, T_WARP, T_BAR, T_DONE };
+struct Thr {
+    int stack;
+    TState state;
+    int line;
+    const char* file;
+    WarpOp op;
+    unsigned mask;
+    int arg, width;
+    uint64_t bits, result;
+};
+Thr g_thr[MAX_THREADS];
+uint64_t g_resumes = 0;
+void* g_sched_sp;
+int g_nthreads;
+const std::function<void()>* g_body;
+struct Stack {
+    char* map;
+    char* top;
+    void* sp; /* saved stack pointer of the coroutine on it */
+};
+std::vector<Stack> g_stacks;
+std::vector<int> g_free_stacks;
+std::vector<std::pair<void*, size_t>> g_shared; /* static __shared__ objects used by this launch */
+char* g_dyn_smem = nullptr;
+size_t g_dyn_smem_bytes = 0;
+char* g_no_smem_page = nullptr;
+
+uint64_t g_rng;
+uint64_t next_rand() { /* splitmix64 */
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A permutation of 0..n-1 in the configured order. */
+void make_order(std::vector<int>& v, int n) {
+    v.resize(n);
+    for (int i = 0; i < n; i++) v[i] = i;
+    int o = settings().order;
+    if (o == 1) std::reverse(v.begin(), v.end());
+    else if (o == 2)
+        for (int i = n - 1; i > 0; i--) std::swap(v[i], v[next_rand() % (uint64_t)(i + 1)]);
+}
+
+void set_thread_index(int t) {
+    if (cur_block_dim.y == 1 && cur_block_dim.z == 1) {
+        cur_thread_idx.x = (unsigned)t;
+        cur_thread_idx.y = cur_thread_idx.z = 0;
+        return;
+    }
+    cur_thread_idx.x = t % cur_block_dim.x;
+    cur_thread_idx.y = (t / cur_block_dim.x) % cur_block_dim.y;
+    cur_thread_idx.z = t / (cur_block_dim.x * cur_block_dim.y);
+}
+
+/* Coroutines. A coroutine starts as a batch: it runs the not-yet-started
+ * threads listed in g_batch one after another on its stack, each to
+ * completion, until one of them blocks (at __syncthreads or a warp
+ * operation). That thread then owns the coroutine (it is "detached" from the
+ * batch) and the scheduler starts a new batch for the rest. A detached thread,
+ * resumed later, ends its coroutine when it finishes. So threads that never
+ * block cost a function call, not a context switch. */
+std::vector<int> g_batch;
+size_t g_batch_next;
+int g_running_stack;      /* stack of the coroutine being switched into */
+bool g_coroutine_ended;   /* set by a coroutine just before its last switch out */
+bool g_detached[MAX_THREADS];
+
+void thread_entry() {
+    int stack = g_running_stack;
+    while (g_batch_next < g_batch.size()) {
+        int t = g_batch[g_batch_next++];
+        Thr& th = g_thr[t];
+        th.state = T_RUN;
+        th.stack = stack;
+        g_detached[t] = false;
+        g_cur = t;
+        g_resumes++;
+        set_thread_index(t);
+        (*g_body)();
+        g_thr[t].state = T_DONE;
+        if (g_detached[t]) break;
+    }
+    g_coroutine_ended = true;
+    emu_switch(&g_stacks[stack].sp, g_sched_sp);
+    abort(); /* an ended coroutine is never resumed */
+}
+
+int get_stack() {
+    if (!g_free_stacks.empty()) {
+        int s = g_free_stacks.back();
+        g_free_stacks.pop_back();
+        return s;
+    }
+    char* m = (char*)mmap(nullptr, STACK_BYTES + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) fatal("cannot map a %zu-byte thread stack", STACK_BYTES);
+    mprotect(m, PAGE, PROT_NONE);
+    /* stagger the tops so that the hot frames of different stacks do not share L1 sets */
+    size_t stagger = (g_stacks.size() * 576) % 4096;
+    g_stacks.push_back(Stack{m, m + PAGE + STACK_BYTES - stagger, nullptr});
+    return (int)g_stacks.size() - 1;
+}
+
+/* Switches into a coroutine. Control comes back when the last coroutine
+ * running (threads hand over to each other, see block_here) blocks or ends;
+ * an ended one's stack is free again. */
+void enter(int stack) {
+    g_running_stack = stack;
+    g_coroutine_ended = false;
+    emu_switch(&g_sched_sp, g_stacks[stack].sp);
+    g_cur = -1;
+    if (g_coroutine_ended) g_free_stacks.push_back(g_running_stack);
+}
+
+/* Starts batches for the threads in g_batch until all have started. */
+void run_batch() {
+    g_batch_next = 0;
+    while (g_batch_next < g_batch.size()) {
+        int stack = get_stack();
+        uintptr_t top = (uintptr_t)g_stacks[stack].top & ~(uintptr_t)15;
+        void** sp = (void**)top;
+        *--sp = nullptr;              /* alignment slot: entry sees rsp = 8 mod 16, as after a call */
+        *--sp = (void*)thread_entry;  /* where emu_switch's ret goes */
+        for (int r = 0; r < 6; r++) *--sp = nullptr; /* rbp rbx r12 r13 r14 r15 */
+        g_stacks[stack].sp = sp;
+        enter(stack);
+    }
+}
+
+/* Resumes a blocked (now released) thread. */
+void resume(int t) {
+    Thr& th = g_thr[t];
+    th.state = T_RUN;
+    g_resumes++;
+    g_cur = t;
+    set_thread_index(t);
+    enter(th.stack);
+}
+
+/* The lanes of the warp being run, in run order, and each lane's place in it. */
+int g_warp_lanes[32];
+int g_warp_n;
+int g_lane_pos[MAX_THREADS];
+
+/* Called by a thread to wait (at a barrier or warp operation): hands the CPU
+ * straight to the next released lane of its warp if there is one (one
+ * context switch instead of two through the scheduler), else to the scheduler. */
+inline void block_here(int me) {
+    g_detached[me] = true;
+    void** save = &g_stacks[g_thr[me].stack].sp;
+    for (int i = g_lane_pos[me] + 1; i < g_warp_n; i++) {
+        int t = g_warp_lanes[i];
+        if (g_thr[t].state == T_RUN) {
+            g_resumes++;
+            g_cur = t;
+            set_thread_index(t);
+            g_running_stack = g_thr[t].stack;
+            emu_switch(save, g_stacks[g_running_stack].sp);
+            return;
+        }
+    }
+    emu_switch(save, g_sched_sp);
+}
+
+const char* op_name(WarpOp op) {
+    switch (op) {
+    case OP_SHFL_XOR: return "__shfl_xor_sync";
+    case OP_SHFL_DOWN: return "__shfl_down_sync";
+    case OP_SHFL_UP: return "__shfl_up_sync";
+    case OP_SHFL_IDX: return "__shfl_sync";
+    case OP_BALLOT: return "__ballot_sync";
+    case OP_ANY: return "__any_sync";
+    case OP_ALL: return "__all_sync";
+    case OP_SYNCWARP: return "__syncwarp";
+    }
+    return "?";
+}
+
+void warp_exchange(int t0, int n) {
+    const Thr& a = g_thr[t0];
+    for (int l = 0; l < n; l++) {
+        const Thr& b = g_thr[t0 + l];
+        if (b.op != a.op || b.line != a.line || (b.file != a.file && strcmp(b.file, a.file) != 0)) {
+            g_cur = t0 + l;
+            set_thread_index(t0 + l);
+            fatal("warp %d: lane 0 is at %s (%s:%d) while lane %d is at %s (%s:%d): a warp operation must be reached by all lanes "
+                  "of its mask together",
+                  t0 / 32, op_name(a.op), a.file, a.line, l, op_name(b.op), b.file, b.line);
+        }
+        if (b.mask != 0xffffffffu) {
+            g_cur = t0 + l;
+            set_thread_index(t0 + l);
+            fatal("%s (%s:%d) with mask 0x%08x: only the full mask 0xffffffff is emulated", op_name(b.op), b.file, b.line, b.mask);
+        }
+    }
+    if (n != 32) {
+        g_cur = t0;
+        set_thread_index(t0);
+        fatal("%s (%s:%d) with the full mask in a partial warp of %d lanes (block of %d threads): undefined", op_name(a.op), a.file,
+              a.line, n, g_nthreads);
+    }
+    uint64_t vote = 0;
+    for (int l = 0; l < 32; l++) vote |= (g_thr[t0 + l].bits & 1) << l;
+    for (int l = 0; l < 32; l++) {
+        Thr& b = g_thr[t0 + l];
+        int w = b.width;
+        if (a.op <= OP_SHFL_IDX && (w < 1 || w > 32 || (w & (w - 1)))) {
+            g_cur = t0 + l;
+            set_thread_index(t0 + l);
+            fatal("%s (%s:%d): width %d is not a power of two in 1..32", op_name(b.op), b.file, b.line, w);
+        }
+        int seg = l & ~(w - 1), src = l;
+        switch (a.op) {
+        case OP_SHFL_XOR: src = l ^ b.arg; if (src >= seg + w || src < 0) src = l; break;
+        case OP_SHFL_DOWN: src = (l - seg) + b.arg < w ? l + b.arg : l; break;
+        case OP_SHFL_UP: src = (l - seg) >= b.arg ? l - b.arg : l; break;
+        case OP_SHFL_IDX: src = seg + (((b.arg % w) + w) % w); break;
+        default: break;
+        }
+        if (src < 0 || src > 31) src = l;
+        switch (a.op) {
+        case OP_BALLOT: b.result = vote; break;
+        case OP_ANY: b.result = vote != 0; break;
+        case OP_ALL: b.result = vote == 0xffffffffull; break;
+        case OP_SYNCWARP: b.result = 0; break;
+        default: b.result = g_thr[t0 + src].bits; break;
+        }
+    }
+    for (int l = 0; l < 32; l++) g_thr[t0 + l].state = T_RUN;
+}
+
+/* Runs one warp's lanes until each is at __syncthreads or finished. */
+void run_warp(int w, std::vector<int>& lane_order) {
+    int t0 = w * 32, n = std::min(32, g_nthreads - t0);
+    make_order(lane_order, n);
+    g_warp_n = n;
+    for (int i = 0; i < n; i++) {
+        g_warp_lanes[i] = t0 + lane_order[i];
+        g_lane_pos[t0 + lane_order[i]] = i;
+    }
+    for (;;) {
+        g_batch.clear();
+        for (int i = 0; i < n; i++)
+            if (g_thr[t0 + lane_order[i]].state == T_NEW) g_batch.push_back(t0 + lane_order[i]);
+        if (!g_batch.empty()) run_batch();
+        for (int i = 0; i < n; i++) {
+            int t = t0 + lane_order[i];
+            if (g_thr[t].state == T_RUN) resume(t);
+        }
+        int at_warp = 0, first = -1;
+        for (int l = 0; l < n; l++)
+            if (g_thr[t0 + l].state == T_WARP) { at_warp++; if (first < 0) first = t0 + l; }
+        if (!at_warp) return;
+        if (at_warp != n) {
+            int done = 0, bar = 0;
+            for (int l = 0; l < n; l++) {
+                done += g_thr[t0 + l].state == T_DONE;
+                bar += g_thr[t0 + l].state == T_BAR;
+            }
+            const Thr& f = g_thr[first];
+            g_cur = first;
+            set_thread_index(first);
+            fatal("warp %d: %s (%s:%d) reached by %d of %d lanes (%d finished, %d at __syncthreads): with mask 0x%08x every lane "
+                  "must take part (divergent warp operation)",
+                  w, op_name(f.op), f.file, f.line, at_warp, n, done, bar, f.mask);
+        }
+        warp_exchange(t0, n);
+    }
+}
+
+void run_block(std::vector<int>& warp_order, std::vector<int>& lane_order) {
+    for (int t = 0; t < g_nthreads; t++) { g_thr[t].state = T_NEW; g_thr[t].stack = -1; }
+    for (auto& r : g_shared) memset(r.first, 0xff, r.second);
+    if (g_dyn_smem_bytes) memset(g_dyn_smem, 0xff, g_dyn_smem_bytes);
+    int nwarps = (g_nthreads + 31) / 32;
+    for (;;) {
+        make_order(warp_order, nwarps);
+        for (int i = 0; i < nwarps; i++) run_warp(warp_order[i], lane_order);
+        int bar = 0, done = 0, first = -1;
+        for (int t = 0; t < g_nthreads; t++) {
+            if (g_thr[t].state == T_BAR) { bar++; if (first < 0) first = t; }
+            else done++;
+        }
+        if (!bar) return;
+        const Thr& f = g_thr[first];
+        if (done) {
+            g_cur = first;
+            set_thread_index(first);
+            fatal("__syncthreads (%s:%d) reached by %d of %d threads, %d having finished: a barrier in divergent code is undefined",
+                  f.file, f.line, bar, g_nthreads, done);
+        }
+        for (int t = 0; t < g_nthreads; t++) {
+            const Thr& b = g_thr[t];
+            if (b.line != f.line || (b.file != f.file && strcmp(b.file, f.file) != 0)) {
+                g_cur = t;
+                set_thread_index(t);
+                fatal("threads of one block wait at different __syncthreads: thread %d at %s:%d, this one at %s:%d (divergent barrier)",
+                      first, f.file, f.line, b.file, b.line);
+            }
+        }
+        for (int t = 0; t < g_nthreads; t++) g_thr[t].state = T_RUN;
+    }
+}
+
+/* ---- signals ---- */
+char g_altstack[64 * 1024];
+
+void describe_address(uintptr_t a, char* buf, size_t n) {
+    for (const Stack& s : g_stacks)
+        if (a >= (uintptr_t)s.map && a < (uintptr_t)s.map + PAGE) {
+            snprintf(buf, n, "a thread stack's guard page: stack overflow (each CUDA thread has %zu KiB here)", STACK_BYTES / 1024);
+            return;
+        }
+    for (auto& kv : g_allocs) {
+        const Alloc& al = kv.second;
+        if (a >= (uintptr_t)al.map && a < (uintptr_t)al.map + al.map_len) {
+            long long off = (long long)(a - (uintptr_t)al.base);
+            snprintf(buf, n, "%lld bytes %s the %zu-byte %s block at %p (guard page)", off < 0 ? -off : off - (long long)al.size,
+                     off < 0 ? "before" : "past the end of", al.size, kind_name(al.kind), (void*)al.base);
+            return;
+        }
+    }
+    for (auto it = g_freed.rbegin(); it != g_freed.rend(); ++it)
+        if (a >= it->lo - PAGE && a < it->hi + PAGE) {
+            snprintf(buf, n, "inside or next to a freed %zu-byte %s block at %p (use after free)", it->size, kind_name(it->kind),
+                     (void*)it->lo);
+            return;
+        }
+    snprintf(buf, n, "not emulated device or pinned memory (a host pointer, or garbage)");
+}
+
+void on_fault(int sig, siginfo_t* si, void*) {
+    char what[256];
+    describe_address((uintptr_t)si->si_addr, what, sizeof(what));
+    char ctx[512] = "";
+    if (g_site && g_cur >= 0)
+        snprintf(ctx, sizeof(ctx), " in kernel %s launched at %s:%d, block (%u,%u,%u) of (%u,%u,%u), thread (%u,%u,%u) of (%u,%u,%u)",
+                 g_site->kernel, g_site->file, g_site->line, cur_block_idx.x, cur_block_idx.y, cur_block_idx.z, cur_grid_dim.x,
+                 cur_grid_dim.y, cur_grid_dim.z, cur_thread_idx.x, cur_thread_idx.y, cur_thread_idx.z, cur_block_dim.x,
+                 cur_block_dim.y, cur_block_dim.z);
+    else if (!g_activity.empty())
+        snprintf(ctx, sizeof(ctx), " in %s", g_activity.c_str());
+    else
+        snprintf(ctx, sizeof(ctx), " in host code");
+    char msg[1024];
+    int len = snprintf(msg, sizeof(msg), "emu: %s at address %p%s: %s\n", sig == SIGSEGV ? "invalid memory access (SIGSEGV)" : "bus error",
+                       si->si_addr, ctx, what);
+    if (write(2, msg, (size_t)std::min(len, (int)sizeof(msg) - 1)) < 0) {}
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+/* OpenMP workers that spin while the (single-threaded) emulation runs take
+ * the cores it needs: on 2 cores a run is several times slower. libgomp reads
+ * OMP_WAIT_POLICY before any constructor of ours runs, so set it and start
+ * again, once, unless the caller chose a policy. */
+__attribute__((constructor)) void passive_openmp() {
+    if (getenv("OMP_WAIT_POLICY") || getenv("EMU_NO_REEXEC")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    setenv("EMU_NO_REEXEC", "1", 1);
+    static char buf[1 << 16];
+    FILE* f = fopen("/proc/self/cmdline", "rb");
+    if (!f) return;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    std::vector<char*> args;
+    for (size_t i = 0; i < n; i += strlen(buf + i) + 1) args.push_back(buf + i);
+    args.push_back(nullptr);
+    execv("/proc/self/exe", args.data());
+    /* exec failed: carry on with spinning workers */
+}
+
+__attribute__((constructor)) void install_handlers() {
+    stack_t ss;
+    ss.ss_sp = g_altstack;
+    ss.ss_size = sizeof(g_altstack);
+    ss.ss_flags = 0;
+    sigaltstack(&ss, nullptr);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+}
+
+struct Prof {
+    uint64_t launches = 0, blocks = 0, threads = 0, resumes = 0;
+    double ms = 0;
+};
+std::map<std::string, Prof> g_prof;
+
+void print_profile() {
+    std::vector<std::pair<std::string, Prof>> v(g_prof.begin(), g_prof.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+    fprintf(stderr, "emu profile (EMU_PROFILE=1): kernel, launches, blocks, threads, thread switches, ms\n");
+    for (auto& e : v)
+        fprintf(stderr, "  %-50s %8llu %10llu %12llu %12llu %10.1f\n", e.first.c_str(), (unsigned long long)e.second.launches,
+                (unsigned long long)e.second.blocks, (unsigned long long)e.second.threads, (unsigned long long)e.second.resumes, e.second.ms);
+}
+
+double now_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+}  // namespace
+
+/* ------------------------------------------------------------------------ */
+/* emu:: API                                                                  */
+
+void fatal(const char* fmt, ...) {
+    fflush(stdout);
+    fprintf(stderr, "emu: ");
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    if (g_site && g_cur >= 0)
+        fprintf(stderr, "\n  in kernel %s launched at %s:%d, block (%u,%u,%u) of (%u,%u,%u), thread (%u,%u,%u) of (%u,%u,%u)",
+                g_site->kernel, g_site->file, g_site->line, cur_block_idx.x, cur_block_idx.y, cur_block_idx.z, cur_grid_dim.x,
+                cur_grid_dim.y, cur_grid_dim.z, cur_thread_idx.x, cur_thread_idx.y, cur_thread_idx.z, cur_block_dim.x, cur_block_dim.y,
+                cur_block_dim.z);
+    else if (g_site)
+        fprintf(stderr, "\n  in kernel %s launched at %s:%d", g_site->kernel, g_site->file, g_site->line);
+    else if (!g_activity.empty())
+        fprintf(stderr, "\n  in %s", g_activity.c_str());
+    fprintf(stderr, "\n  host backtrace (addr2line -e BINARY -f ADDRESS for static functions):\n");
+    fflush(stderr);
+    void* frames[32];
+    int nf = backtrace(frames, 32);
+    backtrace_symbols_fd(frames, nf, 2);
+    abort();
+}
+
+void set_activity(const char* what) { g_activity = what ? what : ""; }
+
+void syncthreads(int line, const char* file) {
+    if (g_cur < 0) fatal("__syncthreads (%s:%d) called outside a kernel", file, line);
+    int me = g_cur;
+    Thr& t = g_thr[me];
+    t.state = T_BAR;
+    t.line = line;
+    t.file = file;
+    block_here(me);
+}
+
+uint64_t warp_op(int line, const char* file, WarpOp op, unsigned mask, uint64_t bits, int arg, int width) {
+    if (g_cur < 0) fatal("%s (%s:%d) called outside a kernel", op_name(op), file, line);
+    int me = g_cur;
+    Thr& t = g_thr[me];
+    t.state = T_WARP;
+    t.line = line;
+    t.file = file;
+    t.op = op;
+    t.mask = mask;
+    t.bits = bits;
+    t.arg = arg;
+    t.width = width;
+    block_here(me);
+    return g_thr[me].result;
+}
+
+void check_stream(const char* api, cudaStream_t stream) {
+    if (stream && std::find(g_streams.begin(), g_streams.end(), stream) == g_streams.end())
+        fatal("%s: stream %p was not created by cudaStreamCreate (or was destroyed)", api, (void*)stream);
+}
+
+void check_launch(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream) {
+    const char* why = nullptr;
+    char buf[200];
+    unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+    if (!block.x || !block.y || !block.z || !grid.x || !grid.y || !grid.z) why = "a zero grid or block dimension";
+    else if (block.x > 1024 || block.y > 1024 || block.z > 64 || threads > 1024) {
+        snprintf(buf, sizeof(buf), "block (%u,%u,%u) exceeds 1024 threads or the per-dimension limits (1024,1024,64)", block.x, block.y,
+                 block.z);
+        why = buf;
+    } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+        snprintf(buf, sizeof(buf), "grid (%u,%u,%u) exceeds the limits (2^31-1,65535,65535)", grid.x, grid.y, grid.z);
+        why = buf;
+    } else if (dyn_smem > 48 * 1024) {
+        snprintf(buf, sizeof(buf), "%zu bytes of dynamic shared memory exceed 48 KiB (raising the limit per kernel is not emulated)",
+                 dyn_smem);
+        why = buf;
+    }
+    if (why) fatal("invalid launch of %s at %s:%d: %s (the launch fails on a GPU)", site.kernel, site.file, site.line, why);
+    check_stream("kernel launch", stream);
+}
+
+void check_kernel_pointer(const Site& site, int i, const void* p) {
+    if (!p) return;
+    if (!find_alloc(p))
+        fatal("launch of %s at %s:%d: pointer argument %d (%p) points into no cudaMalloc or cudaMallocHost block%s (invalid on a GPU)",
+              site.kernel, site.file, site.line, i, p, freed_note(p).c_str()[0] ? freed_note(p).c_str() : " (a pageable host pointer?)");
+}
+
+void check_device_range(const char* api, const char* operand, const void* p, size_t bytes) {
+    if (bytes == 0) return;
+    const Alloc* a = find_alloc(p);
+    if (!a || a->kind != DEVICE)
+        fatal("%s: %s (%p, %zu bytes) is not device memory from cudaMalloc%s", api, operand, p, bytes,
+              a ? " (it is pinned host memory)" : freed_note(p).c_str());
+    uintptr_t end = (uintptr_t)p + bytes, aend = (uintptr_t)a->base + a->size;
+    if (end > aend)
+        fatal("%s: %s (%zu bytes at %p) runs %zu bytes past the end of its %zu-byte cudaMalloc block at %p", api, operand, bytes, p,
+              (size_t)(end - aend), a->size, (void*)a->base);
+}
+
+void check_canaries(const char* after_what) {
+    for (auto& kv : g_allocs) {
+        const Alloc& a = kv.second;
+        for (size_t i = a.size; i < a.data; i++)
+            if ((unsigned char)a.base[i] != CANARY)
+                fatal("%s wrote %zu bytes past the end of the %zu-byte %s block at %p", after_what, i - a.size + 1, a.size,
+                      kind_name(a.kind), (void*)a.base);
+    }
+}
+
+void enqueue(cudaStream_t stream, std::function<void()> op) {
+    check_stream("enqueue", stream);
+    if (settings().sync) op();
+    else g_queue.push_back(std::move(op));
+}
+
+void flush(void) {
+    while (!g_queue.empty()) {
+        std::function<void()> op = std::move(g_queue.front());
+        g_queue.pop_front();
+        op();
+    }
+}
+
+void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()>& body) {
+    g_site = &site;
+    cur_grid_dim = grid;
+    cur_block_dim = block;
+    g_nthreads = (int)(block.x * block.y * block.z);
+    g_body = &body;
+    g_shared.clear();
+    std::vector<char> dyn(dyn_smem);
+    g_dyn_smem = dyn_smem ? dyn.data() : nullptr;
+    g_dyn_smem_bytes = dyn_smem;
+    g_rng = settings().seed * 0x2545f4914f6cdd1dull + (uint64_t)site.line;
+    uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
+    int order = settings().order;
+    /* shuffle: block i runs as (i * mul + off) mod nblocks, mul a unit mod nblocks (a bijection) */
+    uint64_t mul = 1, off = 0;
+    if (order == 2 && nblocks > 1) {
+        auto gcd = [](uint64_t x, uint64_t y) { while (y) { uint64_t r = x % y; x = y; y = r; } return x; };
+        mul = next_rand() % nblocks;
+        while (gcd(mul, nblocks) != 1) mul = (mul + 1) % nblocks;
+        off = next_rand() % nblocks;
+    }
+    std::vector<int> warp_order, lane_order;
+    double t0 = settings().profile ? now_ms() : 0;
+    uint64_t r0 = g_resumes;
+    for (uint64_t i = 0; i < nblocks; i++) {
+        uint64_t b = order == 1 ? nblocks - 1 - i : order == 2 ? (uint64_t)(((unsigned __int128)i * mul + off) % nblocks) : i;
+        cur_block_idx.x = (unsigned)(b % grid.x);
+        cur_block_idx.y = (unsigned)((b / grid.x) % grid.y);
+        cur_block_idx.z = (unsigned)(b / ((uint64_t)grid.x * grid.y));
+        run_block(warp_order, lane_order);
+    }
+    if (settings().profile) {
+        static bool registered = false;
+        if (!registered) { registered = true; atexit(print_profile); }
+        Prof& pr = g_prof[site.kernel];
+        pr.launches++;
+        pr.blocks += nblocks;
+        pr.threads += nblocks * (uint64_t)g_nthreads;
+        pr.resumes += g_resumes - r0;
+        pr.ms += now_ms() - t0;
+    }
+    char what[300];
+    snprintf(what, sizeof(what), "kernel %s launched at %s:%d", site.kernel, site.file, site.line);
+    g_site = nullptr;
+    g_dyn_smem = nullptr;
+    g_dyn_smem_bytes = 0;
+    check_canaries(what);
+}
+
+}  // namespace emu
+
+using namespace emu;
+
+/* ------------------------------------------------------------------------ */
+/* checks inserted by transform.py                                            */
+
+void emu_launch_bounds(long max_threads) {
+    if (g_nthreads > max_threads)
+        fatal("kernel launched with %d threads per block, above its __launch_bounds__(%ld): the launch fails on a GPU", g_nthreads,
+              max_threads);
+}
+
+void emu_shared_use(void* p, size_t bytes) {
+    if (g_cur < 0) fatal("__shared__ object at %p used outside a kernel", p);
+    for (auto& r : g_shared)
+        if (r.first == p) return;
+    g_shared.push_back({p, bytes});
+    memset(p, 0xff, bytes); /* first use in this launch: uninitialised, as on a GPU */
+}
+
+void* emu_dynamic_shared(void) {
+    if (g_dyn_smem) return g_dyn_smem;
+    if (!g_no_smem_page) {
+        g_no_smem_page = (char*)mmap(nullptr, PAGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    return g_no_smem_page; /* launched with 0 bytes of dynamic shared memory: any access faults */
+}
+
+/* ------------------------------------------------------------------------ */
+/* runtime API                                                                */
+
+const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInitializationError: return "cudaErrorInitializationError";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
+    }
+    return "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulator: EMU_DEVICE_COUNT=0)";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
+    default: return cudaGetErrorName(e);
+    }
+}
+
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = g_last_error;
+    g_last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return g_last_error; }
+
+static int g_device = 0;
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    *count = settings().device_count;
+    return *count > 0 ? cudaSuccess : set_error(cudaErrorNoDevice);
+}
+
+cudaError_t cudaGetDevice(int* device) {
+    if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    *device = g_device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+    if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    if (device < 0 || device >= settings().device_count) return set_error(cudaErrorInvalidDevice);
+    g_device = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+    if (device < 0 || device >= settings().device_count) return set_error(cudaErrorInvalidDevice);
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "EMU (CPU emulation of CUDA, not a GPU)");
+    p->totalGlobalMem = settings().device_memory;
+    p->sharedMemPerBlock = 48 * 1024;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 0x7fffffff; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 1;
+    p->maxThreadsPerMultiProcessor = 2048;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) { flush(); return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { flush(); return cudaSuccess; }
+
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    size_t total = settings().device_memory;
+    *total_bytes = total;
+    *free_bytes = g_device_bytes < total ? total - g_device_bytes : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t bytes) {
+    if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    if (bytes == 0) fatal("cudaMalloc of 0 bytes: not emulated (what a GPU returns is not relied upon here)");
+    size_t rounded = (bytes + 255) / 256 * 256;
+    if (g_device_bytes + rounded > settings().device_memory) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    void* p = guarded_alloc(bytes, DEVICE);
+    if (!p) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    g_device_bytes += rounded;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+    if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    flush(); /* cudaFree synchronises the device */
+    if (ptr) guarded_free("cudaFree", ptr, DEVICE);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
+    if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    void* p = guarded_alloc(bytes ? bytes : 1, PINNED);
+    if (!p) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+    flush();
+    if (ptr) guarded_free("cudaFreeHost", ptr, PINNED);
+    return cudaSuccess;
+}
+
+namespace {
+
+const char* memcpy_kind_name(cudaMemcpyKind k) {
+    switch (k) {
+    case cudaMemcpyHostToHost: return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice: return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost: return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice: return "cudaMemcpyDeviceToDevice";
+    case cudaMemcpyDefault: return "cudaMemcpyDefault";
+    }
+    return "an unknown cudaMemcpyKind";
+}
+
+bool is_device(const void* p) {
+    const Alloc* a = find_alloc(p);
+    return a && a->kind == DEVICE;
+}
+
+bool is_pinned_range(const void* p, size_t n) {
+    const Alloc* a = find_alloc(p);
+    return a && a->kind == PINNED && (uintptr_t)p + n <= (uintptr_t)a->base + a->size;
+}
+
+/* Checks a copy against its kind; returns the kind (cudaMemcpyDefault resolved). */
+cudaMemcpyKind check_copy(const char* api, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    bool dd = is_device(dst), sd = is_device(src);
+    if (kind == cudaMemcpyDefault)
+        kind = dd && sd ? cudaMemcpyDeviceToDevice : dd ? cudaMemcpyHostToDevice : sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost;
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        if (sd) fatal("%s(%s): the source %p is device memory", api, memcpy_kind_name(kind), src);
+        check_device_range(api, "the destination", dst, n);
+        break;
+    case cudaMemcpyDeviceToHost:
+        if (dd) fatal("%s(%s): the destination %p is device memory", api, memcpy_kind_name(kind), dst);
+        check_device_range(api, "the source", src, n);
+        break;
+    case cudaMemcpyDeviceToDevice:
+        check_device_range(api, "the destination", dst, n);
+        check_device_range(api, "the source", src, n);
+        break;
+    case cudaMemcpyHostToHost:
+        if (dd || sd) fatal("%s(%s): an operand is device memory", api, memcpy_kind_name(kind));
+        break;
+    default: fatal("%s: %s (%d) is not emulated", api, memcpy_kind_name(kind), (int)kind);
+    }
+    if (n && ((uintptr_t)dst < (uintptr_t)src + n && (uintptr_t)src < (uintptr_t)dst + n))
+        fatal("%s: source and destination overlap (%zu bytes at %p and %p)", api, n, src, dst);
+    return kind;
+}
+
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    check_copy("cudaMemcpy", dst, src, n, kind);
+    flush(); /* synchronous: everything before it has run */
+    if (n) memcpy(dst, src, n);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+    kind = check_copy("cudaMemcpyAsync", dst, src, n, kind);
+    check_stream("cudaMemcpyAsync", stream);
+    if (!n) return cudaSuccess;
+    if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, n)) {
+        /* pageable source: staged now (the caller may reuse it at once), copied in stream order */
+        std::vector<char> staged((const char*)src, (const char*)src + n);
+        enqueue(stream, [dst, staged = std::move(staged)]() { memcpy(dst, staged.data(), staged.size()); });
+    } else if ((kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, n)) || kind == cudaMemcpyHostToHost) {
+        flush(); /* to pageable memory: returns once the copy is done */
+        memcpy(dst, src, n);
+    } else {
+        enqueue(stream, [dst, src, n]() { memcpy(dst, src, n); });
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* dst, int value, size_t n) { return cudaMemsetAsync(dst, value, n, 0); }
+
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
+    check_device_range("cudaMemset", "the destination", dst, n);
+    check_stream("cudaMemsetAsync", stream);
+    if (n) enqueue(stream, [dst, value, n]() { memset(dst, value, n); });
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+    if (flags & ~1u) fatal("cudaStreamCreateWithFlags: flags 0x%x are not emulated", flags);
+    static uintptr_t next = 0x1000;
+    *stream = (cudaStream_t)(next += 16);
+    g_streams.push_back(*stream);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    check_stream("cudaStreamDestroy", stream);
+    if (!stream) fatal("cudaStreamDestroy of the default stream");
+    flush();
+    g_streams.erase(std::find(g_streams.begin(), g_streams.end(), stream));
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    check_stream("cudaStreamSynchronize", stream);
+    flush();
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
+    if (priority > 0 || priority < -5) fatal("cudaStreamCreateWithPriority: priority %d outside the range [-5, 0]", priority);
+    return cudaStreamCreateWithFlags(stream, flags);
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    if (least) *least = 0;
+    if (greatest) *greatest = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+    check_stream("cudaStreamQuery", stream);
+    flush();
+    return cudaSuccess;
+}
+
+struct cudaEvent_st {
+    double ms;
+    bool recorded, done, timing;
+};
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+    if (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming))
+        fatal("cudaEventCreateWithFlags: flags 0x%x are not emulated", flags);
+    *event = new cudaEvent_st{0, false, false, !(flags & cudaEventDisableTiming)};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+    flush();
+    (void)event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+    check_stream("cudaStreamWaitEvent", stream);
+    if (!event) fatal("cudaStreamWaitEvent: NULL event");
+    if (flags) fatal("cudaStreamWaitEvent: flags 0x%x are not emulated", flags);
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    flush();
+    delete event;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    event->recorded = true;
+    event->done = false;
+    enqueue(stream, [event]() { event->ms = now_ms(); event->done = true; });
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    if (!event->recorded) return cudaSuccess;
+    flush();
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!start->timing || !end->timing) return set_error(cudaErrorInvalidResourceHandle); /* created with cudaEventDisableTiming */
+    if (!start->recorded || !end->recorded) return set_error(cudaErrorInvalidResourceHandle);
+    if (!start->done || !end->done) return set_error(cudaErrorNotReady);
+    *ms = (float)(end->ms - start->ms);
+    return cudaSuccess;
+}
+
+cudaError_t emu_func_set_attribute(const void* func, cudaFuncAttribute attr, int value) {
+    (void)func;
+    fatal("cudaFuncSetAttribute(attribute %d, value %d): not emulated", (int)attr, value);
+}

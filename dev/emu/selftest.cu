@@ -1,0 +1,560 @@
+/*
+ * selftest.cu: tests of remat's CPU emulator of CUDA itself (dev/emu).
+ *
+ * Why it exists: test_gpt under the emulator is only as good as the
+ * emulator, so its pieces are checked here against independent references:
+ * 16-bit conversions against the compiler's _Float16 and exact arithmetic;
+ * shuffles, votes, barriers and index built-ins against their documented
+ * definitions; the launch forms transform.py must rewrite (templates, 3rd
+ * and 4th launch arguments, several lines, no arguments, a qualified name);
+ * shared-memory poisoning, dynamic shared memory, deferred stream execution,
+ * poisoned allocations; cuBLASLt matmuls against a double-precision
+ * reference. With an argument it runs one case that must be refused
+ * (tests check the message and a non-zero exit):
+ *   emu_selftest                  every positive check; prints PASS
+ *   emu_selftest fail:NAME        one misuse the emulator must stop (see FAILS below)
+ * The launch in this comment must not be rewritten: k<<<1, 32>>>(x).
+ */
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cublasLt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+static int g_fail = 0;
+#define CHECK(cond, ...)                                              \
+    do {                                                              \
+        if (!(cond)) {                                                \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);               \
+            printf(__VA_ARGS__);                                      \
+            printf("\n");                                             \
+            g_fail++;                                                 \
+        }                                                             \
+    } while (0)
+#define CK(call) CHECK((call) == cudaSuccess, "%s", #call)
+
+static const char* LAUNCH_TEXT = "not a launch: k<<<1, 32>>>(x)";
+
+/* ---------------------------------------------------------------- */
+/* 16-bit types                                                       */
+
+static uint16_t ref_half_bits(double d) { /* the compiler's conversion (libgcc, correctly rounded) */
+    _Float16 h = (_Float16)d;
+    uint16_t b;
+    memcpy(&b, &h, 2);
+    if ((b & 0x7fff) > 0x7c00) b = 0x7fff; /* NaN: CUDA's canonical NaN */
+    return b;
+}
+
+/* float -> bf16 by exact comparison (no bit tricks): the nearer neighbour, ties to even */
+static uint16_t ref_bf16_bits(float f) {
+    if (f != f) return 0x7fff;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    float flo, fhi;
+    memcpy(&flo, &lo, 4);
+    memcpy(&fhi, &hi, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)(u >> 16); /* inf */
+    double dl = fabs((double)f - (double)flo), dh = fabs((double)fhi - (double)f);
+    if ((hi & 0x7fffffffu) == 0x7f800000u) /* hi is inf: compare with the value one ulp past the largest finite */
+        dh = fabs(ldexp(1.0, 128) * (f < 0 ? -1 : 1) - (double)f);
+    if (dl < dh || (dl == dh && !((lo >> 16) & 1))) return (uint16_t)(lo >> 16);
+    return (uint16_t)(hi >> 16);
+}
+
+static void test_half_types(void) {
+    int bad = 0;
+    /* every half converts to float and back unchanged; float value matches the compiler's */
+    for (uint32_t b = 0; b < 65536; b++) {
+        __half h = __ushort_as_half((unsigned short)b);
+        float f = __half2float(h);
+        _Float16 r;
+        uint16_t rb = (uint16_t)b;
+        memcpy(&r, &rb, 2);
+        bool nan = (b & 0x7fff) > 0x7c00;
+        if (nan ? !(f != f) : (f != (float)r)) bad++;
+        if (!nan && __half_as_ushort(__float2half_rn(f)) != b) bad++;
+    }
+    CHECK(bad == 0, "half <-> float round trip: %d mismatches", bad);
+    /* float -> half: every 97th float, plus every tie and its neighbours */
+    bad = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += 97) {
+        uint32_t v = (uint32_t)u;
+        float f;
+        memcpy(&f, &v, 4);
+        if (__half_as_ushort(__float2half_rn(f)) != ref_half_bits(f)) bad++;
+    }
+    for (uint32_t b = 0; b < 0x7c00; b++) {
+        double lo = (double)__half2float(__ushort_as_half((unsigned short)b));
+        double hi = b + 1 == 0x7c00 ? 65536.0 : (double)__half2float(__ushort_as_half((unsigned short)(b + 1)));
+        double mid = (lo + hi) / 2;
+        for (double d : {mid, nextafter(mid, 0.0), nextafter(mid, 1e9), -mid}) {
+            if (__half_as_ushort(__float2half_rn((float)d)) != ref_half_bits((float)d)) bad++;
+            if (__half_as_ushort(__double2half(d)) != ref_half_bits(d)) bad++;
+        }
+    }
+    CHECK(bad == 0, "float/double -> half: %d mismatches with _Float16", bad);
+    CHECK(__half_as_ushort(__float2half_rn(65519.0f)) == 0x7bff && __half_as_ushort(__float2half_rn(65520.0f)) == 0x7c00,
+          "half overflow threshold");
+    CHECK(__half_as_ushort(__float2half_rn(1e-8f)) == 0 && __half_as_ushort(__float2half_rn(6e-8f)) == 1, "half underflow");
+    /* arithmetic: exact double result rounded once */
+    bad = 0;
+    uint32_t seed = 12345;
+    for (int i = 0; i < 200000; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        uint16_t ab = (uint16_t)(seed >> 16), bb = (uint16_t)seed;
+        if ((ab & 0x7fff) >= 0x7c00 || (bb & 0x7fff) >= 0x7c00) continue;
+        __half a = __ushort_as_half(ab), b = __ushort_as_half(bb);
+        double x = __half2float(a), y = __half2float(b);
+        if (__half_as_ushort(a + b) != ref_half_bits(x + y)) bad++;
+        if (__half_as_ushort(a - b) != ref_half_bits(x - y)) bad++;
+        if (__half_as_ushort(a * b) != ref_half_bits(x * y)) bad++;
+        /* x/y is rounded in double first: innocuous, 53 >= 2*11+2 bits */
+        if (y != 0 && __half_as_ushort(a / b) != ref_half_bits(x / y)) bad++;
+        if ((a < b) != (x < y) || (a == b) != (x == y)) bad++;
+    }
+    CHECK(bad == 0, "half arithmetic: %d mismatches", bad);
+    /* bf16 */
+    bad = 0;
+    for (uint64_t u = 0; u < (1ull << 32); u += 89) {
+        uint32_t v = (uint32_t)u;
+        float f;
+        memcpy(&f, &v, 4);
+        if (__bfloat16_as_ushort(__float2bfloat16_rn(f)) != ref_bf16_bits(f)) bad++;
+    }
+    for (uint32_t b = 0; b < 0x7f80; b++) { /* ties */
+        uint32_t tie = (b << 16) | 0x8000u;
+        float f;
+        memcpy(&f, &tie, 4);
+        if (__bfloat16_as_ushort(__float2bfloat16_rn(f)) != ref_bf16_bits(f)) bad++;
+        if (__bfloat162float(__ushort_as_bfloat16((unsigned short)b)) != (float)__ushort_as_bfloat16((unsigned short)b)) bad++;
+    }
+    CHECK(bad == 0, "float -> bf16: %d mismatches", bad);
+    __nv_bfloat16 one = __float2bfloat16_rn(1.0f), third = __float2bfloat16_rn(1.0f / 3.0f);
+    CHECK(__bfloat16_as_ushort(one) == 0x3f80 && __bfloat16_as_ushort(third) == 0x3eab, "bf16 constants");
+    CHECK(__bfloat16_as_ushort(__double2bfloat16(1.0 + 1.0 / 256 + 1e-12)) == 0x3f81, "double -> bf16 without double rounding");
+    CHECK(__hisinf(__float2half_rn(-1e6f)) == -1 && __hisnan(__float2half_rn(NAN)), "half inf/nan tests");
+}
+
+/* ---------------------------------------------------------------- */
+/* kernels: indexing, barriers, shuffles                              */
+
+__global__ void index_kernel(int* out) {
+    int bid = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    int tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    int nthreads = blockDim.x * blockDim.y * blockDim.z;
+    out[bid * nthreads + tid] = bid * 100000 + tid;
+}
+
+namespace ns {
+template <typename T, int N> __global__ void fill_kernel(T* out, T v) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) out[i] = v + (T)i;
+}
+}  // namespace ns
+
+__global__ void noarg_kernel() {}
+
+/* block-wide sum through shared memory: every thread gets the total */
+__global__ void __launch_bounds__(256) reduce_kernel(const float* in, float* out) {
+    __shared__ float part[256];
+    part[threadIdx.x] = in[blockIdx.x * blockDim.x + threadIdx.x];
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = part[0];
+}
+
+__global__ void shuffle_kernel(int* out) {
+    int lane = threadIdx.x & 31;
+    int base = threadIdx.x * 8;
+    out[base + 0] = __shfl_xor_sync(0xffffffffu, lane * 10, 5);
+    out[base + 1] = __shfl_down_sync(0xffffffffu, lane * 10, 3);
+    out[base + 2] = __shfl_up_sync(0xffffffffu, lane * 10, 2);
+    out[base + 3] = __shfl_sync(0xffffffffu, lane * 10, 7);
+    out[base + 4] = __shfl_down_sync(0xffffffffu, lane * 10, 3, 8);
+    out[base + 5] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+    out[base + 6] = __any_sync(0xffffffffu, lane == 17) + 2 * __all_sync(0xffffffffu, lane < 31);
+    double d = __shfl_xor_sync(0xffffffffu, (double)lane + 0.5, 1);
+    __half h = __shfl_xor_sync(0xffffffffu, __float2half_rn((float)lane), 2);
+    out[base + 7] = (int)(d * 2) * 1000 + (int)__half2float(h);
+}
+
+__global__ void shared_poison_kernel(unsigned* out) {
+    __shared__ float s[64];
+    if (threadIdx.x == 0) s[0] = 1.0f; /* only s[0] written */
+    __syncthreads();
+    unsigned u;
+    float v = s[threadIdx.x];
+    memcpy(&u, &v, 4);
+    out[blockIdx.x * 64 + threadIdx.x] = u;
+}
+
+__global__ void dynamic_shared_kernel(float* out) {
+    extern __shared__ __align__(16) float dyn[];
+    dyn[threadIdx.x] = (float)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = dyn[blockDim.x - 1 - threadIdx.x];
+}
+
+__global__ void atomic_kernel(int* counter, unsigned* mx) {
+    atomicAdd(counter, 1);
+    atomicMax(mx, (unsigned)(blockIdx.x * blockDim.x + threadIdx.x));
+}
+
+static void test_kernels(void) {
+    /* indices over a 3D grid of 3D blocks */
+    dim3 grid(3, 2, 2), block(4, 2, 4);
+    int n = 12 * 32;
+    int* d_idx;
+    CK(cudaMalloc(&d_idx, n * sizeof(int)));
+    index_kernel<<<grid, block>>>(d_idx);
+    std::vector<int> h(n);
+    CK(cudaMemcpy(h.data(), d_idx, n * sizeof(int), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += h[i] != (i / 32) * 100000 + i % 32;
+    CHECK(bad == 0, "3D indices: %d wrong", bad);
+
+    /* launch forms: qualified template, 3rd and 4th arguments, several lines, no arguments */
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    int* d_fill;
+    CK(cudaMalloc(&d_fill, 100 * sizeof(int)));
+    ns::fill_kernel<int, 100><<<(100 + 31) / 32, 32, 0, st>>>(d_fill, 7);
+    ns::fill_kernel<int, (100 > 50 ? 60 : 10)><<<
+        dim3(4), /* a comment, with a comma */ dim3(32),
+        0>>>(d_fill, 1000);
+    noarg_kernel<<<1, 32>>>();
+    CK(cudaStreamSynchronize(st));
+    CK(cudaMemcpy(h.data(), d_fill, 100 * sizeof(int), cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int i = 0; i < 100; i++) bad += h[i] != (i < 60 ? 1000 + i : 7 + i);
+    CHECK(bad == 0, "templated launches: %d wrong", bad);
+    CHECK(strstr(LAUNCH_TEXT, "<<<") != NULL, "string literal rewritten");
+
+    /* barriers: tree reduction */
+    int nb = 5;
+    std::vector<float> in(nb * 256);
+    for (int i = 0; i < nb * 256; i++) in[i] = (float)(i % 7);
+    float *d_in, *d_out;
+    CK(cudaMalloc(&d_in, in.size() * 4));
+    CK(cudaMalloc(&d_out, in.size() * 4));
+    CK(cudaMemcpy(d_in, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
+    reduce_kernel<<<nb, 256>>>(d_in, d_out);
+    std::vector<float> out(in.size());
+    CK(cudaMemcpy(out.data(), d_out, out.size() * 4, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int b = 0; b < nb; b++) {
+        float s = 0;
+        for (int i = 0; i < 256; i++) s += in[b * 256 + i];
+        for (int i = 0; i < 256; i++) bad += out[b * 256 + i] != s;
+    }
+    CHECK(bad == 0, "block reduction: %d wrong", bad);
+
+    /* shuffles and votes, two warps */
+    int* d_sh;
+    CK(cudaMalloc(&d_sh, 64 * 8 * sizeof(int)));
+    shuffle_kernel<<<1, 64>>>(d_sh);
+    std::vector<int> sh(64 * 8);
+    CK(cudaMemcpy(sh.data(), d_sh, sh.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    bad = 0;
+    unsigned ballot = 0;
+    for (int l = 0; l < 32; l++) ballot |= (l % 3 == 0 ? 1u : 0u) << l;
+    for (int t = 0; t < 64; t++) {
+        int l = t & 31, *o = &sh[t * 8];
+        int seg = l & ~7;
+        bad += o[0] != (l ^ 5) * 10;
+        bad += o[1] != (l + 3 < 32 ? l + 3 : l) * 10;
+        bad += o[2] != (l >= 2 ? l - 2 : l) * 10;
+        bad += o[3] != 70;
+        bad += o[4] != ((l - seg) + 3 < 8 ? l + 3 : l) * 10;
+        bad += (unsigned)o[5] != ballot;
+        bad += o[6] != 1;
+        bad += o[7] != (2 * (l ^ 1) + 1) * 1000 + (l ^ 2);
+    }
+    CHECK(bad == 0, "shuffles/votes: %d wrong", bad);
+
+    /* shared memory is NaN-poisoned before every block */
+    unsigned* d_u;
+    CK(cudaMalloc(&d_u, 2 * 64 * 4));
+    shared_poison_kernel<<<2, 64>>>(d_u);
+    std::vector<unsigned> u(128);
+    CK(cudaMemcpy(u.data(), d_u, u.size() * 4, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 64; i++) bad += u[b * 64 + i] != (i == 0 ? 0x3f800000u : 0xffffffffu);
+    CHECK(bad == 0, "shared memory poisoning: %d wrong", bad);
+
+    /* dynamic shared memory */
+    float* d_dyn;
+    CK(cudaMalloc(&d_dyn, 96 * 4));
+    dynamic_shared_kernel<<<1, 96, 96 * sizeof(float)>>>(d_dyn);
+    CK(cudaMemcpy(out.data(), d_dyn, 96 * 4, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int i = 0; i < 96; i++) bad += out[i] != (float)(95 - i);
+    CHECK(bad == 0, "dynamic shared memory: %d wrong", bad);
+
+    /* atomics */
+    int* d_cnt;
+    unsigned* d_mx;
+    CK(cudaMalloc(&d_cnt, 4));
+    CK(cudaMalloc(&d_mx, 4));
+    CK(cudaMemset(d_cnt, 0, 4));
+    CK(cudaMemset(d_mx, 0, 4));
+    atomic_kernel<<<7, 96>>>(d_cnt, d_mx);
+    int cnt = 0;
+    unsigned mx = 0;
+    CK(cudaMemcpy(&cnt, d_cnt, 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(&mx, d_mx, 4, cudaMemcpyDeviceToHost));
+    CHECK(cnt == 7 * 96 && mx == 7 * 96 - 1, "atomics: %d %u", cnt, mx);
+
+    /* fresh device memory is poisoned (0xff: NaN); async copies complete at synchronisation */
+    float* d_p;
+    CK(cudaMalloc(&d_p, 16));
+    float* pinned;
+    CK(cudaMallocHost(&pinned, 16));
+    pinned[0] = 5.0f;
+    CK(cudaMemcpyAsync(pinned, d_p, 16, cudaMemcpyDeviceToHost, st));
+    CHECK(pinned[0] == 5.0f, "an async copy to pinned memory ran before synchronisation");
+    CK(cudaStreamSynchronize(st));
+    uint32_t pb;
+    memcpy(&pb, pinned, 4);
+    CHECK(pb == 0xffffffffu, "fresh cudaMalloc memory not poisoned (0x%08x)", pb);
+    /* a pageable source is staged at the call */
+    float src = 3.0f;
+    CK(cudaMemcpyAsync(d_p, &src, 4, cudaMemcpyHostToDevice, st));
+    src = 4.0f;
+    float back = 0;
+    CK(cudaMemcpy(&back, d_p, 4, cudaMemcpyDeviceToHost));
+    CHECK(back == 3.0f, "pageable H2D source not staged at the call (%g)", back);
+
+    int count = 0;
+    CK(cudaGetDeviceCount(&count));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    CHECK(count == 1 && strstr(prop.name, "not a GPU"), "device %d '%s'", count, prop.name);
+    for (void* p : {(void*)d_idx, (void*)d_fill, (void*)d_in, (void*)d_out, (void*)d_sh, (void*)d_u, (void*)d_dyn, (void*)d_cnt,
+                    (void*)d_mx, (void*)d_p})
+        CK(cudaFree(p));
+    CK(cudaFreeHost(pinned));
+    CK(cudaStreamDestroy(st));
+}
+
+/* ---------------------------------------------------------------- */
+/* cuBLASLt                                                           */
+
+struct MatmulCase {
+    int m, n, k, transa, transb;
+    cudaDataType type;
+    bool bias;
+    float beta;
+};
+
+static float to_float(const void* p, cudaDataType t, size_t i) {
+    if (t == CUDA_R_32F) return ((const float*)p)[i];
+    if (t == CUDA_R_16F) return __half2float(((const __half*)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16*)p)[i]);
+}
+static void from_float(void* p, cudaDataType t, size_t i, float v) {
+    if (t == CUDA_R_32F) ((float*)p)[i] = v;
+    else if (t == CUDA_R_16F) ((__half*)p)[i] = __float2half_rn(v);
+    else ((__nv_bfloat16*)p)[i] = __float2bfloat16_rn(v);
+}
+
+/* Runs D = op(A) op(B) + beta C (+ bias) through cuBLASLt; returns D as floats. */
+static std::vector<float> lt_run(cublasLtHandle_t lt, const MatmulCase& c, const std::vector<float>& A, const std::vector<float>& B,
+                                 const std::vector<float>& C, const std::vector<float>& bias, int lda, int ldb, int ldd) {
+    size_t es = c.type == CUDA_R_32F ? 4 : 2;
+    int ar = c.transa ? c.k : c.m, ac = c.transa ? c.m : c.k, br = c.transb ? c.n : c.k, bc = c.transb ? c.k : c.n;
+    std::vector<char> hA(A.size() * es), hB(B.size() * es), hC(C.size() * es), hb(bias.size() * es);
+    for (size_t i = 0; i < A.size(); i++) from_float(hA.data(), c.type, i, A[i]);
+    for (size_t i = 0; i < B.size(); i++) from_float(hB.data(), c.type, i, B[i]);
+    for (size_t i = 0; i < C.size(); i++) from_float(hC.data(), c.type, i, C[i]);
+    for (size_t i = 0; i < bias.size(); i++) from_float(hb.data(), c.type, i, bias[i]);
+    void *dA, *dB, *dD, *db;
+    CK(cudaMalloc(&dA, hA.size()));
+    CK(cudaMalloc(&dB, hB.size()));
+    CK(cudaMalloc(&dD, hC.size()));
+    CK(cudaMalloc(&db, hb.size() ? hb.size() : 4));
+    CK(cudaMemcpy(dA, hA.data(), hA.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dB, hB.data(), hB.size(), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dD, hC.data(), hC.size(), cudaMemcpyHostToDevice));
+    if (hb.size()) CK(cudaMemcpy(db, hb.data(), hb.size(), cudaMemcpyHostToDevice));
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasOperation_t ta = c.transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = c.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (c.bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &db, sizeof(db));
+    }
+    cublasLtMatrixLayoutCreate(&la, c.type, ar, ac, lda);
+    cublasLtMatrixLayoutCreate(&lb, c.type, br, bc, ldb);
+    cublasLtMatrixLayoutCreate(&ld, c.type, c.m, c.n, ldd);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found) == CUBLAS_STATUS_SUCCESS && found == 1,
+          "heuristic");
+    float alpha = 1.0f;
+    CHECK(cublasLtMatmul(lt, desc, &alpha, dA, la, dB, lb, &c.beta, dD, ld, dD, ld, &res.algo, NULL, 0, 0) == CUBLAS_STATUS_SUCCESS,
+          "matmul");
+    CK(cudaMemcpy(hC.data(), dD, hC.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> D(C.size());
+    for (size_t i = 0; i < D.size(); i++) D[i] = to_float(hC.data(), c.type, i);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    for (void* p : {dA, dB, dD, db}) CK(cudaFree(p));
+    return D;
+}
+
+static void test_cublaslt(void) {
+    cublasLtHandle_t lt;
+    CHECK(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate");
+    const MatmulCase cases[] = {
+        {5, 7, 3, 0, 0, CUDA_R_32F, false, 0.0f},  {17, 9, 33, 1, 0, CUDA_R_32F, true, 0.0f},
+        {16, 12, 40, 0, 1, CUDA_R_32F, false, 1.0f}, {8, 20, 64, 1, 1, CUDA_R_16BF, true, 1.0f},
+        {33, 6, 19, 1, 0, CUDA_R_16F, true, 1.0f},  {12, 12, 12, 0, 0, CUDA_R_16F, false, 0.5f},
+    };
+    uint32_t seed = 99;
+    auto rnd = [&seed]() { seed = seed * 1664525u + 1013904223u; return ((seed >> 8) & 0xffff) / 32768.0f - 1.0f; };
+    for (const MatmulCase& c : cases) {
+        int ar = c.transa ? c.k : c.m, ac = c.transa ? c.m : c.k, br = c.transb ? c.n : c.k, bc = c.transb ? c.k : c.n;
+        int lda = ar + 3, ldb = br + 1, ldd = c.m + 2; /* leading dimensions larger than the rows */
+        std::vector<float> A((size_t)lda * ac), B((size_t)ldb * bc), C((size_t)ldd * c.n), bias(c.bias ? c.m : 0);
+        for (auto* v : {&A, &B, &C, &bias})
+            for (float& x : *v) x = c.type == CUDA_R_32F ? rnd() : (c.type == CUDA_R_16F ? __half2float(__float2half_rn(rnd()))
+                                                                                           : __bfloat162float(__float2bfloat16_rn(rnd())));
+        std::vector<float> D = lt_run(lt, c, A, B, C, bias, lda, ldb, ldd);
+        std::vector<float> D2 = lt_run(lt, c, A, B, C, bias, lda, ldb, ldd);
+        CHECK(memcmp(D.data(), D2.data(), D.size() * 4) == 0, "matmul not deterministic");
+        double worst = 0;
+        int pad_changed = 0;
+        for (int j = 0; j < c.n; j++)
+            for (int i = 0; i < c.m + 2; i++) {
+                if (i >= c.m) { pad_changed += memcmp(&D[i + (size_t)j * ldd], &C[i + (size_t)j * ldd], 4) != 0; continue; }
+                double acc = 0;
+                for (int p = 0; p < c.k; p++) {
+                    double a = c.transa ? A[p + (size_t)i * lda] : A[i + (size_t)p * lda];
+                    double b = c.transb ? B[j + (size_t)p * ldb] : B[p + (size_t)j * ldb];
+                    acc += a * b;
+                }
+                acc += c.beta * C[i + (size_t)j * ldd] + (c.bias ? bias[i] : 0);
+                double tol = c.type == CUDA_R_32F ? 1e-5 * (c.k + 2) : c.type == CUDA_R_16F ? 2e-3 * 4 : 1e-2 * 4;
+                worst = fmax(worst, fabs(D[i + (size_t)j * ldd] - acc) / tol);
+            }
+        CHECK(worst <= 1.0 && pad_changed == 0, "matmul m=%d n=%d k=%d ta=%d tb=%d type %d: error %.2f of tolerance, %d padding changed",
+              c.m, c.n, c.k, c.transa, c.transb, (int)c.type, worst, pad_changed);
+    }
+    cublasLtDestroy(lt);
+}
+
+/* ---------------------------------------------------------------- */
+/* misuse the emulator must stop                                       */
+
+__global__ void divergent_barrier_kernel(float* x) {
+    if (threadIdx.x < 16) return;
+    __syncthreads();
+    x[threadIdx.x] = 1;
+}
+__global__ void two_barriers_kernel(float* x) {
+    if (threadIdx.x & 1) {
+        __syncthreads();
+    } else {
+        x[threadIdx.x] = 0;
+        __syncthreads();
+    }
+}
+__global__ void divergent_shuffle_kernel(float* x) {
+    float v = 1;
+    if (threadIdx.x % 32 < 20) v = __shfl_xor_sync(0xffffffffu, v, 1);
+    x[threadIdx.x] = v;
+}
+__global__ void partial_mask_kernel(float* x) { x[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1); }
+__global__ void __launch_bounds__(64) bounded_kernel(float* x) { x[threadIdx.x] = 0; }
+__global__ void write_kernel(float* x, int n) { x[n + threadIdx.x] = 1.0f; }
+__device__ __noinline__ int deep(int depth) {
+    volatile char buf[4096];
+    buf[0] = (char)depth;
+    return depth > 0 ? deep(depth - 1) + buf[0] : 0;
+}
+__global__ void deep_kernel(float* x, int depth) { x[threadIdx.x] = (float)deep(depth); }
+
+static int run_fail(const char* name) {
+    float* d;
+    CK(cudaMalloc(&d, 1000 * sizeof(float)));
+    std::string n = name;
+    if (n == "divergent_barrier") divergent_barrier_kernel<<<1, 64>>>(d);
+    else if (n == "two_barriers") two_barriers_kernel<<<1, 64>>>(d);
+    else if (n == "divergent_shuffle") divergent_shuffle_kernel<<<1, 32>>>(d);
+    else if (n == "partial_mask") partial_mask_kernel<<<1, 32>>>(d);
+    else if (n == "launch_bounds") bounded_kernel<<<1, 128>>>(d);
+    else if (n == "bad_block") bounded_kernel<<<1, 2048>>>(d);
+    else if (n == "host_pointer") { static float h[64]; bounded_kernel<<<1, 64>>>(h); }
+    else if (n == "write_past_end") write_kernel<<<1, 1>>>(d, 1000);          /* into the slack: canary */
+    else if (n == "guard_page") write_kernel<<<1, 1>>>(d, 1024 + 5);         /* 4116 bytes in: the guard page after the block, SIGSEGV */
+    else if (n == "use_after_free") { CK(cudaFree(d)); float x; cudaMemcpy(&x, d, 4, cudaMemcpyDeviceToHost); }
+    else if (n == "memcpy_past_end") { std::vector<float> h(1001); cudaMemcpy(h.data(), d, 1001 * 4, cudaMemcpyDeviceToHost); }
+    else if (n == "memcpy_wrong_kind") { std::vector<float> h(10); cudaMemcpy(d, h.data(), 40, cudaMemcpyDeviceToHost); }
+    else if (n == "stack_overflow") deep_kernel<<<1, 32>>>(d, 1000);
+    else if (n == "lt_epilogue") {
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_GELU;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+    } else if (n == "lt_tf32") {
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F);
+    } else if (n == "lt_algo_mismatch" || n == "lt_alignment") {
+        cublasLtHandle_t lt;
+        cublasLtCreate(&lt);
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        cublasLtMatrixLayout_t l8, l4;
+        cublasLtMatrixLayoutCreate(&l8, CUDA_R_32F, 8, 8, 8);
+        cublasLtMatrixLayoutCreate(&l4, CUDA_R_32F, 4, 4, 4);
+        cublasLtMatmulPreference_t pref;
+        cublasLtMatmulPreferenceCreate(&pref);
+        cublasLtMatmulHeuristicResult_t res;
+        int found;
+        cublasLtMatmulAlgoGetHeuristic(lt, desc, l8, l8, l8, l8, pref, 1, &res, &found);
+        float one = 1, zero = 0;
+        if (n == "lt_algo_mismatch") cublasLtMatmul(lt, desc, &one, d, l4, d + 16, l4, &zero, d + 32, l4, d + 32, l4, &res.algo, NULL, 0, 0);
+        else cublasLtMatmul(lt, desc, &one, d + 1, l8, d + 128, l8, &zero, d + 256, l8, d + 256, l8, &res.algo, NULL, 0, 0);
+    } else {
+        fprintf(stderr, "unknown failure case %s\n", name);
+        return 2;
+    }
+    cudaDeviceSynchronize();
+    printf("NOT STOPPED: %s\n", name);
+    return 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc == 2 && strncmp(argv[1], "fail:", 5) == 0) return run_fail(argv[1] + 5);
+    test_half_types();
+    test_kernels();
+    test_cublaslt();
+    if (g_fail) {
+        printf("emu selftest: %d check%s FAILED\n", g_fail, g_fail == 1 ? "" : "s");
+        return 1;
+    }
+    printf("emu selftest: PASS\n");
+    return 0;
+}

@@ -1,0 +1,440 @@
+"""The CUDA trainer's kernels and driver under the CPU emulator of CUDA (dev/emu).
+
+Why it exists: CI has no GPU, so this is where every change to the CUDA
+sources is run at all: dev/emu compiles them with the host C++ compiler
+against stand-in CUDA/cuBLASLt headers and runs each thread block as
+coroutines on a CPU. A pass here means the kernels' logic (indexing, tiling,
+masking, reductions, bitwise-equal recomputation) and the trainer's driver
+logic agree with the CPU reference under emulation. It is NOT GPU
+verification: warp scheduling, the memory model, real cuBLASLt algorithms and
+performance are not tested (dev/emu/README.md), and results must never be
+reported as GPU results.
+
+Tests: transform.py on every launch form; the emulator's self-test and the
+misuse it must stop; test_gpt's own run_case on small shapes per precision
+(bf16, fp32, and fp16 once the sources define it), which together cover head
+sizes 16/32/64 (and 48 through the padded template), T that is a multiple of
+no tile, the padded vocabulary, every recompute mode's bitwise equality and
+three AdamW steps, and test_gpt's non-finite gradient checks; the bias
+fallback for shapes without a cuBLASLt bias epilogue; emulated train_gpt runs
+(loss falls on a repeated batch, a checkpoint resume is bitwise identical,
+every recompute mode prints the same steps with gradient accumulation); the
+no-device and out-of-memory paths. The emulated runs go through a pool with one process per core.
+Skipped (with the reason) without g++ or off x86-64 Linux.
+The default runs use a different block/warp/lane order per precision
+(forward, reverse, shuffled). Extras: REMAT_EMU_SLOW=1 adds larger shapes,
+T < one tile and T = 333, and every order for every precision.
+"""
+import concurrent.futures
+import functools
+import importlib.util
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, datafile
+
+EMU = REPO / "dev" / "emu"
+OUT = REPO / "build" / "emu"
+SLOW = os.environ.get("REMAT_EMU_SLOW") == "1"
+slow = pytest.mark.skipif(not SLOW, reason="slow emulator extra: set REMAT_EMU_SLOW=1")
+JOBS = max(1, min(os.cpu_count() or 1, 4))
+
+# NAME:C:NH:V:T per precision. V=300 pads to Vp=384 everywhere. The T values
+# are multiples of no attention tile (64 query rows, 32 key rows, 16-key
+# sub-tiles), and 2T vs test_gpt's 100-row logits chunks gives one partial
+# chunk or a full one plus a partial one. C=48 leaves partial 32-column tiles
+# (48, 144 columns) in the column-sum kernels; hs48 runs the 64 template with
+# padding; NH=1 makes the head sizes cheap (C = hs).
+CASES = {
+    "bf16": ["hs16:64:4:300:77", "hs32:64:2:300:37", "hs64:64:1:300:45"],
+    "fp32": ["hs16:48:3:300:70", "hs32:96:3:300:45", "hs64:64:1:300:37"],
+    "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21"],
+}
+NONFINITE_CASE = "nonfinite:hs16:64:4:300:64"  # test_gpt's check_nonfinite (injected inf/NaN; FP16 overflow)
+NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
+SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
+# Block/warp/lane order of the default runs, one per precision at no extra cost:
+# a result that depends on it is a race between blocks or a missing barrier
+# (e.g. a column-sum block writing past its columns into a slot another block
+# fills later passes in forward order only).
+DEFAULT_ORDER = {"bf16": "forward", "fp32": "reverse", "fp16": "shuffle:1"}
+ORDERS = ["forward", "reverse", "shuffle:2"]
+SETTINGS_COMPARED = 5  # test_gpt's settings after the -r 0 reference
+
+
+def fp16_in_sources():
+    return re.search(r"typedef\s+__half\s+floatX", (REPO / "llmc/cuda_common.cuh").read_text()) is not None
+
+
+PRECISIONS = ["bf16", "fp32", "fp16"]
+
+
+def precision_param(p):
+    if p == "fp16" and not fp16_in_sources():
+        return pytest.param(p, marks=pytest.mark.skip(reason="FP16 not in the sources yet (no 'typedef __half floatX')"))
+    return p
+
+
+def platform_problem():
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"the emulator's context switch is x86-64 Linux only (this is {platform.system()} {platform.machine()})"
+    if not shutil.which(os.environ.get("CXX", "g++")):
+        return "g++ not found (the emulator compiles the CUDA sources with it)"
+    if not shutil.which("make"):
+        return "make not found"
+    return None
+
+
+def emu_env(**extra):
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"  # the pool runs one process per core
+    env["OMP_WAIT_POLICY"] = "passive"
+    env.update(extra)
+    return env
+
+
+def emu_run(args, timeout=900, **env):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=emu_env(**env), cwd=REPO)
+
+
+def explain(res):
+    return f"exit {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+
+
+# ---- build ----
+
+@pytest.fixture(scope="session")
+def emu_build():
+    why = platform_problem()
+    if why:
+        pytest.skip(why)
+    res = subprocess.run(["make", "-C", str(EMU), f"-j{JOBS}"], capture_output=True, text=True, timeout=1200)
+    if res.returncode != 0:
+        pytest.fail("building the emulator failed (make -C dev/emu):\n" + res.stdout[-3000:] + res.stderr[-6000:])
+    return OUT
+
+
+@pytest.fixture(scope="session")
+def pool(emu_build):
+    """Runs the emulated jobs in the background, one per core; tests wait on their own."""
+    ex = concurrent.futures.ThreadPoolExecutor(max_workers=JOBS)
+    yield ex
+    ex.shutdown(wait=False, cancel_futures=True)
+
+
+_futures = {}
+
+
+def submit(pool, key, fn, *args):
+    if key not in _futures:
+        _futures[key] = pool.submit(fn, *args)
+    return _futures[key]
+
+
+def gpt_job(precision, cases, order=None, **env):
+    if order:
+        env["EMU_ORDER"] = order
+    return emu_run([OUT / f"emu_test_gpt_{precision}", *cases], **env)
+
+
+@pytest.fixture(scope="session")
+def default_jobs(pool, tmp_path_factory):
+    """Queues every default emulated run at once, so that they overlap."""
+    built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
+    for p in PRECISIONS:
+        if p in built:
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, *CASES[p]], DEFAULT_ORDER[p])
+    if "bf16" in built:
+        submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
+    data = tmp_path_factory.mktemp("emu_data")
+    for p in PRECISIONS:
+        if p in built:
+            submit(pool, ("train", p), train_job, p, data / p)
+    return built
+
+
+# ---- transform.py ----
+
+def load_transform():
+    spec = importlib.util.spec_from_file_location("emu_transform", EMU / "transform.py")
+    mod = importlib.util.module_from_spec(spec)
+    keep, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ in dev/emu
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = keep
+    return mod
+
+
+TRICKY = r'''
+// k<<<1, 2>>>(x) in a comment stays
+const char* s = "a<<<b>>>c";
+void f() {
+    k<<<g, b>>>(x, y);
+    ns::kern<HS, (A > B ? 1 : 2)><<<grid_for(n, 256), 256, 0, stream>>>(out,
+        in);
+    k2<<<
+        dim3(4, 2), /* block, with a comma */ dim3(32),
+        smem>>>();
+    ::k3<T><<<a, b, c, s>>>(p->q, r[1]);
+}
+__global__ void __launch_bounds__(Cfg<A, B>::THREADS, 2)
+kern(float* x) {
+    __shared__ __align__(16) float a[4][8], b[2];
+    extern __shared__ float dyn[];
+}
+'''
+
+
+def test_transform_rewrites_every_launch_form():
+    t = load_transform()
+    out = t.transform_text(TRICKY, "/src/x.cu")
+    lines = out.split("\n")
+    assert lines[0] == '#line 1 "/src/x.cu"'
+    body = "\n".join(lines[1:])
+    assert body.count("\n") == TRICKY.count("\n"), "line numbers must not move"
+    assert "// k<<<1, 2>>>(x) in a comment stays" in body and '"a<<<b>>>c"' in body
+    assert 'emu_launch(emu::Site{"k", __FILE__, __LINE__}, (g), (b), (0), ((cudaStream_t)0), k, x, y);' in body
+    assert ('emu_launch(emu::Site{"ns::kern<HS, (A > B ? 1 : 2)>", __FILE__, __LINE__}, (grid_for(n, 256)), (256), (0), (stream), '
+            'ns::kern<HS, (A > B ? 1 : 2)>, out,') in body
+    assert re.search(r'emu_launch\(emu::Site\{"k2", __FILE__, __LINE__\}, \(dim3\(4, 2\)\), \(dim3\(32\)\), \(smem\), '
+                     r'\(\(cudaStream_t\)0\), k2\n\n\);', body)  # the two removed newlines come back after the callee
+    assert 'emu_launch(emu::Site{"::k3<T>", __FILE__, __LINE__}, (a), (b), (c), (s), ::k3<T>, p->q, r[1]);' in body
+    assert "emu_launch_bounds((long)(Cfg<A, B>::THREADS));" in body
+    assert "emu_shared_use(&a, sizeof(a)); emu_shared_use(&b, sizeof(b));" in body
+    assert "float* dyn = (float*)emu_dynamic_shared();" in body
+    # launches keep their lines
+    src_lines = TRICKY.split("\n")
+    for i, line in enumerate(src_lines):
+        if "k<<<g, b>>>" in line or "::k3<T><<<" in line:
+            assert "emu_launch(" in lines[i + 1]
+
+
+def test_transform_launch_in_a_macro():
+    t = load_transform()
+    src = "#define LAUNCH(k, n) \\\n    k<<<grid_for(n, \\\n               256), 256>>>(n)\nint x;\n"
+    out = t.transform_text(src, "/m.cu").split("\n", 1)[1]
+    assert out.count("\n") == src.count("\n")
+    assert re.search(r'emu_launch\(emu::Site\{"k", __FILE__, __LINE__\}, \(grid_for\(n, +256\)\), \(256\), \(0\), '
+                     r'\(\(cudaStream_t\)0\), k, \\\nn\)\n', out), out
+    assert all(line.endswith("\\") for line in out.split("\n")[:2])
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("void f() { (*table[i])<<<1, 32>>>(x); }", "callee"),
+    ("void f() { k<<<1>>>(x); }", "2 to 4 arguments"),
+    ("void f() { k<<<1, 2, 3, 4, 5>>>(x); }", "2 to 4 arguments"),
+    ("void f() { k<<<1, 32>>> x; }", "argument list"),
+    ("#define S __shared__ float x[4];\n", "preprocessor"),
+])
+def test_transform_fails_loudly(bad, why):
+    t = load_transform()
+    with pytest.raises(t.TransformError, match=why):
+        t.transform_text(bad, "/src/bad.cu")
+
+
+def test_transform_covers_the_sources(tmp_path):
+    """Every launch in the current sources is rewritten, nothing is written into the tree."""
+    res = subprocess.run([sys.executable, EMU / "transform.py", REPO, tmp_path], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    t = load_transform()
+    launches = 0
+    for src in [*REPO.glob("*.cu"), *(REPO / "llmc").glob("*.cuh")]:
+        code = t.mask_code(src.read_text())
+        launches += code.count("<<<")
+        out = (tmp_path / src.relative_to(REPO)).read_text()
+        assert "<<<" not in t.mask_code(out)
+        assert out.count("\n") == src.read_text().count("\n") + 1
+    assert launches >= 10
+    with pytest.raises(t.TransformError, match="source tree"):
+        t.transform_tree(REPO, REPO / "llmc")
+
+
+# ---- the emulator itself ----
+
+def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start in the background now
+    res = emu_run([OUT / "emu_selftest"], timeout=300)
+    print(res.stdout)
+    assert res.returncode == 0 and "emu selftest: PASS" in res.stdout, explain(res)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("divergent_barrier", "a barrier in divergent code is undefined"),
+    ("two_barriers", "wait at different __syncthreads"),
+    ("divergent_shuffle", "reached by 20 of 32 lanes"),
+    ("partial_mask", "only the full mask 0xffffffff is emulated"),
+    ("launch_bounds", "above its __launch_bounds__(64)"),
+    ("bad_block", "exceeds 1024 threads"),
+    ("host_pointer", "points into no cudaMalloc or cudaMallocHost block"),
+    ("write_past_end", "wrote 1 bytes past the end of the 4000-byte cudaMalloc block"),
+    ("guard_page", "116 bytes past the end of the 4000-byte cudaMalloc block"),
+    ("use_after_free", "use after free"),
+    ("memcpy_past_end", "runs 4 bytes past the end"),
+    ("memcpy_wrong_kind", "the destination"),
+    ("stack_overflow", "stack overflow"),
+    ("lt_epilogue", "epilogue 32 is not emulated"),
+    ("lt_tf32", "compute type 77 is not emulated"),
+    ("lt_algo_mismatch", "found for a different problem"),
+    ("lt_alignment", "4-byte aligned, but the algorithm was found for a minimum alignment of 256"),
+])
+def test_emulator_stops_misuse(emu_build, case, message):
+    res = emu_run([OUT / "emu_selftest", f"fail:{case}"], timeout=120)
+    assert res.returncode != 0 and "NOT STOPPED" not in res.stdout, explain(res)
+    assert message in res.stderr, explain(res)
+    assert "emu: " in res.stderr
+
+
+# ---- test_gpt under emulation ----
+
+def check_gpt_output(res, cases):
+    assert res.returncode == 0, explain(res)
+    out = res.stdout
+    assert "NOT a GPU" in out and "PASS (emulated, not GPU verification)" in out
+    if NONFINITE_CASE in cases:
+        assert re.search(r"^PASS: non-finite gradients$", out, re.M), out[-3000:]
+        cases = [c for c in cases if c != NONFINITE_CASE]
+    expected = [(c.split(":")[0], t) for c in cases for t in c.split(":")[4].split(",")]
+    for name, T in expected:
+        assert re.search(rf"^PASS: {name} T={T}$", out, re.M), f"{name} T={T} missing\n" + out[-3000:]
+    bitwise = re.findall(r"bitwise identical to -r 0 in every step", out)
+    assert len(bitwise) == SETTINGS_COMPARED * len(expected), out[-3000:]
+    assert "FAIL" not in out and "DIFFERS" not in out
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
+    if precision not in default_jobs:
+        pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
+    res = _futures[("gpt", precision)].result()
+    print(res.stdout[-6000:])
+    check_gpt_output(res, [NONFINITE_CASE, *CASES[precision]])
+
+
+def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
+    """Where cuBLASLt has no bias epilogue for a shape, matmul.cuh adds the bias with its own kernel."""
+    if "bf16" not in default_jobs:
+        pytest.skip("bf16 not built")
+    res = _futures[("gpt-nobias", "bf16")].result()
+    check_gpt_output(res, NOBIAS_CASES)
+    assert "note: cuBLASLt has no bias epilogue" in res.stdout
+
+
+@pytest.fixture(scope="session")
+def slow_jobs(pool, default_jobs):
+    for p in PRECISIONS:
+        if p in default_jobs:
+            submit(pool, ("gpt-slow", p), gpt_job, p, SLOW_CASES)
+            for order in ORDERS:
+                submit(pool, ("gpt-order", p, order), gpt_job, p, CASES[p][:2], order)
+    return default_jobs
+
+
+@slow
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_gpt_extra_shapes_emulated(slow_jobs, precision):
+    if precision not in slow_jobs:
+        pytest.skip(f"{precision} not built")
+    check_gpt_output(_futures[("gpt-slow", precision)].result(), SLOW_CASES)
+
+
+@slow
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_gpt_other_block_orders_emulated(slow_jobs, precision, order):
+    """Blocks, warps and lanes in another order: a result that depends on it is a race or a missing barrier."""
+    if precision not in slow_jobs:
+        pytest.skip(f"{precision} not built")
+    check_gpt_output(_futures[("gpt-order", precision, order)].result(), CASES[precision][:2])
+
+
+# ---- train_gpt under emulation ----
+
+RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"]]
+TINY = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
+STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
+
+
+def steps(stdout):
+    return [(m.group(1), m.group(3), m.group(4), m.group(5)) for m in STEP_RE.finditer(stdout)]
+
+
+def train_job(precision, data):
+    """Repeated-batch run, full run with checkpoints, resumed run: outputs and checkpoint bytes."""
+    exe = OUT / f"emu_train_gpt_{precision}"
+    data.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    datafile.write_shard(data / "one_train.bin", rng.integers(0, 64, 2 * 32 + 1))
+    datafile.write_shard(data / "tiny_train.bin", rng.integers(0, 64, 20000))
+    datafile.write_shard(data / "tiny_val.bin", rng.integers(0, 64, 4000))
+    r = {}
+    r["repeat"] = emu_run([exe, *TINY, "-i", data / "one_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "12", "-l", "1e-2",
+                           "-s", "0"])
+    common = [exe, *TINY, "-i", data / "tiny_train.bin", "-j", data / "tiny_val.bin", "-b", "2", "-t", "32", "-v", "0", "-s", "0",
+              "-x", "6", "-n", "3", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1", "-l", "1e-3"]
+    full, part = data / "full", data / "part"
+    r["full"] = emu_run([*common, "-o", full])
+    part.mkdir()
+    for name in ["model_00000003.bin", "state_00000003_00000.bin", "DONE_00000003"]:
+        if (full / name).exists():
+            shutil.copy(full / name, part / name)
+    r["resumed"] = emu_run([*common, "-o", part, "-y", "1", "-r", "2"])  # resumed with selective recompute
+    r["files"] = {name: ((full / name).read_bytes() if (full / name).exists() else None,
+                         (part / name).read_bytes() if (part / name).exists() else None)
+                  for name in ["model_00000006.bin", "state_00000006_00000.bin"]}
+    # recompute through the command line, with gradient accumulation (-d: 2 micro-batches per step)
+    modes = [exe, *TINY, "-i", data / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-d", "128", "-x", "3", "-s", "0"]
+    r["modes"] = {" ".join(flags): emu_run([*modes, *flags]) for flags in RECOMPUTE_FLAGS}
+    return r
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, precision):
+    if precision not in default_jobs:
+        pytest.skip(f"{precision} not built")
+    r = _futures[("train", precision)].result()
+    rep = r["repeat"]
+    assert rep.returncode == 0, explain(rep)
+    assert "EMU (CPU emulation of CUDA, not a GPU)" in rep.stdout
+    losses = [float(s[1]) for s in steps(rep.stdout)]
+    assert len(losses) == 12, rep.stdout[-2000:]
+    assert losses[-1] < 0.5 * losses[0], losses
+    assert sum(b > a for a, b in zip(losses, losses[1:])) <= 2, losses
+    full, resumed = r["full"], r["resumed"]
+    assert full.returncode == 0, explain(full)
+    assert resumed.returncode == 0, explain(resumed)
+    assert "resumed: step 3" in resumed.stdout, resumed.stdout[-2000:]
+    assert len(steps(full.stdout)) == 6
+    assert steps(resumed.stdout) == steps(full.stdout)[3:]
+    for name, (a, b) in r["files"].items():
+        assert a is not None and b is not None and a == b, f"{name} differs after resume"
+    base = None
+    for flags, res in r["modes"].items():
+        assert res.returncode == 0, flags + "\n" + explain(res)
+        assert "gradient accumulation 2" in res.stdout
+        got = steps(res.stdout)
+        assert len(got) == 3, res.stdout[-2000:]
+        base = base or got
+        assert got == base, f"{flags}: {got} != -r 0: {base}"
+
+
+def test_train_without_device_fails_cleanly(emu_build, tmp_path):
+    datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
+    res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
+                  EMU_DEVICE_COUNT="0")
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: no CUDA device"), explain(res)
+
+
+def test_train_out_of_device_memory_is_reported(emu_build, tmp_path):
+    datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
+    res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
+                  EMU_DEVICE_MEMORY="64KiB")
+    assert res.returncode == 1, explain(res)
+    assert "out of device memory" in res.stderr, explain(res)
