@@ -11,6 +11,8 @@
 #      measured device memory
 #   5. dev/bench/sweep_recompute.py --quick (FP16): planned and measured memory
 #      and ms/step of d12 and the 24 x 2048 model at T = 2048 to 8192
+#   6. scripts/check_nccl_one_gpu.sh: the NCCL build with one rank against the
+#      plain build (skipped with 77 when the machine has no NCCL or MPI)
 # and prints a compact markdown table last (also written to LOGDIR/summary.md).
 # A failing or timed-out stage is recorded in the table; later stages still run.
 #
@@ -172,6 +174,11 @@ PY
 else
     SUMMARY+=("| recompute sweep --quick (fp16) | not run (build/train_gpt_fp16 missing) |")
 fi
+
+# ---- 6. the NCCL path with one rank gives the plain build's losses ----
+stage nccl_one_gpu 120 scripts/check_nccl_one_gpu.sh
+rc=$?
+SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, overlap on/off, -z 1 resume | $(status_word $rc) |")
 
 # ---- table ----
 {
