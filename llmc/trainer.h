@@ -79,7 +79,7 @@ static inline double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-/* True when -e names a descriptor or shape flags ask for random init. */
+/* True when -e names a descriptor: random init, which the shape flags may adjust. */
 static inline int wants_random_init(const TrainOptions* o) {
     ModelConfig tmp;
     return config_from_descriptor(o->model, &tmp) == 0;
@@ -459,76 +459,104 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
 
 static inline int is_due(int every, int step, int last) { return every > 0 && (step % every == 0 || last); }
 
+/* What happens between steps, at step `step` (after that many updates):
+ * validation, a sample, a checkpoint. None of it changes the training state. */
+typedef struct {
+    DataLoader train, val;
+    int has_val;
+    Tokenizer tk;
+    Logger log;
+    float* probs;
+    int* gen;
+} LoopState;
+
+static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step, int start, int last) {
+    const TrainOptions* o = &run->opt;
+    if (ls->has_val && is_due(o->val_every, step, last)) {
+        float vl = evaluate(run, be, &ls->val);
+        printf("val loss %.6f at step %d\n", (double)vl, step);
+        logger_val(&ls->log, step, vl);
+    }
+    if (run->rank == 0 && step > start && step > 0 && is_due(o->sample_every, step, last))
+        sample(run, be, &ls->tk, step, ls->probs, ls->gen);
+    if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
+        save_checkpoint(run, be, step, &ls->train);
+}
+
+static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, int steps, const StepResult* r, double ms) {
+    if (r->skipped) {
+        printf("step %4d/%d | loss %.6f | skipped: inf/NaN gradients, loss scale now %g\n", step, steps, (double)r->loss,
+               (double)run->scaler.scale);
+        logger_event(&ls->log, step, "skipped: inf/NaN gradients, loss scale halved");
+        return;
+    }
+    double tokens_per_s = (double)run->grad_accum * run->opt.B * run->opt.T * run->world / (ms / 1e3);
+    char extras[256] = "";
+    if (be->step_extras) be->step_extras(be->ctx, ms, extras, sizeof(extras));
+    printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step, steps, (double)r->loss,
+           (double)r->lr, (double)r->norm, ms, tokens_per_s, extras);
+    fflush(stdout);
+    logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s);
+}
+
+/* Data loaders (validated here, before any step), tokenizer, log, buffers. */
+static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
+    const TrainOptions* o = &run->opt;
+    uint16_t* staging = (uint16_t*)be->io_chunk;
+    size_t staging_tokens = run->io_chunk_floats * 2;
+    dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size,
+                    o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+    ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
+    if (ls->has_val)
+        dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size, 0,
+                        (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+    load_tokenizer(run, &ls->tk);
+    if (o->out_dir[0]) mkdir_check(o->out_dir);
+    logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL);
+    ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
+    ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
+}
+
+static inline void loop_close(LoopState* ls) {
+    logger_close(&ls->log);
+    tokenizer_free(&ls->tk);
+    free(ls->probs);
+    free(ls->gen);
+    dataloader_free(&ls->train);
+    if (ls->has_val) dataloader_free(&ls->val);
+}
+
 /* Loads the parameters (or checkpoint), runs all steps, reports. */
 static inline void train(Run* run, Backend* be) {
-    const TrainOptions* o = &run->opt;
     const MemoryPlan* p = &run->plan;
     load_parameters(run, be);
     loss_scaler_init(&run->scaler, be->loss_scaling);
     run->updates = 0;
-    DataLoader train_loader, val_loader;
-    uint16_t* staging = (uint16_t*)be->io_chunk;
-    size_t staging_tokens = run->io_chunk_floats * 2;
-    uint16_t* window = be->window;
-    dataloader_init(&train_loader, "-i", o->train_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size,
-                    o->shuffle, (uint64_t)o->seed, window, be->inputs, be->targets, staging, staging_tokens);
-    int has_val = o->val_glob[0] != '\0' && o->val_every > 0;
-    if (has_val)
-        dataloader_init(&val_loader, "-j", o->val_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size, 0,
-                        (uint64_t)o->seed, window, be->inputs, be->targets, staging, staging_tokens);
-    Tokenizer tk;
-    load_tokenizer(run, &tk);
-    if (o->out_dir[0]) mkdir_check(o->out_dir);
-    int start = run->resume_step >= 0 ? load_checkpoint(run, be, &train_loader) : 0;
-    int steps = total_steps(run, &train_loader);
-    Logger lg;
-    logger_open(&lg, run->rank == 0 ? o->out_dir : NULL);
-    if (start > 0) logger_event(&lg, start, "resumed");
-    float* probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
-    int* gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
-    printf("training: %d steps (from step %d), lr %g %s schedule, warmup %d\n", steps, start + 1, (double)o->lr, o->schedule, o->warmup_steps);
+    LoopState ls;
+    loop_open(run, be, &ls);
+    int start = run->resume_step >= 0 ? load_checkpoint(run, be, &ls.train) : 0;
+    int steps = total_steps(run, &ls.train);
+    if (start > 0) logger_event(&ls.log, start, "resumed");
+    printf("training: %d steps (from step %d), lr %g %s schedule, warmup %d\n", steps, start + 1, (double)run->opt.lr,
+           run->opt.schedule, run->opt.warmup_steps);
     fflush(stdout);
     double total_ms = 0.0;
     int timed_steps = 0;
     for (int step = start; step <= steps; step++) {
-        int last = step == steps;
-        if (has_val && is_due(o->val_every, step, last)) {
-            float vl = evaluate(run, be, &val_loader);
-            printf("val loss %.6f at step %d\n", (double)vl, step);
-            logger_val(&lg, step, vl);
-        }
-        if (run->rank == 0 && step > start && step > 0 && is_due(o->sample_every, step, last)) sample(run, be, &tk, step, probs, gen);
-        if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last)) save_checkpoint(run, be, step, &train_loader);
-        if (last) break;
+        between_steps(run, be, &ls, step, start, step == steps);
+        if (step == steps) break;
         double t0 = now_ms();
-        StepResult r = train_step(run, be, &train_loader, step + 1, steps);
+        StepResult r = train_step(run, be, &ls.train, step + 1, steps);
         double ms = now_ms() - t0;
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
-        double tokens_per_s = (double)run->grad_accum * o->B * o->T * run->world / (ms / 1e3);
-        char extras[256] = "";
-        if (be->step_extras) be->step_extras(be->ctx, ms, extras, sizeof(extras));
-        if (r.skipped) {
-            printf("step %4d/%d | loss %.6f | skipped: inf/NaN gradients, loss scale now %g\n", step + 1, steps,
-                   (double)r.loss, (double)run->scaler.scale);
-            logger_event(&lg, step + 1, "skipped: inf/NaN gradients, loss scale halved");
-            continue;
-        }
-        printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step + 1, steps, (double)r.loss,
-               (double)r.lr, (double)r.norm, ms, tokens_per_s, extras);
-        fflush(stdout);
-        logger_train(&lg, step + 1, r.loss, r.lr, r.norm, ms, tokens_per_s);
+        report_step(run, be, &ls, step + 1, steps, &r, ms);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     if (p->spec.backend == BACKEND_CPU)
         printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
     else
         printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);
-    logger_close(&lg);
-    tokenizer_free(&tk);
-    free(probs);
-    free(gen);
-    dataloader_free(&train_loader);
-    if (has_val) dataloader_free(&val_loader);
+    loop_close(&ls);
 }
 
 #endif
