@@ -104,3 +104,16 @@ def test_no_half_written_checkpoint_on_failure(files, tmp_path):
                "-x", "1", "-s", "0", "-o", blocker])
     assert res.returncode == 1
     assert "not a directory" in res.stderr or "cannot create" in res.stderr
+
+
+def test_nan_in_training_stops_the_run(files, tmp_path):
+    """A model whose loss turns NaN stops with one line instead of training on
+    garbage (under mpirun every rank stops: see test_multiprocess.py)."""
+    model = bytearray((files / "model_ok.bin").read_bytes())
+    model[1024 + 4 * 70:1024 + 4 * 71] = struct.pack("<f", float("nan"))  # inside wte
+    (tmp_path / "nan.bin").write_bytes(bytes(model))
+    res = run([binary("build/train_gpt_cpu_asan"), "-e", tmp_path / "nan.bin", "-i", files / "good.bin", "-j", "",
+               "-b", "1", "-t", "16", "-x", "2", "-s", "0"], timeout=120)
+    assert res.returncode == 1
+    lines = [l for l in res.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: step 1: loss nan") and "diverged" in lines[0], res.stderr

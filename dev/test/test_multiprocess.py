@@ -4,6 +4,7 @@ resume is bitwise identical; an error on one rank stops all of them."""
 import os
 import re
 import shutil
+import struct
 import time
 
 import numpy as np
@@ -100,3 +101,17 @@ def test_bad_shard_on_one_rank_stops_every_rank(synthetic, tmp_path):
     assert res.returncode != 0
     assert time.time() - t0 < 30
     assert "error: rank 1: " in res.stderr and "s_000001.bin" in res.stderr and "out of range" in res.stderr
+
+
+def test_nan_stops_every_rank(synthetic, tmp_path):
+    out, meta = synthetic
+    train(1, synthetic, "-b", "2", "-x", "1", "-v", "0", "-o", tmp_path / "ck")
+    model = bytearray((tmp_path / "ck" / "model_00000001.bin").read_bytes())
+    model[1024 + 4 * 5:1024 + 4 * 6] = struct.pack("<f", float("nan"))
+    (tmp_path / "nan.bin").write_bytes(bytes(model))
+    t0 = time.time()
+    res = run(["mpirun", "-np", "2", str(binary("train_gpt_cpu")), "-e", tmp_path / "nan.bin", "-i",
+               out / "synthetic_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "3", "-s", "0"],
+              env=MPI_ENV, timeout=120)
+    assert res.returncode != 0 and time.time() - t0 < 30
+    assert "training diverged" in res.stderr and "error: rank " in res.stderr
