@@ -61,7 +61,7 @@ static const FlagSpec flag_table[] = {
     {"--layers", FLAG_INT, OPT(layers), 1, 4096, FOR_BOTH, "random init: number of layers (overrides the descriptor)"},
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
-    {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 1048576, FOR_BOTH, "random init: rows of the position table"},
+    {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 1048576, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
     {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 65536, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
     {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
     {"-j", FLAG_STRING, OPT(val_glob), 0, 0, FOR_BOTH, "validation token shards (glob; empty string: no validation)"},

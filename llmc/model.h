@@ -182,6 +182,14 @@ static inline void model_file_read_chunk(FILE* f, const ModelFileInfo* info, flo
     for (size_t i = 0; i < n; i++) out[i] = bf16_to_float(half[i]);
 }
 
+/* Reads payload elements [first, first+n) as fp32 (random access: fseeko,
+ * as files past 2 GiB are common). */
+static inline void model_file_read_at(FILE* f, const ModelFileInfo* info, size_t first, float* out, size_t n, const char* path) {
+    size_t elem = info->version == 3 ? 4 : 2;
+    if (fseeko(f, (off_t)(1024 + first * elem), SEEK_SET) != 0) fail("%s: seek failed (%s)", path, strerror(errno));
+    model_file_read_chunk(f, info, out, n, path);
+}
+
 static inline void model_file_write_header(FILE* f, const ModelConfig* cfg, int version, const char* path) {
     int32_t h[256];
     memset(h, 0, sizeof(h));

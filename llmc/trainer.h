@@ -98,7 +98,8 @@ static inline void resolve_model(Run* run) {
     } else if (wants_random_init(o)) {
         run->model_path = NULL;
     } else {
-        if (shape_flags) fail("flags --layers/--heads/--channels/--max-seq-len/--vocab-size apply to random init only, not to the model file %s", o->model);
+        if (o->layers || o->heads || o->channels || o->vocab_size)
+            fail("flags --layers/--heads/--channels/--vocab-size apply to random init only, not to the model file %s", o->model);
         run->model_path = o->model;
     }
     if (run->model_path) {
@@ -106,6 +107,13 @@ static inline void resolve_model(Run* run) {
         fclose(model_file_open(run->model_path, &info));
         run->cfg = info.cfg;
         snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
+        if (run->resume_step < 0 && o->max_seq_len && o->max_seq_len != info.cfg.max_seq_len) {
+            /* long-context fine-tuning: a longer (or shorter) position table */
+            run->cfg.max_seq_len = o->max_seq_len;
+            size_t used = strlen(run->model_desc);
+            snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
+                     info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len > info.cfg.max_seq_len ? " (learned rows repeated)" : "");
+        }
         return;
     }
     config_from_descriptor(o->model, &run->cfg);
@@ -230,19 +238,45 @@ static inline void run_print_header(const Run* run) {
 
 /* ---- parameters and checkpoints ---- */
 
-static inline void load_parameters(Run* run, Backend* be) {
-    size_t n_total = run->plan.num_params, chunk = run->io_chunk_floats / 2; /* half: bf16 staging */
-    if (run->model_path) {
-        ModelFileInfo info;
-        FILE* f = model_file_open(run->model_path, &info);
-        for (size_t s = 0; s < n_total; s += chunk) {
-            size_t n = n_total - s < chunk ? n_total - s : chunk;
-            model_file_read_chunk(f, &info, be->io_chunk, n, run->model_path);
-            be->transfer(be->ctx, TENSOR_PARAMS, s, n, be->io_chunk, 0);
-        }
-        fclose(f);
-        return;
+/* Copies n parameters from file element `from` to backend element `to`, in chunks. */
+static inline void copy_from_file(Backend* be, FILE* f, const ModelFileInfo* info, size_t from, size_t to, size_t n,
+                                  size_t chunk, const char* path) {
+    for (size_t s = 0; s < n; s += chunk) {
+        size_t k = n - s < chunk ? n - s : chunk;
+        model_file_read_at(f, info, from + s, be->io_chunk, k, path);
+        be->transfer(be->ctx, TENSOR_PARAMS, to + s, k, be->io_chunk, 0);
     }
+}
+
+/* Parameters from the model file, tensor by tensor. When --max-seq-len
+ * resized the position table, row t of the new table is row t mod maxT of
+ * the file's: a longer table repeats the learned positions (the usual start
+ * for long-context fine-tuning), a shorter one keeps the first rows. */
+static inline void load_parameters_from_file(Run* run, Backend* be, size_t chunk) {
+    ModelFileInfo info;
+    FILE* f = model_file_open(run->model_path, &info);
+    ParamLayout file_pl, run_pl;
+    param_layout(&info.cfg, &file_pl);
+    param_layout(&run->cfg, &run_pl);
+    size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info.cfg.max_seq_len;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (t != P_WPE) {
+            copy_from_file(be, f, &info, file_pl.offset[t], run_pl.offset[t], run_pl.count[t], chunk, run->model_path);
+            continue;
+        }
+        size_t rows = (size_t)run->cfg.max_seq_len;
+        for (size_t r = 0; r < rows;) {
+            size_t src = r % file_rows, k = file_rows - src < rows - r ? file_rows - src : rows - r;
+            copy_from_file(be, f, &info, file_pl.offset[t] + src * C, run_pl.offset[t] + r * C, k * C, chunk, run->model_path);
+            r += k;
+        }
+    }
+    fclose(f);
+}
+
+static inline void load_parameters(Run* run, Backend* be) {
+    size_t chunk = run->io_chunk_floats / 2; /* half: bf16 staging */
+    if (run->model_path) { load_parameters_from_file(run, be, chunk); return; }
     ParamLayout pl;
     param_layout(&run->cfg, &pl);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++)

@@ -162,3 +162,34 @@ def test_help_lists_every_flag_the_parser_takes():
 def test_peak_memory_reported(tiny_shards):
     res = tiny_run(tiny_shards, "-x", "1")
     assert re.search(r"peak resident memory: [0-9.]+ MiB", res.stdout)
+
+
+def test_long_context_resize_of_the_position_table(tiny_shards, tmp_path):
+    """--max-seq-len with a model file resizes wpe: longer tables repeat the
+    learned rows, shorter ones keep the first; nothing else changes."""
+    tiny_run(tiny_shards, "-x", "1", "-o", tmp_path / "a")
+    src = tmp_path / "a" / "model_00000001.bin"
+    C, L, Vp, T = 32, 3, 128, 32
+
+    def tensors(path, maxT):
+        raw = np.frombuffer(path.read_bytes()[1024:], dtype=np.float32)
+        wte, wpe, rest = raw[:Vp * C], raw[Vp * C:Vp * C + maxT * C].reshape(maxT, C), raw[Vp * C + maxT * C:]
+        return wte, wpe, rest
+
+    def from_model(model, *flags, out=None):
+        args = [binary("train_gpt_cpu"), "-e", model, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2",
+                "-s", "0", "-x", "1", "-l", "0", *flags]
+        return run(args + (["-o", out] if out else []), check=True)
+
+    longer = from_model(src, "--max-seq-len", "80", "-t", "64", out=tmp_path / "b")
+    assert "position table resized from 32 to 80 rows (learned rows repeated)" in longer.stdout
+    wte0, wpe0, rest0 = tensors(src, T)
+    wte1, wpe1, rest1 = tensors(tmp_path / "b" / "model_00000001.bin", 80)
+    assert np.array_equal(wte0, wte1) and np.array_equal(rest0, rest1)
+    assert np.array_equal(wpe1, wpe0[np.arange(80) % T])
+    # the first T positions are untouched, so the loss at T=32 is the same
+    same_t = [steps(from_model(m, "-t", "32").stdout)[0][1] for m in (src, tmp_path / "b" / "model_00000001.bin")]
+    assert same_t[0] == same_t[1]
+    from_model(src, "--max-seq-len", "16", "-t", "16", out=tmp_path / "c")
+    _, wpe2, rest2 = tensors(tmp_path / "c" / "model_00000001.bin", 16)
+    assert np.array_equal(wpe2, wpe0[:16]) and np.array_equal(rest2, rest0)
