@@ -9,7 +9,9 @@
  * and 4th launch arguments, several lines, no arguments, a qualified name);
  * shared-memory poisoning, dynamic shared memory, deferred stream execution,
  * poisoned allocations; cuBLASLt matmuls against a double-precision
- * reference. With an argument it runs one case that must be refused
+ * reference; WMMA (mma.h) loads, stores and mma_sync against a CPU product
+ * for every layout, with fragments whose layout is scrambled (learnt through
+ * loads of row and column numbers, as kernels may). With an argument it runs one case that must be refused
  * (tests check the message and a non-zero exit):
  *   emu_selftest                  every positive check; prints PASS
  *   emu_selftest fail:NAME        one misuse the emulator must stop (see FAILS below)
@@ -19,11 +21,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cublasLt.h>
+#include <mma.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -466,6 +470,278 @@ static void test_cublaslt(void) {
 }
 
 /* ---------------------------------------------------------------- */
+/* WMMA (mma.h)                                                        */
+
+namespace wmma = nvcuda::wmma;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragAcc;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragABf16;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBBf16;
+
+static uint32_t g_wseed = 4242;
+static float wrand(void) {
+    g_wseed = g_wseed * 1664525u + 1013904223u;
+    return ((g_wseed >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+template <typename T> static T* to_device(const std::vector<T>& h) {
+    T* d;
+    CK(cudaMalloc(&d, h.size() * sizeof(T)));
+    CK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+template <typename T> static std::vector<T> from_device(const T* d, size_t n) {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+}
+/* offset of element (r, c) of a matrix stored with stride ld */
+static size_t at(bool col_major, int r, int c, int ld) { return col_major ? (size_t)c * ld + r : (size_t)r * ld + c; }
+
+/* One warp: D = A B + C on 16x16 tiles; A and B (strides lda, ldb, layouts
+ * LA, LB) go through shared memory, C and D (stride ldc) are global. */
+template <typename T, typename LA, typename LB>
+__global__ void wmma_tile_kernel(const T* A, const T* B, const float* C, float* D, int lda, int ldb, int ldc, int c_col, int d_col) {
+    __shared__ __align__(32) T sA[16 * 32];
+    __shared__ __align__(32) T sB[16 * 32];
+    for (int i = threadIdx.x; i < 16 * lda; i += 32) sA[i] = A[i];
+    for (int i = threadIdx.x; i < 16 * ldb; i += 32) sB[i] = B[i];
+    __syncwarp();
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LA> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, LB> b;
+    FragAcc acc;
+    wmma::load_matrix_sync(a, sA, lda);
+    wmma::load_matrix_sync(b, sB, ldb);
+    wmma::load_matrix_sync(acc, C, ldc, c_col ? wmma::mem_col_major : wmma::mem_row_major);
+    wmma::mma_sync(acc, a, b, acc);
+    wmma::store_matrix_sync(D, acc, ldc, d_col ? wmma::mem_col_major : wmma::mem_row_major);
+}
+
+/* |got - want| within float rounding of a sum of `mag` (the sum of the terms' magnitudes) */
+static bool close(float got, double want, double mag) { return fabs(got - want) <= 1e-5 * mag + 1e-30; }
+
+/* wmma_tile_kernel against a double-precision product; strides above 16 with
+ * NaN padding (a load reading outside the tile shows) and D's padding must
+ * stay as cudaMalloc left it (a store writing outside the tile shows). */
+template <typename T, typename LA, typename LB> static void wmma_tile_case(const char* tname, bool c_col, bool d_col) {
+    const bool a_col = std::is_same<LA, wmma::col_major>::value, b_col = std::is_same<LB, wmma::col_major>::value;
+    const int lda = 24, ldb = 32, ldc = 20;
+    std::vector<T> A(16 * lda, T(NAN)), B(16 * ldb, T(NAN));
+    std::vector<float> C(16 * ldc, NAN);
+    double a[16][16], b[16][16], c[16][16];
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++) {
+            A[at(a_col, r, k, lda)] = T(wrand());
+            a[r][k] = (float)A[at(a_col, r, k, lda)];
+            B[at(b_col, r, k, ldb)] = T(wrand());
+            b[r][k] = (float)B[at(b_col, r, k, ldb)];
+            c[r][k] = C[at(c_col, r, k, ldc)] = wrand();
+        }
+    T *dA = to_device(A), *dB = to_device(B);
+    float *dC = to_device(C), *dD;
+    CK(cudaMalloc(&dD, C.size() * sizeof(float)));
+    wmma_tile_kernel<T, LA, LB><<<1, 32>>>(dA, dB, dC, dD, lda, ldb, ldc, c_col, d_col);
+    std::vector<float> D = from_device(dD, C.size());
+    int bad = 0;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            double want = c[r][n], mag = fabs(c[r][n]);
+            for (int k = 0; k < 16; k++) {
+                want += a[r][k] * b[k][n];
+                mag += fabs(a[r][k] * b[k][n]);
+            }
+            bad += !close(D[at(d_col, r, n, ldc)], want, mag);
+        }
+    for (size_t i = 0; i < D.size(); i++) {
+        uint32_t u;
+        memcpy(&u, &D[i], 4);
+        bad += (int)(i % ldc) >= 16 && u != 0xffffffffu;
+    }
+    CHECK(bad == 0, "wmma 16x16x16 %s, A %s, B %s, C %s, D %s: %d wrong", tname, a_col ? "col" : "row", b_col ? "col" : "row",
+          c_col ? "col" : "row", d_col ? "col" : "row", bad);
+    for (void* p : {(void*)dA, (void*)dB, (void*)dC, (void*)dD}) CK(cudaFree(p));
+}
+
+template <typename T> static void wmma_tile_cases(const char* tname) {
+    for (int layouts = 0; layouts < 2; layouts++) { /* C row-major and D column-major, then the other way round */
+        wmma_tile_case<T, wmma::row_major, wmma::row_major>(tname, layouts, !layouts);
+        wmma_tile_case<T, wmma::row_major, wmma::col_major>(tname, layouts, !layouts);
+        wmma_tile_case<T, wmma::col_major, wmma::row_major>(tname, layouts, !layouts);
+        wmma_tile_case<T, wmma::col_major, wmma::col_major>(tname, layouts, !layouts);
+    }
+}
+
+/* What kernels may learn of the layout: loading a matrix of row numbers into
+ * an accumulator fragment gives the row of each x[i] of every accumulator
+ * fragment (and of column numbers, read column-major, the column). Records
+ * where[slot] (the element each accumulator slot holds), where_a and where_b
+ * (the same for matrix_a and matrix_b, through loads of element numbers);
+ * D = P / 2 stored (a uniform operation on x[]), E = P / 2 + 1000 row written
+ * lane by lane through the learnt layout (P = A B). */
+__global__ void wmma_layout_kernel(const __nv_bfloat16* A, const __nv_bfloat16* B, const __nv_bfloat16* index, int* where,
+                                   int* where_a, int* where_b, float* D, float* E) {
+    __shared__ __align__(32) float rownum[16 * 16];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 256; i += 32) rownum[i] = (float)(i / 16);
+    __syncwarp();
+    FragAcc rows, cols, acc;
+    wmma::load_matrix_sync(rows, rownum, 16, wmma::mem_row_major);
+    wmma::load_matrix_sync(cols, rownum, 16, wmma::mem_col_major); /* (r, c) read from rownum[c * 16 + r]: c */
+    FragABf16 a, ia;
+    FragBBf16 b, ib;
+    wmma::load_matrix_sync(ia, index, 16);
+    wmma::load_matrix_sync(ib, index, 16); /* column-major: (k, n) holds n * 16 + k */
+    wmma::load_matrix_sync(a, A, 16);
+    wmma::load_matrix_sync(b, B, 16);
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::mma_sync(acc, a, b, acc);
+    for (int i = 0; i < acc.num_elements; i++) acc.x[i] *= 0.5f;
+    wmma::store_matrix_sync(D, acc, 16, wmma::mem_row_major);
+    for (int i = 0; i < acc.num_elements; i++) {
+        int r = (int)rows.x[i], c = (int)cols.x[i];
+        where[lane * acc.num_elements + i] = r * 16 + c;
+        E[r * 16 + c] = acc.x[i] + 1000.0f * r;
+        where_a[lane * ia.num_elements + i] = (int)(float)ia.x[i];
+        int nk = (int)(float)ib.x[i];
+        where_b[lane * ib.num_elements + i] = (nk % 16) * 16 + nk / 16;
+    }
+}
+
+/* D (16x16, column-major) = A (16x64, row-major) B (64x16, row-major) in
+ * four mma_sync steps into one accumulator (d is c). */
+__global__ void wmma_accumulate_kernel(const __half* A, const __half* B, float* D) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k = 0; k < 4; k++) {
+        wmma::load_matrix_sync(a, A + 16 * k, 64);
+        wmma::load_matrix_sync(b, B + 16 * 16 * k, 16);
+        wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(D, acc, 16, wmma::mem_col_major);
+}
+
+/* D (32x32, row-major) = A (32x32, row-major) B (32x32, column-major) as 2x2
+ * tiles, one warp a tile, two k steps each; the tiles meet in dynamic shared
+ * memory. */
+__global__ void wmma_32x32_kernel(const __nv_bfloat16* A, const __nv_bfloat16* B, float* D) {
+    extern __shared__ float out_tiles[];
+    const int warp = threadIdx.x / 32, tm = warp / 2, tn = warp % 2;
+    FragABf16 a;
+    FragBBf16 b;
+    FragAcc acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k = 0; k < 2; k++) {
+        wmma::load_matrix_sync(a, A + tm * 16 * 32 + k * 16, 32);
+        wmma::load_matrix_sync(b, B + tn * 16 * 32 + k * 16, 32);
+        wmma::mma_sync(acc, a, b, acc);
+    }
+    wmma::store_matrix_sync(out_tiles + tm * 16 * 32 + tn * 16, acc, 32, wmma::mem_row_major);
+    __syncthreads();
+    for (int i = threadIdx.x; i < 32 * 32; i += blockDim.x) D[i] = out_tiles[i];
+}
+
+/* slots (of 256) where two layouts agree */
+static int same_slots(const int* x, const std::vector<int>& y) {
+    int n = 0;
+    for (int s = 0; s < 256; s++) n += x[s] == y[s];
+    return n;
+}
+
+static void test_wmma(void) {
+    wmma_tile_cases<__nv_bfloat16>("bf16");
+    wmma_tile_cases<__half>("half");
+
+    /* the layout: scrambled, different for A, B and the accumulator, and learnable */
+    std::vector<__nv_bfloat16> A(256), B(256), index(256);
+    for (int i = 0; i < 256; i++) {
+        A[i] = __float2bfloat16_rn(wrand());
+        B[i] = __float2bfloat16_rn(wrand());
+        index[i] = __float2bfloat16_rn((float)i);
+    }
+    __nv_bfloat16 *dA = to_device(A), *dB = to_device(B), *dI = to_device(index);
+    int *dW, *dWa, *dWb;
+    float *dD, *dE;
+    for (int** p : {&dW, &dWa, &dWb}) CK(cudaMalloc(p, 256 * sizeof(int)));
+    for (float** p : {&dD, &dE}) CK(cudaMalloc(p, 256 * sizeof(float)));
+    wmma_layout_kernel<<<1, 32>>>(dA, dB, dI, dW, dWa, dWb, dD, dE);
+    std::vector<int> where = from_device(dW, 256), where_a = from_device(dWa, 256), where_b = from_device(dWb, 256);
+    std::vector<float> D = from_device(dD, 256), E = from_device(dE, 256);
+    int row_major[256], col_major[256], mma_sync_layout[256]; /* the last: sm_80 mma.m16n8k16's accumulator, two n halves */
+    for (int s = 0; s < 256; s++) {
+        int lane = s / 8, i = s % 8;
+        row_major[s] = s;
+        col_major[s] = (s % 16) * 16 + s / 16;
+        mma_sync_layout[s] = (lane / 4 + 8 * ((i / 2) % 2)) * 16 + (lane % 4) * 2 + i % 2 + 8 * (i / 4);
+    }
+    for (const std::vector<int>* w : {&where, &where_a, &where_b}) {
+        std::vector<int> seen(256, 0);
+        for (int e : *w) seen[e >= 0 && e < 256 ? e : 0]++;
+        CHECK(std::count(seen.begin(), seen.end(), 1) == 256, "a fragment's slots do not hold every tile element once");
+        CHECK(same_slots(row_major, *w) < 8 && same_slots(col_major, *w) < 8 && same_slots(mma_sync_layout, *w) < 8,
+              "fragment layout not scrambled: %d, %d, %d slots as row-major, column-major, mma.sync", same_slots(row_major, *w),
+              same_slots(col_major, *w), same_slots(mma_sync_layout, *w));
+    }
+    CHECK(same_slots(where.data(), where_a) < 8 && same_slots(where.data(), where_b) < 8 && same_slots(where_a.data(), where_b) < 8,
+          "matrix_a, matrix_b and accumulator share a layout");
+    int bad = 0;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            double p = 0, mag = 0;
+            for (int k = 0; k < 16; k++) {
+                p += (double)(float)A[r * 16 + k] * (float)B[n * 16 + k];
+                mag += fabs((double)(float)A[r * 16 + k] * (float)B[n * 16 + k]);
+            }
+            bad += !close(D[r * 16 + n], p / 2, mag) + !close(E[r * 16 + n], p / 2 + 1000.0 * r, mag + 1000.0 * r);
+        }
+    CHECK(bad == 0, "wmma fragment x[] by the learnt layout: %d wrong", bad);
+    for (void* p : {(void*)dA, (void*)dB, (void*)dI, (void*)dW, (void*)dWa, (void*)dWb, (void*)dD, (void*)dE}) CK(cudaFree(p));
+
+    /* accumulation over K = 64 in four steps (half) */
+    std::vector<__half> hA(16 * 64), hB(64 * 16);
+    for (auto& v : hA) v = __float2half_rn(wrand());
+    for (auto& v : hB) v = __float2half_rn(wrand());
+    __half *dhA = to_device(hA), *dhB = to_device(hB);
+    CK(cudaMalloc(&dD, 256 * sizeof(float)));
+    wmma_accumulate_kernel<<<1, 32>>>(dhA, dhB, dD);
+    D = from_device(dD, 256);
+    bad = 0;
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 16; n++) {
+            double p = 0, mag = 0;
+            for (int k = 0; k < 64; k++) {
+                p += (double)(float)hA[r * 64 + k] * (float)hB[k * 16 + n];
+                mag += fabs((double)(float)hA[r * 64 + k] * (float)hB[k * 16 + n]);
+            }
+            bad += !close(D[n * 16 + r], p, mag);
+        }
+    CHECK(bad == 0, "wmma accumulation over four mma_sync: %d wrong", bad);
+    for (void* p : {(void*)dhA, (void*)dhB, (void*)dD}) CK(cudaFree(p));
+
+    /* 32x32 from 2x2 tiles, four warps */
+    std::vector<__nv_bfloat16> A32(32 * 32), B32(32 * 32);
+    for (auto& v : A32) v = __float2bfloat16_rn(wrand());
+    for (auto& v : B32) v = __float2bfloat16_rn(wrand());
+    dA = to_device(A32);
+    dB = to_device(B32);
+    CK(cudaMalloc(&dD, 32 * 32 * sizeof(float)));
+    wmma_32x32_kernel<<<1, 128, 32 * 32 * sizeof(float)>>>(dA, dB, dD);
+    D = from_device(dD, 32 * 32);
+    bad = 0;
+    for (int r = 0; r < 32; r++)
+        for (int n = 0; n < 32; n++) {
+            double p = 0, mag = 0;
+            for (int k = 0; k < 32; k++) {
+                p += (double)(float)A32[r * 32 + k] * (float)B32[n * 32 + k];
+                mag += fabs((double)(float)A32[r * 32 + k] * (float)B32[n * 32 + k]);
+            }
+            bad += !close(D[r * 32 + n], p, mag);
+        }
+    CHECK(bad == 0, "wmma 32x32 product from 2x2 tiles: %d wrong", bad);
+    for (void* p : {(void*)dA, (void*)dB, (void*)dD}) CK(cudaFree(p));
+}
+
+/* ---------------------------------------------------------------- */
 /* misuse the emulator must stop                                       */
 
 __global__ void divergent_barrier_kernel(float* x) {
@@ -495,6 +771,34 @@ __device__ __noinline__ int deep(int depth) {
     return depth > 0 ? deep(depth - 1) + buf[0] : 0;
 }
 __global__ void deep_kernel(float* x, int depth) { x[threadIdx.x] = (float)deep(depth); }
+/* WMMA misuse; d: 1000 floats of device memory */
+__global__ void wmma_misuse_kernel(float* d, int mode) {
+    const int lane = threadIdx.x;
+    __nv_bfloat16* h = (__nv_bfloat16*)d;
+    FragABf16 a;
+    FragBBf16 b;
+    FragAcc c;
+    wmma::fill_fragment(a, 1.0f);
+    wmma::fill_fragment(b, 1.0f);
+    wmma::fill_fragment(c, 0.0f);
+    if (mode == 0) wmma::load_matrix_sync(a, h + 4, 16); /* 8 bytes past a 32-byte boundary */
+    if (mode == 1) wmma::load_matrix_sync(a, h, 12);
+    if (mode == 2 && lane >= 16) wmma::mma_sync(c, a, b, c);
+    if (mode == 3) wmma::load_matrix_sync(a, h + (lane == 5 ? 16 : 0), 16);
+    if (mode == 4) {
+        __align__(32) float local[256] = {0};
+        wmma::load_matrix_sync(c, local, 16, wmma::mem_row_major);
+    }
+    if (mode == 5) wmma::store_matrix_sync(d + 1000 - 248, c, 16, wmma::mem_row_major); /* 32 bytes past the end */
+    if (mode == 6) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ha;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> hb;
+        wmma::fill_fragment(ha, 1.0f);
+        wmma::fill_fragment(hb, 1.0f);
+        if (lane == 3) ha.x[5] = 2.0f; /* one copy of an element changed */
+        wmma::mma_sync(c, ha, hb, c);
+    }
+}
 
 static int run_fail(const char* name) {
     float* d;
@@ -513,6 +817,16 @@ static int run_fail(const char* name) {
     else if (n == "memcpy_past_end") { std::vector<float> h(1001); cudaMemcpy(h.data(), d, 1001 * 4, cudaMemcpyDeviceToHost); }
     else if (n == "memcpy_wrong_kind") { std::vector<float> h(10); cudaMemcpy(d, h.data(), 40, cudaMemcpyDeviceToHost); }
     else if (n == "stack_overflow") deep_kernel<<<1, 32>>>(d, 1000);
+    else if (n.rfind("wmma_", 0) == 0) {
+        const char* modes[] = {"wmma_misaligned", "wmma_bad_ldm", "wmma_divergent", "wmma_args_differ", "wmma_local_memory",
+                               "wmma_past_end", "wmma_half_copies"};
+        int mode = (int)(std::find(modes, modes + 7, n) - modes);
+        if (mode == 7) {
+            fprintf(stderr, "unknown failure case %s\n", name);
+            return 2;
+        }
+        wmma_misuse_kernel<<<1, 32>>>(d, mode);
+    }
     else if (n == "lt_epilogue") {
         cublasLtMatmulDesc_t desc;
         cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -551,6 +865,7 @@ int main(int argc, char** argv) {
     test_half_types();
     test_kernels();
     test_cublaslt();
+    test_wmma();
     if (g_fail) {
         printf("emu selftest: %d check%s FAILED\n", g_fail, g_fail == 1 ? "" : "s");
         return 1;

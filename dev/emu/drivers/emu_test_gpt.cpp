@@ -8,10 +8,12 @@
  * T=1024), hours under emulation. This driver includes the transformed
  * test_gpt.cu whole (its main renamed) and runs either chosen cases with
  * test_gpt's own functions (run_case; check_nonfinite, the injected inf/NaN
- * and FP16 overflow checks), or, with --full, test_gpt's main unchanged.
+ * and FP16 overflow checks; check_attention, the attention kernels alone with
+ * a sharp softmax), or, with --full, test_gpt's main unchanged.
  *
  * usage: emu_test_gpt_PREC CASE...      CASE = NAME:C:NH:V:T[,T...]            run_case  e.g. hs16:64:4:300:77,5
  *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
+ *                                              attention:NAME:C:NH:V:T[,T...]  check_attention
  *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
  * Exit status: 0 all passed, 1 a check failed, 2 bad usage; the emulator
  * aborts (SIGABRT) on undefined behaviour it detects, with a message.
@@ -29,7 +31,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n");
     return 2;
 }
@@ -42,19 +44,26 @@ int main(int argc, char** argv) {
         return rc;
     }
     if (argc < 2) return usage();
-    struct Case { bool nonfinite; std::string name; int C, NH, V; std::vector<int> Ts; };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION };
+    struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
-        bool nonfinite = a.rfind("nonfinite:", 0) == 0;
-        if (nonfinite) a = a.substr(10);
+        Kind kind = RUN_CASE;
+        if (a.rfind("nonfinite:", 0) == 0) {
+            kind = NONFINITE;
+            a = a.substr(10);
+        } else if (a.rfind("attention:", 0) == 0) {
+            kind = ATTENTION;
+            a = a.substr(10);
+        }
         std::vector<std::string> f;
         size_t p = 0, q;
         while ((q = a.find(':', p)) != std::string::npos) { f.push_back(a.substr(p, q - p)); p = q + 1; }
         f.push_back(a.substr(p));
         if (f.size() != 5) return usage();
         Case c;
-        c.nonfinite = nonfinite;
+        c.kind = kind;
         c.name = f[0];
         c.C = atoi(f[1].c_str());
         c.NH = atoi(f[2].c_str());
@@ -77,7 +86,8 @@ int main(int argc, char** argv) {
     for (const Case& c : cases) {
         Shape sh = {c.name.c_str(), c.C, c.NH, c.V};
         for (int T : c.Ts) {
-            if (c.nonfinite) check_nonfinite(&sh, T);
+            if (c.kind == NONFINITE) check_nonfinite(&sh, T);
+            else if (c.kind == ATTENTION) check_attention(&sh, T);
             else run_case(&sh, T);
             runs++;
         }

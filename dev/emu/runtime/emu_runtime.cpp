@@ -221,6 +221,8 @@ struct Thr {
     int line;
     const char* file;
     WarpOp op;
+    const char* api;     /* the operation's name, for messages */
+    WarpCollective coll; /* OP_COLLECTIVE: what runs once the warp is there */
     unsigned mask;
     int arg, width;
     uint64_t bits, result;
@@ -390,6 +392,7 @@ const char* op_name(WarpOp op) {
     case OP_ANY: return "__any_sync";
     case OP_ALL: return "__all_sync";
     case OP_SYNCWARP: return "__syncwarp";
+    case OP_COLLECTIVE: break; /* named by its caller (Thr::api) */
     }
     return "?";
 }
@@ -398,24 +401,34 @@ void warp_exchange(int t0, int n) {
     const Thr& a = g_thr[t0];
     for (int l = 0; l < n; l++) {
         const Thr& b = g_thr[t0 + l];
-        if (b.op != a.op || b.line != a.line || (b.file != a.file && strcmp(b.file, a.file) != 0)) {
+        if (b.op != a.op || b.coll != a.coll || b.line != a.line || (b.file != a.file && strcmp(b.file, a.file) != 0)) {
             g_cur = t0 + l;
             set_thread_index(t0 + l);
             fatal("warp %d: lane 0 is at %s (%s:%d) while lane %d is at %s (%s:%d): a warp operation must be reached by all lanes "
                   "of its mask together",
-                  t0 / 32, op_name(a.op), a.file, a.line, l, op_name(b.op), b.file, b.line);
+                  t0 / 32, a.api, a.file, a.line, l, b.api, b.file, b.line);
         }
         if (b.mask != 0xffffffffu) {
             g_cur = t0 + l;
             set_thread_index(t0 + l);
-            fatal("%s (%s:%d) with mask 0x%08x: only the full mask 0xffffffff is emulated", op_name(b.op), b.file, b.line, b.mask);
+            fatal("%s (%s:%d) with mask 0x%08x: only the full mask 0xffffffff is emulated", b.api, b.file, b.line, b.mask);
         }
     }
     if (n != 32) {
         g_cur = t0;
         set_thread_index(t0);
-        fatal("%s (%s:%d) with the full mask in a partial warp of %d lanes (block of %d threads): undefined", op_name(a.op), a.file,
+        fatal("%s (%s:%d) with the full mask in a partial warp of %d lanes (block of %d threads): undefined", a.api, a.file,
               a.line, n, g_nthreads);
+    }
+    if (a.op == OP_COLLECTIVE) {
+        void* lanes[32];
+        for (int l = 0; l < 32; l++) lanes[l] = (void*)(uintptr_t)g_thr[t0 + l].bits;
+        g_cur = t0; /* its messages name the warp's lane 0 */
+        set_thread_index(t0);
+        a.coll(lanes);
+        g_cur = -1;
+        for (int l = 0; l < 32; l++) g_thr[t0 + l].state = T_RUN;
+        return;
     }
     uint64_t vote = 0;
     for (int l = 0; l < 32; l++) vote |= (g_thr[t0 + l].bits & 1) << l;
@@ -425,7 +438,7 @@ void warp_exchange(int t0, int n) {
         if (a.op <= OP_SHFL_IDX && (w < 1 || w > 32 || (w & (w - 1)))) {
             g_cur = t0 + l;
             set_thread_index(t0 + l);
-            fatal("%s (%s:%d): width %d is not a power of two in 1..32", op_name(b.op), b.file, b.line, w);
+            fatal("%s (%s:%d): width %d is not a power of two in 1..32", b.api, b.file, b.line, w);
         }
         int seg = l & ~(w - 1), src = l;
         switch (a.op) {
@@ -480,7 +493,7 @@ void run_warp(int w, std::vector<int>& lane_order) {
             set_thread_index(first);
             fatal("warp %d: %s (%s:%d) reached by %d of %d lanes (%d finished, %d at __syncthreads): with mask 0x%08x every lane "
                   "must take part (divergent warp operation)",
-                  w, op_name(f.op), f.file, f.line, at_warp, n, done, bar, f.mask);
+                  w, f.api, f.file, f.line, at_warp, n, done, bar, f.mask);
         }
         warp_exchange(t0, n);
     }
@@ -672,12 +685,61 @@ uint64_t warp_op(int line, const char* file, WarpOp op, unsigned mask, uint64_t 
     t.line = line;
     t.file = file;
     t.op = op;
+    t.api = op_name(op);
+    t.coll = nullptr;
     t.mask = mask;
     t.bits = bits;
     t.arg = arg;
     t.width = width;
     block_here(me);
     return g_thr[me].result;
+}
+
+void warp_collective(int line, const char* file, const char* api, WarpCollective fn, void* mine) {
+    if (g_cur < 0) fatal("%s (%s:%d) called outside a kernel", api, file, line);
+    int me = g_cur;
+    Thr& t = g_thr[me];
+    t.state = T_WARP;
+    t.line = line;
+    t.file = file;
+    t.op = OP_COLLECTIVE;
+    t.api = api;
+    t.coll = fn;
+    t.mask = 0xffffffffu; /* the whole warp, as CUDA requires of these operations */
+    t.bits = (uint64_t)(uintptr_t)mine;
+    t.arg = 0;
+    t.width = 32;
+    block_here(me);
+}
+
+void check_kernel_range(const char* api, const CallSite& where, const void* p, size_t bytes) {
+    uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    if (const Alloc* a = find_alloc(p)) {
+        uintptr_t end = (uintptr_t)a->base + a->size;
+        if (hi > end)
+            fatal("%s (%s:%d): %zu bytes at %p run %zu bytes past the end of the %zu-byte %s block at %p", api, where.file, where.line,
+                  bytes, p, (size_t)(hi - end), a->size, kind_name(a->kind), (void*)a->base);
+        return;
+    }
+    for (auto& r : g_shared) {
+        uintptr_t base = (uintptr_t)r.first, end = base + r.second;
+        if (lo >= base && lo < end) {
+            if (hi > end)
+                fatal("%s (%s:%d): %zu bytes at %p run %zu bytes past the end of the %zu-byte __shared__ object at %p", api, where.file,
+                      where.line, bytes, p, (size_t)(hi - end), r.second, r.first);
+            return;
+        }
+    }
+    uintptr_t dyn = (uintptr_t)g_dyn_smem;
+    if (g_dyn_smem && lo >= dyn && lo < dyn + g_dyn_smem_bytes) {
+        if (hi > dyn + g_dyn_smem_bytes)
+            fatal("%s (%s:%d): %zu bytes at %p run %zu bytes past the end of the launch's %zu bytes of dynamic shared memory", api,
+                  where.file, where.line, bytes, p, (size_t)(hi - dyn - g_dyn_smem_bytes), g_dyn_smem_bytes);
+        return;
+    }
+    std::string freed = freed_note(p);
+    fatal("%s (%s:%d): %p is neither device memory (cudaMalloc, cudaMallocHost) nor this block's shared memory%s", api, where.file,
+          where.line, p, freed.empty() ? " (a local array or a host pointer?)" : freed.c_str());
 }
 
 void check_stream(const char* api, cudaStream_t stream) {
@@ -756,8 +818,10 @@ void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const st
     g_nthreads = (int)(block.x * block.y * block.z);
     g_body = &body;
     g_shared.clear();
-    std::vector<char> dyn(dyn_smem);
-    g_dyn_smem = dyn_smem ? dyn.data() : nullptr;
+    /* 128-byte aligned: transform.py drops the alignment an extern __shared__
+     * declaration asks for (which the GPU's compiler honours), and WMMA needs 32 */
+    std::vector<char> dyn(dyn_smem + 128);
+    g_dyn_smem = dyn_smem ? (char*)(((uintptr_t)dyn.data() + 127) & ~(uintptr_t)127) : nullptr;
     g_dyn_smem_bytes = dyn_smem;
     g_rng = settings().seed * 0x2545f4914f6cdd1dull + (uint64_t)site.line;
     uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;

@@ -9,7 +9,8 @@
  * NOT a GPU and its results are never GPU verification (dev/emu/README.md).
  *
  * This header declares what device code sees: the index built-ins, barriers,
- * warp shuffles and votes, atomics, a few float intrinsics, and emu_launch(),
+ * warp shuffles and votes, warp-collective operations (for mma.h's WMMA),
+ * atomics, a few float intrinsics, and emu_launch(),
  * which dev/emu/transform.py substitutes for every kernel<<<...>>>(...) launch.
  * What a kernel may do is checked at run time where the CUDA documentation
  * says the behaviour is undefined (divergent barriers and shuffles, partial
@@ -97,10 +98,30 @@ void check_kernel_pointer(const Site& site, int arg_index, const void* p);
 [[noreturn]] void fatal(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- warp and block synchronisation (called by the macros below) ---- */
-enum WarpOp { OP_SHFL_XOR, OP_SHFL_DOWN, OP_SHFL_UP, OP_SHFL_IDX, OP_BALLOT, OP_ANY, OP_ALL, OP_SYNCWARP };
+enum WarpOp { OP_SHFL_XOR, OP_SHFL_DOWN, OP_SHFL_UP, OP_SHFL_IDX, OP_BALLOT, OP_ANY, OP_ALL, OP_SYNCWARP, OP_COLLECTIVE };
 void syncthreads(int line, const char* file);
 /* Posts this lane's 8 bytes, waits for the whole warp, returns the result bits. */
 uint64_t warp_op(int line, const char* file, WarpOp op, unsigned mask, uint64_t bits, int arg, int width);
+
+/* A warp operation on more than 8 bytes a lane (WMMA, include/mma.h): each
+ * lane posts a pointer to its own arguments (on its stack, which stays valid
+ * while it waits); once all 32 lanes are at the same call of api, fn runs
+ * once, as lane 0's thread, with the 32 pointers in lane order, and may read
+ * and write every lane's data. */
+typedef void (*WarpCollective)(void* const lanes[32]);
+void warp_collective(int line, const char* file, const char* api, WarpCollective fn, void* mine);
+/* The caller of a device function that takes it as a default argument
+ * initialised with __builtin_LINE() and __builtin_FILE(): those name the call
+ * site there, so messages and the warp's agreement check see where each lane
+ * called from. */
+struct CallSite {
+    int line;
+    const char* file;
+};
+/* p .. p+bytes must lie in memory a kernel addresses: one cudaMalloc or
+ * cudaMallocHost block, or this block's shared memory (static or dynamic);
+ * otherwise fatal, naming api and its call site. */
+void check_kernel_range(const char* api, const CallSite& where, const void* p, size_t bytes);
 
 template <typename T> static inline uint64_t to_bits(const T& v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "emu: warp shuffle of a type larger than 8 bytes");
