@@ -40,7 +40,16 @@ endif
 # warning cannot cost a borrowed GPU's time).
 CUDA_WERROR ?= -Werror all-warnings -Xcompiler -Werror
 # OpenMP on the host: parameter init and file conversion use every core.
-NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) -Xcompiler -Wall,-Wextra,-fopenmp $(CUDA_WERROR)
+# ATTENTION=simt: the CUDA-core attention kernels in BF16/FP16 builds too (they
+# use tensor cores otherwise, which needs sm_80+); for older GPUs and for
+# comparing the two. Not tracked either: `make clean` after changing it.
+ATTENTION ?= tc
+ifeq ($(ATTENTION),simt)
+ATTENTION_FLAGS = -DATTENTION_SIMT
+else ifneq ($(ATTENTION),tc)
+$(error ATTENTION=$(ATTENTION): use tc (tensor cores, the default) or simt (CUDA cores))
+endif
+NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(ATTENTION_FLAGS) -Xcompiler -Wall,-Wextra,-fopenmp $(CUDA_WERROR)
 NVCC_LDLIBS = -lcublasLt -lcublas -lgomp
 # test_gpt also builds the CPU reference (train_gpt.c) in, with OpenMP.
 NVCC_TEST_FLAGS = -Xcompiler -Wno-unused-function $(if $(strip $(CPU_ARCH)),-Xcompiler $(strip $(CPU_ARCH)))

@@ -593,6 +593,7 @@ static void print_device(const GpuModel* m, int master_weights) {
            prop.major, prop.minor, prop.multiProcessorCount, (double)prop.totalGlobalMem / (1 << 30), PRECISION_NAME,
            PRECISION_IS_FP32 ? "" : (master_weights ? " + fp32 master weights" : ", no master weights"),
            PRECISION_IS_FP32 ? " (TF32 off)" : "");
+    printf("attention: %s\n", ATTENTION_KERNELS_NAME);
     if (m->peak_flops > 0)
         printf("MFU: model FLOPs (PaLM convention, 6N + 12LCT per token) over %.0f TFLOPS dense %s peak\n", m->peak_flops / 1e12, PRECISION_NAME);
     else

@@ -35,12 +35,26 @@
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
  * compute on zeros and store nothing).
  *
+ * Which kernels run: BF16 and FP16 builds use the tensor-core versions of
+ * these three kernels (attention_tc.cuh: same algorithm, WMMA tile products);
+ * FP32 builds, and any build with ATTENTION=simt (-DATTENTION_SIMT), use the
+ * CUDA-core kernels below.
+ *
  * Status: compiles, unverified on GPU.
  */
 #ifndef REMAT_ATTENTION_CUH
 #define REMAT_ATTENTION_CUH
 
 #include "cuda_common.cuh"
+
+#if PRECISION_IS_FP32 || defined(ATTENTION_SIMT)
+#define ATTENTION_TENSOR_CORES 0
+#define ATTENTION_KERNELS_NAME "CUDA cores, fp32 math"
+#else
+#define ATTENTION_TENSOR_CORES 1
+#define ATTENTION_KERNELS_NAME "tensor cores (WMMA " PRECISION_NAME " x " PRECISION_NAME " -> fp32)"
+#include "attention_tc.cuh"
+#endif
 
 #define ATT_ROWS 64 /* rows owned by a block */
 #define ATT_TILE 32 /* rows of the other side staged in shared memory at a time */
@@ -298,14 +312,24 @@ static inline void attention_check_shape(int C, int NH) {
 
 static inline dim3 attention_grid(int B, int T, int NH) {
     if ((long long)B * NH > 65535) fail("attention: B*NH = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NH);
-    return dim3((unsigned)ceil_div((size_t)T, ATT_ROWS), (unsigned)(B * NH));
+#if ATTENTION_TENSOR_CORES
+    const int rows_per_block = ATT_TC_ROWS;
+#else
+    const int rows_per_block = ATT_ROWS;
+#endif
+    return dim3((unsigned)ceil_div((size_t)T, rows_per_block), (unsigned)(B * NH));
 }
 
 template <int HS>
 static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
     int hs = C / NH;
     dim3 grid = attention_grid(B, T, NH);
-    attention_forward_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, 1.0f / sqrtf((float)hs));
+    float scale = 1.0f / sqrtf((float)hs);
+#if ATTENTION_TENSOR_CORES
+    attention_tc_forward_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+#else
+    attention_forward_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+#endif
     CUDA_CHECK_LAUNCH();
 }
 
@@ -315,9 +339,15 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     dim3 grid = attention_grid(B, T, NH);
+#if ATTENTION_TENSOR_CORES
+    attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
+    CUDA_CHECK_LAUNCH();
+    attention_tc_backward_dkv_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+#else
     attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+#endif
     CUDA_CHECK_LAUNCH();
 }
 

@@ -58,6 +58,12 @@ CASES = {
     "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21"],
 }
 NONFINITE_CASE = "nonfinite:hs16:64:4:300:64"  # test_gpt's check_nonfinite (injected inf/NaN; FP16 overflow)
+# test_gpt's check_attention: the attention kernels alone with a sharp softmax
+# (tensor-core kernels in bf16/fp16, CUDA-core ones in fp32): two query blocks
+# and a partial key tile at T=77, a padded head size (48) at T=70, every head
+# size bucket up to 128, six query blocks at T=333. About a second each.
+ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "attention:hs16:64:4:300:45",
+                   "attention:hs128:128:1:300:130", "attention:hs64:128:2:300:333"]
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -150,7 +156,7 @@ def default_jobs(pool, tmp_path_factory):
     built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
     for p in PRECISIONS:
         if p in built:
-            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, *CASES[p]], DEFAULT_ORDER[p])
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     data = tmp_path_factory.mktemp("emu_data")
@@ -283,11 +289,20 @@ def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start i
     ("lt_tf32", "compute type 77 is not emulated"),
     ("lt_algo_mismatch", "found for a different problem"),
     ("lt_alignment", "4-byte aligned, but the algorithm was found for a minimum alignment of 256"),
+    # WMMA: the API named, then (after its call site) what is wrong
+    ("wmma_misaligned", ("wmma::load_matrix_sync", "is not 256-bit (32-byte) aligned")),
+    ("wmma_bad_ldm", ("wmma::load_matrix_sync", "ldm 12 is not a multiple of 8")),
+    ("wmma_divergent", ("wmma::mma_sync", "reached by 16 of 32 lanes (16 finished")),
+    ("wmma_args_differ", ("wmma::load_matrix_sync", "lane 5 passes mptr", "must be the same in every lane")),
+    ("wmma_local_memory", ("wmma::load_matrix_sync", "is neither device memory")),
+    ("wmma_past_end", ("wmma::store_matrix_sync", "run 32 bytes past the end of the 4000-byte cudaMalloc block")),
+    ("wmma_half_copies", ("wmma::mma_sync", "is held twice", "the copies differ")),
 ])
 def test_emulator_stops_misuse(emu_build, case, message):
     res = emu_run([OUT / "emu_selftest", f"fail:{case}"], timeout=120)
     assert res.returncode != 0 and "NOT STOPPED" not in res.stdout, explain(res)
-    assert message in res.stderr, explain(res)
+    for part in message if isinstance(message, tuple) else (message,):
+        assert part in res.stderr, explain(res)
     assert "emu: " in res.stderr
 
 
@@ -300,6 +315,11 @@ def check_gpt_output(res, cases):
     if NONFINITE_CASE in cases:
         assert re.search(r"^PASS: non-finite gradients$", out, re.M), out[-3000:]
         cases = [c for c in cases if c != NONFINITE_CASE]
+    for case in [c for c in cases if c.startswith("attention:")]:
+        _, name, _, _, _, Ts = case.split(":")
+        for T in Ts.split(","):
+            assert re.search(rf"^PASS: attention alone, {name} T={T}$", out, re.M), f"attention {name} T={T} missing\n" + out[-3000:]
+        cases = [c for c in cases if c != case]
     expected = [(c.split(":")[0], t) for c in cases for t in c.split(":")[4].split(",")]
     for name, T in expected:
         assert re.search(rf"^PASS: {name} T={T}$", out, re.M), f"{name} T={T} missing\n" + out[-3000:]
@@ -314,7 +334,7 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
-    check_gpt_output(res, [NONFINITE_CASE, *CASES[precision]])
+    check_gpt_output(res, [NONFINITE_CASE, *ATTENTION_CASES, *CASES[precision]])
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
