@@ -8,7 +8,11 @@
 #      loss scaling): final val loss against the dataset's entropy floor
 #   4. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
 #      tokens) with -r 0, -r 2 and -r 1: ms/step, tok/s, MFU, planned and
-#      measured device memory
+#      measured device memory, step-1 loss; then the same shape side by side in
+#      PyTorch (dev/bench/torch_gpt2.py: our own minimal GPT-2 trainer, eager,
+#      SDPA attention, fused AdamW, bf16 autocast), from the same init (remat's
+#      draws from --seed) and the same first batch, so the step-1 losses agree
+#      to bf16 precision (skipped when python3 has no torch)
 #   5. dev/bench/sweep_recompute.py --quick (FP16): planned and measured memory
 #      and ms/step of d12 and the 24 x 2048 model at T = 2048 to 8192
 #   6. scripts/check_nccl_one_gpu.sh: the NCCL build with one rank against the
@@ -142,11 +146,41 @@ for r in 0 2 1; do
         mfu=$(grep '^step ' "$log" | tail -n 1 | grep -o 'MFU [^ |]*' | awk '{print $2}')
         plan=$(grep -E '^ +total +[0-9.]+ MiB' "$log" | head -n 1 | awk '{print $2}')
         meas=$(grep '^device memory after step 1' "$log" | awk '{print $6}')
-        THR+=("| -r $r | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} |")
+        loss1=$(grep -E '^step +1/' "$log" | awk '{print $5}')
+        THR+=("| remat -r $r | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} | ${loss1:-?} |")
     else
-        THR+=("| -r $r | not run | | | | | |")
+        THR+=("| remat -r $r | not run | | | | | | |")
     fi
 done
+# The PyTorch baseline on the same shape, data and init (about 20-40 s: import,
+# CUDA context, init on the GPU, 30 eager steps); exit 77 = no torch here.
+TORCH_NOTE=""
+if [[ -f data/random50257/random50257_train.bin ]]; then
+    stage d12_torch 90 python3 dev/bench/torch_gpt2.py -e d12 -b "$D12_B" -t 1024 -x 30 \
+        -i data/random50257/random50257_train.bin --device cuda
+    rc=$?
+    log="$LOGDIR/d12_torch.log"
+    word=$(status_word $rc)
+    (( rc == 77 )) && word="SKIP (no torch)"
+    ms=$(grep '^average step time' "$log" | awk '{print $4}')
+    toks=$( [[ -n "$ms" ]] && python3 -c "print('%.0f' % ($D12_B * 1024 / ($ms / 1000.0)))" || echo "?")
+    mfu=$(grep '^step ' "$log" | tail -n 1 | grep -o 'MFU [^ |]*' | awk '{print $2}')
+    meas=$(grep '^device memory after step 1' "$log" | awk '{print $6}')
+    loss1=$(grep -E '^step +1/' "$log" | awk '{print $5}')
+    THR+=("| torch (eager, SDPA) | $word | ${ms:-?} | ${toks:-?} | ${mfu:-?} | - | ${meas:-?} | ${loss1:-?} |")
+    TORCH_NOTE=$(python3 - "$log" <<'PY' 2>/dev/null
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("summary {"):
+        s = json.loads(line[len("summary "):])
+        print("torch: dev/bench/torch_gpt2.py, PyTorch %s, eager, SDPA, fused AdamW, bf16 autocast over fp32 weights; "
+              "allocator peak %.0f MiB allocated, %.0f MiB reserved (without the CUDA context)"
+              % (s["torch"], s.get("peak_allocated_mib") or 0, s.get("peak_reserved_mib") or 0))
+PY
+)
+else
+    THR+=("| torch (eager, SDPA) | not run (no random shard) | | | | | | |")
+fi
 
 # ---- 5. recompute sweep, quick subset (FP16) ----
 # The sweep stops starting cells when its own budget runs out and still writes
@@ -189,11 +223,14 @@ SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, 
     echo "| --- | --- |"
     printf '%s\n' "${SUMMARY[@]}"
     echo
-    echo "d12 (124M), B=$D12_B T=1024, bf16, random init and tokens, 30 steps (average excludes step 1); MFU: PaLM model FLOPs over 989 TFLOPS"
+    echo "d12 (124M), B=$D12_B T=1024, bf16, random init (seed 1337, the same weights in both trainers) and tokens, 30 steps"
+    echo "(average excludes step 1); MFU: PaLM model FLOPs over 989 TFLOPS; measured MiB: device memory in use after step 1"
+    echo "(cudaMemGetInfo, CUDA context included, in both trainers)"
     echo
-    echo "| recompute | status | ms/step | tok/s | MFU | planned MiB | measured MiB |"
-    echo "| --- | --- | --- | --- | --- | --- | --- |"
+    echo "| run | status | ms/step | tok/s | MFU | planned MiB | measured MiB | step-1 loss |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
     printf '%s\n' "${THR[@]}"
+    [[ -n "$TORCH_NOTE" ]] && { echo; echo "$TORCH_NOTE"; }
     if [[ -f "$SWEEP_MD" ]]; then
         echo
         cat "$SWEEP_MD"
