@@ -5,6 +5,7 @@
 #   make train_gpt GPU_COMPUTE_CAPABILITY=90   one architecture (sm_90) only
 #   make cuda-all                     every CUDA target in every precision:
 #                                     build/train_gpt_bf16 build/test_gpt_bf16 ...
+#                                     and build/bench_attention_bf16
 #
 # GPU_COMPUTE_CAPABILITY: taken from the command line or environment when set
 # (an empty value forces the fat binary); otherwise detected with nvidia-smi
@@ -42,8 +43,11 @@ CUDA_WERROR ?= -Werror all-warnings -Xcompiler -Werror
 # OpenMP on the host: parameter init and file conversion use every core.
 # ATTENTION=simt: the CUDA-core attention kernels in BF16/FP16 builds too (they
 # use tensor cores otherwise, which needs sm_80+); for older GPUs and for
-# comparing the two. Not tracked either: `make clean` after changing it.
-ATTENTION ?= tc
+# comparing the two. Default: tc, or simt when GPU_COMPUTE_CAPABILITY names an
+# architecture below sm_80. Not tracked either: `make clean` after changing it.
+ifeq ($(origin ATTENTION),undefined)
+ATTENTION := $(if $(shell [ -n "$(strip $(GPU_COMPUTE_CAPABILITY))" ] && [ "$(strip $(GPU_COMPUTE_CAPABILITY))" -lt 80 ] 2>/dev/null && echo old),simt,tc)
+endif
 ifeq ($(ATTENTION),simt)
 ATTENTION_FLAGS = -DATTENTION_SIMT
 else ifneq ($(ATTENTION),tc)
@@ -124,7 +128,13 @@ test_gpt: test_gpt.cu train_gpt.cu train_gpt.c $(CUDA_DEPS)
 	$(call check_precision,$(PRECISION))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_TEST_FLAGS) $(PREC_FLAG_$(PRECISION)) -o $@ $< $(NVCC_LDLIBS) $(NVCC_TEST_LDLIBS)
 
-cuda-all: $(foreach p,$(CUDA_PRECISIONS),$(BUILD)/train_gpt_$(p) $(BUILD)/test_gpt_$(p))
+# bench_attention (dev/bench/bench_attention.cu) times the tensor-core attention
+# kernels against the CUDA-core ones: BF16 only, and not with ATTENTION=simt.
+cuda-all: $(foreach p,$(CUDA_PRECISIONS),$(BUILD)/train_gpt_$(p) $(BUILD)/test_gpt_$(p)) $(if $(ATTENTION_FLAGS),,$(BUILD)/bench_attention_bf16)
+
+$(BUILD)/bench_attention_%: dev/bench/bench_attention.cu $(CUDA_DEPS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) -o $@ $< $(NVCC_LDLIBS)
 
 $(BUILD)/train_gpt_%: train_gpt.cu $(CUDA_DEPS)
 	@mkdir -p $(@D)

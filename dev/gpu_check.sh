@@ -4,6 +4,8 @@
 #   1. build every CUDA target for sm_90 in BF16, FP32 and FP16 (make cuda-all)
 #   2. test_gpt in each precision (GPU against the CPU reference, bitwise
 #      equality across -r settings, loss scaling, inf/NaN gradients)
+#   2b. the attention kernels alone (dev/bench/bench_attention.cu): tensor
+#      cores against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s
 #   3. short training runs on the synthetic dataset in BF16 and FP16 (dynamic
 #      loss scaling): final val loss against the dataset's entropy floor
 #   4. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
@@ -91,6 +93,20 @@ for p in bf16 fp32 fp16; do
         SUMMARY+=("| test_gpt $p | not built |")
     fi
 done
+
+# ---- 2b. attention kernels alone: tensor cores against CUDA cores ----
+ATT_MD="$LOGDIR/bench_attention.md"
+rm -f "$ATT_MD"
+if [[ -x build/bench_attention_bf16 ]]; then
+    stage bench_attention 60 build/bench_attention_bf16
+    rc=$?
+    grep '^|' "$LOGDIR/bench_attention.log" > "$ATT_MD"
+    big=$(grep '^| 4 8192 16 128 | tensor cores' "$ATT_MD" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $7); print "fwd " $5 ", bwd " $7 " TFLOP/s"}')
+    ref=$(grep '^| 4 8192 16 128 | CUDA cores' "$ATT_MD" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $7); print "fwd " $5 ", bwd " $7}')
+    SUMMARY+=("| attention alone, B=4 T=8192 NH=16 hs=128 (bf16), table below | $(status_word $rc)${big:+: tensor cores $big; CUDA cores $ref} |")
+else
+    SUMMARY+=("| attention alone (bench_attention_bf16) | not built |")
+fi
 
 # ---- 3. synthetic dataset, short training run ----
 stage synthetic_data 60 python3 dev/data/synthetic.py
@@ -230,6 +246,12 @@ SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, 
     echo "| run | status | ms/step | tok/s | MFU | planned MiB | measured MiB | step-1 loss |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
     printf '%s\n' "${THR[@]}"
+    if [[ -s "$ATT_MD" ]]; then
+        echo
+        echo "attention kernels alone (dev/bench/bench_attention.cu, bf16, causal; FLOPs 2*B*NH*T^2*hs forward, 2.5x backward):"
+        echo
+        cat "$ATT_MD"
+    fi
     [[ -n "$TORCH_NOTE" ]] && { echo; echo "$TORCH_NOTE"; }
     if [[ -f "$SWEEP_MD" ]]; then
         echo

@@ -444,6 +444,29 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
         assert got == base, f"{flags}: {got} != -r 0: {base}"
 
 
+def test_bench_attention_emulated(emu_build):
+    """dev/bench/bench_attention.cu runs, and its tensor-core kernels agree with the CUDA-core ones.
+
+    Shapes: two query blocks and a partial tile (T=70), the largest head size
+    (128), a padded head size (48) with B=2. Both kernel families round their
+    outputs to bf16 (relative error up to 2^-9 each) and the tensor-core ones
+    also the probabilities and dS, so the two are about 2e-3 apart; 1e-2 leaves
+    5x headroom while a masking or rescaling error gives O(0.1..1) (see
+    test_gpt's check_attention, which compares each with the CPU reference)."""
+    exe = OUT / "emu_bench_attention_bf16"
+    if not exe.exists():
+        pytest.skip("emu_bench_attention_bf16 not built")
+    res = emu_run([exe, 1, 70, 2, 32, 1, 40, 1, 128, 2, 33, 3, 48], timeout=300)
+    assert res.returncode == 0, explain(res)
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "tensor cores |" in line]
+    assert len(rows) == 3, res.stdout
+    for row in rows:
+        out_dist, dqkv_dist = (float(x) for x in row.rstrip(" |").split("|")[-1].split("/"))
+        assert out_dist < 1e-2 and dqkv_dist < 1e-2, row
+    bad = emu_run([exe, 1, 2, 3])
+    assert bad.returncode == 1 and "groups of four" in bad.stderr, explain(bad)
+
+
 def test_train_without_device_fails_cleanly(emu_build, tmp_path):
     datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
     res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
