@@ -658,6 +658,9 @@ static void check_attention(const Shape* sh, int T) {
 }
 
 int main(void) {
+    /* line-buffered even into a file: a stage killed by its time limit (or a
+     * crash) still leaves every finished line in the log */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     char why[256] = "";
     if (gpu_device_count(why, sizeof(why)) <= 0) {
         printf("SKIP: no CUDA device (%s)\n", why);

@@ -19,16 +19,22 @@
 #      and ms/step of d12 and the 24 x 2048 model at T = 2048 to 8192
 #   6. scripts/check_nccl_one_gpu.sh: the NCCL build with one rank against the
 #      plain build (skipped with 77 when the machine has no NCCL or MPI)
-# and prints a compact markdown table last (also written to LOGDIR/summary.md).
+# and prints a compact markdown table last (also written to out/gpu_check/summary.md).
 # A failing or timed-out stage is recorded in the table; later stages still run.
+# Stages 3-5 run the plain single-process builds (build/train_gpt_nompi_*), so
+# NCCL and MPI setup can only affect stage 6.
 #
-# usage: dev/gpu_check.sh        (from anywhere; logs in $OUT/gpu_check or out/gpu_check)
+# usage: dev/gpu_check.sh        (from anywhere; logs in out/gpu_check)
+# With $OUT set (the borrowed machine's result folder, which returns only a
+# few files), it receives exactly two: summary.md and gpu_check_logs.tgz
+# (every stage's log, the sweep's table, csv and plot, the NCCL check's runs).
 # env:   GPU_CHECK_BUDGET  seconds for everything (default 530)
 #        JOBS              parallel make jobs (default 8)
 #        D12_BATCH         -b of the throughput runs (default 16)
 set -u
 cd "$(dirname "$0")/.." || exit 1
-LOGDIR="${OUT:-out}/gpu_check"
+LOGDIR=out/gpu_check
+rm -rf "$LOGDIR"
 mkdir -p "$LOGDIR"
 BUDGET=${GPU_CHECK_BUDGET:-530}
 JOBS=${JOBS:-8}
@@ -74,9 +80,9 @@ status_word() { # rc -> word
 echo "gpu_check: $(nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader 2>/dev/null | head -n 1)"
 
 # ---- 1. build ----
-stage build 300 make -j"$JOBS" cuda-all GPU_COMPUTE_CAPABILITY=90 CUDA_WERROR=
+stage build 300 make -j"$JOBS" cuda-all build/train_gpt_nompi_bf16 build/train_gpt_nompi_fp16 GPU_COMPUTE_CAPABILITY=90 CUDA_WERROR=
 BUILD_RC=$?
-SUMMARY+=("| build, sm_90, bf16 + fp32 + fp16 (make cuda-all) | $(status_word $BUILD_RC) |")
+SUMMARY+=("| build, sm_90, bf16 + fp32 + fp16 (make cuda-all + train_gpt_nompi_bf16/fp16) | $(status_word $BUILD_RC) |")
 
 # ---- 2. test_gpt per precision ----
 for p in bf16 fp32 fp16; do
@@ -113,8 +119,8 @@ stage synthetic_data 60 python3 dev/data/synthetic.py
 FLOOR=$(python3 -c "import json; print('%.4f' % json.load(open('data/synthetic/synthetic_meta.json'))['entropy_nats_per_token'])" 2>/dev/null || echo "?")
 for p in bf16 fp16; do
     label="synthetic, 4 layers x 256 ch, B=16 T=256, 300 steps ($p)"
-    if [[ -x build/train_gpt_$p && -f data/synthetic/synthetic_train.bin ]]; then
-        stage "train_synthetic_$p" 150 "build/train_gpt_$p" -e d6 --layers 4 --channels 256 --heads 4 --vocab-size 256 \
+    if [[ -x build/train_gpt_nompi_$p && -f data/synthetic/synthetic_train.bin ]]; then
+        stage "train_synthetic_$p" 150 "build/train_gpt_nompi_$p" -e d6 --layers 4 --channels 256 --heads 4 --vocab-size 256 \
             --max-seq-len 256 -b 16 -t 256 -x 300 -l 1e-3 -u 20 -i data/synthetic/synthetic_train.bin \
             -j data/synthetic/synthetic_val.bin -v 100 -m 20 -s 0
         rc=$?
@@ -152,8 +158,8 @@ stage random_shards 60 python3 -c "$RANDOM_PY"
 THR=()
 for r in 0 2 1; do
     name="d12_r$r"
-    if [[ -x build/train_gpt_bf16 && -f data/random50257/random50257_train.bin ]]; then
-        stage "$name" 150 build/train_gpt_bf16 -e d12 -b "$D12_B" -t 1024 -x 30 -r "$r" \
+    if [[ -x build/train_gpt_nompi_bf16 && -f data/random50257/random50257_train.bin ]]; then
+        stage "$name" 150 build/train_gpt_nompi_bf16 -e d12 -b "$D12_B" -t 1024 -x 30 -r "$r" \
             -i data/random50257/random50257_train.bin -j "" -v 0 -s 0
         rc=$?
         log="$LOGDIR/$name.log"
@@ -203,11 +209,12 @@ fi
 # its table (skipped cells say why), so give it what is left, at most 150s.
 SWEEP_MD="$LOGDIR/sweep/sweep.md"
 rm -f "$SWEEP_MD"
-if [[ -x build/train_gpt_fp16 ]]; then
-    SWEEP_S=$(( $(remaining) - 30 ))
-    (( SWEEP_S > 150 )) && SWEEP_S=150
+if [[ -x build/train_gpt_nompi_fp16 ]]; then
+    # at most 110 s, so that the NCCL check after it keeps about a minute
+    SWEEP_S=$(( $(remaining) - 70 ))
+    (( SWEEP_S > 110 )) && SWEEP_S=110
     if (( SWEEP_S >= 40 )); then
-        stage sweep_quick $(( SWEEP_S + 10 )) python3 dev/bench/sweep_recompute.py --quick --budget-s "$SWEEP_S" --out "$LOGDIR/sweep"
+        stage sweep_quick $(( SWEEP_S + 10 )) python3 dev/bench/sweep_recompute.py --quick --exe build/train_gpt_nompi_fp16 --budget-s "$SWEEP_S" --out "$LOGDIR/sweep"
         rc=$?
         key=$(python3 - "$LOGDIR/sweep/sweep.csv" <<'PY' 2>/dev/null
 import csv, sys
@@ -222,13 +229,15 @@ PY
         SUMMARY+=("| recompute sweep --quick (fp16) | skipped (no time left) |")
     fi
 else
-    SUMMARY+=("| recompute sweep --quick (fp16) | not run (build/train_gpt_fp16 missing) |")
+    SUMMARY+=("| recompute sweep --quick (fp16) | not run (build/train_gpt_nompi_fp16 missing) |")
 fi
 
 # ---- 6. the NCCL path with one rank gives the plain build's losses ----
-stage nccl_one_gpu 120 scripts/check_nccl_one_gpu.sh
+stage nccl_one_gpu 120 env LOGDIR="$LOGDIR" scripts/check_nccl_one_gpu.sh
 rc=$?
-SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, overlap on/off, -z 1 resume | $(status_word $rc) |")
+word=$(status_word $rc)
+(( rc == 77 )) && word="$(grep -m 1 '^SKIP' "$LOGDIR/nccl_one_gpu.log")"
+SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, overlap on/off, -z 1 resume | $word |")
 
 # ---- table ----
 {
@@ -258,3 +267,8 @@ SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, 
         cat "$SWEEP_MD"
     fi
 } | tee "$LOGDIR/summary.md"
+
+if [[ -n "${OUT:-}" ]]; then
+    cp "$LOGDIR/summary.md" "$OUT/summary.md"
+    tar czf "$OUT/gpu_check_logs.tgz" -C out gpu_check
+fi

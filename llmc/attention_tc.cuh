@@ -85,10 +85,24 @@ template <int HS> struct AttTc {
 
 /* Stages rows [r0, r0+nrows) of a (B,T,ld)-strided head slice into dst (stride
  * LD) as floatX, zero past T and past hs. src points at (b, t=0, this head's
- * first channel). Called by all threads of the block. */
+ * first channel). Called by all threads of the block. When hs is a multiple
+ * of 8, every 8-channel chunk starts 16 bytes aligned in global memory (ld and
+ * the head offset h*hs are multiples of 8, buffers are 256-byte aligned) and
+ * in dst (LD is), and lies wholly inside or outside hs: one 16-byte load per
+ * chunk instead of eight 2-byte ones. */
 template <int HS>
 __device__ __forceinline__ void att_tc_stage(floatX* dst, const floatX* src, size_t ld, int r0, int nrows, int T, int hs) {
     constexpr int LD = AttTc<HS>::LD;
+    if (hs % 8 == 0) {
+        constexpr int CHUNKS = HS / 8;
+        for (int idx = threadIdx.x; idx < nrows * CHUNKS; idx += blockDim.x) {
+            int j = idx / CHUNKS, c = (idx % CHUNKS) * 8, r = r0 + j;
+            uint4 v = {0u, 0u, 0u, 0u}; /* all-zero bits: +0.0 in bf16 and fp16 */
+            if (r < T && c < hs) v = *reinterpret_cast<const uint4*>(src + (size_t)r * ld + c);
+            *reinterpret_cast<uint4*>(dst + j * LD + c) = v;
+        }
+        return;
+    }
     const floatX zero = from_f32<floatX>(0.0f);
     for (int idx = threadIdx.x; idx < nrows * HS; idx += blockDim.x) {
         int j = idx / HS, c = idx % HS, r = r0 + j;
@@ -107,6 +121,17 @@ __device__ __forceinline__ void att_tc_row_of(int* row_of, float* scratch, int l
 #pragma unroll
     for (int i = 0; i < FragAcc::num_elements; i++) row_of[i] = (int)rows.x[i];
     __syncwarp();
+}
+
+/* acc[f] row r *= row_mul[r] for every fragment f (row_of: att_tc_row_of). */
+template <int HS> __device__ __forceinline__ void att_tc_scale_rows(FragAcc* acc, const float* row_mul, const int* row_of) {
+    float mul[FragAcc::num_elements];
+#pragma unroll
+    for (int i = 0; i < FragAcc::num_elements; i++) mul[i] = row_mul[row_of[i]];
+#pragma unroll
+    for (int f = 0; f < AttTc<HS>::NF; f++)
+#pragma unroll
+        for (int i = 0; i < FragAcc::num_elements; i++) acc[f].x[i] *= mul[i];
 }
 
 /* acc[f] (16 x HS, fp32) -> rows r0..r0+15 of a (B,T,ld)-strided floatX slice
@@ -263,10 +288,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
         m = mnew;
         if (half == 0) corr_w[row] = corr;
         __syncwarp();
-#pragma unroll
-        for (int f = 0; f < Cfg::NF; f++)
-#pragma unroll
-            for (int i = 0; i < FragAcc::num_elements; i++) o[f].x[i] *= corr_w[row_of[i]];
+        att_tc_scale_rows<HS>(o, corr_w, row_of);
         att_tc_accumulate<HS>(o, Pw, Vs);
         __syncwarp(); /* corr_w and Pw are rewritten at the next tile */
     }
@@ -275,10 +297,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
         if (t < T) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
     }
     __syncwarp();
-#pragma unroll
-    for (int f = 0; f < Cfg::NF; f++)
-#pragma unroll
-        for (int i = 0; i < FragAcc::num_elements; i++) o[f].x[i] *= corr_w[row_of[i]];
+    att_tc_scale_rows<HS>(o, corr_w, row_of);
     att_tc_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * hs, C, r0, T, hs, o, Sw, Cfg::SLD);
 }
 

@@ -53,7 +53,7 @@
 typedef struct {
     int transa, transb, m, n, k, lda, ldb, ldd;
     int has_bias, has_c, c_is_d;
-    int align_a, align_b, align_c, align_d;
+    int align_a, align_b, align_c, align_d, align_bias;
 } MatmulKey;
 
 typedef struct {
@@ -171,6 +171,7 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
     key.has_bias = bias != NULL; key.has_c = beta != 0.0f; key.c_is_d = Cin == D;
     key.align_a = pointer_alignment(A); key.align_b = pointer_alignment(B);
     key.align_c = pointer_alignment(Cin); key.align_d = pointer_alignment(D);
+    key.align_bias = bias ? pointer_alignment(bias) : 0;
     MatmulCacheEntry found;
     int hit = 0;
     for (int i = 0; i < mc->cache_used; i++)
@@ -178,7 +179,9 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
     if (!hit) {
         memset(&found, 0, sizeof(found));
         found.key = key;
-        found.bias_in_epilogue = key.has_bias;
+        /* the bias epilogue wants an aligned bias vector (16 bytes is what
+         * other cuBLASLt users found safe); the plan gives 256 */
+        found.bias_in_epilogue = key.has_bias && key.align_bias >= 16;
         if (!lt_find_algo(mc, &key, found.bias_in_epilogue, bias, &found.algo)) {
             found.bias_in_epilogue = 0;
             if (!key.has_bias || !lt_find_algo(mc, &key, 0, NULL, &found.algo))

@@ -8,14 +8,21 @@
 # all-gather, the shard-local optimizer state, and a checkpoint resume with it.
 # Status: written without a GPU; what it checks is unverified until it passes.
 #
-# Usage: scripts/check_nccl_one_gpu.sh   (PREC=bf16|fp16|fp32, default bf16)
-# Exit: 0 all equal, 1 a difference or failure, 77 skipped (no NCCL/MPI build).
+# Usage: scripts/check_nccl_one_gpu.sh   (PREC=bf16|fp16|fp32, default bf16;
+#        LOGDIR=dir keeps the runs' logs there, default a temporary folder)
+# Exit: 0 all equal, 1 a difference or failure, 77 skipped (no NCCL/MPI build,
+# or no CUDA device).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 PREC=${PREC:-bf16}
 NCCL_BIN=build/train_gpt_$PREC
 PLAIN_BIN=build/train_gpt_nompi_$PREC
+# Decide before compiling anything: without NCCL and MPI there is nothing to check.
+if ! make -s cuda-info | grep -q '^multi-GPU.*: on'; then
+    echo "SKIP: no NCCL/MPI build here ($(make -s cuda-info | grep multi-GPU))"
+    exit 77
+fi
 make -j"${JOBS:-8}" "$NCCL_BIN" "$PLAIN_BIN" GPU_COMPUTE_CAPABILITY="${GPU_COMPUTE_CAPABILITY-90}" CUDA_WERROR= >/dev/null || {
     echo "FAIL: build"; exit 1; }
 if ! [[ "$(ldd "$NCCL_BIN" 2>/dev/null)" == *libnccl* ]]; then
@@ -30,7 +37,12 @@ if command -v mpirun >/dev/null; then
     [[ "$(id -u)" != 0 ]] || MPIRUN+=(--allow-run-as-root)
 fi
 export REMAT_NCCL_OVERLAP=1
-TMP=$(mktemp -d)
+if [[ -n "${LOGDIR:-}" ]]; then
+    TMP=$LOGDIR/nccl_one_gpu
+    rm -rf "$TMP" && mkdir -p "$TMP" || exit 1
+else
+    TMP=$(mktemp -d)
+fi
 # 4 layers x 256 channels, 2 micro-steps per step (gradient accumulation arms the hook on the second)
 ARGS=(-e d6 --layers 4 --channels 256 --heads 4 --vocab-size 256 --max-seq-len 256 -b 8 -t 256 -d 4096
       -i data/synthetic/synthetic_train.bin -j data/synthetic/synthetic_val.bin -v 10 -m 4 -s 0 -l 1e-3 -k constant)
@@ -75,7 +87,7 @@ grep -E '^step' "$TMP/zero1_resumed.txt" >"$TMP/zero1_resumed_steps.txt"
 same zero1_resumed_steps zero1_tail
 if [[ $FAILED == 0 ]]; then
     echo "PASS: the NCCL build with one rank matches the plain build"
-    rm -rf "$TMP"
+    [[ -n "${LOGDIR:-}" ]] || rm -rf "$TMP"
 else
     echo "FAILED (logs in $TMP)"
 fi

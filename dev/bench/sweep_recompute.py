@@ -73,7 +73,7 @@ REFERENCE = ("Published reference for the 24 x 2048 model, B=4, on an 80 GB GPU:
              "without recompute, 12.2 GB and 178 ms with it; T=8192 out of memory without, 34.8 GB and 680 ms with. "
              "Not directly comparable: here the model state alone (fp16 parameters and gradients, fp32 master "
              "weights and AdamW m, v: 16 bytes per parameter, 1.38 billion parameters with the 32768-row position "
-             "table) is 20.5 GiB, and attention runs on CUDA cores (fp32 math), not tensor cores.")
+             "table) is 20.5 GiB, and attention is this project's simple WMMA tensor-core kernel (no FlashAttention).")
 
 
 def log(msg):

@@ -61,9 +61,11 @@ NONFINITE_CASE = "nonfinite:hs16:64:4:300:64"  # test_gpt's check_nonfinite (inj
 # test_gpt's check_attention: the attention kernels alone with a sharp softmax
 # (tensor-core kernels in bf16/fp16, CUDA-core ones in fp32): two query blocks
 # and a partial key tile at T=77, a padded head size (48) at T=70, every head
-# size bucket up to 128, six query blocks at T=333. About a second each.
+# size bucket up to 128, six query blocks at T=333, and a head size that is no
+# multiple of 8 (20: the staging's 2-byte path instead of 16-byte chunks).
+# About a second each.
 ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "attention:hs16:64:4:300:45",
-                   "attention:hs128:128:1:300:130", "attention:hs64:128:2:300:333"]
+                   "attention:hs128:128:1:300:130", "attention:hs64:128:2:300:333", "attention:hs20:40:2:300:45"]
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
