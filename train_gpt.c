@@ -432,33 +432,10 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
         plan_oom_report(plan, available_host_memory(), "host");
         fail("out of host memory: the plan needs %.1f MiB", mib(plan->total_bytes));
     }
-    m->params = (real*)(m->arena + plan->off_params);
-    m->grads = (real*)(m->arena + plan->off_grads);
-    m->adam_m = (float*)(m->arena + plan->off_adam_m);
-    m->adam_v = (float*)(m->arena + plan->off_adam_v);
-    ParamLayout pl;
-    param_layout(&m->cfg, &pl);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        m->p[t] = m->params + pl.offset[t];
-        m->g[t] = m->grads + pl.offset[t];
-        m->layer_stride[t] = pl.count[t] / (size_t)m->cfg.num_layers;
-    }
-    m->inputs = (int*)(m->arena + plan->off_inputs);
-    m->targets = (int*)(m->arena + plan->off_targets);
-    m->losses = (real*)(m->arena + plan->off_losses);
-    m->final_res = (real*)(m->arena + plan->off_final_res);
-    m->lnf = (real*)(m->arena + plan->off_lnf);
-    m->lnf_mean = (real*)(m->arena + plan->off_lnf_mean);
-    m->lnf_rstd = (real*)(m->arena + plan->off_lnf_rstd);
-    m->logits = (real*)(m->arena + plan->off_logits);
-    size_t N = (size_t)plan->spec.B * plan->spec.T;
-    m->logits_rows = (size_t)plan->spec.logits_chunk_rows < N ? plan->spec.logits_chunk_rows : (int)N;
-    for (int g = 0; g < NUM_GRAD_ACTS; g++) m->grad_act[g] = (real*)(m->arena + plan->grad_act[g]);
+    TRAINER_CARVE_ARENA(m, plan, real, real);
     memset(m->grads, 0, plan->num_params * sizeof(real));
     memset(m->adam_m, 0, plan->shard_params * sizeof(float));
     memset(m->adam_v, 0, plan->shard_params * sizeof(float));
-    m->B = plan->spec.B;
-    m->T = plan->spec.T;
     m->rank = remat_proc.rank;
     m->world = plan->spec.world_size;
     m->zero = plan->spec.zero_stage == 1 && m->world > 1;

@@ -147,29 +147,8 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->mm.workspace = ws_bytes ? m->arena + ws_off : NULL;
     m->mm.workspace_bytes = ws_bytes;
 
-    m->params = (floatX*)(m->arena + plan->off_params);
-    m->grads = (floatX*)(m->arena + plan->off_grads);
+    TRAINER_CARVE_ARENA(m, plan, floatX, float);
     m->master = plan->spec.master_weights ? (float*)(m->arena + plan->off_master) : NULL;
-    m->adam_m = (float*)(m->arena + plan->off_adam_m);
-    m->adam_v = (float*)(m->arena + plan->off_adam_v);
-    ParamLayout pl;
-    param_layout(&m->cfg, &pl);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        m->p[t] = m->params + pl.offset[t];
-        m->g[t] = m->grads + pl.offset[t];
-        m->layer_stride[t] = pl.count[t] / (size_t)m->cfg.num_layers;
-    }
-    m->inputs = (int*)(m->arena + plan->off_inputs);
-    m->targets = (int*)(m->arena + plan->off_targets);
-    m->losses = (float*)(m->arena + plan->off_losses);
-    m->final_res = (floatX*)(m->arena + plan->off_final_res);
-    m->lnf = (floatX*)(m->arena + plan->off_lnf);
-    m->lnf_mean = (float*)(m->arena + plan->off_lnf_mean);
-    m->lnf_rstd = (float*)(m->arena + plan->off_lnf_rstd);
-    m->logits = (floatX*)(m->arena + plan->off_logits);
-    size_t N = (size_t)plan->spec.B * plan->spec.T;
-    m->logits_rows = (size_t)plan->spec.logits_chunk_rows < N ? plan->spec.logits_chunk_rows : (int)N;
-    for (int g = 0; g < NUM_GRAD_ACTS; g++) m->grad_act[g] = (floatX*)(m->arena + plan->grad_act[g]);
     m->att_rowsum = (float*)(m->arena + plan->off_att_rowsum);
     m->column_partials = (float*)(m->arena + plan->off_column_partials);
     m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
@@ -178,7 +157,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
 
-    size_t io = plan->spec.io_chunk_floats;
+    size_t N = (size_t)plan->spec.B * plan->spec.T, io = plan->spec.io_chunk_floats;
     m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
     m->h_targets = (int*)pinned_alloc(N * sizeof(int), "target tokens");
     m->h_losses = (float*)pinned_alloc(N * sizeof(float), "losses");
@@ -188,8 +167,6 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_xfer = pinned_alloc(io * sizeof(floatX), "parameter staging");
     m->h_logits = pinned_alloc((size_t)m->cfg.padded_vocab_size * sizeof(floatX), "logits row");
     m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
-    m->B = plan->spec.B;
-    m->T = plan->spec.T;
     m->zero = plan->spec.zero_stage == 1; /* with one rank the shard is everything */
     if (m->zero) shard_range(plan->num_params, plan->spec.world_size, remat_proc.rank, &m->shard_start, &m->shard_count);
     else { m->shard_start = 0; m->shard_count = plan->num_params; }

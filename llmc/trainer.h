@@ -24,6 +24,45 @@
 #include "loss_scaler.h"
 #include "multiproc.h"
 
+/* ---- the model's buffers ----
+ * Points a trainer's model struct `m` at the buffers both trainers keep inside
+ * its arena (m->arena, laid out by `plan`), sets the per-layer strides of the
+ * stacked parameter tensors, the logits chunk's rows and the plan's B, T.
+ * A macro because it is generic over the storage type ELEM (real on the CPU,
+ * floatX on the GPU) and STAT, the type of per-token losses and LayerNorm
+ * statistics; `m` needs the members assigned here. Buffers only one trainer
+ * has stay in that trainer. */
+#define TRAINER_CARVE_ARENA(m, plan, ELEM, STAT)                                                         \
+    do {                                                                                                 \
+        const MemoryPlan* carve_plan_ = (plan);                                                          \
+        char* carve_base_ = (m)->arena;                                                                  \
+        (m)->params = (ELEM*)(carve_base_ + carve_plan_->off_params);                                    \
+        (m)->grads = (ELEM*)(carve_base_ + carve_plan_->off_grads);                                      \
+        (m)->adam_m = (float*)(carve_base_ + carve_plan_->off_adam_m);                                   \
+        (m)->adam_v = (float*)(carve_base_ + carve_plan_->off_adam_v);                                   \
+        ParamLayout carve_pl_;                                                                           \
+        param_layout(&carve_plan_->spec.cfg, &carve_pl_);                                                \
+        for (int carve_t_ = 0; carve_t_ < NUM_PARAM_TENSORS; carve_t_++) {                               \
+            (m)->p[carve_t_] = (m)->params + carve_pl_.offset[carve_t_];                                 \
+            (m)->g[carve_t_] = (m)->grads + carve_pl_.offset[carve_t_];                                  \
+            (m)->layer_stride[carve_t_] = carve_pl_.count[carve_t_] / (size_t)carve_plan_->spec.cfg.num_layers; \
+        }                                                                                                \
+        (m)->inputs = (int*)(carve_base_ + carve_plan_->off_inputs);                                     \
+        (m)->targets = (int*)(carve_base_ + carve_plan_->off_targets);                                   \
+        (m)->losses = (STAT*)(carve_base_ + carve_plan_->off_losses);                                    \
+        (m)->final_res = (ELEM*)(carve_base_ + carve_plan_->off_final_res);                              \
+        (m)->lnf = (ELEM*)(carve_base_ + carve_plan_->off_lnf);                                          \
+        (m)->lnf_mean = (STAT*)(carve_base_ + carve_plan_->off_lnf_mean);                                \
+        (m)->lnf_rstd = (STAT*)(carve_base_ + carve_plan_->off_lnf_rstd);                                \
+        (m)->logits = (ELEM*)(carve_base_ + carve_plan_->off_logits);                                    \
+        for (int carve_g_ = 0; carve_g_ < NUM_GRAD_ACTS; carve_g_++)                                     \
+            (m)->grad_act[carve_g_] = (ELEM*)(carve_base_ + carve_plan_->grad_act[carve_g_]);            \
+        size_t carve_n_ = (size_t)carve_plan_->spec.B * carve_plan_->spec.T;                             \
+        (m)->logits_rows = (size_t)carve_plan_->spec.logits_chunk_rows < carve_n_ ? carve_plan_->spec.logits_chunk_rows : (int)carve_n_; \
+        (m)->B = carve_plan_->spec.B;                                                                    \
+        (m)->T = carve_plan_->spec.T;                                                                    \
+    } while (0)
+
 typedef enum { TENSOR_PARAMS, TENSOR_MASTER, TENSOR_ADAM_M, TENSOR_ADAM_V } StateTensor;
 
 typedef struct {
