@@ -95,6 +95,10 @@ typedef struct {
 static inline floatX* gact(const GpuModel* m, int layer, int a) { return (floatX*)(m->arena + m->plan->layer_act[layer][a]); }
 static inline float* gstat(const GpuModel* m, int layer, int a) { return (float*)(m->arena + m->plan->layer_act[layer][a]); }
 
+/* Host waits on the training stream go through here: with NCCL it watches the
+ * communicator for asynchronous errors meanwhile (multigpu_wait). */
+static inline void gpu_wait(GpuModel* m) { multigpu_wait(m->mg, m->stream); }
+
 /* Parameter (or gradient) tensor `t` of layer l: per-layer tensors are stacked on L. */
 static inline floatX* glp(floatX* const* base, const GpuModel* m, int t, int l) { return base[t] + (size_t)l * m->layer_stride[t]; }
 
@@ -277,7 +281,7 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
 static float gpu_mean_loss(GpuModel* m) {
     int N = m->B * m->T;
     CUDA_CHECK(cudaMemcpyAsync(m->h_losses, m->losses, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    gpu_wait(m);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += (double)m->h_losses[i];
     return (float)(sum / N);
@@ -313,9 +317,9 @@ static void gpu_upload_tokens(GpuModel* m, int with_targets) {
 static float gpu_grad_norm(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     gpu_global_norm_squared(m->norm_partials, m->grads + m->shard_start, m->shard_count, m->stream);
+    gpu_wait(m); /* first: a copy into pageable memory would block on the reduction without watching NCCL */
     float sumsq = 0.0f;
-    CUDA_CHECK(cudaMemcpyAsync(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    CUDA_CHECK(cudaMemcpy(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
     double total = (double)sumsq;
     if (m->zero) total = proc_sum(total);
     return (float)sqrt(total);
@@ -338,7 +342,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
                   m->stream);
     }
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
-    CUDA_CHECK(cudaStreamSynchronize(m->stream)); /* the step time printed includes the update */
+    gpu_wait(m); /* the step time printed includes the update */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -386,7 +390,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     gpu_model_forward(m);
     gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, NULL, 1, C, Vp, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    gpu_wait(m);
     float mx = host_floatX_get(m->h_logits, 0);
     for (int v = 1; v < V; v++) mx = fmaxf(mx, host_floatX_get(m->h_logits, (size_t)v));
     float sum = 0.0f;
@@ -411,7 +415,7 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
     GpuModel* m = (GpuModel*)ctx;
     if (n > m->plan->spec.io_chunk_floats) fail("internal: transfer of %zu values exceeds the staging buffer", n);
     cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+    gpu_wait(m);
     if (tensor == TENSOR_PARAMS) {
         floatX* dev = m->params + start;
         if (to_host) {

@@ -55,6 +55,7 @@
 #error "MULTI_GPU needs USE_MPI: the NCCL id travels over MPI"
 #endif
 #include <nccl.h>
+#include <sched.h>
 
 /* NCCL's element type for floatX, by build precision (PRECISION=BF16|FP16|FP32);
  * cuda_common.cuh names it next to floatX, this is the fallback. */
@@ -219,6 +220,41 @@ static inline void multigpu_free(MultiGpu* mg) {
     memset(mg, 0, sizeof(*mg));
 }
 
+/* ---- waiting on the host ----
+ * Waits until `stream` (whose work may wait on the collectives) is done while
+ * watching the communicator: a peer that is gone or a network failure shows
+ * up as an asynchronous NCCL error, and the stream would otherwise never
+ * finish, leaving this rank waiting forever. On such an error the
+ * communicator is aborted (which ends its pending work) and fail() stops
+ * every rank (MPI_Abort) with the message. */
+static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
+    if (!mg) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return;
+    }
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(stream);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) CUDA_CHECK(e);
+        ncclResult_t async = ncclSuccess;
+        NCCL_CHECK(ncclCommGetAsyncError(mg->comm, &async));
+        if (async != ncclSuccess) {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+            const char* last = ncclGetLastError(mg->comm);
+#else
+            const char* last = "";
+#endif
+            char why[512];
+            snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(async), last && last[0] ? ": " : "", last ? last : "");
+            ncclCommAbort(mg->comm);
+            mg->comm = NULL;
+            fail("NCCL reported an asynchronous error while rank %d waited for its step: %s (NCCL_DEBUG=INFO tells more)",
+                 mg->rank, why);
+        }
+        sched_yield();
+    }
+}
+
 /* ---- ordering between the compute stream and the collectives ---- */
 
 static inline void multigpu_fork(MultiGpu* mg, cudaStream_t compute) {
@@ -344,6 +380,10 @@ static inline MultiGpu* multigpu_init(MultiGpu* mg, const MemoryPlan* plan, int 
     return NULL;
 }
 static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
+static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
+    (void)mg;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 static inline void multigpu_new_step(MultiGpu* mg) { (void)mg; }
 static inline void multigpu_micro_step(MultiGpu* mg) { (void)mg; }
 static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, cudaStream_t compute) {

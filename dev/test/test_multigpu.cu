@@ -6,24 +6,40 @@
  * requires it), every gradient element is reduced exactly once per step and
  * never past the buffer, ZeRO-1 pieces land on their shard's owner, the
  * all-gather covers every parameter once, and the per-layer path issues L+1
- * groups. Not wired into `make test`; build and run with:
+ * groups. Also multigpu_wait, with the stream's progress and NCCL's async
+ * error state stubbed: it returns once the stream is done, and with
+ * `wait-error` as argument it stops with a message naming the NCCL error
+ * after aborting the communicator (exit 1).
+ * Run by dev/test/test_multigpu_schedule.py (`make test`); by hand:
  *   nvcc -std=c++17 -I. -DENABLE_BF16 -DUSE_MPI -DMULTI_GPU -DOMPI_SKIP_MPICXX $(mpicc --showme:compile) \
  *        -o build/test_multigpu dev/test/test_multigpu.cu $(mpicc --showme:link) && build/test_multigpu
  */
 #include "llmc/cuda_common.cuh"
+#include <nccl.h>
 #include <vector>
 #include <string>
 static int stub_ok(void) { return 0; }
 #define cudaEventRecord(e, s) ((void)(e), (void)(s), (cudaError_t)stub_ok())
 #define cudaStreamWaitEvent(s, e, f) ((void)(s), (void)(e), (void)(f), (cudaError_t)stub_ok())
+/* multigpu_wait's view of the GPU: the stream finishes after stream_busy_polls
+ * queries; NCCL reports nccl_async_error from the nccl_error_after-th check on */
+static int stream_busy_polls, stream_queries, nccl_error_after = -1, nccl_checks, nccl_aborts;
+static ncclResult_t nccl_async_error = ncclSystemError;
+static cudaError_t stub_stream_query(cudaStream_t) { return stream_queries++ < stream_busy_polls ? cudaErrorNotReady : cudaSuccess; }
+#define cudaStreamQuery(s) stub_stream_query(s)
 #include "llmc/multigpu.cuh"
 
 struct Call { std::string op; size_t off, cnt; int root; };
 static std::vector<Call> calls;
 static floatX* base;
 extern "C" {
-const char* ncclGetLastError(ncclComm_t) { return ""; }
+const char* ncclGetLastError(ncclComm_t) { return "peer 3 unreachable"; }
 const char* ncclGetErrorString(ncclResult_t) { return "stub"; }
+ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* err) {
+    *err = nccl_error_after >= 0 && nccl_checks++ >= nccl_error_after ? nccl_async_error : ncclSuccess;
+    return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t) { nccl_aborts++; printf("stub: ncclCommAbort\n"); fflush(stdout); return ncclSuccess; }
 ncclResult_t ncclGroupStart() { calls.push_back({"start", 0, 0, -1}); return ncclSuccess; }
 ncclResult_t ncclGroupEnd() { calls.push_back({"end", 0, 0, -1}); return ncclSuccess; }
 ncclResult_t ncclAllReduce(const void* s, void* r, size_t n, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) {
@@ -55,8 +71,28 @@ static std::vector<Call> simulate(ModelConfig cfg, int world, int rank, int zero
     return calls;
 }
 
-int main() {
-    int fails = 0;
+/* multigpu_wait on a healthy communicator: returns when the stream is done, having polled NCCL meanwhile. */
+static int check_wait(void) {
+    MultiGpu mg; memset(&mg, 0, sizeof(mg));
+    stream_busy_polls = 5; stream_queries = 0; nccl_error_after = -1; nccl_checks = 0;
+    multigpu_wait(&mg, 0);
+    if (stream_queries != 6 || nccl_aborts != 0) { printf("FAIL multigpu_wait: %d queries, %d aborts\n", stream_queries, nccl_aborts); return 1; }
+    return 0;
+}
+
+/* multigpu_wait when NCCL reports an error while the stream is still busy: must not return. */
+static int wait_error(void) {
+    MultiGpu mg; memset(&mg, 0, sizeof(mg));
+    mg.rank = 2;
+    stream_busy_polls = 1000000; stream_queries = 0; nccl_error_after = 3; nccl_checks = 0;
+    multigpu_wait(&mg, 0);
+    printf("FAIL multigpu_wait returned although NCCL reported an error\n");
+    return 1;
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "wait-error") == 0) return wait_error();
+    int fails = check_wait();
     int Ls[] = {1, 2, 3};
     int worlds[] = {1, 2, 3, 7, 8};
     for (int L : Ls) for (int world : worlds) for (int zero = 0; zero < 2; zero++) for (int overlap = 0; overlap < 2; overlap++) for (int accum = 1; accum <= 3; accum += 2) {

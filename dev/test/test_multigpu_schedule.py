@@ -1,6 +1,7 @@
 """The multi-GPU collective schedule (llmc/multigpu.cuh) on the host, with NCCL
 and CUDA events stubbed (dev/test/test_multigpu.cu): same calls on every rank,
-each gradient reduced once, ZeRO-1 pieces on their owners, full all-gather.
+each gradient reduced once, ZeRO-1 pieces on their owners, full all-gather;
+and multigpu_wait's handling of an asynchronous NCCL error (stop, never hang).
 This checks bookkeeping, not NCCL or a GPU."""
 import shlex
 import shutil
@@ -25,3 +26,10 @@ def test_collective_schedule():
     res = run([exe], check=True)
     print(res.stdout)
     assert "all ok (0 failures)" in res.stdout
+    # an asynchronous NCCL error while waiting: the communicator is aborted and the
+    # rank stops with one line naming the error (fail() then ends every rank via MPI_Abort)
+    res = run([exe, "wait-error"], check=False)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "stub: ncclCommAbort" in res.stdout
+    assert res.stderr.strip().splitlines()[-1] == ("error: NCCL reported an asynchronous error while rank 2 waited for its "
+                                                   "step: stub: peer 3 unreachable (NCCL_DEBUG=INFO tells more)"), res.stderr
