@@ -37,10 +37,11 @@
  * Shared memory (static, below 48 KiB for every HS, checked at compile time)
  * is one byte array carved per phase: the rows a block owns are staged once
  * at the start in the space the tiles use later. Row strides are padded by
- * 16 bytes against bank conflicts while every
- * fragment's first element stays 32-byte aligned, as WMMA requires.
+ * 16 bytes against bank conflicts while every fragment's first element stays
+ * 32-byte aligned, as WMMA requires.
  *
- * Status: compiles; runs under the CPU emulator (dev/emu), whose WMMA
+ * Status: compiles (sm_80, sm_90: the SASS has HMMA.16816.F32.BF16, no
+ * register spills); runs under the CPU emulator (dev/emu), whose WMMA
  * stand-in scrambles the fragment layout; unverified on GPU.
  */
 #ifndef REMAT_ATTENTION_TC_CUH
