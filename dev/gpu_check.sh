@@ -4,6 +4,8 @@
 #   1. build every CUDA target for sm_90 in BF16, FP32 and FP16 (make cuda-all)
 #   2. test_gpt in each precision (GPU against the CPU reference, bitwise
 #      equality across -r settings, loss scaling, inf/NaN gradients)
+#      (if BF16 fails: test_gpt bf16 again with ATTENTION=simt, to tell a
+#      tensor-core attention fault from the rest)
 #   2b. the attention kernels alone (dev/bench/bench_attention.cu): tensor
 #      cores against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s
 #   3. short training runs on the synthetic dataset in BF16 and FP16 (dynamic
@@ -85,20 +87,39 @@ BUILD_RC=$?
 SUMMARY+=("| build, sm_90, bf16 + fp32 + fp16 (make cuda-all + train_gpt_nompi_bf16/fp16) | $(status_word $BUILD_RC) |")
 
 # ---- 2. test_gpt per precision ----
+# test_gpt_result LABEL BINARY LOGNAME: runs it and adds its row to the table; returns its status
+test_gpt_result() {
+    local label=$1 bin=$2 name=$3 rc word worst
+    stage "$name" 150 "$bin"
+    rc=$?
+    word=$(status_word $rc)
+    (( rc == 0 )) && word="PASS"
+    (( rc == 1 )) && word="FAIL: $(grep -c '^FAIL' "$LOGDIR/$name.log") FAIL lines (see log)"
+    worst=$(sed -n 's/.*, worst \(.*\) at \([0-9.einf+-]*\) of its tolerance.*/\2 of tolerance (\1)/p' \
+        "$LOGDIR/$name.log" | sort -g | tail -n 1)
+    SUMMARY+=("| $label | $word${worst:+; worst error after step 1: $worst} |")
+    return $rc
+}
+BF16_RC=0
 for p in bf16 fp32 fp16; do
     if [[ -x build/test_gpt_$p ]]; then
-        stage "test_gpt_$p" 150 "build/test_gpt_$p"
+        test_gpt_result "test_gpt $p" "build/test_gpt_$p" "test_gpt_$p"
         rc=$?
-        word=$(status_word $rc)
-        (( rc == 0 )) && word="PASS"
-        (( rc == 1 )) && word="FAIL: $(grep -c '^FAIL' "$LOGDIR/test_gpt_$p.log") FAIL lines (see log)"
-        worst=$(sed -n 's/.*, worst \(.*\) at \([0-9.einf+-]*\) of its tolerance.*/\2 of tolerance (\1)/p' \
-            "$LOGDIR/test_gpt_$p.log" | sort -g | tail -n 1)
-        SUMMARY+=("| test_gpt $p | $word${worst:+; worst error after step 1: $worst} |")
+        [[ $p == bf16 ]] && BF16_RC=$rc
     else
         SUMMARY+=("| test_gpt $p | not built |")
     fi
 done
+# Only when BF16 failed: the same test with the CUDA-core attention kernels
+# (ATTENTION=simt), which tells a tensor-core attention fault from the rest.
+if (( BF16_RC == 1 )); then
+    stage build_simt 120 make -j"$JOBS" BUILD=build/simt ATTENTION=simt build/simt/test_gpt_bf16 GPU_COMPUTE_CAPABILITY=90 CUDA_WERROR=
+    if [[ -x build/simt/test_gpt_bf16 ]]; then
+        test_gpt_result "test_gpt bf16, ATTENTION=simt (run because bf16 failed)" build/simt/test_gpt_bf16 test_gpt_bf16_simt
+    else
+        SUMMARY+=("| test_gpt bf16, ATTENTION=simt | not built |")
+    fi
+fi
 
 # ---- 2b. attention kernels alone: tensor cores against CUDA cores ----
 ATT_MD="$LOGDIR/bench_attention.md"
