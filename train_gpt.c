@@ -488,9 +488,9 @@ static void block_backward(CpuModel* m, int l) {
     real* dln = m->grad_act[GRAD_DLN];
     real* dqkv = m->grad_act[GRAD_DQKV];
     real* datty = m->grad_act[GRAD_DATTY];
-    real* dfch = m->grad_act[GRAD_DFCH];
-    matmul_backward_input(dfch, dres, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
+    real* dfch = act(m, l, ACT_FCH_GELU); /* overwrites the GELU output once its last reader is done (plan.h) */
     matmul_backward_weight(lp(m->g, m, P_FCPROJW, l), lp(m->g, m, P_FCPROJB, l), dres, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
+    matmul_backward_input(dfch, dres, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
     gelu_backward(dfch, act(m, l, ACT_FCH), (size_t)N * 4 * C);
     matmul_backward_input(dln, dfch, lp(m->p, m, P_FCW, l), N, C, 4 * C);
     matmul_backward_weight(lp(m->g, m, P_FCW, l), lp(m->g, m, P_FCB, l), dfch, act(m, l, ACT_LN2), N, C, 4 * C);

@@ -236,9 +236,9 @@ static void gpu_block_backward(GpuModel* m, int l) {
     floatX* dln = m->grad_act[GRAD_DLN];
     floatX* dqkv = m->grad_act[GRAD_DQKV];
     floatX* datty = m->grad_act[GRAD_DATTY];
-    floatX* dfch = m->grad_act[GRAD_DFCH];
-    gpu_matmul_backward_input(mm, dfch, dres, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
+    floatX* dfch = gact(m, l, ACT_FCH_GELU); /* overwrites the GELU output once its last reader is done (plan.h) */
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCPROJW, l), glp(m->g, m, P_FCPROJB, l), part, dres, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
+    gpu_matmul_backward_input(mm, dfch, dres, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
     gpu_gelu_backward(dfch, gact(m, l, ACT_FCH), (size_t)N * 4 * C, s);
     gpu_matmul_backward_input(mm, dln, dfch, glp(m->p, m, P_FCW, l), N, C, 4 * C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCW, l), glp(m->g, m, P_FCB, l), part, dfch, gact(m, l, ACT_LN2), N, C, 4 * C, s);

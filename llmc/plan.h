@@ -58,10 +58,13 @@ static inline int layer_keeps(int mode, int act) {
     return act != ACT_LN1 && act != ACT_LN2 && act != ACT_FCH_GELU;
 }
 
-/* Backward-pass gradient buffers, shared by all layers (scratch). */
-enum { GRAD_DRES, GRAD_DLN, GRAD_DQKV, GRAD_DATTY, GRAD_DFCH, NUM_GRAD_ACTS };
-static const size_t grad_act_width[NUM_GRAD_ACTS] = {1, 1, 3, 1, 4}; /* x C */
-static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln", "dqkv", "datty", "dfch"};
+/* Backward-pass gradient buffers, shared by all layers (scratch). The widest
+ * gradient, d(FC pre-activation) (B,T,4C), has no buffer of its own: it is
+ * written over the layer's GELU output, which nothing reads after the
+ * FC-projection weight gradient (block backward computes that first). */
+enum { GRAD_DRES, GRAD_DLN, GRAD_DQKV, GRAD_DATTY, NUM_GRAD_ACTS };
+static const size_t grad_act_width[NUM_GRAD_ACTS] = {1, 1, 3, 1}; /* x C */
+static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln", "dqkv", "datty"};
 
 typedef enum { BACKEND_CPU = 0, BACKEND_GPU = 1 } PlanBackend;
 
