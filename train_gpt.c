@@ -486,9 +486,10 @@ static void block_backward(CpuModel* m, int l) {
     int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
     real* dres = m->grad_act[GRAD_DRES];
     real* dln = m->grad_act[GRAD_DLN];
-    real* dqkv = m->grad_act[GRAD_DQKV];
-    real* datty = m->grad_act[GRAD_DATTY];
-    real* dfch = act(m, l, ACT_FCH_GELU); /* overwrites the GELU output once its last reader is done (plan.h) */
+    /* written over activations whose last reader is done (plan.h) */
+    real* dfch = act(m, l, ACT_FCH_GELU);
+    real* datty = act(m, l, ACT_RES2);
+    real* dqkv = act(m, l, ACT_FCH);
     matmul_backward_weight(lp(m->g, m, P_FCPROJW, l), lp(m->g, m, P_FCPROJB, l), dres, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
     matmul_backward_input(dfch, dres, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
     gelu_backward(dfch, act(m, l, ACT_FCH), (size_t)N * 4 * C);

@@ -234,9 +234,10 @@ static void gpu_block_backward(GpuModel* m, int l) {
     float* part = m->column_partials;
     floatX* dres = m->grad_act[GRAD_DRES];
     floatX* dln = m->grad_act[GRAD_DLN];
-    floatX* dqkv = m->grad_act[GRAD_DQKV];
-    floatX* datty = m->grad_act[GRAD_DATTY];
-    floatX* dfch = gact(m, l, ACT_FCH_GELU); /* overwrites the GELU output once its last reader is done (plan.h) */
+    /* written over activations whose last reader is done (plan.h) */
+    floatX* dfch = gact(m, l, ACT_FCH_GELU);
+    floatX* datty = gact(m, l, ACT_RES2);
+    floatX* dqkv = gact(m, l, ACT_FCH);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCPROJW, l), glp(m->g, m, P_FCPROJB, l), part, dres, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
     gpu_matmul_backward_input(mm, dfch, dres, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
     gpu_gelu_backward(dfch, gact(m, l, ACT_FCH), (size_t)N * 4 * C, s);

@@ -58,13 +58,21 @@ static inline int layer_keeps(int mode, int act) {
     return act != ACT_LN1 && act != ACT_LN2 && act != ACT_FCH_GELU;
 }
 
-/* Backward-pass gradient buffers, shared by all layers (scratch). The widest
- * gradient, d(FC pre-activation) (B,T,4C), has no buffer of its own: it is
- * written over the layer's GELU output, which nothing reads after the
- * FC-projection weight gradient (block backward computes that first). */
-enum { GRAD_DRES, GRAD_DLN, GRAD_DQKV, GRAD_DATTY, NUM_GRAD_ACTS };
-static const size_t grad_act_width[NUM_GRAD_ACTS] = {1, 1, 3, 1}; /* x C */
-static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln", "dqkv", "datty"};
+/* Backward-pass gradient buffers, shared by all layers (scratch): the
+ * residual stream's gradient and the LayerNorm outputs' (also the final
+ * LayerNorm's, from the classifier). The block's other gradients have no
+ * buffers of their own: each is written over an activation of the same layer
+ * that nothing reads any more when it is produced (block backward orders its
+ * steps for that):
+ *   d(FC pre-activation) (4C) over the GELU output, after the FC-projection
+ *     weight gradient has read it;
+ *   d(attention output) (C) over the attention residual, after LN2 backward;
+ *   dqkv (3C) over the FC pre-activation (4C), after GELU backward.
+ * In every recompute mode these activations are the layer's own (kept) or
+ * the shared recompute set's, so the aliasing holds for any mix. */
+enum { GRAD_DRES, GRAD_DLN, NUM_GRAD_ACTS };
+static const size_t grad_act_width[NUM_GRAD_ACTS] = {1, 1}; /* x C */
+static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln"};
 
 typedef enum { BACKEND_CPU = 0, BACKEND_GPU = 1 } PlanBackend;
 

@@ -45,7 +45,7 @@ def independent_total(s, B, T, modes):
     total += 2 * a256(4 * N)                 # inputs, targets
     total += 2 * a256(4 * N * C)             # final residual, lnf
     total += 3 * a256(4 * N)                 # lnf mean, rstd, losses
-    total += sum(a256(4 * N * C * w) for w in [1, 1, 3, 1])  # backward buffers (d FC goes over the GELU output)
+    total += 2 * a256(4 * N * C)             # backward buffers dres, dln (the others go over dead activations)
     total += a256(4 * min(256, N) * Vp)      # logits chunk
     total += a256(4 << 18) + a256(2 * (N + 1))  # io staging, dataloader window
     return total
