@@ -242,7 +242,8 @@ import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
     if r["model"] == "24x2048" and r["T"] == "8192" and r["recompute"] == "1":
         meas = "%.1f GiB" % (float(r["measured_mib"]) / 1024) if r["measured_mib"] else "-"
-        print("24x2048 T=8192 -r 1: plan %s GiB, measured %s, %s ms/step (%s)" % (r["planned_gib"], meas, r["ms_per_step"] or "-", r["status"]))
+        print("24x2048 T=8192 -r 1: plan %s GiB, measured %s (%s of plan without the CUDA context), %s ms/step (%s)"
+              % (r["planned_gib"], meas, r["arena_over_plan"] or "-", r["ms_per_step"] or "-", r["status"]))
 PY
 )
         SUMMARY+=("| recompute sweep --quick (fp16), table below | $(status_word $rc)${key:+: $key} |")

@@ -5,7 +5,9 @@ For each model, sequence length T and recompute mode (-r 0, 2, 1 on every
 layer), at B=4, one cell reports:
   planned bytes   the trainer's own plan (--plan-json; needs no GPU)
   measured peak   device memory in use after step 1, as the trainer prints it
-                  ("device memory after step 1: X MiB in use ...")
+                  ("device memory after step 1: X MiB in use ..."), as a share of
+                  the plan with and without the CUDA context and cuBLASLt handle
+                  (which the trainer measures before allocating; not in the plan)
   ms/step         the trainer's "average step time" (first step excluded)
 A cell whose plan exceeds the free device memory (the trainer's own budget:
 free memory once the CUDA context exists, less 256 MiB) is not run and reads
@@ -168,8 +170,17 @@ def run_cell(exe, model_file, shard, T, mode, args, timeout):
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err, rc = "", None
-    wall = time.time() - t0
-    r = {"wall_s": wall, "cmd": " ".join(cmd)}
+    r = parse_run(out, err, rc, args.steps, timeout)
+    r["wall_s"], r["cmd"] = time.time() - t0, " ".join(cmd)
+    return r
+
+
+def parse_run(out, err, rc, steps, timeout):
+    """What one trainer run printed: device memory (the largest of step 1's
+    report and the step lines), the CUDA context and cuBLASLt handle that step
+    1's report names (not part of the plan), ms/step and a status word.
+    rc None: the run timed out."""
+    r = {}
     m = re.search(r"^device memory after step 1: ([0-9.]+) MiB in use .* vs plan ([0-9.]+) MiB", out, re.M)
     used = [float(x) for x in re.findall(r"\| device memory ([0-9.]+) MiB", out)]
     if m:
@@ -177,6 +188,10 @@ def run_cell(exe, model_file, shard, T, mode, args, timeout):
         r["trainer_plan_mib"] = float(m.group(2))
     if used:
         r["measured_mib"] = max(used)
+    m = re.search(r"^ +difference [+-][0-9.]+ MiB = CUDA context and other processes ([0-9.]+) \+ cuBLASLt handle ([0-9.]+)",
+                  out, re.M)
+    if m:
+        r["context_mib"] = float(m.group(1)) + float(m.group(2))
     m = re.search(r"^average step time ([0-9.]+) ms over (\d+) steps", out, re.M)
     if m:
         r["ms"], r["timed_steps"] = float(m.group(1)), int(m.group(2))
@@ -190,7 +205,7 @@ def run_cell(exe, model_file, shard, T, mode, args, timeout):
             last = (err.strip().splitlines() or ["?"])[-1].replace("|", "/")
             r["status"] = f"FAIL (rc {rc}): {last[:80]}"
     else:
-        r["status"] = "ok" + (f", {skipped} of {args.steps} steps skipped (fp16 overflow, scale halved)" if skipped else "")
+        r["status"] = "ok" + (f", {skipped} of {steps} steps skipped (fp16 overflow, scale halved)" if skipped else "")
     if rc != 0:
         r["log_tail"] = (out + err)[-2000:]
     return r
@@ -230,7 +245,7 @@ def write_outputs(rows, args, header_lines):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "T", "recompute", "planned_bytes", "planned_gib", "model_state_gib", "activations_gib", "scratch_gib",
-              "budget_bytes", "fits", "measured_mib", "measured_over_plan", "ms_per_step", "timed_steps", "tokens_per_s",
+              "budget_bytes", "fits", "measured_mib", "measured_over_plan", "arena_over_plan", "ms_per_step", "timed_steps", "tokens_per_s",
               "vs_r0", "status", "wall_s"]
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -248,12 +263,14 @@ def write_outputs(rows, args, header_lines):
             lines.append(f"| {r['model']} | {r['T']} | {r['recompute']} | {r['planned_gib']} | {r['model_state_gib']} | "
                          f"{r['activations_gib']} | {r['scratch_gib']} | {fits} |")
     else:
-        lines.append("| model | T | -r | planned GiB | measured GiB | measured/plan | ms/step | vs -r 0 | tok/s | status |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        lines.append("| model | T | -r | planned GiB | measured GiB | measured/plan | less context/plan | ms/step | vs -r 0 "
+                     "| tok/s | status |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             meas = f"{r['measured_mib'] * MIB / GIB:.1f}" if r.get("measured_mib") != "" else ""
             lines.append(f"| {r['model']} | {r['T']} | {r['recompute']} | {r['planned_gib']} | {meas} | "
-                         f"{r['measured_over_plan']} | {r['ms_per_step']} | {r['vs_r0']} | {r['tokens_per_s']} | {r['status']} |")
+                         f"{r['measured_over_plan']} | {r['arena_over_plan']} | {r['ms_per_step']} | {r['vs_r0']} | "
+                         f"{r['tokens_per_s']} | {r['status']} |")
     lines += ["", REFERENCE]
     text = "\n".join(lines) + "\n"
     (out / "sweep.md").write_text(text)
@@ -367,12 +384,14 @@ def main():
                "planned_gib": fmt_gib(p["total_bytes"]), "model_state_gib": fmt_gib(state),
                "activations_gib": fmt_gib(comp["activations"]), "scratch_gib": fmt_gib(comp["scratch"] + comp["workspace"]),
                "budget_bytes": p["budget_bytes"], "fits": p["total_bytes"] <= p["budget_bytes"],
-               "measured_mib": "", "measured_over_plan": "", "ms_per_step": "", "timed_steps": "", "tokens_per_s": "",
+               "measured_mib": "", "measured_over_plan": "", "arena_over_plan": "", "ms_per_step": "", "timed_steps": "", "tokens_per_s": "",
                "vs_r0": "", "status": res.get("status", "planned only" if args.dry_run else "not run"),
                "wall_s": f"{res['wall_s']:.0f}" if "wall_s" in res else ""}
         if "measured_mib" in res:
             row["measured_mib"] = round(res["measured_mib"])
             row["measured_over_plan"] = f"{100.0 * res['measured_mib'] * MIB / p['total_bytes']:.1f}%"
+            if "context_mib" in res:
+                row["arena_over_plan"] = f"{100.0 * (res['measured_mib'] - res['context_mib']) * MIB / p['total_bytes']:.1f}%"
         if "ms" in res:
             row["ms_per_step"] = f"{res['ms']:.0f}"
             row["timed_steps"] = res["timed_steps"]

@@ -469,6 +469,28 @@ def test_bench_attention_emulated(emu_build):
     assert bad.returncode == 1 and "groups of four" in bad.stderr, explain(bad)
 
 
+def test_sweep_reads_the_trainers_output(default_jobs):
+    """dev/bench/sweep_recompute.py's parse of a real (emulated) train_gpt run:
+    the emulator has no CUDA context or library memory, so the memory in use
+    less the context the trainer names is the plan itself (to the step lines'
+    whole-MiB rounding); ms/step and the number of timed steps come through;
+    a failing run reads FAIL with the trainer's error line."""
+    if "bf16" not in default_jobs:
+        pytest.skip("bf16 not built")
+    spec = importlib.util.spec_from_file_location("sweep_recompute", REPO / "dev" / "bench" / "sweep_recompute.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    res = next(iter(_futures[("train", "bf16")].result()["modes"].values()))  # 3 steps
+    assert res.returncode == 0, explain(res)
+    r = sweep.parse_run(res.stdout, res.stderr, res.returncode, 3, 60)
+    assert r["status"] == "ok" and r["timed_steps"] == 2 and r["ms"] > 0, r
+    assert r["context_mib"] == 0.0, r
+    assert abs(r["measured_mib"] - r["context_mib"] - r["trainer_plan_mib"]) <= 0.5, r
+    bad = sweep.parse_run("", "error: -t 0: must be at least 1\n", 1, 3, 60)
+    assert bad["status"] == "FAIL (rc 1): error: -t 0: must be at least 1", bad
+    assert sweep.parse_run("step 1", "", None, 3, 60)["status"] == "timeout (>60s)"
+
+
 def test_train_without_device_fails_cleanly(emu_build, tmp_path):
     datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
     res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
