@@ -310,54 +310,63 @@ static inline void attention_check_shape(int C, int NH) {
         fail("attention: head size C/NH = %d/%d = %d is above the 128 the CUDA kernels support", C, NH, C / NH);
 }
 
-static inline dim3 attention_grid(int B, int T, int NH) {
+static inline dim3 attention_grid(int B, int T, int NH, int rows_per_block) {
     if ((long long)B * NH > 65535) fail("attention: B*NH = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NH);
-#if ATTENTION_TENSOR_CORES
-    const int rows_per_block = ATT_TC_ROWS;
-#else
-    const int rows_per_block = ATT_ROWS;
-#endif
     return dim3((unsigned)ceil_div((size_t)T, rows_per_block), (unsigned)(B * NH));
 }
 
+/* The launchers take the kernel family: tensor_cores = 1 runs attention_tc.cuh's
+ * kernels (only where they are built, ATTENTION_TENSOR_CORES), 0 the CUDA-core
+ * ones. The trainer passes ATTENTION_TENSOR_CORES; bench_attention both. */
 template <int HS>
-static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int tensor_cores,
+                                     cudaStream_t stream) {
     int hs = C / NH;
-    dim3 grid = attention_grid(B, T, NH);
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    attention_tc_forward_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+    if (tensor_cores) {
+        attention_tc_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
 #else
-    attention_forward_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+    (void)tensor_cores;
 #endif
+    attention_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+                                      const float* lse, int B, int T, int C, int NH, int tensor_cores, cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    dim3 grid = attention_grid(B, T, NH);
 #if ATTENTION_TENSOR_CORES
-    attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
-    CUDA_CHECK_LAUNCH();
-    attention_tc_backward_dkv_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+    if (tensor_cores) {
+        dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
+        attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
+        CUDA_CHECK_LAUNCH();
+        attention_tc_backward_dkv_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
 #else
+    (void)tensor_cores;
+#endif
+    dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
     attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
-#endif
     CUDA_CHECK_LAUNCH();
 }
 
 /* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C). */
 static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, stream); break;
-    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, stream); break;
-    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, stream); break;
-    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, stream); break;
+    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
     default: attention_check_shape(C, NH);
     }
 }
@@ -366,10 +375,10 @@ static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* 
 static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
                                           const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
     default: attention_check_shape(C, NH);
     }
 }

@@ -40,31 +40,6 @@ __global__ void bench_fill_kernel(floatX* x, size_t n, uint64_t stream) {
 
 typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum; } BenchBuffers;
 
-/* Which kernel family runs: the dispatcher in attention.cuh picks one per
- * build, so the bench launches the kernel templates itself. */
-template <int HS> static void run_forward(int tc, BenchBuffers* b, int B, int T, int C, int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    dim3 grid((unsigned)ceil_div((size_t)T, tc ? ATT_TC_ROWS : ATT_ROWS), (unsigned)(B * NH));
-    if (tc) attention_tc_forward_kernel<HS><<<grid, ATT_TC_THREADS>>>(b->out, b->lse, b->qkv, T, C, NH, hs, scale);
-    else attention_forward_kernel<HS><<<grid, AttConfig<HS>::THREADS>>>(b->out, b->lse, b->qkv, T, C, NH, hs, scale);
-    CUDA_CHECK_LAUNCH();
-}
-
-template <int HS> static void run_backward(int tc, BenchBuffers* b, int B, int T, int C, int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    dim3 grid((unsigned)ceil_div((size_t)T, tc ? ATT_TC_ROWS : ATT_ROWS), (unsigned)(B * NH));
-    if (tc) {
-        attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS>>>(b->dqkv, b->rowsum, b->dout, b->qkv, b->out, b->lse, T, C, NH, hs, scale);
-        attention_tc_backward_dkv_kernel<HS><<<grid, ATT_TC_THREADS>>>(b->dqkv, b->rowsum, b->dout, b->qkv, b->lse, T, C, NH, hs, scale);
-    } else {
-        attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS>>>(b->dqkv, b->rowsum, b->dout, b->qkv, b->out, b->lse, T, C, NH, hs, scale);
-        attention_backward_dkv_kernel<HS><<<grid, AttConfig<HS>::THREADS>>>(b->dqkv, b->rowsum, b->dout, b->qkv, b->lse, T, C, NH, hs, scale);
-    }
-    CUDA_CHECK_LAUNCH();
-}
-
 /* Mean milliseconds of one call of fn after warm-ups. */
 template <typename F> static float time_ms(F fn) {
     cudaEvent_t start, stop;
@@ -118,10 +93,10 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     const double fwd_flops = 2.0 * B * NH * (double)T * T * hs, bwd_flops = 2.5 * fwd_flops;
     float *out_ref = NULL, *dqkv_ref = NULL;
     for (int tc = 0; tc <= 1; tc++) { /* CUDA cores first: the reference for the distance column */
-        float fwd_ms = time_ms([&] { run_forward<HS>(tc, &b, B, T, C, NH); });
-        float bwd_ms = time_ms([&] { run_backward<HS>(tc, &b, B, T, C, NH); });
-        run_forward<HS>(tc, &b, B, T, C, NH);
-        run_backward<HS>(tc, &b, B, T, C, NH);
+        float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, tc, 0); });
+        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, tc, 0); });
+        attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, tc, 0);
+        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, tc, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         float* out = fetch(b.out, n_out);
         float* dqkv = fetch(b.dqkv, n_qkv);
