@@ -154,7 +154,7 @@ static void gpu_fetch(float* out, const floatX* dev, size_t n) {
     void* tmp = malloc_check(n * sizeof(floatX), "test");
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(tmp, dev, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; i++) out[i] = host_floatX_get(tmp, i);
+    for (size_t i = 0; i < n; i++) out[i] = host_floatX_load(tmp, i);
     free(tmp);
 }
 
@@ -373,6 +373,7 @@ static void run_case(const Shape* sh, int T) {
             a.lr = 1e-3f; a.beta1 = 0.9f; a.beta2 = 0.95f; a.eps = 1e-8f; a.weight_decay = 0.1f;
             a.grad_scale = clip / TEST_LOSS_SCALE; /* the GPU's gradients are still scaled */
             a.t = step + 1;
+            adamw_bias_corrections(&a);
             AdamWStep a_cpu = a; /* the CPU gets unscaled gradients */
             a_cpu.grad_scale = clip;
             Worst worst = {"", 0};

@@ -651,12 +651,11 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
     CpuModel* m = (CpuModel*)ctx;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    double bc1 = 1.0 - pow((double)s->beta1, s->t), bc2 = 1.0 - pow((double)s->beta2, s->t);
     size_t lo = m->shard_start, hi = m->shard_start + m->shard_count;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t begin, end;
+        if (!shard_slice(&pl, t, lo, hi, &begin, &end)) continue;
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
-        size_t begin = pl.offset[t] > lo ? pl.offset[t] : lo;
-        size_t end = pl.offset[t] + pl.count[t] < hi ? pl.offset[t] + pl.count[t] : hi;
         #pragma omp parallel for schedule(static)
         for (size_t i = begin; i < end; i++) {
             size_t k = i - lo; /* index into this rank's optimizer shard */
@@ -665,7 +664,7 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
             float vv = s->beta2 * m->adam_v[k] + (1.0f - s->beta2) * g * g;
             m->adam_m[k] = mm;
             m->adam_v[k] = vv;
-            float mhat = mm / (float)bc1, vhat = vv / (float)bc2;
+            float mhat = mm / s->bias_corr1, vhat = vv / s->bias_corr2;
             float p = (float)m->params[i];
             m->params[i] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
         }

@@ -330,16 +330,14 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     GpuModel* m = (GpuModel*)ctx;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    double bc1 = 1.0 - pow((double)s->beta1, s->t), bc2 = 1.0 - pow((double)s->beta2, s->t);
     size_t lo = m->shard_start, hi = m->shard_start + m->shard_count; /* this rank's parameters */
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t off, end;
+        if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
-        size_t off = pl.offset[t] > lo ? pl.offset[t] : lo;
-        size_t end = pl.offset[t] + pl.count[t] < hi ? pl.offset[t] + pl.count[t] : hi;
-        if (off >= end) continue;
         size_t k = off - lo; /* index into this rank's master weights and moments */
         gpu_adamw(m->params + off, m->master ? m->master + k : NULL, m->grads + off, m->adam_m + k, m->adam_v + k,
-                  end - off, off, s->lr, s->beta1, s->beta2, (float)bc1, (float)bc2, s->eps, wd, s->grad_scale, m->seed, s->t,
+                  end - off, off, s->lr, s->beta1, s->beta2, s->bias_corr1, s->bias_corr2, s->eps, wd, s->grad_scale, m->seed, s->t,
                   m->stream);
     }
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
@@ -375,10 +373,6 @@ static float gpu_forward_loss(void* ctx) {
     return gpu_mean_loss(m);
 }
 
-/* floatX host staging <-> float (llmc/cuda_common.cuh, every precision). */
-static inline float host_floatX_get(const void* buf, size_t i) { return host_floatX_load(buf, i); }
-static inline void host_floatX_put(void* buf, size_t i, float v) { host_floatX_store(buf, i, v); }
-
 /* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
  * planned buffers) and returns softmax probabilities at its last position. */
 static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
@@ -392,11 +386,11 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, NULL, 1, C, Vp, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
     gpu_wait(m);
-    float mx = host_floatX_get(m->h_logits, 0);
-    for (int v = 1; v < V; v++) mx = fmaxf(mx, host_floatX_get(m->h_logits, (size_t)v));
+    float mx = host_floatX_load(m->h_logits, 0);
+    for (int v = 1; v < V; v++) mx = fmaxf(mx, host_floatX_load(m->h_logits, (size_t)v));
     float sum = 0.0f;
     for (int v = 0; v < V; v++) {
-        probs[v] = expf(host_floatX_get(m->h_logits, (size_t)v) - mx);
+        probs[v] = expf(host_floatX_load(m->h_logits, (size_t)v) - mx);
         sum += probs[v];
     }
     for (int v = 0; v < V; v++) probs[v] /= sum;
@@ -421,10 +415,10 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         floatX* dev = m->params + start;
         if (to_host) {
             CUDA_CHECK(cudaMemcpy(m->h_xfer, dev, n * sizeof(floatX), kind));
-            for (size_t i = 0; i < n; i++) host[i] = host_floatX_get(m->h_xfer, i);
+            for (size_t i = 0; i < n; i++) host[i] = host_floatX_load(m->h_xfer, i);
             return;
         }
-        for (size_t i = 0; i < n; i++) host_floatX_put(m->h_xfer, i, host[i]);
+        for (size_t i = 0; i < n; i++) host_floatX_store(m->h_xfer, i, host[i]);
         CUDA_CHECK(cudaMemcpy(dev, m->h_xfer, n * sizeof(floatX), kind));
         if (!m->master) return;
         size_t lo = start > m->shard_start ? start : m->shard_start; /* master weights: this rank's shard only */

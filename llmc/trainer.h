@@ -8,6 +8,7 @@
 #ifndef REMAT_TRAINER_H
 #define REMAT_TRAINER_H
 
+#include <math.h>
 #include <sys/resource.h>
 #include <time.h>
 #include "utils.h"
@@ -69,7 +70,22 @@ typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* gradients are multiplied by this first (clipping) */
     int t;            /* 1-based optimizer step, for bias correction */
+    float bias_corr1, bias_corr2; /* 1 - beta1^t, 1 - beta2^t (computed in double) */
 } AdamWStep;
+
+/* Sets s->bias_corr1, s->bias_corr2 from beta1, beta2 and t. */
+static inline void adamw_bias_corrections(AdamWStep* s) {
+    s->bias_corr1 = (float)(1.0 - pow((double)s->beta1, s->t));
+    s->bias_corr2 = (float)(1.0 - pow((double)s->beta2, s->t));
+}
+
+/* The part [*begin, *end) of parameter tensor t that lies in a rank's
+ * parameter shard [lo, hi) (everything without ZeRO); 0 when they do not meet. */
+static inline int shard_slice(const ParamLayout* pl, int t, size_t lo, size_t hi, size_t* begin, size_t* end) {
+    *begin = pl->offset[t] > lo ? pl->offset[t] : lo;
+    *end = pl->offset[t] + pl->count[t] < hi ? pl->offset[t] + pl->count[t] : hi;
+    return *begin < *end;
+}
 
 typedef struct {
     void* ctx;
@@ -526,6 +542,7 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
     float clip = (o->grad_clip > 0.0f && r.norm > o->grad_clip) ? o->grad_clip / r.norm : 1.0f;
     s.grad_scale = clip / scale;
     s.t = ++run->updates;
+    adamw_bias_corrections(&s);
     be->update(be->ctx, &s);
     return r;
 }

@@ -23,7 +23,8 @@ static void run_setting(const Setting* s, float* losses, real* grads, real* para
         cpu_zero_grads(&tm.m);
         losses[step] = cpu_forward_backward(&tm.m, 1.0f);
         memcpy(grads + (size_t)step * np, tm.m.grads, np * sizeof(real));
-        AdamWStep a = {1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1.0f, step + 1};
+        AdamWStep a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 1.0f, .t = step + 1};
+        adamw_bias_corrections(&a);
         cpu_update(&tm.m, &a);
     }
     memcpy(params, tm.m.params, np * sizeof(real));
