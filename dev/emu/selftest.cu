@@ -765,6 +765,8 @@ __global__ void divergent_shuffle_kernel(float* x) {
 __global__ void partial_mask_kernel(float* x) { x[threadIdx.x] = __shfl_xor_sync(0x0000ffffu, 1.0f, 1); }
 __global__ void __launch_bounds__(64) bounded_kernel(float* x) { x[threadIdx.x] = 0; }
 __global__ void write_kernel(float* x, int n) { x[n + threadIdx.x] = 1.0f; }
+/* a 16-byte load from an address 4 bytes past a 16-byte boundary: "misaligned address" on a GPU */
+__global__ void misaligned_vector_kernel(float* x) { x[0] = reinterpret_cast<const float4*>(x + 1)->y; }
 __device__ __noinline__ int deep(int depth) {
     volatile char buf[4096];
     buf[0] = (char)depth;
@@ -812,6 +814,7 @@ static int run_fail(const char* name) {
     else if (n == "bad_block") bounded_kernel<<<1, 2048>>>(d);
     else if (n == "host_pointer") { static float h[64]; bounded_kernel<<<1, 64>>>(h); }
     else if (n == "write_past_end") write_kernel<<<1, 1>>>(d, 1000);          /* into the slack: canary */
+    else if (n == "misaligned_vector") misaligned_vector_kernel<<<1, 1>>>(d);
     else if (n == "guard_page") write_kernel<<<1, 1>>>(d, 1024 + 5);         /* 4116 bytes in: the guard page after the block, SIGSEGV */
     else if (n == "use_after_free") { CK(cudaFree(d)); float x; cudaMemcpy(&x, d, 4, cudaMemcpyDeviceToHost); }
     else if (n == "memcpy_past_end") { std::vector<float> h(1001); cudaMemcpy(h.data(), d, 1001 * 4, cudaMemcpyDeviceToHost); }
