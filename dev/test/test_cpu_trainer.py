@@ -193,3 +193,31 @@ def test_long_context_resize_of_the_position_table(tiny_shards, tmp_path):
     from_model(src, "--max-seq-len", "16", "-t", "16", out=tmp_path / "c")
     _, wpe2, rest2 = tensors(tmp_path / "c" / "model_00000001.bin", 16)
     assert np.array_equal(wpe2, wpe0[:16]) and np.array_equal(rest2, rest0)
+
+
+def test_finetune_long_script(tiny_shards, tmp_path):
+    """scripts/finetune_long.sh: plan at the new length, then -r auto training
+    from the resized model; later flags override its defaults."""
+    tiny_run(tiny_shards, "-x", "1", "-o", tmp_path / "a")
+    env = {"TRAINER": str(binary("train_gpt_cpu")), "TRAIN": str(tiny_shards / "tiny_train.bin"), "VAL": "",
+           "OUT_DIR": str(tmp_path / "long"), "MEM_BUDGET": "64MiB", "TOKENS_PER_STEP": "256"}
+    res = run([REPO / "scripts" / "finetune_long.sh", tmp_path / "a" / "model_00000001.bin", "128", "-x", "2"],
+              env=env, check=True)
+    assert "position table resized from 32 to 128 rows" in res.stdout
+    assert res.stdout.count("memory plan (4-byte storage, B=1 T=128)") == 2  # --plan, then the training run
+    assert "fit in 64.0 MiB (--mem-budget), all layers in one mode" in res.stdout
+    assert "recompute auto: fits 64.0 MiB (--mem-budget)" in res.stdout
+    assert "gradient accumulation 2 (256 tokens per step)" in res.stdout
+    assert [s[0] for s in steps(res.stdout)] == ["1", "2"]
+    model = tmp_path / "long" / "model_00000002.bin"
+    header = np.frombuffer(model.read_bytes()[:1024], dtype=np.int32)
+    assert header[2] == 128  # max_seq_len of the written model
+
+
+@pytest.mark.parametrize("args, message", [([], "usage: scripts/finetune_long.sh"),
+                                           (["missing.bin", "128"], "model file 'missing.bin' not found"),
+                                           (["MODEL", "12x"], "SEQ_LEN '12x' is not a positive integer")])
+def test_finetune_long_script_refuses_bad_arguments(tiny_shards, tmp_path, args, message):
+    args = [str(tiny_shards / "tiny_train.bin") if a == "MODEL" else a for a in args]
+    res = run([REPO / "scripts" / "finetune_long.sh", *args], env={"TRAINER": str(binary("train_gpt_cpu"))})
+    assert res.returncode != 0 and message in res.stderr

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Long-context fine-tuning of a saved model: its position table is resized to
+# SEQ_LEN rows (--max-seq-len; row t starts as the learned row t mod the old
+# length), the memory plan of every recompute mode is printed against the
+# budget, and training runs with -r auto, the cheapest per-layer recompute
+# that fits. Batch size 1; more tokens per step come from gradient
+# accumulation (-d), which costs time, not memory.
+#
+# Usage: scripts/finetune_long.sh MODEL.bin SEQ_LEN [trainer flags]
+#   scripts/finetune_long.sh out/d12/model_00005000.bin 16384
+#   MEM_BUDGET=40GiB scripts/finetune_long.sh gpt2_124M.bin 8192 -x 500 -l 5e-5
+# Flags given after SEQ_LEN come last, so they override the defaults below.
+#
+# Environment:
+#   TRAINER          the binary (default ./train_gpt when nvidia-smi lists a
+#                    GPU, else ./train_gpt_cpu; built with make when missing).
+#                    train_gpt: compiles, unverified on GPU (see the README).
+#   MEM_BUDGET       memory to fit in, e.g. 80GiB (default: the GPU's free
+#                    memory; for train_gpt_cpu, available host memory).
+#   TRAIN, VAL       token shard globs (default tiny Shakespeare; VAL="" for
+#                    no validation).
+#   OUT_DIR          checkpoints and log.jsonl (default out/long_SEQ_LEN).
+#   TOKENS_PER_STEP  -d (default: the multiple of SEQ_LEN nearest above 65536).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+usage() { echo "usage: scripts/finetune_long.sh MODEL.bin SEQ_LEN [trainer flags]" >&2; exit 2; }
+[[ $# -ge 2 ]] || usage
+model=$1 seq_len=$2
+shift 2
+[[ -f "$model" ]] || { echo "finetune_long: model file '$model' not found" >&2; exit 1; }
+[[ "$seq_len" =~ ^[1-9][0-9]*$ ]] || { echo "finetune_long: SEQ_LEN '$seq_len' is not a positive integer" >&2; exit 1; }
+
+if [[ -z "${TRAINER:-}" ]]; then
+    if nvidia-smi -L >/dev/null 2>&1; then TRAINER=./train_gpt; else TRAINER=./train_gpt_cpu; fi
+fi
+[[ -x "$TRAINER" ]] || make "$(basename "$TRAINER")"
+
+tokens_per_step=${TOKENS_PER_STEP:-$(( (65536 + seq_len - 1) / seq_len * seq_len ))}
+common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1
+        -i "${TRAIN:-data/tinyshakespeare/tiny_shakespeare_train.bin}"
+        -j "${VAL-data/tinyshakespeare/tiny_shakespeare_val.bin}" -o "${OUT_DIR:-out/long_$seq_len}")
+[[ -z "${MEM_BUDGET:-}" ]] || common+=(--mem-budget "$MEM_BUDGET")
+
+# What each recompute mode costs at this length, and the largest B and T that fit.
+"$TRAINER" "${common[@]}" --plan "$@"
+echo
+# Fine-tuning defaults: a low peak learning rate with warmup, cosine to 10%,
+# a checkpoint every 100 steps (resume with -y 1).
+"$TRAINER" "${common[@]}" -r auto -d "$tokens_per_step" -l 1e-4 -u 20 -q 0.1 -c 0.1 \
+    -v 50 -m 4 -s 0 -n 100 "$@"
