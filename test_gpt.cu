@@ -148,6 +148,8 @@ static void fail_line(const char* fmt, ...) {
     g_failures++;
 }
 
+static float* alloc_floats(size_t n) { return (float*)malloc_check(n * sizeof(float), "test"); }
+
 /* ---- GPU state to and from the host ---- */
 
 static void gpu_fetch(float* out, const floatX* dev, size_t n) {
@@ -218,7 +220,7 @@ static void make_plan(MemoryPlan* p, const ModelConfig* cfg, int T, int gpu, con
 static float* initial_params(const ModelConfig* cfg, size_t* count) {
     ParamLayout pl;
     param_layout(cfg, &pl);
-    float* p = (float*)malloc_check(pl.total * sizeof(float), "test");
+    float* p = alloc_floats(pl.total);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(cfg, TEST_SEED, t, 0, pl.count[t], p + pl.offset[t]);
     for (size_t i = 0; i < pl.total; i++) p[i] = host_round_floatX(p[i]);
     *count = pl.total;
@@ -236,10 +238,10 @@ static void step_tokens(int* inputs, int* targets, int N, int V, int step) {
 typedef struct { float *losses, *grads, *params, *master; float loss, norm; } StepRecord;
 
 static void record_alloc(StepRecord* r, size_t N, size_t P) {
-    r->losses = (float*)malloc_check(N * sizeof(float), "test");
-    r->grads = (float*)malloc_check(P * sizeof(float), "test");
-    r->params = (float*)malloc_check(P * sizeof(float), "test");
-    r->master = (float*)malloc_check(P * sizeof(float), "test");
+    r->losses = alloc_floats(N);
+    r->grads = alloc_floats(P);
+    r->params = alloc_floats(P);
+    r->master = alloc_floats(P);
 }
 
 static void record_free(StepRecord* r) { free(r->losses); free(r->grads); free(r->params); free(r->master); }
@@ -320,159 +322,211 @@ static void check_rescaled(const float* unscaled, const float* rescaled, const f
     else printf("  %4d  %-22s bitwise equal to the unscaled gradients (dloss 1)\n", 1, "grads, loss scale");
 }
 
+/* One shape at one T: what every setting of run_case shares. The CPU model
+ * runs alongside the first setting (-r 0) only. */
+typedef struct {
+    const Shape* sh;
+    int T, N;
+    ModelConfig cfg;
+    ParamLayout pl;
+    size_t P;
+    float* init; /* initial parameters, floatX-representable */
+    MemoryPlan cplan;
+    CpuModel cm; /* synced to the GPU's state after every step */
+    /* host scratch: one activation tensor or one parameter vector */
+    float *act, *before_gpu, *before_cpu, *upd_gpu, *upd_cpu, *unscaled, *rescaled;
+} Case;
+
+static void case_init(Case* c, const Shape* sh, int T) {
+    c->sh = sh;
+    c->T = T;
+    c->N = TEST_B * T;
+    c->cfg = test_shape_config(sh);
+    c->init = initial_params(&c->cfg, &c->P);
+    param_layout(&c->cfg, &c->pl);
+    make_plan(&c->cplan, &c->cfg, T, 0, NULL);
+    cpu_model_create(&c->cm, &c->cplan);
+    memcpy(c->cm.params, c->init, c->P * sizeof(float));
+    size_t NC = (size_t)c->N * c->cfg.channels;
+    c->act = alloc_floats(NC > c->P ? NC : c->P);
+    c->before_gpu = alloc_floats(c->P);
+    c->before_cpu = alloc_floats(c->P);
+    c->upd_gpu = alloc_floats(c->P);
+    c->upd_cpu = alloc_floats(c->P);
+    c->unscaled = alloc_floats(c->P);
+    c->rescaled = alloc_floats(c->P);
+}
+
+static void case_free(Case* c) {
+    free(c->act); free(c->before_gpu); free(c->before_cpu); free(c->upd_gpu); free(c->upd_cpu);
+    free(c->unscaled); free(c->rescaled); free(c->init);
+    cpu_model_free(&c->cm);
+    plan_free(&c->cplan);
+}
+
+/* The GPU's forward and backward of one step, as llmc/trainer.h's train_step
+ * under loss scaling; r gets the losses and the unscaled gradients and norm. */
+static void gpu_step_gradients(GpuModel* gm, StepRecord* r, const Case* c) {
+    gpu_zero_grads(gm);
+    r->loss = gpu_forward_backward(gm, TEST_LOSS_SCALE);
+    memcpy(r->losses, gm->h_losses, (size_t)c->N * sizeof(float));
+    gpu_fetch_grads(r->grads, gm, c->P, TEST_LOSS_SCALE);
+    r->norm = gpu_grad_norm(gm) / TEST_LOSS_SCALE;
+}
+
+/* The step's AdamW hyperparameters for unscaled gradients clipped to norm 1. */
+static AdamWStep test_adamw_step(float norm, int step) {
+    AdamWStep a;
+    a.lr = 1e-3f; a.beta1 = 0.9f; a.beta2 = 0.95f; a.eps = 1e-8f; a.weight_decay = 0.1f;
+    a.grad_scale = norm > 1.0f ? 1.0f / norm : 1.0f;
+    a.t = step + 1;
+    adamw_bias_corrections(&a);
+    return a;
+}
+
+/* The CPU's forward and backward on the step's tokens against the GPU's (r):
+ * loss, per-token losses, every block output and lnf, every gradient tensor
+ * and the norm. Then the CPU takes the GPU's gradients (its norm kernel is
+ * compared on them) and both sides' parameters are kept for compare_update. */
+static void compare_gradients(Case* c, GpuModel* gm, const StepRecord* r, int step, int verbose, Worst* worst) {
+    CpuModel* cm = &c->cm;
+    size_t NC = (size_t)c->N * c->cfg.channels, P = c->P;
+    step_tokens(cm->inputs, cm->targets, c->N, c->cfg.vocab_size, step);
+    cpu_zero_grads(cm);
+    float cpu_loss = cpu_forward_backward(cm, 1.0f);
+    check("loss (mean)", step + 1, &r->loss, &cpu_loss, 1, TOL_LOSS, verbose, worst);
+    check("losses (per token)", step + 1, r->losses, cm->losses, (size_t)c->N, TOL_LOSS, verbose, worst);
+    for (int l = 1; l <= TEST_L; l++) {
+        char name[40];
+        snprintf(name, sizeof(name), l < TEST_L ? "act x[%d]" : "act final_res", l);
+        gpu_fetch(c->act, l < TEST_L ? gact(gm, l, ACT_X) : gm->final_res, NC);
+        check(name, step + 1, c->act, l < TEST_L ? act(cm, l, ACT_X) : cm->final_res, NC, TOL_ACT, verbose, worst);
+    }
+    gpu_fetch(c->act, gm->lnf, NC);
+    check("act lnf", step + 1, c->act, cm->lnf, NC, TOL_ACT, verbose, worst);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        char name[40];
+        snprintf(name, sizeof(name), "grad %s", param_tensor_names[t]);
+        check(name, step + 1, r->grads + c->pl.offset[t], cm->grads + c->pl.offset[t], c->pl.count[t], TOL_GRAD, verbose, worst);
+    }
+    float cpu_norm = cpu_grad_norm(cm);
+    check("grad norm", step + 1, &r->norm, &cpu_norm, 1, TOL_GRAD, verbose, worst);
+    if (step == 0) check_rescaled(c->unscaled, c->rescaled, r->grads, cm->grads, P);
+    /* from here on the CPU works on the GPU's gradients: optimizer kernels alone */
+    memcpy(cm->grads, r->grads, P * sizeof(float));
+    cpu_norm = cpu_grad_norm(cm);
+    check("grad norm, same grads", step + 1, &r->norm, &cpu_norm, 1, TOL_NORM_KERNEL, verbose, worst);
+    memcpy(c->before_cpu, cm->params, P * sizeof(float));
+    if (gm->master) gpu_fetch_f32(c->before_gpu, gm->master, P);
+    else gpu_fetch(c->before_gpu, gm->params, P);
+}
+
+/* After both AdamW steps: the updates of every tensor (fp32 master weights
+ * on the GPU), the rounding of the parameters written back, then the CPU
+ * takes the GPU's parameters and moments so the next step starts equal. */
+static void compare_update(Case* c, GpuModel* gm, const StepRecord* r, const AdamWStep* a_cpu, int step, int verbose, Worst* worst) {
+    size_t P = c->P;
+    cpu_update(&c->cm, a_cpu);
+    for (size_t i = 0; i < P; i++) {
+        c->upd_gpu[i] = r->master[i] - c->before_gpu[i];
+        c->upd_cpu[i] = c->cm.params[i] - c->before_cpu[i];
+    }
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        char name[40];
+        snprintf(name, sizeof(name), "adamw %s", param_tensor_names[t]);
+        check(name, step + 1, c->upd_gpu + c->pl.offset[t], c->upd_cpu + c->pl.offset[t], c->pl.count[t], TOL_UPDATE, verbose, worst);
+    }
+    if (gm->master && PRECISION_IS_FP16) check_nearest_rounding(r->params, r->master, P, step + 1);
+    else if (gm->master) check_stochastic_rounding(r->params, r->master, P, step + 1);
+    memcpy(c->cm.params, r->params, P * sizeof(float));
+    gpu_state(gm, TENSOR_ADAM_M, c->cm.adam_m, P, 1);
+    gpu_state(gm, TENSOR_ADAM_V, c->cm.adam_v, P, 1);
+    if (!verbose) printf("  %4d  all tensors compared, worst %s at %.2f of its tolerance\n", step + 1, worst->name, worst->ratio);
+}
+
+/* A setting's step against -r 0's: every recorded value bitwise equal. */
+static int same_as_reference(const Case* c, const char* setting, const StepRecord* r, const StepRecord* q, int step) {
+    size_t P = c->P;
+    int loss = same_bits(&r->loss, &q->loss, 1), losses = same_bits(r->losses, q->losses, (size_t)c->N),
+        grads = same_bits(r->grads, q->grads, P), norm = same_bits(&r->norm, &q->norm, 1),
+        params = same_bits(r->params, q->params, P), master = same_bits(r->master, q->master, P);
+    int eq = loss && losses && grads && norm && params && master;
+    if (!eq)
+        fail_line("%s, T=%d, %s: step %d differs from -r 0 (loss %d, per-token losses %d, gradients %d, norm %d, params %d, master %d bitwise equal)",
+                  c->sh->name, c->T, setting, step + 1, loss, losses, grads, norm, params, master);
+    return eq;
+}
+
+/* Evaluation and sampling paths from the same (synced) state. */
+static void compare_eval_paths(Case* c, GpuModel* gm) {
+    int V = c->cfg.vocab_size;
+    step_tokens(gm->h_inputs, gm->h_targets, c->N, V, 99);
+    step_tokens(c->cm.inputs, c->cm.targets, c->N, V, 99);
+    float lg = gpu_forward_loss(gm), lc = cpu_forward_loss(&c->cm);
+    check("forward_loss", TEST_STEPS, &lg, &lc, 1, TOL_LOSS, 1, NULL);
+    int len = c->T < 37 ? c->T : 37;
+    int* toks = (int*)malloc_check((size_t)len * sizeof(int), "test");
+    float* pg = alloc_floats((size_t)V);
+    float* pc = alloc_floats((size_t)V);
+    for (int i = 0; i < len; i++) toks[i] = (int)(rand_u64(TEST_SEED, 3000, (uint64_t)i) % (uint64_t)V);
+    gpu_next_token_probs(gm, toks, len, pg);
+    cpu_next_token_probs(&c->cm, toks, len, pc);
+    check("next_token_probs", TEST_STEPS, pg, pc, (size_t)V, TOL_PROBS, 1, NULL);
+    free(toks); free(pg); free(pc);
+}
+
+/* TEST_STEPS steps of one recompute setting on a fresh GPU model. Setting 0
+ * (-r 0) runs beside the CPU and fills ref; the others go into cur and must
+ * equal ref bitwise. */
+static void run_setting(Case* c, int k, StepRecord* ref, StepRecord* cur) {
+    const Setting* st = &settings[k];
+    int with_cpu = k == 0, same = 1;
+    MemoryPlan gplan;
+    make_plan(&gplan, &c->cfg, c->T, 1, st->modes);
+    GpuModel gm;
+    gpu_model_create(&gm, &gplan, TEST_SEED);
+    gpu_state(&gm, TENSOR_PARAMS, c->init, c->P, 0);
+    for (int step = 0; step < TEST_STEPS; step++) {
+        StepRecord* r = with_cpu ? &ref[step] : cur;
+        step_tokens(gm.h_inputs, gm.h_targets, c->N, c->cfg.vocab_size, step);
+        if (with_cpu && step == 0) rescale_passes(&gm, c->P, c->unscaled, c->rescaled);
+        gpu_step_gradients(&gm, r, c);
+        AdamWStep a_cpu = test_adamw_step(r->norm, step);
+        AdamWStep a = a_cpu;
+        a.grad_scale /= TEST_LOSS_SCALE; /* the GPU's gradients are still scaled */
+        Worst worst = {"", 0};
+        int verbose = step == 0;
+        if (with_cpu) compare_gradients(c, &gm, r, step, verbose, &worst);
+        gpu_update(&gm, &a);
+        gpu_fetch(r->params, gm.params, c->P);
+        if (gm.master) gpu_fetch_f32(r->master, gm.master, c->P);
+        else memcpy(r->master, r->params, c->P * sizeof(float));
+        if (with_cpu) compare_update(c, &gm, r, &a_cpu, step, verbose, &worst);
+        else same &= same_as_reference(c, st->name, r, &ref[step], step);
+    }
+    if (with_cpu) compare_eval_paths(c, &gm);
+    else printf("  %-18s %s\n", st->name, same ? "bitwise identical to -r 0 in every step (losses, gradients, norm, parameters, master weights)" : "DIFFERS from -r 0");
+    gpu_model_free(&gm);
+    plan_free(&gplan);
+}
+
 /* One shape at one T: all settings on the GPU, -r 0 also on the CPU. */
 static void run_case(const Shape* sh, int T) {
-    ModelConfig cfg = test_shape_config(sh);
-    int N = TEST_B * T, C = cfg.channels, V = cfg.vocab_size, Vp = cfg.padded_vocab_size;
-    size_t P = 0;
-    float* init = initial_params(&cfg, &P);
-    ParamLayout pl;
-    param_layout(&cfg, &pl);
-    printf("\n== %s: L=%d C=%d NH=%d (head size %d) V=%d Vp=%d, B=%d T=%d, %zu parameters, %s\n", sh->name, cfg.num_layers, C,
-           cfg.num_heads, C / cfg.num_heads, V, Vp, TEST_B, T, P, PRECISION_NAME);
+    Case c;
+    case_init(&c, sh, T);
+    printf("\n== %s: L=%d C=%d NH=%d (head size %d) V=%d Vp=%d, B=%d T=%d, %zu parameters, %s\n", sh->name, c.cfg.num_layers,
+           c.cfg.channels, c.cfg.num_heads, c.cfg.channels / c.cfg.num_heads, c.cfg.vocab_size, c.cfg.padded_vocab_size, TEST_B, T,
+           c.P, PRECISION_NAME);
     printf("  %4s  %-22s %12s %12s %12s\n", "step", "tensor", "max abs", "max rel", "norm rel");
-
-    MemoryPlan cplan;
-    make_plan(&cplan, &cfg, T, 0, NULL);
-    CpuModel cm;
-    cpu_model_create(&cm, &cplan);
-    memcpy(cm.params, init, P * sizeof(float));
-
     StepRecord ref[TEST_STEPS], cur;
-    for (int s = 0; s < TEST_STEPS; s++) record_alloc(&ref[s], (size_t)N, P);
-    record_alloc(&cur, (size_t)N, P);
-    float* tmp_a = (float*)malloc_check(((size_t)N * C > P ? (size_t)N * C : P) * sizeof(float), "test");
-    float* before_gpu = (float*)malloc_check(P * sizeof(float), "test");
-    float* before_cpu = (float*)malloc_check(P * sizeof(float), "test");
-    float* upd_gpu = (float*)malloc_check(P * sizeof(float), "test");
-    float* upd_cpu = (float*)malloc_check(P * sizeof(float), "test");
-    float* unscaled = (float*)malloc_check(P * sizeof(float), "test");
-    float* rescaled = (float*)malloc_check(P * sizeof(float), "test");
+    for (int s = 0; s < TEST_STEPS; s++) record_alloc(&ref[s], (size_t)c.N, c.P);
+    record_alloc(&cur, (size_t)c.N, c.P);
     int fails_before = g_failures;
-
-    for (int k = 0; k < NUM_SETTINGS; k++) {
-        const Setting* st = &settings[k];
-        MemoryPlan gplan;
-        make_plan(&gplan, &cfg, T, 1, st->modes);
-        GpuModel gm;
-        gpu_model_create(&gm, &gplan, TEST_SEED);
-        gpu_state(&gm, TENSOR_PARAMS, init, P, 0);
-        int with_cpu = k == 0, same = 1;
-        for (int step = 0; step < TEST_STEPS; step++) {
-            StepRecord* r = k == 0 ? &ref[step] : &cur;
-            step_tokens(gm.h_inputs, gm.h_targets, N, V, step);
-            if (with_cpu && step == 0) rescale_passes(&gm, P, unscaled, rescaled);
-            /* as llmc/trainer.h's train_step under loss scaling */
-            gpu_zero_grads(&gm);
-            r->loss = gpu_forward_backward(&gm, TEST_LOSS_SCALE);
-            memcpy(r->losses, gm.h_losses, (size_t)N * sizeof(float));
-            gpu_fetch_grads(r->grads, &gm, P, TEST_LOSS_SCALE);
-            r->norm = gpu_grad_norm(&gm) / TEST_LOSS_SCALE;
-            float clip = r->norm > 1.0f ? 1.0f / r->norm : 1.0f;
-            AdamWStep a;
-            a.lr = 1e-3f; a.beta1 = 0.9f; a.beta2 = 0.95f; a.eps = 1e-8f; a.weight_decay = 0.1f;
-            a.grad_scale = clip / TEST_LOSS_SCALE; /* the GPU's gradients are still scaled */
-            a.t = step + 1;
-            adamw_bias_corrections(&a);
-            AdamWStep a_cpu = a; /* the CPU gets unscaled gradients */
-            a_cpu.grad_scale = clip;
-            Worst worst = {"", 0};
-            int verbose = step == 0;
-            if (with_cpu) {
-                step_tokens(cm.inputs, cm.targets, N, V, step);
-                cpu_zero_grads(&cm);
-                float cpu_loss = cpu_forward_backward(&cm, 1.0f);
-                check("loss (mean)", step + 1, &r->loss, &cpu_loss, 1, TOL_LOSS, verbose, &worst);
-                check("losses (per token)", step + 1, r->losses, cm.losses, (size_t)N, TOL_LOSS, verbose, &worst);
-                for (int l = 1; l <= TEST_L; l++) {
-                    char name[40];
-                    snprintf(name, sizeof(name), l < TEST_L ? "act x[%d]" : "act final_res", l);
-                    gpu_fetch(tmp_a, l < TEST_L ? gact(&gm, l, ACT_X) : gm.final_res, (size_t)N * C);
-                    check(name, step + 1, tmp_a, l < TEST_L ? act(&cm, l, ACT_X) : cm.final_res, (size_t)N * C, TOL_ACT, verbose, &worst);
-                }
-                gpu_fetch(tmp_a, gm.lnf, (size_t)N * C);
-                check("act lnf", step + 1, tmp_a, cm.lnf, (size_t)N * C, TOL_ACT, verbose, &worst);
-                for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-                    char name[40];
-                    snprintf(name, sizeof(name), "grad %s", param_tensor_names[t]);
-                    check(name, step + 1, r->grads + pl.offset[t], cm.grads + pl.offset[t], pl.count[t], TOL_GRAD, verbose, &worst);
-                }
-                float cpu_norm = cpu_grad_norm(&cm);
-                check("grad norm", step + 1, &r->norm, &cpu_norm, 1, TOL_GRAD, verbose, &worst);
-                if (step == 0) check_rescaled(unscaled, rescaled, r->grads, cm.grads, P);
-                /* from here on the CPU works on the GPU's gradients: optimizer kernels alone */
-                memcpy(cm.grads, r->grads, P * sizeof(float));
-                cpu_norm = cpu_grad_norm(&cm);
-                check("grad norm, same grads", step + 1, &r->norm, &cpu_norm, 1, TOL_NORM_KERNEL, verbose, &worst);
-                memcpy(before_cpu, cm.params, P * sizeof(float));
-                if (gm.master) gpu_fetch_f32(before_gpu, gm.master, P);
-                else gpu_fetch(before_gpu, gm.params, P);
-            }
-            gpu_update(&gm, &a);
-            gpu_fetch(r->params, gm.params, P);
-            if (gm.master) gpu_fetch_f32(r->master, gm.master, P);
-            else memcpy(r->master, r->params, P * sizeof(float));
-            if (with_cpu) {
-                cpu_update(&cm, &a_cpu);
-                for (size_t i = 0; i < P; i++) {
-                    upd_gpu[i] = r->master[i] - before_gpu[i];
-                    upd_cpu[i] = cm.params[i] - before_cpu[i];
-                }
-                for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-                    char name[40];
-                    snprintf(name, sizeof(name), "adamw %s", param_tensor_names[t]);
-                    check(name, step + 1, upd_gpu + pl.offset[t], upd_cpu + pl.offset[t], pl.count[t], TOL_UPDATE, verbose, &worst);
-                }
-                if (gm.master && PRECISION_IS_FP16) check_nearest_rounding(r->params, r->master, P, step + 1);
-                else if (gm.master) check_stochastic_rounding(r->params, r->master, P, step + 1);
-                /* the CPU continues from the GPU's state: parameters (as floatX) and moments */
-                memcpy(cm.params, r->params, P * sizeof(float));
-                gpu_state(&gm, TENSOR_ADAM_M, cm.adam_m, P, 1);
-                gpu_state(&gm, TENSOR_ADAM_V, cm.adam_v, P, 1);
-                if (!verbose)
-                    printf("  %4d  all tensors compared, worst %s at %.2f of its tolerance\n", step + 1, worst.name, worst.ratio);
-            } else {
-                const StepRecord* q = &ref[step];
-                int eq = same_bits(&r->loss, &q->loss, 1) && same_bits(r->losses, q->losses, (size_t)N) &&
-                         same_bits(r->grads, q->grads, P) && same_bits(&r->norm, &q->norm, 1) &&
-                         same_bits(r->params, q->params, P) && same_bits(r->master, q->master, P);
-                if (!eq) {
-                    same = 0;
-                    fail_line("%s, T=%d, %s: step %d differs from -r 0 (loss %d, per-token losses %d, gradients %d, norm %d, params %d, master %d bitwise equal)",
-                              sh->name, T, st->name, step + 1, same_bits(&r->loss, &q->loss, 1), same_bits(r->losses, q->losses, (size_t)N),
-                              same_bits(r->grads, q->grads, P), same_bits(&r->norm, &q->norm, 1), same_bits(r->params, q->params, P),
-                              same_bits(r->master, q->master, P));
-                }
-            }
-        }
-        if (with_cpu) {
-            /* evaluation and sampling paths from the same (synced) state */
-            step_tokens(gm.h_inputs, gm.h_targets, N, V, 99);
-            step_tokens(cm.inputs, cm.targets, N, V, 99);
-            float lg = gpu_forward_loss(&gm), lc = cpu_forward_loss(&cm);
-            check("forward_loss", TEST_STEPS, &lg, &lc, 1, TOL_LOSS, 1, NULL);
-            int len = T < 37 ? T : 37;
-            int* toks = (int*)malloc_check((size_t)len * sizeof(int), "test");
-            float* pg = (float*)malloc_check((size_t)V * sizeof(float), "test");
-            float* pc = (float*)malloc_check((size_t)V * sizeof(float), "test");
-            for (int i = 0; i < len; i++) toks[i] = (int)(rand_u64(TEST_SEED, 3000, (uint64_t)i) % (uint64_t)V);
-            gpu_next_token_probs(&gm, toks, len, pg);
-            cpu_next_token_probs(&cm, toks, len, pc);
-            check("next_token_probs", TEST_STEPS, pg, pc, (size_t)V, TOL_PROBS, 1, NULL);
-            free(toks); free(pg); free(pc);
-        } else {
-            printf("  %-18s %s\n", st->name, same ? "bitwise identical to -r 0 in every step (losses, gradients, norm, parameters, master weights)" : "DIFFERS from -r 0");
-        }
-        gpu_model_free(&gm);
-        plan_free(&gplan);
-    }
+    for (int k = 0; k < NUM_SETTINGS; k++) run_setting(&c, k, ref, &cur);
     printf("%s: %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T);
     for (int s = 0; s < TEST_STEPS; s++) record_free(&ref[s]);
     record_free(&cur);
-    free(tmp_a); free(before_gpu); free(before_cpu); free(upd_gpu); free(upd_cpu); free(init);
-    free(unscaled); free(rescaled);
-    cpu_model_free(&cm);
-    plan_free(&cplan);
+    case_free(&c);
 }
 
 /* ---- non-finite gradients ---- */
@@ -500,8 +554,8 @@ static void check_nonfinite(const Shape* sh, int T) {
     GpuModel gm;
     gpu_model_create(&gm, &plan, TEST_SEED);
     gpu_state(&gm, TENSOR_PARAMS, init, P, 0);
-    float* g0 = (float*)malloc_check(P * sizeof(float), "test");
-    float* g1 = (float*)malloc_check(P * sizeof(float), "test");
+    float* g0 = alloc_floats(P);
+    float* g1 = alloc_floats(P);
     int fails_before = g_failures;
     printf("\n== non-finite gradients: %s, B=%d T=%d, %zu parameters, %s, loss scale %g\n", sh->name, TEST_B, T, P, PRECISION_NAME,
            (double)TEST_LOSS_SCALE);
@@ -542,7 +596,7 @@ static void check_nonfinite(const Shape* sh, int T) {
         CUDA_CHECK(cudaMemcpy(inp, h, (size_t)n * n * sizeof(floatX), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemcpy(W, h, (size_t)n * n * sizeof(floatX), cudaMemcpyHostToDevice));
         gpu_matmul_forward(&gm.mm, out, inp, W, NULL, NULL, n, n, n, gm.stream);
-        float* o = (float*)malloc_check((size_t)n * n * sizeof(float), "test");
+        float* o = alloc_floats((size_t)n * n);
         gpu_fetch(o, out, (size_t)n * n);
         size_t infs = 0, sat = 0;
         for (size_t i = 0; i < (size_t)n * n; i++) {
@@ -610,14 +664,14 @@ static floatX* gpu_put(const float* host, size_t n) {
 static void check_attention(const Shape* sh, int T) {
     const int B = TEST_B, C = sh->C, NH = sh->NH;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_stat = (size_t)B * NH * T;
-    float* qkv = (float*)malloc_check(n_qkv * sizeof(float), "test");
-    float* dout = (float*)malloc_check(n_out * sizeof(float), "test");
-    float* out_cpu = (float*)malloc_check(n_out * sizeof(float), "test");
-    float* out_gpu = (float*)malloc_check(n_out * sizeof(float), "test");
-    float* lse_cpu = (float*)malloc_check(n_stat * sizeof(float), "test");
-    float* lse_gpu = (float*)malloc_check(n_stat * sizeof(float), "test");
-    float* dqkv_cpu = (float*)malloc_check(n_qkv * sizeof(float), "test");
-    float* dqkv_gpu = (float*)malloc_check(n_qkv * sizeof(float), "test");
+    float* qkv = alloc_floats(n_qkv);
+    float* dout = alloc_floats(n_out);
+    float* out_cpu = alloc_floats(n_out);
+    float* out_gpu = alloc_floats(n_out);
+    float* lse_cpu = alloc_floats(n_stat);
+    float* lse_gpu = alloc_floats(n_stat);
+    float* dqkv_cpu = alloc_floats(n_qkv);
+    float* dqkv_gpu = alloc_floats(n_qkv);
     for (size_t i = 0; i < n_qkv; i++) qkv[i] = host_round_floatX(ATT_TEST_STD * rand_normal(TEST_SEED, 3000, i));
     for (size_t i = 0; i < n_out; i++) dout[i] = host_round_floatX(rand_normal(TEST_SEED, 3001, i));
     floatX* d_qkv = gpu_put(qkv, n_qkv);
