@@ -35,7 +35,12 @@
 #include "llmc/multigpu.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
-#define GPU_LOGITS_CHUNK_ROWS 8192             /* rows of (B*T, Vp) logits at once: 786 MiB at Vp=50304 in bf16 */
+/* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
+ * bf16. Each chunk's three classifier matmuls are still (2048 x 50304 x C),
+ * thousands of output tiles, enough to fill any GPU; more rows would only add
+ * memory (8192 rows: 786 MiB, more than all of d12's layer inputs at B=1,
+ * T=32768 under -r 1). */
+#define GPU_LOGITS_CHUNK_ROWS 2048
 
 /* ------------------------------------------------------------------------ */
 /* the model                                                                  */
