@@ -34,7 +34,7 @@ typedef struct {
     /* memory */
     const char* recompute;
     const char* recompute_layers;
-    int plan_only, plan_json;
+    int plan_only, plan_json, plan_processes;
     const char* mem_budget;
     int zero_stage, master_weights;
     /* checkpoints and output */
@@ -88,6 +88,7 @@ static const FlagSpec flag_table[] = {
     {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 applies to: all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
     {"--plan-json", FLAG_SWITCH, OPT(plan_json), 0, 1, FOR_BOTH, "print the memory plan as one JSON object, then exit"},
+    {"--plan-processes", FLAG_INT, OPT(plan_processes), 0, 65536, FOR_BOTH, "--plan, --plan-json: plan for this many processes (per-process bytes; with -z 1 the optimizer state is sharded; 0: the processes running)"},
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 80GiB, 24000MiB (GPU default: free memory)"},
     {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},
     {"-w", FLAG_INT, OPT(master_weights), 0, 1, FOR_GPU, "1: keep fp32 master weights (low-precision builds)"},
@@ -192,6 +193,8 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "auto"))
         fail("flag -r: '%s' is not 0, 1, 2 or auto", o->recompute);
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
+    if (o->plan_processes && !o->plan_only && !o->plan_json)
+        fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");
 }
 
 /* Parses a byte size such as 80GiB, 80GB, 512MiB, 1e9: binary and decimal

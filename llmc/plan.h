@@ -313,7 +313,10 @@ static inline int plan_layers_with_mode(const MemoryPlan* p, int mode, char* buf
 static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     static const char* labels[NUM_SECTIONS] = {"parameters", "master weights", "gradients", "optimizer state",
                                                "activations", "scratch", "workspace"};
-    fprintf(out, "memory plan (%d-byte storage, B=%d T=%d):\n", p->spec.elem_bytes, p->spec.B, p->spec.T);
+    fprintf(out, "memory plan (%d-byte storage, B=%d T=%d", p->spec.elem_bytes, p->spec.B, p->spec.T);
+    if (p->spec.world_size > 1)
+        fprintf(out, "; per process, %d processes, ZeRO-%d", p->spec.world_size, p->spec.zero_stage);
+    fprintf(out, "):\n");
     for (int s = 0; s < NUM_SECTIONS; s++)
         fprintf(out, "  %-16s %12.1f MiB\n", labels[s], mib(p->section_bytes[s]));
     fprintf(out, "  %-16s %12.1f MiB (%zu bytes, allocated once)\n", "total", mib(p->total_bytes), p->total_bytes);

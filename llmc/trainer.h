@@ -250,7 +250,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     memset(run, 0, sizeof(*run));
     parse_args(argc, argv, &run->opt, trainer);
     run->rank = remat_proc.rank;
-    run->world = remat_proc.world;
+    run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
     if (run->opt.zero_stage == 1 && run->world == 1) printf("note: -z 1 with one process shards nothing\n");
     resolve_model(run);
     resolve_recompute(run);

@@ -115,3 +115,16 @@ def test_nan_stops_every_rank(synthetic, tmp_path):
               env=MPI_ENV, timeout=120)
     assert res.returncode != 0 and time.time() - t0 < 30
     assert "training diverged" in res.stderr and "error: rank " in res.stderr
+
+
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_plan_of_two_processes_matches_plan_processes(synthetic, zero):
+    """What two running processes plan is what --plan-processes 2 predicts
+    from one."""
+    import json
+    out, meta = synthetic
+    args = [str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-b", "2", "-t", "32",
+            "-z", zero, "--mem-budget", "1GiB", "--plan-json"]
+    two = json.loads(run(["mpirun", "-np", "2", *args], env=MPI_ENV, check=True).stdout)
+    one = json.loads(run([*args, "--plan-processes", "2"], check=True).stdout)
+    assert two["world_size"] == 2 and two == one

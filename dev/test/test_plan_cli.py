@@ -25,14 +25,15 @@ def a256(n):
     return (n + 255) // 256 * 256
 
 
-def independent_total(s, B, T, modes):
-    """Every buffer of the CPU trainer (fp32 storage, fp32 statistics), each
-    rounded up to 256 bytes, counted from DESIGN.md's tables."""
+def independent_total(s, B, T, modes, processes=1, zero=0):
+    """Every buffer of one process of the CPU trainer (fp32 storage, fp32
+    statistics), each rounded up to 256 bytes, counted from DESIGN.md's tables."""
     L, NH, C, V, maxT = s["L"], s["NH"], s["C"], s["V"], s["maxT"]
     Vp = (V + 127) // 128 * 128
     P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C
     N = B * T
-    total = 4 * a256(4 * P)  # parameters, gradients, AdamW m and v
+    shard = -(-P // processes) if zero else P  # ZeRO-1: this process's share of AdamW m and v
+    total = 2 * a256(4 * P) + 2 * a256(4 * shard)  # parameters, gradients, AdamW m and v
     kept = {0: [C, C, 1, 1, 3 * C, C, NH, C, C, 1, 1, 4 * C, 4 * C],
             2: [C, 1, 1, 3 * C, C, NH, C, 1, 1, 4 * C],
             1: [C]}
@@ -67,12 +68,34 @@ def test_plan_json_matches_an_independent_count(shape, mode, T):
     assert d["modes"][0]["total_bytes"] > d["modes"][1]["total_bytes"] > d["modes"][2]["total_bytes"]
 
 
-def test_plan_mixed_layers_and_zero_ranks():
+def test_plan_mixed_layers():
     flags, s = SHAPES["d12"]
     d = plan_json(*flags, "-b", 1, "-t", 512, "-r", "1", "--recompute-layers", "0,3-5")
     modes = [1 if l in (0, 3, 4, 5) else 0 for l in range(12)]
     assert d["layer_modes"] == modes
     assert d["total_bytes"] == independent_total(s, 1, 512, modes)
+
+
+@pytest.mark.parametrize("processes", [2, 3, 8])
+@pytest.mark.parametrize("zero", [0, 1])
+def test_plan_for_other_process_counts(processes, zero):
+    """--plan-processes N plans one process of an N-process run without
+    starting N: under ZeRO-1 each holds 1/N of the AdamW state (the rest is
+    per-process and does not shrink)."""
+    flags, s = SHAPES["d48"]
+    d = plan_json(*flags, "-b", 1, "-t", 1024, "-r", "1", "-z", zero, "--plan-processes", processes)
+    assert d["world_size"] == processes and d["zero_stage"] == zero
+    assert d["total_bytes"] == independent_total(s, 1, 1024, [1] * s["L"], processes, zero)
+    text = run([binary("train_gpt_cpu"), *flags, "-b", "1", "-t", "1024", "-r", "1", "-z", str(zero), "--plan",
+                "--plan-processes", str(processes)], check=True).stdout
+    assert f"; per process, {processes} processes, ZeRO-{zero}):" in text
+
+
+def test_plan_processes_needs_plan():
+    res = run([binary("train_gpt_cpu"), "-e", "d6", "--plan-processes", "4"])
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: flag --plan-processes only applies to --plan and --plan-json "
+                                  "(a run uses the processes it is started with)")
 
 
 def test_max_batch_and_seq_len_are_tight():
