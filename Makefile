@@ -58,7 +58,7 @@ $(BUILD)/test_recompute: dev/test/test_recompute.c dev/test/test_model.h train_g
 $(BUILD)/test_plan: dev/test/test_plan.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
 
-$(BUILD)/test_loss_scaler: dev/test/test_loss_scaler.c llmc/loss_scaler.h | $(BUILD)
+$(BUILD)/test_loss_scaler: dev/test/test_loss_scaler.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/read_data: dev/test/read_data.c $(HEADERS) | $(BUILD)

@@ -2,7 +2,11 @@
 names the file or flag and the reason, and never crashes. Run against the
 AddressSanitizer + UndefinedBehaviorSanitizer build, so a parser that reads
 out of bounds or overflows fails here even when it happens not to crash."""
+import os
+import resource
+import signal
 import struct
+import subprocess
 
 import numpy as np
 import pytest
@@ -95,15 +99,32 @@ def test_bad_input_is_refused_with_one_line(files, case):
         assert str(needle) in lines[0], lines[0]
 
 
-def test_no_half_written_checkpoint_on_failure(files, tmp_path):
-    """An unwritable output directory stops the run with an error, leaving no file
-    under a final name."""
+def test_output_path_that_is_a_file_is_refused(files, tmp_path):
     blocker = tmp_path / "file_not_dir"
     blocker.write_text("x")
     res = run([binary("build/train_gpt_cpu_asan"), *MODEL, "-i", files / "good.bin", "-j", "", "-b", "1", "-t", "16",
                "-x", "1", "-s", "0", "-o", blocker])
     assert res.returncode == 1
-    assert "not a directory" in res.stderr or "cannot create" in res.stderr
+    assert res.stderr.strip() == f"error: {blocker}: not a directory", res.stderr
+
+
+def test_no_half_written_checkpoint_on_failure(files, tmp_path):
+    """A checkpoint whose write fails midway (here: the file size limit, as a
+    full disk would) stops the run with one line and leaves nothing under a
+    final name: no model file that looks complete, no DONE marker."""
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8000, 8000))  # the model file is about 24 KB
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # write() fails with EFBIG instead of killing the process
+    out = tmp_path / "out"
+    # the sanitizer build has no MPI, whose start-up writes files the limit would stop
+    res = subprocess.run([str(binary("build/train_gpt_cpu_asan")), *MODEL, "-i", str(files / "good.bin"), "-j", "", "-b", "1",
+                          "-t", "16", "-x", "1", "-s", "0", "-o", str(out)], capture_output=True, text=True, timeout=120,
+                         preexec_fn=limit_file_size, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    assert res.returncode == 1, res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}/model_00000001.bin") and "write failed" in lines[0], res.stderr
+    assert (out / "model_00000001.bin.tmp").exists()  # the write did start
+    assert not list(out.glob("model_*.bin")) and not list(out.glob("DONE_*")) and not list(out.glob("state_*.bin"))
 
 
 def test_nan_in_training_stops_the_run(files, tmp_path):

@@ -103,12 +103,18 @@ def test_checkpoint_model_file_is_llmc_format(tiny_shards, tmp_path):
 
 
 def test_model_file_round_trip(tiny_shards, tmp_path):
-    """Training from a saved model file continues exactly as the saving run did."""
+    """A saved model file holds exactly the trained parameters: loaded, it gives
+    the validation loss the saving run measured after its last step (bitwise,
+    as printed), and that loss differs from the initial one."""
     a = tmp_path / "a"
-    ref = tiny_run(tiny_shards, "-x", "3", "-o", a, "-l", "0", "-c", "0")  # lr 0: parameters stay at init
+    val = lambda out: dict((int(st), v) for v, st in re.findall(r"val loss ([0-9.]+) at step (\d+)", out))
+    ref = val(tiny_run(tiny_shards, "-x", "3", "-o", a, "-l", "1e-2", "-j", tiny_shards / "tiny_val.bin", "-v", "3",
+                       "-m", "4").stdout)
+    assert set(ref) == {0, 3} and ref[0] != ref[3]
     res = run([binary("train_gpt_cpu"), "-e", a / "model_00000003.bin", "-i", tiny_shards / "tiny_train.bin",
-               "-j", "", "-b", "2", "-t", "32", "-x", "3", "-s", "0", "-l", "0"], check=True)
-    assert [s[1] for s in steps(res.stdout)] == [s[1] for s in steps(ref.stdout)]
+               "-j", tiny_shards / "tiny_val.bin", "-b", "2", "-t", "32", "-x", "1", "-s", "0", "-l", "0", "-v", "1",
+               "-m", "4"], check=True)
+    assert val(res.stdout)[0] == ref[3]
 
 
 # ---- learning ----

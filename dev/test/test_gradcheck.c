@@ -1,11 +1,12 @@
 /*
  * Finite-difference check of every parameter gradient of the CPU reference,
  * built in fp64 (-DREMAT_FP64) so the check can be tight: central
- * differences with h = 1e-6 are accurate to ~1e-10 relative, so a gradient
- * that is wrong by a missing term, a transposed index or a factor cannot
- * pass the 1e-6 tolerance. Every element of every tensor is checked on a
- * tiny model whose shape exercises several heads, a padded vocabulary,
- * T < maxT, B > 1, several logits chunks, and both recompute paths.
+ * differences with h = 1e-5 are accurate to ~1e-10 relative (truncation
+ * ~h^2, rounding ~1e-16/h), so a gradient that is wrong by a missing term, a
+ * transposed index or a factor cannot pass the 1e-6 tolerance. Every
+ * element of every tensor is checked on a tiny model whose shape exercises
+ * several heads, a padded vocabulary, T < maxT, B > 1, several logits chunks,
+ * and both recompute paths.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"

@@ -1,6 +1,10 @@
-/* The FP16 loss scaler's state machine (llmc/loss_scaler.h), on the CPU. */
+/* The FP16 loss scaler's state machine (llmc/loss_scaler.h) and its
+ * round trip through a checkpoint's state header, on the CPU. */
 #include <stdio.h>
+#include <string.h>
+#include <unistd.h>
 #include "../../llmc/loss_scaler.h"
+#include "../../llmc/checkpoint.h"
 
 static int failures = 0;
 #define CHECK(cond) do { if (!(cond)) { printf("FAIL line %d: %s\n", __LINE__, #cond); failures++; } } while (0)
@@ -31,16 +35,40 @@ int main(void) {
     s.scale = s.max_scale;
     for (int i = 0; i < s.growth_interval; i++) loss_scaler_update(&s, 1);
     CHECK(s.scale == s.max_scale);
-    /* a restored state continues exactly as the original */
+    /* a state restored from a checkpoint continues exactly as the original:
+     * a fresh scaler plus the two fields the state file keeps (as trainer.h
+     * restores it) is the whole state, and the header keeps them bit for bit */
     LossScaler a, b;
     loss_scaler_init(&a, 1);
     for (int i = 0; i < 1234; i++) loss_scaler_update(&a, i % 500 != 7);
-    b = a;
+    CHECK(a.scale != 65536.0f && a.clean_steps != 0); /* a state no fresh scaler has */
+    char path[] = "/tmp/remat_test_loss_scaler_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    TrainState saved, restored;
+    memset(&saved, 0, sizeof(saved));
+    saved.loss_scale = a.scale;
+    saved.clean_steps = a.clean_steps;
+    FILE* f = fopen_check(path, "wb");
+    state_header_write(f, &saved, path);
+    fclose_check(f, path);
+    fclose(state_open(path, &restored));
+    remove(path);
+    loss_scaler_init(&b, 1);
+    b.scale = restored.loss_scale;
+    b.clean_steps = restored.clean_steps;
+    CHECK(memcmp(&a, &b, sizeof(a)) == 0);
+    /* clean steps first, so the growth point depends on the restored count */
+    int growths = 0;
     for (int i = 0; i < 5000; i++) {
-        int finite = (i * 7919) % 1777 != 3;
+        int finite = i < 2500 || (i * 7919) % 1777 != 3;
+        float before = a.scale;
         CHECK(loss_scaler_update(&a, finite) == loss_scaler_update(&b, finite));
+        CHECK(a.scale == b.scale && a.clean_steps == b.clean_steps);
+        growths += a.scale > before;
     }
-    CHECK(a.scale == b.scale && a.clean_steps == b.clean_steps);
+    CHECK(growths > 0);
     printf("%s: loss scaler, %d check(s) failed\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
 }

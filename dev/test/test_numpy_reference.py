@@ -111,3 +111,6 @@ def test_bf16_model_file_loads(tmp_path):
         assert "(version " + name[1] + ")" in res.stdout
         losses.append(first_loss(res.stdout))
     assert losses[0] == losses[1]
+    # and both are the loss of those weights, computed independently
+    expected = gpt2_loss(read_model(tmp_path / "m3.bin"), tokens[:64].reshape(2, 32), tokens[1:65].reshape(2, 32))
+    assert abs(losses[0] - expected) < 2e-6 * expected, (losses[0], expected)
