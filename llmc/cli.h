@@ -83,7 +83,7 @@ static const FlagSpec flag_table[] = {
     {"-v", FLAG_INT, OPT(val_every), 0, INT_MAX, FOR_BOTH, "validate every N steps (0: never)"},
     {"-m", FLAG_INT, OPT(val_batches), 1, INT_MAX, FOR_BOTH, "validation batches per evaluation (at most)"},
     {"-s", FLAG_INT, OPT(sample_every), 0, INT_MAX, FOR_BOTH, "sample every N steps (0: never)"},
-    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T)"},
+    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T-1: the sample starts from one end-of-text token)"},
     {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, auto (fit --mem-budget)"},
     {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 applies to: all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
