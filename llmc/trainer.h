@@ -567,7 +567,10 @@ static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step,
         printf("val loss %.6f at step %d\n", (double)vl, step);
         logger_val(&ls->log, step, vl);
     }
-    if (run->rank == 0 && step > start && step > 0 && is_due(o->sample_every, step, last))
+    /* not at the step a run starts from (its model was sampled when saved),
+     * unless nothing is trained: -x 0 (or resuming at -x) samples the model loaded */
+    int sample_now = step > start || last;
+    if (run->rank == 0 && sample_now && is_due(o->sample_every, step, last))
         sample(run, be, &ls->tk, step, ls->probs, ls->gen);
     if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
         save_checkpoint(run, be, step, &ls->train);

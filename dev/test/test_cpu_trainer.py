@@ -165,6 +165,23 @@ def test_help_lists_every_flag_the_parser_takes():
         assert f"`{f}`" in readme or f"`{f} " in readme, f"{f} missing from the README flag table"
 
 
+def test_zero_steps_evaluates_and_samples_a_saved_model(synthetic, tmp_path):
+    """-x 0: no training; the model loaded is evaluated and sampled, and no
+    checkpoint is written. The validation loss is the one the saving run
+    measured at its end (same weights, same batches)."""
+    out, meta = synthetic
+    data = ["-i", out / "synthetic_train.bin", "-j", out / "synthetic_val.bin", "-b", "2", "-t", "32", "-m", "3"]
+    saved = run([binary("train_gpt_cpu"), *TINY_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len",
+                 "32", *data, "-x", "2", "-v", "2", "-s", "0", "-o", tmp_path / "a"], check=True)
+    res = run([binary("train_gpt_cpu"), "-e", tmp_path / "a" / "model_00000002.bin", *data, "-x", "0", "-s", "1",
+               "-g", "8", "-o", tmp_path / "b"], check=True)
+    assert not STEP_RE.search(res.stdout)
+    assert re.search(r"val loss ([0-9.]+) at step 0", res.stdout).group(1) == \
+        re.search(r"val loss ([0-9.]+) at step 2", saved.stdout).group(1)
+    assert "sample at step 0:" in res.stdout
+    assert not list((tmp_path / "b").glob("model_*.bin"))
+
+
 def test_readme_flag_table_matches_the_parser():
     """Every flag of llmc/cli.h's table is in the README's flag table and no
     other; where the README states a number as the default, --help agrees."""
