@@ -33,6 +33,7 @@
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/multigpu.cuh"
+#include "llmc/profile.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -95,6 +96,7 @@ typedef struct {
     int zero;
     size_t shard_start, shard_count;
     MultiGpu* mg; /* NCCL (MULTI_GPU builds), else NULL */
+    Profiler prof; /* REMAT_PROFILE (profile.cuh); inactive unless main sets it up */
 } GpuModel;
 
 static inline floatX* gact(const GpuModel* m, int layer, int a) { return (floatX*)(m->arena + m->plan->layer_act[layer][a]); }
@@ -209,7 +211,10 @@ static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
     gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), x, glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, s);
     gpu_matmul_forward(&m->mm, qkv, ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, s);
+    ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
+    prof_begin(&m->prof, att, s);
     gpu_attention_forward(atty, gstat(m, l, ACT_ATT_LSE), qkv, B, T, C, NH, s);
+    prof_end(&m->prof, att, s);
     gpu_matmul_forward(&m->mm, res2, atty, glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), x, N, C, C, s);
     gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, s);
     gpu_matmul_forward(&m->mm, fch, ln2, glp(m->p, m, P_FCW, l), glp(m->p, m, P_FCB, l), NULL, N, C, 4 * C, s);
@@ -252,7 +257,9 @@ static void gpu_block_backward(GpuModel* m, int l) {
                            glp(m->p, m, P_LN2W, l), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), N, C, s);
     gpu_matmul_backward_input(mm, datty, dres, glp(m->p, m, P_ATTPROJW, l), N, C, C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_ATTPROJW, l), glp(m->g, m, P_ATTPROJB, l), part, dres, gact(m, l, ACT_ATTY), N, C, C, s);
+    prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), B, T, C, NH, s);
+    prof_end(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_matmul_backward_input(mm, dln, dqkv, glp(m->p, m, P_QKVW, l), N, C, 3 * C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_QKVW, l), glp(m->g, m, P_QKVB, l), part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
     gpu_layernorm_backward(dres, glp(m->g, m, P_LN1W, l), glp(m->g, m, P_LN1B, l), part, dln, gact(m, l, ACT_X),
@@ -262,9 +269,11 @@ static void gpu_block_backward(GpuModel* m, int l) {
 /* Embeddings, all blocks, final LayerNorm, for the B*T tokens in inputs. */
 static void gpu_model_forward(GpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
+    prof_begin(&m->prof, PROF_FORWARD, m->stream);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C, m->stream);
     for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
     gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C, m->stream);
+    prof_end(&m->prof, PROF_FORWARD, m->stream);
 }
 
 /* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
@@ -272,6 +281,7 @@ static void gpu_model_forward(GpuModel* m) {
  * (N,Vp) at once. Writes per-token losses; dlnf goes to the dln buffer. */
 static void gpu_classifier(GpuModel* m, float dloss_per_token) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
+    prof_begin(&m->prof, PROF_CLASSIFIER, m->stream);
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const floatX* lnf = m->lnf + (size_t)r0 * C;
@@ -281,6 +291,7 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
         gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p[P_WTE], rows, C, Vp, m->stream);
         gpu_matmul_backward_weight(&m->mm, m->g[P_WTE], NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
     }
+    prof_end(&m->prof, PROF_CLASSIFIER, m->stream);
 }
 
 /* Mean of the per-token losses, summed on the host in double like the CPU. */
@@ -296,16 +307,20 @@ static float gpu_mean_loss(GpuModel* m) {
 static void gpu_model_backward(GpuModel* m) {
     int C = m->cfg.channels, N = m->B * m->T;
     floatX* dres = m->grad_act[GRAD_DRES];
+    prof_begin(&m->prof, PROF_BACKWARD, m->stream);
     CUDA_CHECK(cudaMemsetAsync(dres, 0, (size_t)N * C * sizeof(floatX), m->stream));
     gpu_layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
                            m->p[P_LNFW], m->lnf_mean, m->lnf_rstd, N, C, m->stream);
     for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
+        prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_recompute(m, l);
+        prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_backward(m, l);
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
     gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
+    prof_end(&m->prof, PROF_BACKWARD, m->stream);
 }
 
 /* Copies the host tokens of the current call to the device. */
@@ -322,7 +337,9 @@ static void gpu_upload_tokens(GpuModel* m, int with_targets) {
  * ranks when the gradients are sharded (only the shard's are summed here). */
 static float gpu_grad_norm(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
+    prof_begin(&m->prof, PROF_UPDATE, m->stream);
     gpu_global_norm_squared(m->norm_partials, m->grads + m->shard_start, m->shard_count, m->stream);
+    prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* first: a copy into pageable memory would block on the reduction without watching NCCL */
     float sumsq = 0.0f;
     CUDA_CHECK(cudaMemcpy(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
@@ -336,6 +353,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     size_t lo = m->shard_start, hi = m->shard_start + m->shard_count; /* this rank's parameters */
+    prof_begin(&m->prof, PROF_UPDATE, m->stream);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
         if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
@@ -346,6 +364,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
                   m->stream);
     }
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
+    prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* the step time printed includes the update */
 }
 
@@ -494,6 +513,9 @@ static void gpu_step_extras(void* ctx, double step_ms, char* buf, size_t n) {
            (double)((long long)used - (long long)m->used_arena) / 1048576.0);
 }
 
+static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step); }
+static void gpu_step_end(void* ctx, int step) { prof_step_end(&((GpuModel*)ctx)->prof, step, remat_proc.rank == 0); }
+
 static Backend gpu_backend(GpuModel* m) {
     Backend be;
     memset(&be, 0, sizeof(be));
@@ -513,6 +535,8 @@ static Backend gpu_backend(GpuModel* m) {
     be.update = gpu_update;
     be.transfer = gpu_transfer;
     be.step_extras = gpu_step_extras;
+    be.step_begin = gpu_step_begin;
+    be.step_end = gpu_step_end;
     return be;
 }
 
@@ -600,6 +624,7 @@ int main(int argc, char** argv) {
     GpuModel m;
     gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
     m.mg = mg;
+    prof_init(&m.prof);
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     m.peak_flops = device_peak_flops(prop.name);
@@ -608,6 +633,7 @@ int main(int argc, char** argv) {
     Backend be = gpu_backend(&m);
     train(&run, &be);
     multigpu_free(mg);
+    prof_free(&m.prof);
     gpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);

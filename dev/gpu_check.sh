@@ -12,7 +12,8 @@
 #      loss scaling): final val loss against the dataset's entropy floor
 #   4. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
 #      tokens) with -r 0, -r 2 and -r 1: ms/step, tok/s, MFU, planned and
-#      measured device memory, step-1 loss; then the same shape side by side in
+#      measured device memory, step-1 loss, and step 10's breakdown
+#      (REMAT_PROFILE: forward, attention, recompute, ...); then the same shape side by side in
 #      PyTorch (dev/bench/torch_gpt2.py: our own minimal GPT-2 trainer, eager,
 #      SDPA attention, fused AdamW, bf16 autocast), from the same init (remat's
 #      draws from --seed) and the same first batch, so the step-1 losses agree
@@ -177,10 +178,11 @@ print("wrote", out)
 '
 stage random_shards 60 python3 -c "$RANDOM_PY"
 THR=()
+PROF=()
 for r in 0 2 1; do
     name="d12_r$r"
     if [[ -x build/train_gpt_nompi_bf16 && -f data/random50257/random50257_train.bin ]]; then
-        stage "$name" 150 build/train_gpt_nompi_bf16 -e d12 -b "$D12_B" -t 1024 -x 30 -r "$r" \
+        stage "$name" 150 env REMAT_PROFILE=10 build/train_gpt_nompi_bf16 -e d12 -b "$D12_B" -t 1024 -x 30 -r "$r" \
             -i data/random50257/random50257_train.bin -j "" -v 0 -s 0
         rc=$?
         log="$LOGDIR/$name.log"
@@ -194,6 +196,7 @@ for r in 0 2 1; do
         arena=$( [[ -n "$meas" && -n "$ctx" && -n "$plan" ]] && python3 -c "import sys; m, a, b, p = map(float, sys.argv[1:]); print('%.1f (%.1f%% of plan)' % (m - a - b, 100 * (m - a - b) / p))" "$meas" $ctx "$plan" || echo "?")
         loss1=$(grep -E '^step +1/' "$log" | awk '{print $5}')
         THR+=("| remat -r $r | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} | $arena | ${loss1:-?} |")
+        PROF+=("-r $r: $(grep -m 1 '^profile of step' "$log" | sed 's/^profile of //')")
     else
         THR+=("| remat -r $r | not run | | | | | | | |")
     fi
@@ -288,6 +291,12 @@ SUMMARY+=("| NCCL build, 1 rank vs plain build: equal losses/norms/val, -z 0/1, 
         cat "$ATT_MD"
     fi
     [[ -n "$TORCH_NOTE" ]] && { echo; echo "$TORCH_NOTE"; }
+    if (( ${#PROF[@]} )); then
+        echo
+        echo "where remat's step 10 went (REMAT_PROFILE, CUDA events on the stream, ms):"
+        echo
+        printf -- '- %s\n' "${PROF[@]}"
+    fi
     if [[ -f "$SWEEP_MD" ]]; then
         echo
         cat "$SWEEP_MD"

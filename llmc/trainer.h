@@ -111,6 +111,9 @@ typedef struct {
     void (*transfer)(void* ctx, int tensor, size_t start, size_t n, float* host, int to_host);
     /* extra text for the step line (MFU, device memory); may be NULL */
     void (*step_extras)(void* ctx, double step_ms, char* buf, size_t n);
+    /* around each optimizer step (the GPU's step profile); may be NULL */
+    void (*step_begin)(void* ctx, int step);
+    void (*step_end)(void* ctx, int step);
 } Backend;
 
 typedef struct {
@@ -638,9 +641,11 @@ static inline void train(Run* run, Backend* be) {
     for (int step = start; step <= steps; step++) {
         between_steps(run, be, &ls, step, start, step == steps);
         if (step == steps) break;
+        if (be->step_begin) be->step_begin(be->ctx, step + 1);
         double t0 = now_ms();
         StepResult r = train_step(run, be, &ls.train, step + 1, steps);
         double ms = now_ms() - t0;
+        if (be->step_end) be->step_end(be->ctx, step + 1);
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
         report_step(run, be, &ls, step + 1, steps, &r, ms);
     }

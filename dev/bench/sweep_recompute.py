@@ -164,8 +164,9 @@ def run_cell(exe, model_file, shard, T, mode, args, timeout):
     cmd = [str(exe), "-e", str(model_file), "-b", str(args.b), "-t", str(T), "-r", mode, "-x", str(args.steps),
            "-i", str(shard), "-j", "", "-v", "0", "-s", "0"]
     t0 = time.time()
+    env = dict(os.environ, REMAT_PROFILE=str(args.steps))  # the last step's breakdown (llmc/profile.cuh)
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         out, err, rc = res.stdout, res.stderr, res.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -175,12 +176,24 @@ def run_cell(exe, model_file, shard, T, mode, args, timeout):
     return r
 
 
+PROFILE_RE = re.compile(r"^profile of step \d+: ([0-9.]+) ms on the stream \| forward [0-9.]+ \(attention ([0-9.]+)\) "
+                        r"\| classifier [0-9.]+ \| backward [0-9.]+, of which recompute ([0-9.]+) \(attention ([0-9.]+)\) "
+                        r"and attention ([0-9.]+) \|", re.M)
+
+
 def parse_run(out, err, rc, steps, timeout):
     """What one trainer run printed: device memory (the largest of step 1's
     report and the step lines), the CUDA context and cuBLASLt handle that step
-    1's report names (not part of the plan), ms/step and a status word.
+    1's report names (not part of the plan), ms/step, the profiled step's
+    shares of attention and of recomputation, and a status word.
     rc None: the run timed out."""
     r = {}
+    m = PROFILE_RE.search(out)
+    if m:
+        total, att_f, rec, att_r, att_b = map(float, m.groups())
+        if total > 0:
+            r["attention_share"] = f"{100 * (att_f + att_r + att_b) / total:.0f}%"
+            r["recompute_share"] = f"{100 * rec / total:.0f}%"
     m = re.search(r"^device memory after step 1: ([0-9.]+) MiB in use .* vs plan ([0-9.]+) MiB", out, re.M)
     used = [float(x) for x in re.findall(r"\| device memory ([0-9.]+) MiB", out)]
     if m:
@@ -246,7 +259,7 @@ def write_outputs(rows, args, header_lines):
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "T", "recompute", "planned_bytes", "planned_gib", "model_state_gib", "activations_gib", "scratch_gib",
               "budget_bytes", "fits", "measured_mib", "measured_over_plan", "arena_over_plan", "ms_per_step", "timed_steps", "tokens_per_s",
-              "vs_r0", "status", "wall_s"]
+              "vs_r0", "attention_share", "recompute_share", "status", "wall_s"]
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -264,13 +277,14 @@ def write_outputs(rows, args, header_lines):
                          f"{r['activations_gib']} | {r['scratch_gib']} | {fits} |")
     else:
         lines.append("| model | T | -r | planned GiB | measured GiB | measured/plan | less context/plan | ms/step | vs -r 0 "
-                     "| tok/s | status |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+                     "| tok/s | attention / recompute share | status |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             meas = f"{r['measured_mib'] * MIB / GIB:.1f}" if r.get("measured_mib") != "" else ""
             lines.append(f"| {r['model']} | {r['T']} | {r['recompute']} | {r['planned_gib']} | {meas} | "
                          f"{r['measured_over_plan']} | {r['arena_over_plan']} | {r['ms_per_step']} | {r['vs_r0']} | "
-                         f"{r['tokens_per_s']} | {r['status']} |")
+                         f"{r['tokens_per_s']} | {r['attention_share'] or '-'} / {r['recompute_share'] or '-'} | "
+                         f"{r['status']} |")
     lines += ["", REFERENCE]
     text = "\n".join(lines) + "\n"
     (out / "sweep.md").write_text(text)
@@ -385,7 +399,8 @@ def main():
                "activations_gib": fmt_gib(comp["activations"]), "scratch_gib": fmt_gib(comp["scratch"] + comp["workspace"]),
                "budget_bytes": p["budget_bytes"], "fits": p["total_bytes"] <= p["budget_bytes"],
                "measured_mib": "", "measured_over_plan": "", "arena_over_plan": "", "ms_per_step": "", "timed_steps": "", "tokens_per_s": "",
-               "vs_r0": "", "status": res.get("status", "planned only" if args.dry_run else "not run"),
+               "vs_r0": "", "attention_share": res.get("attention_share", ""), "recompute_share": res.get("recompute_share", ""),
+               "status": res.get("status", "planned only" if args.dry_run else "not run"),
                "wall_s": f"{res['wall_s']:.0f}" if "wall_s" in res else ""}
         if "measured_mib" in res:
             row["measured_mib"] = round(res["measured_mib"])
@@ -402,7 +417,8 @@ def main():
         rows.append(row)
     mode_word = "dry run (plans only)" if args.dry_run else ("quick sweep" if args.quick else "sweep")
     head = [f"Recompute {mode_word}: {exe.name}, B={args.b}, max-seq-len {args.max_seq_len}, "
-            + ("" if args.dry_run else f"{args.steps} steps per cell (ms/step excludes the first), ")
+            + ("" if args.dry_run else f"{args.steps} steps per cell (ms/step excludes the first; attention and "
+               "recompute shares: of the last step's stream time, REMAT_PROFILE), ")
             + "memory in GiB; model state = parameters + master weights + gradients + AdamW state.", ""]
     write_outputs(rows, args, head)
     if not args.dry_run:

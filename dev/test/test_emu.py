@@ -493,6 +493,47 @@ def test_sweep_reads_the_trainers_output(default_jobs):
     assert sweep.parse_run("step 1", "", None, 3, 60)["status"] == "timeout (>60s)"
 
 
+PROFILE_RE = re.compile(r"^profile of step (\d+): ([0-9.]+) ms on the stream \| forward ([0-9.]+) \(attention ([0-9.]+)\) "
+                        r"\| classifier ([0-9.]+) \| backward ([0-9.]+), of which recompute ([0-9.]+) \(attention ([0-9.]+)\) "
+                        r"and attention ([0-9.]+) \| update ([0-9.]+) \| gaps (-?[0-9.]+)$", re.M)
+
+
+@pytest.mark.parametrize("recompute", ["0", "1"])
+def test_step_profile_emulated(emu_build, tmp_path, recompute):
+    """REMAT_PROFILE=2 prints one breakdown of step 2 (two micro-steps) whose
+    parts nest as documented (llmc/profile.cuh), and changes no result."""
+    datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(5).integers(0, 64, 2000))
+    args = [OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-d", "128",
+            "-x", "3", "-s", "0", "-r", recompute]
+    plain = emu_run(args)
+    prof = emu_run(args, REMAT_PROFILE="2")
+    assert plain.returncode == 0 and prof.returncode == 0, explain(prof)
+    assert steps(prof.stdout) == steps(plain.stdout) and len(steps(plain.stdout)) == 3
+    found = PROFILE_RE.findall(prof.stdout)
+    assert len(found) == 1 and found[0][0] == "2", prof.stdout[-3000:]
+    assert prof.stdout.index("profile of step 2") < prof.stdout.index("step    2/3")
+    total, fwd, att_f, cls, bwd, rec, att_r, att_b, upd, gaps = map(float, found[0][1:])
+    assert 0 < att_f < fwd and cls > 0 and 0 < att_b < bwd and upd > 0
+    assert (0 < att_r < rec < bwd) if recompute == "1" else (rec == 0 and att_r == 0)
+    assert fwd + cls + bwd + upd <= total + 0.05 and gaps >= -0.05
+    assert "profile of" not in plain.stdout
+    # the sweep's reading of it (dev/bench/sweep_recompute.py)
+    spec = importlib.util.spec_from_file_location("sweep_recompute", REPO / "dev" / "bench" / "sweep_recompute.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    r = sweep.parse_run(prof.stdout, prof.stderr, 0, 3, 60)
+    assert r["attention_share"] == f"{100 * (att_f + att_r + att_b) / total:.0f}%"
+    assert r["recompute_share"] == f"{100 * rec / total:.0f}%"
+
+
+def test_step_profile_bad_value(emu_build, tmp_path):
+    datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
+    res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
+                  REMAT_PROFILE="two")
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and lines == ["error: REMAT_PROFILE: 'two' is not a step number (1 or more)"], explain(res)
+
+
 def test_train_without_device_fails_cleanly(emu_build, tmp_path):
     datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
     res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
