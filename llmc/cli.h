@@ -55,6 +55,10 @@ typedef struct {
     const char* help;
 } FlagSpec;
 
+/* The default data (not in the repository: dev/data/tinyshakespeare.py makes it) */
+#define DEFAULT_TRAIN_GLOB "data/tinyshakespeare/tiny_shakespeare_train.bin"
+#define DEFAULT_VAL_GLOB "data/tinyshakespeare/tiny_shakespeare_val.bin"
+
 #define OPT(field) offsetof(TrainOptions, field)
 static const FlagSpec flag_table[] = {
     {"-e", FLAG_STRING, OPT(model), 0, 0, FOR_BOTH, "model: an llm.c model file (v3 fp32 or v5 bf16), or d6|d12|d24|d36|d48 for random init"},
@@ -103,8 +107,8 @@ static const FlagSpec flag_table[] = {
 static inline void options_defaults(TrainOptions* o) {
     memset(o, 0, sizeof(*o));
     o->model = "d12";
-    o->train_glob = "data/tinyshakespeare/tiny_shakespeare_train.bin";
-    o->val_glob = "data/tinyshakespeare/tiny_shakespeare_val.bin";
+    o->train_glob = DEFAULT_TRAIN_GLOB;
+    o->val_glob = DEFAULT_VAL_GLOB;
     o->tokenizer_path = "";
     o->B = 4;
     o->T = 1024;

@@ -246,6 +246,18 @@ static inline void maybe_print_plan_and_exit(const Run* run) {
     exit(0);
 }
 
+/* The default data is not in the repository: say how to make it, before
+ * anything is allocated. */
+static inline void check_default_data(const TrainOptions* o) {
+    const char* flags[2] = {"-i", "-j"};
+    const char* given[2] = {o->train_glob, o->val_every > 0 ? o->val_glob : ""};
+    const char* defaults[2] = {DEFAULT_TRAIN_GLOB, DEFAULT_VAL_GLOB};
+    for (int i = 0; i < 2; i++)
+        if (strcmp(given[i], defaults[i]) == 0 && access(defaults[i], R_OK) != 0)
+            fail("%s: the default data %s is missing: make it with python3 dev/data/tinyshakespeare.py, or give %s", flags[i],
+                 defaults[i], flags[i]);
+}
+
 /* Everything a trainer needs before it allocates: flags, model, plan.
  * Handles --plan/--plan-json itself (they exit here). */
 static inline void run_setup(Run* run, int argc, char** argv, int trainer, int elem_bytes, int stat_bytes,
@@ -278,6 +290,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     plan_build(&run->plan, &spec);
     run->io_chunk_floats = spec.io_chunk_floats;
     maybe_print_plan_and_exit(run);
+    check_default_data(&run->opt);
 }
 
 static inline void run_print_header(const Run* run) {

@@ -182,6 +182,17 @@ def test_zero_steps_evaluates_and_samples_a_saved_model(synthetic, tmp_path):
     assert not list((tmp_path / "b").glob("model_*.bin"))
 
 
+def test_missing_default_data_says_how_to_make_it(tmp_path):
+    """Run where no data/ exists: the default shards are named with the script
+    that makes them, before anything is allocated (d12 would take 4 GiB)."""
+    import subprocess
+    res = subprocess.run([str(binary("train_gpt_cpu")), "-x", "1"], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: -i: the default data data/tinyshakespeare/tiny_shakespeare_train.bin is missing: "
+                                  "make it with python3 dev/data/tinyshakespeare.py, or give -i")
+    assert "memory plan" not in res.stdout
+
+
 def test_readme_flag_table_matches_the_parser():
     """Every flag of llmc/cli.h's table is in the README's flag table and no
     other; where the README states a number as the default, --help agrees."""
