@@ -632,6 +632,8 @@ int main(int argc, char** argv) {
     print_device(&m, master_weights);
     Backend be = gpu_backend(&m);
     train(&run, &be);
+    if (m.used_peak)
+        printf("device memory in use, the most at any step line: %.1f MiB (plan %.1f MiB)\n", mib(m.used_peak), mib(run.plan.total_bytes));
     multigpu_free(mg);
     prof_free(&m.prof);
     gpu_model_free(&m);
