@@ -38,9 +38,12 @@
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
  * bf16. Each chunk's three classifier matmuls are still (2048 x 50304 x C),
- * thousands of output tiles, enough to fill any GPU; more rows would only add
- * memory (8192 rows: 786 MiB, more than all of d12's layer inputs at B=1,
- * T=32768 under -r 1). */
+ * thousands of output tiles, enough to fill any GPU. The cost of small
+ * chunks: the token table's gradient (Vp x C) is read, added to and rounded
+ * to floatX once per chunk (B*T/2048 times per micro-step, as gradient
+ * accumulation does across micro-steps). 8192 rows took 786 MiB, more than
+ * all of d12's layer inputs at B=1, T=32768 under -r 1. Unmeasured on a GPU:
+ * REMAT_PROFILE's classifier time says whether it matters. */
 #define GPU_LOGITS_CHUNK_ROWS 2048
 
 /* ------------------------------------------------------------------------ */
@@ -312,9 +315,10 @@ static void gpu_model_backward(GpuModel* m) {
     gpu_layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
                            m->p[P_LNFW], m->lnf_mean, m->lnf_rstd, N, C, m->stream);
     for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
-        prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
+        int recomputed = m->plan->spec.layer_mode[l] != RECOMPUTE_NONE;
+        if (recomputed) prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_recompute(m, l);
-        prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
+        if (recomputed) prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_backward(m, l);
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
@@ -384,7 +388,9 @@ static float gpu_forward_backward(void* ctx, float dloss_mean) {
     gpu_model_forward(m);
     gpu_classifier(m, dloss_mean / (float)N);
     gpu_model_backward(m);
-    return gpu_mean_loss(m);
+    float loss = gpu_mean_loss(m); /* waits for the stream */
+    prof_read_back(&m->prof);
+    return loss;
 }
 
 static float gpu_forward_loss(void* ctx) {
@@ -469,7 +475,9 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
  * shard's onto its rank), the per-layer reductions of the backward included. */
 static void gpu_sync_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
+    prof_begin(&m->prof, PROF_SYNC, m->stream);
     multigpu_sync_grads(m->mg, m->grads, m->stream);
+    prof_end(&m->prof, PROF_SYNC, m->stream);
 }
 
 /* Model FLOPs, PaLM convention (Chowdhery et al. 2022, appendix B): per token
@@ -494,7 +502,7 @@ static double device_peak_flops(const char* name) {
     return PRECISION_IS_FP32 ? fp32 : bf16;
 }
 
-static void gpu_step_extras(void* ctx, double step_ms, char* buf, size_t n) {
+static void gpu_step_extras(void* ctx, int step, double step_ms, char* buf, size_t n) {
     GpuModel* m = (GpuModel*)ctx;
     size_t used = gpu_used_memory();
     if (used > m->used_peak) m->used_peak = used;
@@ -505,15 +513,16 @@ static void gpu_step_extras(void* ctx, double step_ms, char* buf, size_t n) {
     if (m->memory_reported) return;
     m->memory_reported = 1;
     size_t plan = m->plan->total_bytes;
-    printf("device memory after step 1: %.1f MiB in use (cudaMemGetInfo; nothing is allocated inside the loop) vs plan %.1f MiB;\n"
+    /* step 1 of a fresh run; the first step after a resume, or after FP16 steps skipped */
+    printf("device memory after step %d: %.1f MiB in use (cudaMemGetInfo; nothing is allocated inside the loop) vs plan %.1f MiB;\n"
            "  difference %+.1f MiB = CUDA context and other processes %.1f + cuBLASLt handle %.1f + allocation rounding %+.1f"
-           " + kernels and library state loaded during step 1 %+.1f\n",
-           mib(used), mib(plan), mib(used) - mib(plan), mib(m->used_context), mib(m->used_library - m->used_context),
+           " + kernels and library state loaded during the step %+.1f\n",
+           step, mib(used), mib(plan), mib(used) - mib(plan), mib(m->used_context), mib(m->used_library - m->used_context),
            (double)((long long)m->used_arena - (long long)m->used_library - (long long)plan) / 1048576.0,
            (double)((long long)used - (long long)m->used_arena) / 1048576.0);
 }
 
-static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step); }
+static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step, ((GpuModel*)ctx)->stream); }
 static void gpu_step_end(void* ctx, int step) { prof_step_end(&((GpuModel*)ctx)->prof, step, remat_proc.rank == 0); }
 
 static Backend gpu_backend(GpuModel* m) {

@@ -190,7 +190,7 @@ for r in 0 2 1; do
         toks=$( [[ -n "$ms" ]] && python3 -c "print('%.0f' % ($D12_B * 1024 / ($ms / 1000.0)))" || echo "?")
         mfu=$(grep '^step ' "$log" | tail -n 1 | grep -o 'MFU [^ |]*' | awk '{print $2}')
         plan=$(grep -E '^ +total +[0-9.]+ MiB' "$log" | head -n 1 | awk '{print $2}')
-        meas=$(grep '^device memory after step 1' "$log" | awk '{print $6}')
+        meas=$(grep -E '^device memory after step [0-9]+:' "$log" | awk '{print $6}')
         # less the CUDA context and cuBLASLt handle the trainer measured before allocating (not in the plan)
         ctx=$(sed -n 's/^ *difference .* = CUDA context and other processes \([0-9.]*\) + cuBLASLt handle \([0-9.]*\) .*/\1 \2/p' "$log")
         arena=$( [[ -n "$meas" && -n "$ctx" && -n "$plan" ]] && python3 -c "import sys; m, a, b, p = map(float, sys.argv[1:]); print('%.1f (%.1f%% of plan)' % (m - a - b, 100 * (m - a - b) / p))" "$meas" $ctx "$plan" || echo "?")
@@ -214,7 +214,7 @@ if [[ -f data/random50257/random50257_train.bin ]]; then
     ms=$(grep '^average step time' "$log" | awk '{print $4}')
     toks=$( [[ -n "$ms" ]] && python3 -c "print('%.0f' % ($D12_B * 1024 / ($ms / 1000.0)))" || echo "?")
     mfu=$(grep '^step ' "$log" | tail -n 1 | grep -o 'MFU [^ |]*' | awk '{print $2}')
-    meas=$(grep '^device memory after step 1' "$log" | awk '{print $6}')
+    meas=$(grep -E '^device memory after step [0-9]+:' "$log" | awk '{print $6}')
     loss1=$(grep -E '^step +1/' "$log" | awk '{print $5}')
     THR+=("| torch (eager, SDPA) | $word | ${ms:-?} | ${toks:-?} | ${mfu:-?} | - | ${meas:-?} | - | ${loss1:-?} |")
     TORCH_NOTE=$(python3 - "$log" <<'PY' 2>/dev/null

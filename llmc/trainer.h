@@ -109,8 +109,8 @@ typedef struct {
     void (*update)(void* ctx, const AdamWStep* s);
     /* moves n fp32 values of a state tensor between device and host, from element `start` */
     void (*transfer)(void* ctx, int tensor, size_t start, size_t n, float* host, int to_host);
-    /* extra text for the step line (MFU, device memory); may be NULL */
-    void (*step_extras)(void* ctx, double step_ms, char* buf, size_t n);
+    /* extra text for the line of step `step` (MFU, device memory); may be NULL */
+    void (*step_extras)(void* ctx, int step, double step_ms, char* buf, size_t n);
     /* around each optimizer step (the GPU's step profile); may be NULL */
     void (*step_begin)(void* ctx, int step);
     void (*step_end)(void* ctx, int step);
@@ -225,10 +225,11 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
     char layers[256];
     MemoryPlan p;
     plan_build(&p, spec);
-    printf("recompute auto: fits %.1f MiB (%s) with %.1f MiB;", mib(budget), source, mib(p.total_bytes));
+    FILE* out = run->opt.plan_json ? stderr : stdout; /* --plan-json's stdout is the JSON alone */
+    fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB;", mib(budget), source, mib(p.total_bytes));
     for (int mode = 0; mode < 3; mode++)
-        if (plan_layers_with_mode(&p, mode, layers, sizeof(layers))) printf(" -r %s on [%s]", mode_flag(mode), layers);
-    printf("; predicted cost +%.1f%% compute\n", 100.0 * recompute_cost_fraction(&run->cfg, spec->T, run->layer_mode));
+        if (plan_layers_with_mode(&p, mode, layers, sizeof(layers))) fprintf(out, " -r %s on [%s]", mode_flag(mode), layers);
+    fprintf(out, "; predicted cost +%.1f%% compute\n", 100.0 * recompute_cost_fraction(&run->cfg, spec->T, run->layer_mode));
     plan_free(&p);
 }
 
@@ -266,7 +267,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     parse_args(argc, argv, &run->opt, trainer);
     run->rank = remat_proc.rank;
     run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
-    if (run->opt.zero_stage == 1 && run->world == 1) printf("note: -z 1 with one process shards nothing\n");
+    if (run->opt.zero_stage == 1 && run->world == 1)
+        fprintf(run->opt.plan_json ? stderr : stdout, "note: -z 1 with one process shards nothing\n");
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
@@ -601,7 +603,7 @@ static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, i
     }
     double tokens_per_s = (double)run->grad_accum * run->opt.B * run->opt.T * run->world / (ms / 1e3);
     char extras[256] = "";
-    if (be->step_extras) be->step_extras(be->ctx, ms, extras, sizeof(extras));
+    if (be->step_extras) be->step_extras(be->ctx, step, ms, extras, sizeof(extras));
     printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step, steps, (double)r->loss,
            (double)r->lr, (double)r->norm, ms, tokens_per_s, extras);
     fflush(stdout);
@@ -646,8 +648,15 @@ static inline void train(Run* run, Backend* be) {
     int start = run->resume_step >= 0 ? load_checkpoint(run, be, &ls.train) : 0;
     int steps = total_steps(run, &ls.train);
     if (start > 0) logger_event(&ls.log, start, "resumed");
-    printf("training: %d steps (from step %d), lr %g %s schedule, warmup %d\n", steps, start + 1, (double)run->opt.lr,
-           run->opt.schedule, run->opt.warmup_steps);
+    if (steps < start && run->opt.max_steps != 0)
+        fail("flag -x: %d steps, but the checkpoint resumed is at step %d (more steps, or -x 0 to evaluate it)", steps, start);
+    if (run->opt.max_steps == 0) {
+        steps = start; /* -x 0: evaluate (and sample) the model loaded, at its step */
+        printf("training: none (-x 0): evaluating the model at step %d\n", start);
+    } else {
+        printf("training: %d steps (from step %d), lr %g %s schedule, warmup %d\n", steps, start + 1, (double)run->opt.lr,
+               run->opt.schedule, run->opt.warmup_steps);
+    }
     fflush(stdout);
     double total_ms = 0.0;
     int timed_steps = 0;

@@ -126,7 +126,18 @@ static inline void atomic_commit(AtomicFile* af) {
         fail("%s: cannot rename into place (%s)", af->path, strerror(errno));
 }
 
+/* Creates dir and any missing parents (as mkdir -p); fails unless dir ends up a directory. */
 static inline void mkdir_check(const char* dir) {
+    char path[4096];
+    size_t len = strlen(dir);
+    if (len >= sizeof(path)) fail("%s: path too long", dir);
+    memcpy(path, dir, len + 1);
+    for (size_t i = 1; i < len; i++) {
+        if (path[i] != '/') continue;
+        path[i] = '\0';
+        if (mkdir(path, 0755) != 0 && errno != EEXIST) fail("%s: cannot create directory (%s)", path, strerror(errno));
+        path[i] = '/';
+    }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) fail("%s: cannot create directory (%s)", dir, strerror(errno));
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) fail("%s: not a directory", dir);

@@ -3,8 +3,8 @@
 # SEQ_LEN rows (--max-seq-len; row t starts as the learned row t mod the old
 # length), the memory plan of every recompute mode is printed against the
 # budget, and training runs with -r auto, the cheapest per-layer recompute
-# that fits. Batch size 1; more tokens per step come from gradient
-# accumulation (-d), which costs time, not memory.
+# that fits. Batch size 1 (unless -b is given); more tokens per step come
+# from gradient accumulation (-d), which costs time, not memory.
 #
 # Usage: scripts/finetune_long.sh MODEL.bin SEQ_LEN [trainer flags]
 #   scripts/finetune_long.sh out/d12/model_00005000.bin 16384
@@ -12,17 +12,21 @@
 # Flags given after SEQ_LEN come last, so they override the defaults below.
 #
 # Environment:
-#   TRAINER          the binary (default ./train_gpt when nvidia-smi lists a
-#                    GPU, else ./train_gpt_cpu; built with make when missing).
+#   TRAINER          the binary (default: the repository's train_gpt when
+#                    nvidia-smi lists a GPU, else its train_gpt_cpu; built with
+#                    make when missing).
 #                    train_gpt: compiles, unverified on GPU (see the README).
 #   MEM_BUDGET       memory to fit in, e.g. 80GiB (default: the GPU's free
 #                    memory; for train_gpt_cpu, available host memory).
-#   TRAIN, VAL       token shard globs (default tiny Shakespeare; VAL="" for
-#                    no validation).
-#   OUT_DIR          checkpoints and log.jsonl (default out/long_SEQ_LEN).
-#   TOKENS_PER_STEP  -d (default: the multiple of SEQ_LEN nearest above 65536).
+#   TRAIN, VAL       token shard globs (default the repository's tiny
+#                    Shakespeare; VAL="" for no validation).
+#   OUT_DIR          checkpoints and log.jsonl (default out/long_SEQ_LEN, under
+#                    the directory the script is run from).
+#   TOKENS_PER_STEP  -d (default: the multiple of B*SEQ_LEN nearest above 65536).
+# Relative paths (MODEL, TRAIN, VAL, OUT_DIR, TRAINER) are taken from the
+# directory the script is run from.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo=$(cd "$(dirname "$0")/.." && pwd)
 
 usage() { echo "usage: scripts/finetune_long.sh MODEL.bin SEQ_LEN [trainer flags]" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
@@ -32,14 +36,26 @@ shift 2
 [[ "$seq_len" =~ ^[1-9][0-9]*$ ]] || { echo "finetune_long: SEQ_LEN '$seq_len' is not a positive integer" >&2; exit 1; }
 
 if [[ -z "${TRAINER:-}" ]]; then
-    if nvidia-smi -L >/dev/null 2>&1; then TRAINER=./train_gpt; else TRAINER=./train_gpt_cpu; fi
+    if nvidia-smi -L >/dev/null 2>&1; then TRAINER=$repo/train_gpt; else TRAINER=$repo/train_gpt_cpu; fi
+    [[ -x "$TRAINER" ]] || make -C "$repo" "$(basename "$TRAINER")"
 fi
-[[ -x "$TRAINER" ]] || make "$(basename "$TRAINER")"
+[[ -x "$TRAINER" ]] || { echo "finetune_long: TRAINER '$TRAINER' is not an executable" >&2; exit 1; }
 
-tokens_per_step=${TOKENS_PER_STEP:-$(( (65536 + seq_len - 1) / seq_len * seq_len ))}
-common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1
-        -i "${TRAIN:-data/tinyshakespeare/tiny_shakespeare_train.bin}"
-        -j "${VAL-data/tinyshakespeare/tiny_shakespeare_val.bin}" -o "${OUT_DIR:-out/long_$seq_len}")
+train=${TRAIN:-$repo/data/tinyshakespeare/tiny_shakespeare_train.bin}
+val=${VAL-$repo/data/tinyshakespeare/tiny_shakespeare_val.bin}
+if [[ -z "${TRAIN:-}" && ! -f "$train" ]]; then
+    echo "finetune_long: the default data $train is missing: make it with python3 $repo/dev/data/tinyshakespeare.py, or set TRAIN and VAL" >&2
+    exit 1
+fi
+
+# Tokens per step: the multiple of B*SEQ_LEN nearest above 65536 (B: the last -b given, else 1).
+batch=1
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i++)); do [[ "${args[i]}" == "-b" ]] && batch=${args[i + 1]}; done
+[[ "$batch" =~ ^[1-9][0-9]*$ ]] || { echo "finetune_long: -b '$batch' is not a positive integer" >&2; exit 1; }
+micro=$(( batch * seq_len ))
+tokens_per_step=${TOKENS_PER_STEP:-$(( (65536 + micro - 1) / micro * micro ))}
+common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "$val" -o "${OUT_DIR:-out/long_$seq_len}")
 [[ -z "${MEM_BUDGET:-}" ]] || common+=(--mem-budget "$MEM_BUDGET")
 
 # What each recompute mode costs at this length, and the largest B and T that fit.

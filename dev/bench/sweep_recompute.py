@@ -107,7 +107,7 @@ def parse_bytes(text):
 # ---- inputs: token shard and model files ---------------------------------------------------
 
 def ensure_shard(args):
-    need = args.b * max(args.T) * (args.steps + 1) + 1
+    need = args.b * max(args.T) * (args.steps + 2) + 1
     n = max(2_000_000, need)
     path = Path(args.data_dir) / f"random50257_{n}.bin"
     if not path.exists():
@@ -161,10 +161,11 @@ def ensure_model_file(model, cfg, args):
 # ---- one cell on the GPU --------------------------------------------------------------------
 
 def run_cell(exe, model_file, shard, T, mode, args, timeout):
-    cmd = [str(exe), "-e", str(model_file), "-b", str(args.b), "-t", str(T), "-r", mode, "-x", str(args.steps),
+    # one step more than timed: the last is profiled (llmc/profile.cuh) and left out of ms/step
+    cmd = [str(exe), "-e", str(model_file), "-b", str(args.b), "-t", str(T), "-r", mode, "-x", str(args.steps + 1),
            "-i", str(shard), "-j", "", "-v", "0", "-s", "0"]
     t0 = time.time()
-    env = dict(os.environ, REMAT_PROFILE=str(args.steps))  # the last step's breakdown (llmc/profile.cuh)
+    env = dict(os.environ, REMAT_PROFILE=str(args.steps + 1))
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         out, err, rc = res.stdout, res.stderr, res.returncode
@@ -181,6 +182,9 @@ PROFILE_RE = re.compile(r"^profile of step \d+: ([0-9.]+) ms on the stream \| fo
                         r"and attention ([0-9.]+) \|", re.M)
 
 
+STEP_MS_RE = re.compile(r"^step +(\d+)/\d+ \| loss [0-9.]+ \| lr \S+ \| norm [0-9.]+ \| ([0-9.]+) ms \|", re.M)
+
+
 def parse_run(out, err, rc, steps, timeout):
     """What one trainer run printed: device memory (the largest of step 1's
     report and the step lines), the CUDA context and cuBLASLt handle that step
@@ -194,7 +198,7 @@ def parse_run(out, err, rc, steps, timeout):
         if total > 0:
             r["attention_share"] = f"{100 * (att_f + att_r + att_b) / total:.0f}%"
             r["recompute_share"] = f"{100 * rec / total:.0f}%"
-    m = re.search(r"^device memory after step 1: ([0-9.]+) MiB in use .* vs plan ([0-9.]+) MiB", out, re.M)
+    m = re.search(r"^device memory after step \d+: ([0-9.]+) MiB in use .* vs plan ([0-9.]+) MiB", out, re.M)
     used = [float(x) for x in re.findall(r"\| device memory ([0-9.]+) MiB", out)]
     if m:
         used.append(float(m.group(1)))
@@ -205,9 +209,10 @@ def parse_run(out, err, rc, steps, timeout):
                   out, re.M)
     if m:
         r["context_mib"] = float(m.group(1)) + float(m.group(2))
-    m = re.search(r"^average step time ([0-9.]+) ms over (\d+) steps", out, re.M)
-    if m:
-        r["ms"], r["timed_steps"] = float(m.group(1)), int(m.group(2))
+    # ms/step: steps 2..steps (step 1 warms up; a profiled step after them is left out)
+    step_ms = [float(ms) for n, ms in STEP_MS_RE.findall(out) if 2 <= int(n) <= steps]
+    if step_ms:
+        r["ms"], r["timed_steps"] = sum(step_ms) / len(step_ms), len(step_ms)
     skipped = len(re.findall(r"skipped: inf/NaN gradients", out))
     if rc is None:
         r["status"] = f"timeout (>{timeout:.0f}s)"
@@ -218,7 +223,8 @@ def parse_run(out, err, rc, steps, timeout):
             last = (err.strip().splitlines() or ["?"])[-1].replace("|", "/")
             r["status"] = f"FAIL (rc {rc}): {last[:80]}"
     else:
-        r["status"] = "ok" + (f", {skipped} of {steps} steps skipped (fp16 overflow, scale halved)" if skipped else "")
+        ran = len(re.findall(r"^step +\d+/", out, re.M))
+        r["status"] = "ok" + (f", {skipped} of {ran} steps skipped (fp16 overflow, scale halved)" if skipped else "")
     if rc != 0:
         r["log_tail"] = (out + err)[-2000:]
     return r
@@ -244,8 +250,8 @@ def predict_s(results, model, T, mode, args):
         if m != model or T0 > T or "ms" not in res or (T0 == T and r0 == mode):
             continue
         ms = res["ms"] * (T / T0) ** 2 * (1.35 if mode == "1" and r0 != "1" else 1.0)
-        startup = max(0.0, res["wall_s"] - (args.steps * res["ms"]) / 1e3)
-        est = startup + (args.steps + 1) * ms / 1e3
+        startup = max(0.0, res["wall_s"] - ((args.steps + 1) * res["ms"]) / 1e3)  # steps + the profiled one
+        est = startup + (args.steps + 2) * ms / 1e3
         best = est if best is None else max(best, est)
     return best
 
@@ -301,7 +307,8 @@ def main():
     ap.add_argument("--modes", default="0,2,1", help="comma list of -r values (0, 2, 1)")
     ap.add_argument("-b", type=int, default=4, help="batch size (default 4)")
     ap.add_argument("--max-seq-len", type=int, default=32768, help="position table rows of both models (default 32768)")
-    ap.add_argument("--steps", type=int, default=3, help="steps per cell; the first is excluded from ms/step (default 3)")
+    ap.add_argument("--steps", type=int, default=3,
+                    help="timed steps per cell, the first excluded from ms/step (at least 2; default 3); one more, profiled, follows")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall-clock seconds for everything, setup included (default 290; --quick 140)")
     ap.add_argument("--cell-timeout-s", type=float, default=150, help="limit for one cell (default 150)")
@@ -323,6 +330,8 @@ def main():
     for r in args.modes:
         if r not in MODES:
             sys.exit(f"error: --modes: -r {r!r} is not 0, 2 or 1")
+    if args.steps < 2:
+        sys.exit("error: --steps must be at least 2 (the first step only warms up)")
     if max(args.T) > args.max_seq_len:
         sys.exit(f"error: --T {max(args.T)} exceeds --max-seq-len {args.max_seq_len}")
     budget_s = args.budget_s if args.budget_s is not None else (140.0 if args.quick else 290.0)
@@ -417,8 +426,8 @@ def main():
         rows.append(row)
     mode_word = "dry run (plans only)" if args.dry_run else ("quick sweep" if args.quick else "sweep")
     head = [f"Recompute {mode_word}: {exe.name}, B={args.b}, max-seq-len {args.max_seq_len}, "
-            + ("" if args.dry_run else f"{args.steps} steps per cell (ms/step excludes the first; attention and "
-               "recompute shares: of the last step's stream time, REMAT_PROFILE), ")
+            + ("" if args.dry_run else f"{args.steps} timed steps per cell (ms/step excludes the first; attention and "
+               "recompute shares: of one more, profiled step's stream time, REMAT_PROFILE), ")
             + "memory in GiB; model state = parameters + master weights + gradients + AdamW state.", ""]
     write_outputs(rows, args, head)
     if not args.dry_run:

@@ -1,5 +1,6 @@
 """The CPU reference trainer (train_gpt_cpu) end to end, and its C unit tests."""
 import json
+import os
 import re
 import shutil
 import sys
@@ -193,6 +194,22 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
     assert "memory plan" not in res.stdout
 
 
+def test_resume_with_zero_or_too_few_steps(tiny_shards, tmp_path):
+    """-y 1 -x 0 evaluates the checkpoint at its step; -x below the
+    checkpoint's step is refused with one line instead of doing nothing."""
+    full = tiny_run(tiny_shards, "-x", "3", "-v", "3", "-m", "2", "-o", tmp_path)
+    at3 = re.search(r"val loss ([0-9.]+) at step 3", full.stdout).group(1)
+    ev = tiny_run(tiny_shards, "-x", "0", "-y", "1", "-v", "3", "-m", "2", "-o", tmp_path)
+    assert "training: none (-x 0): evaluating the model at step 3" in ev.stdout
+    assert re.findall(r"val loss ([0-9.]+) at step (\d+)", ev.stdout) == [(at3, "3")]
+    assert not STEP_RE.search(ev.stdout)
+    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+               "-x", "2", "-y", "1", "-o", tmp_path])
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: flag -x: 2 steps, but the checkpoint resumed is at step 3 "
+                                  "(more steps, or -x 0 to evaluate it)")
+
+
 def test_readme_flag_table_matches_the_parser():
     """Every flag of llmc/cli.h's table is in the README's flag table and no
     other; where the README states a number as the default, --help agrees."""
@@ -252,20 +269,23 @@ def test_long_context_resize_of_the_position_table(tiny_shards, tmp_path):
 
 
 def test_finetune_long_script(tiny_shards, tmp_path):
-    """scripts/finetune_long.sh: plan at the new length, then -r auto training
-    from the resized model; later flags override its defaults."""
+    """scripts/finetune_long.sh, run from another directory with relative
+    paths: plan at the new length, then -r auto training from the resized
+    model; later flags override its defaults, and -d follows the -b given."""
+    import subprocess
     tiny_run(tiny_shards, "-x", "1", "-o", tmp_path / "a")
-    env = {"TRAINER": str(binary("train_gpt_cpu")), "TRAIN": str(tiny_shards / "tiny_train.bin"), "VAL": "",
-           "OUT_DIR": str(tmp_path / "long"), "MEM_BUDGET": "64MiB", "TOKENS_PER_STEP": "256"}
-    res = run([REPO / "scripts" / "finetune_long.sh", tmp_path / "a" / "model_00000001.bin", "128", "-x", "2"],
-              env=env, check=True)
+    env = {**os.environ, "TRAINER": str(binary("train_gpt_cpu")), "TRAIN": str(tiny_shards / "tiny_train.bin"), "VAL": "",
+           "MEM_BUDGET": "64MiB", "OMP_NUM_THREADS": "2"}
+    res = subprocess.run([str(REPO / "scripts" / "finetune_long.sh"), "a/model_00000001.bin", "128", "-x", "2", "-b", "2"],
+                         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "position table resized from 32 to 128 rows" in res.stdout
-    assert res.stdout.count("memory plan (4-byte storage, B=1 T=128)") == 2  # --plan, then the training run
+    assert "memory plan (4-byte storage, B=2 T=128)" in res.stdout  # --plan, then the training run
     assert "fit in 64.0 MiB (--mem-budget), all layers in one mode" in res.stdout
     assert "recompute auto: fits 64.0 MiB (--mem-budget)" in res.stdout
-    assert "gradient accumulation 2 (256 tokens per step)" in res.stdout
+    assert "gradient accumulation 256 (65536 tokens per step)" in res.stdout
     assert [s[0] for s in steps(res.stdout)] == ["1", "2"]
-    model = tmp_path / "long" / "model_00000002.bin"
+    model = tmp_path / "out" / "long_128" / "model_00000002.bin"  # OUT_DIR's default, under the directory run from
     header = np.frombuffer(model.read_bytes()[:1024], dtype=np.int32)
     assert header[2] == 128  # max_seq_len of the written model
 

@@ -495,7 +495,7 @@ def test_sweep_reads_the_trainers_output(default_jobs):
 
 PROFILE_RE = re.compile(r"^profile of step (\d+): ([0-9.]+) ms on the stream \| forward ([0-9.]+) \(attention ([0-9.]+)\) "
                         r"\| classifier ([0-9.]+) \| backward ([0-9.]+), of which recompute ([0-9.]+) \(attention ([0-9.]+)\) "
-                        r"and attention ([0-9.]+) \| update ([0-9.]+) \| gaps (-?[0-9.]+)$", re.M)
+                        r"and attention ([0-9.]+) \| grad sync ([0-9.]+) \| update ([0-9.]+) \| gaps (-?[0-9.]+)$", re.M)
 
 
 @pytest.mark.parametrize("recompute", ["0", "1"])
@@ -512,9 +512,10 @@ def test_step_profile_emulated(emu_build, tmp_path, recompute):
     found = PROFILE_RE.findall(prof.stdout)
     assert len(found) == 1 and found[0][0] == "2", prof.stdout[-3000:]
     assert prof.stdout.index("profile of step 2") < prof.stdout.index("step    2/3")
-    total, fwd, att_f, cls, bwd, rec, att_r, att_b, upd, gaps = map(float, found[0][1:])
+    total, fwd, att_f, cls, bwd, rec, att_r, att_b, sync, upd, gaps = map(float, found[0][1:])
     assert 0 < att_f < fwd and cls > 0 and 0 < att_b < bwd and upd > 0
-    assert (0 < att_r < rec < bwd) if recompute == "1" else (rec == 0 and att_r == 0)
+    assert (0 < att_r < rec < bwd) if recompute == "1" else (rec == 0 and att_r == 0)  # -r 0: no recompute span at all
+    assert sync == 0  # no NCCL in the emulated build
     assert fwd + cls + bwd + upd <= total + 0.05 and gaps >= -0.05
     assert "profile of" not in plain.stdout
     # the sweep's reading of it (dev/bench/sweep_recompute.py)
@@ -526,12 +527,14 @@ def test_step_profile_emulated(emu_build, tmp_path, recompute):
     assert r["recompute_share"] == f"{100 * rec / total:.0f}%"
 
 
-def test_step_profile_bad_value(emu_build, tmp_path):
+def test_step_profile_bad_value_and_off(emu_build, tmp_path):
     datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
-    res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"],
-                  REMAT_PROFILE="two")
+    args = [OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"]
+    res = emu_run(args, REMAT_PROFILE="two")
     lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.returncode == 1 and lines == ["error: REMAT_PROFILE: 'two' is not a step number (1 or more)"], explain(res)
+    assert res.returncode == 1 and lines == ["error: REMAT_PROFILE: 'two' is not a step number (0: off)"], explain(res)
+    off = emu_run(args, REMAT_PROFILE="0")
+    assert off.returncode == 0 and "profile of" not in off.stdout, explain(off)
 
 
 def test_train_without_device_fails_cleanly(emu_build, tmp_path):

@@ -91,6 +91,14 @@ def test_plan_for_other_process_counts(processes, zero):
     assert f"; per process, {processes} processes, ZeRO-{zero}):" in text
 
 
+def test_plan_json_stdout_is_the_json_alone():
+    """Notes printed while planning (-z 1 with one process) go to stderr, so
+    --plan-json's stdout parses whatever the flags."""
+    res = run([binary("train_gpt_cpu"), "-e", "d6", "-z", "1", "--plan-processes", "1", "--plan-json"], check=True)
+    assert json.loads(res.stdout)["zero_stage"] == 1
+    assert "note: -z 1 with one process shards nothing" in res.stderr
+
+
 def test_plan_processes_needs_plan():
     res = run([binary("train_gpt_cpu"), "-e", "d6", "--plan-processes", "4"])
     assert res.returncode == 1
@@ -126,13 +134,13 @@ def mode_totals():
 
 def test_auto_picks_nothing_when_everything_fits():
     tot = mode_totals()
-    d = json.loads(auto(tot["0"]).stdout.splitlines()[-1])
+    d = json.loads(auto(tot["0"]).stdout)
     assert d["layer_modes"] == [0] * 24 and d["total_bytes"] <= tot["0"]
 
 
 def test_auto_picks_full_recompute_everywhere_when_only_that_fits():
     tot = mode_totals()
-    d = json.loads(auto(tot["1"]).stdout.splitlines()[-1])
+    d = json.loads(auto(tot["1"]).stdout)
     assert d["layer_modes"] == [1] * 24 and d["total_bytes"] <= tot["1"]
 
 
@@ -141,15 +149,15 @@ def test_auto_picks_a_fitting_subset_in_between(frac):
     tot = mode_totals()
     budget = int(tot["1"] + frac * (tot["0"] - tot["1"]))
     res = auto(budget)
-    assert "recompute auto: fits" in res.stdout and "predicted cost" in res.stdout
-    d = json.loads(res.stdout.splitlines()[-1])
+    assert "recompute auto: fits" in res.stderr and "predicted cost" in res.stderr
+    d = json.loads(res.stdout)  # stdout is the JSON alone; the note goes to stderr
     assert d["total_bytes"] <= budget
     assert d["layer_modes"] != [0] * 24 and d["layer_modes"] != [1] * 24
 
 
 def test_auto_just_below_mode_zero_needs_some_recompute():
     tot = mode_totals()
-    d = json.loads(auto(tot["0"] - 1).stdout.splitlines()[-1])
+    d = json.loads(auto(tot["0"] - 1).stdout)
     assert any(d["layer_modes"]) and d["total_bytes"] < tot["0"]
 
 
