@@ -196,7 +196,8 @@ for r in 0 2 1; do
         arena=$( [[ -n "$meas" && -n "$ctx" && -n "$plan" ]] && python3 -c "import sys; m, a, b, p = map(float, sys.argv[1:]); print('%.1f (%.1f%% of plan)' % (m - a - b, 100 * (m - a - b) / p))" "$meas" $ctx "$plan" || echo "?")
         loss1=$(grep -E '^step +1/' "$log" | awk '{print $5}')
         THR+=("| remat -r $r | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} | $arena | ${loss1:-?} |")
-        PROF+=("-r $r: $(grep -m 1 '^profile of step' "$log" | sed 's/^profile of //')")
+        prof=$(grep -m 1 '^profile of step' "$log" | sed 's/^profile of //')
+        PROF+=("-r $r: ${prof:-no profile line (see $name.log)}")
     else
         THR+=("| remat -r $r | not run | | | | | | | |")
     fi
