@@ -209,6 +209,9 @@ static inline void resolve_batch(Run* run) {
     run->grad_accum = (int)(total / micro_tokens);
 }
 
+/* Where setup notes go: stdout, except under --plan-json, whose stdout is the JSON alone. */
+static inline FILE* setup_notes(const TrainOptions* o) { return o->plan_json ? stderr : stdout; }
+
 /* -r auto: the cheapest per-layer choice that fits the budget, or the flags
  * that would fit and a non-zero exit. */
 static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
@@ -225,7 +228,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
     char layers[256];
     MemoryPlan p;
     plan_build(&p, spec);
-    FILE* out = run->opt.plan_json ? stderr : stdout; /* --plan-json's stdout is the JSON alone */
+    FILE* out = setup_notes(&run->opt);
     fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB;", mib(budget), source, mib(p.total_bytes));
     for (int mode = 0; mode < 3; mode++)
         if (plan_layers_with_mode(&p, mode, layers, sizeof(layers))) fprintf(out, " -r %s on [%s]", mode_flag(mode), layers);
@@ -268,7 +271,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     run->rank = remat_proc.rank;
     run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
     if (run->opt.zero_stage == 1 && run->world == 1)
-        fprintf(run->opt.plan_json ? stderr : stdout, "note: -z 1 with one process shards nothing\n");
+        fprintf(setup_notes(&run->opt), "note: -z 1 with one process shards nothing\n");
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
