@@ -41,7 +41,8 @@
  * models above (at initialisation, near-uniform attention) do not exercise.
  *
  * Prints a table of max abs / max rel / norm rel errors and PASS/FAIL lines;
- * exits 1 on any failure, 77 (skipped) without a CUDA device.
+ * exits 1 on any failure (a GPU that is present but unusable included), 77
+ * (skipped) where no NVIDIA GPU exists.
  */
 #define REMAT_NO_MAIN
 #include "train_gpt.c"
@@ -154,6 +155,11 @@ static void fail_line(const char* fmt, ...) {
     printf("\n");
     va_end(ap);
     g_failures++;
+}
+
+static void expect(int ok, const char* what, double got) {
+    printf("  %-64s %-12g %s\n", what, got, ok ? "ok" : "FAIL");
+    if (!ok) g_failures++;
 }
 
 static float* alloc_floats(size_t n) { return (float*)malloc_check(n * sizeof(float), "test"); }
@@ -466,6 +472,27 @@ static int same_as_reference(const Case* c, const char* setting, const StepRecor
     return eq;
 }
 
+/* Sampling at every prefix length adds few cuBLASLt cache entries (four
+ * matmul shapes per padded length, one for the last row's logits), so
+ * training's entries are never crowded out and the cache never fills. */
+static void check_sampling_keeps_the_matmul_cache(Case* c, GpuModel* gm) {
+    int V = c->cfg.vocab_size, before = gm->mm.cache_used, lens = c->T < 70 ? c->T : 70, buckets = 0;
+    int* toks = (int*)malloc_check((size_t)c->T * sizeof(int), "test");
+    float* probs = alloc_floats((size_t)V);
+    for (int i = 0; i < c->T; i++) toks[i] = i % V;
+    for (int len = 1; len <= lens; len++) gpu_next_token_probs(gm, toks, len, probs);
+    if (lens < c->T) gpu_next_token_probs(gm, toks, c->T, probs);
+    for (int t = 1, last = 0; t <= c->T; t++) {
+        int b = sampling_length(t, c->T);
+        buckets += b != last;
+        last = b;
+    }
+    int added = gm->mm.cache_used - before;
+    expect(added <= 4 * buckets + 1 && !gm->mm.cache_full_noted, "sampling at every length: few matmul cache entries added", added);
+    free(toks);
+    free(probs);
+}
+
 /* Evaluation and sampling paths from the same (synced) state. */
 static void compare_eval_paths(Case* c, GpuModel* gm) {
     int V = c->cfg.vocab_size;
@@ -482,6 +509,7 @@ static void compare_eval_paths(Case* c, GpuModel* gm) {
     cpu_next_token_probs(&c->cm, toks, len, pc);
     check("next_token_probs", TEST_STEPS, pg, pc, (size_t)V, TOL_PROBS, 1, NULL);
     free(toks); free(pg); free(pc);
+    check_sampling_keeps_the_matmul_cache(c, gm);
 }
 
 /* TEST_STEPS steps of one recompute setting on a fresh GPU model. Setting 0
@@ -544,11 +572,6 @@ static void gpu_poke(floatX* dev, size_t i, float v) {
     floatX h;
     host_floatX_store(&h, 0, v);
     CUDA_CHECK(cudaMemcpy(dev + i, &h, sizeof(floatX), cudaMemcpyHostToDevice));
-}
-
-static void expect(int ok, const char* what, double got) {
-    printf("  %-64s %-12g %s\n", what, got, ok ? "ok" : "FAIL");
-    if (!ok) g_failures++;
 }
 
 /* See the header: injected inf/NaN, FP16 overflow in a matmul and in a whole
@@ -722,15 +745,58 @@ static void check_attention(const Shape* sh, int T) {
     free(dqkv_gpu);
 }
 
+/* ---- when "no GPU" is a skip and when it is a failure (cuda_common.cuh) ----
+ * The decision alone, on the error codes the runtime gives in each case, and
+ * the device-node probe on a directory made here. */
+static void touch(const char* path) {
+    FILE* f = fopen(path, "w");
+    if (!f) fail("test: cannot create %s: %s", path, strerror(errno));
+    fclose(f);
+}
+
+static void check_gpu_presence(void) {
+    char why[256];
+    int fails_before = g_failures;
+    expect(gpu_presence(cudaSuccess, 2, 1, 0, why, sizeof(why)) == 2, "two usable devices are counted", 0.0f);
+    expect(gpu_presence(cudaErrorInsufficientDriver, 0, 0, 0, why, sizeof(why)) == 0, "no device node, no driver: no GPU (a skip)", 0.0f);
+    expect(gpu_presence(cudaErrorNoDevice, 0, 0, 0, why, sizeof(why)) == 0, "no device node, no device: no GPU (a skip)", 0.0f);
+    expect(gpu_presence(cudaErrorInsufficientDriver, 0, 1, 0, why, sizeof(why)) == GPU_BROKEN && strstr(why, "cudaErrorInsufficientDriver"),
+           "a device node with a driver too old: a failure naming the error", 0.0f);
+    expect(gpu_presence(cudaErrorSystemNotReady, 0, 1, 1, why, sizeof(why)) == GPU_BROKEN,
+           "a device node, system not ready (fabric manager down): a failure, CUDA_VISIBLE_DEVICES or not", 0.0f);
+    expect(gpu_presence(cudaErrorNoDevice, 0, 1, 1, why, sizeof(why)) == 0, "CUDA_VISIBLE_DEVICES hiding every GPU: no GPU", 0.0f);
+    expect(gpu_presence(cudaErrorNoDevice, 0, 1, 0, why, sizeof(why)) == GPU_BROKEN, "a device node but no device seen: a failure", 0.0f);
+    char dir[] = "/tmp/remat_devXXXXXX";
+    if (!mkdtemp(dir)) fail("test: mkdtemp: %s", strerror(errno));
+    char node[64];
+    snprintf(node, sizeof(node), "%s/nvidiactl", dir);
+    touch(node);
+    expect(!nvidia_device_node_exists(dir), "nvidiactl alone is no GPU's node", 0.0f);
+    char gpu_node[64];
+    snprintf(gpu_node, sizeof(gpu_node), "%s/nvidia3", dir);
+    touch(gpu_node);
+    expect(nvidia_device_node_exists(dir), "nvidia3 is a GPU's node", 0.0f);
+    remove(node);
+    remove(gpu_node);
+    rmdir(dir);
+    printf("%s: GPU presence (skip only without an NVIDIA GPU)\n", g_failures == fails_before ? "PASS" : "FAIL");
+}
+
 int main(void) {
     /* line-buffered even into a file: a stage killed by its time limit (or a
      * crash) still leaves every finished line in the log */
     setvbuf(stdout, NULL, _IOLBF, 0);
     char why[256] = "";
-    if (gpu_device_count(why, sizeof(why)) <= 0) {
+    int devices = gpu_device_count(why, sizeof(why));
+    if (devices == GPU_BROKEN) {
+        printf("FAIL: CUDA device unusable (%s)\n", why);
+        return 1;
+    }
+    if (devices == 0) {
         printf("SKIP: no CUDA device (%s)\n", why);
         return 77;
     }
+    check_gpu_presence();
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("test_gpt: %s build on %s (sm_%d%d); CPU reference in fp32", PRECISION_NAME, prop.name, prop.major, prop.minor);

@@ -403,14 +403,29 @@ static float gpu_forward_loss(void* ctx) {
     return gpu_mean_loss(m);
 }
 
-/* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
- * planned buffers) and returns softmax probabilities at its last position. */
+/* The sequence length a sampling forward of len tokens runs at: len rounded
+ * up to a power of two (at least 64), at most the plan's T. Every distinct
+ * length is a new set of matmul shapes for cuBLASLt's algorithm cache; with
+ * buckets, sampling at every prefix length adds about log2(T/64) sets instead
+ * of T, and training's entries stay cached. Causal attention makes the
+ * padding invisible at position len-1. */
+static int sampling_length(int len, int T_max) {
+    int t = 64;
+    while (t < len) t *= 2;
+    return t < T_max ? t : T_max;
+}
+
+/* Runs the model on one sequence of len tokens (B=1, a prefix of the planned
+ * buffers, padded with token 0 to sampling_length) and returns softmax
+ * probabilities at position len-1. */
 static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     GpuModel* m = (GpuModel*)ctx;
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    int T = sampling_length(len, m->plan->spec.T);
     memcpy(m->h_inputs, tokens, (size_t)len * sizeof(int));
+    for (int t = len; t < T; t++) m->h_inputs[t] = 0;
     m->B = 1;
-    m->T = len;
+    m->T = T;
     gpu_upload_tokens(m, 0);
     gpu_model_forward(m);
     gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, NULL, 1, C, Vp, m->stream);
@@ -552,19 +567,6 @@ static Backend gpu_backend(GpuModel* m) {
 /* ------------------------------------------------------------------------ */
 /* startup                                                                    */
 
-/* Number of CUDA devices; 0 with the reason in `why` when there is none. */
-static int gpu_device_count(char* why, size_t n) {
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) {
-        snprintf(why, n, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
-        cudaGetLastError();
-        return 0;
-    }
-    if (count == 0) snprintf(why, n, "cudaGetDeviceCount found none");
-    return count;
-}
-
 /* The default budget of --plan and -r auto when a device is present: free
  * memory once the context exists (cudaMemGetInfo creates it), less 256 MiB
  * of headroom for what the plan does not hold (cuBLASLt handle, kernels
@@ -618,13 +620,13 @@ static void print_device(const GpuModel* m, int master_weights) {
 int main(int argc, char** argv) {
     proc_init(&argc, &argv); /* MPI in MULTI_GPU builds; else a no-op */
     char why[256] = "";
-    int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; it does not fail hard */
+    int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; reported after the flags are read */
     int device = multigpu_select_device(devices);    /* device local_rank, before any context exists */
     if (device >= 0) remat_free_memory_hook = gpu_free_memory;
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     int master_weights = run.plan.spec.master_weights;
-    multigpu_check_device(device, devices, why); /* "no CUDA device": every rank says so, then all stop */
+    multigpu_check_device(device, devices, why); /* no or a broken device: every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);

@@ -30,6 +30,8 @@
 #include <cublasLt.h>
 #include <math.h>
 #include <stdint.h>
+#include <dirent.h>
+#include <string.h>
 #include "utils.h"
 #include "plan.h"
 
@@ -130,6 +132,53 @@ static inline void cublas_check_impl(cublasStatus_t st, const char* call, const 
 #define CUBLAS_CHECK(call) cublas_check_impl((call), #call, __FILE__, __LINE__)
 /* After a kernel launch: reports a bad launch configuration at the launch site. */
 #define CUDA_CHECK_LAUNCH() cuda_check_impl(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+/* ---- is there a GPU to run on? ----
+ * "No GPU" (a skip in the tests, one line from train_gpt) only where no
+ * NVIDIA GPU exists: no device node /dev/nvidia0, /dev/nvidia1, ... (the CI
+ * case: the runtime then says "insufficient driver" or "no device"), or
+ * CUDA_VISIBLE_DEVICES hides every device. Where a GPU exists, a runtime that
+ * cannot use it (a driver too old for this CUDA, an HGX fabric manager that
+ * is down, a device in a bad state) is a failure naming the error: a borrowed
+ * GPU must never end a session as "SKIP". */
+#define GPU_BROKEN (-1)
+
+/* Whether dev_dir holds an NVIDIA GPU's device node: nvidia<digits>. */
+static inline int nvidia_device_node_exists(const char* dev_dir) {
+    DIR* d = opendir(dev_dir);
+    if (!d) return 0;
+    int found = 0;
+    for (struct dirent* e; !found && (e = readdir(d)) != NULL;)
+        found = strncmp(e->d_name, "nvidia", 6) == 0 && e->d_name[6] >= '0' && e->d_name[6] <= '9';
+    closedir(d);
+    return found;
+}
+
+/* The decision, from what cudaGetDeviceCount returned (err, count), whether a
+ * device node exists and whether CUDA_VISIBLE_DEVICES is set: the device
+ * count, 0 for no GPU, or GPU_BROKEN; `why` says why there is none. */
+static inline int gpu_presence(cudaError_t err, int count, int device_node, int visible_set, char* why, size_t n) {
+    if (err == cudaSuccess && count > 0) return count;
+    if (err == cudaSuccess) snprintf(why, n, "cudaGetDeviceCount found none");
+    else snprintf(why, n, "cudaGetDeviceCount: %s, %s", cudaGetErrorName(err), cudaGetErrorString(err));
+    if (!device_node) return 0;
+    size_t used = strlen(why);
+    if (visible_set && (err == cudaErrorNoDevice || err == cudaSuccess)) {
+        snprintf(why + used, n - used, "; CUDA_VISIBLE_DEVICES hides the node's GPUs");
+        return 0;
+    }
+    snprintf(why + used, n - used, "; yet an NVIDIA GPU is present (/dev/nvidia*): CUDA cannot use it");
+    return GPU_BROKEN;
+}
+
+/* The number of usable CUDA devices, 0 when there is no GPU, GPU_BROKEN when
+ * one is present but unusable; the first CUDA call of a program. */
+static inline int gpu_device_count(char* why, size_t n) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) cudaGetLastError();
+    return gpu_presence(err, count, nvidia_device_node_exists("/dev"), getenv("CUDA_VISIBLE_DEVICES") != NULL, why, n);
+}
 
 static inline unsigned int grid_for(size_t n, unsigned int block) {
     size_t g = ceil_div(n, block);

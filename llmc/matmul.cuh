@@ -33,8 +33,9 @@
  * hide the overflow (unverified on GPU: test_gpt's overflow check covers it).
  *
  * Determinism: the algorithm for a call is the first heuristic result for its
- * shapes, types, epilogue and operand alignments, cached per key, so a given
- * call always runs the same kernel; cuBLASLt kernels are run-to-run
+ * shapes, types, epilogue and operand alignments, cached per key (training
+ * uses a few dozen keys; sampling pads its lengths to powers of two so that
+ * it adds few), so a given call always runs the same kernel; cuBLASLt kernels are run-to-run
  * deterministic on one stream (split-K reductions go through the workspace or
  * serialise in place). Recompute passes operands of the same shapes and
  * alignments (the plan aligns every buffer to 256 bytes), hence the same
@@ -68,7 +69,7 @@ typedef struct {
     size_t workspace_bytes;
     MatmulCacheEntry cache[MATMUL_CACHE_SIZE];
     int cache_used;
-    int fallback_noted;
+    int fallback_noted, cache_full_noted;
 } MatmulContext;
 
 static inline void gpu_matmul_init(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
@@ -193,6 +194,11 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
             }
         }
         if (mc->cache_used < MATMUL_CACHE_SIZE) mc->cache[mc->cache_used++] = found;
+        else if (!mc->cache_full_noted) {
+            /* entries are never evicted, so training's stay; a key beyond the cache asks the heuristic on every call */
+            printf("note: cuBLASLt algorithm cache full (%d shapes); further shapes are looked up on every call\n", MATMUL_CACHE_SIZE);
+            mc->cache_full_noted = 1;
+        }
     }
     LtDescs ds;
     lt_descs_create(&ds, &key, found.bias_in_epilogue, bias);

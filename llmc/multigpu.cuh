@@ -146,7 +146,9 @@ static inline void multigpu_fail_together(void) {
  * rank. Collective with MPI: every rank must call it. */
 static inline void multigpu_check_device(int device, int devices, const char* why) {
     char err[600] = "";
-    if (devices <= 0)
+    if (devices == GPU_BROKEN)
+        snprintf(err, sizeof(err), "CUDA device unusable (%s)", why);
+    else if (devices <= 0)
         snprintf(err, sizeof(err), "no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
     else if (device < 0) {
         const char* vis = getenv("CUDA_VISIBLE_DEVICES");

@@ -6,7 +6,8 @@
  *
  * usage: build/bench_attention_bf16 [B T NH HS]...   (groups of four; default:
  *        the d12 shape 16 1024 12 64 and the 24x2048 shape 4 8192 16 128)
- * Exit status: 0, 1 on bad arguments or a CUDA error, 77 without a GPU.
+ * Exit status: 0, 1 on bad arguments or a CUDA error (a GPU present but
+ * unusable included), 77 where no NVIDIA GPU exists.
  *
  * FLOPs (causal, the products that are needed, half of the T x T square):
  * forward 2 products of B*NH*(T^2/2)*hs multiply-adds = 2*B*NH*T^2*hs;
@@ -134,10 +135,11 @@ int main(int argc, char** argv) {
     static const int defaults[] = {16, 1024, 12, 64, 4, 8192, 16, 128};
     if ((argc - 1) % 4) fail("bench_attention: arguments come in groups of four: B T NH HS");
     int nshapes = argc > 1 ? (argc - 1) / 4 : 2;
-    int count = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess || count == 0) {
-        printf("SKIP: no CUDA device (%s)\n", err != cudaSuccess ? cudaGetErrorString(err) : "none found");
+    char why[256] = "";
+    int devices = gpu_device_count(why, sizeof(why));
+    if (devices == GPU_BROKEN) fail("bench_attention: CUDA device unusable (%s)", why);
+    if (devices == 0) {
+        printf("SKIP: no CUDA device (%s)\n", why);
         return 77;
     }
     cudaDeviceProp prop;

@@ -543,6 +543,13 @@ def test_train_without_device_fails_cleanly(emu_build, tmp_path):
                   EMU_DEVICE_COUNT="0")
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: no CUDA device"), explain(res)
+    assert "cudaErrorNoDevice" in lines[0], explain(res)  # the runtime's error, by name
+
+
+def test_gpu_presence_skip_only_without_a_gpu(emu_build):
+    """test_gpt's check_gpu_presence: a present but unusable GPU is a failure, not a skip."""
+    res = emu_run([OUT / "emu_test_gpt_bf16", "presence"])
+    assert res.returncode == 0 and "PASS: GPU presence" in res.stdout, explain(res)
 
 
 def test_train_out_of_device_memory_is_reported(emu_build, tmp_path):

@@ -14,6 +14,7 @@
  * usage: emu_test_gpt_PREC CASE...      CASE = NAME:C:NH:V:T[,T...]            run_case  e.g. hs16:64:4:300:77,5
  *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
  *                                              attention:NAME:C:NH:V:T[,T...]  check_attention
+ *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
  * Exit status: 0 all passed, 1 a check failed, 2 bad usage; the emulator
  * aborts (SIGABRT) on undefined behaviour it detects, with a message.
@@ -32,6 +33,7 @@ static void banner(void) {
 
 static int usage(void) {
     fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+                    "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n");
     return 2;
 }
@@ -42,6 +44,11 @@ int main(int argc, char** argv) {
         int rc = test_gpt_main();
         printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
         return rc;
+    }
+    if (argc == 2 && strcmp(argv[1], "presence") == 0) {
+        banner();
+        check_gpu_presence();
+        return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
     enum Kind { RUN_CASE, NONFINITE, ATTENTION };
