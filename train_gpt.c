@@ -733,6 +733,7 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
 static Backend cpu_backend(CpuModel* m) {
     Backend be;
     memset(&be, 0, sizeof(be));
+    snprintf(be.device.name, sizeof(be.device.name), "CPU reference (fp32)");
     be.ctx = m;
     be.inputs = m->inputs;
     be.targets = m->targets;

@@ -33,6 +33,7 @@
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
 #include "llmc/multigpu.cuh"
+#include "llmc/grad_accum.cuh"
 #include "llmc/profile.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
@@ -55,6 +56,11 @@ typedef struct {
     char* arena; /* device, plan->total_bytes */
     floatX* params;
     floatX* grads;
+    float* grads_fp32;        /* fp32 gradient sums of parameters [0, grads_fp32_count) (grad_accum.cuh), or NULL */
+    size_t grads_fp32_count;
+    int wte_grad_fp32;        /* the token table's gradient goes straight into grads_fp32 */
+    int micro_step;           /* micro-steps run since the gradients were zeroed */
+    int last_micro_step;      /* the running backward is the step's last micro-step */
     float* master; /* NULL without master weights */
     float* adam_m;
     float* adam_v;
@@ -92,7 +98,8 @@ typedef struct {
     uint64_t seed;
     /* reporting */
     double flops_per_step, peak_flops;
-    size_t used_context, used_library, used_arena, used_peak;
+    size_t used_context, used_library, used_arena, used_peak; /* device memory in use after each setup stage */
+    size_t used_nccl; /* NCCL's part of used_context (it connects first) */
     int memory_reported;
     /* data parallelism: the parameters whose optimizer state (moments, master
      * weights) this rank holds: all of them, or its ZeRO-1 shard */
@@ -167,7 +174,11 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->column_partials = (float*)(m->arena + plan->off_column_partials);
     m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
     m->token_buckets = (int*)(m->arena + plan->off_token_buckets);
+    m->grads_fp32_count = plan->grads_fp32_count;
+    m->grads_fp32 = m->grads_fp32_count ? (float*)(m->arena + plan->off_grads_fp32) : NULL;
+    m->wte_grad_fp32 = m->grads_fp32_count >= (size_t)m->cfg.padded_vocab_size * m->cfg.channels; /* wte: parameters [0, Vp*C) */
     CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
+    if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
 
@@ -292,7 +303,8 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
         gpu_classifier_fused(m->logits, m->losses + r0, m->targets + r0, rows, V, Vp, dloss_per_token, m->stream);
         if (dloss_per_token == 0.0f) continue;
         gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p[P_WTE], rows, C, Vp, m->stream);
-        gpu_matmul_backward_weight(&m->mm, m->g[P_WTE], NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
+        if (m->wte_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->grads_fp32, m->logits, lnf, rows, C, Vp, m->stream);
+        else gpu_matmul_backward_weight(&m->mm, m->g[P_WTE], NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
     }
     prof_end(&m->prof, PROF_CLASSIFIER, m->stream);
 }
@@ -305,6 +317,18 @@ static float gpu_mean_loss(GpuModel* m) {
     double sum = 0;
     for (int i = 0; i < N; i++) sum += (double)m->h_losses[i];
     return (float)(sum / N);
+}
+
+/* The fp32 sums of one group of gradients (layer l's, or with -1 the
+ * embeddings' and the final LayerNorm's), once they are final for this
+ * micro-step (grad_accum.cuh). */
+static void gpu_fold_grads(GpuModel* m, int layer) {
+    if (!m->grads_fp32) return;
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    GradSlices s;
+    s.n = param_group_slices(&pl, m->cfg.num_layers, layer, s.offset, s.count);
+    gpu_grad_fold(m->grads_fp32, m->grads_fp32_count, m->grads, &s, m->last_micro_step, m->stream);
 }
 
 static void gpu_model_backward(GpuModel* m) {
@@ -320,9 +344,12 @@ static void gpu_model_backward(GpuModel* m) {
         gpu_block_recompute(m, l);
         if (recomputed) prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_backward(m, l);
+        gpu_fold_grads(m, l);
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
-    gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
+    if (m->wte_grad_fp32) gpu_encoder_backward(m->grads_fp32, m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
+    else gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
+    gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
     prof_end(&m->prof, PROF_BACKWARD, m->stream);
 }
@@ -381,6 +408,9 @@ static float gpu_forward_backward(void* ctx, float dloss_mean) {
     m->T = m->plan->spec.T;
     int N = m->B * m->T;
     multigpu_micro_step(m->mg); /* the last one reduces gradients during its backward */
+    int micro_steps = m->plan->spec.micro_steps > 1 ? m->plan->spec.micro_steps : 1;
+    m->micro_step++;
+    m->last_micro_step = m->micro_step % micro_steps == 0;
     gpu_upload_tokens(m, 1);
     m->num_buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, m->h_inputs, N, m->cfg.vocab_size);
     CUDA_CHECK(cudaMemcpyAsync(m->token_buckets, m->h_buckets, (size_t)(2 * m->num_buckets + 1 + N) * sizeof(int),
@@ -444,7 +474,9 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     multigpu_new_step(m->mg);
+    m->micro_step = 0;
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
+    if (m->grads_fp32) CUDA_CHECK(cudaMemsetAsync(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float), m->stream));
 }
 
 /* Moves n fp32 values of a state tensor between the host and the device.
@@ -529,16 +561,31 @@ static void gpu_step_extras(void* ctx, int step, double step_ms, char* buf, size
     m->memory_reported = 1;
     size_t plan = m->plan->total_bytes;
     /* step 1 of a fresh run; the first step after a resume, or after FP16 steps skipped */
+    char nccl[48] = "";
+    if (m->mg) snprintf(nccl, sizeof(nccl), " + NCCL %.1f", mib(m->used_nccl));
     printf("device memory after step %d: %.1f MiB in use (cudaMemGetInfo; nothing is allocated inside the loop) vs plan %.1f MiB;\n"
-           "  difference %+.1f MiB = CUDA context and other processes %.1f + cuBLASLt handle %.1f + allocation rounding %+.1f"
+           "  difference %+.1f MiB = CUDA context and other processes %.1f + cuBLASLt handle %.1f%s + allocation rounding %+.1f"
            " + kernels and library state loaded during the step %+.1f\n",
-           step, mib(used), mib(plan), mib(used) - mib(plan), mib(m->used_context), mib(m->used_library - m->used_context),
+           step, mib(used), mib(plan), mib(used) - mib(plan), mib(m->used_context - m->used_nccl), mib(m->used_library - m->used_context), nccl,
            (double)((long long)m->used_arena - (long long)m->used_library - (long long)plan) / 1048576.0,
            (double)((long long)used - (long long)m->used_arena) / 1048576.0);
 }
 
 static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step, ((GpuModel*)ctx)->stream); }
 static void gpu_step_end(void* ctx, int step) { prof_step_end(&((GpuModel*)ctx)->prof, step, remat_proc.rank == 0); }
+
+static void gpu_device_record(const GpuModel* m, DeviceRecord* d) {
+    memset(d, 0, sizeof(*d));
+    cudaDeviceProp prop;
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(d->name, sizeof(d->name), "%s", prop.name);
+    d->sm_count = prop.multiProcessorCount;
+    CUDA_CHECK(cudaRuntimeGetVersion(&d->cuda_runtime));
+    d->cublaslt = (int)cublasLtGetVersion();
+    d->nccl = m->mg ? m->mg->nccl_version : 0;
+}
 
 static Backend gpu_backend(GpuModel* m) {
     Backend be;
@@ -550,6 +597,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.window = m->window;
     be.model_file_version = MODEL_FILE_VERSION_FLOATX; /* 5 in BF16; 3 in FP16 (exact) and FP32 */
     be.loss_scaling = PRECISION_IS_FP16;                /* dynamic loss scaling in FP16 builds */
+    gpu_device_record(m, &be.device);
     be.forward_backward = gpu_forward_backward;
     be.forward_loss = gpu_forward_loss;
     be.next_token_probs = gpu_next_token_probs;
@@ -567,12 +615,36 @@ static Backend gpu_backend(GpuModel* m) {
 /* ------------------------------------------------------------------------ */
 /* startup                                                                    */
 
-/* The default budget of --plan and -r auto when a device is present: free
- * memory once the context exists (cudaMemGetInfo creates it), less 256 MiB
- * of headroom for what the plan does not hold (cuBLASLt handle, kernels
- * loaded lazily during the first step). */
+/* What main learns about the device before the flags are read, and the
+ * NCCL communicator, which the memory budget hook needs: one per process. */
+typedef struct {
+    int device;    /* this rank's device, -1 without one */
+    int devices;   /* devices seen; GPU_BROKEN: present but unusable */
+    char why[256]; /* why there is none */
+    MultiGpu mg_state;
+    MultiGpu* mg;  /* NCCL once connected (MULTI_GPU builds), else NULL */
+    int connected;
+} GpuStartup;
+static GpuStartup gpu_startup;
+
+/* Every rank checks its device together with the others (a missing one
+ * stops all of them, none hangs), then joins NCCL; once per process. */
+static MultiGpu* gpu_startup_connect(void) {
+    GpuStartup* g = &gpu_startup;
+    if (g->connected) return g->mg;
+    multigpu_check_device(g->device, g->devices, g->why);
+    g->mg = multigpu_connect(&g->mg_state);
+    g->connected = 1;
+    return g->mg;
+}
+
+/* The default budget of --plan and -r auto with a device: free memory once
+ * the context and NCCL (with its connection buffers) exist, less 256 MiB of
+ * headroom for what the plan does not hold (cuBLASLt handle, kernels loaded
+ * lazily during the first step). */
 #define GPU_HEADROOM_BYTES ((size_t)256 << 20)
 static size_t gpu_free_memory(void) {
+    gpu_startup_connect();
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
     return free_b > GPU_HEADROOM_BYTES ? free_b - GPU_HEADROOM_BYTES : 0;
@@ -619,25 +691,26 @@ static void print_device(const GpuModel* m, int master_weights) {
 #ifndef REMAT_NO_MAIN
 int main(int argc, char** argv) {
     proc_init(&argc, &argv); /* MPI in MULTI_GPU builds; else a no-op */
-    char why[256] = "";
-    int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; reported after the flags are read */
-    int device = multigpu_select_device(devices);    /* device local_rank, before any context exists */
-    if (device >= 0) remat_free_memory_hook = gpu_free_memory;
+    GpuStartup* g = &gpu_startup;
+    g->devices = gpu_device_count(g->why, sizeof(g->why)); /* the first CUDA call; reported after the flags are read */
+    g->device = multigpu_select_device(g->devices);       /* device local_rank, before any context exists */
+    /* several ranks all take the hook, so that they check their devices together */
+    if (g->device >= 0 || remat_proc.world > 1) remat_free_memory_hook = gpu_free_memory;
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     int master_weights = run.plan.spec.master_weights;
-    multigpu_check_device(device, devices, why); /* no or a broken device: every rank says so, then all stop */
+    MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);
-    MultiGpu mg_state;
-    MultiGpu* mg = multigpu_init(&mg_state, &run.plan, run.grad_accum); /* NCCL before the arena takes the memory */
+    if (mg) multigpu_configure(mg, &run.plan, run.grad_accum);
     GpuModel m;
     gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
     m.mg = mg;
+    m.used_nccl = mg ? mg->device_bytes : 0;
     prof_init(&m.prof);
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, g->device));
     m.peak_flops = device_peak_flops(prop.name);
     m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T;
     print_device(&m, master_weights);

@@ -7,7 +7,8 @@
  * only considers steps whose DONE marker exists, so a crash mid-write can
  * never be mistaken for a complete checkpoint.
  *
- * State file: a header of 256 int32 (slots below, unused ones zero), then
+ * State file: a header of 256 int32 (slots below, unused ones zero; the
+ * device record from slot 200 on), then
  * fp32 payloads: AdamW m and v for this rank's shard of the parameters, then
  * the fp32 master weights of that shard when the run keeps them.
  */
@@ -26,6 +27,27 @@ enum {
     ST_EPOCH, ST_SHARD_POS, ST_BATCH_POS_LO, ST_BATCH_POS_HI, ST_PARAMS_LO, ST_PARAMS_HI,
     ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES
 };
+/* The device record: name (64 bytes, NUL-padded), SM count, CUDA runtime,
+ * cuBLASLt and NCCL versions (0 where not used). */
+enum { ST_DEVICE_NAME = 200, ST_DEVICE_SMS = 216, ST_CUDA_RUNTIME, ST_CUBLASLT, ST_NCCL };
+
+/* What a run computes on. Bitwise reproducibility (of a resume, of -r
+ * settings against each other) holds for one GPU model and one set of
+ * library versions: cuBLASLt picks its algorithms by GPU and version, and
+ * NCCL its reduction order. An empty name: not recorded (an older state). */
+typedef struct {
+    char name[64];
+    int sm_count, cuda_runtime, cublaslt, nccl;
+} DeviceRecord;
+
+static inline int device_record_equal(const DeviceRecord* a, const DeviceRecord* b) {
+    return strncmp(a->name, b->name, sizeof(a->name)) == 0 && a->sm_count == b->sm_count && a->cuda_runtime == b->cuda_runtime &&
+           a->cublaslt == b->cublaslt && a->nccl == b->nccl;
+}
+
+static inline void device_record_format(const DeviceRecord* d, char* buf, size_t n) {
+    snprintf(buf, n, "%.64s, %d SMs, CUDA runtime %d, cuBLASLt %d, NCCL %d", d->name, d->sm_count, d->cuda_runtime, d->cublaslt, d->nccl);
+}
 
 typedef struct {
     int step, world, rank, zero_stage, has_master, B, T;
@@ -34,6 +56,7 @@ typedef struct {
     float loss_scale;
     int clean_steps;
     int updates;       /* optimizer updates applied: AdamW's bias-correction step */
+    DeviceRecord device;
 } TrainState;
 
 static inline void put64(int32_t* h, int lo, uint64_t v) { h[lo] = (int32_t)(uint32_t)v; h[lo + 1] = (int32_t)(uint32_t)(v >> 32); }
@@ -53,6 +76,9 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     memcpy(&h[ST_LOSS_SCALE_BITS], &s->loss_scale, 4);
     h[ST_CLEAN_STEPS] = s->clean_steps;
     h[ST_UPDATES] = s->updates;
+    memcpy(&h[ST_DEVICE_NAME], s->device.name, sizeof(s->device.name));
+    h[ST_DEVICE_SMS] = s->device.sm_count; h[ST_CUDA_RUNTIME] = s->device.cuda_runtime;
+    h[ST_CUBLASLT] = s->device.cublaslt; h[ST_NCCL] = s->device.nccl;
     fwrite_check(h, sizeof(int32_t), 256, f, path);
 }
 
@@ -73,6 +99,10 @@ static inline FILE* state_open(const char* path, TrainState* s) {
     memcpy(&s->loss_scale, &h[ST_LOSS_SCALE_BITS], 4);
     s->clean_steps = h[ST_CLEAN_STEPS];
     s->updates = h[ST_UPDATES];
+    memcpy(s->device.name, &h[ST_DEVICE_NAME], sizeof(s->device.name));
+    s->device.name[sizeof(s->device.name) - 1] = '\0';
+    s->device.sm_count = h[ST_DEVICE_SMS]; s->device.cuda_runtime = h[ST_CUDA_RUNTIME];
+    s->device.cublaslt = h[ST_CUBLASLT]; s->device.nccl = h[ST_NCCL];
     size_t expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
     size_t actual = file_size_check(f, path);
     if (actual != expected) fail("%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected);

@@ -60,9 +60,11 @@ static inline int encoder_build_buckets(int* out, int* count, const int* tokens,
     return U;
 }
 
-/* dwte[token,:] += sum over that token's positions (in order) of dx[bt,:].
- * grid (U, ceil(C/256)); block 256 threads over channels. */
-__global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dx, const int* buckets, int U, int C) {
+/* dwte[token,:] += sum over that token's positions (in order) of dx[bt,:];
+ * dwte floatX, or fp32 where the token table's gradient is accumulated in
+ * fp32 (plan.h). grid (U, ceil(C/256)); block 256 threads over channels. */
+template <typename G>
+__global__ void encoder_backward_wte_kernel(G* dwte, const floatX* dx, const int* buckets, int U, int C) {
     int u = blockIdx.x;
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -70,8 +72,8 @@ __global__ void encoder_backward_wte_kernel(floatX* dwte, const floatX* dx, cons
     const int* pos = buckets + 2 * U + 1;
     float acc = 0.0f;
     for (int k = starts[u]; k < starts[u + 1]; k++) acc += to_f32(dx[(size_t)pos[k] * C + c]);
-    floatX* dst = dwte + (size_t)buckets[u] * C + c;
-    *dst = from_f32<floatX>(to_f32(*dst) + acc);
+    G* dst = dwte + (size_t)buckets[u] * C + c;
+    *dst = from_f32<G>(to_f32(*dst) + acc);
 }
 
 /* dwpe[t,:] += sum over b (in order) of dx[b,t,:]; one thread per (t, c). */
@@ -83,12 +85,14 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dx, int 
     dwpe[i] = from_f32<floatX>(to_f32(dwpe[i]) + acc);
 }
 
-/* d_buckets: the device copy of encoder_build_buckets' output, U its count. */
-static inline void gpu_encoder_backward(floatX* dwte, floatX* dwpe, const floatX* dx, const int* d_buckets, int U,
+/* d_buckets: the device copy of encoder_build_buckets' output, U its count.
+ * dwte: floatX* or float* (see the kernel). */
+template <typename G>
+static inline void gpu_encoder_backward(G* dwte, floatX* dwpe, const floatX* dx, const int* d_buckets, int U,
                                         int B, int T, int C, cudaStream_t stream) {
     if (U > 0) {
         dim3 grid((unsigned)U, (unsigned)ceil_div((size_t)C, 256));
-        encoder_backward_wte_kernel<<<grid, 256, 0, stream>>>(dwte, dx, d_buckets, U, C);
+        encoder_backward_wte_kernel<G><<<grid, 256, 0, stream>>>(dwte, dx, d_buckets, U, C);
         CUDA_CHECK_LAUNCH();
     }
     size_t n = (size_t)T * C;

@@ -16,6 +16,8 @@
  *   forward:  out^T = W inp^T      -> Oc  = Wc^T Ic    m=OC n=N  k=IC  A=Wc op T, B=Ic op N
  *   dinp:     dinp^T = W^T dout^T  -> dIc = Wc dOc     m=IC n=N  k=OC  A=Wc op N, B=dOc op N
  *   dW:       dW^T += inp^T dout   -> dWc += Ic dOc^T  m=IC n=OC k=N   A=Ic op N, B=dOc op T, beta 1
+ *             (C and D fp32 for a gradient accumulated in fp32, as cuBLASLt
+ *             allows with 16-bit A and B and CUBLAS_COMPUTE_32F)
  * The bias epilogue adds a vector of length m (rows of D) to every column,
  * which in the forward product is exactly bias (OC) added to every token.
  *
@@ -54,6 +56,7 @@
 typedef struct {
     int transa, transb, m, n, k, lda, ldb, ldd;
     int has_bias, has_c, c_is_d;
+    int d_fp32; /* C and D in fp32 (a gradient accumulated in fp32), else floatX */
     int align_a, align_b, align_c, align_d, align_bias;
 } MatmulKey;
 
@@ -111,8 +114,9 @@ static inline void lt_descs_create(LtDescs* ds, const MatmulKey* key, int bias_e
     uint64_t m = (uint64_t)key->m, n = (uint64_t)key->n, k = (uint64_t)key->k;
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->a, CUBLAS_FLOATX, key->transa ? k : m, key->transa ? m : k, key->lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->b, CUBLAS_FLOATX, key->transb ? n : k, key->transb ? k : n, key->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->c, CUBLAS_FLOATX, m, n, key->ldd));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->d, CUBLAS_FLOATX, m, n, key->ldd));
+    cudaDataType cd = key->d_fp32 ? CUDA_R_32F : CUBLAS_FLOATX;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->c, cd, m, n, key->ldd));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ds->d, cd, m, n, key->ldd));
 }
 
 static inline void lt_descs_destroy(LtDescs* ds) {
@@ -159,17 +163,19 @@ __global__ void add_bias_kernel(floatX* D, const floatX* bias, int m, int n, int
     *p = from_f32<floatX>(to_f32(*p) + to_f32(bias[row]));
 }
 
-/* D (m x n) = op(A) op(B) [+ bias over rows] + beta * C, all column-major floatX.
- * C may be NULL (then beta must be 0) or equal D (accumulate in place). */
+/* D (m x n) = op(A) op(B) [+ bias over rows] + beta * C, all column-major;
+ * A, B and bias floatX, C and D floatX or (d_fp32) fp32. C may be NULL (then
+ * beta must be 0) or equal D (accumulate in place). */
 static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int transb, int m, int n, int k,
-                      const floatX* A, int lda, const floatX* B, int ldb, const floatX* Cin, float beta,
-                      floatX* D, int ldd, const floatX* bias) {
+                      const floatX* A, int lda, const floatX* B, int ldb, const void* Cin, float beta,
+                      void* D, int ldd, const floatX* bias, int d_fp32) {
     if (!Cin) Cin = D;
+    if (d_fp32 && bias) fail("internal: no bias epilogue on an fp32 matmul result");
     MatmulKey key;
     memset(&key, 0, sizeof(key));
     key.transa = transa; key.transb = transb; key.m = m; key.n = n; key.k = k;
     key.lda = lda; key.ldb = ldb; key.ldd = ldd;
-    key.has_bias = bias != NULL; key.has_c = beta != 0.0f; key.c_is_d = Cin == D;
+    key.has_bias = bias != NULL; key.has_c = beta != 0.0f; key.c_is_d = Cin == D; key.d_fp32 = d_fp32;
     key.align_a = pointer_alignment(A); key.align_b = pointer_alignment(B);
     key.align_c = pointer_alignment(Cin); key.align_d = pointer_alignment(D);
     key.align_bias = bias ? pointer_alignment(bias) : 0;
@@ -208,7 +214,7 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
                                 &found.algo, mc->workspace, mc->workspace_bytes, stream));
     lt_descs_destroy(&ds);
     if (key.has_bias && !found.bias_in_epilogue) {
-        add_bias_kernel<<<grid_for((size_t)m * n, 256), 256, 0, stream>>>(D, bias, m, n, ldd);
+        add_bias_kernel<<<grid_for((size_t)m * n, 256), 256, 0, stream>>>((floatX*)D, bias, m, n, ldd);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -216,13 +222,13 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
 /* out (N,OC) = inp (N,IC) @ W (OC,IC)^T [+ bias (OC)] [+ resid (N,OC)]; out must not alias inp or W. */
 static inline void gpu_matmul_forward(MatmulContext* mc, floatX* out, const floatX* inp, const floatX* W, const floatX* bias,
                                       const floatX* resid, int N, int IC, int OC, cudaStream_t stream) {
-    lt_matmul(mc, stream, 1, 0, OC, N, IC, W, IC, inp, IC, resid, resid ? 1.0f : 0.0f, out, OC, bias);
+    lt_matmul(mc, stream, 1, 0, OC, N, IC, W, IC, inp, IC, resid, resid ? 1.0f : 0.0f, out, OC, bias, 0);
 }
 
 /* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten. */
 static inline void gpu_matmul_backward_input(MatmulContext* mc, floatX* dinp, const floatX* dout, const floatX* W,
                                              int N, int IC, int OC, cudaStream_t stream) {
-    lt_matmul(mc, stream, 0, 0, IC, N, OC, W, IC, dout, OC, NULL, 0.0f, dinp, IC, NULL);
+    lt_matmul(mc, stream, 0, 0, IC, N, OC, W, IC, dout, OC, NULL, 0.0f, dinp, IC, NULL, 0);
 }
 
 /* Stage 1 of dbias (OC) += column sums of dout (N,OC): block (32 columns) x
@@ -250,12 +256,20 @@ __global__ void bias_partials_kernel(float* partials, const floatX* dout, int N,
  * not NULL (partials: COLUMN_SPLITS*OC floats of scratch). */
 static inline void gpu_matmul_backward_weight(MatmulContext* mc, floatX* dW, floatX* dbias, float* partials, const floatX* dout,
                                               const floatX* inp, int N, int IC, int OC, cudaStream_t stream) {
-    lt_matmul(mc, stream, 0, 1, IC, OC, N, inp, IC, dout, OC, dW, 1.0f, dW, IC, NULL);
+    lt_matmul(mc, stream, 0, 1, IC, OC, N, inp, IC, dout, OC, dW, 1.0f, dW, IC, NULL, 0);
     if (!dbias) return;
     dim3 grid((unsigned)ceil_div((size_t)OC, 32), COLUMN_SPLITS), block(32, COLUMN_BLOCK_Y);
     bias_partials_kernel<<<grid, block, 0, stream>>>(partials, dout, N, OC);
     CUDA_CHECK_LAUNCH();
     gpu_column_finish(dbias, partials, OC, stream);
+}
+
+/* dW (OC,IC) += dout^T @ inp with dW in fp32: a gradient summed over many
+ * calls (the token table's over the logits chunks) is rounded to floatX
+ * once, at the end, instead of after every call. */
+static inline void gpu_matmul_backward_weight_fp32(MatmulContext* mc, float* dW, const floatX* dout, const floatX* inp, int N,
+                                                   int IC, int OC, cudaStream_t stream) {
+    lt_matmul(mc, stream, 0, 1, IC, OC, N, inp, IC, dout, OC, dW, 1.0f, dW, IC, NULL, 1);
 }
 
 #endif

@@ -58,6 +58,22 @@ static inline void param_layout(const ModelConfig* cfg, ParamLayout* pl) {
     pl->total = off;
 }
 
+/* The parameters whose gradients become final together in backward: with
+ * layer in [0, L), that layer's slice of each of the 12 stacked block
+ * tensors; with layer -1, the tensors outside the blocks (wte, wpe, lnfw,
+ * lnfb). Writes element offsets and counts; returns how many slices. */
+static inline int param_group_slices(const ParamLayout* pl, int num_layers, int layer, size_t* off, size_t* cnt) {
+    int n = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int stacked = t != P_WTE && t != P_WPE && t != P_LNFW && t != P_LNFB;
+        if (stacked != (layer >= 0)) continue;
+        size_t per_layer = stacked ? pl->count[t] / (size_t)num_layers : pl->count[t];
+        off[n] = pl->offset[t] + (stacked ? (size_t)layer * per_layer : 0);
+        cnt[n++] = per_layer;
+    }
+    return n;
+}
+
 /* Weight decay applies to the 2-D weight matrices only, never to biases or
  * LayerNorm parameters. */
 static inline int param_is_decayed(int tensor) {

@@ -96,6 +96,8 @@ typedef struct MultiGpu {
     int micro;         /* micro-steps started in this step */
     int armed;         /* the running backward is the last micro-step's */
     int issued;        /* gradient groups handed to NCCL in this step */
+    size_t device_bytes; /* device memory NCCL holds (communicator, connection buffers) */
+    int nccl_version;    /* ncclGetVersion's code */
 #ifdef MULTI_GPU
     ncclComm_t comm;
     cudaStream_t stream; /* collectives */
@@ -174,54 +176,6 @@ static inline void multigpu_check_device(int device, int devices, const char* wh
 
 #ifdef MULTI_GPU
 
-/* ---- setup and teardown ---- */
-
-/* Joins every rank into one NCCL communicator (all ranks, even alone, so the
- * NCCL path is the one that runs). Before the big device allocation, so that
- * NCCL's own buffers find room. Returns mg. */
-static inline MultiGpu* multigpu_init(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
-    memset(mg, 0, sizeof(*mg));
-    mg->rank = remat_proc.rank;
-    mg->world = remat_proc.world;
-    mg->zero = plan->spec.zero_stage == 1;
-    mg->num_params = plan->num_params;
-    mg->num_layers = plan->spec.cfg.num_layers;
-    param_layout(&plan->spec.cfg, &mg->layout);
-    if (mg->layout.total != mg->num_params) fail("internal: parameter layout and plan disagree");
-    mg->grad_accum = grad_accum;
-    const char* ov = getenv("REMAT_NCCL_OVERLAP");
-    mg->overlap = !(ov && strcmp(ov, "0") == 0);
-    proc_broadcast(&mg->overlap, sizeof(mg->overlap)); /* the same collectives on every rank */
-    ncclUniqueId id;
-    memset(&id, 0, sizeof(id));
-    if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    proc_broadcast(&id, sizeof(id));
-    NCCL_CHECK(ncclCommInitRank(&mg->comm, mg->world, id, mg->rank));
-    int least = 0, greatest = 0;
-    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(cudaStreamCreateWithPriority(&mg->stream, cudaStreamNonBlocking, greatest));
-    CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&mg->done, cudaEventDisableTiming));
-    int v = 0;
-    NCCL_CHECK(ncclGetVersion(&v));
-    printf("data parallel: %d process%s, NCCL %d.%d.%d, %s; gradients %s %s\n", mg->world, mg->world == 1 ? "" : "es",
-           v / 10000, (v % 10000) / 100, v % 100,
-           mg->zero ? "ZeRO-1 (optimizer state and master weights sharded, parameters all-gathered)" : "no sharding",
-           mg->zero ? "reduced onto their shard's rank" : "all-reduced",
-           mg->overlap ? "per layer during the last micro-step's backward" : "after the backward (REMAT_NCCL_OVERLAP=0)");
-    return mg;
-}
-
-static inline void multigpu_free(MultiGpu* mg) {
-    if (!mg) return;
-    CUDA_CHECK(cudaStreamSynchronize(mg->stream));
-    NCCL_CHECK(ncclCommDestroy(mg->comm));
-    CUDA_CHECK(cudaEventDestroy(mg->ready));
-    CUDA_CHECK(cudaEventDestroy(mg->done));
-    CUDA_CHECK(cudaStreamDestroy(mg->stream));
-    memset(mg, 0, sizeof(*mg));
-}
-
 /* ---- waiting on the host ----
  * Waits until `stream` (whose work may wait on the collectives) is done while
  * watching the communicator: a peer that is gone or a network failure shows
@@ -255,6 +209,74 @@ static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
         }
         sched_yield();
     }
+}
+
+/* ---- setup and teardown ---- */
+
+/* Joins every rank into one NCCL communicator (all ranks, even alone, so the
+ * NCCL path is the one that runs) and runs one small all-reduce: NCCL
+ * allocates its connection buffers lazily, at the first collective, so
+ * without it they would appear inside the first backward, after the memory
+ * budget of -r auto and --plan was measured. Before the plan is made, so that
+ * the budget is what is left beside NCCL; device_bytes is what NCCL took.
+ * Every rank must call it (after multigpu_check_device). Returns mg. */
+static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
+    memset(mg, 0, sizeof(*mg));
+    mg->rank = remat_proc.rank;
+    mg->world = remat_proc.world;
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaFree(0)); /* the context first, so that it is not counted as NCCL's */
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    size_t used_before = total_b - free_b;
+    ncclUniqueId id;
+    memset(&id, 0, sizeof(id));
+    if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    proc_broadcast(&id, sizeof(id));
+    NCCL_CHECK(ncclCommInitRank(&mg->comm, mg->world, id, mg->rank));
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&mg->stream, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->done, cudaEventDisableTiming));
+    floatX* warm = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&warm, 256 * sizeof(floatX)));
+    CUDA_CHECK(cudaMemsetAsync(warm, 0, 256 * sizeof(floatX), mg->stream));
+    NCCL_CHECK(ncclAllReduce(warm, warm, 256, NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
+    multigpu_wait(mg, mg->stream);
+    CUDA_CHECK(cudaFree(warm));
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    mg->device_bytes = total_b - free_b > used_before ? total_b - free_b - used_before : 0;
+    NCCL_CHECK(ncclGetVersion(&mg->nccl_version));
+    return mg;
+}
+
+/* The plan's part: which gradients go where. After multigpu_connect. */
+static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
+    mg->zero = plan->spec.zero_stage == 1;
+    mg->num_params = plan->num_params;
+    mg->num_layers = plan->spec.cfg.num_layers;
+    param_layout(&plan->spec.cfg, &mg->layout);
+    if (mg->layout.total != mg->num_params) fail("internal: parameter layout and plan disagree");
+    mg->grad_accum = grad_accum;
+    const char* ov = getenv("REMAT_NCCL_OVERLAP");
+    mg->overlap = !(ov && strcmp(ov, "0") == 0);
+    proc_broadcast(&mg->overlap, sizeof(mg->overlap)); /* the same collectives on every rank */
+    int v = mg->nccl_version;
+    printf("data parallel: %d process%s, NCCL %d.%d.%d (%.1f MiB of device memory), %s; gradients %s %s\n", mg->world,
+           mg->world == 1 ? "" : "es", v / 10000, (v % 10000) / 100, v % 100, mib(mg->device_bytes),
+           mg->zero ? "ZeRO-1 (optimizer state and master weights sharded, parameters all-gathered)" : "no sharding",
+           mg->zero ? "reduced onto their shard's rank" : "all-reduced",
+           mg->overlap ? "per layer during the last micro-step's backward" : "after the backward (REMAT_NCCL_OVERLAP=0)");
+}
+
+static inline void multigpu_free(MultiGpu* mg) {
+    if (!mg) return;
+    CUDA_CHECK(cudaStreamSynchronize(mg->stream));
+    NCCL_CHECK(ncclCommDestroy(mg->comm));
+    CUDA_CHECK(cudaEventDestroy(mg->ready));
+    CUDA_CHECK(cudaEventDestroy(mg->done));
+    CUDA_CHECK(cudaStreamDestroy(mg->stream));
+    memset(mg, 0, sizeof(*mg));
 }
 
 /* ---- ordering between the compute stream and the collectives ---- */
@@ -316,21 +338,8 @@ static inline void multigpu_micro_step(MultiGpu* mg) {
  * of the tensors outside the blocks (wte, wpe, lnfw, lnfb), are final. */
 static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, cudaStream_t compute) {
     if (!mg || !mg->armed) return;
-    const ParamLayout* pl = &mg->layout;
     size_t off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS];
-    int n = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        int stacked = t != P_WTE && t != P_WPE && t != P_LNFW && t != P_LNFB;
-        if (stacked != (layer >= 0)) continue;
-        if (!stacked) {
-            off[n] = pl->offset[t];
-            cnt[n++] = pl->count[t];
-            continue;
-        }
-        size_t per_layer = pl->count[t] / (size_t)mg->num_layers;
-        off[n] = pl->offset[t] + (size_t)layer * per_layer;
-        cnt[n++] = per_layer;
-    }
+    int n = param_group_slices(&mg->layout, mg->num_layers, layer, off, cnt);
     multigpu_fork(mg, compute);
     multigpu_reduce_slices(mg, grads, off, cnt, n);
     mg->issued++;
@@ -375,11 +384,14 @@ static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStre
 
 #else /* !MULTI_GPU: one process, nothing to do */
 
-static inline MultiGpu* multigpu_init(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
+static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
+    (void)mg;
+    return NULL;
+}
+static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
     (void)mg;
     (void)plan;
     (void)grad_accum;
-    return NULL;
 }
 static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
 static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {

@@ -86,6 +86,8 @@ typedef struct {
     int world_size, zero_stage;
     const unsigned char* layer_mode; /* L recompute modes; NULL means all RECOMPUTE_NONE */
     int logits_chunk_rows;  /* rows of (B*T, Vp) logits materialised at once */
+    int micro_steps;        /* gradient accumulation: micro-steps per optimizer step (0 counts as 1) */
+    int fp32_grad_sums;     /* low-precision storage: sum gradients added to more than once in fp32 (grads_fp32) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
 } PlanSpec;
@@ -111,6 +113,7 @@ typedef struct {
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
+    size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
 } MemoryPlan;
 
@@ -156,6 +159,18 @@ static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
     return total;
 }
 
+/* How many parameters, from index 0, have an fp32 gradient sum
+ * (grad_accum.cuh says why and how): every one with several micro-steps
+ * (each adds to every gradient once); else the token table alone (index 0
+ * on: its first rows) when the logits take several chunks (one addition per
+ * chunk); else none, every gradient being written once from zero. */
+static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout* pl) {
+    if (!s->fp32_grad_sums) return 0;
+    if (s->micro_steps > 1) return pl->total;
+    size_t rows = (size_t)s->B * (size_t)s->T;
+    return rows > (size_t)s->logits_chunk_rows ? pl->count[P_WTE] : 0;
+}
+
 static inline void plan_add_model_state(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     ParamLayout pl;
@@ -166,6 +181,8 @@ static inline void plan_add_model_state(MemoryPlan* p) {
     p->off_params = plan_add(p, "params", SEC_PARAMETERS, -1, pl.total * (size_t)s->elem_bytes);
     if (s->master_weights) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
     p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl.total * (size_t)s->elem_bytes);
+    p->grads_fp32_count = plan_grads_fp32_count(s, &pl);
+    if (p->grads_fp32_count) p->off_grads_fp32 = plan_add(p, "grads_fp32", SEC_GRADIENTS, -1, p->grads_fp32_count * 4);
     p->off_adam_m = plan_add(p, "adam_m", SEC_OPTIMIZER, -1, p->shard_params * 4);
     p->off_adam_v = plan_add(p, "adam_v", SEC_OPTIMIZER, -1, p->shard_params * 4);
 }

@@ -93,6 +93,7 @@ typedef struct {
     int* targets;
     int model_file_version; /* 3 (fp32) or 5 (bf16) when writing checkpoints */
     int loss_scaling;       /* 1: dynamic loss scaling (FP16 builds) */
+    DeviceRecord device;    /* what it computes on, recorded in checkpoints */
     float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
     uint16_t* window;       /* host B*T+1 tokens for the dataloader */
     /* forward and backward of one micro-batch; gradients accumulate; returns the mean loss */
@@ -288,6 +289,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.zero_stage = run->opt.zero_stage;
     spec.layer_mode = run->layer_mode;
     spec.logits_chunk_rows = logits_chunk_rows;
+    spec.micro_steps = run->grad_accum;
+    spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     plan_validate_spec(&spec);
@@ -415,6 +418,7 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     st.loss_scale = run->scaler.scale;
     st.clean_steps = run->scaler.clean_steps;
     st.updates = run->updates;
+    st.device = be->device;
     checkpoint_path(path, sizeof(path), dir, "state", step, run->rank);
     AtomicFile af;
     atomic_open(&af, path);
@@ -426,6 +430,17 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     proc_barrier(); /* complete only when every rank has written */
     if (run->rank == 0) checkpoint_write_marker(dir, step);
     printf("checkpoint: step %d written to %s\n", step, dir);
+}
+
+/* A resume on another GPU model or library version continues correctly but
+ * not bitwise as the run would have without stopping: say so, once. */
+static inline void warn_if_other_device(const DeviceRecord* saved, const DeviceRecord* now, const char* path) {
+    if (!saved->name[0] || device_record_equal(saved, now)) return;
+    char a[200], b[200];
+    device_record_format(saved, a, sizeof(a));
+    device_record_format(now, b, sizeof(b));
+    fprintf(stderr, "warning: %s was written on %s; this run is on %s: it continues, but is not bitwise the run that did not stop"
+                    " (cuBLASLt and NCCL choose by GPU model and version)\n", path, a, b);
 }
 
 /* Restores optimizer state and data position; the parameters were loaded
@@ -456,6 +471,7 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     run->scaler.scale = st.loss_scale;
     run->scaler.clean_steps = st.clean_steps;
     run->updates = st.updates;
+    warn_if_other_device(&st.device, &be->device, path);
     stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, f, path, 0);
     stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, f, path, 0);
     if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, f, path, 0);

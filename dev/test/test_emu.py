@@ -58,6 +58,8 @@ CASES = {
     "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21"],
 }
 NONFINITE_CASE = "nonfinite:hs16:64:4:300:64"  # test_gpt's check_nonfinite (injected inf/NaN; FP16 overflow)
+# test_gpt's check_grad_accumulation: 8 micro-steps, 8 logits chunks each, with and without fp32 gradient sums
+ACCUM_CASE = "accum:hs16:64:4:300:64"
 # test_gpt's check_attention: the attention kernels alone with a sharp softmax
 # (tensor-core kernels in bf16/fp16, CUDA-core ones in fp32): two query blocks
 # and a partial key tile at T=77, a padded head size (48) at T=70, every head
@@ -158,7 +160,7 @@ def default_jobs(pool, tmp_path_factory):
     built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
     for p in PRECISIONS:
         if p in built:
-            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     data = tmp_path_factory.mktemp("emu_data")
@@ -320,6 +322,9 @@ def check_gpt_output(res, cases):
     if NONFINITE_CASE in cases:
         assert re.search(r"^PASS: non-finite gradients$", out, re.M), out[-3000:]
         cases = [c for c in cases if c != NONFINITE_CASE]
+    if ACCUM_CASE in cases:
+        assert re.search(r"^PASS: gradient sums, hs16 T=64$", out, re.M), out[-3000:]
+        cases = [c for c in cases if c != ACCUM_CASE]
     for case in [c for c in cases if c.startswith("attention:")]:
         _, name, _, _, _, Ts = case.split(":")
         for T in Ts.split(","):
@@ -339,7 +344,7 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
-    check_gpt_output(res, [NONFINITE_CASE, *ATTENTION_CASES, *CASES[precision]])
+    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision]])
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
@@ -550,6 +555,15 @@ def test_gpu_presence_skip_only_without_a_gpu(emu_build):
     """test_gpt's check_gpu_presence: a present but unusable GPU is a failure, not a skip."""
     res = emu_run([OUT / "emu_test_gpt_bf16", "presence"])
     assert res.returncode == 0 and "PASS: GPU presence" in res.stdout, explain(res)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_misaligned_bias_takes_the_bias_kernel(emu_build, precision):
+    """test_gpt's check_bias_fallback: the path a GPU takes for a bias cuBLASLt's epilogue cannot read."""
+    if not (OUT / f"emu_test_gpt_{precision}").exists():
+        pytest.skip(f"{precision} not built")
+    res = emu_run([OUT / f"emu_test_gpt_{precision}", "bias"])
+    assert res.returncode == 0 and "PASS: bias kernel" in res.stdout and "FAIL" not in res.stdout, explain(res)
 
 
 def test_train_out_of_device_memory_is_reported(emu_build, tmp_path):

@@ -14,7 +14,9 @@
  * usage: emu_test_gpt_PREC CASE...      CASE = NAME:C:NH:V:T[,T...]            run_case  e.g. hs16:64:4:300:77,5
  *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
  *                                              attention:NAME:C:NH:V:T[,T...]  check_attention
+ *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
+ *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
  *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
  * Exit status: 0 all passed, 1 a check failed, 2 bad usage; the emulator
  * aborts (SIGABRT) on undefined behaviour it detects, with a message.
@@ -32,8 +34,9 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
+                    "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n");
     return 2;
 }
@@ -45,13 +48,14 @@ int main(int argc, char** argv) {
         printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
         return rc;
     }
-    if (argc == 2 && strcmp(argv[1], "presence") == 0) {
+    if (argc == 2 && (strcmp(argv[1], "presence") == 0 || strcmp(argv[1], "bias") == 0)) {
         banner();
-        check_gpu_presence();
+        if (argv[1][0] == 'p') check_gpu_presence();
+        else check_bias_fallback();
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ACCUM };
     struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -63,6 +67,9 @@ int main(int argc, char** argv) {
         } else if (a.rfind("attention:", 0) == 0) {
             kind = ATTENTION;
             a = a.substr(10);
+        } else if (a.rfind("accum:", 0) == 0) {
+            kind = ACCUM;
+            a = a.substr(6);
         }
         std::vector<std::string> f;
         size_t p = 0, q;
@@ -95,6 +102,7 @@ int main(int argc, char** argv) {
         for (int T : c.Ts) {
             if (c.kind == NONFINITE) check_nonfinite(&sh, T);
             else if (c.kind == ATTENTION) check_attention(&sh, T);
+            else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
             else run_case(&sh, T);
             runs++;
         }

@@ -82,6 +82,7 @@ typedef enum {
 } cublasLtMatmulPreferenceAttributes_t;
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
+size_t cublasLtGetVersion(void); /* the emulated library: 0 */
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute, cudaDataType_t scale);
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc);

@@ -84,6 +84,7 @@ cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
 
 cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaRuntimeGetVersion(int* version); /* the emulator: 0 */
 cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);

@@ -240,6 +240,8 @@ const char* cublasGetStatusName(cublasStatus_t s) {
 }
 const char* cublasGetStatusString(cublasStatus_t s) { return cublasGetStatusName(s); }
 
+size_t cublasLtGetVersion(void) { return 0; }
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) return CUBLAS_STATUS_NOT_INITIALIZED;

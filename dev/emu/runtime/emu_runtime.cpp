@@ -973,6 +973,11 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 cudaError_t cudaDeviceSynchronize(void) { flush(); return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { flush(); return cudaSuccess; }
 
+cudaError_t cudaRuntimeGetVersion(int* version) {
+    *version = 0;
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
     size_t total = settings().device_memory;
     *total_bytes = total;

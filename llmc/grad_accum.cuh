@@ -1,0 +1,75 @@
+/*
+ * Gradients summed in fp32 across micro-steps and logits chunks (BF16 and
+ * FP16 builds; plan.h decides which parameters, "grads_fp32").
+ *
+ * Why: a floatX gradient that is added to many times is rounded after every
+ * addition, 8 significant bits in bf16, so small contributions are lost: the
+ * token table's gradient gets one addition per 2048-row logits chunk (64 per
+ * micro-step at B*T = 131072) and every gradient one per micro-step with -d.
+ *
+ * How: the token table's classifier part (fp32 matmul output) and its
+ * embedding part (encoder backward) go straight into its fp32 sum. Every
+ * other covered gradient is computed in floatX within one micro-step, as
+ * before (each kernel writes it once, from zero), and folded after its
+ * layer's backward:
+ *   not the last micro-step:  sum += g; g = 0   (g starts the next one at zero)
+ *   the last micro-step:      g = floatX(sum + g), rounded once
+ * so after the last micro-step the floatX gradients hold the fp32 total, and
+ * the gradient all-reduce, norm and update read them as before. The fold runs
+ * in the same place in every recompute setting, so the bits do not depend on
+ * what is recomputed. Layout: sum[i] is parameter i's (the parameter layout
+ * of model.h, from 0 to plan->grads_fp32_count).
+ *
+ * Status: compiles, unverified on GPU.
+ */
+#ifndef REMAT_GRAD_ACCUM_CUH
+#define REMAT_GRAD_ACCUM_CUH
+
+#include "cuda_common.cuh"
+
+/* At most this many slices are folded by one launch. */
+#define GRAD_FOLD_MAX_SLICES 16
+
+typedef struct {
+    size_t offset[GRAD_FOLD_MAX_SLICES]; /* parameter index of each slice's first element */
+    size_t count[GRAD_FOLD_MAX_SLICES];
+    int n;
+} GradSlices;
+
+/* grid (ceil(max count / 256), n slices); one thread per element. */
+__global__ void grad_fold_kernel(float* sum, floatX* g, GradSlices slices, int last) {
+    int s = blockIdx.y;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= slices.count[s]) return;
+    size_t k = slices.offset[s] + i;
+    float total = sum[k] + to_f32(g[k]);
+    if (last) {
+        g[k] = from_f32<floatX>(total);
+    } else {
+        sum[k] = total;
+        g[k] = from_f32<floatX>(0.0f);
+    }
+}
+
+/* Folds the slices of g (whole parameter indices below the fp32 sum's
+ * count; parts beyond it are left alone) into sum. */
+static inline void gpu_grad_fold(float* sum, size_t sum_count, floatX* g, const GradSlices* in, int last, cudaStream_t stream) {
+    GradSlices s;
+    memset(&s, 0, sizeof(s));
+    size_t longest = 0;
+    for (int j = 0; j < in->n; j++) {
+        if (in->offset[j] >= sum_count || in->count[j] == 0) continue;
+        size_t end = in->offset[j] + in->count[j] < sum_count ? in->offset[j] + in->count[j] : sum_count;
+        if (s.n == GRAD_FOLD_MAX_SLICES) fail("internal: more than %d gradient slices in one fold", GRAD_FOLD_MAX_SLICES);
+        s.offset[s.n] = in->offset[j];
+        s.count[s.n] = end - in->offset[j];
+        if (s.count[s.n] > longest) longest = s.count[s.n];
+        s.n++;
+    }
+    if (s.n == 0) return;
+    dim3 grid(grid_for(longest, 256), (unsigned)s.n);
+    grad_fold_kernel<<<grid, 256, 0, stream>>>(sum, g, s, last);
+    CUDA_CHECK_LAUNCH();
+}
+
+#endif
