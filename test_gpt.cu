@@ -903,7 +903,31 @@ static void check_gpu_presence(void) {
     printf("%s: GPU presence (skip only without an NVIDIA GPU)\n", g_failures == fails_before ? "PASS" : "FAIL");
 }
 
-int main(void) {
+static int test_gpt_verdict(void) {
+    if (g_failures) {
+        printf("\nFAIL: test_gpt (%s): %d check%s failed\n", PRECISION_NAME, g_failures, g_failures == 1 ? "" : "s");
+        return 1;
+    }
+    printf("\nPASS: test_gpt (%s): every check passed\n", PRECISION_NAME);
+    return 0;
+}
+
+/* The smallest cases, for compute-sanitizer (dev/gpu_check.sh), whose tools
+ * run kernels tens of times slower: one shape at one T through every
+ * recompute setting, the attention kernels alone, the bias kernel. */
+static void quick_cases(void) {
+    const Shape sh = {"hs16", 64, 4, 300};
+    run_case(&sh, 77);
+    check_attention(&sh, 77);
+    check_bias_fallback();
+}
+
+int main(int argc, char** argv) {
+    int quick = argc == 2 && strcmp(argv[1], "--quick") == 0;
+    if (argc > 1 && !quick) {
+        fprintf(stderr, "usage: test_gpt [--quick]   (--quick: the smallest cases, for compute-sanitizer)\n");
+        return 2;
+    }
     /* line-buffered even into a file: a stage killed by its time limit (or a
      * crash) still leaves every finished line in the log */
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -925,6 +949,10 @@ int main(void) {
     printf(" with %d OpenMP threads", omp_get_max_threads());
 #endif
     printf("\n");
+    if (quick) {
+        quick_cases();
+        return test_gpt_verdict();
+    }
     /* head sizes 16 and 64 (the GPT-2 size) at every T; 32, 48 (a padded
      * template) and 128 at the odd T. V = 300 pads to Vp = 384. */
     const Shape main_shapes[] = {{"hs16", 64, 4, 300}, {"hs64", 256, 4, 300}};
@@ -939,10 +967,5 @@ int main(void) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], 333);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
-    if (g_failures) {
-        printf("\nFAIL: test_gpt (%s): %d check%s failed\n", PRECISION_NAME, g_failures, g_failures == 1 ? "" : "s");
-        return 1;
-    }
-    printf("\nPASS: test_gpt (%s): every check passed\n", PRECISION_NAME);
-    return 0;
+    return test_gpt_verdict();
 }

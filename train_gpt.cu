@@ -580,7 +580,7 @@ static void gpu_device_record(const GpuModel* m, DeviceRecord* d) {
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    snprintf(d->name, sizeof(d->name), "%s", prop.name);
+    snprintf(d->name, sizeof(d->name), "%.63s", prop.name);
     d->sm_count = prop.multiProcessorCount;
     CUDA_CHECK(cudaRuntimeGetVersion(&d->cuda_runtime));
     d->cublaslt = (int)cublasLtGetVersion();

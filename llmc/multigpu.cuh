@@ -149,9 +149,9 @@ static inline void multigpu_fail_together(void) {
 static inline void multigpu_check_device(int device, int devices, const char* why) {
     char err[600] = "";
     if (devices == GPU_BROKEN)
-        snprintf(err, sizeof(err), "CUDA device unusable (%s)", why);
+        snprintf(err, sizeof(err), "CUDA device unusable (%.255s)", why);
     else if (devices <= 0)
-        snprintf(err, sizeof(err), "no CUDA device (%s); the CPU reference trainer is train_gpt_cpu", why);
+        snprintf(err, sizeof(err), "no CUDA device (%.255s); the CPU reference trainer is train_gpt_cpu", why);
     else if (device < 0) {
         const char* vis = getenv("CUDA_VISIBLE_DEVICES");
         snprintf(err, sizeof(err),

@@ -44,7 +44,8 @@ static int usage(void) {
 int main(int argc, char** argv) {
     if (argc == 2 && strcmp(argv[1], "--full") == 0) {
         banner();
-        int rc = test_gpt_main();
+        char* own_argv[] = {argv[0], NULL};
+        int rc = test_gpt_main(1, own_argv);
         printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
         return rc;
     }
