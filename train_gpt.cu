@@ -403,6 +403,17 @@ static float gpu_forward_loss(void* ctx) {
     return gpu_mean_loss(m);
 }
 
+/* The per-token losses gpu_mean_loss copied to the host. */
+static void gpu_token_losses(void* ctx, float* out) {
+    GpuModel* m = (GpuModel*)ctx;
+    memcpy(out, m->h_losses, (size_t)m->B * m->T * sizeof(float));
+}
+
+static size_t gpu_memory_bytes(void* ctx) {
+    (void)ctx;
+    return gpu_used_memory();
+}
+
 /* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
  * planned buffers) and returns softmax probabilities at its last position. */
 static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
@@ -537,6 +548,8 @@ static Backend gpu_backend(GpuModel* m) {
     be.loss_scaling = PRECISION_IS_FP16;                /* dynamic loss scaling in FP16 builds */
     be.forward_backward = gpu_forward_backward;
     be.forward_loss = gpu_forward_loss;
+    be.token_losses = gpu_token_losses;
+    be.memory_bytes = gpu_memory_bytes;
     be.next_token_probs = gpu_next_token_probs;
     be.zero_grads = gpu_zero_grads;
     be.sync_grads = m->mg ? gpu_sync_grads : NULL; /* MULTI_GPU builds, even with one rank */

@@ -56,8 +56,9 @@ def write_hf(path, state, config=HF_CONFIG):
     return path
 
 
-def hf_loss(state, inputs, targets):
-    """float64 GPT-2 forward in Hugging Face's layout: y = x @ W + b with W (in, out)."""
+def hf_logprobs(state, inputs):
+    """float64 GPT-2 forward in Hugging Face's layout (y = x @ W + b with W (in, out)):
+    log-probabilities (B, T, V) of the next token at every position."""
     g = {k.removeprefix("transformer."): v.astype(np.float64) for k, v in state.items()}
     hs = C // NH
 
@@ -84,8 +85,15 @@ def hf_loss(state, inputs, targets):
         x = x + conv1d(h, f"h.{i}.mlp.c_proj")
     logits = ln(x, "ln_f") @ g["wte.weight"].T
     logits -= logits.max(-1, keepdims=True)
-    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    return -np.take_along_axis(logp, targets[..., None], -1).mean()
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+def hf_token_losses(state, inputs, targets):
+    return -np.take_along_axis(hf_logprobs(state, inputs), targets[..., None], -1)[..., 0]
+
+
+def hf_loss(state, inputs, targets):
+    return hf_token_losses(state, inputs, targets).mean()
 
 
 def hf_tool(*args):
