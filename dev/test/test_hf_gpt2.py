@@ -229,8 +229,30 @@ def test_transformers_loads_the_export_with_the_same_loss(tmp_path, tokens):
     model = GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
     ids = torch.from_numpy(toks[:B * 64 + 1].astype(np.int64))
     with torch.no_grad():
-        loss = model(ids[:-1].view(B, 64), labels=None).logits
-        logp = torch.log_softmax(loss.double(), -1)
+        logp = torch.log_softmax(model(ids[:-1].view(B, 64)).logits.double(), -1)
         theirs = -logp.gather(-1, ids[1:].view(B, 64, 1)).mean().item()
     ours = val_loss(model_file, shard, t=64)
+    assert abs(ours - theirs) < 1e-5 * theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["model.safetensors", "pytorch_model.bin"])
+def test_a_checkpoint_saved_by_transformers_imports_with_its_loss(tmp_path, tokens, safe):
+    """The checkpoint made outside the project: transformers' own save_pretrained."""
+    torch = torch_or_skip()
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as exc:
+        pytest.skip(f"transformers is not installed ({exc}); this check is optional")
+    shard, toks = tokens
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=L, n_head=NH, n_embd=C, n_positions=NPOS, vocab_size=V,
+                                       initializer_range=0.2)).eval()
+    model.save_pretrained(tmp_path / "hf", safe_serialization=safe)
+    res = hf_tool("import", tmp_path / "hf", tmp_path / "m.bin")
+    assert res.returncode == 0, res.stderr
+    ids = torch.from_numpy(toks[:B * T + 1].astype(np.int64))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[:-1].view(B, T)).logits.double(), -1)
+        theirs = -logp.gather(-1, ids[1:].view(B, T, 1)).mean().item()
+    ours = val_loss(tmp_path / "m.bin", shard)
     assert abs(ours - theirs) < 1e-5 * theirs, (ours, theirs)
