@@ -94,7 +94,7 @@ static const FlagSpec flag_table[] = {
     {"-v", FLAG_INT, OPT(val_every), 0, INT_MAX, FOR_BOTH, "validate every N steps (0: never)"},
     {"-m", FLAG_INT, OPT(val_batches), 1, INT_MAX, FOR_BOTH, "validation batches per evaluation (at most)"},
     {"-s", FLAG_INT, OPT(sample_every), 0, INT_MAX, FOR_BOTH, "sample every N steps (0: never)"},
-    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T-1: the sample starts from one end-of-text token)"},
+    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T minus the context: one end-of-text token and the prompt)"},
     {"--prompt", FLAG_STRING, OPT(prompt), 0, 0, FOR_BOTH, "start samples from this text (tokenized by python3 dev/data/prompt.py beside the trainer)"},
     {"--prompt-tokens", FLAG_STRING, OPT(prompt_tokens), 0, 0, FOR_BOTH, "start samples from the token ids in this file (a token shard, or ids separated by spaces or commas)"},
     {"--temperature", FLAG_FLOAT, OPT(temperature), 0, 100, FOR_BOTH, "sampling temperature (0: always the most probable token)"},
