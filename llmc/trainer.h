@@ -642,6 +642,7 @@ static inline void sample(Run* run, Backend* be, LoopState* ls, int step) {
 static inline void load_prompt(Run* run, LoopState* ls) {
     const TrainOptions* o = &run->opt;
     memset(&ls->prompt, 0, sizeof(ls->prompt));
+    if ((o->prompt[0] || o->prompt_tokens[0]) && o->sample_every == 0) fail("--prompt/--prompt-tokens: -s 0 takes no samples");
     if (run->rank != 0 || o->sample_every == 0) return;
     if (o->prompt_tokens[0]) prompt_load_file(&ls->prompt, o->prompt_tokens);
     else if (o->prompt[0]) prompt_from_helper(&ls->prompt, o->prompt, ls->tk.loaded ? ls->tk.path : NULL);
@@ -771,8 +772,9 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
     ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
     load_prompt(run, ls);
+    if (o->eval_by_position && !ls->has_val) fail("--eval-by-position needs validation: shards in -j and -v above 0");
     if (o->eval_by_position && !be->token_losses) fail("--eval-by-position: this trainer cannot report per-token losses");
-    position_losses_init(&ls->by_position, ls->has_val ? o->eval_by_position : 0, o->B, o->T);
+    position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T);
 }
 
 static inline void loop_close(LoopState* ls) {

@@ -204,3 +204,16 @@ def test_unknown_descriptor_is_named(tmp_path):
     assert res.returncode != 0 and "unknown model descriptor 'd7'" in res.stderr, res.stderr
     res = run([binary("train_gpt_cpu"), "-e", tmp_path / "missing.bin", "-x", 0])
     assert res.returncode != 0 and "unknown model descriptor" not in res.stderr and "missing.bin" in res.stderr
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--prompt-tokens", "p.txt", "-s", 0], "-s 0 takes no samples"),
+    (["--eval-by-position", 8, "-j", ""], "needs validation"),
+    (["--wpe-init", "cubic"], "is not tile or interpolate"),
+])
+def test_flag_combinations_that_do_nothing_are_refused(tmp_path, model, flags, message):
+    path, _, shard, _ = model
+    (tmp_path / "p.txt").write_text("3")
+    flags = [tmp_path / "p.txt" if f == "p.txt" else f for f in flags]
+    res = run([binary("train_gpt_cpu"), "-e", path, "-i", shard, "-j", "", "-b", 1, "-t", NPOS, "-x", 0, *flags])
+    assert res.returncode != 0 and message in res.stderr, res.stderr
