@@ -24,6 +24,26 @@ class LogError(ValueError):
     pass
 
 
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend, or a one-line error."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise LogError("matplotlib is not installed: pip install -r dev/data/requirements.txt") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(plt, fig, out: Path) -> None:
+    """Writes the PNG under a temporary name first, so a half-written file never has the name."""
+    tmp = out.with_name(out.name + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(out)
+
+
 def read_log(path: Path) -> dict:
     """Train, val and by-position records by step, later runs replacing the steps
     they repeated: a "resumed" event at step s, or a train step not after the last
@@ -75,11 +95,7 @@ def tokens_at(log: dict, step: int):
 
 
 def plot(runs: list[tuple[str, dict]], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(20, 9))
     ax = dict(zip(["loss_step", "loss_tokens", "lr", "norm", "tps", "mem", "by_pos", "unused"], axes.flat))
     for i, (label, log) in enumerate(runs):
@@ -125,10 +141,7 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
         ax["by_pos"].set_xscale("symlog", linthresh=1024)
     ax["unused"].axis("off")
     fig.tight_layout()
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
+    save_figure(plt, fig, out)
 
 
 def main(argv=None) -> int:
@@ -143,10 +156,6 @@ def main(argv=None) -> int:
         if len(labels) != len(paths):
             raise LogError(f"--labels: {len(labels)} labels for {len(paths)} runs")
         runs = [(label, read_log(path)) for label, path in zip(labels, paths)]
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise LogError("matplotlib is not installed: pip install -r dev/data/requirements.txt") from None
         out = Path(args.output) if args.output else paths[0].parent / "log.png"
         plot(runs, out)
     except LogError as e:

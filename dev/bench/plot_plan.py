@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "dev"))
+from plot_log import LogError, pyplot, save_figure  # noqa: E402
 MODES = (("0", "-r 0"), ("2", "-r 2"), ("1", "-r 1"))
 # (label, plan components summed into it, colour)
 STACK = (("parameters", ("parameters",), "tab:blue"), ("gradients", ("gradients",), "tab:orange"),
@@ -33,7 +35,7 @@ STACK = (("parameters", ("parameters",), "tab:blue"), ("gradients", ("gradients"
 LINES_GB = ((80, "80 GB (H100)"), (141, "141 GB (H200)"))
 
 
-class PlanError(RuntimeError):
+class PlanError(LogError):
     pass
 
 
@@ -54,11 +56,7 @@ def collect(args) -> dict:
 
 
 def draw(plans: dict, args, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     seq_lens = sorted({T for T, _ in plans})
     fig, ax = plt.subplots(figsize=(max(8, 1.9 * len(seq_lens)), 6))
     width = 0.27
@@ -86,10 +84,7 @@ def draw(plans: dict, args, out: Path) -> None:
     ax.legend(loc="upper left")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
+    save_figure(plt, fig, out)
 
 
 def main(argv=None) -> int:
@@ -114,12 +109,9 @@ def main(argv=None) -> int:
             raise PlanError(f"--seq-lens: '{args.seq_lens}' is not a comma-separated list of integers") from None
         if not args.trainer.exists():
             raise PlanError(f"{args.trainer} not found: build it (make train_gpt_cpu, or make train_gpt)")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise PlanError("matplotlib is not installed: pip install -r dev/data/requirements.txt") from None
+        pyplot()  # before the trainer runs: fail at once without matplotlib
         draw(collect(args), args, args.output)
-    except PlanError as e:
+    except LogError as e:
         print(f"plot_plan.py: error: {e}", file=sys.stderr)
         return 1
     print(f"wrote {args.output}")
