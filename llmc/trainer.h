@@ -512,7 +512,6 @@ typedef struct {
     float* losses;     /* (B*T) host copy of the last batch's losses */
 } PositionLosses;
 
-
 /* What the loop keeps between steps: data, tokenizer, log, sampling buffers. */
 typedef struct {
     DataLoader train, val;
