@@ -73,7 +73,7 @@ test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan
 
 # Python packages the tests need, installed only when missing.
 deps:
-	@python3 -c "import numpy, pytest, tiktoken, tqdm, requests" 2>/dev/null || python3 -m pip install -q -r dev/data/requirements.txt
+	@python3 -c "import numpy, pytest, tiktoken, tqdm, requests, safetensors, matplotlib" 2>/dev/null || python3 -m pip install -q -r dev/data/requirements.txt
 
 # The README's test command. Every test, C and Python, runs under pytest.
 test: deps test-bins

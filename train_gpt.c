@@ -694,6 +694,11 @@ static float cpu_forward_loss(void* ctx) {
     return (float)mean_loss(m);
 }
 
+static void cpu_token_losses(void* ctx, float* out) {
+    CpuModel* m = (CpuModel*)ctx;
+    for (int i = 0; i < m->B * m->T; i++) out[i] = (float)m->losses[i];
+}
+
 /* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
  * planned buffers) and returns softmax probabilities at its last position. */
 static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
@@ -742,6 +747,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.model_file_version = 3;
     be.forward_backward = cpu_forward_backward;
     be.forward_loss = cpu_forward_loss;
+    be.token_losses = cpu_token_losses;
     be.next_token_probs = cpu_next_token_probs;
     be.zero_grads = cpu_zero_grads;
     be.sync_grads = cpu_sync_grads;

@@ -433,6 +433,17 @@ static float gpu_forward_loss(void* ctx) {
     return gpu_mean_loss(m);
 }
 
+/* The per-token losses gpu_mean_loss copied to the host. */
+static void gpu_token_losses(void* ctx, float* out) {
+    GpuModel* m = (GpuModel*)ctx;
+    memcpy(out, m->h_losses, (size_t)m->B * m->T * sizeof(float));
+}
+
+static size_t gpu_memory_bytes(void* ctx) {
+    (void)ctx;
+    return gpu_used_memory();
+}
+
 /* The sequence length a sampling forward of len tokens runs at: len rounded
  * up to a power of two (at least 64), at most the plan's T. Every distinct
  * length is a new set of matmul shapes for cuBLASLt's algorithm cache; with
@@ -600,6 +611,8 @@ static Backend gpu_backend(GpuModel* m) {
     gpu_device_record(m, &be.device);
     be.forward_backward = gpu_forward_backward;
     be.forward_loss = gpu_forward_loss;
+    be.token_losses = gpu_token_losses;
+    be.memory_bytes = gpu_memory_bytes;
     be.next_token_probs = gpu_next_token_probs;
     be.zero_grads = gpu_zero_grads;
     be.sync_grads = m->mg ? gpu_sync_grads : NULL; /* MULTI_GPU builds, even with one rank */

@@ -31,6 +31,12 @@ typedef struct {
     int warmup_steps;
     /* evaluation and sampling */
     int val_every, val_batches, sample_every, gen_tokens;
+    int eval_by_position; /* width of the first position bucket; 0: off */
+    const char* prompt;
+    const char* prompt_tokens;
+    float temperature;
+    int top_k;
+    const char* wpe_init;
     /* memory */
     const char* recompute;
     const char* recompute_layers;
@@ -66,6 +72,7 @@ static const FlagSpec flag_table[] = {
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
     {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 1048576, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
+    {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "--max-seq-len longer than the file's table: tile (row t = learned row t mod maxT) or interpolate (linearly between learned rows)"},
     {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 65536, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
     {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
     {"-j", FLAG_STRING, OPT(val_glob), 0, 0, FOR_BOTH, "validation token shards (glob; empty string: no validation)"},
@@ -87,7 +94,12 @@ static const FlagSpec flag_table[] = {
     {"-v", FLAG_INT, OPT(val_every), 0, INT_MAX, FOR_BOTH, "validate every N steps (0: never)"},
     {"-m", FLAG_INT, OPT(val_batches), 1, INT_MAX, FOR_BOTH, "validation batches per evaluation (at most)"},
     {"-s", FLAG_INT, OPT(sample_every), 0, INT_MAX, FOR_BOTH, "sample every N steps (0: never)"},
-    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T-1: the sample starts from one end-of-text token)"},
+    {"-g", FLAG_INT, OPT(gen_tokens), 1, 1048576, FOR_BOTH, "tokens to generate per sample (at most T minus the context: one end-of-text token and the prompt)"},
+    {"--prompt", FLAG_STRING, OPT(prompt), 0, 0, FOR_BOTH, "start samples from this text (tokenized by python3 dev/data/prompt.py beside the trainer)"},
+    {"--prompt-tokens", FLAG_STRING, OPT(prompt_tokens), 0, 0, FOR_BOTH, "start samples from the token ids in this file (a token shard, or ids separated by spaces or commas)"},
+    {"--temperature", FLAG_FLOAT, OPT(temperature), 0, 100, FOR_BOTH, "sampling temperature (0: always the most probable token)"},
+    {"--top-k", FLAG_INT, OPT(top_k), 0, 65536, FOR_BOTH, "sample only among the K most probable tokens (0: all)"},
+    {"--eval-by-position", FLAG_INT, OPT(eval_by_position), 0, 1048576, FOR_BOTH, "also report validation loss per position bucket [0,W), [W,2W), [2W,4W), ... for width W (1024: 0-1k, 1k-2k, 2k-4k; 0: off)"},
     {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, auto (fit --mem-budget)"},
     {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 applies to: all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
@@ -125,6 +137,10 @@ static inline void options_defaults(TrainOptions* o) {
     o->val_batches = 20;
     o->sample_every = 20;
     o->gen_tokens = 64;
+    o->prompt = "";
+    o->prompt_tokens = "";
+    o->temperature = 1.0f;
+    o->wpe_init = "tile";
     o->recompute = "0";
     o->recompute_layers = "all";
     o->mem_budget = "";
@@ -196,6 +212,9 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         fail("flag -k: unknown schedule '%s' (cosine, linear or constant)", o->schedule);
     if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "auto"))
         fail("flag -r: '%s' is not 0, 1, 2 or auto", o->recompute);
+    if (strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
+        fail("flag --wpe-init: '%s' is not tile or interpolate", o->wpe_init);
+    if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");

@@ -1,11 +1,13 @@
 /*
  * Tokenizer file reader (FORMATS.md: magic 20240328, version 1 or 2), for
- * decoding samples only. A missing file is not an error: samples are then
- * printed as token ids.
+ * decoding samples; prompts are token ids (below). A missing file is not an
+ * error: samples are then printed as token ids.
  */
 #ifndef REMAT_TOKENIZER_H
 #define REMAT_TOKENIZER_H
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include "utils.h"
 
 #define TOKENIZER_MAGIC 20240328
@@ -16,6 +18,7 @@ typedef struct {
     char** tokens;   /* token bytes, NUL-terminated for convenience */
     unsigned char* lengths; /* bytes per token: a token may itself hold a NUL byte */
     int loaded;
+    char path[4096];
 } Tokenizer;
 
 static inline void tokenizer_load(Tokenizer* tk, const char* path) {
@@ -42,6 +45,7 @@ static inline void tokenizer_load(Tokenizer* tk, const char* path) {
     if (fgetc(f) != EOF) fail("%s: trailing bytes after %d tokens", path, tk->vocab_size);
     fclose(f);
     tk->loaded = 1;
+    snprintf(tk->path, sizeof(tk->path), "%s", path);
 }
 
 /* The token's bytes, or NULL when the token is unknown or no file was loaded. */
@@ -50,15 +54,182 @@ static inline const char* tokenizer_decode(const Tokenizer* tk, int token) {
     return tk->tokens[token];
 }
 
-/* Prints a token for a human: raw bytes unless it is a lone control byte. */
-static inline void tokenizer_print(const Tokenizer* tk, int token, FILE* out) {
-    const char* s = tokenizer_decode(tk, token);
-    if (!s) { fprintf(out, "<%d>", token); return; }
-    if (tk->lengths[token] == 1) {
-        unsigned char c = (unsigned char)s[0];
-        if (c < 32 && c != '\n' && c != '\t' && c != '\r') { fprintf(out, "<%d>", token); return; }
+/* ---- printing samples as valid UTF-8 ----
+ * A multi-byte character may be split across tokens (GPT-2's byte-level BPE
+ * does this), so bytes wait in `pending` until their character is complete;
+ * a byte that cannot be part of valid UTF-8 prints as U+FFFD. */
+
+typedef struct {
+    unsigned char pending[4];
+    int have, need; /* bytes held, bytes the held character needs */
+} Utf8Stream;
+
+#define UTF8_REPLACEMENT "\xEF\xBF\xBD"
+
+/* Length of the character a lead byte starts (1-4), 0 if it cannot start one. */
+static inline int utf8_lead_length(unsigned char b) {
+    if (b < 0x80) return 1;
+    if (b >= 0xC2 && b <= 0xDF) return 2;
+    if (b >= 0xE0 && b <= 0xEF) return 3;
+    if (b >= 0xF0 && b <= 0xF4) return 4;
+    return 0;
+}
+
+/* Whether b may follow the held bytes: continuation bytes, with the second
+ * byte's narrower ranges that exclude overlong forms, surrogates and > U+10FFFF. */
+static inline int utf8_continues(const Utf8Stream* s, unsigned char b) {
+    if (s->have == 1) {
+        switch (s->pending[0]) {
+        case 0xE0: return b >= 0xA0 && b <= 0xBF;
+        case 0xED: return b >= 0x80 && b <= 0x9F;
+        case 0xF0: return b >= 0x90 && b <= 0xBF;
+        case 0xF4: return b >= 0x80 && b <= 0x8F;
+        default: break;
+        }
     }
-    fwrite(s, 1, tk->lengths[token], out);
+    return b >= 0x80 && b <= 0xBF;
+}
+
+static inline void utf8_put_byte(Utf8Stream* s, unsigned char b, FILE* out) {
+    if (s->have > 0) {
+        if (utf8_continues(s, b)) {
+            s->pending[s->have++] = b;
+            if (s->have == s->need) { fwrite(s->pending, 1, (size_t)s->have, out); s->have = 0; }
+            return;
+        }
+        fputs(UTF8_REPLACEMENT, out); /* the held character never completed */
+        s->have = 0;
+    }
+    int len = utf8_lead_length(b);
+    if (len == 1) fputc(b, out);
+    else if (len == 0) fputs(UTF8_REPLACEMENT, out);
+    else { s->pending[0] = b; s->have = 1; s->need = len; }
+}
+
+/* At the end of a sample: a character still incomplete prints as U+FFFD. */
+static inline void utf8_finish(Utf8Stream* s, FILE* out) {
+    if (s->have > 0) fputs(UTF8_REPLACEMENT, out);
+    s->have = 0;
+}
+
+/* Prints a token for a human: its bytes through the UTF-8 stream, or <id>
+ * when it is unknown, or a lone control byte. */
+static inline void tokenizer_print(const Tokenizer* tk, int token, Utf8Stream* s, FILE* out) {
+    const char* text = tokenizer_decode(tk, token);
+    unsigned char c0 = text ? (unsigned char)text[0] : 0;
+    if (!text || (tk->lengths[token] == 1 && c0 < 32 && c0 != '\n' && c0 != '\t' && c0 != '\r')) {
+        utf8_finish(s, out);
+        fprintf(out, "<%d>", token);
+        return;
+    }
+    for (int i = 0; i < tk->lengths[token]; i++) utf8_put_byte(s, (unsigned char)text[i], out);
+}
+
+/* ---- prompts ----
+ * A prompt is token ids. --prompt-tokens FILE reads them from a token shard
+ * (FORMATS.md) or a text file of ids separated by spaces, commas or newlines,
+ * which needs nothing but the trainer. --prompt TEXT runs the helper
+ * dev/data/prompt.py (beside the trainer binary) with python3, which prints
+ * the ids of TEXT in the tokenizer's vocabulary. */
+
+typedef struct {
+    int* ids;
+    int n;
+} Prompt;
+
+/* Ids in text: numbers separated by whitespace or commas. */
+static inline void prompt_parse_ids(Prompt* p, const char* text, size_t len, const char* what) {
+    size_t cap = 64;
+    p->ids = (int*)malloc_check(cap * sizeof(int), "prompt");
+    p->n = 0;
+    for (size_t i = 0; i < len;) {
+        unsigned char c = (unsigned char)text[i];
+        if (c == ',' || c == ' ' || c == '\t' || c == '\n' || c == '\r') { i++; continue; }
+        if (c < '0' || c > '9') fail("%s: byte %zu ('%c') is not part of a token id (ids separated by spaces or commas)", what, i, c >= 32 && c < 127 ? c : '?');
+        long v = 0;
+        while (i < len && text[i] >= '0' && text[i] <= '9') {
+            v = v * 10 + (text[i++] - '0');
+            if (v > 65535) fail("%s: token id above 65535 (tokens are uint16)", what);
+        }
+        if ((size_t)p->n == cap) p->ids = (int*)realloc(p->ids, (cap *= 2) * sizeof(int));
+        if (!p->ids) fail("out of memory reading %s", what);
+        p->ids[p->n++] = (int)v;
+    }
+    if (p->n == 0) fail("%s: no token ids", what);
+}
+
+static inline void prompt_load_file(Prompt* p, const char* path) {
+    FILE* f = fopen_check(path, "rb");
+    size_t size = file_size_check(f, path);
+    char* buf = (char*)malloc_check(size + 1, "prompt");
+    fread_check(buf, 1, size, f, path);
+    fclose(f);
+    int32_t magic = 0;
+    if (size >= 4) memcpy(&magic, buf, 4);
+    if (magic == 20240520) { /* a token shard */
+        int32_t h[3];
+        if (size < 1024) fail("%s: too short for a token shard header (1024 bytes)", path);
+        memcpy(h, buf, sizeof(h));
+        if (h[1] != 1 || h[2] < 1 || size != 1024 + 2 * (size_t)h[2]) fail("%s: not a valid version-1 token shard (header and size disagree, or no tokens)", path);
+        p->n = h[2];
+        p->ids = (int*)malloc_check((size_t)p->n * sizeof(int), "prompt");
+        for (int i = 0; i < p->n; i++) {
+            uint16_t t;
+            memcpy(&t, buf + 1024 + 2 * (size_t)i, 2);
+            p->ids[i] = t;
+        }
+    } else {
+        prompt_parse_ids(p, buf, size, path);
+    }
+    free(buf);
+}
+
+/* Runs python3 HELPER [--tokenizer FILE] -- TEXT without a shell and reads its ids. */
+static inline void prompt_from_helper(Prompt* p, const char* text, const char* tokenizer_path) {
+    char exe[4096], helper[4200];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (n <= 0) fail("--prompt: cannot find the trainer's own directory to locate dev/data/prompt.py");
+    exe[n] = '\0';
+    char* slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    snprintf(helper, sizeof(helper), "%s/dev/data/prompt.py", exe);
+    if (!file_exists(helper)) fail("--prompt: %s not found (give --prompt-tokens FILE instead)", helper);
+    const char* argv[8] = {"python3", helper, "--tokenizer", tokenizer_path, "--", text, NULL};
+    if (!tokenizer_path) { argv[2] = "--"; argv[3] = text; argv[4] = NULL; }
+    int fd[2];
+    if (pipe(fd) != 0) fail("--prompt: pipe failed (%s)", strerror(errno));
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) fail("--prompt: fork failed (%s)", strerror(errno));
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        execvp("python3", (char* const*)argv);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t cap = 4096, len = 0;
+    char* out = (char*)malloc_check(cap, "prompt");
+    ssize_t got;
+    while ((got = read(fd[0], out + len, cap - len)) > 0) {
+        len += (size_t)got;
+        if (len == cap && !(out = (char*)realloc(out, cap *= 2))) fail("out of memory reading the prompt helper");
+    }
+    close(fd[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+        fail("--prompt: could not run python3 to tokenize the prompt (on a machine without Python give --prompt-tokens FILE)");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail("--prompt: the tokenizer helper %s failed (its message is above)", helper);
+    prompt_parse_ids(p, out, len, "--prompt (the helper's output)");
+    free(out);
+}
+
+static inline void prompt_free(Prompt* p) {
+    free(p->ids);
+    memset(p, 0, sizeof(*p));
 }
 
 static inline void tokenizer_free(Tokenizer* tk) {

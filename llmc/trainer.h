@@ -99,6 +99,10 @@ typedef struct {
     /* forward and backward of one micro-batch; gradients accumulate; returns the mean loss */
     float (*forward_backward)(void* ctx, float dloss_mean);
     float (*forward_loss)(void* ctx);
+    /* after forward_loss: its B*T per-token losses, row-major (b, t), to host */
+    void (*token_losses)(void* ctx, float* out);
+    /* memory in use for the log (device memory on the GPU); NULL: peak resident memory */
+    size_t (*memory_bytes)(void* ctx);
     /* probabilities over V of the token after tokens[0..len) */
     void (*next_token_probs)(void* ctx, const int* tokens, int len, float* probs);
     void (*zero_grads)(void* ctx);
@@ -157,6 +161,8 @@ static inline void resolve_model(Run* run) {
     } else if (wants_random_init(o)) {
         run->model_path = NULL;
     } else {
+        if (!file_exists(o->model) && !strchr(o->model, '/') && !strchr(o->model, '.'))
+            fail("-e: unknown model descriptor '%s' (d6, d12, d24, d36, d48), and no model file of that name", o->model);
         if (o->layers || o->heads || o->channels || o->vocab_size)
             fail("flags --layers/--heads/--channels/--vocab-size apply to random init only, not to the model file %s", o->model);
         run->model_path = o->model;
@@ -171,7 +177,8 @@ static inline void resolve_model(Run* run) {
             run->cfg.max_seq_len = o->max_seq_len;
             size_t used = strlen(run->model_desc);
             snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
-                     info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len > info.cfg.max_seq_len ? " (learned rows repeated)" : "");
+                     info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len <= info.cfg.max_seq_len ? ""
+                     : strcmp(o->wpe_init, "interpolate") == 0 ? " (learned rows interpolated)" : " (learned rows repeated)");
         }
         return;
     }
@@ -327,27 +334,54 @@ static inline void copy_from_file(Backend* be, FILE* f, const ModelFileInfo* inf
     }
 }
 
+/* Row r of a position table of `rows` rows interpolated linearly from the
+ * file's `file_rows` learned rows, whose first and last rows stay in place. */
+static inline void interpolate_position_row(const float* table, size_t file_rows, size_t rows, size_t r, size_t C, float* out) {
+    double pos = rows > 1 ? (double)r * (double)(file_rows - 1) / (double)(rows - 1) : 0.0;
+    size_t lo = (size_t)pos, hi = lo + 1 < file_rows ? lo + 1 : lo;
+    float frac = (float)(pos - (double)lo);
+    for (size_t c = 0; c < C; c++) out[c] = table[lo * C + c] * (1.0f - frac) + table[hi * C + c] * frac;
+}
+
+/* The position table when --max-seq-len lengthened it, interpolated: the
+ * file's table is read whole, the new one sent a chunk of rows at a time. */
+static inline void load_interpolated_positions(Run* run, Backend* be, FILE* f, const ModelFileInfo* info, size_t from,
+                                               size_t to, size_t chunk) {
+    size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info->cfg.max_seq_len, rows = (size_t)run->cfg.max_seq_len;
+    float* table = (float*)malloc_check(file_rows * C * sizeof(float), "position table");
+    model_file_read_at(f, info, from, table, file_rows * C, run->model_path);
+    size_t rows_per_chunk = chunk / C;
+    for (size_t r = 0; r < rows; r += rows_per_chunk) {
+        size_t k = rows - r < rows_per_chunk ? rows - r : rows_per_chunk;
+        for (size_t i = 0; i < k; i++) interpolate_position_row(table, file_rows, rows, r + i, C, be->io_chunk + i * C);
+        be->transfer(be->ctx, TENSOR_PARAMS, to + r * C, k * C, be->io_chunk, 0);
+    }
+    free(table);
+}
+
 /* Parameters from the model file, tensor by tensor. When --max-seq-len
- * resized the position table, row t of the new table is row t mod maxT of
- * the file's: a longer table repeats the learned positions (the usual start
- * for long-context fine-tuning), a shorter one keeps the first rows. */
+ * resized the position table, a shorter one keeps the first rows; a longer
+ * one (long-context fine-tuning) starts, with --wpe-init tile, with row t =
+ * the file's row t mod maxT (the learned positions repeated), or with
+ * --wpe-init interpolate, the learned rows stretched over the new length. */
 static inline void load_parameters_from_file(Run* run, Backend* be, size_t chunk) {
     ModelFileInfo info;
     FILE* f = model_file_open(run->model_path, &info);
     ParamLayout file_pl, run_pl;
     param_layout(&info.cfg, &file_pl);
     param_layout(&run->cfg, &run_pl);
-    size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info.cfg.max_seq_len;
+    size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info.cfg.max_seq_len, rows = (size_t)run->cfg.max_seq_len;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (t != P_WPE) {
             copy_from_file(be, f, &info, file_pl.offset[t], run_pl.offset[t], run_pl.count[t], chunk, run->model_path);
-            continue;
-        }
-        size_t rows = (size_t)run->cfg.max_seq_len;
-        for (size_t r = 0; r < rows;) {
-            size_t src = r % file_rows, k = file_rows - src < rows - r ? file_rows - src : rows - r;
-            copy_from_file(be, f, &info, file_pl.offset[t] + src * C, run_pl.offset[t] + r * C, k * C, chunk, run->model_path);
-            r += k;
+        } else if (rows > file_rows && strcmp(run->opt.wpe_init, "interpolate") == 0) {
+            load_interpolated_positions(run, be, f, &info, file_pl.offset[t], run_pl.offset[t], chunk);
+        } else {
+            for (size_t r = 0; r < rows;) {
+                size_t src = r % file_rows, k = file_rows - src < rows - r ? file_rows - src : rows - r;
+                copy_from_file(be, f, &info, file_pl.offset[t] + src * C, run_pl.offset[t] + r * C, k * C, chunk, run->model_path);
+                r += k;
+            }
         }
     }
     fclose(f);
@@ -483,16 +517,99 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
 
 /* ---- evaluation and sampling ---- */
 
-static inline float evaluate(Run* run, Backend* be, DataLoader* val) {
+/* --eval-by-position: buckets [0,W), [W,2W), [2W,4W), ... of the positions
+ * 0..T-1, the loss summed per bucket over every validation token. */
+#define MAX_POSITION_BUCKETS 32
+typedef struct {
+    int n;
+    int begin[MAX_POSITION_BUCKETS], end[MAX_POSITION_BUCKETS];
+    double loss_sum[MAX_POSITION_BUCKETS], tokens[MAX_POSITION_BUCKETS];
+    int* bucket_of;    /* (T) bucket of each position */
+    float* losses;     /* (B*T) host copy of the last batch's losses */
+} PositionLosses;
+
+/* What the loop keeps between steps: data, tokenizer, log, sampling buffers. */
+typedef struct {
+    DataLoader train, val;
+    int has_val;
+    Tokenizer tk;
+    Logger log;
+    float* probs;
+    int* gen;
+    SampleCandidate* candidates;
+    Prompt prompt;
+    PositionLosses by_position;
+} LoopState;
+
+static inline void position_losses_init(PositionLosses* pl, int width, int B, int T) {
+    memset(pl, 0, sizeof(*pl));
+    if (width <= 0) return;
+    pl->bucket_of = (int*)malloc_check((size_t)T * sizeof(int), "position buckets");
+    pl->losses = (float*)malloc_check((size_t)B * T * sizeof(float), "position buckets");
+    for (long begin = 0, end = width; begin < T; begin = end, end *= 2) {
+        pl->begin[pl->n] = (int)begin;
+        pl->end[pl->n] = (int)(end < T ? end : T);
+        for (long t = begin; t < pl->end[pl->n]; t++) pl->bucket_of[t] = pl->n;
+        pl->n++;
+    }
+}
+
+static inline void position_losses_add(PositionLosses* pl, Backend* be, int B, int T) {
+    be->token_losses(be->ctx, pl->losses);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            pl->loss_sum[pl->bucket_of[t]] += (double)pl->losses[(size_t)b * T + t];
+            pl->tokens[pl->bucket_of[t]] += 1.0;
+        }
+}
+
+static inline void position_losses_free(PositionLosses* pl) {
+    free(pl->bucket_of);
+    free(pl->losses);
+}
+
+/* "1k" for multiples of 1024, else the number. */
+static inline void position_label(int pos, char* buf, size_t n) {
+    if (pos > 0 && pos % 1024 == 0) snprintf(buf, n, "%dk", pos / 1024);
+    else snprintf(buf, n, "%d", pos);
+}
+
+static inline void print_position_losses(const PositionLosses* pl, int step, Logger* log) {
+    printf("val loss by position at step %d:", step);
+    float loss[MAX_POSITION_BUCKETS];
+    for (int i = 0; i < pl->n; i++) {
+        char a[16], b[16];
+        position_label(pl->begin[i], a, sizeof(a));
+        position_label(pl->end[i], b, sizeof(b));
+        loss[i] = (float)(pl->loss_sum[i] / pl->tokens[i]);
+        printf("%s %s-%s %.6f", i ? " |" : "", a, b, (double)loss[i]);
+    }
+    printf("\n");
+    logger_val_by_position(log, step, pl->n, pl->begin, pl->end, loss, pl->tokens);
+}
+
+/* Mean validation loss over at most -m batches; with --eval-by-position
+ * also per position bucket (summed over processes), printed and logged. */
+static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLosses* pl, int step, Logger* log) {
     dataloader_reset(val);
     size_t batches = dataloader_batches_per_epoch(val);
     int n = (size_t)run->opt.val_batches < batches ? run->opt.val_batches : (int)batches;
+    for (int i = 0; i < pl->n; i++) pl->loss_sum[i] = pl->tokens[i] = 0.0;
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
         dataloader_next(val);
         sum += be->forward_loss(be->ctx);
+        if (pl->n) position_losses_add(pl, be, run->opt.B, run->opt.T);
     }
-    return (float)proc_mean(sum / n);
+    for (int i = 0; i < pl->n; i++) {
+        pl->loss_sum[i] = proc_sum(pl->loss_sum[i]);
+        pl->tokens[i] = proc_sum(pl->tokens[i]);
+    }
+    float mean = (float)proc_mean(sum / n);
+    printf("val loss %.6f at step %d\n", (double)mean, step);
+    logger_val(log, step, mean);
+    if (pl->n && run->rank == 0) print_position_losses(pl, step, log);
+    return mean;
 }
 
 static inline int end_of_text(const Run* run, const Tokenizer* tk) {
@@ -500,17 +617,51 @@ static inline int end_of_text(const Run* run, const Tokenizer* tk) {
     return run->cfg.vocab_size == 50257 ? 50256 : run->cfg.vocab_size - 1;
 }
 
-static inline void sample(Run* run, Backend* be, const Tokenizer* tk, int step, float* probs, int* tokens) {
-    int n = run->opt.gen_tokens < run->opt.T ? run->opt.gen_tokens : run->opt.T - 1;
-    tokens[0] = end_of_text(run, tk);
-    printf("sample at step %d:\n---\n", step);
-    for (int i = 1; i <= n; i++) {
-        be->next_token_probs(be->ctx, tokens, i, probs);
-        tokens[i] = sample_token(probs, run->cfg.vocab_size, sampler_uniform((uint64_t)run->opt.seed, step, i));
-        tokenizer_print(tk, tokens[i], stdout);
+/* The context a sample starts from: end-of-text (a document start, as in the
+ * training data), then the prompt's tokens (its own leading end-of-text is
+ * not doubled). Returns its length; checks the prompt fits T with room to
+ * generate. */
+static inline int sample_context(const Run* run, const Tokenizer* tk, const Prompt* prompt, int* tokens) {
+    int n = 0, eot = end_of_text(run, tk);
+    tokens[n++] = eot;
+    for (int i = 0; i < prompt->n; i++) {
+        if (prompt->ids[i] >= run->cfg.vocab_size)
+            fail("prompt: token %d at position %d is not below the vocabulary size %d", prompt->ids[i], i, run->cfg.vocab_size);
+        if (i == 0 && prompt->ids[0] == eot) continue;
+        if (n >= run->opt.T) fail("prompt: %d tokens (with the leading end-of-text) leave no room to generate within -t %d", prompt->n + 1, run->opt.T);
+        tokens[n++] = prompt->ids[i];
     }
+    return n;
+}
+
+static inline void sample(Run* run, Backend* be, LoopState* ls, int step) {
+    const TrainOptions* o = &run->opt;
+    int* tokens = ls->gen;
+    int start = sample_context(run, &ls->tk, &ls->prompt, tokens);
+    int n = o->gen_tokens < o->T - start ? o->gen_tokens : o->T - start;
+    Utf8Stream text = {{0}, 0, 0};
+    printf("sample at step %d:\n---\n", step);
+    for (int i = 1; i < start; i++) tokenizer_print(&ls->tk, tokens[i], &text, stdout);
+    for (int i = start; i < start + n; i++) {
+        be->next_token_probs(be->ctx, tokens, i, ls->probs);
+        float u = sampler_uniform((uint64_t)o->seed, step, i - start + 1);
+        tokens[i] = sample_next(ls->probs, run->cfg.vocab_size, o->temperature, o->top_k, u, ls->candidates);
+        tokenizer_print(&ls->tk, tokens[i], &text, stdout);
+    }
+    utf8_finish(&text, stdout);
     printf("\n---\n");
     fflush(stdout);
+}
+
+/* --prompt or --prompt-tokens, for rank 0 when it samples. */
+static inline void load_prompt(Run* run, LoopState* ls) {
+    const TrainOptions* o = &run->opt;
+    memset(&ls->prompt, 0, sizeof(ls->prompt));
+    if ((o->prompt[0] || o->prompt_tokens[0]) && o->sample_every == 0) fail("--prompt/--prompt-tokens: -s 0 takes no samples");
+    if (run->rank != 0 || o->sample_every == 0) return;
+    if (o->prompt_tokens[0]) prompt_load_file(&ls->prompt, o->prompt_tokens);
+    else if (o->prompt[0]) prompt_from_helper(&ls->prompt, o->prompt, ls->tk.loaded ? ls->tk.path : NULL);
+    sample_context(run, &ls->tk, &ls->prompt, ls->gen); /* fails now, not at the first sample, when it does not fit */
 }
 
 /* Default tokenizer: *tokenizer.bin beside the first train shard, else gpt2_tokenizer.bin. */
@@ -588,27 +739,14 @@ static inline int is_due(int every, int step, int last) { return every > 0 && (s
 
 /* What happens between steps, at step `step` (after that many updates):
  * validation, a sample, a checkpoint. None of it changes the training state. */
-typedef struct {
-    DataLoader train, val;
-    int has_val;
-    Tokenizer tk;
-    Logger log;
-    float* probs;
-    int* gen;
-} LoopState;
-
 static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step, int start, int last) {
     const TrainOptions* o = &run->opt;
-    if (ls->has_val && is_due(o->val_every, step, last)) {
-        float vl = evaluate(run, be, &ls->val);
-        printf("val loss %.6f at step %d\n", (double)vl, step);
-        logger_val(&ls->log, step, vl);
-    }
+    if (ls->has_val && is_due(o->val_every, step, last)) evaluate(run, be, &ls->val, &ls->by_position, step, &ls->log);
     /* not at the step a run starts from (its model was sampled when saved),
      * unless nothing is trained: -x 0 (or resuming at -x) samples the model loaded */
     int sample_now = step > start || last;
     if (run->rank == 0 && sample_now && is_due(o->sample_every, step, last))
-        sample(run, be, &ls->tk, step, ls->probs, ls->gen);
+        sample(run, be, ls, step);
     if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
         save_checkpoint(run, be, step, &ls->train);
 }
@@ -626,7 +764,9 @@ static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, i
     printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step, steps, (double)r->loss,
            (double)r->lr, (double)r->norm, ms, tokens_per_s, extras);
     fflush(stdout);
-    logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s);
+    long long tokens = (long long)step * run->grad_accum * run->opt.B * run->opt.T * run->world;
+    size_t memory = be->memory_bytes ? be->memory_bytes(be->ctx) : (size_t)peak_rss_kib() * 1024;
+    logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s, tokens, mib(memory));
 }
 
 /* Data loaders (validated here, before any step), tokenizer, log, buffers. */
@@ -645,6 +785,11 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
+    ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
+    load_prompt(run, ls);
+    if (o->eval_by_position && !ls->has_val) fail("--eval-by-position needs validation: shards in -j and -v above 0");
+    if (o->eval_by_position && !be->token_losses) fail("--eval-by-position: this trainer cannot report per-token losses");
+    position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T);
 }
 
 static inline void loop_close(LoopState* ls) {
@@ -652,6 +797,9 @@ static inline void loop_close(LoopState* ls) {
     tokenizer_free(&ls->tk);
     free(ls->probs);
     free(ls->gen);
+    free(ls->candidates);
+    prompt_free(&ls->prompt);
+    position_losses_free(&ls->by_position);
     dataloader_free(&ls->train);
     if (ls->has_val) dataloader_free(&ls->val);
 }

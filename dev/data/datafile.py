@@ -344,6 +344,110 @@ def read_tokenizer(path) -> tuple[list[bytes], int]:
     return tokens, eot
 
 
+# --- model files -----------------------------------------------------------------
+
+MODEL_MAGIC = 20240326
+MODEL_VERSION_FP32 = 3
+MODEL_VERSION_BF16 = 5
+# The 16 parameter tensors in file order (FORMATS.md); weight matrices are (out, in).
+MODEL_TENSORS = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+                 "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
+
+
+def pad_vocab(vocab_size: int) -> int:
+    """The padded vocabulary of a model file: V rounded up to a multiple of 128."""
+    return (vocab_size + 127) // 128 * 128
+
+
+def model_tensor_shapes(cfg: dict) -> dict:
+    """Shape of each parameter tensor for cfg (keys max_seq_len, vocab_size,
+    padded_vocab_size, num_layers, num_heads, channels)."""
+    L, C = cfg["num_layers"], cfg["channels"]
+    return {
+        "wte": (cfg["padded_vocab_size"], C), "wpe": (cfg["max_seq_len"], C),
+        "ln1w": (L, C), "ln1b": (L, C), "qkvw": (L, 3 * C, C), "qkvb": (L, 3 * C),
+        "attprojw": (L, C, C), "attprojb": (L, C), "ln2w": (L, C), "ln2b": (L, C),
+        "fcw": (L, 4 * C, C), "fcb": (L, 4 * C), "fcprojw": (L, C, 4 * C), "fcprojb": (L, C),
+        "lnfw": (C,), "lnfb": (C,),
+    }
+
+
+def float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """Round to nearest even, as the trainers do; NaN stays NaN."""
+    bits = np.ascontiguousarray(x, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded[nan] = (bits[nan] >> 16) | 0x40
+    return rounded.astype("<u2")
+
+
+def bf16_bits_to_float32(h: np.ndarray) -> np.ndarray:
+    return (np.asarray(h, dtype="<u2").astype("<u4") << 16).view("<f4")
+
+
+def write_model(path, cfg: dict, params: dict, version: int = MODEL_VERSION_FP32) -> None:
+    """Write an llm.c model file atomically: params maps each of MODEL_TENSORS to an
+    array of its shape (model_tensor_shapes); version 3 stores fp32, 5 bf16."""
+    if version not in (MODEL_VERSION_FP32, MODEL_VERSION_BF16):
+        raise DataError(f"model file version must be 3 (fp32) or 5 (bf16), got {version}")
+    shapes = model_tensor_shapes(cfg)
+    header = _header([MODEL_MAGIC, version, cfg["max_seq_len"], cfg["vocab_size"], cfg["num_layers"],
+                      cfg["num_heads"], cfg["channels"], cfg["padded_vocab_size"]], "<i4")
+    out = _AtomicFile(path)
+    try:
+        out.f.write(header)
+        for name in MODEL_TENSORS:
+            arr = np.asarray(params[name], dtype=np.float32)
+            if arr.shape != shapes[name]:
+                raise DataError(f"{name}: shape {arr.shape}, expected {shapes[name]}")
+            data = float32_to_bf16_bits(arr) if version == MODEL_VERSION_BF16 else arr.astype("<f4")
+            out.f.write(np.ascontiguousarray(data).tobytes())
+        out.commit()
+    except BaseException:
+        out.abort()
+        raise
+
+
+def read_model(path) -> tuple[dict, dict, int]:
+    """Read an llm.c model file (version 3 or 5); returns (cfg, params as fp32, version)."""
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+            h = np.frombuffer(raw, dtype="<i4") if len(raw) == HEADER_BYTES else None
+            if h is None:
+                raise DataError(f"{path}: truncated header ({len(raw)} of {HEADER_BYTES} bytes)")
+            if h[0] != MODEL_MAGIC:
+                raise DataError(f"{path}: bad magic {h[0]} (a model file has {MODEL_MAGIC})")
+            version = int(h[1])
+            if version not in (MODEL_VERSION_FP32, MODEL_VERSION_BF16):
+                raise DataError(f"{path}: unsupported model file version {version} (expected 3 or 5)")
+            keys = ("max_seq_len", "vocab_size", "num_layers", "num_heads", "channels", "padded_vocab_size")
+            cfg = {k: int(v) for k, v in zip(keys, h[2:8])}
+            if min(cfg.values()) < 1 or cfg["padded_vocab_size"] < cfg["vocab_size"] \
+                    or cfg["channels"] % cfg["num_heads"]:
+                raise DataError(f"{path}: inconsistent shape in the header: {cfg}")
+            shapes = model_tensor_shapes(cfg)
+            elem = 4 if version == MODEL_VERSION_FP32 else 2
+            count = sum(int(np.prod(s)) for s in shapes.values())
+            if size != HEADER_BYTES + count * elem:
+                raise DataError(f"{path}: size {size} bytes does not match its header "
+                                f"(expected {HEADER_BYTES + count * elem}: {count} parameters x {elem} bytes + 1024)")
+            dtype = "<f4" if version == MODEL_VERSION_FP32 else "<u2"
+            flat = np.fromfile(f, dtype=dtype, count=count)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read model file: {e.strerror}") from None
+    if version == MODEL_VERSION_BF16:
+        flat = bf16_bits_to_float32(flat)
+    params, off = {}, 0
+    for name in MODEL_TENSORS:
+        n = int(np.prod(shapes[name]))
+        params[name] = flat[off:off + n].reshape(shapes[name])
+        off += n
+    return cfg, params, version
+
+
 # --- GPT-2 encoding ---------------------------------------------------------------
 
 

@@ -75,7 +75,7 @@ def cases(d):
         "bad recompute": ([*MODEL, *base, "-r", "3"], ["-r", "'3'"]),
         "bad layer list": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0,x"], ["--recompute-layers"]),
         "layer out of range": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0-5"], ["--recompute-layers", "out of range"]),
-        "bad descriptor": (["-e", "d7", *base], ["d7", "cannot open"]),
+        "bad descriptor": (["-e", "d7", *base], ["d7", "unknown model descriptor"]),
         "resume without -o": ([*MODEL, *base, "-y", "1"], ["-y", "-o"]),
         "resume nothing there": ([*MODEL, *base, "-y", "1", "-o", d / "emptydir"], ["no complete checkpoint"]),
         "bad tokenizer": ([*MODEL, *base, "--tokenizer", d / "good.bin", "-s", "1"], ["good.bin", "bad magic"]),

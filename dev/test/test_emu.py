@@ -28,6 +28,7 @@ T < one tile and T = 333, and every order for every precision.
 import concurrent.futures
 import functools
 import importlib.util
+import json
 import os
 import platform
 import re
@@ -572,3 +573,26 @@ def test_train_out_of_device_memory_is_reported(emu_build, tmp_path):
                   EMU_DEVICE_MEMORY="64KiB")
     assert res.returncode == 1, explain(res)
     assert "out of device memory" in res.stderr, explain(res)
+
+
+def test_train_emulated_samples_a_prompt_and_evaluates_by_position(emu_build, tmp_path):
+    """The shared sampling and evaluation code through train_gpt's backend (its
+    per-token losses, probabilities and device memory), on the emulator."""
+    rng = np.random.default_rng(4)
+    datafile.write_shard(tmp_path / "t.bin", rng.integers(0, 64, 2000))
+    (tmp_path / "prompt.txt").write_text("5 9 13")
+    res = emu_run([OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", tmp_path / "t.bin", "-b", "2",
+                   "-t", "32", "-x", "2", "-v", "2", "-m", "2", "-s", "2", "-g", "5", "--prompt-tokens",
+                   tmp_path / "prompt.txt", "--temperature", "0", "--eval-by-position", "8", "-o", tmp_path / "run"])
+    assert res.returncode == 0, explain(res)
+    overall = float(re.search(r"^val loss ([0-9.]+) at step 2$", res.stdout, re.M).group(1))
+    line = re.search(r"^val loss by position at step 2: (.*)$", res.stdout, re.M).group(1)
+    buckets = [(int(a), int(b), float(x)) for a, b, x in re.findall(r"(\d+)-(\d+) ([0-9.]+)", line)]
+    assert [(a, b) for a, b, _ in buckets] == [(0, 8), (8, 16), (16, 32)]
+    assert abs(sum((b - a) * x for a, b, x in buckets) / 32 - overall) < 5e-6
+    sample = re.search(r"^sample at step 2:\n---\n(.*)\n---$", res.stdout, re.M).group(1)
+    ids = [int(x) for x in re.findall(r"<(\d+)>", sample)]
+    assert ids[:3] == [5, 9, 13] and len(ids) == 8 and all(0 <= t < 64 for t in ids), sample
+    logged = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    train = [e for e in logged if "loss" in e]
+    assert [e["tokens"] for e in train] == [64, 128] and all(e["memory_mib"] > 0 for e in train)

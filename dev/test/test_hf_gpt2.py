@@ -1,0 +1,258 @@
+"""dev/data/hf_gpt2.py: Hugging Face GPT-2 checkpoints in and out.
+
+The checkpoint is built here in Hugging Face's documented layout (FORMATS.md:
+Conv1D weights stored (in, out), c_attn's columns q|k|v, names with or without
+`transformer.`, causal-mask buffers, a tied or absent lm_head) and written with
+the safetensors package; its loss comes from a float64 numpy forward written
+here in that layout, never through the importer. The trainer's validation loss
+on the imported file must match it."""
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, binary, datafile, run
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy", reason="safetensors is not installed (dev/data/requirements.txt)")
+
+SCRIPT = REPO / "dev" / "data" / "hf_gpt2.py"
+L, C, NH, V, NPOS = 2, 32, 4, 200, 32  # V=200 pads to 256
+B, T = 2, 32
+
+
+def hf_state(rng, prefix="transformer.", masks=True, head=True):
+    """A random GPT-2 state dict in Hugging Face's layout."""
+    def w(*shape, scale=0.1):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    s = {"wte.weight": w(V, C, scale=0.3), "wpe.weight": w(NPOS, C), "ln_f.weight": 1 + w(C), "ln_f.bias": w(C)}
+    for i in range(L):
+        s.update({f"h.{i}.ln_1.weight": 1 + w(C), f"h.{i}.ln_1.bias": w(C),
+                  f"h.{i}.attn.c_attn.weight": w(C, 3 * C, scale=0.3), f"h.{i}.attn.c_attn.bias": w(3 * C),
+                  f"h.{i}.attn.c_proj.weight": w(C, C), f"h.{i}.attn.c_proj.bias": w(C),
+                  f"h.{i}.ln_2.weight": 1 + w(C), f"h.{i}.ln_2.bias": w(C),
+                  f"h.{i}.mlp.c_fc.weight": w(C, 4 * C), f"h.{i}.mlp.c_fc.bias": w(4 * C),
+                  f"h.{i}.mlp.c_proj.weight": w(4 * C, C), f"h.{i}.mlp.c_proj.bias": w(C)})
+        if masks:
+            s[f"h.{i}.attn.bias"] = np.tril(np.ones((NPOS, NPOS), np.float32))[None, None]
+            s[f"h.{i}.attn.masked_bias"] = np.array(-1e4, np.float32)
+    out = {prefix + k: v for k, v in s.items()}
+    if head:
+        out["lm_head.weight"] = s["wte.weight"].copy()
+    return out
+
+
+HF_CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": L, "n_head": NH, "n_embd": C,
+             "n_positions": NPOS, "n_ctx": NPOS, "vocab_size": V, "layer_norm_epsilon": 1e-5,
+             "activation_function": "gelu_new", "attn_pdrop": 0.1, "embd_pdrop": 0.1, "resid_pdrop": 0.1}
+
+
+def write_hf(path, state, config=HF_CONFIG):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    safetensors_numpy.save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+def hf_logprobs(state, inputs):
+    """float64 GPT-2 forward in Hugging Face's layout (y = x @ W + b with W (in, out)):
+    log-probabilities (B, T, V) of the next token at every position."""
+    g = {k.removeprefix("transformer."): v.astype(np.float64) for k, v in state.items()}
+    hs = C // NH
+
+    def ln(x, name):
+        m = x.mean(-1, keepdims=True)
+        v = ((x - m) ** 2).mean(-1, keepdims=True)
+        return (x - m) / np.sqrt(v + 1e-5) * g[name + ".weight"] + g[name + ".bias"]
+
+    def conv1d(x, name):
+        return x @ g[name + ".weight"] + g[name + ".bias"]
+
+    n = inputs.shape[1]
+    x = g["wte.weight"][inputs] + g["wpe.weight"][:n]
+    causal = np.tril(np.ones((n, n), bool))
+    for i in range(L):
+        q, k, v = np.split(conv1d(ln(x, f"h.{i}.ln_1"), f"h.{i}.attn.c_attn"), 3, axis=-1)
+        q, k, v = (a.reshape(*a.shape[:2], NH, hs).transpose(0, 2, 1, 3) for a in (q, k, v))
+        s = np.where(causal, q @ k.transpose(0, 1, 3, 2) / np.sqrt(hs), -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        y = (p / p.sum(-1, keepdims=True) @ v).transpose(0, 2, 1, 3).reshape(x.shape)
+        x = x + conv1d(y, f"h.{i}.attn.c_proj")
+        h = conv1d(ln(x, f"h.{i}.ln_2"), f"h.{i}.mlp.c_fc")
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h ** 3)))
+        x = x + conv1d(h, f"h.{i}.mlp.c_proj")
+    logits = ln(x, "ln_f") @ g["wte.weight"].T
+    logits -= logits.max(-1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+def hf_token_losses(state, inputs, targets):
+    return -np.take_along_axis(hf_logprobs(state, inputs), targets[..., None], -1)[..., 0]
+
+
+def hf_loss(state, inputs, targets):
+    return hf_token_losses(state, inputs, targets).mean()
+
+
+def hf_tool(*args):
+    return run([sys.executable, SCRIPT, *args])
+
+
+def val_loss(model, shard, t=T):
+    res = run([binary("train_gpt_cpu"), "-e", model, "-i", shard, "-j", shard, "-b", B, "-t", t, "-x", "0", "-v", "1",
+               "-m", "1", "-s", "0"], check=True)
+    return float(re.search(r"^val loss ([0-9.]+) at step 0", res.stdout, re.M).group(1))
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hf") / "val.bin"
+    toks = np.random.default_rng(3).integers(0, V, B * 64 + 1)
+    datafile.write_shard(path, toks)
+    return path, toks
+
+
+@pytest.mark.parametrize("variant", ["prefixed+masks+head", "bare"])
+def test_import_matches_independent_hf_forward(tmp_path, tokens, variant):
+    shard, toks = tokens
+    state = hf_state(np.random.default_rng(7), **({} if variant != "bare" else dict(prefix="", masks=False, head=False)))
+    hf = write_hf(tmp_path / "hf", state)
+    res = hf_tool("import", hf, tmp_path / "m.bin")
+    assert res.returncode == 0, res.stderr
+    header = np.fromfile(tmp_path / "m.bin", dtype="<i4", count=8)
+    assert list(header) == [20240326, 3, NPOS, V, L, NH, C, 256]
+    expected = hf_loss(state, toks[:B * T].reshape(B, T), toks[1:B * T + 1].reshape(B, T))
+    got = val_loss(tmp_path / "m.bin", shard)
+    assert abs(got - expected) < 2e-6 * expected + 1e-6, (got, expected)
+
+
+def test_prefix_and_buffers_do_not_change_the_file(tmp_path):
+    state = hf_state(np.random.default_rng(8))
+    bare = {k.removeprefix("transformer."): v for k, v in state.items() if not re.search(r"\.attn\.(bias|masked_bias)$", k)}
+    del bare["lm_head.weight"]
+    for name, s in (("a", state), ("b", bare)):
+        assert hf_tool("import", write_hf(tmp_path / name, s), tmp_path / f"{name}.bin").returncode == 0
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_export_then_import_gives_the_identical_file(tmp_path, dtype):
+    hf = write_hf(tmp_path / "hf", hf_state(np.random.default_rng(9)))
+    assert hf_tool("import", hf, tmp_path / "a.bin", "--dtype", dtype).returncode == 0
+    res = hf_tool("export", tmp_path / "a.bin", tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (config["n_positions"], config["vocab_size"], config["n_layer"], config["n_embd"]) == (NPOS, V, L, C)
+    exported = safetensors_numpy.load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert exported["transformer.wte.weight"].shape == (V, C)  # the true vocabulary, padding dropped
+    assert exported["transformer.h.0.mlp.c_fc.weight"].shape == (C, 4 * C)  # Conv1D: (in, out)
+    assert hf_tool("import", tmp_path / "out", tmp_path / "b.bin", "--dtype", dtype).returncode == 0
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+
+
+def test_extended_position_table_is_exported(tmp_path, tokens):
+    """A model whose table was extended by the trainer exports n_positions = the new length."""
+    shard, _ = tokens
+    hf = write_hf(tmp_path / "hf", hf_state(np.random.default_rng(10)))
+    assert hf_tool("import", hf, tmp_path / "a.bin").returncode == 0
+    run([binary("train_gpt_cpu"), "-e", tmp_path / "a.bin", "--max-seq-len", 64, "-i", shard, "-j", "", "-b", 1,
+         "-t", 64, "-x", 1, "-l", 0, "-s", 0, "-o", tmp_path / "long"], check=True)
+    assert hf_tool("export", tmp_path / "long" / "model_00000001.bin", tmp_path / "out").returncode == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["n_positions"] == 64
+    wpe = safetensors_numpy.load_file(str(tmp_path / "out" / "model.safetensors"))["transformer.wpe.weight"]
+    assert wpe.shape == (64, C)
+
+
+@pytest.mark.parametrize("case", ["missing", "misshaped", "untied", "extra", "config"])
+def test_bad_checkpoints_are_refused_naming_the_tensor(tmp_path, case):
+    state = hf_state(np.random.default_rng(11))
+    config = dict(HF_CONFIG)
+    expect = {"missing": "h.1.mlp.c_fc.bias", "misshaped": "transformer.h.0.attn.c_attn.weight",
+              "untied": "lm_head.weight", "extra": "transformer.h.0.crossattention.q_attn.weight",
+              "config": "activation_function"}[case]
+    if case == "missing":
+        del state["transformer.h.1.mlp.c_fc.bias"]
+    elif case == "misshaped":
+        state["transformer.h.0.attn.c_attn.weight"] = state["transformer.h.0.attn.c_attn.weight"].T.copy()
+    elif case == "untied":
+        state["lm_head.weight"] = state["lm_head.weight"] + 1
+    elif case == "extra":
+        state[expect] = np.zeros((C, C), np.float32)
+    else:
+        config["activation_function"] = "relu"
+    res = hf_tool("import", write_hf(tmp_path / "hf", state, config), tmp_path / "m.bin")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and expect in lines[0], res.stderr
+    assert not (tmp_path / "m.bin").exists() and not (tmp_path / "m.bin.tmp").exists()
+
+
+def torch_or_skip():
+    try:
+        import torch
+    except ImportError as exc:
+        pytest.skip(f"PyTorch is not installed ({exc}); the torch-side checks are optional")
+    torch.set_num_threads(1)
+    return torch
+
+
+def test_pytorch_model_bin_reads_like_safetensors(tmp_path):
+    torch = torch_or_skip()
+    state = hf_state(np.random.default_rng(12))
+    write_hf(tmp_path / "st", state)
+    (tmp_path / "pt").mkdir()
+    (tmp_path / "pt" / "config.json").write_text(json.dumps(HF_CONFIG))
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, tmp_path / "pt" / "pytorch_model.bin")
+    for name in ("st", "pt"):
+        res = hf_tool("import", tmp_path / name, tmp_path / f"{name}.bin")
+        assert res.returncode == 0, res.stderr
+    assert (tmp_path / "st.bin").read_bytes() == (tmp_path / "pt.bin").read_bytes()
+
+
+def test_transformers_loads_the_export_with_the_same_loss(tmp_path, tokens):
+    torch = torch_or_skip()
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError as exc:
+        pytest.skip(f"transformers is not installed ({exc}); this check is optional")
+    shard, toks = tokens
+    hf = write_hf(tmp_path / "hf", hf_state(np.random.default_rng(13)))
+    assert hf_tool("import", hf, tmp_path / "a.bin").returncode == 0
+    # extend the table to 64 rows, so the export's n_positions is one Hugging Face never made
+    run([binary("train_gpt_cpu"), "-e", tmp_path / "a.bin", "--max-seq-len", 64, "--wpe-init", "interpolate",
+         "-i", shard, "-j", "", "-b", B, "-t", 64, "-x", 1, "-l", 1e-3, "-s", 0, "-o", tmp_path / "long"], check=True)
+    model_file = tmp_path / "long" / "model_00000001.bin"
+    assert hf_tool("export", model_file, tmp_path / "out").returncode == 0
+    model = GPT2LMHeadModel.from_pretrained(tmp_path / "out").eval()
+    ids = torch.from_numpy(toks[:B * 64 + 1].astype(np.int64))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[:-1].view(B, 64)).logits.double(), -1)
+        theirs = -logp.gather(-1, ids[1:].view(B, 64, 1)).mean().item()
+    ours = val_loss(model_file, shard, t=64)
+    assert abs(ours - theirs) < 1e-5 * theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize("safe", [True, False], ids=["model.safetensors", "pytorch_model.bin"])
+def test_a_checkpoint_saved_by_transformers_imports_with_its_loss(tmp_path, tokens, safe):
+    """The checkpoint made outside the project: transformers' own save_pretrained."""
+    torch = torch_or_skip()
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as exc:
+        pytest.skip(f"transformers is not installed ({exc}); this check is optional")
+    shard, toks = tokens
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=L, n_head=NH, n_embd=C, n_positions=NPOS, vocab_size=V,
+                                       initializer_range=0.2)).eval()
+    model.save_pretrained(tmp_path / "hf", safe_serialization=safe)
+    res = hf_tool("import", tmp_path / "hf", tmp_path / "m.bin")
+    assert res.returncode == 0, res.stderr
+    ids = torch.from_numpy(toks[:B * T + 1].astype(np.int64))
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[:-1].view(B, T)).logits.double(), -1)
+        theirs = -logp.gather(-1, ids[1:].view(B, T, 1)).mean().item()
+    ours = val_loss(tmp_path / "m.bin", shard)
+    assert abs(ours - theirs) < 1e-5 * theirs, (ours, theirs)
