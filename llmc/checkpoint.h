@@ -56,6 +56,23 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     fwrite_check(h, sizeof(int32_t), 256, f, path);
 }
 
+/* Range checks of every header field, before any is used as a size or index
+ * (the comparison with this run comes later, in the trainer). */
+static inline void state_header_check(const TrainState* s, const char* path) {
+    if (s->step < 0) fail("%s: negative step %d in the header", path, s->step);
+    if (s->world < 1 || s->world > 65536 || s->rank < 0 || s->rank >= s->world)
+        fail("%s: rank %d of %d processes out of range in the header", path, s->rank, s->world);
+    if ((s->zero_stage != 0 && s->zero_stage != 1) || (s->has_master != 0 && s->has_master != 1))
+        fail("%s: ZeRO stage %d or master-weight flag %d out of range in the header", path, s->zero_stage, s->has_master);
+    if (s->B < 1 || s->T < 1) fail("%s: batch B=%d T=%d out of range in the header", path, s->B, s->T);
+    if (s->loader.epoch < 0 || s->loader.shard_pos < 0 || s->loader.batch_pos < 0)
+        fail("%s: negative dataloader position in the header", path);
+    if (s->num_params == 0 || s->num_params > ((size_t)1 << 40) || s->shard_params > s->num_params ||
+        s->shard_start > s->num_params - s->shard_params)
+        fail("%s: parameter count %zu or shard [%zu, +%zu) out of range in the header", path, s->num_params, s->shard_start,
+             s->shard_params);
+}
+
 /* Reads and checks a state header; the stream is left at the payload. */
 static inline FILE* state_open(const char* path, TrainState* s) {
     FILE* f = fopen_check(path, "rb");
@@ -73,6 +90,7 @@ static inline FILE* state_open(const char* path, TrainState* s) {
     memcpy(&s->loss_scale, &h[ST_LOSS_SCALE_BITS], 4);
     s->clean_steps = h[ST_CLEAN_STEPS];
     s->updates = h[ST_UPDATES];
+    state_header_check(s, path);
     size_t expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
     size_t actual = file_size_check(f, path);
     if (actual != expected) fail("%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected);

@@ -220,6 +220,7 @@ static inline size_t parse_bytes(const char* flag, const char* s) {
         if (strcmp(unit, units[i].unit) == 0) {
             double bytes = v * units[i].mult;
             if (bytes >= 1.8e19) fail("flag %s: '%s' is too large", flag, s);
+            if (bytes < 1.0) fail("flag %s: '%s' is less than one byte", flag, s);
             return (size_t)bytes;
         }
     }
@@ -235,8 +236,9 @@ static inline void parse_layer_set(const char* spec, int L, unsigned char* mask)
     char* end = NULL;
     if (strncmp(spec, "every:", 6) == 0) {
         long k = strtol(spec + 6, &end, 10);
-        if (end == spec + 6 || *end || k < 1) fail("flag --recompute-layers: '%s': every:K needs a positive K", spec);
-        for (int l = 0; l < L; l += (int)k) mask[l] = 1;
+        if (end == spec + 6 || *end || k < 1 || k > L)
+            fail("flag --recompute-layers: '%s': every:K needs K in [1, %d] (the model's layers)", spec, L);
+        for (long l = 0; l < L; l += k) mask[l] = 1;
         return;
     }
     int is_count = strchr(spec, ',') == NULL && strchr(spec, '-') == NULL;

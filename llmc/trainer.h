@@ -293,6 +293,9 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     plan_validate_spec(&spec);
     if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
     plan_build(&run->plan, &spec);
+    if (run->plan.overflow)
+        fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",
+             run->opt.B, run->opt.T, run->cfg.num_layers, run->cfg.channels);
     run->io_chunk_floats = spec.io_chunk_floats;
     maybe_print_plan_and_exit(run);
     check_default_data(&run->opt);
@@ -480,7 +483,7 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val) {
 }
 
 static inline int end_of_text(const Run* run, const Tokenizer* tk) {
-    if (tk->loaded && tk->eot_token < run->cfg.vocab_size) return tk->eot_token;
+    if (tk->loaded && tk->eot_token >= 0 && tk->eot_token < run->cfg.vocab_size) return tk->eot_token;
     return run->cfg.vocab_size == 50257 ? 50256 : run->cfg.vocab_size - 1;
 }
 

@@ -147,4 +147,15 @@ static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0
 
 static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
+/* Saturating size arithmetic: SIZE_MAX stands for "does not fit in 64 bits",
+ * so a sum or product of sizes can never wrap round to a small number. */
+static inline size_t size_mul_sat(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+static inline size_t size_add_sat(size_t a, size_t b) {
+    size_t r;
+    return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
 #endif
