@@ -40,6 +40,8 @@ typedef struct {
     /* checkpoints and output */
     const char* out_dir;
     int checkpoint_every, resume;
+    int supersede, resume_override, keep_last, keep_every;
+    int collective_timeout_s;
     int seed;
 } TrainOptions;
 
@@ -99,6 +101,11 @@ static const FlagSpec flag_table[] = {
     {"-o", FLAG_STRING, OPT(out_dir), 0, 0, FOR_BOTH, "output directory for checkpoints and log.jsonl (empty: none)"},
     {"-n", FLAG_INT, OPT(checkpoint_every), 0, INT_MAX, FOR_BOTH, "write a checkpoint every N steps (0: only at the end, if -o)"},
     {"-y", FLAG_INT, OPT(resume), 0, 1, FOR_BOTH, "1: resume from the latest complete checkpoint in -o"},
+    {"--supersede", FLAG_SWITCH, OPT(supersede), 0, 1, FOR_BOTH, "a fresh run into an -o that holds checkpoints: delete them (else refused)"},
+    {"--resume-override", FLAG_SWITCH, OPT(resume_override), 0, 1, FOR_BOTH, "-y 1: continue with hyperparameters that differ from the checkpoint's (else refused)"},
+    {"-nk", FLAG_INT, OPT(keep_last), 0, INT_MAX, FOR_BOTH, "keep only the last N checkpoints (0: all), besides those -nm keeps"},
+    {"-nm", FLAG_INT, OPT(keep_every), 0, INT_MAX, FOR_BOTH, "with -nk: also keep every checkpoint whose step is a multiple of M (0: none)"},
+    {"--collective-timeout", FLAG_INT, OPT(collective_timeout_s), 0, 604800, FOR_BOTH, "seconds a rank waits in a host collective before it stops the job (0: forever)"},
     {"--seed", FLAG_INT, OPT(seed), 0, INT_MAX, FOR_BOTH, "seed for init, shuffling and sampling"},
 };
 #undef OPT
@@ -197,6 +204,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "auto"))
         fail("flag -r: '%s' is not 0, 1, 2 or auto", o->recompute);
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
+    if (o->resume && o->supersede) fail("flags -y 1 and --supersede contradict each other (resume the checkpoints, or delete them)");
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");
 }

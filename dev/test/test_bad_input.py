@@ -90,7 +90,7 @@ def cases(d):
         "layer out of range": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0-5"], ["--recompute-layers", "out of range"]),
         "bad descriptor": (["-e", "d7", *base], ["d7", "cannot open"]),
         "resume without -o": ([*MODEL, *base, "-y", "1"], ["-y", "-o"]),
-        "resume nothing there": ([*MODEL, *base, "-y", "1", "-o", d / "emptydir"], ["no complete checkpoint"]),
+        "resume and supersede": ([*MODEL, *base, "-y", "1", "--supersede", "-o", d / "emptydir"], ["-y 1", "--supersede"]),
         "bad tokenizer": ([*MODEL, *base, "--tokenizer", d / "good.bin", "-s", "1"], ["good.bin", "bad magic"]),
         "shape channels/heads": (["-e", "d6", "--channels", "10", "--heads", "3", *base], ["channels 10 not divisible by heads 3"]),
         # numbers that would be narrowed (cast to int) or wrap round

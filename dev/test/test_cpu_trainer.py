@@ -95,7 +95,10 @@ def test_checkpoint_model_file_is_llmc_format(tiny_shards, tmp_path):
     data = (tmp_path / "model_00000001.bin").read_bytes()
     header = np.frombuffer(data[:1024], dtype=np.int32)
     assert list(header[:8]) == [20240326, 3, 32, 64, 3, 4, 32, 128]
-    assert not header[8:].any()
+    # slots 240-241: the run id, the same as in the DONE marker (llmc/checkpoint.h); the rest zero
+    assert not header[8:240].any() and not header[242:].any()
+    run_id = int(np.frombuffer(header[240:242].tobytes(), dtype="<u8")[0])
+    assert (tmp_path / "DONE_00000001").read_text() == f"run {run_id:016x}\n" and run_id != 0
     C, L, Vp, T = 32, 3, 128, 32
     params = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
     assert len(data) == 1024 + 4 * params
