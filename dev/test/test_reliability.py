@@ -256,3 +256,12 @@ def test_binary_without_mpi_refuses_a_multi_process_launch(shard, var):
     line = one_error(res)
     assert line.startswith(f"error: {var}=2: started as one of several processes") and "without MPI" in line, line
     assert trainer(shard, "-x", "1", exe="build/train_gpt_cpu_asan", env={var: "1"}).returncode == 0
+
+
+def test_make_rebuilds_the_trainer_when_mpi_appears_or_disappears():
+    """`make -q` (question mode) says whether a target is up to date; the
+    trainer was just built by make test-bins with this machine's MPI setting."""
+    here = subprocess.run(["make", "-q", "train_gpt_cpu"], cwd=REPO, capture_output=True)
+    other = "NO_USE_MPI=1" if shutil.which("mpicc") else "MPICC=/usr/bin/mpicc"
+    flipped = subprocess.run(["make", "-q", "train_gpt_cpu", other], cwd=REPO, capture_output=True)
+    assert here.returncode == 0 and flipped.returncode == 1, (here, flipped)
