@@ -64,7 +64,7 @@ static inline void hparams_pack(const TrainOptions* o, int tokens_per_step, int3
 }
 
 static inline void hparam_format(const HparamSpec* h, int32_t v, char* buf, size_t n) {
-    if (h->kind == HP_FLOAT) { float f; memcpy(&f, &v, 4); snprintf(buf, n, "%.9g", (double)f); }
+    if (h->kind == HP_FLOAT) { float f; memcpy(&f, &v, 4); snprintf(buf, n, "%.7g", (double)f); } /* a float's digits */
     else if (h->kind == HP_SCHEDULE) snprintf(buf, n, "%s", v >= 0 && v < 3 ? schedule_names[v] : "?");
     else snprintf(buf, n, "%d", v);
 }

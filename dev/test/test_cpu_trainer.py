@@ -207,7 +207,7 @@ def test_resume_with_zero_or_too_few_steps(tiny_shards, tmp_path):
     assert re.findall(r"val loss ([0-9.]+) at step (\d+)", ev.stdout) == [(at3, "3")]
     assert not STEP_RE.search(ev.stdout)
     res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
-               "-x", "2", "-y", "1", "-o", tmp_path])
+               "-l", "1e-3", "-x", "2", "-y", "1", "-o", tmp_path])  # the checkpoint's -l: resume compares it
     assert res.returncode == 1
     assert res.stderr.strip() == ("error: flag -x: 2 steps, but the checkpoint resumed is at step 3 "
                                   "(more steps, or -x 0 to evaluate it)")
