@@ -27,11 +27,18 @@ endif
 
 HEADERS = $(wildcard llmc/*.h)
 
-.PHONY: all test test-bins deps clean
+.PHONY: all test test-bins deps clean fuzz
 
 all: train_gpt_cpu
 
-train_gpt_cpu: train_gpt.c $(HEADERS)
+# Binaries built with or without MPI depend on a stamp whose name says which:
+# when mpicc appears or disappears the stamp changes, and they are rebuilt.
+mpi_stamp = $(BUILD)/.mpi-$(1)-$(if $(2),on,off)
+$(BUILD)/.mpi-%: | $(BUILD)
+	rm -f $(BUILD)/.mpi-$(firstword $(subst -, ,$*))-*
+	touch $@
+
+train_gpt_cpu: train_gpt.c $(HEADERS) $(call mpi_stamp,cpu,$(MPICC))
 	$(CPU_TRAINER_CC) $(CFLAGS) $(MPI_FLAGS) -o $@ $< $(LDLIBS)
 
 clean:
@@ -69,7 +76,18 @@ $(BUILD)/read_data: dev/test/read_data.c $(HEADERS) | $(BUILD)
 $(BUILD)/train_gpt_cpu_asan: train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS_BASE) $(CPU_ARCH) -Wno-unknown-pragmas -O1 -g $(SANITIZE) -o $@ $< $(LDLIBS)
 
-test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan
+# libFuzzer harnesses of every parser (dev/fuzz), with clang under ASan and
+# UBSan; dev/test/test_fuzz.py runs each for REMAT_FUZZ_SECONDS. Built by
+# test-bins when clang is found (.ci/run installs it).
+CLANG ?= $(shell command -v clang 2>/dev/null)
+FUZZERS = model shard tokenizer state done flags
+FUZZ_BINS = $(FUZZERS:%=$(BUILD)/fuzz_%)
+$(BUILD)/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_common.h $(HEADERS) | $(BUILD)
+	$(CLANG) -O1 -g -std=gnu11 -Wall -Wextra -Werror -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -o $@ $< -lm
+
+fuzz: $(FUZZ_BINS)
+
+test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan $(if $(CLANG),$(FUZZ_BINS))
 
 # Python packages the tests need, installed only when missing.
 deps:

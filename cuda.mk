@@ -116,7 +116,7 @@ cuda-info:
 	@echo "GPU_COMPUTE_CAPABILITY: $(if $(strip $(GPU_COMPUTE_CAPABILITY)),$(strip $(GPU_COMPUTE_CAPABILITY)),unset (fat binary))"
 	@echo "multi-GPU (NCCL + MPI) in train_gpt: $(MULTI_GPU_STATUS)"
 
-train_gpt: train_gpt.cu $(CUDA_DEPS)
+train_gpt: train_gpt.cu $(CUDA_DEPS) $(call mpi_stamp,gpu,$(MULTI_GPU_FLAGS))
 	$(call check_precision,$(PRECISION))
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$(PRECISION)) $(MULTI_GPU_FLAGS) -o $@ $< $(NVCC_LDLIBS) $(MULTI_GPU_LDLIBS)
 
@@ -136,7 +136,7 @@ $(BUILD)/bench_attention_%: dev/bench/bench_attention.cu $(CUDA_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) -o $@ $< $(NVCC_LDLIBS)
 
-$(BUILD)/train_gpt_%: train_gpt.cu $(CUDA_DEPS)
+$(BUILD)/train_gpt_%: train_gpt.cu $(CUDA_DEPS) $(call mpi_stamp,gpu,$(MULTI_GPU_FLAGS))
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) $(MULTI_GPU_FLAGS) -o $@ $< $(NVCC_LDLIBS) $(MULTI_GPU_LDLIBS)
 

@@ -586,7 +586,7 @@ static void cpu_sync_grads(void* ctx) {
     if (!m->zero) {
         for (size_t s = 0; s < n; s += MPI_CHUNK) {
             int k = (int)(n - s < MPI_CHUNK ? n - s : MPI_CHUNK);
-            MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, m->grads + s, k, MPI_REAL_TYPE, MPI_SUM, MPI_COMM_WORLD));
+            PROC_COLLECTIVE(MPI_Allreduce(MPI_IN_PLACE, m->grads + s, k, MPI_REAL_TYPE, MPI_SUM, MPI_COMM_WORLD));
         }
         return;
     }
@@ -596,8 +596,8 @@ static void cpu_sync_grads(void* ctx) {
         for (size_t s = 0; s < count; s += MPI_CHUNK) {
             int k = (int)(count - s < MPI_CHUNK ? count - s : MPI_CHUNK);
             real* buf = m->grads + start + s;
-            if (r == m->rank) MPI_CHECK(MPI_Reduce(MPI_IN_PLACE, buf, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
-            else MPI_CHECK(MPI_Reduce(buf, NULL, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
+            if (r == m->rank) PROC_COLLECTIVE(MPI_Reduce(MPI_IN_PLACE, buf, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
+            else PROC_COLLECTIVE(MPI_Reduce(buf, NULL, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
         }
     }
 }
@@ -614,7 +614,7 @@ static void cpu_allgather_params(CpuModel* m) {
         counts[r] = (int)count;
         displs[r] = (int)start;
     }
-    MPI_CHECK(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->params, counts, displs, MPI_REAL_TYPE, MPI_COMM_WORLD));
+    PROC_COLLECTIVE(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->params, counts, displs, MPI_REAL_TYPE, MPI_COMM_WORLD));
     free(counts);
     free(displs);
 }

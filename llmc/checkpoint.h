@@ -2,15 +2,19 @@
  * Checkpoints in the output directory, one set per saved step N:
  *   model_%08d.bin        the model (FORMATS.md), written by rank 0
  *   state_%08d_%05d.bin   each rank's training state (layout below)
- *   DONE_%08d             empty marker, written last
- * Every file goes to a temporary name and is renamed into place, and resume
- * only considers steps whose DONE marker exists, so a crash mid-write can
- * never be mistaken for a complete checkpoint.
+ *   DONE_%08d             marker, written last: one line "run <id>"
+ * Every file goes to a temporary name and is renamed into place (and the
+ * directory fsynced after), and resume only considers steps whose DONE marker
+ * exists, so a crash mid-write can never be mistaken for a complete checkpoint.
+ * Every file of a checkpoint carries the 64-bit id of the run that wrote it
+ * (model file: header slots 240-241, llm.c readers ignore them; state file:
+ * ST_RUN_ID; DONE: its text), so files of two runs are never mixed on resume.
  *
  * State file: a header of 256 int32 (slots below, unused ones zero; the
  * device record from slot 200 on), then
  * fp32 payloads: AdamW m and v for this rank's shard of the parameters, then
- * the fp32 master weights of that shard when the run keeps them.
+ * the fp32 master weights of that shard when the run keeps them. Slots
+ * ST_HPARAMS.. hold the hyperparameters resume compares (llmc/run_identity.h).
  */
 #ifndef REMAT_CHECKPOINT_H
 #define REMAT_CHECKPOINT_H
@@ -20,12 +24,15 @@
 #include "dataloader.h"
 
 #define STATE_MAGIC 20240527
-#define STATE_VERSION 1
+#define STATE_VERSION 2
+#define MODEL_RUN_ID_SLOT 240
+#define STATE_NUM_HPARAMS 32
 
 enum {
     ST_MAGIC, ST_VERSION, ST_STEP, ST_WORLD, ST_RANK, ST_ZERO, ST_HAS_MASTER, ST_B, ST_T,
     ST_EPOCH, ST_SHARD_POS, ST_BATCH_POS_LO, ST_BATCH_POS_HI, ST_PARAMS_LO, ST_PARAMS_HI,
-    ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES
+    ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES,
+    ST_RUN_ID_LO, ST_RUN_ID_HI, ST_HPARAMS = 32
 };
 /* The device record: name (64 bytes, NUL-padded), SM count, CUDA runtime,
  * cuBLASLt and NCCL versions (0 where not used). */
@@ -57,6 +64,8 @@ typedef struct {
     int clean_steps;
     int updates;       /* optimizer updates applied: AdamW's bias-correction step */
     DeviceRecord device;
+    uint64_t run_id;
+    int32_t hparams[STATE_NUM_HPARAMS];
 } TrainState;
 
 static inline void put64(int32_t* h, int lo, uint64_t v) { h[lo] = (int32_t)(uint32_t)v; h[lo + 1] = (int32_t)(uint32_t)(v >> 32); }
@@ -79,7 +88,26 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     memcpy(&h[ST_DEVICE_NAME], s->device.name, sizeof(s->device.name));
     h[ST_DEVICE_SMS] = s->device.sm_count; h[ST_CUDA_RUNTIME] = s->device.cuda_runtime;
     h[ST_CUBLASLT] = s->device.cublaslt; h[ST_NCCL] = s->device.nccl;
+    put64(h, ST_RUN_ID_LO, s->run_id);
+    memcpy(&h[ST_HPARAMS], s->hparams, sizeof(s->hparams));
     fwrite_check(h, sizeof(int32_t), 256, f, path);
+}
+
+/* Range checks of every header field, before any is used as a size or index
+ * (the comparison with this run comes later, in the trainer). */
+static inline void state_header_check(const TrainState* s, const char* path) {
+    if (s->step < 0) fail("%s: negative step %d in the header", path, s->step);
+    if (s->world < 1 || s->world > 65536 || s->rank < 0 || s->rank >= s->world)
+        fail("%s: rank %d of %d processes out of range in the header", path, s->rank, s->world);
+    if ((s->zero_stage != 0 && s->zero_stage != 1) || (s->has_master != 0 && s->has_master != 1))
+        fail("%s: ZeRO stage %d or master-weight flag %d out of range in the header", path, s->zero_stage, s->has_master);
+    if (s->B < 1 || s->T < 1) fail("%s: batch B=%d T=%d out of range in the header", path, s->B, s->T);
+    if (s->loader.epoch < 0 || s->loader.shard_pos < 0 || s->loader.batch_pos < 0)
+        fail("%s: negative dataloader position in the header", path);
+    if (s->num_params == 0 || s->num_params > ((size_t)1 << 40) || s->shard_params > s->num_params ||
+        s->shard_start > s->num_params - s->shard_params)
+        fail("%s: parameter count %zu or shard [%zu, +%zu) out of range in the header", path, s->num_params, s->shard_start,
+             s->shard_params);
 }
 
 /* Reads and checks a state header; the stream is left at the payload. */
@@ -103,6 +131,9 @@ static inline FILE* state_open(const char* path, TrainState* s) {
     s->device.name[sizeof(s->device.name) - 1] = '\0';
     s->device.sm_count = h[ST_DEVICE_SMS]; s->device.cuda_runtime = h[ST_CUDA_RUNTIME];
     s->device.cublaslt = h[ST_CUBLASLT]; s->device.nccl = h[ST_NCCL];
+    s->run_id = get64(h, ST_RUN_ID_LO);
+    memcpy(s->hparams, &h[ST_HPARAMS], sizeof(s->hparams));
+    state_header_check(s, path);
     size_t expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
     size_t actual = file_size_check(f, path);
     if (actual != expected) fail("%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected);
@@ -115,6 +146,18 @@ static inline void checkpoint_path(char* buf, size_t n, const char* dir, const c
     else snprintf(buf, n, "%s/%s_%08d.bin", dir, kind, step);
 }
 
+/* The step of a file name kind_%08d<suffix> (exactly 8 digits), or -1. */
+static inline int checkpoint_step_of_name(const char* name, const char* kind, const char* suffix) {
+    size_t k = strlen(kind), n = strlen(name), sl = strlen(suffix);
+    if (n != k + 9 + sl || strncmp(name, kind, k) != 0 || name[k] != '_' || strcmp(name + k + 9, suffix) != 0) return -1;
+    int step = 0;
+    for (size_t i = k + 1; i < k + 9; i++) {
+        if (name[i] < '0' || name[i] > '9') return -1;
+        step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
 /* The latest step with a DONE marker in dir, or -1. */
 static inline int checkpoint_latest(const char* dir) {
     DIR* d = opendir(dir);
@@ -122,21 +165,137 @@ static inline int checkpoint_latest(const char* dir) {
     int best = -1;
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
-        int step;
-        char tail;
-        if (strncmp(e->d_name, "DONE_", 5) == 0 && strlen(e->d_name) == 13 && sscanf(e->d_name + 5, "%8d%c", &step, &tail) == 1 && step > best)
-            best = step;
+        int step = checkpoint_step_of_name(e->d_name, "DONE", "");
+        if (step > best) best = step;
     }
     closedir(d);
     return best;
 }
 
-static inline void checkpoint_write_marker(const char* dir, int step) {
+static inline void checkpoint_write_marker(const char* dir, int step, uint64_t run_id) {
     char path[4200];
     checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
     AtomicFile af;
     atomic_open(&af, path);
+    if (fprintf(af.f, "run %016llx\n", (unsigned long long)run_id) < 0) fail("%s: write failed (%s)", af.tmp_path, strerror(errno));
     atomic_commit(&af);
+}
+
+/* The run id in a DONE marker's text "run <16 hex digits>\n". */
+static inline int checkpoint_parse_marker(const char* text, size_t n, uint64_t* run_id) {
+    if (n != 21 || memcmp(text, "run ", 4) != 0 || text[20] != '\n') return -1;
+    uint64_t v = 0;
+    for (int i = 4; i < 20; i++) {
+        char c = text[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    *run_id = v;
+    return 0;
+}
+
+static inline uint64_t checkpoint_read_marker(const char* dir, int step) {
+    char path[4200], text[64];
+    checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
+    FILE* f = fopen_check(path, "rb");
+    size_t n = fread(text, 1, sizeof(text), f);
+    fclose(f);
+    uint64_t id = 0;
+    if (checkpoint_parse_marker(text, n, &id) != 0) fail("%s: not a checkpoint marker (expected one line \"run <16 hex digits>\")", path);
+    return id;
+}
+
+/* The run id in header slots [slot, slot+1] of a model or state file. */
+static inline uint64_t checkpoint_file_run_id(const char* path, int slot) {
+    FILE* f = fopen_check(path, "rb");
+    int32_t h[256];
+    if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: too short for a header", path);
+    fclose(f);
+    return get64(h, slot);
+}
+
+/* Removes the files of checkpoint `step`: the DONE marker first (and the
+ * directory synced), so an interrupted removal never leaves a checkpoint that
+ * looks complete with files missing; then the model and every rank's state. */
+static inline void checkpoint_remove(const char* dir, int step) {
+    char path[4200], prefix[32];
+    checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
+    if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
+    fsync_dir_of(path);
+    snprintf(prefix, sizeof(prefix), "state_%08d_", step);
+    DIR* d = opendir(dir);
+    if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int model = checkpoint_step_of_name(e->d_name, "model", ".bin") == step;
+        if (!model && strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
+    }
+    closedir(d);
+}
+
+/* Steps of every checkpoint file (model, state, DONE) in dir, ascending, unique. */
+static inline int checkpoint_steps(const char* dir, int* steps, int cap) {
+    DIR* d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step = checkpoint_step_of_name(e->d_name, "DONE", "");
+        if (step < 0) step = checkpoint_step_of_name(e->d_name, "model", ".bin");
+        if (step < 0 && strncmp(e->d_name, "state_", 6) == 0 && strlen(e->d_name) == 24) {
+            char head[16];
+            snprintf(head, sizeof(head), "%.14s", e->d_name);
+            step = checkpoint_step_of_name(head, "state", "");
+        }
+        if (step < 0) continue;
+        int i = 0;
+        while (i < n && steps[i] < step) i++;
+        if (i < n && steps[i] == step) continue;
+        if (n == cap) fail("%s: more than %d checkpoints", dir, cap);
+        memmove(steps + i + 1, steps + i, (size_t)(n - i) * sizeof(int));
+        steps[i] = step;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+#define CHECKPOINT_MAX_LISTED 100000
+
+/* --supersede: every checkpoint of an earlier run goes, complete or not. */
+static inline int checkpoint_remove_all(const char* dir) {
+    int* steps = (int*)malloc_check(CHECKPOINT_MAX_LISTED * sizeof(int), "checkpoint list");
+    int n = checkpoint_steps(dir, steps, CHECKPOINT_MAX_LISTED);
+    for (int i = 0; i < n; i++) checkpoint_remove(dir, steps[i]);
+    free(steps);
+    return n;
+}
+
+/* Retention after checkpoint `newest` is complete: keep the last keep_last
+ * complete checkpoints (0: all) and those whose step is a multiple of
+ * keep_every; remove the other complete ones. Incomplete leftovers stay for
+ * resume to ignore (a crash may be writing one right now on another rank). */
+static inline void checkpoint_retain(const char* dir, int keep_last, int keep_every) {
+    if (keep_last <= 0) return;
+    int* steps = (int*)malloc_check(CHECKPOINT_MAX_LISTED * sizeof(int), "checkpoint list");
+    int n = 0;
+    DIR* d = opendir(dir);
+    if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int step = checkpoint_step_of_name(e->d_name, "DONE", "");
+        if (step >= 0 && n < CHECKPOINT_MAX_LISTED) steps[n++] = step;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        int newer = 0;
+        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
+        if (newer >= keep_last && !(keep_every > 0 && steps[i] % keep_every == 0)) checkpoint_remove(dir, steps[i]);
+    }
+    free(steps);
 }
 
 #endif

@@ -46,6 +46,8 @@ typedef struct {
     /* checkpoints and output */
     const char* out_dir;
     int checkpoint_every, resume;
+    int supersede, resume_override, keep_last, keep_every;
+    int collective_timeout_s;
     int seed;
 } TrainOptions;
 
@@ -111,6 +113,11 @@ static const FlagSpec flag_table[] = {
     {"-o", FLAG_STRING, OPT(out_dir), 0, 0, FOR_BOTH, "output directory for checkpoints and log.jsonl (empty: none)"},
     {"-n", FLAG_INT, OPT(checkpoint_every), 0, INT_MAX, FOR_BOTH, "write a checkpoint every N steps (0: only at the end, if -o)"},
     {"-y", FLAG_INT, OPT(resume), 0, 1, FOR_BOTH, "1: resume from the latest complete checkpoint in -o"},
+    {"--supersede", FLAG_SWITCH, OPT(supersede), 0, 1, FOR_BOTH, "a fresh run into an -o that holds checkpoints: delete them (else refused)"},
+    {"--resume-override", FLAG_SWITCH, OPT(resume_override), 0, 1, FOR_BOTH, "-y 1: continue with hyperparameters that differ from the checkpoint's (else refused)"},
+    {"-nk", FLAG_INT, OPT(keep_last), 0, INT_MAX, FOR_BOTH, "keep only the last N checkpoints (0: all), besides those -nm keeps"},
+    {"-nm", FLAG_INT, OPT(keep_every), 0, INT_MAX, FOR_BOTH, "with -nk: also keep every checkpoint whose step is a multiple of M (0: none)"},
+    {"--collective-timeout", FLAG_INT, OPT(collective_timeout_s), 0, 604800, FOR_BOTH, "seconds a rank waits in a host collective before it stops the job (0: forever)"},
     {"--seed", FLAG_INT, OPT(seed), 0, INT_MAX, FOR_BOTH, "seed for init, shuffling and sampling"},
 };
 #undef OPT
@@ -216,6 +223,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         fail("flag --wpe-init: '%s' is not tile or interpolate", o->wpe_init);
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
+    if (o->resume && o->supersede) fail("flags -y 1 and --supersede contradict each other (resume the checkpoints, or delete them)");
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");
 }
@@ -239,6 +247,7 @@ static inline size_t parse_bytes(const char* flag, const char* s) {
         if (strcmp(unit, units[i].unit) == 0) {
             double bytes = v * units[i].mult;
             if (bytes >= 1.8e19) fail("flag %s: '%s' is too large", flag, s);
+            if (bytes < 1.0) fail("flag %s: '%s' is less than one byte", flag, s);
             return (size_t)bytes;
         }
     }
@@ -254,8 +263,9 @@ static inline void parse_layer_set(const char* spec, int L, unsigned char* mask)
     char* end = NULL;
     if (strncmp(spec, "every:", 6) == 0) {
         long k = strtol(spec + 6, &end, 10);
-        if (end == spec + 6 || *end || k < 1) fail("flag --recompute-layers: '%s': every:K needs a positive K", spec);
-        for (int l = 0; l < L; l += (int)k) mask[l] = 1;
+        if (end == spec + 6 || *end || k < 1 || k > L)
+            fail("flag --recompute-layers: '%s': every:K needs K in [1, %d] (the model's layers)", spec, L);
+        for (long l = 0; l < L; l += k) mask[l] = 1;
         return;
     }
     int is_count = strchr(spec, ',') == NULL && strchr(spec, '-') == NULL;

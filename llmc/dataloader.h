@@ -6,7 +6,9 @@
  * process with batch N*B. Every shard is validated (header, exact size, every
  * token < V) when the loader opens, before any training; with several
  * processes each scans the tokens of its share of the shards, and an error
- * on any of them stops all (llmc/multiproc.h). Batches go in file
+ * on any of them stops all (llmc/multiproc.h). A shard may change on disk
+ * while training runs, so each (re)opening checks its header and size again
+ * and every token of every batch is checked as it is loaded (B*T compares). Batches go in file
  * order by default; with shuffling, shard order and batch order inside each
  * shard are permuted per epoch from (seed, epoch), so a resumed run only
  * needs (epoch, shard position, batch position) to continue exactly.
@@ -26,6 +28,7 @@ typedef struct {
     size_t* batches;       /* global batches in each shard */
     int num_shards;
     int B, T, rank, world;
+    int vocab_size;        /* every token loaded is checked against it */
     int shuffle;
     uint64_t seed;
     /* position: the next batch is batch_order[batch_pos] of shard shard_order[shard_pos] */
@@ -126,7 +129,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     dl->num_tokens = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
     dl->batches = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
     dl->shard_order = (int*)malloc_check(g.gl_pathc * sizeof(int), "dataloader");
-    dl->B = B; dl->T = T; dl->rank = rank; dl->world = world;
+    dl->B = B; dl->T = T; dl->rank = rank; dl->world = world; dl->vocab_size = vocab_size;
     dl->shuffle = shuffle; dl->seed = seed;
     size_t global_tokens = (size_t)world * (size_t)B * (size_t)T;
     for (int i = 0; i < dl->num_shards; i++) {
@@ -150,19 +153,30 @@ static inline size_t dataloader_batches_per_epoch(const DataLoader* dl) {
     return total;
 }
 
+/* Opens shard s for reading batches, checking again that it is the shard
+ * validated at start (same header, same token count). */
+static inline void loader_reopen(DataLoader* dl, int s) {
+    if (dl->file) fclose(dl->file);
+    dl->file = fopen_check(dl->paths[s], "rb");
+    dl->open_shard = s;
+    size_t n = shard_open_validate_header(dl->file, dl->paths[s]);
+    if (n != dl->num_tokens[s])
+        fail("%s: now holds %zu tokens, %zu when training started (the shard changed on disk)", dl->paths[s], n, dl->num_tokens[s]);
+}
+
 /* Loads the next batch into inputs/targets and advances, wrapping epochs. */
 static inline void dataloader_next(DataLoader* dl) {
     int s = loader_current_shard(dl);
     size_t batch = dl->shuffle ? dl->batch_order[dl->batch_pos] : dl->batch_pos;
     size_t BT = (size_t)dl->B * (size_t)dl->T;
     size_t start = batch * BT * (size_t)dl->world + (size_t)dl->rank * BT;
-    if (dl->open_shard != s) {
-        if (dl->file) fclose(dl->file);
-        dl->file = fopen_check(dl->paths[s], "rb");
-        dl->open_shard = s;
-    }
+    if (dl->open_shard != s) loader_reopen(dl, s);
     fseek_check(dl->file, (long)(1024 + 2 * start), SEEK_SET, dl->paths[s]);
     fread_check(dl->window, 2, BT + 1, dl->file, dl->paths[s]);
+    for (size_t i = 0; i <= BT; i++)
+        if (dl->window[i] >= dl->vocab_size)
+            fail("%s: token %u at position %zu is out of range for vocabulary size %d (the shard changed on disk after it was validated)",
+                 dl->paths[s], dl->window[i], start + i, dl->vocab_size);
     for (size_t i = 0; i < BT; i++) {
         dl->inputs[i] = dl->window[i];
         dl->targets[i] = dl->window[i + 1];

@@ -107,7 +107,9 @@ static inline void config_validate(const ModelConfig* c, const char* what) {
     if (c->channels < 1 || c->channels > (1 << 16)) fail("%s: channels %d out of range [1, 65536]", what, c->channels);
     if (c->channels % c->num_heads != 0) fail("%s: channels %d not divisible by heads %d", what, c->channels, c->num_heads);
     if (c->vocab_size < 2 || c->vocab_size > 65536) fail("%s: vocabulary size %d out of range [2, 65536] (tokens are uint16)", what, c->vocab_size);
-    if (c->padded_vocab_size < c->vocab_size) fail("%s: padded vocabulary %d smaller than vocabulary %d", what, c->padded_vocab_size, c->vocab_size);
+    if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 17))
+        fail("%s: padded vocabulary %d out of range [%d, 131072] (the vocabulary %d and up)", what, c->padded_vocab_size,
+             c->vocab_size, c->vocab_size);
     if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20)) fail("%s: max sequence length %d out of range [1, 1048576]", what, c->max_seq_len);
 }
 

@@ -115,6 +115,7 @@ typedef struct {
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
     size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
+    int overflow;                       /* some size exceeded 64 bits: total_bytes is SIZE_MAX */
 } MemoryPlan;
 
 #define PLAN_ALIGN 256
@@ -131,9 +132,10 @@ static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int 
     e->layer = layer;
     e->bytes = bytes;
     e->offset = p->total_bytes;
-    size_t aligned = ceil_div(bytes, PLAN_ALIGN) * PLAN_ALIGN;
-    p->total_bytes += aligned;
-    p->section_bytes[section] += aligned;
+    size_t aligned = bytes > SIZE_MAX - PLAN_ALIGN ? SIZE_MAX : ceil_div(bytes, PLAN_ALIGN) * PLAN_ALIGN;
+    p->total_bytes = size_add_sat(p->total_bytes, aligned);
+    p->section_bytes[section] = size_add_sat(p->section_bytes[section], aligned);
+    if (p->total_bytes == SIZE_MAX) p->overflow = 1;
     return e->offset;
 }
 
@@ -141,11 +143,16 @@ static inline int plan_layer_mode(const PlanSpec* s, int layer) {
     return s->layer_mode ? (int)s->layer_mode[layer] : (int)RECOMPUTE_NONE;
 }
 
+/* Bytes of B*T tokens of `bytes_per_token` each (saturating: see size_mul_sat). */
+static inline size_t plan_tokens_bytes(const PlanSpec* s, size_t bytes_per_token) {
+    return size_mul_sat(size_mul_sat((size_t)s->B, (size_t)s->T), bytes_per_token);
+}
+
 /* Bytes of activation `act` for B*T tokens. */
 static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
     int is_stat;
     size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
-    return (size_t)s->B * (size_t)s->T * per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes);
+    return plan_tokens_bytes(s, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
 }
 
 /* Bytes per token that one layer keeps under `mode` (the DESIGN.md table). */
@@ -202,7 +209,7 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
             if (!layer_keeps(mode, a)) { needs_shared[a] = 1; continue; }
             snprintf(name, sizeof(name), "layer%d.%s", l, layer_act_names[a]);
             p->layer_act[l][a] = plan_add(p, name, SEC_ACTIVATIONS, l, plan_act_bytes(s, a));
-            stored += plan_act_bytes(s, a);
+            stored = size_add_sat(stored, plan_act_bytes(s, a));
         }
         if (stored > p->layer_stored_bytes_max) p->layer_stored_bytes_max = stored;
     }
@@ -224,29 +231,29 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     size_t BT = (size_t)s->B * (size_t)s->T, C = (size_t)s->cfg.channels, E = (size_t)s->elem_bytes;
     size_t S = (size_t)s->stat_bytes;
-    p->off_inputs = plan_add(p, "inputs", SEC_ACTIVATIONS, -1, BT * 4);
-    p->off_targets = plan_add(p, "targets", SEC_ACTIVATIONS, -1, BT * 4);
-    p->off_final_res = plan_add(p, "final_residual", SEC_ACTIVATIONS, -1, BT * C * E);
-    p->off_lnf = plan_add(p, "lnf", SEC_ACTIVATIONS, -1, BT * C * E);
-    p->off_lnf_mean = plan_add(p, "lnf_mean", SEC_ACTIVATIONS, -1, BT * S);
-    p->off_lnf_rstd = plan_add(p, "lnf_rstd", SEC_ACTIVATIONS, -1, BT * S);
-    p->off_losses = plan_add(p, "losses", SEC_ACTIVATIONS, -1, BT * S);
+    p->off_inputs = plan_add(p, "inputs", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, 4));
+    p->off_targets = plan_add(p, "targets", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, 4));
+    p->off_final_res = plan_add(p, "final_residual", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, C * E));
+    p->off_lnf = plan_add(p, "lnf", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, C * E));
+    p->off_lnf_mean = plan_add(p, "lnf_mean", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, S));
+    p->off_lnf_rstd = plan_add(p, "lnf_rstd", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, S));
+    p->off_losses = plan_add(p, "losses", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, S));
     for (int g = 0; g < NUM_GRAD_ACTS; g++) {
         char name[40];
         snprintf(name, sizeof(name), "backward.%s", grad_act_names[g]);
-        p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, BT * C * grad_act_width[g] * E);
+        p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, plan_tokens_bytes(s, C * grad_act_width[g] * E));
     }
     size_t chunk_rows = (size_t)s->logits_chunk_rows < BT ? (size_t)s->logits_chunk_rows : BT;
-    p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, chunk_rows * (size_t)s->cfg.padded_vocab_size * E);
+    p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, size_mul_sat(chunk_rows, (size_t)s->cfg.padded_vocab_size * E));
     if (s->backend == BACKEND_CPU) { /* on a GPU these live in host memory, outside the device plan */
         p->off_io_chunk = plan_add(p, "io_staging", SEC_SCRATCH, -1, s->io_chunk_floats * 4);
-        p->off_loader = plan_add(p, "dataloader_tokens", SEC_SCRATCH, -1, (BT + 1) * 2);
+        p->off_loader = plan_add(p, "dataloader_tokens", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 2), 2));
     }
     if (s->backend == BACKEND_GPU) { /* device scratch of the CUDA kernels, fp32 and int32 */
-        p->off_att_rowsum = plan_add(p, "attention_rowsum", SEC_SCRATCH, -1, BT * (size_t)s->cfg.num_heads * 4);
+        p->off_att_rowsum = plan_add(p, "attention_rowsum", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)s->cfg.num_heads * 4));
         p->off_column_partials = plan_add(p, "column_partials", SEC_SCRATCH, -1, (size_t)PLAN_GPU_COLUMN_SPLITS * 4 * C * 4);
         p->off_norm_partials = plan_add(p, "grad_norm_partials", SEC_SCRATCH, -1, ((size_t)PLAN_GPU_NORM_BLOCKS + 1) * 4);
-        p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, (3 * BT + 1) * 4);
+        p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 12), 4));
     }
     if (s->workspace_bytes) plan_add(p, "library_workspace", SEC_WORKSPACE, -1, s->workspace_bytes);
 }

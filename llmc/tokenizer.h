@@ -30,6 +30,9 @@ static inline void tokenizer_load(Tokenizer* tk, const char* path) {
     if (h[1] != 1 && h[1] != 2) fail("%s: unsupported tokenizer version %u (expected 1 or 2)", path, h[1]);
     if (h[2] < 1 || h[2] > 1000000) fail("%s: vocabulary size %u out of range", path, h[2]);
     tk->vocab_size = (int)h[2];
+    if (h[1] == 2 && h[3] >= h[2])
+        fail("%s: end-of-text token %u out of range [0, %u) (the vocabulary size)", path, h[3], h[2]);
+    if (h[1] == 1 && h[2] <= 50256) fail("%s: version 1 implies end-of-text token 50256, but the vocabulary has %u tokens", path, h[2]);
     tk->eot_token = h[1] == 1 ? 50256 : (int)h[3];
     tk->tokens = (char**)calloc_check((size_t)tk->vocab_size, sizeof(char*), "tokenizer");
     tk->lengths = (unsigned char*)calloc_check((size_t)tk->vocab_size, 1, "tokenizer");

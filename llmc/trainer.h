@@ -24,6 +24,8 @@
 #include "checkpoint.h"
 #include "loss_scaler.h"
 #include "multiproc.h"
+#include "run_identity.h"
+#include "preempt.h"
 
 /* ---- the model's buffers ----
  * Points a trainer's model struct `m` at the buffers both trainers keep inside
@@ -134,6 +136,7 @@ typedef struct {
     size_t io_chunk_floats;   /* size of Backend.io_chunk */
     LossScaler scaler;
     int updates;              /* optimizer updates applied (skipped FP16 steps excluded) */
+    uint64_t run_id;          /* written into every checkpoint file (llmc/run_identity.h) */
 } Run;
 
 static inline double now_ms(void) {
@@ -148,12 +151,32 @@ static inline int wants_random_init(const TrainOptions* o) {
     return config_from_descriptor(o->model, &tmp) == 0;
 }
 
+/* The run id: the checkpoint's on resume (checked against all its files),
+ * else a new one. A fresh run into an -o holding complete checkpoints of an
+ * earlier run is refused unless --supersede; -y 1 with none starts fresh. */
+static inline void resolve_run_identity(Run* run) {
+    const TrainOptions* o = &run->opt;
+    FILE* notes = o->plan_json ? stderr : stdout;
+    if (run->resume_step >= 0) {
+        if (run->rank == 0) run->run_id = checkpoint_verify_run_id(o->out_dir, run->resume_step, remat_proc.world);
+    } else {
+        if (o->resume) fprintf(notes, "resume: no complete checkpoint (DONE_* marker) in %s: starting a fresh run\n", o->out_dir);
+        int existing = o->out_dir[0] && !o->resume && !o->supersede && !o->plan_only && !o->plan_json ? checkpoint_latest(o->out_dir) : -1;
+        proc_broadcast(&existing, sizeof(existing));
+        if (existing >= 0)
+            fail("-o %s holds checkpoints of an earlier run (the latest complete: step %d): resume it with -y 1, or give "
+                 "--supersede to delete them", o->out_dir, existing);
+        run->run_id = run_id_new();
+    }
+    proc_broadcast(&run->run_id, sizeof(run->run_id));
+}
+
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
     run->resume_step = o->resume ? checkpoint_latest(o->out_dir) : -1;
     proc_broadcast(&run->resume_step, sizeof(run->resume_step)); /* every rank resumes the same step */
-    if (o->resume && run->resume_step < 0) fail("-y 1: no complete checkpoint (DONE_* marker) in %s", o->out_dir);
+    resolve_run_identity(run);
     static char ckpt_model[4200];
     if (run->resume_step >= 0) {
         checkpoint_path(ckpt_model, sizeof(ckpt_model), o->out_dir, "model", run->resume_step, -1);
@@ -276,6 +299,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
                              int master_weights_supported, size_t workspace_bytes, int logits_chunk_rows) {
     memset(run, 0, sizeof(*run));
     parse_args(argc, argv, &run->opt, trainer);
+    proc_set_collective_timeout(run->opt.collective_timeout_s);
     run->rank = remat_proc.rank;
     run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
     if (run->opt.zero_stage == 1 && run->world == 1)
@@ -283,6 +307,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
+    ranks_check_same(&run->opt, &run->cfg, NULL, NULL, 0);
     PlanSpec spec;
     memset(&spec, 0, sizeof(spec));
     spec.cfg = run->cfg;
@@ -303,6 +328,9 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     plan_validate_spec(&spec);
     if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
     plan_build(&run->plan, &spec);
+    if (run->plan.overflow)
+        fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",
+             run->opt.B, run->opt.T, run->cfg.num_layers, run->cfg.channels);
     run->io_chunk_floats = spec.io_chunk_floats;
     maybe_print_plan_and_exit(run);
     check_default_data(&run->opt);
@@ -400,14 +428,32 @@ static inline void load_parameters(Run* run, Backend* be) {
         }
 }
 
-/* Streams a state tensor of n elements from element `start` between a file and the backend. */
-static inline void stream_tensor(Run* run, Backend* be, int tensor, size_t start, size_t n, FILE* f, const char* path, int write) {
+static const char* const state_tensor_names[4] = {"parameters", "master weights", "AdamW m", "AdamW v"};
+
+/* A state about to be saved must be finite: a non-finite one (an update that
+ * diverged, the last one included) stops the run before any checkpoint of
+ * it is complete. The values pass through host memory on their way to the
+ * file anyway, so on the GPU too this costs no extra transfer. */
+static inline void check_finite_chunk(const float* x, size_t n, int tensor, size_t first, int step, AtomicFile* af) {
+    for (size_t i = 0; i < n; i++) {
+        if (isfinite(x[i])) continue;
+        if (af) atomic_abort(af);
+        fail("step %d: %s element %zu is %g: the training state diverged (lower -l, or keep --grad-clip on); no checkpoint "
+             "of it is written", step, state_tensor_names[tensor], first + i, (double)x[i]);
+    }
+}
+
+/* Streams a state tensor of n elements from element `start` between a file
+ * (af's when writing, f when reading) and the backend. */
+static inline void stream_tensor(Run* run, Backend* be, int tensor, size_t start, size_t n, FILE* f, const char* path,
+                                 AtomicFile* af, int step) {
     size_t chunk = run->io_chunk_floats;
     for (size_t s = 0; s < n; s += chunk) {
         size_t k = n - s < chunk ? n - s : chunk;
-        if (write) {
+        if (af) {
             be->transfer(be->ctx, tensor, start + s, k, be->io_chunk, 1);
-            fwrite_check(be->io_chunk, 4, k, f, path);
+            check_finite_chunk(be->io_chunk, k, tensor, start + s, step, af);
+            fwrite_check(be->io_chunk, 4, k, af->f, path);
         } else {
             fread_check(be->io_chunk, 4, k, f, path);
             be->transfer(be->ctx, tensor, start + s, k, be->io_chunk, 0);
@@ -415,18 +461,37 @@ static inline void stream_tensor(Run* run, Backend* be, int tensor, size_t start
     }
 }
 
-static inline void save_model_file(Run* run, Backend* be, const char* path) {
+static inline void save_model_file(Run* run, Backend* be, const char* path, int step) {
     AtomicFile af;
     atomic_open(&af, path);
     model_file_write_header(af.f, &run->cfg, be->model_file_version, path);
+    int32_t id_slots[2];
+    put64(id_slots, 0, run->run_id);
+    fseek_check(af.f, 4L * MODEL_RUN_ID_SLOT, SEEK_SET, af.tmp_path);
+    fwrite_check(id_slots, 4, 2, af.f, af.tmp_path);
+    fseek_check(af.f, 1024, SEEK_SET, af.tmp_path);
     size_t n_total = run->plan.num_params, chunk = run->io_chunk_floats;
     for (size_t s = 0; s < n_total; s += chunk) {
         size_t n = n_total - s < chunk ? n_total - s : chunk;
         be->transfer(be->ctx, TENSOR_PARAMS, s, n, be->io_chunk, 1);
+        check_finite_chunk(be->io_chunk, n, TENSOR_PARAMS, s, step, &af);
         model_file_write_chunk(af.f, be->model_file_version, be->io_chunk, n, path);
     }
     atomic_commit(&af);
 }
+
+/* Without -o nothing is saved, but a run that ends with a non-finite model
+ * still must not exit 0. */
+static inline void check_parameters_finite(Run* run, Backend* be, int step) {
+    size_t n_total = run->plan.num_params, chunk = run->io_chunk_floats;
+    for (size_t s = 0; s < n_total; s += chunk) {
+        size_t n = n_total - s < chunk ? n_total - s : chunk;
+        be->transfer(be->ctx, TENSOR_PARAMS, s, n, be->io_chunk, 1);
+        check_finite_chunk(be->io_chunk, n, TENSOR_PARAMS, s, step, NULL);
+    }
+}
+
+static inline int run_tokens_per_step(const Run* run) { return run->grad_accum * run->opt.B * run->opt.T * run->world; }
 
 /* The parameters whose optimizer state this rank holds: all of them, or its
  * ZeRO-1 shard. */
@@ -440,7 +505,7 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     char path[4200];
     if (run->rank == 0) {
         checkpoint_path(path, sizeof(path), dir, "model", step, -1);
-        save_model_file(run, be, path);
+        save_model_file(run, be, path, step);
     }
     TrainState st;
     memset(&st, 0, sizeof(st));
@@ -453,16 +518,21 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     st.clean_steps = run->scaler.clean_steps;
     st.updates = run->updates;
     st.device = be->device;
+    st.run_id = run->run_id;
+    hparams_pack(&run->opt, run_tokens_per_step(run), st.hparams);
     checkpoint_path(path, sizeof(path), dir, "state", step, run->rank);
     AtomicFile af;
     atomic_open(&af, path);
     state_header_write(af.f, &st, path);
-    stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, af.f, path, 1);
-    stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, af.f, path, 1);
-    if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, af.f, path, 1);
+    stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, NULL, path, &af, step);
+    stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, NULL, path, &af, step);
+    if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, NULL, path, &af, step);
     atomic_commit(&af);
     proc_barrier(); /* complete only when every rank has written */
-    if (run->rank == 0) checkpoint_write_marker(dir, step);
+    if (run->rank == 0) {
+        checkpoint_write_marker(dir, step, run->run_id);
+        checkpoint_retain(dir, run->opt.keep_last, run->opt.keep_every);
+    }
     printf("checkpoint: step %d written to %s\n", step, dir);
 }
 
@@ -502,13 +572,17 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     if (st.has_master != run->plan.spec.master_weights) fail("%s: checkpoint master-weight setting (-w) differs from this run", path);
     if (!(st.loss_scale >= 1.0f) || st.clean_steps < 0 || st.updates < 0 || st.updates > st.step)
         fail("%s: corrupt loss-scaler or step state in the header", path);
+    if (st.run_id != run->run_id)
+        fail("%s: written by run %016llx, its DONE marker names run %016llx: the checkpoint mixes two runs' files", path,
+             (unsigned long long)st.run_id, (unsigned long long)run->run_id);
+    hparams_check(&run->opt, run_tokens_per_step(run), st.hparams, path);
     run->scaler.scale = st.loss_scale;
     run->scaler.clean_steps = st.clean_steps;
     run->updates = st.updates;
     warn_if_other_device(&st.device, &be->device, path);
-    stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, f, path, 0);
-    stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, f, path, 0);
-    if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, f, path, 0);
+    stream_tensor(run, be, TENSOR_ADAM_M, st.shard_start, st.shard_params, f, path, NULL, 0);
+    stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, f, path, NULL, 0);
+    if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, f, path, NULL, 0);
     fclose(f);
     dataloader_set_state(loader, st.loader, path);
     printf("resumed: step %d from %s\n", st.step, run->opt.out_dir);
@@ -613,7 +687,7 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
 }
 
 static inline int end_of_text(const Run* run, const Tokenizer* tk) {
-    if (tk->loaded && tk->eot_token < run->cfg.vocab_size) return tk->eot_token;
+    if (tk->loaded && tk->eot_token >= 0 && tk->eot_token < run->cfg.vocab_size) return tk->eot_token;
     return run->cfg.vocab_size == 50257 ? 50256 : run->cfg.vocab_size - 1;
 }
 
@@ -749,6 +823,8 @@ static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step,
         sample(run, be, ls, step);
     if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
         save_checkpoint(run, be, step, &ls->train);
+    else if (last && step > start && !o->out_dir[0])
+        check_parameters_finite(run, be, step);
 }
 
 static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, int steps, const StepResult* r, double ms) {
@@ -782,7 +858,13 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
                         (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     load_tokenizer(run, &ls->tk);
     if (o->out_dir[0]) mkdir_check(o->out_dir);
-    logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL);
+    /* a fresh run: --supersede's checkpoints, or incomplete leftovers, go before anything is written */
+    if (o->out_dir[0] && run->resume_step < 0 && run->rank == 0) {
+        int removed = checkpoint_remove_all(o->out_dir);
+        if (removed) printf("checkpoints: removed %d earlier checkpoint%s from %s\n", removed, removed == 1 ? "" : "s", o->out_dir);
+    }
+    proc_barrier();
+    logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL, run->resume_step);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
     ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
@@ -804,6 +886,37 @@ static inline void loop_close(LoopState* ls) {
     if (ls->has_val) dataloader_free(&ls->val);
 }
 
+static inline uint64_t loader_digest(const DataLoader* dl) {
+    uint64_t h = FNV_START;
+    for (int i = 0; i < dl->num_shards; i++) h = fnv1a(h, &dl->num_tokens[i], sizeof(size_t));
+    return h;
+}
+
+/* Ranks that read different data, or would run a different number of
+ * steps, would diverge or hang in a collective: refused at start. */
+static inline void ranks_check_data_and_steps(const LoopState* ls, int steps) {
+    static const char* const names[3] = {"-i (the token counts of the training shards)",
+                                         "-j (the token counts of the validation shards)", "the number of steps (-x)"};
+    uint64_t v[3] = {loader_digest(&ls->train), ls->has_val ? loader_digest(&ls->val) : 0, (uint64_t)steps};
+    ranks_check_same(NULL, NULL, names, v, 3);
+}
+
+/* After step `step`: when any rank was signalled, checkpoint that step (with
+ * -o) and exit with PREEMPT_EXIT_STATUS. Every rank takes part in the vote,
+ * so all stop after the same step. */
+static inline void maybe_stop_on_signal(Run* run, Backend* be, LoopState* ls, int step) {
+    int sig = (int)proc_max((double)remat_stop_signal);
+    if (!sig) return;
+    const char* dir = run->opt.out_dir;
+    if (dir[0]) save_checkpoint(run, be, step, &ls->train);
+    printf("stopped by %s after step %d: %s\n", preempt_signal_name(sig), step,
+           dir[0] ? "checkpoint written, resume with -y 1" : "no -o, nothing saved");
+    logger_event(&ls->log, step, "stopped by signal");
+    loop_close(ls);
+    fflush(stdout);
+    exit(PREEMPT_EXIT_STATUS);
+}
+
 /* Loads the parameters (or checkpoint), runs all steps, reports. */
 static inline void train(Run* run, Backend* be) {
     const MemoryPlan* p = &run->plan;
@@ -814,6 +927,7 @@ static inline void train(Run* run, Backend* be) {
     loop_open(run, be, &ls);
     int start = run->resume_step >= 0 ? load_checkpoint(run, be, &ls.train) : 0;
     int steps = total_steps(run, &ls.train);
+    ranks_check_data_and_steps(&ls, steps);
     if (start > 0) logger_event(&ls.log, start, "resumed");
     if (steps < start && run->opt.max_steps != 0)
         fail("flag -x: %d steps, but the checkpoint resumed is at step %d (more steps, or -x 0 to evaluate it)", steps, start);
@@ -825,6 +939,7 @@ static inline void train(Run* run, Backend* be) {
                run->opt.schedule, run->opt.warmup_steps);
     }
     fflush(stdout);
+    preempt_install();
     double total_ms = 0.0;
     int timed_steps = 0;
     for (int step = start; step <= steps; step++) {
@@ -837,6 +952,7 @@ static inline void train(Run* run, Backend* be) {
         if (be->step_end) be->step_end(be->ctx, step + 1);
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
         report_step(run, be, &ls, step + 1, steps, &r, ms);
+        if (step + 1 < steps) maybe_stop_on_signal(run, be, &ls, step + 1);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     if (p->spec.backend == BACKEND_CPU)

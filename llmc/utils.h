@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -23,6 +24,11 @@ typedef void (*fail_hook_fn)(void);
 static fail_hook_fn remat_fail_hook = NULL;
 /* Rank named in error lines of multi-process runs; -1 for a single process. */
 static int remat_error_rank = -1;
+/* For the fuzz harnesses (dev/fuzz), whose fail hook jumps back out of a
+ * parser: no error line per input, and each file opened is reported so the
+ * harness can close the one a failing parser leaves open. */
+static int remat_fail_quiet = 0;
+static void (*remat_fopen_hook)(FILE* f) = NULL;
 
 #if defined(__GNUC__)
 #define REMAT_PRINTF(a, b) __attribute__((format(printf, a, b)))
@@ -43,7 +49,7 @@ static inline void fail(const char* fmt, ...) {
     size_t len = strlen(line);
     line[len] = '\n';
     fflush(stdout);
-    if (write(STDERR_FILENO, line, len + 1) < 0) { /* nothing left to report to */ }
+    if (!remat_fail_quiet && write(STDERR_FILENO, line, len + 1) < 0) { /* nothing left to report to */ }
     if (remat_fail_hook) remat_fail_hook();
     exit(1);
 }
@@ -63,6 +69,7 @@ static inline void* calloc_check(size_t n, size_t size, const char* what) {
 static inline FILE* fopen_check(const char* path, const char* mode) {
     FILE* f = fopen(path, mode);
     if (!f) fail("%s: cannot open (%s)", path, strerror(errno));
+    if (remat_fopen_hook) remat_fopen_hook(f);
     return f;
 }
 
@@ -119,11 +126,35 @@ static inline void atomic_open(AtomicFile* af, const char* path) {
     af->f = fopen_check(af->tmp_path, "wb");
 }
 
+/* Flushes a directory's entries (a rename, a removal) to disk. */
+static inline void fsync_dir_of(const char* path) {
+    char dir[4096];
+    const char* slash = strrchr(path, '/');
+    size_t len = slash ? (size_t)(slash - path) : 0;
+    if (len >= sizeof(dir)) fail("%s: path too long", path);
+    if (slash && len == 0) len = 1; /* a file in / */
+    if (slash) memcpy(dir, path, len);
+    else dir[len++] = '.';
+    dir[len] = '\0';
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) fail("%s: cannot open directory (%s)", dir, strerror(errno));
+    if (fsync(fd) != 0 && errno != EINVAL) fail("%s: fsync of directory failed (%s)", dir, strerror(errno));
+    close(fd);
+}
+
 static inline void atomic_commit(AtomicFile* af) {
     fclose_check(af->f, af->tmp_path);
     af->f = NULL;
     if (rename(af->tmp_path, af->path) != 0)
         fail("%s: cannot rename into place (%s)", af->path, strerror(errno));
+    fsync_dir_of(af->path);
+}
+
+/* Abandons an atomic write: the temporary file is removed, nothing renamed. */
+static inline void atomic_abort(AtomicFile* af) {
+    if (af->f) fclose(af->f);
+    af->f = NULL;
+    remove(af->tmp_path);
 }
 
 /* Creates dir and any missing parents (as mkdir -p); fails unless dir ends up a directory. */
@@ -146,5 +177,16 @@ static inline void mkdir_check(const char* dir) {
 static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
 static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
+
+/* Saturating size arithmetic: SIZE_MAX stands for "does not fit in 64 bits",
+ * so a sum or product of sizes can never wrap round to a small number. */
+static inline size_t size_mul_sat(size_t a, size_t b) {
+    size_t r;
+    return __builtin_mul_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+static inline size_t size_add_sat(size_t a, size_t b) {
+    size_t r;
+    return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
 
 #endif

@@ -40,6 +40,19 @@ def files(tmp_path_factory):
     (d / "model_truncated.bin").write_bytes(model[:-4])
     (d / "model_badshape.bin").write_bytes(model[:16] + struct.pack("<i", -3) + model[20:])
     (d / "model_heads.bin").write_bytes(model[:20] + struct.pack("<i", 3) + model[24:])
+    (d / "model_padded.bin").write_bytes(model[:28] + struct.pack("<i", 1 << 30) + model[32:])
+    tokens = [bytes([65 + i % 26]) for i in range(64)]
+    datafile.write_tokenizer(d / "tok_ok.bin", tokens, 63)
+    tok = (d / "tok_ok.bin").read_bytes()
+    (d / "tok_eot_negative.bin").write_bytes(tok[:12] + struct.pack("<i", -1) + tok[16:])
+    (d / "tok_eot_high.bin").write_bytes(tok[:12] + struct.pack("<i", 64) + tok[16:])
+    state = (d / "ckpt" / "state_00000001_00000.bin").read_bytes()
+    for name, slot, value in [("rank", 4, 5), ("step", 2, -7), ("params", 13, -1), ("shardpos", 10, -2)]:
+        bad = d / f"state_{name}"
+        bad.mkdir()
+        for f in (d / "ckpt").iterdir():
+            (bad / f.name).write_bytes(f.read_bytes())
+        (bad / "state_00000001_00000.bin").write_bytes(state[:4 * slot] + struct.pack("<i", value) + state[4 * slot + 4:])
     return d
 
 
@@ -77,9 +90,27 @@ def cases(d):
         "layer out of range": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0-5"], ["--recompute-layers", "out of range"]),
         "bad descriptor": (["-e", "d7", *base], ["d7", "unknown model descriptor"]),
         "resume without -o": ([*MODEL, *base, "-y", "1"], ["-y", "-o"]),
-        "resume nothing there": ([*MODEL, *base, "-y", "1", "-o", d / "emptydir"], ["no complete checkpoint"]),
+        "resume and supersede": ([*MODEL, *base, "-y", "1", "--supersede", "-o", d / "emptydir"], ["-y 1", "--supersede"]),
         "bad tokenizer": ([*MODEL, *base, "--tokenizer", d / "good.bin", "-s", "1"], ["good.bin", "bad magic"]),
         "shape channels/heads": (["-e", "d6", "--channels", "10", "--heads", "3", *base], ["channels 10 not divisible by heads 3"]),
+        # numbers that would be narrowed (cast to int) or wrap round
+        "every:K at 2^31": ([*MODEL, *base, "-r", "1", "--recompute-layers", "every:2147483648"], ["--recompute-layers", "K in [1, 1]"]),
+        "every:K above 2^32": ([*MODEL, *base, "-r", "1", "--recompute-layers", "every:4294967297"], ["--recompute-layers", "K in [1, 1]"]),
+        "every:K huge": ([*MODEL, *base, "-r", "1", "--recompute-layers", "every:99999999999999999999"], ["--recompute-layers"]),
+        "int flag above 2^32": ([*MODEL, *base, "-n", "4294967297"], ["-n", "out of range"]),
+        "mem budget below a byte": ([*MODEL, *base, "--plan", "--mem-budget", "1e-9"], ["--mem-budget", "less than one byte"]),
+        "plan beyond 2^64 bytes": (["-e", "d6", "--layers", "4096", "--channels", "65536", "--heads", "1", "--vocab-size", "65536",
+                                    "--max-seq-len", "1048576", "-b", "2047", "-t", "1048576", "--plan"], ["exceeds 2^64 bytes"]),
+        # header fields out of range
+        "model padded vocab": (["-e", d / "model_padded.bin", *base], ["model_padded.bin", "padded vocabulary 1073741824"]),
+        "tokenizer eot negative": ([*MODEL, *base, "--tokenizer", d / "tok_eot_negative.bin", "-s", "1"],
+                                   ["tok_eot_negative.bin", "end-of-text token 4294967295 out of range"]),
+        "tokenizer eot = V": ([*MODEL, *base, "--tokenizer", d / "tok_eot_high.bin", "-s", "1"],
+                              ["tok_eot_high.bin", "end-of-text token 64 out of range"]),
+        "state rank": ([*MODEL, *base, "-x", "2", "-y", "1", "-o", d / "state_rank"], ["state_00000001_00000.bin", "rank 5 of 1"]),
+        "state step": ([*MODEL, *base, "-x", "2", "-y", "1", "-o", d / "state_step"], ["state_00000001_00000.bin", "negative step"]),
+        "state params": ([*MODEL, *base, "-x", "2", "-y", "1", "-o", d / "state_params"], ["state_00000001_00000.bin", "parameter count"]),
+        "state loader": ([*MODEL, *base, "-x", "2", "-y", "1", "-o", d / "state_shardpos"], ["state_00000001_00000.bin", "dataloader position"]),
     }
 
 
@@ -138,3 +169,30 @@ def test_nan_in_training_stops_the_run(files, tmp_path):
     assert res.returncode == 1
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: step 1: loss nan") and "diverged" in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("change", ["token", "size"])
+def test_shard_changed_during_training_is_refused(tmp_path, change):
+    """A shard rewritten after the start-up validation, before the loader
+    reaches it: the token check of each batch (same size) or the check at
+    reopening (other size) stops the run with one line, never an
+    out-of-bounds embedding lookup (ASan would report it)."""
+    rng = np.random.default_rng(3)
+    first, second = tmp_path / "a_train.bin", tmp_path / "b_train.bin"
+    datafile.write_shard(first, rng.integers(0, 64, 16 * 3000 + 1))  # about 3000 steps before the loader switches shards
+    datafile.write_shard(second, rng.integers(0, 64, 16 * 100 + 1))
+    proc = subprocess.Popen([str(binary("build/train_gpt_cpu_asan")), *MODEL, "-i", str(tmp_path / "*_train.bin"), "-j", "",
+                             "-b", "1", "-t", "16", "-x", "3050", "-s", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    for line in proc.stdout:
+        if line.startswith("step "):
+            break
+    tokens = rng.integers(0, 64, 16 * 100 + 1 if change == "token" else 16 * 50 + 1)
+    tokens[200] = 64 if change == "token" else tokens[200]
+    datafile.write_shard(second, tokens)
+    out, err = proc.communicate(timeout=300)
+    assert "step 3000/3050" in out, "the shard was rewritten too late to test anything"
+    assert proc.returncode == 1, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    expected = "token 64 at position 200" if change == "token" else "now holds 801 tokens, 1601"
+    assert len(lines) == 1 and str(second) in lines[0] and expected in lines[0], err

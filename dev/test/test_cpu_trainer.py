@@ -95,7 +95,10 @@ def test_checkpoint_model_file_is_llmc_format(tiny_shards, tmp_path):
     data = (tmp_path / "model_00000001.bin").read_bytes()
     header = np.frombuffer(data[:1024], dtype=np.int32)
     assert list(header[:8]) == [20240326, 3, 32, 64, 3, 4, 32, 128]
-    assert not header[8:].any()
+    # slots 240-241: the run id, the same as in the DONE marker (llmc/checkpoint.h); the rest zero
+    assert not header[8:240].any() and not header[242:].any()
+    run_id = int(np.frombuffer(header[240:242].tobytes(), dtype="<u8")[0])
+    assert (tmp_path / "DONE_00000001").read_text() == f"run {run_id:016x}\n" and run_id != 0
     C, L, Vp, T = 32, 3, 128, 32
     params = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
     assert len(data) == 1024 + 4 * params
@@ -204,7 +207,7 @@ def test_resume_with_zero_or_too_few_steps(tiny_shards, tmp_path):
     assert re.findall(r"val loss ([0-9.]+) at step (\d+)", ev.stdout) == [(at3, "3")]
     assert not STEP_RE.search(ev.stdout)
     res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
-               "-x", "2", "-y", "1", "-o", tmp_path])
+               "-l", "1e-3", "-x", "2", "-y", "1", "-o", tmp_path])  # the checkpoint's -l: resume compares it
     assert res.returncode == 1
     assert res.stderr.strip() == ("error: flag -x: 2 steps, but the checkpoint resumed is at step 3 "
                                   "(more steps, or -x 0 to evaluate it)")

@@ -48,6 +48,7 @@ int main(void) {
     close(fd);
     TrainState saved, restored;
     memset(&saved, 0, sizeof(saved));
+    saved.world = 1; saved.B = 1; saved.T = 1; saved.num_params = 1; /* a header state_open accepts */
     saved.loss_scale = a.scale;
     saved.clean_steps = a.clean_steps;
     FILE* f = fopen_check(path, "wb");

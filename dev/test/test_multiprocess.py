@@ -73,7 +73,8 @@ def test_zero1_matches_zero0(synthetic, tmp_path):
     assert len(STEP_RE.findall(z0.stdout)) == 10
     assert STEP_RE.findall(z1.stdout) == STEP_RE.findall(z0.stdout)
     model = "model_00000010.bin"
-    assert (tmp_path / "z1" / model).read_bytes() == (tmp_path / "z0" / model).read_bytes()
+    without_run_id = lambda data: data[:4 * 240] + data[4 * 242:]  # header slots 240-241: each run's own id
+    assert without_run_id((tmp_path / "z1" / model).read_bytes()) == without_run_id((tmp_path / "z0" / model).read_bytes())
 
 
 @pytest.mark.parametrize("zero", ["0", "1"])
@@ -138,3 +139,92 @@ def test_plan_of_two_processes_matches_plan_processes(synthetic, zero):
     two = json.loads(run(["mpirun", "-np", "2", *args], env=MPI_ENV, check=True).stdout)
     one = json.loads(run([*args, "--plan-processes", "2"], check=True).stdout)
     assert two["world_size"] == 2 and two == one
+
+
+def mpmd(data, per_rank, common=(), wdirs=None, timeout=120):
+    """mpirun with one app context per rank: rank r gets common + per_rank[r]."""
+    out, meta = data
+    args = ["mpirun"]
+    for r, extra in enumerate(per_rank):
+        if r:
+            args.append(":")
+        args += ["-np", "1", *(["-wdir", wdirs[r]] if wdirs else []), str(binary("train_gpt_cpu")), *MODEL,
+                 "--vocab-size", str(meta["vocab_size"]), "-t", "32", "-s", "0", "-j", "", *common, *extra]
+    return run(args, env=MPI_ENV, timeout=timeout)
+
+
+@pytest.mark.parametrize("flag, a, b", [("-b", "2", "4"), ("-x", "3", "4"), ("--seed", "1", "2"), ("-l", "1e-3", "2e-3")])
+def test_ranks_with_different_flags_are_refused(synthetic, flag, a, b):
+    out, _ = synthetic
+    common = ["-i", out / "synthetic_train.bin", "-b", "2", "-x", "3"]
+    t0 = time.time()
+    res = mpmd(synthetic, [[flag, a], [flag, b]], common)
+    assert res.returncode != 0 and time.time() - t0 < 60
+    assert f"error: rank 0: flag {flag} differs between the processes of this run" in res.stderr, res.stderr
+    assert "step " not in res.stdout
+
+
+def test_ranks_with_different_data_are_refused(synthetic, tmp_path):
+    """The same -i on both ranks, but it names different files (one working
+    directory each): with -x -1 they would disagree on the number of steps
+    and hang in a collective."""
+    out, _ = synthetic
+    tokens = datafile.read_shard(out / "synthetic_train.bin")
+    for r, n in enumerate([6000, 9000]):
+        (tmp_path / str(r)).mkdir()
+        datafile.write_shard(tmp_path / str(r) / "train.bin", tokens[:n])
+    res = mpmd(synthetic, [[], []], ["-i", "train.bin", "-b", "2", "-x", "-1"], wdirs=[tmp_path / "0", tmp_path / "1"])
+    assert res.returncode != 0
+    assert "error: rank 0: -i (the token counts of the training shards) differs between the processes" in res.stderr, res.stderr
+
+
+def test_signal_stops_every_rank_after_the_same_step(synthetic, tmp_path):
+    import signal
+    import subprocess
+    out, meta = synthetic
+    args = ["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
+            str(out / "synthetic_train.bin"), "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "100000", "-o", str(tmp_path)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **MPI_ENV})
+    for line in proc.stdout:
+        if line.startswith("step    3/"):
+            break
+    proc.send_signal(signal.SIGTERM)  # mpirun forwards it to both ranks
+    out_text, err = proc.communicate(timeout=120)
+    m = re.search(r"stopped by SIGTERM after step (\d+)", out_text)
+    assert m, (out_text[-1000:], err)
+    step = int(m.group(1))
+    assert (tmp_path / f"DONE_{step:08d}").exists()
+    assert (tmp_path / f"state_{step:08d}_00000.bin").exists() and (tmp_path / f"state_{step:08d}_00001.bin").exists()
+    assert proc.returncode != 0, err  # each rank exits 75; mpirun, signalled itself, reports its own non-zero status
+
+
+def test_collective_timeout_stops_a_job_whose_rank_is_stuck(synthetic):
+    """Rank processes are mpirun's children; stopping one (SIGSTOP) leaves
+    the other waiting in a collective, which --collective-timeout ends."""
+    import signal
+    import subprocess
+    out, meta = synthetic
+    args = ["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
+            str(out / "synthetic_train.bin"), "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "100000",
+            "--collective-timeout", "3"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **MPI_ENV})
+    for line in proc.stdout:
+        if line.startswith("step    2/"):
+            break
+    children = []
+    for task in os.listdir(f"/proc/{proc.pid}/task"):
+        children += open(f"/proc/{proc.pid}/task/{task}/children").read().split()
+    ranks = [int(c) for c in children if "train_gpt_cpu" in open(f"/proc/{c}/cmdline").read()]
+    assert len(ranks) == 2, children
+    os.kill(ranks[1], signal.SIGSTOP)
+    t0 = time.time()
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        for r in ranks:
+            try:
+                os.kill(r, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert proc.returncode != 0 and time.time() - t0 < 30
+    assert "waited more than 3 s in MPI_" in err and "--collective-timeout" in err, err

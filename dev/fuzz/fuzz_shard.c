@@ -1,0 +1,18 @@
+/* Token shards: header, exact size, every token below the vocabulary size
+ * (the first input byte picks V among a few). */
+#include "dev/fuzz/fuzz_common.h"
+#include "llmc/dataloader.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    static const int vocab[4] = {2, 64, 50257, 65536};
+    if (size < 1) return 0;
+    fuzz_setup();
+    int V = vocab[data[0] & 3];
+    const char* path = fuzz_write_file(data + 1, size - 1);
+    fuzz_last_open = NULL;
+    if (setjmp(fuzz_jump)) { fuzz_close_left_open(); return 0; }
+    uint16_t buf[7]; /* small: several reads per shard */
+    shard_validate(path, V, buf, 7, 1);
+    fuzz_last_open = NULL;
+    return 0;
+}

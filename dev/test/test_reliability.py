@@ -1,0 +1,267 @@
+"""Reliability of the CPU trainer's runs (issue 16): non-finite state never
+saved, run ids in checkpoints, a reused output directory, hyperparameters on
+resume, log.jsonl under write failures and resumes, checkpoint retention and
+preemption by a signal."""
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO, binary, datafile, run
+
+MODEL = ["-e", "d6", "--layers", "2", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
+STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
+
+
+@pytest.fixture(scope="module")
+def shard(tmp_path_factory):
+    d = tmp_path_factory.mktemp("rel")
+    datafile.write_shard(d / "train.bin", np.random.default_rng(5).integers(0, 64, 20000))
+    return d / "train.bin"
+
+
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # a model this small only waits on a second thread
+
+
+def trainer(shard, *extra, exe="train_gpt_cpu", env=None, **kw):
+    return run([binary(exe), *MODEL, "-i", shard, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", *extra],
+               env={**ONE_THREAD, **(env or {})}, **kw)
+
+
+def steps(stdout):
+    return [m.groups() for m in STEP_RE.finditer(stdout)]
+
+
+def one_error(res):
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
+    return lines[0]
+
+
+def log_lines(d):
+    text = (d / "log.jsonl").read_text()
+    assert text.endswith("\n") or not text
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# ---- non-finite state ----
+
+@pytest.fixture(scope="module")
+def nan_model(shard, tmp_path_factory):
+    """A model whose position row 12 is NaN: with -t 8 that row never reaches
+    the loss, so every loss and gradient norm stays finite while AdamW's
+    weight decay keeps the NaN in the parameters: only a check of the
+    parameters themselves can see it."""
+    d = tmp_path_factory.mktemp("nanmodel")
+    trainer(shard, "-x", "1", "-o", d, check=True)
+    data = bytearray((d / "model_00000001.bin").read_bytes())
+    C, Vp = 16, 128
+    at = 1024 + 4 * (Vp * C + 12 * C)
+    data[at:at + 4] = struct.pack("<f", float("nan"))
+    (d / "nan.bin").write_bytes(bytes(data))
+    return d / "nan.bin"
+
+
+def test_nonfinite_parameters_are_never_saved_as_a_checkpoint(shard, nan_model, tmp_path):
+    res = run(env=ONE_THREAD, args=[binary("build/train_gpt_cpu_asan"), "-e", nan_model, "-i", shard, "-j", "", "-b", "2", "-t", "8", "-s", "0",
+               "-c", "0.1", "-x", "2", "-o", tmp_path], timeout=120)
+    assert steps(res.stdout) and len(steps(res.stdout)) == 2  # the losses were finite
+    line = one_error(res)
+    assert "step 2: parameters element 2240 is nan" in line and "no checkpoint" in line, line
+    assert not list(tmp_path.glob("DONE_*")) and not list(tmp_path.glob("model_*")) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_nonfinite_parameters_fail_a_run_without_output(shard, nan_model):
+    res = run(env=ONE_THREAD, args=[binary("train_gpt_cpu"), "-e", nan_model, "-i", shard, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-x", "1"])
+    assert "step 1: parameters element 2240 is nan" in one_error(res)
+
+
+# ---- run ids and a reused output directory ----
+
+def test_fresh_run_into_a_directory_with_checkpoints_is_refused(shard, tmp_path):
+    trainer(shard, "-x", "2", "-o", tmp_path, check=True)
+    res = trainer(shard, "-x", "2", "-o", tmp_path, "--seed", "7")
+    line = one_error(res)
+    assert str(tmp_path) in line and "step 2" in line and "--supersede" in line and "-y 1" in line
+    assert (tmp_path / "DONE_00000002").exists()
+
+
+def test_supersede_replaces_the_earlier_run(shard, tmp_path):
+    trainer(shard, "-x", "4", "-n", "2", "-o", tmp_path, check=True)
+    old_id = (tmp_path / "DONE_00000004").read_text()
+    res = trainer(shard, "-x", "1", "-o", tmp_path, "--seed", "7", "--supersede", check=True)
+    assert "removed 2 earlier checkpoints" in res.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["DONE_00000001", "log.jsonl", "model_00000001.bin", "state_00000001_00000.bin"]
+    assert (tmp_path / "DONE_00000001").read_text() != old_id
+    assert [e["step"] for e in log_lines(tmp_path)] == [1]  # the earlier run's log is gone too
+    # a later -y 1 resumes the new run, not the old one
+    assert "resumed: step 1" in trainer(shard, "-x", "2", "-o", tmp_path, "--seed", "7", "-y", "1", check=True).stdout
+
+
+@pytest.mark.parametrize("kind", ["model", "state"])
+def test_checkpoint_mixing_two_runs_is_refused(shard, tmp_path, kind):
+    a, b = tmp_path / "a", tmp_path / "b"
+    trainer(shard, "-x", "2", "-o", a, check=True)
+    trainer(shard, "-x", "2", "-o", b, check=True)
+    name = "model_00000002.bin" if kind == "model" else "state_00000002_00000.bin"
+    shutil.copy(b / name, a / name)  # as a crash in the middle of b's write into a's directory would leave it
+    line = one_error(trainer(shard, "-x", "3", "-o", a, "-y", "1"))
+    assert name in line and "mixes two runs" in line, line
+
+
+def test_resume_with_no_checkpoint_starts_fresh(shard, tmp_path):
+    fresh = trainer(shard, "-x", "3", check=True)
+    res = trainer(shard, "-x", "3", "-o", tmp_path / "new", "-y", "1", check=True)
+    assert f"resume: no complete checkpoint (DONE_* marker) in {tmp_path / 'new'}: starting a fresh run" in res.stdout
+    assert steps(res.stdout) == steps(fresh.stdout)
+    assert (tmp_path / "new" / "DONE_00000003").exists()
+
+
+# ---- hyperparameters on resume ----
+
+@pytest.mark.parametrize("flag, old, new", [("-l", "1e-3", "2e-3"), ("-k", "cosine", "linear"), ("-u", "0", "2"),
+                                            ("-c", "0", "0.1"), ("--beta2", "0.95", "0.99"), ("--seed", "1337", "5"),
+                                            ("--grad-clip", "1", "0.5"), ("--shuffle", "0", "1"), ("-d", "16", "32")])
+def test_resume_with_changed_hyperparameter_is_refused(shard, tmp_path, flag, old, new):
+    trainer(shard, "-x", "2", "-o", tmp_path, flag, old, check=True)
+    line = one_error(trainer(shard, "-x", "4", "-o", tmp_path, "-y", "1", flag, new))
+    assert line.startswith(f"error: flag {flag}:") and "--resume-override" in line, line
+    ok = trainer(shard, "-x", "4", "-o", tmp_path, "-y", "1", flag, new, "--resume-override", check=True)
+    assert f"resume: {flag} changed from" in ok.stdout and "resumed: step 2" in ok.stdout
+
+
+# ---- log.jsonl ----
+
+def test_log_write_failure_is_reported_once_and_the_log_stays_line_valid(shard, tmp_path):
+    """The file size limit (as a full disk would) stops log writes part way
+    through the run; the checkpoint files (state: about 72 KB) still fit."""
+    limit = 80000
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    res = subprocess.run([str(binary("build/train_gpt_cpu_asan")), *MODEL, "-i", str(shard), "-j", "", "-b", "2", "-t", "8",
+                          "-s", "0", "-x", "1000", "-o", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         preexec_fn=limit_file_size, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    warnings = [line for line in res.stderr.splitlines() if "log.jsonl: write failed" in line]
+    assert len(warnings) == 1 and "reported once" in warnings[0], res.stderr
+    entries = log_lines(tmp_path)  # every line parses: none was cut or spliced
+    assert 600 < len(entries) < 1000 and [e["step"] for e in entries] == list(range(1, len(entries) + 1))
+    assert (tmp_path / "DONE_00001000").exists()
+
+
+def test_resume_drops_the_log_lines_it_reruns(shard, tmp_path):
+    ref = tmp_path / "ref"
+    full = trainer(shard, "-x", "6", "-n", "2", "-v", "2", "-j", shard, "-m", "2", "-o", ref, check=True)
+    work = tmp_path / "work"
+    shutil.copytree(ref, work)
+    for step in (4, 6):
+        (work / f"DONE_{step:08d}").unlink()  # as if the run had died while writing step 4
+    with open(work / "log.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 1.0')  # and in the middle of a line
+    res = trainer(shard, "-x", "6", "-n", "2", "-v", "2", "-j", shard, "-m", "2", "-o", work, "-y", "1", check=True)
+    assert steps(res.stdout) == steps(full.stdout)[2:]
+    got, want = log_lines(work), log_lines(ref)
+    strip = lambda log: [{k: v for k, v in e.items() if k not in ("ms", "tokens_per_s")} for e in log if "event" not in e]
+    assert strip(got) == strip(want)
+    assert {"step": 2, "event": "resumed"} in got
+
+
+# ---- retention ----
+
+def test_retention_keeps_the_last_n_and_every_mth(shard, tmp_path):
+    trainer(shard, "-x", "12", "-n", "1", "-nk", "2", "-nm", "5", "-o", tmp_path, check=True)
+    done = sorted(int(p.name[5:]) for p in tmp_path.glob("DONE_*"))
+    assert done == [5, 10, 11, 12]
+    models = sorted(int(p.name[6:14]) for p in tmp_path.glob("model_*.bin"))
+    states = sorted(int(p.name[6:14]) for p in tmp_path.glob("state_*.bin"))
+    assert models == states == done
+
+
+# ---- preemption ----
+
+def wait_for_step(proc, step):
+    for line in proc.stdout:
+        if line.startswith(f"step {step:4d}/"):
+            return
+    raise AssertionError("the run ended before step %d" % step)
+
+
+PREEMPT_STEPS = "2000"  # long enough (seconds) that the signal lands before the end
+
+
+def preempt_args(out):
+    return [str(binary("train_gpt_cpu")), *MODEL, "-i", "SHARD", "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3",
+            "--shuffle", "1", "-x", PREEMPT_STEPS, "-n", "0", "-o", str(out)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shard, tmp_path_factory):
+    args = [a if a != "SHARD" else str(shard) for a in preempt_args(tmp_path_factory.mktemp("uninterrupted"))]
+    return steps(run(args, env=ONE_THREAD, check=True).stdout)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+def test_signal_checkpoints_and_the_resumed_run_joins_exactly(shard, uninterrupted, tmp_path, sig):
+    args = [a if a != "SHARD" else str(shard) for a in preempt_args(tmp_path)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wait_for_step(proc, 5)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 75, (proc.returncode, err)
+    m = re.search(r"stopped by (SIG\w+) after step (\d+): checkpoint written, resume with -y 1", out)
+    assert m and m.group(1) == sig.name, out
+    stop = int(m.group(2))
+    assert stop < int(PREEMPT_STEPS) and (tmp_path / f"DONE_{stop:08d}").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"DONE_{stop:08d}", "log.jsonl", f"model_{stop:08d}.bin",
+                                                         f"state_{stop:08d}_00000.bin"]
+    resumed = run([*args, "-y", "1"], env=ONE_THREAD, check=True)
+    before = [s for s in uninterrupted if int(s[0]) <= stop]
+    assert steps(out) == before[5:]  # steps 6..stop, after the lines read above; the last one is the step saved
+    assert before + steps(resumed.stdout) == uninterrupted
+
+
+def test_second_signal_exits_at_once(tmp_path):
+    """A step of this model takes far longer than the gap between the two
+    signals, so the second one lands inside the same step."""
+    datafile.write_shard(tmp_path / "big.bin", np.random.default_rng(6).integers(0, 64, 20000))
+    proc = subprocess.Popen([str(binary("train_gpt_cpu")), "-e", "d6", "--channels", "384", "--vocab-size", "64", "--max-seq-len", "64",
+                             "-i", str(tmp_path / "big.bin"), "-j", "", "-b", "16", "-t", "64", "-s", "0", "-x", "100",
+                             "-o", str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wait_for_step(proc, 1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - t0 < 5, (proc.returncode, out[-500:])
+    assert "stopped by" not in out and not list((tmp_path / "out").glob("DONE_*"))
+
+
+# ---- a binary without MPI under a launcher ----
+
+@pytest.mark.parametrize("var", ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"])
+def test_binary_without_mpi_refuses_a_multi_process_launch(shard, var):
+    res = trainer(shard, "-x", "1", exe="build/train_gpt_cpu_asan", env={var: "2"})  # the sanitizer build has no MPI
+    line = one_error(res)
+    assert line.startswith(f"error: {var}=2: started as one of several processes") and "without MPI" in line, line
+    assert trainer(shard, "-x", "1", exe="build/train_gpt_cpu_asan", env={var: "1"}).returncode == 0
+
+
+def test_make_rebuilds_the_trainer_when_mpi_appears_or_disappears():
+    """`make -q` (question mode) says whether a target is up to date; the
+    trainer was just built by make test-bins with this machine's MPI setting."""
+    here = subprocess.run(["make", "-q", "train_gpt_cpu"], cwd=REPO, capture_output=True)
+    other = "NO_USE_MPI=1" if shutil.which("mpicc") else "MPICC=/usr/bin/mpicc"
+    flipped = subprocess.run(["make", "-q", "train_gpt_cpu", other], cwd=REPO, capture_output=True)
+    assert here.returncode == 0 and flipped.returncode == 1, (here, flipped)
