@@ -13,7 +13,10 @@ int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_last_open = NULL;
     FILE* sink = fopen("/dev/null", "w");
     const int ids[5] = {-1, 0, tk.vocab_size - 1, tk.vocab_size, tk.eot_token};
-    for (int i = 0; i < 5; i++) tokenizer_print(&tk, ids[i], sink);
+    Utf8Stream utf8;
+    memset(&utf8, 0, sizeof(utf8));
+    for (int i = 0; i < 5; i++) tokenizer_print(&tk, ids[i], &utf8, sink);
+    utf8_finish(&utf8, sink);
     if (tk.eot_token < 0 || tk.eot_token >= tk.vocab_size) abort(); /* the loader must have refused it */
     fclose(sink);
     tokenizer_free(&tk);
