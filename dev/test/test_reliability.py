@@ -154,7 +154,8 @@ def test_log_write_failure_is_reported_once_and_the_log_stays_line_valid(shard, 
     warnings = [line for line in res.stderr.splitlines() if "log.jsonl: write failed" in line]
     assert len(warnings) == 1 and "reported once" in warnings[0], res.stderr
     entries = log_lines(tmp_path)  # every line parses: none was cut or spliced
-    assert 600 < len(entries) < 1000 and [e["step"] for e in entries] == list(range(1, len(entries) + 1))
+    # about 150 bytes a line: the limit stops the log after some 530 of the 1000 steps
+    assert 400 < len(entries) < 1000 and [e["step"] for e in entries] == list(range(1, len(entries) + 1))
     assert (tmp_path / "DONE_00001000").exists()
 
 
