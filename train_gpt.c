@@ -25,12 +25,14 @@ typedef double real;
 #define R_LOG log
 #define R_SQRT sqrt
 #define R_TANH tanh
+#define R_FMA fma
 #else
 typedef float real;
 #define R_EXP expf
 #define R_LOG logf
 #define R_SQRT sqrtf
 #define R_TANH tanhf
+#define R_FMA fmaf
 #endif
 
 /* 32-byte vectors of real; one lane of partial sums per element. */
@@ -41,8 +43,21 @@ typedef real rvec __attribute__((vector_size(32)));
 
 static inline rvec vload(const real* p) { rvec v; memcpy(&v, p, sizeof(v)); return v; }
 static inline void vstore(real* p, rvec v) { memcpy(p, &v, sizeof(v)); }
-static inline rvec vsplat(real x) { rvec v; for (int k = 0; k < RLANES; k++) v[k] = x; return v; }
+/* x - (+0) is x for every x, -0 included, so this is a plain broadcast. */
+static inline rvec vsplat(real x) { return x - (rvec){0}; }
 static inline real vsum(rvec v) { real s = 0; for (int k = 0; k < RLANES; k++) s += v[k]; return s; }
+
+/* acc + a b, rounded once where the machine has FMA: the step the vector
+ * tiles take (GCC contracts their acc += a * b under its default
+ * -ffp-contract=fast), spelt out for the scalar tails so that an element's
+ * bits do not depend on whether it falls in a tile or a tail. */
+static inline real madd(real acc, real a, real b) {
+#ifdef __FMA__
+    return R_FMA(a, b, acc);
+#else
+    return acc + a * b;
+#endif
+}
 
 /* ------------------------------------------------------------------------ */
 /* matmul: out (N,OC) = inp (N,IC) @ W (OC,IC)^T + bias (OC)                 */
@@ -52,14 +67,14 @@ static inline real vsum(rvec v) { real s = 0; for (int k = 0; k < RLANES; k++) s
  * exactly these bits. */
 static inline real dot_finish(rvec acc, const real* a, const real* w, int i0, int IC, const real* bias, int o) {
     real s = vsum(acc);
-    for (int i = i0; i < IC; i++) s += a[i] * w[i];
+    for (int i = i0; i < IC; i++) s = madd(s, a[i], w[i]);
     return bias ? s + bias[o] : s;
 }
 
 static void matmul_forward(real* out, const real* inp, const real* W, const real* bias, int N, int IC, int OC) {
     const int OB = 64; /* a block of W rows stays in cache while all rows stream past */
     int vec_end = IC - IC % RLANES;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 1)
     for (int ob = 0; ob < OC; ob += OB) {
         int oe = ob + OB < OC ? ob + OB : OC;
         int n = 0;
@@ -104,42 +119,56 @@ static void matmul_forward(real* out, const real* inp, const real* W, const real
     }
 }
 
-/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten. Register tiles of 4
- * rows x 2 vectors; a strip of W columns stays in cache while all rows pass.
- * Each element is summed over o in order, whatever the tiling. */
+/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten; each element is summed
+ * over o in increasing order. A strip of 2 vectors of W columns is packed
+ * contiguously a chunk of BWD_OCHUNK outputs at a time (W rows are IC apart;
+ * the packed chunk stays in L1) while every 4-row register tile passes; a
+ * tile carries its partial sums through dinp from one chunk to the next,
+ * which is exact, so the order over o is the unchunked one. */
+#define BWD_OCHUNK 256
 static void matmul_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
     const int IB = 2 * RLANES;
-    #pragma omp parallel for schedule(static)
-    for (int ib = 0; ib < IC; ib += IB) {
-        int width = ib + IB <= IC ? IB : IC - ib;
-        for (int nb = 0; nb < N; nb += 4) {
-            int rows = nb + 4 <= N ? 4 : N - nb;
-            if (width == IB && rows == 4) {
+    int strips = IC / IB, tile_rows = N - N % 4;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < strips; s++) {
+        int ib = s * IB;
+        real packed[BWD_OCHUNK * 2 * RLANES];
+        for (int o0 = 0; o0 < OC; o0 += BWD_OCHUNK) {
+            int len = o0 + BWD_OCHUNK <= OC ? BWD_OCHUNK : OC - o0;
+            for (int o = 0; o < len; o++) memcpy(packed + o * IB, W + (size_t)(o0 + o) * IC + ib, IB * sizeof(real));
+            for (int nb = 0; nb < tile_rows; nb += 4) {
+                real* d = dinp + (size_t)nb * IC + ib;
                 rvec acc[4][2];
-                memset(acc, 0, sizeof(acc));
-                for (int o = 0; o < OC; o++) {
-                    const real* w = W + (size_t)o * IC + ib;
-                    rvec w0 = vload(w), w1 = vload(w + RLANES);
+                if (o0 == 0) memset(acc, 0, sizeof(acc));
+                else
                     for (int r = 0; r < 4; r++) {
-                        rvec sv = vsplat(dout[(size_t)(nb + r) * OC + o]);
+                        acc[r][0] = vload(d + (size_t)r * IC);
+                        acc[r][1] = vload(d + (size_t)r * IC + RLANES);
+                    }
+                const real* g = dout + (size_t)nb * OC + o0;
+                for (int o = 0; o < len; o++) {
+                    rvec w0 = vload(packed + o * IB), w1 = vload(packed + o * IB + RLANES);
+                    for (int r = 0; r < 4; r++) {
+                        rvec sv = vsplat(g[(size_t)r * OC + o]);
                         acc[r][0] += sv * w0;
                         acc[r][1] += sv * w1;
                     }
                 }
                 for (int r = 0; r < 4; r++) {
-                    vstore(dinp + (size_t)(nb + r) * IC + ib, acc[r][0]);
-                    vstore(dinp + (size_t)(nb + r) * IC + ib + RLANES, acc[r][1]);
+                    vstore(d + (size_t)r * IC, acc[r][0]);
+                    vstore(d + (size_t)r * IC + RLANES, acc[r][1]);
                 }
-                continue;
             }
-            for (int r = 0; r < rows; r++)
-                for (int k = 0; k < width; k++) {
-                    real acc = 0;
-                    for (int o = 0; o < OC; o++) acc += dout[(size_t)(nb + r) * OC + o] * W[(size_t)o * IC + ib + k];
-                    dinp[(size_t)(nb + r) * IC + ib + k] = acc;
-                }
         }
     }
+    /* the rows below the last full tile and the columns right of the last strip */
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int n = 0; n < N; n++)
+        for (int i = n < tile_rows ? strips * IB : 0; i < IC; i++) {
+            real acc = 0;
+            for (int o = 0; o < OC; o++) acc = madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
+            dinp[(size_t)n * IC + i] = acc;
+        }
 }
 
 /* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout. Register
@@ -147,7 +176,7 @@ static void matmul_backward_input(real* dinp, const real* dout, const real* W, i
 static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
     const int IB = 2 * RLANES;
     int iblocks = (IC + IB - 1) / IB, oblocks = (OC + 3) / 4;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 16)
     for (int job = 0; job < oblocks * iblocks; job++) {
         int ob = (job / iblocks) * 4, ib = (job % iblocks) * IB;
         int width = ib + IB <= IC ? IB : IC - ib, rows = ob + 4 <= OC ? 4 : OC - ob;
@@ -176,12 +205,12 @@ static void matmul_backward_weight(real* dW, real* dbias, const real* dout, cons
         for (int r = 0; r < rows; r++)
             for (int k = 0; k < width; k++) {
                 real acc = dW[(size_t)(ob + r) * IC + ib + k];
-                for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + ob + r] * inp[(size_t)n * IC + ib + k];
+                for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + ob + r], inp[(size_t)n * IC + ib + k]);
                 dW[(size_t)(ob + r) * IC + ib + k] = acc;
             }
     }
     if (!dbias) return;
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(dynamic, 64)
     for (int o = 0; o < OC; o++) {
         real acc = dbias[o];
         for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
