@@ -47,6 +47,20 @@ static inline void vstore(real* p, rvec v) { memcpy(p, &v, sizeof(v)); }
 static inline rvec vsplat(real x) { return x - (rvec){0}; }
 static inline real vsum(rvec v) { real s = 0; for (int k = 0; k < RLANES; k++) s += v[k]; return s; }
 
+/* Vectors for the backward matmuls, as wide as the machine has: they sum
+ * each element over n or o on its own, without lanes of partial sums, so the
+ * width changes no result. */
+#ifdef __AVX512F__
+#define WBYTES 64
+#else
+#define WBYTES 32
+#endif
+typedef real wvec __attribute__((vector_size(WBYTES)));
+#define WLANES ((int)(WBYTES / sizeof(real)))
+static inline wvec wload(const real* p) { wvec v; memcpy(&v, p, sizeof(v)); return v; }
+static inline void wstore(real* p, wvec v) { memcpy(p, &v, sizeof(v)); }
+static inline wvec wsplat(real x) { return x - (wvec){0}; }
+
 /* acc + a b, rounded once where the machine has FMA: the step the vector
  * tiles take (GCC contracts their acc += a * b under its default
  * -ffp-contract=fast), spelt out for the scalar tails so that an element's
@@ -127,36 +141,36 @@ static void matmul_forward(real* out, const real* inp, const real* W, const real
  * which is exact, so the order over o is the unchunked one. */
 #define BWD_OCHUNK 256
 static void matmul_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
-    const int IB = 2 * RLANES;
+    const int IB = 2 * WLANES;
     int strips = IC / IB, tile_rows = N - N % 4;
     #pragma omp parallel for schedule(dynamic, 1)
     for (int s = 0; s < strips; s++) {
         int ib = s * IB;
-        real packed[BWD_OCHUNK * 2 * RLANES];
+        real packed[BWD_OCHUNK * 2 * WLANES];
         for (int o0 = 0; o0 < OC; o0 += BWD_OCHUNK) {
             int len = o0 + BWD_OCHUNK <= OC ? BWD_OCHUNK : OC - o0;
             for (int o = 0; o < len; o++) memcpy(packed + o * IB, W + (size_t)(o0 + o) * IC + ib, IB * sizeof(real));
             for (int nb = 0; nb < tile_rows; nb += 4) {
                 real* d = dinp + (size_t)nb * IC + ib;
-                rvec acc[4][2];
+                wvec acc[4][2];
                 if (o0 == 0) memset(acc, 0, sizeof(acc));
                 else
                     for (int r = 0; r < 4; r++) {
-                        acc[r][0] = vload(d + (size_t)r * IC);
-                        acc[r][1] = vload(d + (size_t)r * IC + RLANES);
+                        acc[r][0] = wload(d + (size_t)r * IC);
+                        acc[r][1] = wload(d + (size_t)r * IC + WLANES);
                     }
                 const real* g = dout + (size_t)nb * OC + o0;
                 for (int o = 0; o < len; o++) {
-                    rvec w0 = vload(packed + o * IB), w1 = vload(packed + o * IB + RLANES);
+                    wvec w0 = wload(packed + o * IB), w1 = wload(packed + o * IB + WLANES);
                     for (int r = 0; r < 4; r++) {
-                        rvec sv = vsplat(g[(size_t)r * OC + o]);
+                        wvec sv = wsplat(g[(size_t)r * OC + o]);
                         acc[r][0] += sv * w0;
                         acc[r][1] += sv * w1;
                     }
                 }
                 for (int r = 0; r < 4; r++) {
-                    vstore(d + (size_t)r * IC, acc[r][0]);
-                    vstore(d + (size_t)r * IC + RLANES, acc[r][1]);
+                    wstore(d + (size_t)r * IC, acc[r][0]);
+                    wstore(d + (size_t)r * IC + WLANES, acc[r][1]);
                 }
             }
         }
@@ -172,42 +186,54 @@ static void matmul_backward_input(real* dinp, const real* dout, const real* W, i
 }
 
 /* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout. Register
- * tiles of 4 rows x 2 vectors of dW; each element is summed over n in order. */
-static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
-    const int IB = 2 * RLANES;
-    int iblocks = (IC + IB - 1) / IB, oblocks = (OC + 3) / 4;
-    #pragma omp parallel for schedule(dynamic, 16)
-    for (int job = 0; job < oblocks * iblocks; job++) {
-        int ob = (job / iblocks) * 4, ib = (job % iblocks) * IB;
-        int width = ib + IB <= IC ? IB : IC - ib, rows = ob + 4 <= OC ? 4 : OC - ob;
-        if (width == IB && rows == 4) {
-            rvec acc[4][2];
-            for (int r = 0; r < 4; r++) {
-                acc[r][0] = vload(dW + (size_t)(ob + r) * IC + ib);
-                acc[r][1] = vload(dW + (size_t)(ob + r) * IC + ib + RLANES);
-            }
-            for (int n = 0; n < N; n++) {
-                const real* a = inp + (size_t)n * IC + ib;
-                rvec a0 = vload(a), a1 = vload(a + RLANES);
-                const real* d = dout + (size_t)n * OC + ob;
-                for (int r = 0; r < 4; r++) {
-                    rvec sv = vsplat(d[r]);
-                    acc[r][0] += sv * a0;
-                    acc[r][1] += sv * a1;
-                }
-            }
-            for (int r = 0; r < 4; r++) {
-                vstore(dW + (size_t)(ob + r) * IC + ib, acc[r][0]);
-                vstore(dW + (size_t)(ob + r) * IC + ib + RLANES, acc[r][1]);
-            }
-            continue;
+ * tiles of 4 rows x 2 vectors of dW; each element is summed over n in order.
+ * A job is the 4 tiles of BWD_W_ROWS rows over one strip of columns, so the
+ * strip of inp (N x 2 vectors) is read from L1 by all 4, and the job's columns
+ * of dout (one cache line per row) by every strip in turn. */
+#define BWD_W_ROWS 16
+static inline void backward_weight_tile(real* dW, const real* dout, const real* inp, int N, int IC, int OC, int ob, int ib) {
+    wvec acc[4][2];
+    for (int r = 0; r < 4; r++) {
+        acc[r][0] = wload(dW + (size_t)(ob + r) * IC + ib);
+        acc[r][1] = wload(dW + (size_t)(ob + r) * IC + ib + WLANES);
+    }
+    for (int n = 0; n < N; n++) {
+        const real* a = inp + (size_t)n * IC + ib;
+        wvec a0 = wload(a), a1 = wload(a + WLANES);
+        const real* d = dout + (size_t)n * OC + ob;
+        for (int r = 0; r < 4; r++) {
+            wvec sv = wsplat(d[r]);
+            acc[r][0] += sv * a0;
+            acc[r][1] += sv * a1;
         }
-        for (int r = 0; r < rows; r++)
-            for (int k = 0; k < width; k++) {
-                real acc = dW[(size_t)(ob + r) * IC + ib + k];
-                for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + ob + r], inp[(size_t)n * IC + ib + k]);
-                dW[(size_t)(ob + r) * IC + ib + k] = acc;
+    }
+    for (int r = 0; r < 4; r++) {
+        wstore(dW + (size_t)(ob + r) * IC + ib, acc[r][0]);
+        wstore(dW + (size_t)(ob + r) * IC + ib + WLANES, acc[r][1]);
+    }
+}
+
+static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
+    const int IB = 2 * WLANES;
+    int iblocks = (IC + IB - 1) / IB, oblocks = (OC + BWD_W_ROWS - 1) / BWD_W_ROWS;
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (int job = 0; job < oblocks * iblocks; job++) {
+        int ob0 = (job / iblocks) * BWD_W_ROWS, ib = (job % iblocks) * IB;
+        int oe = ob0 + BWD_W_ROWS < OC ? ob0 + BWD_W_ROWS : OC;
+        int width = ib + IB <= IC ? IB : IC - ib;
+        for (int ob = ob0; ob < oe; ob += 4) {
+            int rows = ob + 4 <= oe ? 4 : oe - ob;
+            if (width == IB && rows == 4) {
+                backward_weight_tile(dW, dout, inp, N, IC, OC, ob, ib);
+                continue;
             }
+            for (int r = 0; r < rows; r++)
+                for (int k = 0; k < width; k++) {
+                    real acc = dW[(size_t)(ob + r) * IC + ib + k];
+                    for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + ob + r], inp[(size_t)n * IC + ib + k]);
+                    dW[(size_t)(ob + r) * IC + ib + k] = acc;
+                }
+        }
     }
     if (!dbias) return;
     #pragma omp parallel for schedule(dynamic, 64)

@@ -2,9 +2,10 @@
  * The CPU matmuls sum every output element in the documented order, whatever
  * their tiling, chunking, packing or thread schedule: each kernel is compared
  * bit for bit with a plain loop that spells the order out, on shapes that are
- * not multiples of the tiles (4 rows, 16 columns, the vector width) nor of the
- * backward pass's output chunk, with -0, zeros and mixed magnitudes in the
- * inputs. The orders (train_gpt.c):
+ * not multiples of the tiles (4 rows, 2 vectors of columns: 16 or 32 of fp32,
+ * the vector width) nor of the backward input pass's output chunk nor of the
+ * backward weight pass's block of rows, with -0, zeros and mixed magnitudes
+ * in the inputs. The orders (train_gpt.c):
  *   forward          per lane k, the products a[i] w[i] for i < IC - IC % RLANES
  *                    with i % RLANES == k, summed from +0 in increasing i; the
  *                    lanes summed from +0 in lane order; then the tail i in
