@@ -60,6 +60,10 @@ $(BUILD)/test_recompute: dev/test/test_recompute.c dev/test/test_model.h train_g
 $(BUILD)/test_matmul_order: dev/test/test_matmul_order.c train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
 
+# The CPU matmuls alone (dev/bench/bench_cpu_matmul.c); not part of make test.
+$(BUILD)/bench_cpu_matmul: dev/bench/bench_cpu_matmul.c train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
+
 $(BUILD)/test_plan: dev/test/test_plan.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
 

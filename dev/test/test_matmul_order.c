@@ -17,16 +17,9 @@
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
 
-/* acc + a b with one rounding where the machine fuses multiply-adds, as the
- * kernels do (built with GCC's default -ffp-contract=fast); written out so the
- * compiler cannot choose differently for this loop than for the kernels. */
-static inline real ref_madd(real acc, real a, real b) {
-#ifdef __FMA__
-    return R_FMA(a, b, acc);
-#else
-    return acc + a * b;
-#endif
-}
+/* Each step of a sum is train_gpt.c's madd: acc + a b rounded once where the
+ * machine has FMA, the step GCC's contraction gives the kernels' vector tiles
+ * (were madd not fused, the tiles would differ from these loops). */
 
 static real test_value(uint64_t seed, size_t i) {
     switch (i % 11) {
@@ -49,10 +42,10 @@ static void ref_forward(real* out, const real* inp, const real* W, const real* b
             const real* a = inp + (size_t)n * IC;
             const real* w = W + (size_t)o * IC;
             real lane[RLANES] = {0};
-            for (int i = 0; i < vec_end; i++) lane[i % RLANES] = ref_madd(lane[i % RLANES], a[i], w[i]);
+            for (int i = 0; i < vec_end; i++) lane[i % RLANES] = madd(lane[i % RLANES], a[i], w[i]);
             real s = 0;
             for (int k = 0; k < RLANES; k++) s += lane[k];
-            for (int i = vec_end; i < IC; i++) s = ref_madd(s, a[i], w[i]);
+            for (int i = vec_end; i < IC; i++) s = madd(s, a[i], w[i]);
             out[(size_t)n * OC + o] = bias ? s + bias[o] : s;
         }
 }
@@ -61,7 +54,7 @@ static void ref_backward_input(real* dinp, const real* dout, const real* W, int 
     for (int n = 0; n < N; n++)
         for (int i = 0; i < IC; i++) {
             real acc = 0;
-            for (int o = 0; o < OC; o++) acc = ref_madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
+            for (int o = 0; o < OC; o++) acc = madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
             dinp[(size_t)n * IC + i] = acc;
         }
 }
@@ -70,7 +63,7 @@ static void ref_backward_weight(real* dW, real* dbias, const real* dout, const r
     for (int o = 0; o < OC; o++) {
         for (int i = 0; i < IC; i++) {
             real acc = dW[(size_t)o * IC + i];
-            for (int n = 0; n < N; n++) acc = ref_madd(acc, dout[(size_t)n * OC + o], inp[(size_t)n * IC + i]);
+            for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + o], inp[(size_t)n * IC + i]);
             dW[(size_t)o * IC + i] = acc;
         }
         if (dbias) {
