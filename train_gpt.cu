@@ -34,6 +34,7 @@
 #include "llmc/global_norm.cuh"
 #include "llmc/multigpu.cuh"
 #include "llmc/profile.cuh"
+#include "llmc/nvtx_regions.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -157,6 +158,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
         fail("out of device memory: the plan needs %.1f MiB (%s)", mib(plan->total_bytes), cudaGetErrorString(err));
     }
     m->used_arena = gpu_used_memory();
+    nvtx_register_plan(plan, m->arena);
     size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
     m->mm.workspace = ws_bytes ? m->arena + ws_off : NULL;
     m->mm.workspace_bytes = ws_bytes;
