@@ -24,49 +24,60 @@
 
 #include "plan.h"
 
-/* The arena as a heap whose plan entries are its only accessible regions. */
+/* Registers bytes at base as a sub-allocator heap named `name`: under a
+ * memory checker, only its regions may then be accessed. */
+static inline nvtxMemHeapHandle_t nvtx_register_heap(nvtxDomainHandle_t domain, const void* base, size_t bytes, const char* name) {
+    nvtxMemVirtualRangeDesc_t range = {bytes, base};
+    nvtxMemHeapDesc_t desc;
+    memset(&desc, 0, sizeof(desc));
+    desc.extCompatID = NVTX_EXT_COMPATID_MEM;
+    desc.structSize = sizeof(desc);
+    desc.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
+    desc.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    desc.typeSpecificDescSize = sizeof(range);
+    desc.typeSpecificDesc = &range;
+    desc.messageType = NVTX_MESSAGE_TYPE_ASCII;
+    desc.message.ascii = name;
+    return nvtxMemHeapRegister(domain, &desc);
+}
+
+/* Registers bytes at base, inside heap, as a region named `name`. */
+static inline void nvtx_register_region(nvtxDomainHandle_t domain, nvtxMemHeapHandle_t heap, const void* base, size_t bytes,
+                                        const char* name) {
+    nvtxMemVirtualRangeDesc_t range = {bytes, base};
+    nvtxMemRegionsRegisterBatch_t batch;
+    memset(&batch, 0, sizeof(batch));
+    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+    batch.structSize = sizeof(batch);
+    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    batch.heap = heap;
+    batch.regionCount = 1;
+    batch.regionDescElementSize = sizeof(range);
+    batch.regionDescElements = &range;
+    nvtxMemRegionsRegister(domain, &batch);
+    nvtxMemRegionNameDesc_t nd;
+    memset(&nd, 0, sizeof(nd));
+    nd.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    nd.nameType = NVTX_MESSAGE_TYPE_ASCII;
+    nd.region.pointer = base;
+    nd.name.ascii = name;
+    nvtxMemRegionsNameBatch_t names;
+    memset(&names, 0, sizeof(names));
+    names.extCompatID = NVTX_EXT_COMPATID_MEM;
+    names.structSize = sizeof(names);
+    names.regionCount = 1;
+    names.regionElementSize = sizeof(nd);
+    names.regionElements = &nd;
+    nvtxMemRegionsName(domain, &names);
+}
+
+/* The arena as a heap whose plan entries ("layer3.qkv", "backward.dres", ...) are its only accessible regions. */
 static inline void nvtx_register_plan(const MemoryPlan* plan, const char* arena) {
     nvtxDomainHandle_t domain = nvtxDomainCreateA("remat");
-    nvtxMemVirtualRangeDesc_t heap_range = {plan->total_bytes, arena};
-    nvtxMemHeapDesc_t heap_desc;
-    memset(&heap_desc, 0, sizeof(heap_desc));
-    heap_desc.extCompatID = NVTX_EXT_COMPATID_MEM;
-    heap_desc.structSize = sizeof(heap_desc);
-    heap_desc.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
-    heap_desc.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-    heap_desc.typeSpecificDescSize = sizeof(heap_range);
-    heap_desc.typeSpecificDesc = &heap_range;
-    heap_desc.messageType = NVTX_MESSAGE_TYPE_ASCII;
-    heap_desc.message.ascii = "remat memory plan";
-    nvtxMemHeapHandle_t heap = nvtxMemHeapRegister(domain, &heap_desc);
+    nvtxMemHeapHandle_t heap = nvtx_register_heap(domain, arena, plan->total_bytes, "remat memory plan");
     for (int i = 0; i < plan->num_entries; i++) {
         const PlanEntry* e = &plan->entries[i];
-        if (!e->bytes) continue;
-        nvtxMemVirtualRangeDesc_t range = {e->bytes, arena + e->offset};
-        nvtxMemRegionsRegisterBatch_t batch;
-        memset(&batch, 0, sizeof(batch));
-        batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-        batch.structSize = sizeof(batch);
-        batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-        batch.heap = heap;
-        batch.regionCount = 1;
-        batch.regionDescElementSize = sizeof(range);
-        batch.regionDescElements = &range;
-        nvtxMemRegionsRegister(domain, &batch);
-        nvtxMemRegionNameDesc_t nd;
-        memset(&nd, 0, sizeof(nd));
-        nd.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-        nd.nameType = NVTX_MESSAGE_TYPE_ASCII;
-        nd.region.pointer = arena + e->offset;
-        nd.name.ascii = e->name; /* "layer3.qkv", "backward.dres", ... */
-        nvtxMemRegionsNameBatch_t names;
-        memset(&names, 0, sizeof(names));
-        names.extCompatID = NVTX_EXT_COMPATID_MEM;
-        names.structSize = sizeof(names);
-        names.regionCount = 1;
-        names.regionElementSize = sizeof(nd);
-        names.regionElements = &nd;
-        nvtxMemRegionsName(domain, &names);
+        if (e->bytes) nvtx_register_region(domain, heap, arena + e->offset, e->bytes, e->name);
     }
 }
 

@@ -22,7 +22,7 @@
 #include <cuda_fp16.h>
 #include <cublasLt.h>
 #include <mma.h>
-#include <nvtx3/nvToolsExtMem.h>
+#include "llmc/nvtx_regions.cuh" /* the trainer's NVTX calls, without a plan */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -920,49 +920,12 @@ __global__ void region_kernel(float* d, int n, int write) {
     else d[0] = d[n];
 }
 
-/* Registers a, b (100 floats each, 256 guard bytes after each) as NVTX regions of the block d. */
+/* Registers a, b (100 floats each, 400 bytes apart) as NVTX regions of the block d. */
 static void register_regions(float* d) {
     nvtxDomainHandle_t dom = nvtxDomainCreateA("selftest");
-    nvtxMemVirtualRangeDesc_t heap_range = {1000 * sizeof(float), d};
-    nvtxMemHeapDesc_t hd;
-    memset(&hd, 0, sizeof(hd));
-    hd.extCompatID = NVTX_EXT_COMPATID_MEM;
-    hd.structSize = sizeof(hd);
-    hd.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
-    hd.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-    hd.typeSpecificDescSize = sizeof(heap_range);
-    hd.typeSpecificDesc = &heap_range;
-    hd.messageType = NVTX_MESSAGE_TYPE_ASCII;
-    hd.message.ascii = "selftest heap";
-    nvtxMemHeapHandle_t heap = nvtxMemHeapRegister(dom, &hd);
-    const char* names[2] = {"buffer_a", "buffer_b"};
-    for (int i = 0; i < 2; i++) {
-        nvtxMemVirtualRangeDesc_t r = {100 * sizeof(float), d + 200 * i};
-        nvtxMemRegionsRegisterBatch_t b;
-        memset(&b, 0, sizeof(b));
-        b.extCompatID = NVTX_EXT_COMPATID_MEM;
-        b.structSize = sizeof(b);
-        b.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-        b.heap = heap;
-        b.regionCount = 1;
-        b.regionDescElementSize = sizeof(r);
-        b.regionDescElements = &r;
-        nvtxMemRegionsRegister(dom, &b);
-        nvtxMemRegionNameDesc_t nd;
-        memset(&nd, 0, sizeof(nd));
-        nd.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-        nd.nameType = NVTX_MESSAGE_TYPE_ASCII;
-        nd.region.pointer = d + 200 * i;
-        nd.name.ascii = names[i];
-        nvtxMemRegionsNameBatch_t nb;
-        memset(&nb, 0, sizeof(nb));
-        nb.extCompatID = NVTX_EXT_COMPATID_MEM;
-        nb.structSize = sizeof(nb);
-        nb.regionCount = 1;
-        nb.regionElementSize = sizeof(nd);
-        nb.regionElements = &nd;
-        nvtxMemRegionsName(dom, &nb);
-    }
+    nvtxMemHeapHandle_t heap = nvtx_register_heap(dom, d, 1000 * sizeof(float), "selftest heap");
+    nvtx_register_region(dom, heap, d, 100 * sizeof(float), "buffer_a");
+    nvtx_register_region(dom, heap, d + 200, 100 * sizeof(float), "buffer_b");
 }
 
 static int run_fail(const char* name) {
