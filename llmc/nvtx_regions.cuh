@@ -71,13 +71,50 @@ static inline void nvtx_register_region(nvtxDomainHandle_t domain, nvtxMemHeapHa
     nvtxMemRegionsName(domain, &names);
 }
 
+static nvtxDomainHandle_t nvtx_plan_domain;
+static nvtxMemHeapHandle_t nvtx_plan_heap; /* the arena registered last */
+
 /* The arena as a heap whose plan entries ("layer3.qkv", "backward.dres", ...) are its only accessible regions. */
 static inline void nvtx_register_plan(const MemoryPlan* plan, const char* arena) {
-    nvtxDomainHandle_t domain = nvtxDomainCreateA("remat");
-    nvtxMemHeapHandle_t heap = nvtx_register_heap(domain, arena, plan->total_bytes, "remat memory plan");
+    if (!nvtx_plan_domain) nvtx_plan_domain = nvtxDomainCreateA("remat");
+    nvtx_plan_heap = nvtx_register_heap(nvtx_plan_domain, arena, plan->total_bytes, "remat memory plan");
     for (int i = 0; i < plan->num_entries; i++) {
         const PlanEntry* e = &plan->entries[i];
-        if (e->bytes) nvtx_register_region(domain, heap, arena + e->offset, e->bytes, e->name);
+        if (e->bytes) nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, arena + e->offset, e->bytes, e->name);
+    }
+}
+
+/* Entries whose contents a forward pass never reads before writing them:
+ * every activation and scratch buffer except the tokens and token buckets
+ * uploaded before it, and the host I/O staging. */
+static inline int plan_entry_dead_at_forward(const PlanEntry* e) {
+    static const char* const live[] = {"inputs", "targets", "token_buckets", "dataloader_tokens", "io_staging"};
+    if (e->section != SEC_ACTIVATIONS && e->section != SEC_SCRATCH) return 0;
+    for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
+        if (strcmp(e->name, live[i]) == 0) return 0;
+    return 1;
+}
+
+/* At the start of a forward pass: the dead entries are registered anew, as
+ * memory nothing has written (the emulator refills them with NaN bytes, so a
+ * read of last step's values before this step's write shows as NaN; what a
+ * GPU tool makes of it is unverified). */
+static inline void nvtx_renew_dead_buffers(const MemoryPlan* plan, const char* arena) {
+    for (int i = 0; i < plan->num_entries; i++) {
+        const PlanEntry* e = &plan->entries[i];
+        if (!e->bytes || !plan_entry_dead_at_forward(e)) continue;
+        nvtxMemRegionRef_t ref;
+        ref.pointer = arena + e->offset;
+        nvtxMemRegionsUnregisterBatch_t batch;
+        memset(&batch, 0, sizeof(batch));
+        batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+        batch.structSize = sizeof(batch);
+        batch.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+        batch.refCount = 1;
+        batch.refElementSize = sizeof(ref);
+        batch.refElements = &ref;
+        nvtxMemRegionsUnregister(nvtx_plan_domain, &batch);
+        nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, arena + e->offset, e->bytes, e->name);
     }
 }
 

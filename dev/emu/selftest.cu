@@ -922,10 +922,35 @@ __global__ void region_kernel(float* d, int n, int write) {
 
 /* Registers a, b (100 floats each, 400 bytes apart) as NVTX regions of the block d. */
 static void register_regions(float* d) {
-    nvtxDomainHandle_t dom = nvtxDomainCreateA("selftest");
-    nvtxMemHeapHandle_t heap = nvtx_register_heap(dom, d, 1000 * sizeof(float), "selftest heap");
-    nvtx_register_region(dom, heap, d, 100 * sizeof(float), "buffer_a");
-    nvtx_register_region(dom, heap, d + 200, 100 * sizeof(float), "buffer_b");
+    nvtx_plan_domain = nvtxDomainCreateA("selftest");
+    nvtx_plan_heap = nvtx_register_heap(nvtx_plan_domain, d, 1000 * sizeof(float), "selftest heap");
+    nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
+    nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d + 200, 100 * sizeof(float), "buffer_b");
+}
+
+/* A region registered anew (as the trainer renews its dead buffers before
+ * each forward pass) holds NaN bytes again, not what was written before. */
+static void test_region_renewal(void) {
+    float* d;
+    CK(cudaMalloc(&d, 1000 * sizeof(float)));
+    register_regions(d);
+    CK(cudaMemset(d, 0, 100 * sizeof(float)));
+    nvtxMemRegionRef_t ref;
+    ref.pointer = d;
+    nvtxMemRegionsUnregisterBatch_t b;
+    memset(&b, 0, sizeof(b));
+    b.extCompatID = NVTX_EXT_COMPATID_MEM;
+    b.structSize = sizeof(b);
+    b.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    b.refCount = 1;
+    b.refElementSize = sizeof(ref);
+    b.refElements = &ref;
+    nvtxMemRegionsUnregister(nvtx_plan_domain, &b);
+    nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
+    std::vector<unsigned char> h(100 * sizeof(float));
+    CK(cudaMemcpy(h.data(), d, h.size(), cudaMemcpyDeviceToHost));
+    CHECK(std::count(h.begin(), h.end(), 0xff) == (long)h.size(), "a renewed region is not NaN-poisoned");
+    CK(cudaFree(d));
 }
 
 static int run_fail(const char* name) {
@@ -1003,6 +1028,7 @@ int main(int argc, char** argv) {
     test_half_types();
     test_kernels();
     test_race_free();
+    test_region_renewal();
     test_cublaslt();
     test_wmma();
     if (g_fail) {

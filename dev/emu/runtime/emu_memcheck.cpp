@@ -88,6 +88,16 @@ std::string describe_guard(const Heap* h, uintptr_t a) {
     return buf;
 }
 
+void find_gaps(Heap* h) {
+    h->gaps.clear();
+    uintptr_t at = h->lo;
+    for (const Region& r : h->regions) {
+        if (r.lo > at) h->gaps.push_back({at, r.lo - at});
+        at = r.lo + r.size;
+    }
+    if (at < h->lo + h->size) h->gaps.push_back({at, h->lo + h->size - at});
+}
+
 }  // namespace
 
 void guard_access(uintptr_t a, size_t n, bool write, void* pc) {
@@ -178,13 +188,25 @@ void nvtxMemRegionsRegister(nvtxDomainHandle_t, nvtxMemRegionsRegisterBatch_t co
         h->regions.insert(std::upper_bound(h->regions.begin(), h->regions.end(), r, [](const Region& x, const Region& y) { return x.lo < y.lo; }),
                           r);
     }
-    h->gaps.clear();
-    uintptr_t at = h->lo;
-    for (const Region& r : h->regions) {
-        if (r.lo > at) h->gaps.push_back({at, r.lo - at});
-        at = r.lo + r.size;
+    find_gaps(h);
+}
+
+void nvtxMemRegionsUnregister(nvtxDomainHandle_t, nvtxMemRegionsUnregisterBatch_t const* b) {
+    const char* api = "nvtxMemRegionsUnregister";
+    if (!b || b->extCompatID != NVTX_EXT_COMPATID_MEM || b->refType != NVTX_MEM_REGION_REF_TYPE_POINTER ||
+        b->refElementSize != sizeof(nvtxMemRegionRef_t))
+        fatal("%s: only regions named by pointer are emulated", api);
+    flush(); /* queued work still uses the region */
+    for (size_t i = 0; i < b->refCount; i++) {
+        uintptr_t a = (uintptr_t)b->refElements[i].pointer;
+        Heap* h = heap_of(a);
+        const Region* r = h ? region_of(h, a) : nullptr;
+        if (!r || r->lo != a) fatal("%s: %p is not the start of a registered region", api, (void*)a);
+        memset(&h->guard[a - h->lo], 1, r->size);
+        memset((void*)a, GUARD_CANARY, r->size);
+        h->regions.erase(h->regions.begin() + (r - h->regions.data()));
+        find_gaps(h);
     }
-    if (at < h->lo + h->size) h->gaps.push_back({at, h->lo + h->size - at});
 }
 
 void nvtxMemRegionsName(nvtxDomainHandle_t, nvtxMemRegionsNameBatch_t const* b) {

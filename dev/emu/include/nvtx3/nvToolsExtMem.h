@@ -69,6 +69,15 @@ typedef union nvtxMemRegionRef_t {
     nvtxMemRegionHandle_t handle;
 } nvtxMemRegionRef_t;
 
+typedef struct nvtxMemRegionsUnregisterBatch_v1 {
+    uint16_t extCompatID;
+    uint16_t structSize;
+    uint32_t refType;
+    size_t refCount;
+    size_t refElementSize;
+    nvtxMemRegionRef_t const* refElements;
+} nvtxMemRegionsUnregisterBatch_t;
+
 typedef struct nvtxMemRegionNameDesc_v1 {
     uint32_t regionRefType;
     uint32_t nameType;
@@ -92,5 +101,7 @@ nvtxDomainHandle_t nvtxDomainCreateA(const char* name);
 nvtxMemHeapHandle_t nvtxMemHeapRegister(nvtxDomainHandle_t domain, nvtxMemHeapDesc_t const* desc);
 void nvtxMemRegionsRegister(nvtxDomainHandle_t domain, nvtxMemRegionsRegisterBatch_t const* desc);
 void nvtxMemRegionsName(nvtxDomainHandle_t domain, nvtxMemRegionsNameBatch_t const* desc);
+/* The emulator: the region's bytes become guard bytes again; registering it anew refills it with NaN bytes (0xff). */
+void nvtxMemRegionsUnregister(nvtxDomainHandle_t domain, nvtxMemRegionsUnregisterBatch_t const* desc);
 
 #endif
