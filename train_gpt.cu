@@ -35,6 +35,7 @@
 #include "llmc/multigpu.cuh"
 #include "llmc/grad_accum.cuh"
 #include "llmc/profile.cuh"
+#include "llmc/nvtx_regions.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -164,6 +165,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
         fail("out of device memory: the plan needs %.1f MiB (%s)", mib(plan->total_bytes), cudaGetErrorString(err));
     }
     m->used_arena = gpu_used_memory();
+    nvtx_register_plan(plan, m->arena);
     size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
     m->mm.workspace = ws_bytes ? m->arena + ws_off : NULL;
     m->mm.workspace_bytes = ws_bytes;
@@ -283,6 +285,7 @@ static void gpu_block_backward(GpuModel* m, int l) {
 /* Embeddings, all blocks, final LayerNorm, for the B*T tokens in inputs. */
 static void gpu_model_forward(GpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
+    nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C, m->stream);
     for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);

@@ -119,6 +119,13 @@ typedef struct {
 } MemoryPlan;
 
 #define PLAN_ALIGN 256
+/* Bytes left free after every entry, at least: guard zones that a memory
+ * checker watches (llmc/nvtx_regions.cuh), so that an access one element
+ * past a buffer does not land in the next one. 0 (only the alignment slack)
+ * unless the build sets it: dev/emu builds use 256. */
+#ifndef PLAN_GUARD_BYTES
+#define PLAN_GUARD_BYTES 0
+#endif
 
 static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int layer, size_t bytes) {
     if (p->num_entries == p->cap_entries) {
@@ -132,7 +139,8 @@ static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int 
     e->layer = layer;
     e->bytes = bytes;
     e->offset = p->total_bytes;
-    size_t aligned = bytes > SIZE_MAX - PLAN_ALIGN ? SIZE_MAX : ceil_div(bytes, PLAN_ALIGN) * PLAN_ALIGN;
+    size_t guarded = size_add_sat(bytes, PLAN_GUARD_BYTES);
+    size_t aligned = guarded > SIZE_MAX - PLAN_ALIGN ? SIZE_MAX : ceil_div(guarded, PLAN_ALIGN) * PLAN_ALIGN;
     p->total_bytes = size_add_sat(p->total_bytes, aligned);
     p->section_bytes[section] = size_add_sat(p->section_bytes[section], aligned);
     if (p->total_bytes == SIZE_MAX) p->overflow = 1;

@@ -22,6 +22,7 @@
 #include <cuda_fp16.h>
 #include <cublasLt.h>
 #include <mma.h>
+#include "llmc/nvtx_regions.cuh" /* the trainer's NVTX calls, without a plan */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -376,7 +377,8 @@ static void from_float(void* p, cudaDataType t, size_t i, float v) {
 
 /* Runs D = op(A) op(B) + beta C (+ bias) through cuBLASLt; returns D as floats. */
 static std::vector<float> lt_run(cublasLtHandle_t lt, const MatmulCase& c, const std::vector<float>& A, const std::vector<float>& B,
-                                 const std::vector<float>& C, const std::vector<float>& bias, int lda, int ldb, int ldd) {
+                                 const std::vector<float>& C, const std::vector<float>& bias, int lda, int ldb, int ldd,
+                                 uint32_t min_align_a = 256) {
     size_t es = c.type == CUDA_R_32F ? 4 : 2;
     int ar = c.transa ? c.k : c.m, ac = c.transa ? c.m : c.k, br = c.transb ? c.n : c.k, bc = c.transb ? c.k : c.n;
     std::vector<char> hA(A.size() * es), hB(B.size() * es), hC(C.size() * es), hb(bias.size() * es);
@@ -409,6 +411,7 @@ static std::vector<float> lt_run(cublasLtHandle_t lt, const MatmulCase& c, const
     cublasLtMatrixLayoutCreate(&ld, c.type, c.m, c.n, ldd);
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &min_align_a, sizeof(min_align_a));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found) == CUBLAS_STATUS_SUCCESS && found == 1,
@@ -428,9 +431,36 @@ static std::vector<float> lt_run(cublasLtHandle_t lt, const MatmulCase& c, const
     return D;
 }
 
+/* The summation order follows the algorithm: one problem run with
+ * algorithms found for different alignments gives different bits (as on a
+ * GPU, where they are different kernels), each one the same bits every time. */
+static void test_cublaslt_orders(cublasLtHandle_t lt) {
+    const MatmulCase c = {24, 4, 200, 0, 0, CUDA_R_32F, false, 0.0f};
+    uint32_t seed = 5;
+    std::vector<float> A(24 * 200), B(200 * 4), C(24 * 4, 0.0f), bias;
+    for (auto* v : {&A, &B})
+        for (float& x : *v) { seed = seed * 1664525u + 1013904223u; x = ((seed >> 8) & 0xffff) / 32768.0f - 1.0f; }
+    std::vector<std::vector<float>> results;
+    for (uint32_t align = 4; align <= 256; align *= 2) {
+        std::vector<float> D = lt_run(lt, c, A, B, C, bias, 24, 200, 24, align);
+        std::vector<float> again = lt_run(lt, c, A, B, C, bias, 24, 200, 24, align);
+        CHECK(memcmp(D.data(), again.data(), D.size() * 4) == 0, "one algorithm (alignment %u) gave different bits twice", align);
+        results.push_back(D);
+    }
+    int distinct = 0;
+    for (size_t i = 0; i < results.size(); i++) {
+        bool seen = false;
+        for (size_t j = 0; j < i; j++) seen |= memcmp(results[i].data(), results[j].data(), results[i].size() * 4) == 0;
+        distinct += !seen;
+    }
+    CHECK(distinct >= 3, "%d distinct results from %zu algorithms: the summation order does not follow the algorithm", distinct,
+          results.size());
+}
+
 static void test_cublaslt(void) {
     cublasLtHandle_t lt;
     CHECK(cublasLtCreate(&lt) == CUBLAS_STATUS_SUCCESS, "cublasLtCreate");
+    test_cublaslt_orders(lt);
     const MatmulCase cases[] = {
         {5, 7, 3, 0, 0, CUDA_R_32F, false, 0.0f},  {17, 9, 33, 1, 0, CUDA_R_32F, true, 0.0f},
         {16, 12, 40, 0, 1, CUDA_R_32F, false, 1.0f}, {8, 20, 64, 1, 1, CUDA_R_16BF, true, 1.0f},
@@ -741,6 +771,49 @@ static void test_wmma(void) {
     for (void* p : {(void*)dA, (void*)dB, (void*)dD}) CK(cudaFree(p));
 }
 
+/* The racy patterns of race_kernel and race_wmma_kernel (below) with their
+ * barriers: racecheck must let them run. d: 64 + 256 floats. */
+__global__ void race_free_kernel(float* d) {
+    __shared__ float s[64];
+    __shared__ __align__(32) float tile[256];
+    const int t = threadIdx.x, lane = t & 31;
+    s[t] = (float)t;
+    __syncthreads();
+    float across = s[(t + 32) % 64];
+    __syncthreads();
+    s[t] = 1.0f;
+    __syncwarp();
+    float v = s[t ^ 1];
+    __syncwarp();
+    s[t] = v + across;
+    __syncwarp();
+    d[t] = s[t ^ 1];
+    if (t < 32) { /* warp 0: lanes fill a tile, WMMA loads it, stores it back, lanes read it */
+        for (int i = lane; i < 256; i += 32) tile[i] = (float)i;
+        __syncwarp();
+        FragAcc c;
+        wmma::load_matrix_sync(c, tile, 16, wmma::mem_row_major);
+        for (int i = 0; i < c.num_elements; i++) c.x[i] += 1.0f;
+        __syncwarp(); /* the load's reads before the store's writes */
+        wmma::store_matrix_sync(tile, c, 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < 256; i += 32) d[64 + i] = tile[i];
+    }
+}
+
+static void test_race_free(void) {
+    float* d;
+    CK(cudaMalloc(&d, (64 + 256) * sizeof(float)));
+    race_free_kernel<<<1, 64>>>(d);
+    std::vector<float> h(64 + 256);
+    CK(cudaMemcpy(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int t = 0; t < 64; t++) bad += h[t] != 1.0f + (float)(((t ^ 1) + 32) % 64); /* s[t^1] = 1 + what t^1 read across */
+    for (int i = 0; i < 256; i++) bad += h[64 + i] != (float)i + 1.0f;
+    CHECK(bad == 0, "race-free shared-memory patterns: %d wrong", bad);
+    CK(cudaFree(d));
+}
+
 /* ---------------------------------------------------------------- */
 /* misuse the emulator must stop                                       */
 
@@ -802,6 +875,84 @@ __global__ void wmma_misuse_kernel(float* d, int mode) {
     }
 }
 
+/* Racy toy kernels: each misses one barrier (racecheck must name the hazard). */
+__global__ void race_kernel(float* d, int mode) {
+    __shared__ float s[64];
+    const int t = threadIdx.x, lane = t & 31;
+    if (mode == 0) { /* across warps: no __syncthreads between a write and another warp's read */
+        s[t] = (float)t;
+        d[t] = s[(t + 32) % 64];
+    } else if (mode == 1) { /* inside a warp: lane^1 reads s[lane] in the epoch it is rewritten */
+        s[t] = 1.0f;
+        __syncwarp();
+        float v = s[t ^ 1];
+        s[t] = v + 1.0f;
+        d[t] = v;
+    } else if (mode == 2) { /* WAW: threads 0 and 32 write s[0] in one epoch */
+        if (lane == 0) s[0] = (float)t;
+        __syncthreads();
+        d[t] = s[0];
+    } else if (mode == 3) { /* a shuffle is no memory fence */
+        s[t] = (float)t;
+        float v = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+        d[t] = s[t ^ 1] + v;
+    }
+}
+/* WMMA store to shared memory, then a lane reads what another lane stored (mode 0) or
+ * lanes write a tile the WMMA load then reads (mode 1), without __syncwarp. */
+__global__ void race_wmma_kernel(float* d, int mode) {
+    __shared__ __align__(32) float tile[256];
+    const int lane = threadIdx.x;
+    FragAcc c;
+    wmma::fill_fragment(c, 2.0f);
+    if (mode == 0) {
+        wmma::store_matrix_sync(tile, c, 16, wmma::mem_row_major);
+        d[lane] = tile[lane];
+    } else {
+        for (int i = lane; i < 256; i += 32) tile[i] = 1.0f;
+        wmma::load_matrix_sync(c, tile, 16, wmma::mem_row_major);
+        wmma::store_matrix_sync(d, c, 16, wmma::mem_row_major);
+    }
+}
+/* d[i] for i = n: one element past a 100-float region (memcheck) */
+__global__ void region_kernel(float* d, int n, int write) {
+    if (write) d[n] = 1.0f;
+    else d[0] = d[n];
+}
+
+/* Registers a, b (100 floats each, 400 bytes apart) as NVTX regions of the block d. */
+static void register_regions(float* d) {
+    nvtx_plan_domain = nvtxDomainCreateA("selftest");
+    nvtx_plan_heap = nvtx_register_heap(nvtx_plan_domain, d, 1000 * sizeof(float), "selftest heap");
+    nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
+    nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d + 200, 100 * sizeof(float), "buffer_b");
+}
+
+/* A region registered anew (as the trainer renews its dead buffers before
+ * each forward pass) holds NaN bytes again, not what was written before. */
+static void test_region_renewal(void) {
+    float* d;
+    CK(cudaMalloc(&d, 1000 * sizeof(float)));
+    register_regions(d);
+    CK(cudaMemset(d, 0, 100 * sizeof(float)));
+    nvtxMemRegionRef_t ref;
+    ref.pointer = d;
+    nvtxMemRegionsUnregisterBatch_t b;
+    memset(&b, 0, sizeof(b));
+    b.extCompatID = NVTX_EXT_COMPATID_MEM;
+    b.structSize = sizeof(b);
+    b.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    b.refCount = 1;
+    b.refElementSize = sizeof(ref);
+    b.refElements = &ref;
+    nvtxMemRegionsUnregister(nvtx_plan_domain, &b);
+    nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
+    std::vector<unsigned char> h(100 * sizeof(float));
+    CK(cudaMemcpy(h.data(), d, h.size(), cudaMemcpyDeviceToHost));
+    CHECK(std::count(h.begin(), h.end(), 0xff) == (long)h.size(), "a renewed region is not NaN-poisoned");
+    CK(cudaFree(d));
+}
+
 static int run_fail(const char* name) {
     float* d;
     CK(cudaMalloc(&d, 1000 * sizeof(float)));
@@ -820,6 +971,15 @@ static int run_fail(const char* name) {
     else if (n == "memcpy_past_end") { std::vector<float> h(1001); cudaMemcpy(h.data(), d, 1001 * 4, cudaMemcpyDeviceToHost); }
     else if (n == "memcpy_wrong_kind") { std::vector<float> h(10); cudaMemcpy(d, h.data(), 40, cudaMemcpyDeviceToHost); }
     else if (n == "stack_overflow") deep_kernel<<<1, 32>>>(d, 1000);
+    else if (n == "race_across_warps") race_kernel<<<1, 64>>>(d, 0);
+    else if (n == "race_in_warp") race_kernel<<<1, 64>>>(d, 1);
+    else if (n == "race_same_address") race_kernel<<<1, 64>>>(d, 2);
+    else if (n == "race_shuffle_no_fence") race_kernel<<<1, 64>>>(d, 3);
+    else if (n == "race_wmma_store") race_wmma_kernel<<<1, 32>>>(d, 0);
+    else if (n == "race_wmma_load") race_wmma_kernel<<<1, 32>>>(d, 1);
+    else if (n == "region_write") { register_regions(d); region_kernel<<<1, 1>>>(d, 100, 1); }
+    else if (n == "region_read") { register_regions(d); region_kernel<<<1, 1>>>(d + 200, 100, 0); }
+    else if (n == "region_memset") { register_regions(d); cudaMemset(d + 50, 0, 51 * sizeof(float)); }
     else if (n.rfind("wmma_", 0) == 0) {
         const char* modes[] = {"wmma_misaligned", "wmma_bad_ldm", "wmma_divergent", "wmma_args_differ", "wmma_local_memory",
                                "wmma_past_end", "wmma_half_copies"};
@@ -867,6 +1027,8 @@ int main(int argc, char** argv) {
     if (argc == 2 && strncmp(argv[1], "fail:", 5) == 0) return run_fail(argv[1] + 5);
     test_half_types();
     test_kernels();
+    test_race_free();
+    test_region_renewal();
     test_cublaslt();
     test_wmma();
     if (g_fail) {

@@ -304,6 +304,25 @@ def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start i
     ("wmma_local_memory", ("wmma::load_matrix_sync", "is neither device memory")),
     ("wmma_past_end", ("wmma::store_matrix_sync", "run 32 bytes past the end of the 4000-byte cudaMalloc block")),
     ("wmma_half_copies", ("wmma::mma_sync", "is held twice", "the copies differ")),
+    # racecheck: toy kernels each missing one barrier (which of the two accesses comes first follows the run order)
+    ("race_across_warps", ("racecheck: write-after-read hazard on shared memory", "byte 128 of the 256-byte __shared__ object",
+                           "thread 0 (warp 0, lane 0) read it at race_kernel", "thread 32 (warp 1, lane 0) writes it at race_kernel",
+                           "selftest.cu:", "in kernel race_kernel")),
+    ("race_in_warp", ("racecheck: read-after-write hazard", "thread 0 (warp 0, lane 0) wrote it",
+                      "thread 1 (warp 0, lane 1) reads it")),
+    ("race_same_address", ("racecheck: write-after-write hazard", "thread 0 (warp 0, lane 0) wrote it",
+                           "thread 32 (warp 1, lane 0) writes it")),
+    ("race_shuffle_no_fence", ("racecheck: read-after-write hazard", "thread 1 (warp 0, lane 1) wrote it",
+                               "thread 0 (warp 0, lane 0) reads it")),
+    ("race_wmma_store", ("racecheck: read-after-write hazard", "every lane of warp 0 (a WMMA operation) wrote it at",
+                         "thread 0 (warp 0, lane 0) reads it")),
+    ("race_wmma_load", ("racecheck: read-after-write hazard", "thread 0 (warp 0, lane 0) wrote it",
+                        "every lane of warp 0 (a WMMA operation) reads it")),
+    # memcheck of NVTX regions: two 400-byte buffers with guard zones in one cudaMalloc
+    ("region_write", ("memcheck: invalid write of 4 bytes", "region_kernel", "selftest.cu:",
+                      "a guard zone of heap 'selftest heap', 1 bytes past the end of buffer 'buffer_a' (400 bytes")),
+    ("region_read", ("memcheck: invalid read of 4 bytes", "1 bytes past the end of buffer 'buffer_b' (400 bytes")),
+    ("region_memset", ("cudaMemset: the destination (204 bytes at", "runs 4 bytes past the end of buffer 'buffer_a' (400 bytes")),
 ])
 def test_emulator_stops_misuse(emu_build, case, message):
     res = emu_run([OUT / "emu_selftest", f"fail:{case}"], timeout=120)

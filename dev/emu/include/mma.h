@@ -155,9 +155,19 @@ template <typename M> inline const M& same_in_all(const char* api, void* const l
     return a;
 }
 
-template <typename F, typename Use, typename T> void load_all(void* const lanes[32]) {
+/* The tile's 16 rows (row-major) or columns of 16 elements at stride ldm:
+ * read or written by every lane of the warp (racecheck). */
+template <typename T> inline void warp_tile_access(const T* p, unsigned ldm, bool write, const CallSite& where) {
+    race_warp_access(p, 16, 16 * sizeof(T), (size_t)ldm * sizeof(T), write, where);
+}
+
+/* The warp collectives below run as lane 0's thread but act for the whole
+ * warp: they are not instrumented (-fsanitize=thread) and report their tile
+ * access as the warp's instead. */
+template <typename F, typename Use, typename T> __attribute__((no_sanitize_thread)) void load_all(void* const lanes[32]) {
     typedef MemArgs<F, const T> M;
     const M& a = same_in_all<M>("wmma::load_matrix_sync", lanes);
+    warp_tile_access(a.ptr, a.ldm, false, a.where);
     for (int l = 0; l < 32; l++) {
         F& f = *((const M*)lanes[l])->frag;
         for (int i = 0; i < F::num_elements; i++) {
@@ -167,9 +177,10 @@ template <typename F, typename Use, typename T> void load_all(void* const lanes[
     }
 }
 
-inline void store_all(void* const lanes[32]) {
+__attribute__((no_sanitize_thread)) inline void store_all(void* const lanes[32]) {
     typedef MemArgs<const Acc, float> M;
     const M& a = same_in_all<M>("wmma::store_matrix_sync", lanes);
+    warp_tile_access(a.ptr, a.ldm, true, a.where);
     for (int l = 0; l < 32; l++) {
         const Acc& f = *((const M*)lanes[l])->frag;
         for (int i = 0; i < Acc::num_elements; i++) {
@@ -194,7 +205,7 @@ template <typename FA, typename FB> struct MmaArgs {
 /* The warp's 16x16 tile of an A or B operand as floats, from every lane's
  * fragment. A __half fragment holds each element twice: both copies must
  * agree bit for bit. */
-template <typename F, typename Use> void gather(float* tile, const F* const frags[32], const CallSite& w) {
+template <typename F, typename Use> __attribute__((no_sanitize_thread)) void gather(float* tile, const F* const frags[32], const CallSite& w) {
     const int n = F::num_elements;
     int slot[256]; /* lane * n + i of the copy seen first, or -1 */
     for (int e = 0; e < 256; e++) slot[e] = -1;
@@ -217,7 +228,7 @@ template <typename F, typename Use> void gather(float* tile, const F* const frag
         }
 }
 
-template <typename FA, typename FB> void mma_all(void* const lanes[32]) {
+template <typename FA, typename FB> __attribute__((no_sanitize_thread)) void mma_all(void* const lanes[32]) {
     typedef MmaArgs<FA, FB> M;
     const FA* fa[32];
     const FB* fb[32];

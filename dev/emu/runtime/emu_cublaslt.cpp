@@ -10,13 +10,18 @@
  * documentation:
  *   D = alpha * op(A) op(B) + beta * C  [+ bias[i] on every column with CUBLASLT_EPILOGUE_BIAS]
  * column-major, op(X) = X or X^T, compute type CUBLAS_COMPUTE_32F with an
- * fp32 scale type: products and sums in fp32 (in one fixed order: eight
- * interleaved partial sums over k, combined pairwise), rounded once to D's
- * type (round to nearest even; an fp16 result beyond 65504 becomes inf). C is
- * not read when beta == 0. The real library's summation order (tiling,
- * split-K) differs, so results agree to rounding, not bitwise; but a given
- * call always gives the same bits here, as the trainer's determinism relies
- * on for the real library with a fixed algorithm.
+ * fp32 scale type: products and sums in fp32, rounded once to D's type
+ * (round to nearest even; an fp16 result beyond 65504 becomes inf). C is not
+ * read when beta == 0. The summation order depends on the algorithm, as the
+ * real library's does (tiling, split-K): one of 12 orders (SumOrder), chosen
+ * by a hash of the problem (shapes, transposes, leading dimensions, types,
+ * epilogue) and the alignments the algorithm was found for (or, without an
+ * algorithm, the pointers' alignments). So a forward and a recompute that do
+ * not run the identical configuration differ bitwise here too (unless their
+ * hashes happen to pick the same order, 1 in 12), while the same
+ * configuration always gives the same bits, as the trainer's bitwise
+ * recompute claim relies on for the real library. The real orders differ
+ * from these: results agree with a GPU's to rounding, not bitwise.
  *
  * Checks (fatal, naming the API and argument): descriptor attributes and
  * values outside what is implemented; type combinations the documentation
@@ -188,21 +193,52 @@ inline void store(void* p, int type, size_t i, float v) {
 
 typedef float v8f __attribute__((vector_size(32)));
 
-/* k8 is a multiple of 8; both rows are zero-padded to it. */
-inline float dot8(const float* a, const float* b, size_t k8) {
-    v8f acc = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (size_t p = 0; p < k8; p += 8) {
-        v8f x, y;
-        memcpy(&x, a + p, sizeof(x));
-        memcpy(&y, b + p, sizeof(y));
-        acc += x * y;
-    }
-    float s[8];
-    memcpy(s, &acc, sizeof(s));
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+/* The summation order of one algorithm, as a real library's differs from
+ * algorithm to algorithm (tiling, split-K): k is cut into `splits` slices of
+ * whole 8-element groups; each slice sums into eight interleaved partial sums,
+ * combined pairwise (combine 0), left to right (1) or right to left (2); the
+ * slices' sums are added in order. */
+struct SumOrder {
+    int splits, combine;
+};
+const int SUM_ORDERS = 12;
+SumOrder sum_order(uint64_t key) { return SumOrder{1 + (int)(key % 4), (int)(key / 4 % 3)}; }
+
+/* The order an algorithm found for problem p with operand alignments align[4] uses. */
+uint64_t order_key(const Problem& p, const uint32_t align[4]) {
+    uint64_t h = problem_hash(p);
+    for (int i = 0; i < 4; i++) h = mix(h, align[i]);
+    return h % SUM_ORDERS;
 }
 
-void compute(const Problem& p, float alpha, float beta, const void* A, const void* B, const void* C, void* D, const void* bias) {
+inline float combine8(const v8f& acc, int how) {
+    float s[8];
+    memcpy(s, &acc, sizeof(s));
+    if (how == 0) return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    float r = how == 1 ? s[0] : s[7];
+    for (int i = 1; i < 8; i++) r += s[how == 1 ? i : 7 - i];
+    return r;
+}
+
+/* k8 is a multiple of 8; both rows are zero-padded to it. */
+inline float dot8(const float* a, const float* b, size_t k8, SumOrder o) {
+    const size_t groups = k8 / 8, per = (groups + o.splits - 1) / o.splits;
+    float total = 0.0f;
+    for (size_t g0 = 0; g0 < groups; g0 += per) {
+        v8f acc = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (size_t g = g0; g < std::min(groups, g0 + per); g++) {
+            v8f x, y;
+            memcpy(&x, a + 8 * g, sizeof(x));
+            memcpy(&y, b + 8 * g, sizeof(y));
+            acc += x * y;
+        }
+        total = g0 == 0 ? combine8(acc, o.combine) : total + combine8(acc, o.combine);
+    }
+    return total;
+}
+
+void compute(const Problem& p, SumOrder order, float alpha, float beta, const void* A, const void* B, const void* C, void* D,
+             const void* bias) {
     const size_t m = p.m, n = p.n, k = p.k, k8 = (k + 7) / 8 * 8;
     std::vector<float> at(m * k8, 0.0f), bt(n * k8, 0.0f);
     /* at: row i = op(A)[i][:], bt: row j = op(B)[:][j] */
@@ -218,7 +254,7 @@ void compute(const Problem& p, float alpha, float beta, const void* A, const voi
 #pragma omp parallel for schedule(static)
     for (size_t j = 0; j < n; j++) {
         for (size_t i = 0; i < m; i++) {
-            float acc = alpha * dot8(&at[i * k8], &bt[j * k8], k8);
+            float acc = alpha * dot8(&at[i * k8], &bt[j * k8], k8, order);
             if (beta != 0.0f) acc += beta * load(C, p.c.type, i + j * (size_t)p.c.ld);
             if (with_bias) acc += load(bias, p.bias_type, i);
             store(D, p.d.type, i + j * (size_t)p.d.ld, acc);
@@ -383,6 +419,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     algo.data[1] = problem_hash(p);
     algo.data[2] = ((uint64_t)pref->align[0] << 32) | pref->align[1];
     algo.data[3] = ((uint64_t)pref->align[2] << 32) | pref->align[3];
+    algo.data[4] = order_key(p, pref->align);
     results[0].workspaceSize = 0;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
@@ -403,6 +440,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     memcpy(&al, alpha, 4); /* scale type CUDA_R_32F, host pointer mode */
     memcpy(&be, beta, 4);
     std::string what = std::string(api) + " (" + problem_text(p) + ")";
+    /* without an algorithm the library chooses one for the pointers' alignments */
+    const uint32_t ptr_align[4] = {(uint32_t)alignment_of(A), (uint32_t)alignment_of(B), (uint32_t)alignment_of(C),
+                                   (uint32_t)alignment_of(D)};
+    const SumOrder order = sum_order(algo ? algo->data[4] : order_key(p, ptr_align));
     if (algo) {
         if (algo->data[0] != ALGO_MAGIC) fatal("%s: the algorithm did not come from cublasLtMatmulAlgoGetHeuristic", what.c_str());
         if (algo->data[1] != problem_hash(p))
@@ -433,9 +474,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         if (overlap(D, dn, bias, bb)) fatal("%s: D overlaps the bias", what.c_str());
     }
     if (workspace_bytes) emu::check_device_range(what.c_str(), "the workspace", workspace, workspace_bytes);
-    emu::enqueue(stream, [p, al, be, A, B, C, D, bias, what]() {
+    emu::enqueue(stream, [p, order, al, be, A, B, C, D, bias, what]() {
         emu::set_activity(what.c_str());
-        compute(p, al, be, A, B, C, D, bias);
+        compute(p, order, al, be, A, B, C, D, bias);
         emu::set_activity(nullptr);
         emu::check_canaries(what.c_str());
     });

@@ -71,6 +71,7 @@ namespace emu {
 
 uint3 cur_thread_idx, cur_block_idx;
 dim3 cur_block_dim, cur_grid_dim;
+int g_cur = -1; /* running thread, -1 on the scheduler */
 
 namespace {
 
@@ -81,7 +82,6 @@ const int MAX_THREADS = 1024;
 /* ---- what is running, for messages ---- */
 const Site* g_site = nullptr; /* kernel being run, or null */
 std::string g_activity;       /* "cublasLtMatmul ..." etc. when not a kernel */
-int g_cur = -1;               /* running thread, -1 on the scheduler */
 
 /* ---- settings from the environment ---- */
 struct Settings {
@@ -91,6 +91,8 @@ struct Settings {
     bool profile = false;
     int order = 0; /* 0 forward, 1 reverse, 2 shuffle */
     uint64_t seed = 1;
+    std::string deleted_file; /* EMU_DELETE_SYNC=FILE:LINE: that barrier is skipped, as if deleted */
+    int deleted_line = -1;
 };
 
 size_t parse_bytes(const char* s) {
@@ -124,8 +126,24 @@ Settings& settings() {
                 if (o.size() > 8 && o[7] == ':') s.seed = strtoull(o.c_str() + 8, nullptr, 10);
             } else fatal("EMU_ORDER=%s: expected forward, reverse or shuffle[:seed]", v);
         }
+        if (const char* v = getenv("EMU_DELETE_SYNC")) {
+            const char* colon = strrchr(v, ':');
+            char* end = nullptr;
+            if (colon) s.deleted_line = (int)strtol(colon + 1, &end, 10);
+            if (!colon || colon == v || !end || *end || s.deleted_line <= 0)
+                fatal("EMU_DELETE_SYNC=%s: expected FILE:LINE of a __syncthreads() or __syncwarp() call", v);
+            s.deleted_file.assign(v, colon);
+        }
     }
     return s;
+}
+
+/* Is the barrier at file:line the one EMU_DELETE_SYNC deletes (file: a suffix of the path)? */
+bool sync_deleted(const char* file, int line) {
+    const Settings& st = settings();
+    if (line != st.deleted_line) return false;
+    size_t n = strlen(file), m = st.deleted_file.size();
+    return n >= m && strcmp(file + n - m, st.deleted_file.c_str()) == 0 && (n == m || file[n - m - 1] == '/');
 }
 
 /* ---- memory registry ---- */
@@ -197,6 +215,7 @@ void guarded_free(const char* api, void* p, int kind) {
     }
     Alloc a = it->second;
     g_allocs.erase(it);
+    forget_heaps((uintptr_t)a.base, (uintptr_t)a.base + a.size);
     if (kind == DEVICE) g_device_bytes -= a.data;
     /* keep the addresses, drop the memory: a later access faults and is named */
     mmap(a.map, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -242,6 +261,11 @@ std::vector<int> g_free_stacks;
 std::vector<std::pair<void*, size_t>> g_shared; /* static __shared__ objects used by this launch */
 char* g_dyn_smem = nullptr;
 size_t g_dyn_smem_bytes = 0;
+/* Static, so that it lies in .bss with the static __shared__ objects, where
+ * racecheck watches; 128-byte aligned: transform.py drops the alignment an
+ * extern __shared__ declaration asks for (which the GPU's compiler honours),
+ * and WMMA needs 32. */
+alignas(128) char g_dyn_buf[48 * 1024];
 char* g_no_smem_page = nullptr;
 
 uint64_t g_rng;
@@ -453,10 +477,11 @@ void warp_exchange(int t0, int n) {
         case OP_BALLOT: b.result = vote; break;
         case OP_ANY: b.result = vote != 0; break;
         case OP_ALL: b.result = vote == 0xffffffffull; break;
-        case OP_SYNCWARP: b.result = 0; break;
+        case OP_SYNCWARP: b.result = 0; break; /* the warp's epoch advances below */
         default: b.result = g_thr[t0 + src].bits; break;
         }
     }
+    if (a.op == OP_SYNCWARP) race_warp_epoch(t0 / 32);
     for (int l = 0; l < 32; l++) g_thr[t0 + l].state = T_RUN;
 }
 
@@ -503,6 +528,7 @@ void run_block(std::vector<int>& warp_order, std::vector<int>& lane_order) {
     for (int t = 0; t < g_nthreads; t++) { g_thr[t].state = T_NEW; g_thr[t].stack = -1; }
     for (auto& r : g_shared) memset(r.first, 0xff, r.second);
     if (g_dyn_smem_bytes) memset(g_dyn_smem, 0xff, g_dyn_smem_bytes);
+    race_block_epoch(); /* shared memory is new: nothing before this block is a hazard */
     int nwarps = (g_nthreads + 31) / 32;
     for (;;) {
         make_order(warp_order, nwarps);
@@ -529,6 +555,7 @@ void run_block(std::vector<int>& warp_order, std::vector<int>& lane_order) {
                       first, f.file, f.line, b.file, b.line);
             }
         }
+        race_block_epoch();
         for (int t = 0; t < g_nthreads; t++) g_thr[t].state = T_RUN;
     }
 }
@@ -669,6 +696,7 @@ void set_activity(const char* what) { g_activity = what ? what : ""; }
 
 void syncthreads(int line, const char* file) {
     if (g_cur < 0) fatal("__syncthreads (%s:%d) called outside a kernel", file, line);
+    if (sync_deleted(file, line)) return;
     int me = g_cur;
     Thr& t = g_thr[me];
     t.state = T_BAR;
@@ -679,6 +707,7 @@ void syncthreads(int line, const char* file) {
 
 uint64_t warp_op(int line, const char* file, WarpOp op, unsigned mask, uint64_t bits, int arg, int width) {
     if (g_cur < 0) fatal("%s (%s:%d) called outside a kernel", op_name(op), file, line);
+    if (op == OP_SYNCWARP && sync_deleted(file, line)) return 0;
     int me = g_cur;
     Thr& t = g_thr[me];
     t.state = T_WARP;
@@ -719,6 +748,9 @@ void check_kernel_range(const char* api, const CallSite& where, const void* p, s
         if (hi > end)
             fatal("%s (%s:%d): %zu bytes at %p run %zu bytes past the end of the %zu-byte %s block at %p", api, where.file, where.line,
                   bytes, p, (size_t)(hi - end), a->size, kind_name(a->kind), (void*)a->base);
+        char what[300];
+        snprintf(what, sizeof(what), "%s (%s:%d)", api, where.file, where.line);
+        check_region_range(what, "the tile", p, bytes);
         return;
     }
     for (auto& r : g_shared) {
@@ -740,6 +772,23 @@ void check_kernel_range(const char* api, const CallSite& where, const void* p, s
     std::string freed = freed_note(p);
     fatal("%s (%s:%d): %p is neither device memory (cudaMalloc, cudaMallocHost) nor this block's shared memory%s", api, where.file,
           where.line, p, freed.empty() ? " (a local array or a host pointer?)" : freed.c_str());
+}
+
+std::string describe_shared(uintptr_t a) {
+    char buf[200];
+    for (auto& r : g_shared) {
+        uintptr_t base = (uintptr_t)r.first;
+        if (a >= base && a < base + r.second) {
+            snprintf(buf, sizeof(buf), "byte %zu of the %zu-byte __shared__ object at %p", (size_t)(a - base), r.second, r.first);
+            return buf;
+        }
+    }
+    uintptr_t dyn = (uintptr_t)g_dyn_smem;
+    if (g_dyn_smem && a >= dyn && a < dyn + g_dyn_smem_bytes) {
+        snprintf(buf, sizeof(buf), "byte %zu of the launch's %zu bytes of dynamic shared memory", (size_t)(a - dyn), g_dyn_smem_bytes);
+        return buf;
+    }
+    return "shared memory of an earlier launch";
 }
 
 void check_stream(const char* api, cudaStream_t stream) {
@@ -785,9 +834,11 @@ void check_device_range(const char* api, const char* operand, const void* p, siz
     if (end > aend)
         fatal("%s: %s (%zu bytes at %p) runs %zu bytes past the end of its %zu-byte cudaMalloc block at %p", api, operand, bytes, p,
               (size_t)(end - aend), a->size, (void*)a->base);
+    check_region_range(api, operand, p, bytes);
 }
 
 void check_canaries(const char* after_what) {
+    check_guard_canaries(after_what);
     for (auto& kv : g_allocs) {
         const Alloc& a = kv.second;
         for (size_t i = a.size; i < a.data; i++)
@@ -818,11 +869,11 @@ void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const st
     g_nthreads = (int)(block.x * block.y * block.z);
     g_body = &body;
     g_shared.clear();
-    /* 128-byte aligned: transform.py drops the alignment an extern __shared__
-     * declaration asks for (which the GPU's compiler honours), and WMMA needs 32 */
-    std::vector<char> dyn(dyn_smem + 128);
-    g_dyn_smem = dyn_smem ? (char*)(((uintptr_t)dyn.data() + 127) & ~(uintptr_t)127) : nullptr;
+    race_init();
+    g_dyn_smem = dyn_smem ? g_dyn_buf : nullptr;
     g_dyn_smem_bytes = dyn_smem;
+    if (dyn_smem) race_track(g_dyn_buf, dyn_smem);
+    race_kernel(true);
     g_rng = settings().seed * 0x2545f4914f6cdd1dull + (uint64_t)site.line;
     uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
     int order = settings().order;
@@ -856,6 +907,7 @@ void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const st
     }
     char what[300];
     snprintf(what, sizeof(what), "kernel %s launched at %s:%d", site.kernel, site.file, site.line);
+    race_kernel(false);
     g_site = nullptr;
     g_dyn_smem = nullptr;
     g_dyn_smem_bytes = 0;
@@ -880,6 +932,7 @@ void emu_shared_use(void* p, size_t bytes) {
     for (auto& r : g_shared)
         if (r.first == p) return;
     g_shared.push_back({p, bytes});
+    race_track(p, bytes);
     memset(p, 0xff, bytes); /* first use in this launch: uninitialised, as on a GPU */
 }
 

@@ -122,6 +122,11 @@ struct CallSite {
  * cudaMallocHost block, or this block's shared memory (static or dynamic);
  * otherwise fatal, naming api and its call site. */
 void check_kernel_range(const char* api, const CallSite& where, const void* p, size_t bytes);
+/* Racecheck (runtime/emu_racecheck.cpp): the running warp, all its lanes,
+ * reads (or writes) `rows` runs of row_bytes bytes, stride_bytes apart, from
+ * p: a WMMA load or store, which orders nothing between lanes. Checked for
+ * hazards where it is shared memory. */
+void race_warp_access(const void* p, size_t rows, size_t row_bytes, size_t stride_bytes, bool write, const CallSite& where);
 
 template <typename T> static inline uint64_t to_bits(const T& v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "emu: warp shuffle of a type larger than 8 bytes");

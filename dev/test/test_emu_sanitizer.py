@@ -1,0 +1,148 @@
+"""The CPU emulator (dev/emu) as a sanitizer: racecheck on the real kernels' barriers, memcheck on the plan's buffers.
+
+Why it exists: a missing __syncwarp() or __syncthreads() is a silent race on a
+GPU, and an access one element past a plan buffer lands in the next buffer of
+the one arena; neither changes the emulated results reliably. The emulator
+records every shared-memory access (dev/emu/runtime/emu_racecheck.cpp) and
+every access to the plan's guard zones (emu_memcheck.cpp); these tests show
+that it stops such mutants of the current kernels with a message naming the
+hazard:
+  - every __syncthreads()/__syncwarp() in llmc/*.cuh, deleted one at a time
+    (EMU_DELETE_SYNC=FILE:LINE makes the emulator skip exactly that call, as
+    if the line were gone), fails the kernel's emulated test with
+    "racecheck: ... hazard", except the barriers listed in REDUNDANT, whose
+    deletion is no race (another barrier orders the same accesses), which
+    must then pass;
+  - a mutated copy of the sources (a real deletion, and a write moved one
+    element past a buffer), built in a temporary directory, fails naming the
+    kernel's source line and the buffer.
+Skipped like test_emu.py without g++ or off x86-64 Linux. NOT GPU verification.
+"""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+from test_emu import EMU, OUT, emu_build, emu_run, explain  # noqa: F401 (emu_build is a fixture)
+
+ATTENTION_CASE = "attention:hs32:64:2:300:77"  # the attention kernels alone, forward and backward
+GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
+# The binary and case that run each file's kernels: tensor-core attention in
+# the 16-bit builds, CUDA-core attention in fp32, the rest in every build.
+RUNS = {"llmc/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/attention.cuh": ("fp32", ATTENTION_CASE)}
+DEFAULT_RUN = ("bf16", GPT_CASE)
+
+# (file, enclosing function, index of the barrier in it): why deleting it is no race.
+REDUNDANT = {
+    ("llmc/attention_tc.cuh", "att_tc_row_of", 1):
+        "its only caller, the forward kernel, next writes the scratch (Sw) after the key loop's first __syncthreads",
+    ("llmc/attention_tc.cuh", "attention_tc_backward_dq_kernel", 5):
+        "dSw is next written after the __syncthreads that starts the next key tile; after the loop it is not written",
+    ("llmc/attention_tc.cuh", "attention_tc_backward_dkv_kernel", 5):
+        "Pw and dSw are next written after the __syncthreads that starts the next query tile",
+    ("llmc/cuda_common.cuh", "block_sum", 0):
+        "a previous call's reads of scratch[lane] are ordered by its second barrier, its reads of scratch[32] by this "
+        "call's second barrier, before scratch[32] is rewritten",
+}
+
+SYNC_RE = re.compile(r"\b(__syncthreads|__syncwarp)\s*\(\s*\)")
+
+
+def code_only(line):
+    return line.split("//")[0].split("/*")[0]
+
+
+def sync_sites():
+    """(file, line, function, index in function) of every barrier call in llmc/*.cuh."""
+    sites = []
+    for path in sorted((REPO / "llmc").glob("*.cuh")):
+        rel = f"llmc/{path.name}"
+        func, count = None, {}
+        for no, line in enumerate(path.read_text().splitlines(), 1):
+            if re.match(r"[A-Za-z_]", line) and "(" in line and not line.startswith(("template", "typedef", "struct")):
+                names = [n for n in re.findall(r"([A-Za-z_]\w*)\s*\(", line) if n not in ("__launch_bounds__", "__align__")]
+                if names:
+                    func = names[0]
+            if SYNC_RE.search(code_only(line)):
+                k = count.get(func, 0)
+                count[func] = k + 1
+                sites.append((rel, no, func, k))
+    return sites
+
+
+SITES = sync_sites()
+
+
+def test_the_sweep_sees_the_barriers():
+    files = {s[0] for s in SITES}
+    assert {"llmc/attention_tc.cuh", "llmc/attention.cuh", "llmc/layernorm.cuh", "llmc/cuda_common.cuh"} <= files, files
+    listed = {(f, fn, k) for f, _, fn, k in SITES}
+    assert set(REDUNDANT) <= listed, set(REDUNDANT) - listed  # a stale entry: the barrier moved or went
+
+
+@pytest.mark.parametrize("site", SITES, ids=[f"{f}:{n}" for f, n, _, _ in SITES])
+def test_deleting_a_barrier_is_caught(emu_build, site):
+    rel, line, func, k = site
+    precision, case = RUNS.get(rel, DEFAULT_RUN)
+    res = emu_run([OUT / f"emu_test_gpt_{precision}", case], timeout=600, EMU_DELETE_SYNC=f"{rel}:{line}")
+    why = REDUNDANT.get((rel, func, k))
+    if why:
+        assert res.returncode == 0 and "racecheck" not in res.stderr, f"listed as redundant ({why}) but:\n" + explain(res)
+        return
+    assert res.returncode != 0, f"deleting {rel}:{line} ({func}) went unnoticed\n" + explain(res)
+    assert re.search(r"emu: racecheck: (read-after-write|write-after-read|write-after-write) hazard on shared memory", res.stderr), \
+        explain(res)
+    assert "in kernel " in res.stderr, explain(res)
+
+
+def test_delete_sync_needs_file_and_line(emu_build):
+    res = emu_run([OUT / "emu_selftest"], EMU_DELETE_SYNC="llmc/attention_tc.cuh")
+    assert res.returncode != 0 and "EMU_DELETE_SYNC=llmc/attention_tc.cuh: expected FILE:LINE" in res.stderr, explain(res)
+
+
+# ---- mutants of the real sources, built in a temporary tree ----
+
+FORWARD_SYNC = "        att_tc_scores<HS>(Sw, q, Ks);\n        __syncwarp();\n"
+ENCODER_WRITE = "    x[i] = from_f32<floatX>(to_f32(wte[(size_t)tokens[bt] * C + c]) + to_f32(wpe[(size_t)t * C + c]));\n"
+
+
+def mutant_tree(tmp, edits):
+    """A copy of the sources and dev/emu in tmp with edits {file: (old, new)}, reusing the built runtime objects."""
+    for f in REPO.iterdir():
+        if f.is_file() and f.suffix in (".c", ".cu", ".h"):
+            shutil.copy2(f, tmp / f.name)
+    shutil.copytree(REPO / "llmc", tmp / "llmc")
+    shutil.copytree(EMU, tmp / "dev" / "emu")
+    (tmp / "build" / "emu" / "obj").mkdir(parents=True)
+    for obj in (OUT / "obj").glob("emu_*.o"):
+        if not obj.name.startswith(("emu_test_gpt", "emu_train_gpt", "emu_bench")):
+            shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)  # newer than the copied runtime sources: not rebuilt
+    for rel, (old, new) in edits.items():
+        text = (tmp / rel).read_text()
+        assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
+        (tmp / rel).write_text(text.replace(old, new))
+    exe = tmp / "build" / "emu" / "emu_test_gpt_bf16"
+    res = subprocess.run(["make", "-s", "-C", str(tmp / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return exe
+
+
+def test_source_mutants_are_caught(emu_build, tmp_path):
+    """The issue's race (the forward kernel's __syncwarp between the WMMA store of the scores and the lanes' reads, deleted)
+    and a write one element past the embedding output, in one mutated build."""
+    exe = mutant_tree(tmp_path, {
+        "llmc/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
+        "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x[i] =", "x[i + 1] =")),
+    })
+    race = emu_run([exe, ATTENTION_CASE], timeout=600)
+    assert race.returncode != 0, explain(race)
+    assert re.search(r"racecheck: read-after-write hazard on shared memory .*every lane of warp \d+ \(a WMMA operation\) wrote it at "
+                     r"\S*llmc/attention_tc\.cuh:\d+ and thread \d+ .* reads it at .*llmc/attention_tc\.cuh:\d+", race.stderr), explain(race)
+    assert "in kernel attention_tc_forward_kernel" in race.stderr, explain(race)
+    bounds = emu_run([exe, GPT_CASE], timeout=600)
+    assert bounds.returncode != 0, explain(bounds)
+    assert re.search(r"memcheck: invalid write of 2 bytes at \S+ at .*llmc/encoder\.cuh:\d+.*: a guard zone of heap 'remat memory plan', "
+                     r"1 bytes past the end of buffer 'layer0\.\w+'", bounds.stderr), explain(bounds)
+    assert "in kernel encoder_forward_kernel" in bounds.stderr, explain(bounds)
