@@ -197,28 +197,29 @@ static void gpu_model_free(GpuModel* m) {
     memset(m, 0, sizeof(*m));
 }
 
-/* Block l forward from its stored input x. `out` receives the block output
- * (the next layer's x). With out == NULL it stops after the GELU: that is
- * the recomputation for backward, which needs nothing later than that.
- * The residual adds ride on the matmuls (C = residual, see matmul.cuh). */
-static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
-    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
-    cudaStream_t s = m->stream;
-    floatX* x = gact(m, l, ACT_X);
+/* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
+static void gpu_block_forward_qkv(GpuModel* m, int l) {
+    int C = m->cfg.channels, N = m->B * m->T;
     floatX* ln1 = gact(m, l, ACT_LN1);
-    floatX* qkv = gact(m, l, ACT_QKV);
-    floatX* atty = gact(m, l, ACT_ATTY);
+    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X), glp(m->p, m, P_LN1W, l),
+                          glp(m->p, m, P_LN1B, l), N, C, m->stream);
+    gpu_matmul_forward(&m->mm, gact(m, l, ACT_QKV), ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, m->stream);
+}
+
+/* Block l after attention, from x and the attention output: projection,
+ * LN2, FC and GELU; `out` (the next layer's x) receives the block output, or
+ * with out == NULL it stops after the GELU: that is the recomputation for
+ * backward, which needs nothing later than that. The residual adds ride on
+ * the matmuls (C = residual, see matmul.cuh). */
+static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
+    int C = m->cfg.channels, N = m->B * m->T;
+    cudaStream_t s = m->stream;
     floatX* res2 = gact(m, l, ACT_RES2);
     floatX* ln2 = gact(m, l, ACT_LN2);
     floatX* fch = gact(m, l, ACT_FCH);
     floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
-    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), x, glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, s);
-    gpu_matmul_forward(&m->mm, qkv, ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, s);
-    ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
-    prof_begin(&m->prof, att, s);
-    gpu_attention_forward(atty, gstat(m, l, ACT_ATT_LSE), qkv, B, T, C, NH, s);
-    prof_end(&m->prof, att, s);
-    gpu_matmul_forward(&m->mm, res2, atty, glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), x, N, C, C, s);
+    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), gact(m, l, ACT_X),
+                       N, C, C, s);
     gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, s);
     gpu_matmul_forward(&m->mm, fch, ln2, glp(m->p, m, P_FCW, l), glp(m->p, m, P_FCB, l), NULL, N, C, 4 * C, s);
     gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
@@ -226,11 +227,23 @@ static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     gpu_matmul_forward(&m->mm, out, fch_gelu, glp(m->p, m, P_FCPROJW, l), glp(m->p, m, P_FCPROJB, l), res2, N, 4 * C, C, s);
 }
 
-/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1 and -r 2),
+/* Block l forward from its stored input x; out as in gpu_block_forward_mlp. */
+static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
+    ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
+    gpu_block_forward_qkv(m, l);
+    prof_begin(&m->prof, att, m->stream);
+    gpu_attention_forward(gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), gact(m, l, ACT_QKV), m->B, m->T, m->cfg.channels,
+                          m->cfg.num_heads, m->stream);
+    prof_end(&m->prof, att, m->stream);
+    gpu_block_forward_mlp(m, l, out);
+}
+
+/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1, 2, 3),
  * with the forward pass's own kernels and launch configurations. */
 static void gpu_block_recompute(GpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
     if (mode == RECOMPUTE_FULL) { gpu_block_forward(m, l, NULL); return; }
+    if (mode == RECOMPUTE_KEEP_ATTENTION) { gpu_block_forward_qkv(m, l); gpu_block_forward_mlp(m, l, NULL); return; }
     if (mode != RECOMPUTE_SELECTIVE) return;
     gpu_layernorm_apply(gact(m, l, ACT_LN1), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X),
                         glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, m->stream);

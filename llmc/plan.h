@@ -12,6 +12,7 @@
  *   -r 0  x ln1 qkv atty res2 ln2 fch fch_gelu = 16C elements + (4 + NH) floats
  *   -r 2  x qkv atty res2 fch                  = 10C elements + (4 + NH) floats
  *   -r 1  x                                    =  1C elements
+ *   -r 3  x atty                               =  2C elements + NH floats (logsumexp)
  * Whatever a layer does not keep lives in one shared "recompute set" in the
  * scratch section, which the backward pass refills layer by layer.
  */
@@ -20,7 +21,11 @@
 
 #include "model.h"
 
-typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_SELECTIVE = 2 } RecomputeMode;
+/* -r 3 is full recompute that keeps attention's output and logsumexp: the
+ * backward pass reruns everything of the block but attention itself, whose
+ * kept output and logsumexp feed attention's backward. */
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_SELECTIVE = 2, RECOMPUTE_KEEP_ATTENTION = 3 } RecomputeMode;
+#define NUM_RECOMPUTE_MODES 4
 
 enum {
     SEC_PARAMETERS, SEC_MASTER_WEIGHTS, SEC_GRADIENTS, SEC_OPTIMIZER,
@@ -55,6 +60,7 @@ static inline size_t layer_act_per_token(int act, const ModelConfig* cfg, int* i
 static inline int layer_keeps(int mode, int act) {
     if (mode == RECOMPUTE_NONE) return 1;
     if (mode == RECOMPUTE_FULL) return act == ACT_X;
+    if (mode == RECOMPUTE_KEEP_ATTENTION) return act == ACT_X || act == ACT_ATTY || act == ACT_ATT_LSE;
     return act != ACT_LN1 && act != ACT_LN2 && act != ACT_FCH_GELU;
 }
 
@@ -286,7 +292,9 @@ static inline size_t plan_largest_entry(const MemoryPlan* p, const char** name) 
 /* ---- reporting ---- */
 
 static inline const char* recompute_mode_name(int mode) {
-    return mode == RECOMPUTE_FULL ? "-r 1 (full)" : mode == RECOMPUTE_SELECTIVE ? "-r 2 (selective)" : "-r 0 (none)";
+    static const char* const names[NUM_RECOMPUTE_MODES] = {"-r 0 (none)", "-r 1 (full)", "-r 2 (selective)",
+                                                           "-r 3 (full, attention kept)"};
+    return names[mode];
 }
 
 /* Formats the set of layers with mode `mode` as "0-3,7" into buf. */
@@ -320,7 +328,7 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     for (int s = 0; s < NUM_SECTIONS; s++)
         fprintf(out, "  %-16s %12.1f MiB\n", labels[s], mib(p->section_bytes[s]));
     fprintf(out, "  %-16s %12.1f MiB (%zu bytes, allocated once)\n", "total", mib(p->total_bytes), p->total_bytes);
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < NUM_RECOMPUTE_MODES; mode++) {
         char layers[256];
         int count = plan_layers_with_mode(p, mode, layers, sizeof(layers));
         if (!count) continue;
