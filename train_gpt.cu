@@ -535,8 +535,46 @@ static void gpu_step_extras(void* ctx, int step, double step_ms, char* buf, size
            (double)((long long)used - (long long)m->used_arena) / 1048576.0);
 }
 
+/* The GPU's name for the default cost model ("" without one). */
+static char g_device_name[256] = "";
+static const char* gpu_device_name(void) { return g_device_name; }
+
+/* REMAT_PROFILE_COST_MODEL=FILE with REMAT_PROFILE=N: the time model's rates
+ * calibrated from step N's profile (cost_model_calibrate), written to FILE
+ * for --cost-model. */
+static const char* profile_cost_model_path(void) {
+    const char* path = getenv("REMAT_PROFILE_COST_MODEL");
+    if (!path || !path[0]) return NULL;
+    const char* step = getenv("REMAT_PROFILE");
+    if (!step || !step[0] || strcmp(step, "0") == 0) fail("REMAT_PROFILE_COST_MODEL needs REMAT_PROFILE=N: the step whose profile calibrates it");
+    return path;
+}
+
+static void gpu_write_profile_cost_model(const GpuModel* m, int step) {
+    const char* path = profile_cost_model_path();
+    if (!path || step != m->prof.step || remat_proc.rank != 0) return;
+    const float* t = m->prof.total_ms;
+    PhaseTimes pt = {t[PROF_FORWARD], t[PROF_CLASSIFIER], t[PROF_BACKWARD], t[PROF_UPDATE],
+                     (double)t[PROF_ATT_FORWARD] + t[PROF_ATT_RECOMPUTE] + t[PROF_ATT_BACKWARD]};
+    CostModel cm;
+    char why[256];
+    const PlanSpec* s = &m->plan->spec;
+    if (cost_model_calibrate(s, &pt, &cm, why, sizeof(why)) != 0)
+        fail("REMAT_PROFILE_COST_MODEL: step %d's profile does not calibrate the time model: %s", step, why);
+    snprintf(cm.name, sizeof(cm.name), "%.120s %s, calibrated at B=%d T=%d", g_device_name[0] ? g_device_name : "GPU", PRECISION_NAME, s->B, s->T);
+    char how[128];
+    snprintf(how, sizeof(how), "from the profile of step %d (REMAT_PROFILE), see llmc/cost_model.h", step);
+    cost_model_write(&cm, path, how);
+    printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s)\n", cm.name, path,
+           cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+}
+
 static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step, ((GpuModel*)ctx)->stream); }
-static void gpu_step_end(void* ctx, int step) { prof_step_end(&((GpuModel*)ctx)->prof, step, remat_proc.rank == 0); }
+static void gpu_step_end(void* ctx, int step) {
+    GpuModel* m = (GpuModel*)ctx;
+    prof_step_end(&m->prof, step, remat_proc.rank == 0);
+    gpu_write_profile_cost_model(m, step);
+}
 
 static Backend gpu_backend(GpuModel* m) {
     Backend be;
@@ -579,14 +617,12 @@ static int gpu_device_count(char* why, size_t n) {
 }
 
 /* The default budget of --plan and -r auto when a device is present: free
- * memory once the context exists (cudaMemGetInfo creates it), less 256 MiB
- * of headroom for what the plan does not hold (cuBLASLt handle, kernels
- * loaded lazily during the first step). */
-#define GPU_HEADROOM_BYTES ((size_t)256 << 20)
+ * memory once the context exists (cudaMemGetInfo creates it); plan_report.h
+ * keeps PLAN_DEVICE_HEADROOM_BYTES of it back. */
 static size_t gpu_free_memory(void) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
-    return free_b > GPU_HEADROOM_BYTES ? free_b - GPU_HEADROOM_BYTES : 0;
+    return free_b;
 }
 
 /* Every buffer's bytes at T are at most T/(T/2) times its bytes at T/2:
@@ -633,7 +669,14 @@ int main(int argc, char** argv) {
     char why[256] = "";
     int devices = gpu_device_count(why, sizeof(why)); /* the first CUDA call; it does not fail hard */
     int device = multigpu_select_device(devices);    /* device local_rank, before any context exists */
-    if (device >= 0) remat_free_memory_hook = gpu_free_memory;
+    if (device >= 0) {
+        remat_free_memory_hook = gpu_free_memory;
+        cudaDeviceProp dev_prop;
+        if (cudaGetDeviceProperties(&dev_prop, device) == cudaSuccess) snprintf(g_device_name, sizeof(g_device_name), "%s", dev_prop.name);
+        else cudaGetLastError();
+    }
+    remat_device_name_hook = gpu_device_name;
+    profile_cost_model_path(); /* a bad setting stops the run now, not after step N */
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     int master_weights = run.plan.spec.master_weights;

@@ -105,7 +105,7 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
     for (int l = 0; l < s->cfg.num_layers; l++) {
         micro = work_add(micro, layer_work(s, 0), 1.0);
         micro = work_add(micro, layer_work(s, 1), 1.0);
-        micro = work_add(micro, recompute_work(s, modes ? modes[l] : RECOMPUTE_NONE), 1.0);
+        micro = work_add(micro, recompute_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE), 1.0);
     }
     Work zero = {0.0, 0.0, 0.0};
     return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);

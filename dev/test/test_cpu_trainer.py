@@ -39,7 +39,8 @@ def test_c_unit(name):
 
 @pytest.mark.parametrize("flags", [["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"],
                                    ["-r", "1", "--recompute-layers", "every:2"],
-                                   ["-r", "1", "--recompute-layers", "0,2"]])
+                                   ["-r", "1", "--recompute-layers", "0,2"], ["-r", "3"],
+                                   ["-r", "3", "--recompute-layers", "every:2"], ["-r", "3:0/1:1/2:2"]])
 def test_recompute_modes_print_identical_steps(tiny_shards, flags):
     base = steps(tiny_run(tiny_shards, "-x", "6", "-d", "128").stdout)
     other = steps(tiny_run(tiny_shards, "-x", "6", "-d", "128", *flags).stdout)
@@ -51,7 +52,7 @@ def test_recompute_reduces_planned_activations(tiny_shards):
     def act_mib(*flags):
         out = tiny_run(tiny_shards, "-x", "1", *flags).stdout
         return float(re.search(r"activations +([0-9.]+) MiB", out).group(1))
-    assert act_mib("-r", "1") < act_mib("-r", "2") < act_mib("-r", "0")
+    assert act_mib("-r", "1") < act_mib("-r", "3") < act_mib("-r", "2") < act_mib("-r", "0")
 
 
 # ---- checkpoints ----
