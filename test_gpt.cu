@@ -15,7 +15,8 @@
  * compared from one common state.
  *
  * Recompute: the GPU runs every setting (-r 0, -r 1 on all layers and on the
- * first, -r 2, a mix, and -r 0 again for run-to-run determinism); losses,
+ * first, -r 2, -r 3 (attention kept), two mixes, and -r 0 again for run-to-run
+ * determinism); losses,
  * gradients, parameters and master weights of every step must be bitwise
  * identical to those of -r 0, which is itself compared with the CPU.
  *
@@ -209,6 +210,8 @@ static const Setting settings[] = {
     {"-r 1 first layer", {RECOMPUTE_FULL, RECOMPUTE_NONE}},
     {"-r 2", {RECOMPUTE_SELECTIVE, RECOMPUTE_SELECTIVE}},
     {"mixed 2/1", {RECOMPUTE_SELECTIVE, RECOMPUTE_FULL}},
+    {"-r 3", {RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_KEEP_ATTENTION}},
+    {"mixed 1/3", {RECOMPUTE_FULL, RECOMPUTE_KEEP_ATTENTION}},
     {"-r 0 again", {RECOMPUTE_NONE, RECOMPUTE_NONE}},
 };
 #define NUM_SETTINGS ((int)(sizeof(settings) / sizeof(settings[0])))

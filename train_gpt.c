@@ -517,23 +517,27 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     else { m->shard_start = 0; m->shard_count = plan->num_params; }
 }
 
-/* Block l forward from its stored input x. `out` receives the block output
- * (the next layer's x). With out == NULL it stops after the GELU: that is
- * the recomputation for backward, which needs nothing later than that. */
-static void block_forward(CpuModel* m, int l, real* out) {
-    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
-    real* x = act(m, l, ACT_X);
+/* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
+static void block_forward_qkv(CpuModel* m, int l) {
+    int C = m->cfg.channels, N = m->B * m->T;
     real* ln1 = act(m, l, ACT_LN1);
-    real* qkv = act(m, l, ACT_QKV);
-    real* atty = act(m, l, ACT_ATTY);
+    layernorm_forward(ln1, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), act(m, l, ACT_X), lp(m->p, m, P_LN1W, l),
+                      lp(m->p, m, P_LN1B, l), N, C);
+    matmul_forward(act(m, l, ACT_QKV), ln1, lp(m->p, m, P_QKVW, l), lp(m->p, m, P_QKVB, l), N, C, 3 * C);
+}
+
+/* Block l after attention, from x and the attention output: projection,
+ * residual, LN2, FC and GELU; `out` (the next layer's x) receives the block
+ * output, or with out == NULL it stops after the GELU: that is the
+ * recomputation for backward, which needs nothing later than that. */
+static void block_forward_mlp(CpuModel* m, int l, real* out) {
+    int C = m->cfg.channels, N = m->B * m->T;
+    real* x = act(m, l, ACT_X);
     real* res2 = act(m, l, ACT_RES2);
     real* ln2 = act(m, l, ACT_LN2);
     real* fch = act(m, l, ACT_FCH);
     real* fch_gelu = act(m, l, ACT_FCH_GELU);
-    layernorm_forward(ln1, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), x, lp(m->p, m, P_LN1W, l), lp(m->p, m, P_LN1B, l), N, C);
-    matmul_forward(qkv, ln1, lp(m->p, m, P_QKVW, l), lp(m->p, m, P_QKVB, l), N, C, 3 * C);
-    attention_forward(atty, act(m, l, ACT_ATT_LSE), qkv, B, T, C, NH);
-    matmul_forward(res2, atty, lp(m->p, m, P_ATTPROJW, l), lp(m->p, m, P_ATTPROJB, l), N, C, C);
+    matmul_forward(res2, act(m, l, ACT_ATTY), lp(m->p, m, P_ATTPROJW, l), lp(m->p, m, P_ATTPROJB, l), N, C, C);
     for (size_t i = 0; i < (size_t)N * C; i++) res2[i] += x[i];
     layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, lp(m->p, m, P_LN2W, l), lp(m->p, m, P_LN2B, l), N, C);
     matmul_forward(fch, ln2, lp(m->p, m, P_FCW, l), lp(m->p, m, P_FCB, l), N, C, 4 * C);
@@ -543,10 +547,18 @@ static void block_forward(CpuModel* m, int l, real* out) {
     for (size_t i = 0; i < (size_t)N * C; i++) out[i] += res2[i];
 }
 
-/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1 and -r 2). */
+/* Block l forward from its stored input x; out as in block_forward_mlp. */
+static void block_forward(CpuModel* m, int l, real* out) {
+    block_forward_qkv(m, l);
+    attention_forward(act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), act(m, l, ACT_QKV), m->B, m->T, m->cfg.channels, m->cfg.num_heads);
+    block_forward_mlp(m, l, out);
+}
+
+/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1, 2, 3). */
 static void block_recompute(CpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
     if (mode == RECOMPUTE_FULL) { block_forward(m, l, NULL); return; }
+    if (mode == RECOMPUTE_KEEP_ATTENTION) { block_forward_qkv(m, l); block_forward_mlp(m, l, NULL); return; }
     if (mode != RECOMPUTE_SELECTIVE) return;
     layernorm_apply(act(m, l, ACT_LN1), act(m, l, ACT_X), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD),
                     lp(m->p, m, P_LN1W, l), lp(m->p, m, P_LN1B, l), N, C);

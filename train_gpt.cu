@@ -210,28 +210,29 @@ static void gpu_model_free(GpuModel* m) {
     memset(m, 0, sizeof(*m));
 }
 
-/* Block l forward from its stored input x. `out` receives the block output
- * (the next layer's x). With out == NULL it stops after the GELU: that is
- * the recomputation for backward, which needs nothing later than that.
- * The residual adds ride on the matmuls (C = residual, see matmul.cuh). */
-static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
-    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
-    cudaStream_t s = m->stream;
-    floatX* x = gact(m, l, ACT_X);
+/* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
+static void gpu_block_forward_qkv(GpuModel* m, int l) {
+    int C = m->cfg.channels, N = m->B * m->T;
     floatX* ln1 = gact(m, l, ACT_LN1);
-    floatX* qkv = gact(m, l, ACT_QKV);
-    floatX* atty = gact(m, l, ACT_ATTY);
+    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X), glp(m->p, m, P_LN1W, l),
+                          glp(m->p, m, P_LN1B, l), N, C, m->stream);
+    gpu_matmul_forward(&m->mm, gact(m, l, ACT_QKV), ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, m->stream);
+}
+
+/* Block l after attention, from x and the attention output: projection,
+ * LN2, FC and GELU; `out` (the next layer's x) receives the block output, or
+ * with out == NULL it stops after the GELU: that is the recomputation for
+ * backward, which needs nothing later than that. The residual adds ride on
+ * the matmuls (C = residual, see matmul.cuh). */
+static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
+    int C = m->cfg.channels, N = m->B * m->T;
+    cudaStream_t s = m->stream;
     floatX* res2 = gact(m, l, ACT_RES2);
     floatX* ln2 = gact(m, l, ACT_LN2);
     floatX* fch = gact(m, l, ACT_FCH);
     floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
-    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), x, glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, s);
-    gpu_matmul_forward(&m->mm, qkv, ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, s);
-    ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
-    prof_begin(&m->prof, att, s);
-    gpu_attention_forward(atty, gstat(m, l, ACT_ATT_LSE), qkv, B, T, C, NH, s);
-    prof_end(&m->prof, att, s);
-    gpu_matmul_forward(&m->mm, res2, atty, glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), x, N, C, C, s);
+    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), gact(m, l, ACT_X),
+                       N, C, C, s);
     gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, s);
     gpu_matmul_forward(&m->mm, fch, ln2, glp(m->p, m, P_FCW, l), glp(m->p, m, P_FCB, l), NULL, N, C, 4 * C, s);
     gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
@@ -239,11 +240,23 @@ static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     gpu_matmul_forward(&m->mm, out, fch_gelu, glp(m->p, m, P_FCPROJW, l), glp(m->p, m, P_FCPROJB, l), res2, N, 4 * C, C, s);
 }
 
-/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1 and -r 2),
+/* Block l forward from its stored input x; out as in gpu_block_forward_mlp. */
+static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
+    ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
+    gpu_block_forward_qkv(m, l);
+    prof_begin(&m->prof, att, m->stream);
+    gpu_attention_forward(gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), gact(m, l, ACT_QKV), m->B, m->T, m->cfg.channels,
+                          m->cfg.num_heads, m->stream);
+    prof_end(&m->prof, att, m->stream);
+    gpu_block_forward_mlp(m, l, out);
+}
+
+/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1, 2, 3),
  * with the forward pass's own kernels and launch configurations. */
 static void gpu_block_recompute(GpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
     if (mode == RECOMPUTE_FULL) { gpu_block_forward(m, l, NULL); return; }
+    if (mode == RECOMPUTE_KEEP_ATTENTION) { gpu_block_forward_qkv(m, l); gpu_block_forward_mlp(m, l, NULL); return; }
     if (mode != RECOMPUTE_SELECTIVE) return;
     gpu_layernorm_apply(gact(m, l, ACT_LN1), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X),
                         glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, m->stream);
@@ -585,8 +598,46 @@ static void gpu_step_extras(void* ctx, int step, double step_ms, char* buf, size
            (double)((long long)used - (long long)m->used_arena) / 1048576.0);
 }
 
+/* The GPU's name for the default cost model ("" without one). */
+static char g_device_name[256] = "";
+static const char* gpu_device_name(void) { return g_device_name; }
+
+/* REMAT_PROFILE_COST_MODEL=FILE with REMAT_PROFILE=N: the time model's rates
+ * calibrated from step N's profile (cost_model_calibrate), written to FILE
+ * for --cost-model. */
+static const char* profile_cost_model_path(void) {
+    const char* path = getenv("REMAT_PROFILE_COST_MODEL");
+    if (!path || !path[0]) return NULL;
+    const char* step = getenv("REMAT_PROFILE");
+    if (!step || !step[0] || strcmp(step, "0") == 0) fail("REMAT_PROFILE_COST_MODEL needs REMAT_PROFILE=N: the step whose profile calibrates it");
+    return path;
+}
+
+static void gpu_write_profile_cost_model(const GpuModel* m, int step) {
+    const char* path = profile_cost_model_path();
+    if (!path || step != m->prof.step || remat_proc.rank != 0) return;
+    const float* t = m->prof.total_ms;
+    PhaseTimes pt = {t[PROF_FORWARD], t[PROF_CLASSIFIER], t[PROF_BACKWARD], t[PROF_UPDATE],
+                     (double)t[PROF_ATT_FORWARD] + t[PROF_ATT_RECOMPUTE] + t[PROF_ATT_BACKWARD]};
+    CostModel cm;
+    char why[256];
+    const PlanSpec* s = &m->plan->spec;
+    if (cost_model_calibrate(s, &pt, &cm, why, sizeof(why)) != 0)
+        fail("REMAT_PROFILE_COST_MODEL: step %d's profile does not calibrate the time model: %s", step, why);
+    snprintf(cm.name, sizeof(cm.name), "%.120s %s, calibrated at B=%d T=%d", g_device_name[0] ? g_device_name : "GPU", PRECISION_NAME, s->B, s->T);
+    char how[128];
+    snprintf(how, sizeof(how), "from the profile of step %d (REMAT_PROFILE), see llmc/cost_model.h", step);
+    cost_model_write(&cm, path, how);
+    printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s)\n", cm.name, path,
+           cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+}
+
 static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step, ((GpuModel*)ctx)->stream); }
-static void gpu_step_end(void* ctx, int step) { prof_step_end(&((GpuModel*)ctx)->prof, step, remat_proc.rank == 0); }
+static void gpu_step_end(void* ctx, int step) {
+    GpuModel* m = (GpuModel*)ctx;
+    prof_step_end(&m->prof, step, remat_proc.rank == 0);
+    gpu_write_profile_cost_model(m, step);
+}
 
 static void gpu_device_record(const GpuModel* m, DeviceRecord* d) {
     memset(d, 0, sizeof(*d));
@@ -655,15 +706,13 @@ static MultiGpu* gpu_startup_connect(void) {
 }
 
 /* The default budget of --plan and -r auto with a device: free memory once
- * the context and NCCL (with its connection buffers) exist, less 256 MiB of
- * headroom for what the plan does not hold (cuBLASLt handle, kernels loaded
- * lazily during the first step). */
-#define GPU_HEADROOM_BYTES ((size_t)256 << 20)
+ * the context and NCCL (with its connection buffers) exist; plan_report.h
+ * keeps PLAN_DEVICE_HEADROOM_BYTES of it back. */
 static size_t gpu_free_memory(void) {
     gpu_startup_connect();
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) { cudaGetLastError(); return 0; }
-    return free_b > GPU_HEADROOM_BYTES ? free_b - GPU_HEADROOM_BYTES : 0;
+    return free_b;
 }
 
 /* Every buffer's bytes at T are at most T/(T/2) times its bytes at T/2:
@@ -712,6 +761,13 @@ int main(int argc, char** argv) {
     g->device = multigpu_select_device(g->devices);       /* device local_rank, before any context exists */
     /* several ranks all take the hook, so that they check their devices together */
     if (g->device >= 0 || remat_proc.world > 1) remat_free_memory_hook = gpu_free_memory;
+    if (g->device >= 0) {
+        cudaDeviceProp dev_prop;
+        if (cudaGetDeviceProperties(&dev_prop, g->device) == cudaSuccess) snprintf(g_device_name, sizeof(g_device_name), "%s", dev_prop.name);
+        else cudaGetLastError();
+    }
+    remat_device_name_hook = gpu_device_name;
+    profile_cost_model_path(); /* a bad setting stops the run now, not after step N */
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     int master_weights = run.plan.spec.master_weights;

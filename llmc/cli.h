@@ -42,6 +42,7 @@ typedef struct {
     const char* recompute_layers;
     int plan_only, plan_json, plan_processes;
     const char* mem_budget;
+    const char* cost_model;
     int zero_stage, master_weights;
     /* checkpoints and output */
     const char* out_dir;
@@ -102,12 +103,13 @@ static const FlagSpec flag_table[] = {
     {"--temperature", FLAG_FLOAT, OPT(temperature), 0, 100, FOR_BOTH, "sampling temperature (0: always the most probable token)"},
     {"--top-k", FLAG_INT, OPT(top_k), 0, 65536, FOR_BOTH, "sample only among the K most probable tokens (0: all)"},
     {"--eval-by-position", FLAG_INT, OPT(eval_by_position), 0, 1048576, FOR_BOTH, "also report validation loss per position bucket [0,W), [W,2W), [2W,4W), ... for width W (1024: 0-1k, 1k-2k, 2k-4k; 0: off)"},
-    {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, auto (fit --mem-budget)"},
-    {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 applies to: all|none|N (first N)|every:K|list like 0,2,5-7"},
+    {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, 3 full but attention kept, auto (fastest predicted that fits --mem-budget), or per layer MODE:LAYERS/... like 1:0-3/3:4-11 (layers not named: 0)"},
+    {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 or -r 3 applies to (the others keep everything): all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
     {"--plan-json", FLAG_SWITCH, OPT(plan_json), 0, 1, FOR_BOTH, "print the memory plan as one JSON object, then exit"},
     {"--plan-processes", FLAG_INT, OPT(plan_processes), 0, 65536, FOR_BOTH, "--plan, --plan-json: plan for this many processes (per-process bytes; with -z 1 the optimizer state is sharded; 0: the processes running)"},
-    {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 80GiB, 24000MiB (GPU default: free memory)"},
+    {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
+    {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200 or a calibration file (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
     {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},
     {"-w", FLAG_INT, OPT(master_weights), 0, 1, FOR_GPU, "1: keep fp32 master weights (low-precision builds)"},
     {"-o", FLAG_STRING, OPT(out_dir), 0, 0, FOR_BOTH, "output directory for checkpoints and log.jsonl (empty: none)"},
@@ -151,6 +153,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->recompute = "0";
     o->recompute_layers = "all";
     o->mem_budget = "";
+    o->cost_model = "";
     o->master_weights = 1;
     o->out_dir = "";
     o->seed = 1337;
@@ -201,6 +204,9 @@ static inline void parse_flag_value(const FlagSpec* f, const char* val, TrainOpt
     }
 }
 
+/* Whether -r's value is a per-layer mix like 1:0-3/3:4-11. */
+static inline int recompute_is_mix(const char* r) { return strchr(r, ':') != NULL; }
+
 /* Parses argv into o (defaults first). Prints help and exits 0 on -h. */
 static inline void parse_args(int argc, char** argv, TrainOptions* o, int trainer) {
     options_defaults(o);
@@ -217,8 +223,9 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     }
     if (strcmp(o->schedule, "cosine") && strcmp(o->schedule, "linear") && strcmp(o->schedule, "constant"))
         fail("flag -k: unknown schedule '%s' (cosine, linear or constant)", o->schedule);
-    if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "auto"))
-        fail("flag -r: '%s' is not 0, 1, 2 or auto", o->recompute);
+    if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "3") &&
+        strcmp(o->recompute, "auto") && !recompute_is_mix(o->recompute))
+        fail("flag -r: '%s' is not 0, 1, 2, 3, auto or a per-layer mix like 1:0-3/3:4-11", o->recompute);
     if (strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
         fail("flag --wpe-init: '%s' is not tile or interpolate", o->wpe_init);
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
@@ -255,6 +262,30 @@ static inline size_t parse_bytes(const char* flag, const char* s) {
     return 0;
 }
 
+/* ORs a layer list like 0,2,5-7 (layers and inclusive ranges) of `flag`'s
+ * value `whole` into mask; stops at the end of the string or at `stop`. */
+static inline const char* parse_layer_list(const char* flag, const char* whole, const char* p, char stop, int L, unsigned char* mask) {
+    char* end = NULL;
+    if (*p == '\0' || *p == stop) fail("flag %s: empty layer list in '%s'", flag, whole);
+    while (*p && *p != stop) {
+        long a = strtol(p, &end, 10);
+        if (end == p || a < 0) fail("flag %s: '%s' is not all, none, N, every:K or a list like 0,2,5-7", flag, whole);
+        long b = a;
+        p = end;
+        if (*p == '-') {
+            const char* q = p + 1;
+            b = strtol(q, &end, 10);
+            if (end == q || b < a) fail("flag %s: bad range in '%s'", flag, whole);
+            p = end;
+        }
+        if (*p == ',') p++;
+        else if (*p && *p != stop) fail("flag %s: unexpected '%c' in '%s'", flag, *p, whole);
+        if (b >= L) fail("flag %s: layer %ld out of range (the model has %d layers)", flag, b, L);
+        for (long l = a; l <= b; l++) mask[l] = 1;
+    }
+    return p;
+}
+
 /* Parses --recompute-layers into a 0/1 mask over L layers. */
 static inline void parse_layer_set(const char* spec, int L, unsigned char* mask) {
     memset(mask, 0, (size_t)L);
@@ -268,29 +299,52 @@ static inline void parse_layer_set(const char* spec, int L, unsigned char* mask)
         for (long l = 0; l < L; l += k) mask[l] = 1;
         return;
     }
-    int is_count = strchr(spec, ',') == NULL && strchr(spec, '-') == NULL;
-    const char* p = spec;
-    while (*p) {
-        long a = strtol(p, &end, 10);
-        if (end == p || a < 0) fail("flag --recompute-layers: '%s' is not all, none, N, every:K or a list like 0,2,5-7", spec);
-        long b = a;
-        p = end;
-        if (*p == '-') {
-            const char* q = p + 1;
-            b = strtol(q, &end, 10);
-            if (end == q || b < a) fail("flag --recompute-layers: bad range in '%s'", spec);
-            p = end;
-        }
-        if (*p == ',') p++;
-        else if (*p) fail("flag --recompute-layers: unexpected '%c' in '%s'", *p, spec);
-        if (is_count) { /* a single number N means the first N layers */
-            if (a > L) fail("flag --recompute-layers: %ld layers requested, the model has %d", a, L);
-            memset(mask, 1, (size_t)a);
-            return;
-        }
-        if (b >= L) fail("flag --recompute-layers: layer %ld out of range (the model has %d layers)", b, L);
-        for (long l = a; l <= b; l++) mask[l] = 1;
+    if (strchr(spec, ',') == NULL && strchr(spec, '-') == NULL) { /* a single number N means the first N layers */
+        long n = strtol(spec, &end, 10);
+        if (end == spec || *end || n < 0) fail("flag --recompute-layers: '%s' is not all, none, N, every:K or a list like 0,2,5-7", spec);
+        if (n > L) fail("flag --recompute-layers: %ld layers requested, the model has %d", n, L);
+        memset(mask, 1, (size_t)n);
+        return;
     }
+    parse_layer_list("--recompute-layers", spec, spec, '\0', L, mask);
+}
+
+/* Per-layer recompute modes (0..3) from -r and --recompute-layers: one mode
+ * for every layer (-r 1 and -r 3 only on --recompute-layers' layers, the
+ * others keep everything), or a mix MODE:LAYERS/MODE:LAYERS/... with the
+ * layers in list form (0,2,5-7) or all; layers it does not name keep
+ * everything (-r 0). -r auto leaves every layer at 0 for the planner. */
+static inline void parse_recompute(const char* r, const char* layers, int L, unsigned char* modes) {
+    memset(modes, 0, (size_t)L);
+    if (strcmp(r, "auto") == 0 || strcmp(r, "0") == 0) return;
+    if (strcmp(r, "2") == 0) { memset(modes, 2, (size_t)L); return; }
+    if (!recompute_is_mix(r)) { /* 1 or 3, checked by parse_args */
+        parse_layer_set(layers, L, modes);
+        for (int l = 0; l < L; l++) modes[l] = modes[l] ? (unsigned char)(r[0] - '0') : 0;
+        return;
+    }
+    if (strcmp(layers, "all") != 0)
+        fail("flag --recompute-layers: not with the per-layer mix -r %s (its groups name the layers)", r);
+    unsigned char* named = (unsigned char*)calloc_check((size_t)L, 1, "recompute modes");
+    unsigned char* group = (unsigned char*)malloc_check((size_t)L, "recompute modes");
+    for (const char* p = r; *p;) {
+        if (p[0] < '0' || p[0] > '3' || p[1] != ':')
+            fail("flag -r: '%s': each group is MODE:LAYERS with MODE 0-3, groups separated by / (like 1:0-3/3:4-11)", r);
+        unsigned char mode = (unsigned char)(p[0] - '0');
+        p += 2;
+        memset(group, 0, (size_t)L);
+        if (strncmp(p, "all", 3) == 0 && (p[3] == '\0' || p[3] == '/')) { memset(group, 1, (size_t)L); p += 3; }
+        else p = parse_layer_list("-r", r, p, '/', L, group);
+        for (int l = 0; l < L; l++) {
+            if (!group[l]) continue;
+            if (named[l]) fail("flag -r: '%s' names layer %d twice", r, l);
+            named[l] = 1;
+            modes[l] = mode;
+        }
+        if (*p == '/' && *++p == '\0') fail("flag -r: '%s' ends with /", r);
+    }
+    free(group);
+    free(named);
 }
 
 #endif

@@ -12,6 +12,7 @@
  *   -r 0  x ln1 qkv atty res2 ln2 fch fch_gelu = 16C elements + (4 + NH) floats
  *   -r 2  x qkv atty res2 fch                  = 10C elements + (4 + NH) floats
  *   -r 1  x                                    =  1C elements
+ *   -r 3  x atty                               =  2C elements + NH floats (logsumexp)
  * Whatever a layer does not keep lives in one shared "recompute set" in the
  * scratch section, which the backward pass refills layer by layer.
  */
@@ -20,7 +21,11 @@
 
 #include "model.h"
 
-typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_SELECTIVE = 2 } RecomputeMode;
+/* -r 3 is full recompute that keeps attention's output and logsumexp: the
+ * backward pass reruns everything of the block but attention itself, whose
+ * kept output and logsumexp feed attention's backward. */
+typedef enum { RECOMPUTE_NONE = 0, RECOMPUTE_FULL = 1, RECOMPUTE_SELECTIVE = 2, RECOMPUTE_KEEP_ATTENTION = 3 } RecomputeMode;
+#define NUM_RECOMPUTE_MODES 4
 
 enum {
     SEC_PARAMETERS, SEC_MASTER_WEIGHTS, SEC_GRADIENTS, SEC_OPTIMIZER,
@@ -55,6 +60,7 @@ static inline size_t layer_act_per_token(int act, const ModelConfig* cfg, int* i
 static inline int layer_keeps(int mode, int act) {
     if (mode == RECOMPUTE_NONE) return 1;
     if (mode == RECOMPUTE_FULL) return act == ACT_X;
+    if (mode == RECOMPUTE_KEEP_ATTENTION) return act == ACT_X || act == ACT_ATTY || act == ACT_ATT_LSE;
     return act != ACT_LN1 && act != ACT_LN2 && act != ACT_FCH_GELU;
 }
 
@@ -76,6 +82,12 @@ static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln"};
 
 typedef enum { BACKEND_CPU = 0, BACKEND_GPU = 1 } PlanBackend;
 
+/* Rates of a machine for the time model (llmc/cost_model.h). */
+typedef struct {
+    char name[200];
+    double matmul_flops_per_s, attention_flops_per_s, memory_bytes_per_s;
+} CostModel;
+
 typedef struct {
     ModelConfig cfg;
     int B, T;
@@ -84,7 +96,9 @@ typedef struct {
     int stat_bytes;         /* bytes of statistics and losses: 4 (fp32), 8 in the fp64 check build */
     int master_weights;     /* fp32 master copy of the parameters (low-precision builds) */
     int world_size, zero_stage;
+    int grad_accum;         /* micro-steps per optimizer step, for the time model (0: 1) */
     const unsigned char* layer_mode; /* L recompute modes; NULL means all RECOMPUTE_NONE */
+    CostModel cost_model;   /* for predicted step times; zero rates: the backend's default */
     int logits_chunk_rows;  /* rows of (B*T, Vp) logits materialised at once */
     int micro_steps;        /* gradient accumulation: micro-steps per optimizer step (0 counts as 1) */
     int fp32_grad_sums;     /* low-precision storage: sum gradients added to more than once in fp32 (grads_fp32) */
@@ -186,13 +200,18 @@ static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout*
     return rows > (size_t)s->logits_chunk_rows ? pl->count[P_WTE] : 0;
 }
 
+/* Parameters whose optimizer state one process holds: all, or a ZeRO-1 shard. */
+static inline size_t plan_shard_params(const PlanSpec* s, size_t num_params) {
+    int sharded = s->zero_stage >= 1 && s->world_size > 1;
+    return sharded ? ceil_div(num_params, (size_t)s->world_size) : num_params;
+}
+
 static inline void plan_add_model_state(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
     p->num_params = pl.total;
-    int sharded = s->zero_stage >= 1 && s->world_size > 1;
-    p->shard_params = sharded ? ceil_div(pl.total, (size_t)s->world_size) : pl.total;
+    p->shard_params = plan_shard_params(s, pl.total);
     p->off_params = plan_add(p, "params", SEC_PARAMETERS, -1, pl.total * (size_t)s->elem_bytes);
     if (s->master_weights) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
     p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl.total * (size_t)s->elem_bytes);
@@ -318,18 +337,21 @@ static inline size_t plan_largest_entry(const MemoryPlan* p, const char** name) 
 /* ---- reporting ---- */
 
 static inline const char* recompute_mode_name(int mode) {
-    return mode == RECOMPUTE_FULL ? "-r 1 (full)" : mode == RECOMPUTE_SELECTIVE ? "-r 2 (selective)" : "-r 0 (none)";
+    static const char* const names[NUM_RECOMPUTE_MODES] = {"-r 0 (none)", "-r 1 (full)", "-r 2 (selective)",
+                                                           "-r 3 (full, attention kept)"};
+    return names[mode];
 }
 
-/* Formats the set of layers with mode `mode` as "0-3,7" into buf. */
-static inline int plan_layers_with_mode(const MemoryPlan* p, int mode, char* buf, size_t n) {
-    int L = p->spec.cfg.num_layers, count = 0;
+/* Formats the layers of modes[L] equal to `mode` as "0-3,7" into buf;
+ * returns how many there are. */
+static inline int format_layers_with_mode(const unsigned char* modes, int L, int mode, char* buf, size_t n) {
+    int count = 0;
     size_t used = 0;
     buf[0] = '\0';
     for (int l = 0; l < L; l++) {
-        if (p->spec.layer_mode[l] != mode) continue;
+        if (modes[l] != mode) continue;
         int e = l;
-        while (e + 1 < L && p->spec.layer_mode[e + 1] == mode) e++;
+        while (e + 1 < L && modes[e + 1] == mode) e++;
         int w = e > l ? snprintf(buf + used, n - used, "%s%d-%d", count ? "," : "", l, e)
                       : snprintf(buf + used, n - used, "%s%d", count ? "," : "", l);
         if (w < 0 || (size_t)w >= n - used) { snprintf(buf + (n > 4 ? n - 4 : 0), n > 4 ? 4 : n, "..."); used = n - 1; }
@@ -338,6 +360,29 @@ static inline int plan_layers_with_mode(const MemoryPlan* p, int mode, char* buf
         l = e;
     }
     return count;
+}
+
+static inline int plan_layers_with_mode(const MemoryPlan* p, int mode, char* buf, size_t n) {
+    return format_layers_with_mode(p->spec.layer_mode, p->spec.cfg.num_layers, mode, buf, n);
+}
+
+/* The -r value that reproduces modes[L]: one digit when every layer has the
+ * same mode, else the mix MODE:LAYERS/... of the layers that recompute
+ * (the others keep everything). Fails rather than truncate. */
+static inline void format_recompute_flag(const unsigned char* modes, int L, char* buf, size_t n) {
+    int uniform = 1;
+    for (int l = 1; l < L; l++) uniform &= modes[l] == modes[0];
+    if (uniform) { snprintf(buf, n, "%d", modes[0]); return; }
+    size_t used = 0;
+    buf[0] = '\0';
+    char* layers = (char*)malloc_check(n, "recompute flag");
+    for (int mode = 1; mode < NUM_RECOMPUTE_MODES; mode++) {
+        if (!format_layers_with_mode(modes, L, mode, layers, n)) continue;
+        int w = snprintf(buf + used, n - used, "%s%d:%s", used ? "/" : "", mode, layers);
+        if (w < 0 || (size_t)w >= n - used) fail("internal: the -r flag of this layer mix is longer than %zu characters", n);
+        used += (size_t)w;
+    }
+    free(layers);
 }
 
 /* The startup printout: the four components plus scratch and workspace, in
@@ -352,7 +397,7 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     for (int s = 0; s < NUM_SECTIONS; s++)
         fprintf(out, "  %-16s %12.1f MiB\n", labels[s], mib(p->section_bytes[s]));
     fprintf(out, "  %-16s %12.1f MiB (%zu bytes, allocated once)\n", "total", mib(p->total_bytes), p->total_bytes);
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < NUM_RECOMPUTE_MODES; mode++) {
         char layers[256];
         int count = plan_layers_with_mode(p, mode, layers, sizeof(layers));
         if (!count) continue;

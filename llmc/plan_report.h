@@ -9,37 +9,148 @@
 
 #include "plan.h"
 #include "cli.h"
+#include "cost_model.h"
 #include <sys/resource.h>
 
 /* Free device memory, set by the GPU trainer when a device is present; the
  * default budget for --plan and -r auto. NULL: use available host memory. */
 static size_t (*remat_free_memory_hook)(void) = NULL;
 
-/* Physical memory available now, or less when an address-space limit
- * (ulimit -v) leaves less room than that. */
-static inline size_t available_host_memory(void) {
-    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    size_t avail = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+/* The GPU's name for the default cost model, set by the GPU trainer ("" when
+ * it finds none); NULL on the CPU trainer. */
+static const char* (*remat_device_name_hook)(void) = NULL;
+
+/* Kept out of a default device budget: what the plan does not hold (cuBLASLt
+ * handle, kernels loaded lazily during the first step). */
+#define PLAN_DEVICE_HEADROOM_BYTES ((size_t)256 << 20)
+
+/* A number from a one-line file (cgroup memory.max and the like); `max` and
+ * v1's "no limit" (about 2^63) read as SIZE_MAX. Returns 0 when unreadable. */
+static inline int read_size_file(const char* path, size_t* out) {
+    FILE* f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[64] = "";
+    int ok = fgets(buf, sizeof(buf), f) != NULL;
+    fclose(f);
+    if (!ok) return 0;
+    if (strncmp(buf, "max", 3) == 0) { *out = SIZE_MAX; return 1; }
+    char* end = NULL;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (end == buf) return 0;
+    *out = v >= (1ULL << 62) ? SIZE_MAX : (size_t)v;
+    return 1;
+}
+
+/* Value of `key` in a "key value" per line file (memory.stat, /proc/meminfo: kB). */
+static inline int read_keyed_value(const char* path, const char* key, size_t* out) {
+    FILE* f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    size_t klen = strlen(key);
+    int found = 0;
+    while (!found && fgets(line, sizeof(line), f))
+        if (strncmp(line, key, klen) == 0 && (line[klen] == ' ' || line[klen] == ':')) {
+            const char* v = line + klen + 1;
+            *out = (size_t)strtoull(v + strspn(v, " \t"), NULL, 10);
+            found = 1;
+        }
+    fclose(f);
+    return found;
+}
+
+/* Room left under the memory limit of cgroup directory `dir` (v2 files, or
+ * v1's with `v1`): limit less usage, page cache that can be dropped
+ * (inactive file pages) not counted as used. SIZE_MAX without a limit. */
+static inline size_t cgroup_dir_room(const char* dir, int v1) {
+    char path[8500];
+    size_t limit = SIZE_MAX, usage = 0, inactive = 0;
+    snprintf(path, sizeof(path), "%s/%s", dir, v1 ? "memory.limit_in_bytes" : "memory.max");
+    if (!read_size_file(path, &limit) || limit == SIZE_MAX) return SIZE_MAX;
+    snprintf(path, sizeof(path), "%s/%s", dir, v1 ? "memory.usage_in_bytes" : "memory.current");
+    if (!read_size_file(path, &usage)) usage = 0;
+    snprintf(path, sizeof(path), "%s/memory.stat", dir);
+    if (!read_keyed_value(path, v1 ? "total_inactive_file" : "inactive_file", &inactive) || inactive > usage) inactive = 0;
+    usage -= inactive;
+    return limit > usage ? limit - usage : 0;
+}
+
+/* The least room under the memory limits of this process's cgroup and its
+ * ancestors, v2 or v1 (SIZE_MAX: no limit). The cgroup file system is at
+ * /sys/fs/cgroup; REMAT_TEST_CGROUP_ROOT points at a fake one (tests only),
+ * read as the process's own cgroup. */
+static inline size_t cgroup_memory_room(void) {
+    const char* fake = getenv("REMAT_TEST_CGROUP_ROOT");
+    const char* root = fake && fake[0] ? fake : "/sys/fs/cgroup";
+    char rel[4096] = "/", line[4200], dir[8400];
+    int v1 = 0;
+    FILE* f = fake && fake[0] ? NULL : fopen("/proc/self/cgroup", "r");
+    while (f && fgets(line, sizeof(line), f)) { /* "0::/path" (v2) or "N:memory:/path" (v1) */
+        line[strcspn(line, "\n")] = '\0';
+        char* c1 = strchr(line, ':');
+        char* c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+        if (!c2) continue;
+        int is_v2 = strncmp(line, "0::", 3) == 0, is_v1 = strncmp(c1 + 1, "memory:", 7) == 0 || strstr(c1 + 1, ",memory:") != NULL;
+        if (is_v2 || is_v1) { snprintf(rel, sizeof(rel), "%s", c2 + 1); v1 = is_v1; }
+        if (is_v1) break; /* a v1 memory controller wins over the v2 unified line */
+    }
+    if (f) fclose(f);
+    snprintf(dir, sizeof(dir), "%s/memory", root);
+    if (!v1 && fake && fake[0] && access(dir, F_OK) == 0) v1 = 1; /* a fake v1 tree */
+    size_t room = SIZE_MAX;
+    for (;;) { /* from the process's cgroup up to the root */
+        snprintf(dir, sizeof(dir), "%s%s%s", root, v1 ? "/memory" : "", strcmp(rel, "/") == 0 ? "" : rel);
+        size_t r = cgroup_dir_room(dir, v1);
+        if (r < room) room = r;
+        char* slash = strrchr(rel, '/');
+        if (!slash || slash == rel) { if (strcmp(rel, "/") == 0) break; strcpy(rel, "/"); continue; }
+        *slash = '\0';
+    }
+    return room;
+}
+
+/* Host memory this process can use now: MemAvailable (free memory plus what
+ * the kernel can reclaim, not just free pages), less when a cgroup limit or
+ * an address-space limit (ulimit -v) leaves less room. Names the bound in *why. */
+static inline size_t available_host_memory_why(const char** why) {
+    size_t kib = 0, avail = 0;
+    *why = "available host memory";
+    if (read_keyed_value("/proc/meminfo", "MemAvailable", &kib)) avail = kib * 1024;
+    else {
+        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        avail = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+    }
+    size_t cg = cgroup_memory_room();
+    if (cg < avail) { avail = cg; *why = "cgroup memory limit less its usage"; }
     struct rlimit lim;
     if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
         size_t used = 0;
+        long page = sysconf(_SC_PAGESIZE);
         FILE* f = fopen("/proc/self/statm", "r");
         unsigned long vm_pages = 0;
         if (f && fscanf(f, "%lu", &vm_pages) == 1 && page > 0) used = (size_t)vm_pages * (size_t)page;
         if (f) fclose(f);
         size_t room = (size_t)lim.rlim_cur > used ? (size_t)lim.rlim_cur - used : 0;
-        if (room < avail) avail = room;
+        if (room < avail) { avail = room; *why = "address-space limit (ulimit -v) less its usage"; }
     }
     return avail;
 }
 
-/* --mem-budget if given, else free device memory (GPU), else available RAM. */
+static inline size_t available_host_memory(void) {
+    const char* why;
+    return available_host_memory_why(&why);
+}
+
+/* --mem-budget if given (as given: no headroom kept), else free device
+ * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else available host memory. */
 static inline size_t memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--mem-budget", flag_value);
-    if (b) { *source = "--mem-budget"; return b; }
-    if (remat_free_memory_hook) { *source = "free device memory"; return remat_free_memory_hook(); }
-    *source = "available host memory";
-    return available_host_memory();
+    if (b) { *source = "--mem-budget, as given: no headroom kept for the CUDA context or libraries"; return b; }
+    if (remat_free_memory_hook) {
+        size_t free_b = remat_free_memory_hook();
+        *source = "free device memory less 256 MiB headroom";
+        return free_b > PLAN_DEVICE_HEADROOM_BYTES ? free_b - PLAN_DEVICE_HEADROOM_BYTES : 0;
+    }
+    return available_host_memory_why(source);
 }
 
 /* The plan of `base` with every layer in `mode` (or base's own modes when
@@ -74,70 +185,116 @@ static inline int plan_max_fitting(const PlanSpec* base, int mode, int vary_T, i
 
 #define PLAN_MAX_BATCH (1 << 16)
 
+/* The spec's cost model, or the default of its backend when none was set. */
+static inline CostModel spec_cost_model(const PlanSpec* s) {
+    CostModel cm = s->cost_model;
+    if (cm.matmul_flops_per_s > 0) return cm;
+    cost_model_default(s->backend == BACKEND_CPU ? "cpu" : "h100", &cm);
+    return cm;
+}
+
+/* Predicted time of a step with modes (NULL: the spec's), and the extra
+ * time over -r 0 as a fraction of -r 0's. */
+static inline double plan_predicted_seconds(const PlanSpec* s, const unsigned char* modes, double* extra_fraction) {
+    CostModel cm = spec_cost_model(s);
+    double t = predicted_step_seconds(s, &cm, modes ? modes : s->layer_mode), base = predicted_step_seconds(s, &cm, NULL);
+    if (extra_fraction) *extra_fraction = (t - base) / base;
+    return t;
+}
+
+/* All layers in one mode, from most memory to least. */
+static const int mode_order[NUM_RECOMPUTE_MODES] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_FULL};
+
 typedef struct {
     int mode;
     size_t total_bytes;
     int max_batch, max_seq_len;
+    double step_seconds, extra_time_fraction;
 } ModeFit;
 
-static inline void plan_mode_fits(const PlanSpec* spec, size_t budget, ModeFit fits[3]) {
-    static const int order[3] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL};
-    for (int i = 0; i < 3; i++) {
-        fits[i].mode = order[i];
-        fits[i].total_bytes = plan_total_for(spec, order[i], spec->B, spec->T);
-        fits[i].max_batch = budget ? plan_max_fitting(spec, order[i], 0, PLAN_MAX_BATCH, budget) : -1;
-        fits[i].max_seq_len = budget ? plan_max_fitting(spec, order[i], 1, spec->cfg.max_seq_len, budget) : -1;
+static inline void plan_mode_fits(const PlanSpec* spec, size_t budget, ModeFit fits[NUM_RECOMPUTE_MODES]) {
+    int L = spec->cfg.num_layers;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++) {
+        fits[i].mode = mode_order[i];
+        fits[i].total_bytes = plan_total_for(spec, mode_order[i], spec->B, spec->T);
+        fits[i].max_batch = budget ? plan_max_fitting(spec, mode_order[i], 0, PLAN_MAX_BATCH, budget) : -1;
+        fits[i].max_seq_len = budget ? plan_max_fitting(spec, mode_order[i], 1, spec->cfg.max_seq_len, budget) : -1;
+        memset(modes, mode_order[i], (size_t)L);
+        fits[i].step_seconds = plan_predicted_seconds(spec, modes, &fits[i].extra_time_fraction);
     }
-}
-
-/* ---- compute cost of recomputation (FLOP counts per token) ---- */
-
-/* Forward FLOPs of one block per token at sequence length T: the four
- * matmuls (2 x 12 C^2) plus causal attention (QK^T and PV, 2 T C on average). */
-static inline double block_forward_flops(const ModelConfig* c, int T) {
-    double C = c->channels;
-    return 24.0 * C * C + 2.0 * (double)T * C;
-}
-
-/* Extra FLOPs per token of a layer in `mode`: -r 1 reruns the block up to
- * the GELU (all but the last matmul), -r 2 only LayerNorm and GELU
- * elementwise work (about 30 FLOPs per channel). */
-static inline double recompute_extra_flops(const ModelConfig* c, int T, int mode) {
-    double C = c->channels;
-    if (mode == RECOMPUTE_FULL) return block_forward_flops(c, T) - 8.0 * C * C;
-    if (mode == RECOMPUTE_SELECTIVE) return 30.0 * 6.0 * C;
-    return 0.0;
-}
-
-/* Forward + backward FLOPs per token of the whole model without recompute (3x forward). */
-static inline double step_flops_per_token(const ModelConfig* c, int T) {
-    return 3.0 * ((double)c->num_layers * block_forward_flops(c, T) + 2.0 * c->channels * (double)c->padded_vocab_size);
-}
-
-static inline double recompute_cost_fraction(const ModelConfig* c, int T, const unsigned char* modes) {
-    double extra = 0.0;
-    for (int l = 0; l < c->num_layers; l++) extra += recompute_extra_flops(c, T, modes[l]);
-    return extra / step_flops_per_token(c, T);
+    free(modes);
 }
 
 /* ---- -r auto ---- */
 
+/* Bytes of one layer's kept activations in `mode`, as the plan aligns them,
+ * and of the shared recompute set when the modes in `present` (a bit per
+ * mode) occur: the plan's total is a constant plus the sum of these. */
+static inline size_t plan_kept_aligned_bytes(const PlanSpec* s, int mode) {
+    size_t b = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++)
+        if (layer_keeps(mode, a)) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+    return b;
+}
+
+static inline size_t plan_shared_set_bytes(const PlanSpec* s, unsigned present) {
+    size_t b = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        int needed = 0;
+        for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) needed |= (present >> m & 1) && !layer_keeps(m, a);
+        if (needed) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+    }
+    return b;
+}
+
 /* Chooses per-layer modes for spec (B, T fixed) that fit budget with the
- * fewest extra FLOPs: layers switch to -r 2 first (it saves 6C elements per
- * token for almost no compute), then from -r 2 to -r 1, from layer 0 up,
- * one layer at a time, until the plan fits. Returns 0 and fills modes, or -1. */
+ * least predicted step time. Every layer has the same shape, so a choice is
+ * how many layers take each mode: the plan's total is a constant, plus each
+ * layer's kept bytes, plus the shared recompute set of the modes present; the
+ * time is -r 0's plus each layer's recompute time. For each count of -r 1
+ * and -r 3 layers the fewest -r 2 layers that fit is the fastest (-r 2 costs
+ * time and saves memory over -r 0), so the search is exact in O(L^2).
+ * Ties go to less memory. Layers get -r 1 first, then -r 3, -r 2, -r 0, from
+ * layer 0 up. Returns 0 and fills modes, or -1 when nothing fits. */
 static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned char* modes) {
     int L = spec->cfg.num_layers;
-    PlanSpec s = *spec;
-    s.layer_mode = modes;
     memset(modes, RECOMPUTE_NONE, (size_t)L);
-    if (plan_total_for(&s, -1, s.B, s.T) <= budget) return 0;
-    for (int target = RECOMPUTE_SELECTIVE; target >= RECOMPUTE_FULL; target--)
-        for (int l = 0; l < L; l++) {
-            modes[l] = (unsigned char)target;
-            if (plan_total_for(&s, -1, s.B, s.T) <= budget) return 0;
+    CostModel cm = spec_cost_model(spec);
+    size_t kept[NUM_RECOMPUTE_MODES];
+    double secs[NUM_RECOMPUTE_MODES];
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) { kept[m] = plan_kept_aligned_bytes(spec, m); secs[m] = recompute_seconds(spec, &cm, m); }
+    size_t fixed = plan_total_for(spec, RECOMPUTE_NONE, spec->B, spec->T) - (size_t)L * kept[0];
+    int best[NUM_RECOMPUTE_MODES] = {-1, 0, 0, 0};
+    double best_secs = 0.0;
+    size_t best_bytes = 0, saving2 = kept[0] - kept[2];
+    for (int n1 = 0; n1 <= L; n1++)
+        for (int n3 = 0; n1 + n3 <= L; n3++) {
+            int rest = L - n1 - n3; /* layers in -r 0 or -r 2 */
+            unsigned present = (n1 ? 1u << RECOMPUTE_FULL : 0) | (n3 ? 1u << RECOMPUTE_KEEP_ATTENTION : 0);
+            size_t base = fixed + (size_t)n1 * kept[1] + (size_t)n3 * kept[3] + (size_t)rest * kept[0];
+            for (int with2 = 0; with2 <= (rest > 0); with2++) {
+                /* with n2 >= 1 layers in -r 2 the total is all_zero - n2 * saving2 */
+                size_t all_zero = base + plan_shared_set_bytes(spec, present | (with2 ? 1u << RECOMPUTE_SELECTIVE : 0));
+                int n2 = 0;
+                if (with2) n2 = all_zero > budget ? (int)ceil_div(all_zero - budget, saving2) : 1;
+                if (n2 > rest) continue;
+                size_t bytes = all_zero - (size_t)n2 * saving2;
+                if (bytes > budget) continue;
+                double t = n1 * secs[1] + n3 * secs[3] + n2 * secs[2];
+                if (best[0] < 0 || t < best_secs || (t == best_secs && bytes < best_bytes)) {
+                    best[0] = rest - n2; best[1] = n1; best[2] = n2; best[3] = n3;
+                    best_secs = t;
+                    best_bytes = bytes;
+                }
+            }
         }
-    return -1;
+    if (best[0] < 0) return -1;
+    static const int fill_order[NUM_RECOMPUTE_MODES] = {RECOMPUTE_FULL, RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_SELECTIVE, RECOMPUTE_NONE};
+    int l = 0;
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++)
+        for (int k = 0; k < best[fill_order[i]]; k++) modes[l++] = (unsigned char)fill_order[i];
+    return 0;
 }
 
 /* Fewest ranks (up to 4096) with which ZeRO-1 and full recompute fit, or 0. */
@@ -151,14 +308,43 @@ static inline int plan_min_zero_ranks(const PlanSpec* spec, size_t budget) {
     return 0;
 }
 
+/* The -r auto choice of spec under budget as a flag value and its predicted
+ * extra time; 0, or -1 when nothing fits. */
+static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, size_t n, double* extra) {
+    int L = spec->cfg.num_layers;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    int rc = recompute_auto(spec, budget, modes);
+    if (rc == 0) {
+        format_recompute_flag(modes, L, flag, n);
+        plan_predicted_seconds(spec, modes, extra);
+    }
+    free(modes);
+    return rc;
+}
+
 /* What would fit instead, as flags; printed when the plan does not fit. */
 static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, FILE* out) {
     fprintf(out, "what would fit in %.1f MiB:\n", mib(budget));
-    size_t full = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
-    if (full <= budget) {
-        fprintf(out, "  -r auto (the cheapest recompute that fits), or -r 1 on every layer: %.1f MiB\n", mib(full));
-        return;
+    char flag[8192];
+    double extra = 0.0;
+    int fits = auto_choice(spec, budget, flag, sizeof(flag), &extra) == 0;
+    if (fits) {
+        fprintf(out, "  -r auto: the fastest predicted mix that fits, here -r %s (+%.1f%% predicted time)\n", flag, 100.0 * extra);
+        ModeFit fit[NUM_RECOMPUTE_MODES];
+        plan_mode_fits(spec, 0, fit);
+        for (int i = 1; i < NUM_RECOMPUTE_MODES; i++)
+            if (fit[i].total_bytes <= budget)
+                fprintf(out, "  -r %d on every layer: %.1f MiB (+%.1f%% predicted time)\n", fit[i].mode, mib(fit[i].total_bytes),
+                        100.0 * fit[i].extra_time_fraction);
     }
+    if (spec->master_weights) {
+        PlanSpec w0 = *spec;
+        w0.master_weights = 0;
+        if (auto_choice(&w0, budget, flag, sizeof(flag), &extra) == 0)
+            fprintf(out, "  -w 0 -r %s: no fp32 master weights (%.1f MiB less; updates round to the storage precision), "
+                    "+%.1f%% predicted time\n", flag, mib(plan_total_for(spec, -1, spec->B, spec->T) - plan_total_for(&w0, -1, spec->B, spec->T)), 100.0 * extra);
+    }
+    if (fits) return;
     int b = plan_max_fitting(spec, RECOMPUTE_FULL, 0, spec->B, budget);
     int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget);
     int ranks = plan_min_zero_ranks(spec, budget);
@@ -170,8 +356,6 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
 
 /* ---- --plan and --plan-json ---- */
 
-static inline const char* mode_flag(int mode) { return mode == RECOMPUTE_FULL ? "1" : mode == RECOMPUTE_SELECTIVE ? "2" : "0"; }
-
 /* Activation bytes summed over layers for each tensor kind. */
 static inline void plan_activation_by_tensor(const MemoryPlan* p, size_t by_act[NUM_LAYER_ACTS]) {
     memset(by_act, 0, NUM_LAYER_ACTS * sizeof(size_t));
@@ -182,6 +366,20 @@ static inline void plan_activation_by_tensor(const MemoryPlan* p, size_t by_act[
         for (int a = 0; dot && a < NUM_LAYER_ACTS; a++)
             if (strcmp(dot + 1, layer_act_names[a]) == 0) by_act[a] += e->bytes;
     }
+}
+
+/* The plan's own mix: its -r flag, predicted step time and extra time. */
+static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
+    const PlanSpec* s = &p->spec;
+    CostModel cm = spec_cost_model(s);
+    char flag[8192];
+    double extra = 0.0;
+    format_recompute_flag(s->layer_mode, s->cfg.num_layers, flag, sizeof(flag));
+    double t = plan_predicted_seconds(s, NULL, &extra);
+    fprintf(out, "this run, -r %s: predicted %.1f ms per step (%d micro-step%s), +%.1f%% over -r 0\n", flag, 1e3 * t,
+            spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
+    fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s\n", cm.name,
+            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
 }
 
 static inline void plan_print_table(const MemoryPlan* p, size_t budget, const char* budget_source, FILE* out) {
@@ -196,23 +394,22 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
     for (int i = 0; i < p->num_entries; i++)
         if (p->entries[i].layer < 0 && p->entries[i].section >= SEC_ACTIVATIONS)
             fprintf(out, "  %-24s %-11s %10.1f MiB\n", p->entries[i].name, plan_section_names[p->entries[i].section], mib(p->entries[i].bytes));
-    ModeFit fits[3];
+    ModeFit fits[NUM_RECOMPUTE_MODES];
     plan_mode_fits(s, budget, fits);
     if (budget) fprintf(out, "fit in %.1f MiB (%s), all layers in one mode:\n", mib(budget), budget_source);
     else fprintf(out, "all layers in one mode (no budget known: give --mem-budget):\n");
-    fprintf(out, "  %-6s %14s %6s %10s %10s\n", "mode", "total MiB", "fits", "max -b", "max -t");
-    for (int i = 0; i < 3; i++) {
-        double cost = 0.0;
-        unsigned char* m = (unsigned char*)malloc_check((size_t)s->cfg.num_layers, "plan");
-        memset(m, fits[i].mode, (size_t)s->cfg.num_layers);
-        cost = recompute_cost_fraction(&s->cfg, s->T, m);
-        free(m);
-        if (budget)
-            fprintf(out, "  -r %-3s %14.1f %6s %10d %10d   +%.0f%% compute\n", mode_flag(fits[i].mode), mib(fits[i].total_bytes),
-                    fits[i].total_bytes <= budget ? "yes" : "no", fits[i].max_batch, fits[i].max_seq_len, 100.0 * cost);
-        else
-            fprintf(out, "  -r %-3s %14.1f %6s %10s %10s   +%.0f%% compute\n", mode_flag(fits[i].mode), mib(fits[i].total_bytes), "?", "?", "?", 100.0 * cost);
+    fprintf(out, "  %-6s %14s %6s %10s %10s %12s %10s\n", "mode", "total MiB", "fits", "max -b", "max -t", "step ms", "time");
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++) {
+        char fit[8] = "?", mb[16] = "?", mt[16] = "?";
+        if (budget) {
+            snprintf(fit, sizeof(fit), "%s", fits[i].total_bytes <= budget ? "yes" : "no");
+            snprintf(mb, sizeof(mb), "%d", fits[i].max_batch);
+            snprintf(mt, sizeof(mt), "%d", fits[i].max_seq_len);
+        }
+        fprintf(out, "  -r %-3d %14.1f %6s %10s %10s %12.1f %+9.1f%%\n", fits[i].mode, mib(fits[i].total_bytes), fit, mb, mt,
+                1e3 * fits[i].step_seconds, 100.0 * fits[i].extra_time_fraction);
     }
+    plan_print_chosen_time(p, out);
 }
 
 static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out) {
@@ -221,9 +418,11 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
     fprintf(out, "{\"config\": {\"num_layers\": %d, \"num_heads\": %d, \"channels\": %d, \"vocab_size\": %d, "
                  "\"padded_vocab_size\": %d, \"max_seq_len\": %d, \"num_parameters\": %zu}, ",
             c->num_layers, c->num_heads, c->channels, c->vocab_size, c->padded_vocab_size, c->max_seq_len, p->num_params);
-    fprintf(out, "\"batch\": %d, \"seq_len\": %d, \"elem_bytes\": %d, \"world_size\": %d, \"zero_stage\": %d, ",
-            s->B, s->T, s->elem_bytes, s->world_size, s->zero_stage);
-    fprintf(out, "\"layer_modes\": [");
+    fprintf(out, "\"batch\": %d, \"seq_len\": %d, \"elem_bytes\": %d, \"world_size\": %d, \"zero_stage\": %d, \"grad_accum\": %d, ",
+            s->B, s->T, s->elem_bytes, s->world_size, s->zero_stage, spec_grad_accum(s));
+    char flag[8192];
+    format_recompute_flag(s->layer_mode, c->num_layers, flag, sizeof(flag));
+    fprintf(out, "\"recompute\": \"%s\", \"layer_modes\": [", flag);
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"total_bytes\": %zu, \"components\": {", p->total_bytes);
     for (int i = 0; i < NUM_SECTIONS; i++) fprintf(out, "%s\"%s\": %zu", i ? ", " : "", plan_section_names[i], p->section_bytes[i]);
@@ -232,18 +431,27 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
     fprintf(out, "}, \"activations_by_tensor\": {");
     for (int a = 0, first = 1; a < NUM_LAYER_ACTS; a++)
         if (by_act[a]) { fprintf(out, "%s\"%s\": %zu", first ? "" : ", ", layer_act_names[a], by_act[a]); first = 0; }
-    fprintf(out, "}, \"activation_bytes_per_token_per_layer\": {\"0\": %zu, \"2\": %zu, \"1\": %zu}, ",
-            plan_layer_bytes_per_token(s, RECOMPUTE_NONE), plan_layer_bytes_per_token(s, RECOMPUTE_SELECTIVE),
-            plan_layer_bytes_per_token(s, RECOMPUTE_FULL));
-    fprintf(out, "\"buffers\": [");
+    fprintf(out, "}, \"activation_bytes_per_token_per_layer\": {");
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++)
+        fprintf(out, "%s\"%d\": %zu", i ? ", " : "", mode_order[i], plan_layer_bytes_per_token(s, mode_order[i]));
+    fprintf(out, "}, \"buffers\": [");
     for (int i = 0; i < p->num_entries; i++)
         fprintf(out, "%s{\"name\": \"%s\", \"section\": \"%s\", \"bytes\": %zu}", i ? ", " : "", p->entries[i].name,
                 plan_section_names[p->entries[i].section], p->entries[i].bytes);
-    ModeFit fits[3];
+    CostModel cm = spec_cost_model(s);
+    double extra = 0.0, secs = plan_predicted_seconds(s, NULL, &extra);
+    fprintf(out, "], \"cost_model\": {\"name\": \"");
+    for (const char* q = cm.name; *q; q++) fprintf(out, *q == '"' || *q == '\\' ? "\\%c" : "%c", *q);
+    fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g}, ",
+            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+    fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
+    ModeFit fits[NUM_RECOMPUTE_MODES];
     plan_mode_fits(s, budget, fits);
-    fprintf(out, "], \"budget_bytes\": %zu, \"modes\": [", budget);
-    for (int i = 0; i < 3; i++) {
-        fprintf(out, "%s{\"recompute\": \"%s\", \"total_bytes\": %zu, ", i ? ", " : "", mode_flag(fits[i].mode), fits[i].total_bytes);
+    fprintf(out, "\"budget_bytes\": %zu, \"modes\": [", budget);
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++) {
+        fprintf(out, "%s{\"recompute\": \"%d\", \"total_bytes\": %zu, \"predicted_step_seconds\": %.9g, "
+                     "\"predicted_extra_time_fraction\": %.9g, ", i ? ", " : "", fits[i].mode, fits[i].total_bytes,
+                fits[i].step_seconds, fits[i].extra_time_fraction);
         if (budget) fprintf(out, "\"fits\": %s, \"max_batch\": %d, \"max_seq_len\": %d}", fits[i].total_bytes <= budget ? "true" : "false",
                             fits[i].max_batch, fits[i].max_seq_len);
         else fprintf(out, "\"fits\": null, \"max_batch\": null, \"max_seq_len\": null}");

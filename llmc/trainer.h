@@ -220,12 +220,7 @@ static inline void resolve_model(Run* run) {
 static inline void resolve_recompute(Run* run) {
     int L = run->cfg.num_layers;
     run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
-    const char* r = run->opt.recompute;
-    if (strcmp(r, "2") == 0) { memset(run->layer_mode, RECOMPUTE_SELECTIVE, (size_t)L); return; }
-    if (strcmp(r, "1") == 0) {
-        parse_layer_set(run->opt.recompute_layers, L, run->layer_mode);
-        for (int l = 0; l < L; l++) run->layer_mode[l] = run->layer_mode[l] ? RECOMPUTE_FULL : RECOMPUTE_NONE;
-    }
+    parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode);
 }
 
 static inline void resolve_batch(Run* run) {
@@ -243,8 +238,9 @@ static inline void resolve_batch(Run* run) {
 /* Where setup notes go: stdout, except under --plan-json, whose stdout is the JSON alone. */
 static inline FILE* setup_notes(const TrainOptions* o) { return o->plan_json ? stderr : stdout; }
 
-/* -r auto: the cheapest per-layer choice that fits the budget, or the flags
- * that would fit and a non-zero exit. */
+/* -r auto: the per-layer choice with the least predicted time that fits the
+ * budget, printed as the -r flag that reproduces it; or the flags that would
+ * fit and a non-zero exit. */
 static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
     const char* source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
@@ -256,15 +252,13 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
         plan_print_suggestions(spec, budget, stderr);
         fail("-r auto: nothing fits in %.1f MiB", mib(budget));
     }
-    char layers[256];
-    MemoryPlan p;
-    plan_build(&p, spec);
+    char flag[8192];
+    format_recompute_flag(run->layer_mode, run->cfg.num_layers, flag, sizeof(flag));
+    double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
     FILE* out = setup_notes(&run->opt);
-    fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB;", mib(budget), source, mib(p.total_bytes));
-    for (int mode = 0; mode < 3; mode++)
-        if (plan_layers_with_mode(&p, mode, layers, sizeof(layers))) fprintf(out, " -r %s on [%s]", mode_flag(mode), layers);
-    fprintf(out, "; predicted cost +%.1f%% compute\n", 100.0 * recompute_cost_fraction(&run->cfg, spec->T, run->layer_mode));
-    plan_free(&p);
+    fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
+            mib(budget), source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
+            spec_cost_model(spec).name);
 }
 
 /* --plan and --plan-json: print and exit without allocating anything. */
@@ -320,6 +314,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.world_size = run->world;
     spec.zero_stage = run->opt.zero_stage;
     spec.layer_mode = run->layer_mode;
+    spec.grad_accum = run->grad_accum;
+    cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, &spec.cost_model);
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */

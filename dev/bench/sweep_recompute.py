@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Memory/time sweep of activation recompute on the CUDA trainer (FP16 build).
 
-For each model, sequence length T and recompute mode (-r 0, 2, 1 on every
+For each model, sequence length T and recompute mode (-r 0, 2, 3, 1 on every
 layer), at B=4, one cell reports:
   planned bytes   the trainer's own plan (--plan-json; needs no GPU)
+  predicted       the plan's predicted ms/step and extra time over -r 0 from the
+                  trainer's time model (llmc/cost_model.h: its GPU's defaults, or
+                  --cost-model FILE, e.g. one calibrated by REMAT_PROFILE_COST_MODEL),
+                  beside the measured ones
   measured peak   device memory in use after step 1, as the trainer prints it
                   ("device memory after step 1: X MiB in use ..."), as a share of
                   the plan with and without the CUDA context and cuBLASLt handle
@@ -62,13 +66,13 @@ MODELS = {
                 "flags": ["-e", "d24", "--layers", "24", "--channels", "2048", "--heads", "16"]},
 }
 DEFAULT_T = [2048, 4096, 8192, 16384, 32768]
-MODES = ["0", "2", "1"]
-MODE_NAMES = {"0": "-r 0", "2": "-r 2", "1": "-r 1"}
+MODES = ["0", "2", "3", "1"]
+MODE_NAMES = {"0": "-r 0", "2": "-r 2", "3": "-r 3", "1": "-r 1"}
 
 # The cells --quick runs, most important first (the 24x2048 T=8192 -r 1 cell is
 # the issue's acceptance point; -r 0 beside -r 1 at T=2048 gives the time cost).
-QUICK_CELLS = [("24x2048", 8192, "1"), ("24x2048", 2048, "0"), ("24x2048", 2048, "1"),
-               ("d12", 2048, "0"), ("d12", 2048, "2"), ("d12", 2048, "1"),
+QUICK_CELLS = [("24x2048", 8192, "1"), ("24x2048", 8192, "3"), ("24x2048", 2048, "0"), ("24x2048", 2048, "1"),
+               ("d12", 2048, "0"), ("d12", 2048, "2"), ("d12", 2048, "3"), ("d12", 2048, "1"),
                ("d12", 4096, "0"), ("d12", 4096, "2"), ("d12", 4096, "1")]
 
 REFERENCE = ("Published reference for the 24 x 2048 model, B=4, on an 80 GB GPU: T=2048 38.4 GB and 142 ms/step "
@@ -90,6 +94,8 @@ def plan(exe, model, T, mode, args, budget=None):
                                                  "-t", str(T), "-r", mode, "--plan-json"]
     if budget:
         cmd += ["--mem-budget", budget]
+    if args.cost_model:
+        cmd += ["--cost-model", args.cost_model]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
@@ -240,16 +246,18 @@ def cells_to_run(args):
     return core + extra
 
 
-def predict_s(results, model, T, mode, args):
+def predict_s(results, plans, model, T, mode, args):
     """Seconds a cell will take: startup plus steps at the largest smaller-T step
     time of this model scaled by (T/T0)^2 (attention-bound; an over-estimate where
-    matmuls dominate), x1.35 for -r 1 when only other modes were measured. None
-    when nothing smaller was measured."""
+    matmuls dominate), times the ratio of the two modes' predicted costs over -r 0
+    (the time model's extra time) when another mode was measured. None when
+    nothing smaller was measured."""
     best = None
+    extra = lambda c: plans[c]["predicted_extra_time_fraction"] if c in plans else 0.0  # noqa: E731
     for (m, T0, r0), res in results.items():
         if m != model or T0 > T or "ms" not in res or (T0 == T and r0 == mode):
             continue
-        ms = res["ms"] * (T / T0) ** 2 * (1.35 if mode == "1" and r0 != "1" else 1.0)
+        ms = res["ms"] * (T / T0) ** 2 * max(1.0, (1 + extra((model, T, mode))) / (1 + extra((m, T0, r0))))
         startup = max(0.0, res["wall_s"] - ((args.steps + 1) * res["ms"]) / 1e3)  # steps + the profiled one
         est = startup + (args.steps + 2) * ms / 1e3
         best = est if best is None else max(best, est)
@@ -265,7 +273,7 @@ def write_outputs(rows, args, header_lines):
     out.mkdir(parents=True, exist_ok=True)
     fields = ["model", "T", "recompute", "planned_bytes", "planned_gib", "model_state_gib", "activations_gib", "scratch_gib",
               "budget_bytes", "fits", "measured_mib", "measured_over_plan", "arena_over_plan", "ms_per_step", "timed_steps", "tokens_per_s",
-              "vs_r0", "attention_share", "recompute_share", "status", "wall_s"]
+              "vs_r0", "predicted_ms_per_step", "predicted_vs_r0", "attention_share", "recompute_share", "status", "wall_s"]
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
@@ -274,22 +282,23 @@ def write_outputs(rows, args, header_lines):
     lines = list(header_lines)
     if args.dry_run:
         budgets = [b for b in args.dry_budgets]
-        lines.append("| model | T | -r | planned GiB | model state | activations | scratch | "
-                     + " | ".join(f"fits {b}" for b in budgets) + " |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in budgets) + " |")
+        lines.append("| model | T | -r | planned GiB | model state | activations | scratch | predicted ms/step | "
+                     "predicted vs -r 0 | " + " | ".join(f"fits {b}" for b in budgets) + " |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in budgets) + " |")
         for r in rows:
             fits = " | ".join("yes" if r["planned_bytes"] <= parse_bytes(b) else "no" for b in budgets)
             lines.append(f"| {r['model']} | {r['T']} | {r['recompute']} | {r['planned_gib']} | {r['model_state_gib']} | "
-                         f"{r['activations_gib']} | {r['scratch_gib']} | {fits} |")
+                         f"{r['activations_gib']} | {r['scratch_gib']} | {r['predicted_ms_per_step']} | "
+                         f"{r['predicted_vs_r0']} | {fits} |")
     else:
         lines.append("| model | T | -r | planned GiB | measured GiB | measured/plan | less context/plan | ms/step | vs -r 0 "
-                     "| tok/s | attention / recompute share | status |")
-        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+                     "| predicted ms/step | predicted vs -r 0 | tok/s | attention / recompute share | status |")
+        lines.append("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             meas = f"{r['measured_mib'] * MIB / GIB:.1f}" if r.get("measured_mib") != "" else ""
             lines.append(f"| {r['model']} | {r['T']} | {r['recompute']} | {r['planned_gib']} | {meas} | "
                          f"{r['measured_over_plan']} | {r['arena_over_plan']} | {r['ms_per_step']} | {r['vs_r0']} | "
-                         f"{r['tokens_per_s']} | {r['attention_share'] or '-'} / {r['recompute_share'] or '-'} | "
+                         f"{r['predicted_ms_per_step']} | {r['predicted_vs_r0']} | {r['tokens_per_s']} | {r['attention_share'] or '-'} / {r['recompute_share'] or '-'} | "
                          f"{r['status']} |")
     lines += ["", REFERENCE]
     text = "\n".join(lines) + "\n"
@@ -304,7 +313,8 @@ def main():
     ap.add_argument("--exe", default=str(REPO / "build" / "train_gpt_fp16"), help="trainer (default: build/train_gpt_fp16)")
     ap.add_argument("--models", default="d12,24x2048", help="comma list of d12, 24x2048")
     ap.add_argument("--T", default=",".join(map(str, DEFAULT_T)), help="comma list of sequence lengths")
-    ap.add_argument("--modes", default="0,2,1", help="comma list of -r values (0, 2, 1)")
+    ap.add_argument("--modes", default="0,2,3,1", help="comma list of -r values (0, 2, 3, 1)")
+    ap.add_argument("--cost-model", default="", help="the trainer's --cost-model for the predicted times (default: its own)")
     ap.add_argument("-b", type=int, default=4, help="batch size (default 4)")
     ap.add_argument("--max-seq-len", type=int, default=32768, help="position table rows of both models (default 32768)")
     ap.add_argument("--steps", type=int, default=3,
@@ -314,8 +324,8 @@ def main():
     ap.add_argument("--cell-timeout-s", type=float, default=150, help="limit for one cell (default 150)")
     ap.add_argument("--quick", action="store_true", help="the small subset dev/gpu_check.sh runs")
     ap.add_argument("--dry-run", action="store_true", help="planned bytes only (no GPU needed, nothing is run)")
-    ap.add_argument("--dry-budgets", default="80GiB,139GiB",
-                    help="--dry-run: memory sizes to show the fit against (default 80GiB,139GiB)")
+    ap.add_argument("--dry-budgets", default="79GiB,139GiB",
+                    help="--dry-run: memory sizes to show the fit against (default 79GiB,139GiB: an 80 GB and a 141 GB card)")
     ap.add_argument("--out", default=str(REPO / "out" / "sweep"), help="output directory (default out/sweep)")
     ap.add_argument("--data-dir", default=str(REPO / "data" / "sweep"), help="model files and token shard (default data/sweep)")
     args = ap.parse_args()
@@ -329,7 +339,7 @@ def main():
             sys.exit(f"error: --models: unknown model {m!r} (d12, 24x2048)")
     for r in args.modes:
         if r not in MODES:
-            sys.exit(f"error: --modes: -r {r!r} is not 0, 2 or 1")
+            sys.exit(f"error: --modes: -r {r!r} is not 0, 2, 3 or 1")
     if args.steps < 2:
         sys.exit("error: --steps must be at least 2 (the first step only warms up)")
     if max(args.T) > args.max_seq_len:
@@ -378,7 +388,7 @@ def main():
                     continue
                 model_files[model] = ensure_model_file(model, cfgs[model], args)
                 left = budget_s - (time.time() - t_start)
-            pred = predict_s(results, model, T, mode, args)
+            pred = predict_s(results, plans, model, T, mode, args)
             if left < 15 or (pred is not None and pred > left):
                 why = f"predicted {pred:.0f}s" if pred is not None else "no time"
                 results[cell] = {"status": f"skipped: {why}, {max(left, 0):.0f}s left"}
@@ -408,7 +418,9 @@ def main():
                "activations_gib": fmt_gib(comp["activations"]), "scratch_gib": fmt_gib(comp["scratch"] + comp["workspace"]),
                "budget_bytes": p["budget_bytes"], "fits": p["total_bytes"] <= p["budget_bytes"],
                "measured_mib": "", "measured_over_plan": "", "arena_over_plan": "", "ms_per_step": "", "timed_steps": "", "tokens_per_s": "",
-               "vs_r0": "", "attention_share": res.get("attention_share", ""), "recompute_share": res.get("recompute_share", ""),
+               "vs_r0": "", "predicted_ms_per_step": f"{1e3 * p['predicted_step_seconds']:.0f}",
+               "predicted_vs_r0": f"{100.0 * p['predicted_extra_time_fraction']:+.0f}%",
+               "attention_share": res.get("attention_share", ""), "recompute_share": res.get("recompute_share", ""),
                "status": res.get("status", "planned only" if args.dry_run else "not run"),
                "wall_s": f"{res['wall_s']:.0f}" if "wall_s" in res else ""}
         if "measured_mib" in res:
@@ -428,7 +440,8 @@ def main():
     head = [f"Recompute {mode_word}: {exe.name}, B={args.b}, max-seq-len {args.max_seq_len}, "
             + ("" if args.dry_run else f"{args.steps} timed steps per cell (ms/step excludes the first; attention and "
                "recompute shares: of one more, profiled step's stream time, REMAT_PROFILE), ")
-            + "memory in GiB; model state = parameters + master weights + gradients + AdamW state.", ""]
+            + "memory in GiB; model state = parameters + master weights + gradients + AdamW state; predicted: "
+            + f"the plan's time model ({next(iter(plans.values()))['cost_model']['name'] if plans else '?'}).", ""]
     write_outputs(rows, args, head)
     if not args.dry_run:
         failed = sum(1 for r in results.values() if r.get("status", "").startswith("FAIL"))

@@ -53,6 +53,12 @@ def files(tmp_path_factory):
         for f in (d / "ckpt").iterdir():
             (bad / f.name).write_bytes(f.read_bytes())
         (bad / "state_00000001_00000.bin").write_bytes(state[:4 * slot] + struct.pack("<i", value) + state[4 * slot + 4:])
+    rates = "matmul_flops_per_s = 1e12\nattention_flops_per_s = 1e12\nmemory_bytes_per_s = 1e11\n"
+    (d / "cm_unknown.txt").write_text(rates + "frobs_per_s = 3\n")
+    (d / "cm_missing.txt").write_text("matmul_flops_per_s = 1e12\n")
+    (d / "cm_negative.txt").write_text(rates.replace("= 1e11", "= -1e11"))
+    (d / "cm_twice.txt").write_text(rates + "matmul_flops_per_s = 2e12\n")
+    (d / "cm_noeq.txt").write_text("matmul_flops_per_s 1e12\n")
     return d
 
 
@@ -85,7 +91,20 @@ def cases(d):
         "nan float": ([*MODEL, *base, "-l", "nan"], ["-l", "is not a number"]),
         "missing value": ([*MODEL, *base, "-l"], ["-l", "needs a value"]),
         "bad schedule": ([*MODEL, *base, "-k", "step"], ["-k", "unknown schedule"]),
-        "bad recompute": ([*MODEL, *base, "-r", "3"], ["-r", "'3'"]),
+        "bad recompute": ([*MODEL, *base, "-r", "4"], ["-r", "'4'"]),
+        "bad mix mode": ([*MODEL, *base, "-r", "5:0"], ["-r", "MODE:LAYERS"]),
+        "mix names a layer twice": ([*MODEL, *base, "-r", "1:0/3:0"], ["-r", "names layer 0 twice"]),
+        "mix layer out of range": ([*MODEL, *base, "-r", "1:0-9"], ["-r", "out of range"]),
+        "mix empty group": ([*MODEL, *base, "-r", "1:0/3:"], ["-r", "empty layer list"]),
+        "mix ends with /": ([*MODEL, *base, "-r", "1:0/"], ["-r", "ends with /"]),
+        "mix with --recompute-layers": ([*MODEL, *base, "-r", "1:0", "--recompute-layers", "1"],
+                                        ["--recompute-layers", "per-layer mix"]),
+        "cost model missing": ([*MODEL, *base, "--cost-model", d / "nope.txt"], ["--cost-model", "nope.txt", "readable file"]),
+        "cost model unknown key": ([*MODEL, *base, "--cost-model", d / "cm_unknown.txt"], ["cm_unknown.txt", "line 4", "frobs_per_s"]),
+        "cost model key missing": ([*MODEL, *base, "--cost-model", d / "cm_missing.txt"], ["cm_missing.txt", "attention_flops_per_s missing"]),
+        "cost model negative": ([*MODEL, *base, "--cost-model", d / "cm_negative.txt"], ["cm_negative.txt", "line 3", "positive"]),
+        "cost model key twice": ([*MODEL, *base, "--cost-model", d / "cm_twice.txt"], ["cm_twice.txt", "given twice"]),
+        "cost model no =": ([*MODEL, *base, "--cost-model", d / "cm_noeq.txt"], ["cm_noeq.txt", "key = value"]),
         "bad layer list": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0,x"], ["--recompute-layers"]),
         "layer out of range": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0-5"], ["--recompute-layers", "out of range"]),
         "bad descriptor": (["-e", "d7", *base], ["d7", "unknown model descriptor"]),

@@ -77,7 +77,7 @@ SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs6
 # fills later passes in forward order only).
 DEFAULT_ORDER = {"bf16": "forward", "fp32": "reverse", "fp16": "shuffle:1"}
 ORDERS = ["forward", "reverse", "shuffle:2"]
-SETTINGS_COMPARED = 5  # test_gpt's settings after the -r 0 reference
+SETTINGS_COMPARED = 7  # test_gpt's settings after the -r 0 reference
 
 
 def fp16_in_sources():
@@ -406,7 +406,8 @@ def test_gpt_other_block_orders_emulated(slow_jobs, precision, order):
 
 # ---- train_gpt under emulation ----
 
-RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"]]
+RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"], ["-r", "3"],
+                   ["-r", "1:0/3:1"]]
 TINY = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
 STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
 
@@ -526,12 +527,15 @@ PROFILE_RE = re.compile(r"^profile of step (\d+): ([0-9.]+) ms on the stream \| 
 @pytest.mark.parametrize("recompute", ["0", "1"])
 def test_step_profile_emulated(emu_build, tmp_path, recompute):
     """REMAT_PROFILE=2 prints one breakdown of step 2 (two micro-steps) whose
-    parts nest as documented (llmc/profile.cuh), and changes no result."""
+    parts nest as documented (llmc/profile.cuh), and changes no result; with
+    REMAT_PROFILE_COST_MODEL it writes the time model calibrated from that step,
+    which --cost-model reads back."""
     datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(5).integers(0, 64, 2000))
     args = [OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-d", "128",
             "-x", "3", "-s", "0", "-r", recompute]
     plain = emu_run(args)
-    prof = emu_run(args, REMAT_PROFILE="2")
+    cost_file = tmp_path / "cost_model.txt"
+    prof = emu_run(args, REMAT_PROFILE="2", REMAT_PROFILE_COST_MODEL=str(cost_file))
     assert plain.returncode == 0 and prof.returncode == 0, explain(prof)
     assert steps(prof.stdout) == steps(plain.stdout) and len(steps(plain.stdout)) == 3
     found = PROFILE_RE.findall(prof.stdout)
@@ -550,6 +554,19 @@ def test_step_profile_emulated(emu_build, tmp_path, recompute):
     r = sweep.parse_run(prof.stdout, prof.stderr, 0, 3, 60)
     assert r["attention_share"] == f"{100 * (att_f + att_r + att_b) / total:.0f}%"
     assert r["recompute_share"] == f"{100 * rec / total:.0f}%"
+    # the time model calibrated from it: attention FLOPs counted here (2 micro-steps, 2 layers, forward
+    # 2 B T (T+1) C, backward 2.5 times that, -r 1 once more) over the attention spans
+    B, T, C = 2, 32, 32
+    att_flops = 2 * 2 * (3.5 + (recompute == "1")) * 2 * B * T * (T + 1) * C
+    rates = dict(line.split(" = ") for line in cost_file.read_text().splitlines() if " = " in line)
+    att_ms = att_f + att_r + att_b  # the profile prints 2 decimals
+    assert abs(float(rates["attention_flops_per_s"]) - att_flops / (att_ms * 1e-3)) <= att_flops / ((att_ms - 0.015) * 1e-3) - \
+        att_flops / (att_ms * 1e-3)
+    assert "cost model: " in prof.stdout and str(cost_file) in prof.stdout
+    plan_cmd = [str(REPO / "train_gpt_cpu"), *TINY, "-b", "2", "-t", "32", "--cost-model", str(cost_file), "--plan-json"]
+    planned = json.loads(subprocess.run(plan_cmd, capture_output=True, text=True, check=True).stdout)
+    for key in ["matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s"]:
+        assert planned["cost_model"][key] == pytest.approx(float(rates[key]), rel=1e-5)
 
 
 def test_step_profile_bad_value_and_off(emu_build, tmp_path):
@@ -560,6 +577,10 @@ def test_step_profile_bad_value_and_off(emu_build, tmp_path):
     assert res.returncode == 1 and lines == ["error: REMAT_PROFILE: 'two' is not a step number (0: off)"], explain(res)
     off = emu_run(args, REMAT_PROFILE="0")
     assert off.returncode == 0 and "profile of" not in off.stdout, explain(off)
+    res = emu_run(args, REMAT_PROFILE_COST_MODEL=str(tmp_path / "cm.txt"))
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and lines == ["error: REMAT_PROFILE_COST_MODEL needs REMAT_PROFILE=N: the step whose profile "
+                                             "calibrates it"], explain(res)
 
 
 def test_train_without_device_fails_cleanly(emu_build, tmp_path):

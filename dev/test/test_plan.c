@@ -19,6 +19,7 @@ static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 /* Elements per token per layer kept by each mode (DESIGN.md). */
 static size_t closed_layer_bytes(int mode, size_t C, size_t NH, size_t E, size_t S) {
     if (mode == RECOMPUTE_FULL) return C * E;
+    if (mode == RECOMPUTE_KEEP_ATTENTION) return 2 * C * E + NH * S; /* x, attention output, logsumexp */
     if (mode == RECOMPUTE_SELECTIVE) return 10 * C * E + (4 + NH) * S;
     return 16 * C * E + (4 + NH) * S;
 }
@@ -33,12 +34,13 @@ static void check(const char* name, ModelConfig cfg, int B, int T, int E, int wo
     size_t C = (size_t)cfg.channels, L = (size_t)cfg.num_layers, NH = (size_t)cfg.num_heads, BT = (size_t)B * T;
     size_t P = (size_t)cfg.padded_vocab_size * C + (size_t)cfg.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
     size_t shard = zero ? (P + (size_t)world - 1) / (size_t)world : P;
-    int any_full = 0, any_sel = 0;
+    int any_full = 0, any_sel = 0, any_keep_att = 0;
     size_t layer_bytes = 0;
     for (size_t l = 0; l < L; l++) {
         int mode = modes ? modes[l] : 0;
         any_full |= mode == RECOMPUTE_FULL;
         any_sel |= mode == RECOMPUTE_SELECTIVE;
+        any_keep_att |= mode == RECOMPUTE_KEEP_ATTENTION;
         layer_bytes += BT * closed_layer_bytes(mode, C, NH, (size_t)E, 4);
     }
     printf("%-34s P=%zu  layers %.1f MiB  total %.1f MiB\n", name, P, mib(layer_bytes), mib(p.total_bytes));
@@ -47,10 +49,11 @@ static void check(const char* name, ModelConfig cfg, int B, int T, int E, int wo
     expect_eq("gradients", p.section_bytes[SEC_GRADIENTS], align256(P * (size_t)E));
     expect_eq("optimizer", p.section_bytes[SEC_OPTIMIZER], 2 * align256(shard * 4));
     expect_eq("per-layer activations", plan_layer_activation_bytes(&p), layer_bytes);
-    for (int mode = 0; mode < 3; mode++)
+    for (int mode = 0; mode < 4; mode++)
         expect_eq("bytes per token per layer", plan_layer_bytes_per_token(&s, mode), closed_layer_bytes(mode, C, NH, (size_t)E, 4));
     size_t recompute_set = 0;
     if (any_full) recompute_set = BT * (15 * C * (size_t)E + (4 + NH) * 4);
+    else if (any_keep_att) recompute_set = BT * (14 * C * (size_t)E + 4 * 4); /* all but x, atty, lse */
     else if (any_sel) recompute_set = BT * 6 * C * (size_t)E;
     size_t planned_set = 0, sections = 0;
     for (int i = 0; i < p.num_entries; i++)
@@ -83,15 +86,159 @@ static void check_allocation(void) {
     test_model_free(&tm);
 }
 
+/* -r auto against an exhaustive search over all 4^L per-layer assignments
+ * (L <= 5), each planned by plan_build and timed by the time model: at every
+ * budget from below the smallest uniform total to above the largest, auto's
+ * choice fits and its predicted time equals the least of the ones that fit
+ * (to rounding), or both find nothing. */
+static void check_auto_against_exhaustive(void) {
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10};
+    int checked = 0;
+    for (int L = 1; L <= 5; L++)
+        for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
+            PlanSpec s;
+            memset(&s, 0, sizeof(s));
+            s.cfg = test_config(L, 4, 64, 50, 256);
+            s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+            s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
+            s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : slow_memory;
+            int n = 1;
+            for (int l = 0; l < L; l++) n *= 4;
+            size_t* totals = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
+            double* secs = (double*)malloc_check((size_t)n * sizeof(double), "test");
+            unsigned char modes[5], chosen[5];
+            size_t lo = SIZE_MAX, hi = 0;
+            for (int code = 0; code < n; code++) {
+                for (int l = 0, k = code; l < L; l++, k /= 4) modes[l] = (unsigned char)(k % 4);
+                s.layer_mode = modes;
+                totals[code] = plan_total_for(&s, -1, s.B, s.T);
+                secs[code] = plan_predicted_seconds(&s, modes, NULL);
+                if (totals[code] < lo) lo = totals[code];
+                if (totals[code] > hi) hi = totals[code];
+            }
+            for (int step = 0; step <= 40; step++) {
+                size_t budget = lo - 1 + (hi + 1 - lo) / 40 * (size_t)step + (step == 40 ? 1 : 0);
+                double best = -1.0;
+                for (int code = 0; code < n; code++)
+                    if (totals[code] <= budget && (best < 0 || secs[code] < best)) best = secs[code];
+                s.layer_mode = NULL;
+                int rc = recompute_auto(&s, budget, chosen);
+                checked++;
+                if (best < 0) {
+                    if (rc == 0) { printf("  FAIL auto L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", L, s.cost_model.name, budget); failures++; }
+                    continue;
+                }
+                s.layer_mode = chosen;
+                size_t t = plan_total_for(&s, -1, s.B, s.T);
+                double secs_auto = plan_predicted_seconds(&s, chosen, NULL);
+                if (rc != 0 || t > budget || secs_auto > best * (1 + 1e-12)) {
+                    printf("  FAIL auto L=%d %s budget %zu: rc %d, %zu bytes, %.9g s; exhaustive best %.9g s\n", L, s.cost_model.name,
+                           budget, rc, t, secs_auto, best);
+                    failures++;
+                }
+            }
+            free(totals);
+            free(secs);
+        }
+    printf("auto against exhaustive search: %d (L, cost model, budget) cases\n", checked);
+}
+
+/* Phase times made from known rates calibrate back to those rates, and a
+ * written calibration file reads back equal (to its 6 significant digits). */
+static void check_calibration_round_trip(void) {
+    ModelConfig d12;
+    config_from_descriptor("d12", &d12);
+    unsigned char modes[12] = {1, 1, 3, 3, 3, 2, 2, 0, 0, 0, 0, 0};
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = d12; s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+    s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes;
+    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12};
+    /* independent of the model's split: the attention FLOPs counted here */
+    double att = 0.0;
+    for (int l = 0; l < 12; l++) att += (modes[l] == 1 ? 4.5 : 3.5) * 2.0 * 4 * 1024.0 * 1025.0 * 768;
+    att *= 3;
+    Work all = step_work(&s, modes), upd = update_work(&s);
+    if (fabs(all.attention_flops - att) > 1e-9 * att) { printf("  FAIL attention FLOPs %.6g, counted %.6g\n", all.attention_flops, att); failures++; }
+    PhaseTimes t;
+    double compute_ms = 1e3 * (work_seconds(all, &truth) - work_seconds(upd, &truth));
+    t.attention_ms = 1e3 * att / truth.attention_flops_per_s;
+    t.update_ms = 1e3 * upd.memory_bytes / truth.memory_bytes_per_s;
+    t.forward_ms = 0.3 * compute_ms; t.classifier_ms = 0.1 * compute_ms; t.backward_ms = 0.6 * compute_ms;
+    CostModel got;
+    char why[200];
+    memset(&got, 0, sizeof(got));
+    if (cost_model_calibrate(&s, &t, &got, why, sizeof(why)) != 0) { printf("  FAIL calibrate: %s\n", why); failures++; return; }
+    double want[3] = {truth.matmul_flops_per_s, truth.attention_flops_per_s, truth.memory_bytes_per_s};
+    double have[3] = {got.matmul_flops_per_s, got.attention_flops_per_s, got.memory_bytes_per_s};
+    for (int k = 0; k < 3; k++)
+        if (fabs(have[k] - want[k]) > 1e-9 * want[k]) { printf("  FAIL calibrated rate %d: %.9g, want %.9g\n", k, have[k], want[k]); failures++; }
+    char path[] = "/tmp/remat_cost_model_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) { printf("  FAIL mkstemp\n"); failures++; return; }
+    close(fd);
+    snprintf(got.name, sizeof(got.name), "round trip");
+    cost_model_write(&got, path, "test");
+    CostModel back;
+    cost_model_read(path, &back);
+    unlink(path);
+    double read[3] = {back.matmul_flops_per_s, back.attention_flops_per_s, back.memory_bytes_per_s};
+    for (int k = 0; k < 3; k++)
+        if (fabs(read[k] - have[k]) > 1e-5 * have[k]) { printf("  FAIL file round trip rate %d\n", k); failures++; }
+    if (strcmp(back.name, "round trip") != 0) { printf("  FAIL file round trip name '%s'\n", back.name); failures++; }
+    t.forward_ms = t.classifier_ms = t.backward_ms = 0.2 * t.attention_ms;
+    if (cost_model_calibrate(&s, &t, &got, why, sizeof(why)) == 0) { printf("  FAIL calibrate accepted times with no room for matmuls\n"); failures++; }
+    printf("calibration: rates recovered from synthetic phase times; file round trip\n");
+}
+
+/* What an out-of-memory report suggests, on a GPU spec with master
+ * weights: between -r 3's and -r 0's totals, -r auto's mix, -r 3 and -r 1
+ * on every layer, and -w 0; below -r 1's total, smaller -b and -t. */
+static void expect_contains(const char* text, const char* needle) {
+    if (!strstr(text, needle)) { printf("  FAIL suggestions lack '%s':\n%s", needle, text); failures++; }
+}
+
+static void check_suggestions(void) {
+    ModelConfig wide;
+    config_from_descriptor("d24", &wide);
+    wide.channels = 2048; wide.num_heads = 16; wide.max_seq_len = 8192;
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = wide; s.B = 1; s.T = 8192; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+    s.world_size = 1; s.logits_chunk_rows = 2048; s.io_chunk_floats = 1 << 18;
+    size_t t3 = plan_total_for(&s, RECOMPUTE_KEEP_ATTENTION, 1, 8192), t1 = plan_total_for(&s, RECOMPUTE_FULL, 1, 8192);
+    char* text = NULL;
+    size_t len = 0;
+    FILE* f = open_memstream(&text, &len);
+    plan_print_suggestions(&s, t3 + 1, f);
+    fclose(f);
+    expect_contains(text, "-r auto: the fastest predicted mix that fits, here -r ");
+    expect_contains(text, "-r 3 on every layer");
+    expect_contains(text, "-r 1 on every layer");
+    expect_contains(text, "-w 0 -r ");
+    free(text);
+    f = open_memstream(&text, &len);
+    plan_print_suggestions(&s, t1 - 1, f);
+    fclose(f);
+    expect_contains(text, "-r 1 -t ");
+    if (strstr(text, "-r auto")) { printf("  FAIL suggested -r auto where nothing fits:\n%s", text); failures++; }
+    free(text);
+    printf("out-of-memory suggestions: -r auto, -r 3, -r 1, -w 0; smaller -t below -r 1\n");
+}
+
 int main(void) {
     ModelConfig d12, d48, wide, tiny;
     config_from_descriptor("d12", &d12);
     config_from_descriptor("d48", &d48);
     wide = d12; wide.num_layers = 24; wide.channels = 2048; wide.num_heads = 16; wide.max_seq_len = 32768;
     tiny = test_config(3, 2, 32, 50, 16);
-    unsigned char all1[48], all2[48], mixed[48], first5[48];
-    memset(all1, 1, 48); memset(all2, 2, 48); memset(first5, 0, 48); memset(first5, 1, 5);
-    for (int i = 0; i < 48; i++) mixed[i] = (unsigned char)(i % 3);
+    unsigned char all1[48], all2[48], all3[48], mixed[48], mixed4[48], first5[48], sel_keep_att[48];
+    memset(all1, 1, 48); memset(all2, 2, 48); memset(all3, 3, 48); memset(first5, 0, 48); memset(first5, 1, 5);
+    for (int i = 0; i < 48; i++) {
+        mixed[i] = (unsigned char)(i % 3);
+        mixed4[i] = (unsigned char)(i % 4);
+        sel_keep_att[i] = (unsigned char)(i % 2 ? 3 : 2);
+    }
     check("d12 fp32 B=4 T=1024 -r 0", d12, 4, 1024, 4, 1, 0, NULL);
     check("d12 bf16 B=4 T=1024 -r 1", d12, 4, 1024, 2, 1, 0, all1);
     check("d12 bf16 B=4 T=1024 -r 2", d12, 4, 1024, 2, 1, 0, all2);
@@ -100,7 +247,14 @@ int main(void) {
     check("24x2048 fp16 B=4 T=8192 -r 1", wide, 4, 8192, 2, 1, 0, all1);
     check("24x2048 fp16 B=4 T=2048 -r 0", wide, 4, 2048, 2, 1, 0, NULL);
     check("tiny fp32 ZeRO-1 x3 -r 2", tiny, 2, 16, 4, 3, 1, all2);
+    check("d12 bf16 B=4 T=1024 -r 3", d12, 4, 1024, 2, 1, 0, all3);
+    check("24x2048 bf16 B=1 T=32768 -r 3", wide, 1, 32768, 2, 1, 0, all3);
+    check("d48 bf16 mixed 0/1/2/3", d48, 1, 1024, 2, 1, 0, mixed4);
+    check("d12 fp32 mixed 2/3", d12, 2, 512, 4, 1, 0, sel_keep_att);
     check_allocation();
+    check_auto_against_exhaustive();
+    check_calibration_round_trip();
+    check_suggestions();
     printf("%s: memory plan, %d check(s) failed\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
 }

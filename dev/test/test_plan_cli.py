@@ -2,6 +2,7 @@
 the GPU trainer). The JSON totals are checked against a count of every buffer
 written out here independently of llmc/plan.h."""
 import json
+import re
 
 import pytest
 
@@ -36,11 +37,14 @@ def independent_total(s, B, T, modes, processes=1, zero=0):
     total = 2 * a256(4 * P) + 2 * a256(4 * shard)  # parameters, gradients, AdamW m and v
     kept = {0: [C, C, 1, 1, 3 * C, C, NH, C, C, 1, 1, 4 * C, 4 * C],
             2: [C, 1, 1, 3 * C, C, NH, C, 1, 1, 4 * C],
+            3: [C, C, NH],  # x, attention output, logsumexp
             1: [C]}
     for m in modes:
         total += sum(a256(4 * N * k) for k in kept[m])
     if 1 in modes:    # one shared set of everything but x
         total += sum(a256(4 * N * k) for k in kept[0][1:])
+    elif 3 in modes:  # everything but x, attention output and logsumexp
+        total += sum(a256(4 * N * k) for k in [C, 1, 1, 3 * C, C, C, 1, 1, 4 * C, 4 * C])
     elif 2 in modes:  # one shared set of ln1, ln2, fch_gelu
         total += sum(a256(4 * N * k) for k in [C, C, 4 * C])
     total += 2 * a256(4 * N)                 # inputs, targets
@@ -53,7 +57,7 @@ def independent_total(s, B, T, modes, processes=1, zero=0):
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("mode", ["0", "1", "2"])
+@pytest.mark.parametrize("mode", ["0", "1", "2", "3"])
 @pytest.mark.parametrize("T", [256, 1024])
 def test_plan_json_matches_an_independent_count(shape, mode, T):
     flags, s = SHAPES[shape]
@@ -62,10 +66,12 @@ def test_plan_json_matches_an_independent_count(shape, mode, T):
     assert set(d["components"]) == {"parameters", "master_weights", "gradients", "optimizer", "activations",
                                     "scratch", "workspace"}
     assert sum(d["components"].values()) == d["total_bytes"]
-    assert [m["recompute"] for m in d["modes"]] == ["0", "2", "1"]
+    assert [m["recompute"] for m in d["modes"]] == ["0", "2", "3", "1"]
     for m in d["modes"]:
-        assert set(m) >= {"recompute", "total_bytes", "max_batch", "max_seq_len"}
-    assert d["modes"][0]["total_bytes"] > d["modes"][1]["total_bytes"] > d["modes"][2]["total_bytes"]
+        assert set(m) >= {"recompute", "total_bytes", "max_batch", "max_seq_len", "predicted_step_seconds",
+                          "predicted_extra_time_fraction"}
+    totals = [m["total_bytes"] for m in d["modes"]]
+    assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4
 
 
 def test_plan_mixed_layers():
@@ -126,10 +132,18 @@ def auto(budget, *extra):
                 "--plan-json", *extra])
 
 
-def mode_totals():
+def mode_plans():
     flags, _ = SHAPES["24x2048"]
     d = plan_json(*flags, "-b", 1, "-t", 4096)
-    return {m["recompute"]: m["total_bytes"] for m in d["modes"]}
+    return {m["recompute"]: m for m in d["modes"]}
+
+
+def mode_totals():
+    return {k: m["total_bytes"] for k, m in mode_plans().items()}
+
+
+AUTO_NOTE = re.compile(r"^recompute auto: fits .* with [0-9.]+ MiB: -r (\S+); predicted ([0-9.]+) ms per step, "
+                       r"\+([0-9.]+)% time over -r 0 \(cost model cpu\)$", re.M)
 
 
 def test_auto_picks_nothing_when_everything_fits():
@@ -144,15 +158,30 @@ def test_auto_picks_full_recompute_everywhere_when_only_that_fits():
     assert d["layer_modes"] == [1] * 24 and d["total_bytes"] <= tot["1"]
 
 
+@pytest.mark.parametrize("between", [("0", "2"), ("2", "3"), ("3", "1")])
 @pytest.mark.parametrize("frac", [0.2, 0.5, 0.8])
-def test_auto_picks_a_fitting_subset_in_between(frac):
-    tot = mode_totals()
-    budget = int(tot["1"] + frac * (tot["0"] - tot["1"]))
+def test_auto_between_the_modes_totals(between, frac):
+    """Budgets between two modes' totals: the choice fits, is printed as the
+    -r flag that reproduces it, and is predicted no slower than any single
+    mode on every layer that fits."""
+    plans = mode_plans()
+    hi, lo = plans[between[0]]["total_bytes"], plans[between[1]]["total_bytes"]
+    budget = int(lo + frac * (hi - lo))
     res = auto(budget)
-    assert "recompute auto: fits" in res.stderr and "predicted cost" in res.stderr
+    note = AUTO_NOTE.search(res.stderr)
+    assert note, res.stderr
     d = json.loads(res.stdout)  # stdout is the JSON alone; the note goes to stderr
     assert d["total_bytes"] <= budget
-    assert d["layer_modes"] != [0] * 24 and d["layer_modes"] != [1] * 24
+    assert len(set(d["layer_modes"])) > 1  # between two uniform totals: a mix
+    flags, _ = SHAPES["24x2048"]
+    again = plan_json(*flags, "-b", 1, "-t", 4096, "-r", note.group(1))
+    assert again["layer_modes"] == d["layer_modes"] and again["total_bytes"] == d["total_bytes"]
+    assert again["recompute"] == note.group(1)
+    secs = d["predicted_step_seconds"]
+    assert abs(float(note.group(2)) - 1e3 * secs) <= 0.05 + 1e-6 * 1e3 * secs
+    for m in plans.values():
+        if m["total_bytes"] <= budget:
+            assert secs <= m["predicted_step_seconds"] * (1 + 1e-9)
 
 
 def test_auto_just_below_mode_zero_needs_some_recompute():
@@ -167,6 +196,27 @@ def test_auto_nothing_fits_says_what_would():
     assert res.returncode == 1
     assert "what would fit" in res.stderr and "-r 1 -t" in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("error: -r auto: nothing fits")
+
+
+def test_keep_attention_costs_a_small_fraction_of_full_recompute_at_long_T():
+    """GPT-2 124M at T=32768 on the H100 defaults: attention dominates the
+    step, so rerunning it (-r 1) costs far more than the matmuls -r 3 reruns."""
+    d = plan_json("-e", "d12", "--max-seq-len", "32768", "-b", 1, "-t", 32768, "--cost-model", "h100")
+    extra = {m["recompute"]: m["predicted_extra_time_fraction"] for m in d["modes"]}
+    assert extra["0"] == 0 and 0 < extra["2"] < extra["3"] < extra["1"]
+    assert extra["3"] < 0.25 * extra["1"]
+    assert d["cost_model"]["name"] == "h100"
+
+
+def test_mixes_on_the_command_line():
+    flags, s = SHAPES["d12"]
+    d = plan_json(*flags, "-b", 1, "-t", 512, "-r", "1:0,2/3:3-6/2:7,9-11")
+    modes = [1, 0, 1, 3, 3, 3, 3, 2, 0, 2, 2, 2]
+    assert d["layer_modes"] == modes and d["recompute"] == "1:0,2/2:7,9-11/3:3-6"
+    assert d["total_bytes"] == independent_total(s, 1, 512, modes)
+    assert plan_json(*flags, "-b", 1, "-t", 512, "-r", "3:all")["layer_modes"] == [3] * 12
+    assert plan_json(*flags, "-b", 1, "-t", 512, "-r", "3", "--recompute-layers", "every:3")["layer_modes"] == \
+        [3 if l % 3 == 0 else 0 for l in range(12)]
 
 
 @pytest.mark.parametrize("budget,needle", [("12XB", "unknown unit"), ("-5", "not a positive size"),
@@ -209,3 +259,56 @@ def test_allocation_failure_prints_the_plan_and_what_fits(synthetic):
     assert "out of memory on the host: the plan needs" in res.stderr
     assert "what would fit in" in res.stderr and "-r auto" in res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("error: out of host memory")
+
+
+def write_fake_cgroup(root, version, limit, usage, inactive):
+    """A cgroup file system with one memory limit, v2 (memory.max) or v1
+    (memory/memory.limit_in_bytes), read through REMAT_TEST_CGROUP_ROOT."""
+    if version == "v2":
+        (root / "memory.max").write_text(f"{limit}\n")
+        (root / "memory.current").write_text(f"{usage}\n")
+        (root / "memory.stat").write_text(f"anon 1000\nfile 5000\ninactive_file {inactive}\nactive_file 10\n")
+    else:
+        d = root / "memory"
+        d.mkdir()
+        (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
+        (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
+        (d / "memory.stat").write_text(f"cache 5000\ninactive_file 7\ntotal_inactive_file {inactive}\n")
+
+
+def host_mem_available():
+    for line in open("/proc/meminfo"):
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    pytest.skip("no MemAvailable in /proc/meminfo")
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_host_budget_honours_a_cgroup_limit(tmp_path, version):
+    """A job in a 512 MiB container is told what fits in 512 MiB, less what it
+    uses (page cache that can be dropped not counted), not what the host has."""
+    limit, usage, inactive = 512 << 20, 100 << 20, 30 << 20
+    write_fake_cgroup(tmp_path, version, limit, usage, inactive)
+    room = limit - (usage - inactive)
+    assert host_mem_available() > room  # else the host, not the cgroup, is the bound here
+    env = {"REMAT_TEST_CGROUP_ROOT": str(tmp_path)}
+    d = json.loads(run([binary("train_gpt_cpu"), "-e", "d12", "--plan-json"], env=env, check=True).stdout)
+    assert d["budget_bytes"] == room
+    text = run([binary("train_gpt_cpu"), "-e", "d12", "--plan"], env=env, check=True).stdout
+    assert f"fit in {room / 2**20:.1f} MiB (cgroup memory limit less its usage)" in text
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "-r", "auto", "--plan"], env=env)
+    assert res.returncode == 1 and "does not fit 442.0 MiB (cgroup memory limit less its usage)" in res.stderr
+
+
+def test_host_budget_without_a_cgroup_limit(tmp_path):
+    """memory.max 'max': no limit, the budget is the host's available memory."""
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("123456\n")
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "--plan"], env={"REMAT_TEST_CGROUP_ROOT": str(tmp_path)}, check=True)
+    assert "(available host memory)" in res.stdout
+
+
+def test_explicit_budget_says_it_keeps_no_headroom():
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "--plan", "--mem-budget", "79GiB"], check=True)
+    assert "fit in 80896.0 MiB (--mem-budget, as given: no headroom kept" in res.stdout
+

@@ -1,0 +1,220 @@
+/*
+ * The time model: predicted time of one optimizer step from the work of
+ * each op family, so that recompute is priced in time, not in FLOPs that all
+ * cost the same. Three rates describe a machine:
+ *   matmul_flops_per_s     the four block matmuls and the classifier's
+ *   attention_flops_per_s  causal attention, forward and backward
+ *   memory_bytes_per_s     the memory-bound kernels: LayerNorm, GELU,
+ *                          softmax, encoder, gradient norm, AdamW
+ * and a step takes sum(work / rate) over the three. Overlap, launch gaps and
+ * communication are not modelled: the numbers are for comparing recompute
+ * choices on one machine, and for the extra time one costs over -r 0.
+ *
+ * Work per micro-step of B*T = N tokens, C channels, E storage bytes:
+ *   block forward    matmul 24 N C^2, attention 2 B T (T+1) C (QK^T and PV
+ *                    over the T(T+1)/2 causal pairs), bytes 12 N C E (two
+ *                    LayerNorms read and write C, GELU reads and writes 4C)
+ *   block backward   matmul 48 N C^2, attention 2.5 x forward (scores again,
+ *                    then dV, dP, dQ, dK), bytes 20 N C E
+ *   recompute -r 1   the block forward up to the GELU: matmul 16 N C^2, all of
+ *                    attention's forward, bytes 12 N C E
+ *   recompute -r 3   the same without attention
+ *   recompute -r 2   LayerNorm apply twice and GELU: bytes 12 N C E
+ *   classifier       matmul 6 N C Vp, bytes 2 N Vp E (fused softmax)
+ *   per step         AdamW and the gradient norm: bytes per parameter of the
+ *                    shard 3E (gradient, parameter read and written) + 16
+ *                    (moments) + 8 (master weights, when kept), plus E to zero
+ *                    each gradient
+ *
+ * Defaults are assumed achievable rates in BF16, not peaks; a calibration
+ * file (cost_model_write, from a REMAT_PROFILE run) replaces them with
+ * measured ones. --cost-model names a default or a file.
+ */
+#ifndef REMAT_COST_MODEL_H
+#define REMAT_COST_MODEL_H
+
+#include "plan.h"
+
+typedef struct { double matmul_flops, attention_flops, memory_bytes; } Work;
+
+static const CostModel cost_model_defaults[] = {
+    /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz */
+    {"cpu", 2.0e10, 4.0e9, 8.0e9},
+    {"a100", 2.2e14, 1.2e14, 1.6e12},
+    {"h100", 6.0e14, 3.0e14, 2.8e12},
+    {"h200", 6.5e14, 3.2e14, 4.0e12},
+};
+#define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
+
+static inline double work_seconds(Work w, const CostModel* cm) {
+    return w.matmul_flops / cm->matmul_flops_per_s + w.attention_flops / cm->attention_flops_per_s +
+           w.memory_bytes / cm->memory_bytes_per_s;
+}
+
+static inline Work work_add(Work a, Work b, double k) {
+    a.matmul_flops += k * b.matmul_flops;
+    a.attention_flops += k * b.attention_flops;
+    a.memory_bytes += k * b.memory_bytes;
+    return a;
+}
+
+/* Causal attention forward FLOPs of one layer. */
+static inline double attention_forward_flops(const PlanSpec* s) {
+    return 2.0 * s->B * (double)s->T * (s->T + 1.0) * s->cfg.channels;
+}
+
+/* Work of one layer's forward (backward = 0) or backward (backward = 1). */
+static inline Work layer_work(const PlanSpec* s, int backward) {
+    double N = (double)s->B * s->T, C = s->cfg.channels, E = s->elem_bytes;
+    Work w = {24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E};
+    if (backward) { w.matmul_flops *= 2.0; w.attention_flops *= 2.5; w.memory_bytes = 20.0 * N * C * E; }
+    return w;
+}
+
+/* Extra work in one layer's backward pass under `mode`. */
+static inline Work recompute_work(const PlanSpec* s, int mode) {
+    double N = (double)s->B * s->T, C = s->cfg.channels, E = s->elem_bytes;
+    Work w = {0.0, 0.0, 12.0 * N * C * E};
+    if (mode == RECOMPUTE_NONE) w.memory_bytes = 0.0;
+    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) w.matmul_flops = 16.0 * N * C * C;
+    if (mode == RECOMPUTE_FULL) w.attention_flops = attention_forward_flops(s);
+    return w;
+}
+
+/* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
+static inline Work head_work(const PlanSpec* s) {
+    double N = (double)s->B * s->T, C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
+    Work w = {6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E};
+    return w;
+}
+
+/* Once per optimizer step: gradient zeroing, norm and AdamW over this process's shard. */
+static inline Work update_work(const PlanSpec* s) {
+    ParamLayout pl;
+    param_layout(&s->cfg, &pl);
+    double P = (double)pl.total, shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes;
+    Work w = {0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0))};
+    return w;
+}
+
+static inline int spec_grad_accum(const PlanSpec* s) { return s->grad_accum > 0 ? s->grad_accum : 1; }
+
+/* The work of one optimizer step with per-layer modes (NULL: -r 0 everywhere). */
+static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
+    Work micro = head_work(s);
+    for (int l = 0; l < s->cfg.num_layers; l++) {
+        micro = work_add(micro, layer_work(s, 0), 1.0);
+        micro = work_add(micro, layer_work(s, 1), 1.0);
+        micro = work_add(micro, recompute_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE), 1.0);
+    }
+    Work zero = {0.0, 0.0, 0.0};
+    return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);
+}
+
+static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes) {
+    return work_seconds(step_work(s, modes), cm);
+}
+
+/* Extra time per optimizer step of one layer in `mode`, over -r 0. */
+static inline double recompute_seconds(const PlanSpec* s, const CostModel* cm, int mode) {
+    return spec_grad_accum(s) * work_seconds(recompute_work(s, mode), cm);
+}
+
+/* ---- defaults and calibration files ---- */
+
+static inline int cost_model_default(const char* name, CostModel* out) {
+    for (int i = 0; i < NUM_COST_MODEL_DEFAULTS; i++)
+        if (strcmp(name, cost_model_defaults[i].name) == 0) { *out = cost_model_defaults[i]; return 0; }
+    return -1;
+}
+
+/* The default for a GPU named `device` (cudaDeviceProp.name), or -1. */
+static inline int cost_model_for_device(const char* device, CostModel* out) {
+    const char* name = strstr(device, "H200") ? "h200" : strstr(device, "H100") ? "h100" : strstr(device, "A100") ? "a100" : NULL;
+    return name ? cost_model_default(name, out) : -1;
+}
+
+/* A calibration file: '#' comments and lines `key = value` with the keys
+ * name (free text) and the three rates, each given once. */
+static inline void cost_model_read(const char* path, CostModel* out) {
+    FILE* f = fopen(path, "r");
+    if (!f) fail("--cost-model %s: not cpu, a100, h100, h200 nor a readable file (%s)", path, strerror(errno));
+    memset(out, 0, sizeof(*out));
+    snprintf(out->name, sizeof(out->name), "%s", path);
+    double* rates[3] = {&out->matmul_flops_per_s, &out->attention_flops_per_s, &out->memory_bytes_per_s};
+    static const char* const keys[3] = {"matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s"};
+    char line[512];
+    for (int n = 1; fgets(line, sizeof(line), f); n++) {
+        size_t len = strlen(line);
+        if (len == sizeof(line) - 1 && line[len - 1] != '\n') fail("--cost-model %s: line %d is too long", path, n);
+        while (len && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ')) line[--len] = '\0';
+        const char* p = line + strspn(line, " \t");
+        if (*p == '\0' || *p == '#') continue;
+        const char* eq = strchr(p, '=');
+        if (!eq) fail("--cost-model %s: line %d is not 'key = value'", path, n);
+        size_t klen = (size_t)(eq - p);
+        while (klen && (p[klen - 1] == ' ' || p[klen - 1] == '\t')) klen--;
+        const char* val = eq + 1 + strspn(eq + 1, " \t");
+        if (klen == 4 && strncmp(p, "name", 4) == 0) { snprintf(out->name, sizeof(out->name), "%s", val); continue; }
+        int k = 0;
+        while (k < 3 && !(strlen(keys[k]) == klen && strncmp(p, keys[k], klen) == 0)) k++;
+        if (k == 3) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
+        char* end = NULL;
+        double v = strtod(val, &end);
+        if (end == val || *end != '\0' || !isfinite(v) || v <= 0) fail("--cost-model %s: line %d: %s must be a positive number", path, n, keys[k]);
+        if (*rates[k] != 0) fail("--cost-model %s: line %d: %s given twice", path, n, keys[k]);
+        *rates[k] = v;
+    }
+    fclose(f);
+    for (int k = 0; k < 3; k++)
+        if (*rates[k] == 0) fail("--cost-model %s: %s missing", path, keys[k]);
+}
+
+static inline void cost_model_write(const CostModel* cm, const char* path, const char* how) {
+    FILE* f = fopen(path, "w");
+    if (!f) fail("%s: cannot write the cost model (%s)", path, strerror(errno));
+    fprintf(f, "# remat cost model (llmc/cost_model.h), read by --cost-model %s\n# %s\n", path, how);
+    fprintf(f, "name = %s\nmatmul_flops_per_s = %.6g\nattention_flops_per_s = %.6g\nmemory_bytes_per_s = %.6g\n", cm->name,
+            cm->matmul_flops_per_s, cm->attention_flops_per_s, cm->memory_bytes_per_s);
+    if (fclose(f) != 0) fail("%s: write failed", path);
+}
+
+/* Measured times of one step's phases (profile.cuh's kinds), in ms. */
+typedef struct {
+    double forward_ms, classifier_ms, backward_ms, update_ms;
+    double attention_ms; /* attention forward, recompute and backward together */
+} PhaseTimes;
+
+/* Rates from a profiled step of `s` (its modes, grad_accum): memory bandwidth
+ * from the update (AdamW is memory-bound alone), attention from its spans,
+ * and matmuls from what is left of forward, classifier and backward once
+ * attention and the memory-bound kernels are taken out. Returns 0, or -1
+ * with a reason when the times leave no room for the matmuls. */
+static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, CostModel* out, char* why, size_t n) {
+    Work all = step_work(s, s->layer_mode), upd = update_work(s);
+    Work compute = work_add(all, upd, -1.0);
+    if (!(t->update_ms > 0) || !(t->attention_ms > 0)) { snprintf(why, n, "the profile has no update or attention time"); return -1; }
+    out->memory_bytes_per_s = upd.memory_bytes / (t->update_ms * 1e-3);
+    out->attention_flops_per_s = compute.attention_flops / (t->attention_ms * 1e-3);
+    double matmul_s = (t->forward_ms + t->classifier_ms + t->backward_ms - t->attention_ms) * 1e-3 -
+                      compute.memory_bytes / out->memory_bytes_per_s;
+    if (!(matmul_s > 0)) { snprintf(why, n, "forward, classifier and backward take no longer than attention and the memory-bound work"); return -1; }
+    out->matmul_flops_per_s = compute.matmul_flops / matmul_s;
+    return 0;
+}
+
+/* --cost-model: a default's name or a file; "" picks the default for the
+ * device (`device`, NULL on the CPU trainer; "" when no GPU is found). */
+static inline void cost_model_resolve(const char* flag, const char* device, CostModel* out) {
+    if (flag[0]) {
+        if (cost_model_default(flag, out) != 0) cost_model_read(flag, out);
+        return;
+    }
+    if (!device) { cost_model_default("cpu", out); return; }
+    if (cost_model_for_device(device, out) == 0) return;
+    cost_model_default("h100", out);
+    if (device[0]) snprintf(out->name, sizeof(out->name), "h100 (assumed: no defaults for %s; give --cost-model)", device);
+    else snprintf(out->name, sizeof(out->name), "h100 (assumed: no GPU found; give --cost-model)");
+}
+
+#endif
