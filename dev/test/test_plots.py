@@ -32,16 +32,24 @@ def test_plot_log_draws_a_resumed_run_once_per_step(tmp_path, synthetic):
             "-j", data / "synthetic_val.bin", "-b", 2, "-t", 32, "-v", 3, "-m", 2, "-s", 0, "-n", 3,
             "--eval-by-position", 8, "-q", 0.1, "-o", out]
     run([*args, "-x", 8], check=True)
+    before = (out / "log.jsonl").read_text()
     (out / "DONE_00000008").unlink()  # as if the run died after step 8 but before its last checkpoint
     run([*args, "-x", 7, "-y", 1], check=True)  # resumes at step 6, repeats 7 on a shorter schedule, stops
-    raw = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
-    sevens = [r for r in raw if r["step"] == 7 and "loss" in r]
-    assert len(sevens) == 2 and sevens[0]["lr"] != sevens[1]["lr"]
+    after = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
+    old7 = [r for r in map(json.loads, before.splitlines()) if r["step"] == 7 and "loss" in r]
+    sevens = [r for r in after if r["step"] == 7 and "loss" in r]
+    # the trainer dropped the superseded lines itself (llmc/logger.h): step 7 once, the resumed run's
+    assert len(sevens) == 1 and len(old7) == 1 and sevens[0]["lr"] != old7[0]["lr"]
+    # a log that holds both runs (appended without that trim, as older logs are): plot_log keeps the later run
+    resumed = [r for r in after if r["step"] > 6 or (r["step"] == 6 and "val_loss" in r)]
+    both = tmp_path / "both"
+    both.mkdir()
+    (both / "log.jsonl").write_text(before + "".join(json.dumps(r) + "\n" for r in resumed))
     plot_log = load(REPO / "dev" / "plot_log.py", "plot_log")
-    log = plot_log.read_log(out / "log.jsonl")
-    assert list(log["train"]) == list(range(1, 8))  # step 8 of the abandoned run is gone
-    assert list(log["val"]) == [0, 3, 6, 7]
-    assert log["train"][7] == sevens[1]  # the resumed run's record
+    for log in (plot_log.read_log(out / "log.jsonl"), plot_log.read_log(both / "log.jsonl")):
+        assert list(log["train"]) == list(range(1, 8))  # step 8 of the abandoned run is gone
+        assert list(log["val"]) == [0, 3, 6, 7]
+        assert log["train"][7] == sevens[0]  # the resumed run's record
     png = tmp_path / "log.png"
     res = run([sys.executable, REPO / "dev" / "plot_log.py", out, out, "--labels", "a,b", "-o", png], check=True)
     assert "wrote" in res.stdout
