@@ -303,6 +303,10 @@ def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start i
     ("wmma_local_memory", ("wmma::load_matrix_sync", "is neither device memory")),
     ("wmma_past_end", ("wmma::store_matrix_sync", "run 32 bytes past the end of the 4000-byte cudaMalloc block")),
     ("wmma_half_copies", ("wmma::mma_sync", "is held twice", "the copies differ")),
+    # inline PTX (emu/ptx.h)
+    ("ptx_ldmatrix_misaligned", ("ldmatrix", "lane 3's row address", "is not 16-byte aligned")),
+    ("ptx_mma_divergent", ("mma.sync.aligned.m16n8k16", "reached by 16 of 32 lanes")),
+    ("ptx_cp_async_never_waited", ("cp.async", "copies pending from an earlier block", "never waited")),
 ])
 def test_emulator_stops_misuse(emu_build, case, message):
     res = emu_run([OUT / "emu_selftest", f"fail:{case}"], timeout=120)
