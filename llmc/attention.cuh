@@ -376,6 +376,16 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
+    if constexpr (HS == 64 || HS == 128) {
+        if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, dqkv, dout, qkv) && attention_mma_fits(HS, hs, out, out, out)) {
+            dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
+            attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
     if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
         attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);

@@ -274,4 +274,184 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     att_mma_store_rows<HS>(out + (size_t)at.b * T * C + (size_t)at.h * HS, C, r0, T, o, inv);
 }
 
+/* The block's own rows of two (T, ld_x) / (T, ld_y)-strided head slices as
+ * the warp's A fragments: staged once through shared memory, then the whole
+ * shared memory is free for the tiles. */
+template <int HS>
+__device__ __forceinline__ void att_mma_own_rows(uint32_t x[][4], uint32_t y[][4], unsigned char* smem, const floatX* base_x, size_t ld_x,
+                                                 const floatX* base_y, size_t ld_y, int row0, int T) {
+    typedef AttMma<HS> Cfg;
+    static_assert(2 * Cfg::ROWS_BYTES <= Cfg::SMEM_BYTES, "two row blocks must fit the tile buffers");
+    floatX* xs = (floatX*)smem;
+    floatX* ys = (floatX*)(smem + Cfg::ROWS_BYTES);
+    att_mma_stage<HS>(xs, base_x, ld_x, row0, ATT_MMA_ROWS, T);
+    att_mma_stage<HS>(ys, base_y, ld_y, row0, ATT_MMA_ROWS, T);
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+    const int warp = threadIdx.x >> 5;
+    att_mma_load_a<HS>(x, xs + 16 * warp * Cfg::LD);
+    att_mma_load_a<HS>(y, ys + 16 * warp * Cfg::LD);
+    __syncthreads(); /* the buffers are free for the tiles */
+}
+
+/* ---- backward, pass 1: dq and D ----
+ * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; warp w owns 16 query
+ * rows (Q and dO as A fragments); K, V tiles double-buffered. Per tile:
+ * S = Q K^T, dP = dO V^T, dS = P (dP - D) scale, dQ += dS K. */
+template <int HS>
+__global__ void __launch_bounds__(ATT_MMA_THREADS)
+attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                 const float* lse, int T, int C, int NH, float scale) {
+    typedef AttMma<HS> Cfg;
+    __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
+    floatX* const buf[2] = {(floatX*)smem, (floatX*)(smem + Cfg::STAGE_BYTES)};
+    const AttMmaThread at = att_mma_thread(NH, true);
+    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
+    const size_t obase = (size_t)at.b * T * C + (size_t)at.h * HS;
+    const size_t stat0 = ((size_t)at.b * NH + at.h) * T;
+    uint32_t q[Cfg::KS][4], dO[Cfg::KS][4];
+    att_mma_own_rows<HS>(q, dO, smem, base, ld, dout + obase, C, q0, T);
+    /* D_t = dout_t . out_t (fp32) for rows r0+g, r0+g+8: this lane's channels 8ot+2tq, +1, then over the quad */
+    float D[2], row_lse[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int t = r0 + g + 8 * hf;
+        float acc = 0.0f;
+        if (t < T) {
+            const floatX* orow = out + obase + (size_t)t * C + 2 * tq;
+            const floatX* drow = dout + obase + (size_t)t * C + 2 * tq;
+#pragma unroll
+            for (int ot = 0; ot < Cfg::OT; ot++)
+                acc += to_f32(drow[8 * ot]) * to_f32(orow[8 * ot]) + to_f32(drow[8 * ot + 1]) * to_f32(orow[8 * ot + 1]);
+        }
+        D[hf] = att_mma_quad_sum(acc);
+        if (t < T && tq == 0) rowsum[stat0 + t] = D[hf];
+        row_lse[hf] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f; /* in log2 units */
+    }
+    const float scale_log2 = scale * 1.4426950408889634f;
+    float dq[Cfg::OT][4];
+#pragma unroll
+    for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
+    const int ntiles = (min(q0 + ATT_MMA_ROWS, T) + Cfg::BC - 1) / Cfg::BC;
+    att_mma_stage<HS>(buf[0], base + C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(buf[0] + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
+    ptx_cp_async_commit();
+    for (int j = 0; j < ntiles; j++) {
+        if (j + 1 < ntiles) {
+            floatX* nb = buf[(j + 1) & 1];
+            att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
+        }
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<1>();
+        __syncthreads();
+        const int k0 = j * Cfg::BC;
+        if (k0 <= r0 + 15) {
+            const floatX* Ks = buf[j & 1];
+            const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
+            float s[Cfg::NT][4], dp[Cfg::NT][4];
+            att_mma_scores<HS>(s, q, Ks);
+            att_mma_scores<HS>(dp, dO, Vs);
+#pragma unroll
+            for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * (i >> 1);
+                    const float p = (key <= t && key < T) ? exp2f(s[nt][i] * scale_log2 - row_lse[i >> 1]) : 0.0f;
+                    s[nt][i] = p * (dp[nt][i] - D[i >> 1]) * scale;
+                }
+            uint32_t dsa[Cfg::BC / 16][4];
+            att_mma_to_a<HS>(dsa, s);
+            att_mma_accumulate<HS>(dq, dsa, Ks);
+        }
+        __syncthreads();
+    }
+    const float one[2] = {1.0f, 1.0f};
+    att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
+}
+
+/* ---- backward, pass 2: dk and dv ----
+ * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; warp w owns 16 key rows
+ * (K and V as A fragments); tiles of queries t >= the block's first key
+ * (Q, dO, and their lse and D) double-buffered; key blocks first-first. Per
+ * tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q. */
+template <int HS>
+__global__ void __launch_bounds__(ATT_MMA_THREADS)
+attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
+                                  int C, int NH, float scale) {
+    typedef AttMma<HS> Cfg;
+    __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
+    __shared__ float stats[2][2][Cfg::BC]; /* per buffer: lse (log2 units) and D of the tile's query rows */
+    floatX* const buf[2] = {(floatX*)smem, (floatX*)(smem + Cfg::STAGE_BYTES)};
+    const AttMmaThread at = att_mma_thread(NH, false);
+    const int s0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
+    const floatX* dobase = dout + (size_t)at.b * T * C + (size_t)at.h * HS;
+    const size_t stat0 = ((size_t)at.b * NH + at.h) * T;
+    uint32_t k[Cfg::KS][4], v[Cfg::KS][4];
+    att_mma_own_rows<HS>(k, v, smem, base + C, ld, base + 2 * C, ld, s0, T);
+    const float scale_log2 = scale * 1.4426950408889634f;
+    float dk[Cfg::OT][4], dv[Cfg::OT][4];
+#pragma unroll
+    for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
+    const int ntiles = s0 < T ? (T - s0 + Cfg::BC - 1) / Cfg::BC : 0;
+    /* tile j: query rows s0 + j BC .., into buffer j & 1 (Q, dO by cp.async; lse, D by plain stores) */
+    auto stage = [&](int j) {
+        const int t0 = s0 + j * Cfg::BC;
+        floatX* nb = buf[j & 1];
+        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
+        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
+        for (int i = threadIdx.x; i < Cfg::BC; i += ATT_MMA_THREADS) {
+            const int t = t0 + i;
+            stats[j & 1][0][i] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
+            stats[j & 1][1][i] = t < T ? rowsum[stat0 + t] : 0.0f;
+        }
+    };
+    if (ntiles) stage(0);
+    ptx_cp_async_commit();
+    for (int j = 0; j < ntiles; j++) {
+        if (j + 1 < ntiles) stage(j + 1);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<1>();
+        __syncthreads();
+        const int t0 = s0 + j * Cfg::BC;
+        if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp */
+            const floatX* Qs = buf[j & 1];
+            const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
+            const float* lse_s = stats[j & 1][0];
+            const float* d_s = stats[j & 1][1];
+            float st[Cfg::NT][4], dpt[Cfg::NT][4];
+            att_mma_scores<HS>(st, k, Qs);
+            att_mma_scores<HS>(dpt, v, dOs);
+#pragma unroll
+            for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int c = nt * 8 + 2 * tq + (i & 1), t = t0 + c, s = r0 + g + 8 * (i >> 1);
+                    const float p = (t >= s && t < T) ? exp2f(st[nt][i] * scale_log2 - lse_s[c]) : 0.0f;
+                    st[nt][i] = p;
+                    dpt[nt][i] = p * (dpt[nt][i] - d_s[c]) * scale;
+                }
+            uint32_t pa[Cfg::BC / 16][4];
+            att_mma_to_a<HS>(pa, st);
+            att_mma_accumulate<HS>(dv, pa, dOs);
+            att_mma_to_a<HS>(pa, dpt);
+            att_mma_accumulate<HS>(dk, pa, Qs);
+        }
+        __syncthreads();
+    }
+    const float one[2] = {1.0f, 1.0f};
+    floatX* drows = dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
+    att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
+    att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
+}
+
 #endif
