@@ -31,9 +31,20 @@
  * FlashAttention-2 does 5 with an fp32 atomic dQ. Deterministic: fixed tile
  * order, one warp per output row block, no atomics.
  *
- * Resources (ptxas -v, sm_90; recorded by hand, checked here only as the
- * static shared memory below 48 KiB and __launch_bounds__(ATT_MMA_THREADS)):
- * see the comment at each kernel. Status: compiles, unverified on GPU.
+ * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0, BF16 build), every
+ * kernel at __launch_bounds__(ATT_MMA_THREADS) with 0 bytes of stack and no
+ * spills (registers / static shared memory bytes):
+ *   forward        hs64 130 / 36864    hs128 166 / 34816
+ *   backward dq    hs64 168 / 36864    hs128 232 / 34816
+ *   backward dk/dv hs64 240 / 37888    hs128 255 / 35328
+ * AttMmaResources below holds these figures; static_asserts check them
+ * against the launch configuration (the recorded shared memory must be what
+ * the layout computes, below 48 KiB static; registers times threads within
+ * an SM's 64K registers) so a layout change must update the table. At these
+ * figures an H100/H200 SM holds 3 forward blocks (hs64: 130 registers) and
+ * 2 backward blocks; the occupancy and every speed figure are predicted.
+ *
+ * Status: compiles, unverified on GPU.
  */
 #ifndef REMAT_ATTENTION_MMA_CUH
 #define REMAT_ATTENTION_MMA_CUH
@@ -60,6 +71,24 @@ template <int HS> struct AttMma {
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory above 48 KiB");
     static_assert(sizeof(floatX) == 2, "mma attention is for 16-bit floatX");
 };
+
+/* ptxas -v figures (registers, static shared bytes) per kernel, recorded above. */
+template <int HS> struct AttMmaResources {
+    static constexpr int FWD_REGS = HS == 64 ? 130 : 166, DQ_REGS = HS == 64 ? 168 : 232, DKV_REGS = HS == 64 ? 240 : 255;
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DQ_SMEM = FWD_SMEM, DKV_SMEM = HS == 64 ? 37888 : 35328;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES, "recorded shared memory is stale");
+    static_assert(DKV_SMEM == AttMma<HS>::SMEM_BYTES + 4 * AttMma<HS>::BC * sizeof(float), "recorded shared memory is stale");
+    static_assert(DKV_SMEM <= 48 * 1024, "static shared memory above 48 KiB");
+    static_assert(FWD_REGS <= 255 && DQ_REGS <= 255 && DKV_REGS <= 255 && DKV_REGS * ATT_MMA_THREADS <= 65536,
+                  "a block of ATT_MMA_THREADS must fit one SM's 64K registers");
+};
+template struct AttMmaResources<64>;
+template struct AttMmaResources<128>;
+
+/* Buffer j % 2 of the double buffer (computed, not indexed: no local array). */
+template <int HS> __device__ __forceinline__ floatX* att_mma_buffer(unsigned char* smem, int j) {
+    return (floatX*)(smem + (j & 1) * AttMma<HS>::STAGE_BYTES);
+}
 
 /* Stages rows [r0, r0+rows) of a (T, ld)-strided head slice (base: row 0,
  * this head's channel 0) into dst (stride LD): cp.async 16 bytes a copy,
@@ -186,7 +215,6 @@ __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    floatX* const buf[2] = {(floatX*)smem, (floatX*)(smem + Cfg::STAGE_BYTES)};
     const AttMmaThread at = att_mma_thread(NH, true);
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
     const size_t ld = 3 * (size_t)C;
@@ -194,15 +222,15 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     const int kend = min(q0 + ATT_MMA_ROWS, T);
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
 
-    att_mma_stage<HS>(buf[1], base, ld, q0, ATT_MMA_ROWS, T); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, T); /* Q into the second buffer */
     ptx_cp_async_commit();
-    att_mma_stage<HS>(buf[0], base + C, ld, 0, Cfg::BC, T);
-    att_mma_stage<HS>(buf[0] + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
     uint32_t q[Cfg::KS][4];
-    att_mma_load_a<HS>(q, buf[1] + 16 * at.warp * Cfg::LD);
+    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* the second buffer is free for tile 1 */
 
     float o[Cfg::OT][4];
@@ -215,7 +243,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     const float scale_log2 = scale * 1.4426950408889634f;
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
-            floatX* nb = buf[(j + 1) & 1];
+            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
             att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
             att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
         }
@@ -224,7 +252,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
         __syncthreads();        /* ... and every thread's */
         const int k0 = j * Cfg::BC;
         if (k0 <= r0 + 15) { /* else every key of the tile is after every query of this warp */
-            const floatX* Ks = buf[j & 1];
+            const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[Cfg::NT][4];
             att_mma_scores<HS>(s, q, Ks);
@@ -305,7 +333,6 @@ attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout
                                  const float* lse, int T, int C, int NH, float scale) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    floatX* const buf[2] = {(floatX*)smem, (floatX*)(smem + Cfg::STAGE_BYTES)};
     const AttMmaThread at = att_mma_thread(NH, true);
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
     const size_t ld = 3 * (size_t)C;
@@ -338,12 +365,12 @@ attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout
 #pragma unroll
         for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
     const int ntiles = (min(q0 + ATT_MMA_ROWS, T) + Cfg::BC - 1) / Cfg::BC;
-    att_mma_stage<HS>(buf[0], base + C, ld, 0, Cfg::BC, T);
-    att_mma_stage<HS>(buf[0] + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
     ptx_cp_async_commit();
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
-            floatX* nb = buf[(j + 1) & 1];
+            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
             att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
             att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
         }
@@ -352,7 +379,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout
         __syncthreads();
         const int k0 = j * Cfg::BC;
         if (k0 <= r0 + 15) {
-            const floatX* Ks = buf[j & 1];
+            const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[Cfg::NT][4], dp[Cfg::NT][4];
             att_mma_scores<HS>(s, q, Ks);
@@ -387,7 +414,6 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     __shared__ float stats[2][2][Cfg::BC]; /* per buffer: lse (log2 units) and D of the tile's query rows */
-    floatX* const buf[2] = {(floatX*)smem, (floatX*)(smem + Cfg::STAGE_BYTES)};
     const AttMmaThread at = att_mma_thread(NH, false);
     const int s0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
     const size_t ld = 3 * (size_t)C;
@@ -406,7 +432,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     /* tile j: query rows s0 + j BC .., into buffer j & 1 (Q, dO by cp.async; lse, D by plain stores) */
     auto stage = [&](int j) {
         const int t0 = s0 + j * Cfg::BC;
-        floatX* nb = buf[j & 1];
+        floatX* nb = att_mma_buffer<HS>(smem, j);
         att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
         att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
         for (int i = threadIdx.x; i < Cfg::BC; i += ATT_MMA_THREADS) {
@@ -424,7 +450,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         __syncthreads();
         const int t0 = s0 + j * Cfg::BC;
         if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp */
-            const floatX* Qs = buf[j & 1];
+            const floatX* Qs = att_mma_buffer<HS>(smem, j);
             const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
             const float* lse_s = stats[j & 1][0];
             const float* d_s = stats[j & 1][1];
