@@ -50,6 +50,7 @@
 #define REMAT_ATTENTION_MMA_CUH
 
 #include "cuda_common.cuh"
+#include "attention_tc.cuh"
 #include "ptx.cuh"
 
 #define ATT_MMA_WARPS 4
@@ -188,23 +189,18 @@ __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int 
     }
 }
 
-/* Where a thread works: warp `warp` owns rows r0..r0+15 of the block's rows
- * (first: row0) of batch b, head h; lane = 4g + tq holds rows r0+g and
- * r0+g+8 of each accumulator, columns 2tq, 2tq+1 of each 8-column block. */
+/* Where a thread works: as attention_tc.cuh's (same block of 64 rows and warp
+ * split: warp owns rows r0..r0+15 of the block's first row row0, batch b,
+ * head h), and lane = 4g + tq holds rows r0+g and r0+g+8 of each
+ * accumulator, columns 2tq, 2tq+1 of each 8-column block. */
 struct AttMmaThread {
     int warp, g, tq, b, h, row0, r0;
 };
 
 __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) {
-    AttMmaThread p;
-    p.warp = threadIdx.x >> 5;
-    p.g = (threadIdx.x & 31) >> 2;
-    p.tq = threadIdx.x & 3;
-    p.b = blockIdx.y / NH;
-    p.h = blockIdx.y % NH;
-    p.row0 = (int)(last_first ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * ATT_MMA_ROWS;
-    p.r0 = p.row0 + 16 * p.warp;
-    return p;
+    static_assert(ATT_MMA_ROWS == ATT_TC_ROWS && ATT_MMA_THREADS == ATT_TC_THREADS, "the block shapes of tc and mma agree");
+    const AttTcThread t = att_tc_thread(NH, last_first);
+    return AttMmaThread{t.warp, (int)(threadIdx.x & 31) >> 2, (int)threadIdx.x & 3, t.b, t.h, t.row0, t.r0};
 }
 
 /* ---- forward ----
