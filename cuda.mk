@@ -41,17 +41,22 @@ endif
 # warning cannot cost a borrowed GPU's time).
 CUDA_WERROR ?= -Werror all-warnings -Xcompiler -Werror
 # OpenMP on the host: parameter init and file conversion use every core.
-# ATTENTION=simt: the CUDA-core attention kernels in BF16/FP16 builds too (they
-# use tensor cores otherwise, which needs sm_80+); for older GPUs and for
-# comparing the two. Default: tc, or simt when GPU_COMPUTE_CAPABILITY names an
-# architecture below sm_80. Not tracked either: `make clean` after changing it.
+# ATTENTION: the attention kernels of BF16/FP16 builds (FP32 builds always use
+# simt). mma (the default): inline-PTX mma.sync/ldmatrix/cp.async kernels
+# for head sizes 64 and 128, the WMMA ones for other head sizes (noted at
+# start-up); tc: the WMMA kernels for every head size; simt: the CUDA-core
+# kernels (for GPUs below sm_80, and for comparing). Default: mma, or simt
+# when GPU_COMPUTE_CAPABILITY names an architecture below sm_80. Not tracked
+# either: `make clean` after changing it.
 ifeq ($(origin ATTENTION),undefined)
-ATTENTION := $(if $(shell [ -n "$(strip $(GPU_COMPUTE_CAPABILITY))" ] && [ "$(strip $(GPU_COMPUTE_CAPABILITY))" -lt 80 ] 2>/dev/null && echo old),simt,tc)
+ATTENTION := $(if $(shell [ -n "$(strip $(GPU_COMPUTE_CAPABILITY))" ] && [ "$(strip $(GPU_COMPUTE_CAPABILITY))" -lt 80 ] 2>/dev/null && echo old),simt,mma)
 endif
 ifeq ($(ATTENTION),simt)
 ATTENTION_FLAGS = -DATTENTION_SIMT
-else ifneq ($(ATTENTION),tc)
-$(error ATTENTION=$(ATTENTION): use tc (tensor cores, the default) or simt (CUDA cores))
+else ifeq ($(ATTENTION),tc)
+ATTENTION_FLAGS = -DATTENTION_TC
+else ifneq ($(ATTENTION),mma)
+$(error ATTENTION=$(ATTENTION): use mma (inline PTX, the default), tc (WMMA) or simt (CUDA cores))
 endif
 NVCC_FLAGS = -O3 -std=c++17 -I. $(GENCODE) $(ATTENTION_FLAGS) -Xcompiler -Wall,-Wextra,-fopenmp $(CUDA_WERROR)
 NVCC_LDLIBS = -lcublasLt -lcublas -lgomp
@@ -128,9 +133,9 @@ test_gpt: test_gpt.cu train_gpt.cu train_gpt.c $(CUDA_DEPS)
 	$(call check_precision,$(PRECISION))
 	$(NVCC) $(NVCC_FLAGS) $(NVCC_TEST_FLAGS) $(PREC_FLAG_$(PRECISION)) -o $@ $< $(NVCC_LDLIBS) $(NVCC_TEST_LDLIBS)
 
-# bench_attention (dev/bench/bench_attention.cu) times the tensor-core attention
-# kernels against the CUDA-core ones: BF16 only, and not with ATTENTION=simt.
-cuda-all: $(foreach p,$(CUDA_PRECISIONS),$(BUILD)/train_gpt_$(p) $(BUILD)/test_gpt_$(p)) $(if $(ATTENTION_FLAGS),,$(BUILD)/bench_attention_bf16)
+# bench_attention (dev/bench/bench_attention.cu) times the mma, tc and simt
+# attention kernels side by side: BF16 only, and not with ATTENTION=simt.
+cuda-all: $(foreach p,$(CUDA_PRECISIONS),$(BUILD)/train_gpt_$(p) $(BUILD)/test_gpt_$(p)) $(if $(filter simt,$(ATTENTION)),,$(BUILD)/bench_attention_bf16)
 
 $(BUILD)/bench_attention_%: dev/bench/bench_attention.cu $(CUDA_DEPS)
 	@mkdir -p $(@D)

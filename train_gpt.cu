@@ -747,6 +747,7 @@ static void print_device(const GpuModel* m, int master_weights) {
            PRECISION_IS_FP32 ? "" : (master_weights ? " + fp32 master weights" : ", no master weights"),
            PRECISION_IS_FP32 ? " (TF32 off)" : "");
     printf("attention: %s\n", ATTENTION_KERNELS_NAME);
+    if (*attention_kernels_note(m->cfg.channels / m->cfg.num_heads)) printf("%s\n", attention_kernels_note(m->cfg.channels / m->cfg.num_heads));
     if (m->peak_flops > 0)
         printf("MFU: model FLOPs (PaLM convention, 6N + 12LCT per token) over %.0f TFLOPS dense %s peak\n", m->peak_flops / 1e12, PRECISION_NAME);
     else

@@ -159,12 +159,12 @@ done
 ATT_MD="$LOGDIR/bench_attention.md"
 rm -f "$ATT_MD"
 if [[ -x build/bench_attention_bf16 ]]; then
-    stage bench_attention 60 build/bench_attention_bf16
+    stage bench_attention 120 build/bench_attention_bf16
     rc=$?
     grep '^|' "$LOGDIR/bench_attention.log" > "$ATT_MD"
-    big=$(grep '^| 4 8192 16 128 | tensor cores' "$ATT_MD" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $7); print "fwd " $5 ", bwd " $7 " TFLOP/s"}')
-    ref=$(grep '^| 4 8192 16 128 | CUDA cores' "$ATT_MD" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $7); print "fwd " $5 ", bwd " $7}')
-    SUMMARY+=("| attention alone, B=4 T=8192 NH=16 hs=128 (bf16), table below | $(status_word $rc)${big:+: tensor cores $big; CUDA cores $ref} |")
+    att_rate() { grep "^| 4 8192 16 128 | $1" "$ATT_MD" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $7); print "fwd " $5 ", bwd " $7}'; }
+    big=$(att_rate mma) tcr=$(att_rate tc) ref=$(att_rate simt)
+    SUMMARY+=("| attention alone, B=4 T=8192 NH=16 hs=128 (bf16), table below | $(status_word $rc)${big:+: mma $big TFLOP/s; tc $tcr; simt $ref} |")
 else
     SUMMARY+=("| attention alone (bench_attention_bf16) | not built |")
 fi

@@ -35,10 +35,13 @@
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
  * compute on zeros and store nothing).
  *
- * Which kernels run: BF16 and FP16 builds use the tensor-core versions of
- * these three kernels (attention_tc.cuh: same algorithm, WMMA tile products);
- * FP32 builds, and any build with ATTENTION=simt (-DATTENTION_SIMT), use the
- * CUDA-core kernels below.
+ * Which kernels run (ATTENTION_KIND, from cuda.mk's ATTENTION): BF16 and
+ * FP16 builds use the inline-PTX kernels of attention_mma.cuh (mma.sync,
+ * ldmatrix, cp.async; the default) for head sizes 64 and 128 and the WMMA
+ * kernels of attention_tc.cuh (same algorithm, WMMA tile products) for the
+ * others; ATTENTION=tc (-DATTENTION_TC) uses the WMMA kernels for every head
+ * size. FP32 builds, and any build with ATTENTION=simt (-DATTENTION_SIMT),
+ * use the CUDA-core kernels below.
  *
  * Status: compiles, unverified on GPU.
  */
@@ -47,13 +50,23 @@
 
 #include "cuda_common.cuh"
 
+enum AttentionKind { ATT_KIND_SIMT = 0, ATT_KIND_TC = 1, ATT_KIND_MMA = 2 };
+
 #if PRECISION_IS_FP32 || defined(ATTENTION_SIMT)
 #define ATTENTION_TENSOR_CORES 0
+#define ATTENTION_KIND ATT_KIND_SIMT
 #define ATTENTION_KERNELS_NAME "CUDA cores, fp32 math"
 #else
 #define ATTENTION_TENSOR_CORES 1
-#define ATTENTION_KERNELS_NAME "tensor cores (WMMA " PRECISION_NAME " x " PRECISION_NAME " -> fp32)"
 #include "attention_tc.cuh"
+#include "attention_mma.cuh"
+#if defined(ATTENTION_TC)
+#define ATTENTION_KIND ATT_KIND_TC
+#define ATTENTION_KERNELS_NAME "tensor cores (WMMA " PRECISION_NAME " x " PRECISION_NAME " -> fp32)"
+#else
+#define ATTENTION_KIND ATT_KIND_MMA
+#define ATTENTION_KERNELS_NAME "tensor cores (inline PTX mma.sync m16n8k16 " PRECISION_NAME " -> fp32, ldmatrix, cp.async)"
+#endif
 #endif
 
 #define ATT_ROWS 64 /* rows owned by a block */
@@ -315,22 +328,43 @@ static inline dim3 attention_grid(int B, int T, int NH, int rows_per_block) {
     return dim3((unsigned)ceil_div((size_t)T, rows_per_block), (unsigned)(B * NH));
 }
 
-/* The launchers take the kernel family: tensor_cores = 1 runs attention_tc.cuh's
- * kernels (only where they are built, ATTENTION_TENSOR_CORES), 0 the CUDA-core
- * ones. The trainer passes ATTENTION_TENSOR_CORES; bench_attention both. */
+/* The mma kernels take head sizes 64 and 128 exactly (no padded channels)
+ * and 16-byte aligned rows (cp.async); anything else runs the WMMA kernels. */
+static inline bool attention_mma_fits(int HS, int hs, const void* a, const void* b, const void* c) {
+    return ATTENTION_TENSOR_CORES && HS == hs && (hs == 64 || hs == 128) && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0);
+}
+
+/* What the build's kernels do with head size hs: "" or the one-line note a
+ * trainer prints at start-up when the mma build falls back to WMMA. */
+static inline const char* attention_kernels_note(int hs) {
+    if (ATTENTION_KIND == ATT_KIND_MMA && hs != 64 && hs != 128)
+        return "attention: head size is neither 64 nor 128: the WMMA (tc) kernels run instead of the mma ones";
+    return "";
+}
+
+/* The launchers take the kernel family (AttentionKind; tc and mma only where
+ * they are built, ATTENTION_TENSOR_CORES). The trainer passes ATTENTION_KIND;
+ * bench_attention every kind. */
 template <int HS>
-static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int tensor_cores,
+static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
                                      cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    if (tensor_cores) {
+    if constexpr (HS == 64 || HS == 128) {
+        if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, out, qkv, qkv)) {
+            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    if (kind != ATT_KIND_SIMT) {
         attention_tc_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
         CUDA_CHECK_LAUNCH();
         return;
     }
 #else
-    (void)tensor_cores;
+    (void)kind;
 #endif
     attention_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
     CUDA_CHECK_LAUNCH();
@@ -338,11 +372,21 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
 
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, int tensor_cores, cudaStream_t stream) {
+                                      const float* lse, int B, int T, int C, int NH, int kind, cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    if (tensor_cores) {
+    if constexpr (HS == 64 || HS == 128) {
+        if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, dqkv, dout, qkv) && attention_mma_fits(HS, hs, out, out, out)) {
+            dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
+            attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale);
+            CUDA_CHECK_LAUNCH();
+            return;
+        }
+    }
+    if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
         attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
         CUDA_CHECK_LAUNCH();
@@ -351,7 +395,7 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
         return;
     }
 #else
-    (void)tensor_cores;
+    (void)kind;
 #endif
     dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
     attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
@@ -363,10 +407,10 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
 /* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C). */
 static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
-    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
-    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
-    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
     default: attention_check_shape(C, NH);
     }
 }
@@ -375,10 +419,10 @@ static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* 
 static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
                                           const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_TENSOR_CORES, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
     default: attention_check_shape(C, NH);
     }
 }

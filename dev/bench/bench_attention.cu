@@ -1,8 +1,10 @@
 /*
- * bench_attention: the causal attention kernels alone on the GPU, tensor-core
- * (llmc/attention_tc.cuh) against CUDA-core (llmc/attention.cuh), side by
- * side in one process on the same inputs: forward and backward time,
- * TFLOP/s, and how far the two kernels' outputs are apart.
+ * bench_attention: the causal attention kernels alone on the GPU, all three
+ * families side by side in one process on the same inputs: CUDA cores (simt,
+ * llmc/attention.cuh), WMMA (tc, llmc/attention_tc.cuh) and inline-PTX
+ * mma.sync/ldmatrix/cp.async (mma, llmc/attention_mma.cuh; head sizes 64 and
+ * 128, other head sizes run tc and say so): forward and backward time,
+ * TFLOP/s, and how far each one's outputs are from the CUDA-core ones.
  *
  * usage: build/bench_attention_bf16 [B T NH HS]...   (groups of four; default:
  *        the d12 shape 16 1024 12 64 and the 24x2048 shape 4 8192 16 128)
@@ -93,20 +95,24 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     CUDA_CHECK_LAUNCH();
     const double fwd_flops = 2.0 * B * NH * (double)T * T * hs, bwd_flops = 2.5 * fwd_flops;
     float *out_ref = NULL, *dqkv_ref = NULL;
-    for (int tc = 0; tc <= 1; tc++) { /* CUDA cores first: the reference for the distance column */
-        float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, tc, 0); });
-        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, tc, 0); });
-        attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, tc, 0);
-        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, tc, 0);
+    for (int kind = ATT_KIND_SIMT; kind <= ATT_KIND_MMA; kind++) { /* CUDA cores first: the reference for the distance column */
+        float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, 0); });
+        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, 0); });
+        attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, 0);
+        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         float* out = fetch(b.out, n_out);
         float* dqkv = fetch(b.dqkv, n_qkv);
         char dist[64] = "(reference)";
-        if (tc) snprintf(dist, sizeof(dist), "%.2e / %.2e", norm_rel(out, out_ref, n_out), norm_rel(dqkv, dqkv_ref, n_qkv));
-        printf("| %d %d %d %d | %s | %.3f | %.1f | %.3f | %.1f | %s |\n", B, T, NH, hs, tc ? "tensor cores" : "CUDA cores", fwd_ms,
-               fwd_flops / (fwd_ms * 1e-3) / 1e12, bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12, dist);
+        if (kind != ATT_KIND_SIMT) snprintf(dist, sizeof(dist), "%.2e / %.2e", norm_rel(out, out_ref, n_out), norm_rel(dqkv, dqkv_ref, n_qkv));
+        const char* name = kind == ATT_KIND_SIMT ? "simt (CUDA cores)"
+                           : kind == ATT_KIND_TC ? "tc (tensor cores, WMMA)"
+                           : attention_mma_fits(HS, hs, b.out, b.qkv, b.dqkv) ? "mma (tensor cores, mma.sync)"
+                                                                               : "mma (tensor cores; hs not 64/128: runs tc)";
+        printf("| %d %d %d %d | %s | %.3f | %.1f | %.3f | %.1f | %s |\n", B, T, NH, hs, name, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12,
+               bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12, dist);
         fflush(stdout);
-        if (tc) {
+        if (kind != ATT_KIND_SIMT) {
             free(out);
             free(dqkv);
         } else {

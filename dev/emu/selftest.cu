@@ -11,7 +11,11 @@
  * poisoned allocations; cuBLASLt matmuls against a double-precision
  * reference; WMMA (mma.h) loads, stores and mma_sync against a CPU product
  * for every layout, with fragments whose layout is scrambled (learnt through
- * loads of row and column numbers, as kernels may). With an argument it runs one case that must be refused
+ * loads of row and column numbers, as kernels may); the inline-PTX
+ * instructions of emu/ptx.h (mma.sync m16n8k16, ldmatrix, cp.async) against
+ * CuTe's statement of the SM80 fragment layouts (read from its MMA traits
+ * and written here as shape:stride layouts, independently of emu/ptx.h's
+ * ISA-worded tables) and a plain matrix product. With an argument it runs one case that must be refused
  * (tests check the message and a non-zero exit):
  *   emu_selftest                  every positive check; prints PASS
  *   emu_selftest fail:NAME        one misuse the emulator must stop (see FAILS below)
@@ -23,6 +27,7 @@
 #include <cublasLt.h>
 #include <mma.h>
 #include "llmc/nvtx_regions.cuh" /* the trainer's NVTX calls, without a plan */
+#include <emu/ptx.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -951,6 +956,206 @@ static void test_region_renewal(void) {
     CK(cudaMemcpy(h.data(), d, h.size(), cudaMemcpyDeviceToHost));
     CHECK(std::count(h.begin(), h.end(), 0xff) == (long)h.size(), "a renewed region is not NaN-poisoned");
     CK(cudaFree(d));
+/* ---------------------------------------------------------------- */
+/* inline PTX (emu/ptx.h)                                             */
+
+/* CuTe's (thread, value) -> linear index layouts of SM80_16x8x16_F32{BF16,F16}
+ * (MMA_Traits): thread t = t0 + 4 t1 (t0 < 4, t1 < 8), value v = v0 + 2 v1 (+ 4 v2).
+ *   A: ((4,8),(2,2,2)) : ((32,1),(16,8,128)), index m + 16 k of the 16x16 A
+ *   B: ((4,8),(2,2))   : ((16,1),(8,64)),     index n + 8 k of the 16x8 B
+ *   C: ((4,8),(2,2))   : ((32,1),(16,8)),     index m + 16 n of the 16x8 C */
+static int cute_a(int t, int v) { return 32 * (t % 4) + (t / 4) + 16 * (v % 2) + 8 * ((v / 2) % 2) + 128 * (v / 4); }
+static int cute_b(int t, int v) { return 16 * (t % 4) + (t / 4) + 8 * (v % 2) + 64 * (v / 2); }
+static int cute_c(int t, int v) { return 32 * (t % 4) + (t / 4) + 16 * (v % 2) + 8 * (v / 2); }
+
+static uint16_t bits16(float f, bool bf16) { return bf16 ? emu::float_to_bf16_bits(f) : emu::double_to_half_bits(f); }
+
+/* A (16x16 row-major), B (16x8 row-major, k x n) as 16-bit bits; D (16x8 row-major) = A B + C (C[m][n] = m - n) */
+__global__ void ptx_mma_cute_kernel(const uint16_t* A, const uint16_t* B, float* D, int bf16) {
+    const int t = threadIdx.x;
+    uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+    float c[4], d[4];
+    for (int v = 0; v < 8; v++) {
+        int e = cute_a(t, v), m = e % 16, k = e / 16;
+        a[v / 2] |= (uint32_t)A[m * 16 + k] << (16 * (v % 2));
+    }
+    for (int v = 0; v < 4; v++) {
+        int e = cute_b(t, v), n = e % 8, k = e / 8;
+        b[v / 2] |= (uint32_t)B[k * 8 + n] << (16 * (v % 2));
+    }
+    for (int v = 0; v < 4; v++) {
+        int e = cute_c(t, v), m = e % 16, n = e / 16;
+        c[v] = (float)(m - n);
+    }
+    emu::ptx::mma(d, a, b, c, bf16 != 0, emu::CallSite{__LINE__, __FILE__});
+    for (int v = 0; v < 4; v++) {
+        int e = cute_c(t, v), m = e % 16, n = e / 16;
+        D[m * 8 + n] = d[v];
+    }
+}
+
+/* ldmatrix of four 8x8 matrices of their own element numbers (matrix j, row r, column c: 256 j + 16 r + c)
+ * at a padded stride of 24: out[(num, trans, lane, reg)] */
+template <int NUM, bool TRANS> __device__ void ptx_ldm_case(const uint16_t* sm, uint32_t* out) {
+    const int l = threadIdx.x;
+    uint32_t r[4] = {0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu};
+    const uint16_t* row = l < 8 * NUM ? sm + (l / 8) * 8 * 24 + (l % 8) * 24 : (const uint16_t*)1; /* unread lanes: any address */
+    emu::ptx::ldmatrix(r, row, NUM, TRANS, emu::CallSite{__LINE__, __FILE__});
+    for (int j = 0; j < 4; j++) out[l * 4 + j] = r[j];
+}
+
+__global__ void ptx_ldmatrix_kernel(uint32_t* out) {
+    __shared__ __align__(16) uint16_t sm[32 * 24];
+    for (int i = threadIdx.x; i < 32 * 24; i += 32) {
+        int j = i / (8 * 24), r = (i / 24) % 8, c = i % 24;
+        sm[i] = c < 8 ? (uint16_t)(256 * j + 16 * r + c) : 0xffff;
+    }
+    __syncthreads();
+    ptx_ldm_case<1, false>(sm, out + 0 * 128);
+    ptx_ldm_case<2, false>(sm, out + 1 * 128);
+    ptx_ldm_case<4, false>(sm, out + 2 * 128);
+    ptx_ldm_case<1, true>(sm, out + 3 * 128);
+    ptx_ldm_case<2, true>(sm, out + 4 * 128);
+    ptx_ldm_case<4, true>(sm, out + 5 * 128);
+}
+
+/* rows x cols 16-bit elements from src (stride cols) into dst (stride ld) by 16-byte cp.async, lane l's share */
+__device__ void ptx_copy_rows(uint16_t* dst, const uint16_t* src, int rows, int cols, int ld, int l) {
+    for (int i = l; i < rows * cols / 8; i += 32) {
+        int r = i / (cols / 8), c = (i % (cols / 8)) * 8;
+        emu::ptx::cp_async(dst + r * ld + c, src + r * cols + c, emu::CallSite{__LINE__, __FILE__});
+    }
+}
+
+/* The kernels' path: A (16x16) and B^T (8x16, n x k) staged in shared memory by cp.async, A by ldmatrix.x4,
+ * B by ldmatrix.x2 from B^T and by ldmatrix.x2.trans from B (16x8, k x n); D twice (16x8 row-major each). */
+__global__ void ptx_ldmatrix_mma_kernel(const uint16_t* A, const uint16_t* Bt, const uint16_t* B, float* D, int bf16) {
+    __shared__ __align__(16) uint16_t sa[16 * 24], sbt[8 * 24], sb[16 * 16];
+    const int l = threadIdx.x;
+    ptx_copy_rows(sa, A, 16, 16, 24, l);
+    ptx_copy_rows(sbt, Bt, 8, 16, 24, l);
+    ptx_copy_rows(sb, B, 16, 8, 16, l);
+    emu::ptx::commit_group();
+    emu::ptx::wait_group(0);
+    __syncthreads();
+    uint32_t a[4], b[2], b2[2];
+    const emu::CallSite w{__LINE__, __FILE__};
+    emu::ptx::ldmatrix(a, sa + ((l / 8) % 2 * 8 + l % 8) * 24 + (l / 16) * 8, 4, false, w);
+    emu::ptx::ldmatrix(b, sbt + (l % 8) * 24 + ((l / 8) % 2) * 8, 2, false, w);
+    emu::ptx::ldmatrix(b2, sb + ((l / 8) % 2 * 8 + l % 8) * 16, 2, true, w);
+    float c[4] = {0, 0, 0, 0}, d[4], d2[4];
+    emu::ptx::mma(d, a, b, c, bf16 != 0, w);
+    emu::ptx::mma(d2, a, b2, c, bf16 != 0, w);
+    for (int v = 0; v < 4; v++) {
+        int e = cute_c(l, v), m = e % 16, n = e / 16;
+        D[m * 8 + n] = d[v];
+        D[128 + m * 8 + n] = d2[v];
+    }
+}
+
+/* cp.async: out[0..3] = the shared word before any wait, after wait_group 1 (of two groups), after wait_group 0 */
+__global__ void ptx_cp_async_kernel(const uint32_t* src, uint32_t* out) {
+    __shared__ __align__(16) uint32_t s1[4 * 32], s2[4 * 32];
+    const int l = threadIdx.x;
+    s1[4 * l] = s2[4 * l] = 7;
+    const emu::CallSite w{__LINE__, __FILE__};
+    emu::ptx::cp_async(s1 + 4 * l, src + 4 * l, w);
+    emu::ptx::commit_group();
+    emu::ptx::cp_async(s2 + 4 * l, src + 128 + 4 * l, w);
+    emu::ptx::commit_group();
+    out[4 * l] = s1[4 * l] + 1000 * s2[4 * l];
+    emu::ptx::wait_group(1);
+    out[4 * l + 1] = s1[4 * l] + 1000 * s2[4 * l];
+    emu::ptx::wait_group(0);
+    out[4 * l + 2] = s1[4 * l] + 1000 * s2[4 * l];
+    out[4 * l + 3] = s2[4 * l + 3];
+}
+
+static void test_ptx(void) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        std::vector<uint16_t> A(256), B(128), Bt(128);
+        std::vector<float> Af(256), Bf(128);
+        for (int i = 0; i < 256; i++) { A[i] = bits16(wrand(), bf16); Af[i] = emu::ptx::b16_to_float(A[i], bf16); }
+        for (int k = 0; k < 16; k++)
+            for (int n = 0; n < 8; n++) {
+                uint16_t v = bits16(wrand(), bf16);
+                B[k * 8 + n] = Bt[n * 16 + k] = v;
+                Bf[k * 8 + n] = emu::ptx::b16_to_float(v, bf16);
+            }
+        uint16_t *dA = to_device(A), *dB = to_device(B), *dBt = to_device(Bt);
+        float* dD;
+        CK(cudaMalloc(&dD, 256 * sizeof(float)));
+        ptx_mma_cute_kernel<<<1, 32>>>(dA, dB, dD, bf16);
+        std::vector<float> D = from_device(dD, 128);
+        ptx_ldmatrix_mma_kernel<<<1, 32>>>(dA, dBt, dB, dD, bf16);
+        std::vector<float> D2 = from_device(dD, 256);
+        int bad = 0, bad2 = 0;
+        for (int m = 0; m < 16; m++)
+            for (int n = 0; n < 8; n++) {
+                double p = 0, mag = 0;
+                for (int k = 0; k < 16; k++) {
+                    p += (double)Af[m * 16 + k] * Bf[k * 8 + n];
+                    mag += fabs((double)Af[m * 16 + k] * Bf[k * 8 + n]);
+                }
+                bad += !close(D[m * 8 + n], p + (m - n), mag + 16);
+                bad2 += !close(D2[m * 8 + n], p, mag) + !close(D2[128 + m * 8 + n], p, mag);
+            }
+        CHECK(bad == 0, "mma.sync m16n8k16 %s with CuTe's fragment layouts: %d of 128 wrong", bf16 ? "bf16" : "f16", bad);
+        CHECK(bad2 == 0, "cp.async + ldmatrix + mma.sync %s against a plain product: %d of 256 wrong", bf16 ? "bf16" : "f16", bad2);
+        for (void* p : {(void*)dA, (void*)dB, (void*)dBt, (void*)dD}) CK(cudaFree(p));
+    }
+
+    /* ldmatrix: word w of row r of matrix j goes to register j of lane 4 r + w (columns 2w, 2w+1);
+     * .trans: the same of the transposed matrix; lanes past 8 num give no address, registers past num are untouched */
+    uint32_t* dO;
+    CK(cudaMalloc(&dO, 6 * 128 * sizeof(uint32_t)));
+    ptx_ldmatrix_kernel<<<1, 32>>>(dO);
+    std::vector<uint32_t> O = from_device(dO, 6 * 128);
+    int bad = 0;
+    for (int cs = 0; cs < 6; cs++) {
+        const int num = cs % 3 == 0 ? 1 : cs % 3 == 1 ? 2 : 4;
+        const bool trans = cs >= 3;
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < 8; r++)
+                for (int w = 0; w < 4; w++) {
+                    uint32_t got = O[cs * 128 + (4 * r + w) * 4 + j];
+                    auto el = [&](int row, int col) { return (uint32_t)(256 * j + 16 * (trans ? col : row) + (trans ? row : col)); };
+                    uint32_t want = j < num ? el(r, 2 * w) | el(r, 2 * w + 1) << 16 : 0xdeadbeefu;
+                    bad += got != want;
+                }
+    }
+    CHECK(bad == 0, "ldmatrix x1/x2/x4 (.trans): %d of %d registers wrong", bad, 6 * 128);
+    CK(cudaFree(dO));
+
+    /* cp.async lands at the wait for its group, not before */
+    std::vector<uint32_t> src(256);
+    for (int i = 0; i < 256; i++) src[i] = 1 + i;
+    uint32_t *dS = to_device(src), *dR;
+    CK(cudaMalloc(&dR, 128 * sizeof(uint32_t)));
+    ptx_cp_async_kernel<<<1, 32>>>(dS, dR);
+    std::vector<uint32_t> R = from_device(dR, 128);
+    bad = 0;
+    for (int l = 0; l < 32; l++) {
+        bad += R[4 * l] != 7 + 1000 * 7;
+        bad += R[4 * l + 1] != src[4 * l] + 1000 * 7;
+        bad += R[4 * l + 2] != src[4 * l] + 1000 * src[128 + 4 * l];
+        bad += R[4 * l + 3] != src[128 + 4 * l + 3];
+    }
+    CHECK(bad == 0, "cp.async commit/wait_group: %d of 128 words wrong", bad);
+    for (void* p : {(void*)dS, (void*)dR}) CK(cudaFree(p));
+}
+
+/* Misuse the PTX emulation must stop: mode 0 ldmatrix row misaligned, 1 a lane skips mma,
+ * 2 cp.async never waited for (the next block's thread finds its copies pending) */
+__global__ void ptx_misuse_kernel(float* d, int mode) {
+    __shared__ __align__(16) uint16_t sm[8 * 16];
+    const int l = threadIdx.x;
+    const emu::CallSite w{__LINE__, __FILE__};
+    uint32_t r[4] = {0, 0, 0, 0};
+    float c[4] = {0, 0, 0, 0};
+    if (mode == 0) emu::ptx::ldmatrix(r, sm + (l % 8) * 16 + (l == 3 ? 4 : 0), 1, false, w);
+    else if (mode == 1) { if (l < 16) emu::ptx::mma(c, r, r, c, true, w); }
+    else emu::ptx::cp_async(sm + (l % 8) * 8, d, w);
 }
 
 static int run_fail(const char* name) {
@@ -980,6 +1185,9 @@ static int run_fail(const char* name) {
     else if (n == "region_write") { register_regions(d); region_kernel<<<1, 1>>>(d, 100, 1); }
     else if (n == "region_read") { register_regions(d); region_kernel<<<1, 1>>>(d + 200, 100, 0); }
     else if (n == "region_memset") { register_regions(d); cudaMemset(d + 50, 0, 51 * sizeof(float)); }
+    else if (n == "ptx_ldmatrix_misaligned") ptx_misuse_kernel<<<1, 32>>>(d, 0);
+    else if (n == "ptx_mma_divergent") ptx_misuse_kernel<<<1, 32>>>(d, 1);
+    else if (n == "ptx_cp_async_never_waited") ptx_misuse_kernel<<<2, 32>>>(d, 2);
     else if (n.rfind("wmma_", 0) == 0) {
         const char* modes[] = {"wmma_misaligned", "wmma_bad_ldm", "wmma_divergent", "wmma_args_differ", "wmma_local_memory",
                                "wmma_past_end", "wmma_half_copies"};
@@ -1031,6 +1239,7 @@ int main(int argc, char** argv) {
     test_region_renewal();
     test_cublaslt();
     test_wmma();
+    test_ptx();
     if (g_fail) {
         printf("emu selftest: %d check%s FAILED\n", g_fail, g_fail == 1 ? "" : "s");
         return 1;

@@ -323,6 +323,10 @@ def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start i
                       "a guard zone of heap 'selftest heap', 1 bytes past the end of buffer 'buffer_a' (400 bytes")),
     ("region_read", ("memcheck: invalid read of 4 bytes", "1 bytes past the end of buffer 'buffer_b' (400 bytes")),
     ("region_memset", ("cudaMemset: the destination (204 bytes at", "runs 4 bytes past the end of buffer 'buffer_a' (400 bytes")),
+    # inline PTX (emu/ptx.h)
+    ("ptx_ldmatrix_misaligned", ("ldmatrix", "lane 3's row address", "is not 16-byte aligned")),
+    ("ptx_mma_divergent", ("mma.sync.aligned.m16n8k16", "reached by 16 of 32 lanes")),
+    ("ptx_cp_async_never_waited", ("cp.async", "copies pending from an earlier block", "never waited")),
 ])
 def test_emulator_stops_misuse(emu_build, case, message):
     res = emu_run([OUT / "emu_selftest", f"fail:{case}"], timeout=120)
@@ -365,6 +369,32 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
     check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision]])
+
+
+@pytest.fixture(scope="session")
+def other_kernel_builds(emu_build):
+    """emu_test_gpt_bf16 built with ATTENTION=tc and ATTENTION=simt (build/emu-tc, build/emu-simt)."""
+    built = {}
+    for kind in ("tc", "simt"):
+        out = REPO / "build" / f"emu-{kind}"
+        res = subprocess.run(["make", "-C", str(EMU), f"-j{JOBS}", f"ATTENTION={kind}", f"EMU_OUT={out}", str(out / "emu_test_gpt_bf16")],
+                             capture_output=True, text=True, timeout=1200)
+        if res.returncode != 0:
+            pytest.fail(f"building the emulator with ATTENTION={kind} failed:\n" + res.stdout[-3000:] + res.stderr[-6000:])
+        built[kind] = out / "emu_test_gpt_bf16"
+    return built
+
+
+@pytest.mark.parametrize("kind", ["tc", "simt"])
+def test_gpt_other_attention_kernels_emulated(other_kernel_builds, kind):
+    """ATTENTION=tc and ATTENTION=simt stay selectable and correct: the attention cases (head sizes 64 and 128
+    included, which the default build runs on the mma kernels) and one run_case (recompute settings bitwise equal)."""
+    cases = [*ATTENTION_CASES, "hs64:64:1:300:45"]
+    res = emu_run([other_kernel_builds[kind], *cases], EMU_PROFILE="1")
+    check_gpt_output(res, cases)
+    launched = res.stdout + res.stderr  # EMU_PROFILE's table names every kernel run
+    assert "attention_mma_" not in launched, launched[-3000:]
+    assert ("attention_tc_forward_kernel" in launched) == (kind == "tc"), launched[-3000:]
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
@@ -476,20 +506,22 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
 
 
 def test_bench_attention_emulated(emu_build):
-    """dev/bench/bench_attention.cu runs, and its tensor-core kernels agree with the CUDA-core ones.
+    """dev/bench/bench_attention.cu runs all three kernel families, and the tensor-core ones agree with the CUDA-core ones.
 
-    Shapes: two query blocks and a partial tile (T=70), the largest head size
-    (128), a padded head size (48) with B=2. Both kernel families round their
-    outputs to bf16 (relative error up to 2^-9 each) and the tensor-core ones
-    also the probabilities and dS, so the two are about 2e-3 apart; 1e-2 leaves
-    5x headroom while a masking or rescaling error gives O(0.1..1) (see
+    Shapes: two query blocks and a partial tile (T=70) at head size 32 (mma
+    falls back to tc) and 64 (mma), the largest head size (128, mma), a padded
+    head size (48) with B=2. All kernel families round their outputs to bf16
+    (relative error up to 2^-9 each) and the tensor-core ones also the
+    probabilities and dS, so they are about 2e-3 apart; 1e-2 leaves 5x
+    headroom while a masking or rescaling error gives O(0.1..1) (see
     test_gpt's check_attention, which compares each with the CPU reference)."""
     exe = OUT / "emu_bench_attention_bf16"
     assert exe.exists(), "the emulator build succeeded but left out emu_bench_attention_bf16"
-    res = emu_run([exe, 1, 70, 2, 32, 1, 40, 1, 128, 2, 33, 3, 48], timeout=300)
+    res = emu_run([exe, 1, 70, 2, 32, 1, 70, 1, 64, 1, 40, 1, 128, 2, 33, 3, 48], timeout=300)
     assert res.returncode == 0, explain(res)
-    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "tensor cores |" in line]
-    assert len(rows) == 3, res.stdout
+    rows = [line for line in res.stdout.splitlines() if line.startswith("| ") and "(tensor cores" in line]
+    assert len(rows) == 8, res.stdout
+    assert sum("mma (tensor cores, mma.sync)" in row for row in rows) == 2, res.stdout
     for row in rows:
         out_dist, dqkv_dist = (float(x) for x in row.rstrip(" |").split("|")[-1].split("/"))
         assert out_dist < 1e-2 and dqkv_dist < 1e-2, row
