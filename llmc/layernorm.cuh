@@ -61,6 +61,26 @@ __device__ __forceinline__ void ln_cache_row(Vec<floatX, VEC>* cache, const floa
     }
 }
 
+/* The lane's sum over its packs of x - m (square == 0) or of (x - m)^2
+ * (square == 1), in pack and element order. */
+template <int VEC, int K>
+__device__ __forceinline__ float ln_lane_sum(const Vec<floatX, VEC>* cache, const floatX* row, int packs, int per_lane, int lane,
+                                             float m, int square) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < per_lane; k++) {
+        const int p = k * 32 + lane;
+        if (p >= packs) break;
+        Vec<floatX, VEC> a = ln_pack<VEC, K>(cache, row, k, p);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            float d = to_f32(a.v[j]) - m;
+            s += square ? d * d : d;
+        }
+    }
+    return s;
+}
+
 /* The normalisation of one element, shared by the forward pass and the
  * selective recompute (the same kernel): explicitly rounded operations, no
  * FMA contraction, so the recomputed output equals the original bit for bit. */
@@ -86,29 +106,8 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
     ln_cache_row<VEC, K>(cache, xr, packs, lane);
     float m, r;
     if (!stats_given) {
-        float s = 0.0f;
-#pragma unroll
-        for (int k = 0; k < per_lane; k++) {
-            const int p = k * 32 + lane;
-            if (p >= packs) break;
-            Vec<floatX, VEC> a = ln_pack<VEC, K>(cache, xr, k, p);
-#pragma unroll
-            for (int j = 0; j < VEC; j++) s += to_f32(a.v[j]);
-        }
-        m = warp_sum(s) / (float)C;
-        float v = 0.0f;
-#pragma unroll
-        for (int k = 0; k < per_lane; k++) {
-            const int p = k * 32 + lane;
-            if (p >= packs) break;
-            Vec<floatX, VEC> a = ln_pack<VEC, K>(cache, xr, k, p);
-#pragma unroll
-            for (int j = 0; j < VEC; j++) {
-                float d = to_f32(a.v[j]) - m;
-                v += d * d;
-            }
-        }
-        v = warp_sum(v) / (float)C;
+        m = warp_sum(ln_lane_sum<VEC, K>(cache, xr, packs, per_lane, lane, 0.0f, 0)) / (float)C;
+        float v = warp_sum(ln_lane_sum<VEC, K>(cache, xr, packs, per_lane, lane, m, 1)) / (float)C;
         r = 1.0f / sqrtf(v + 1e-5f);
         if (lane == 0) {
             mean[row] = m;
