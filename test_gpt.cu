@@ -137,7 +137,7 @@ static const Tol TOL_RESCALE = {1e-3, 1e-2};
 
 static int g_failures = 0;
 
-typedef struct { const char* name; double ratio; } Worst;
+typedef struct { char name[48]; double ratio; } Worst; /* a copy: the names are built in loop-scoped buffers */
 
 /* Compares n GPU values a with CPU values b; prints a row when verbose or failing. */
 static int check(const char* what, int step, const float* a, const float* b, size_t n, Tol tol, int verbose, Worst* worst) {
@@ -162,7 +162,7 @@ static int check(const char* what, int step, const float* a, const float* b, siz
                max_rel, norm_rel, tol.max_rel, tol.norm_rel, finite ? "" : "; non-finite values");
     if (!ok) g_failures++;
     double ratio = norm_rel / tol.norm_rel;
-    if (worst && (ratio > worst->ratio || !finite)) { worst->ratio = finite ? ratio : INFINITY; worst->name = what; }
+    if (worst && (ratio > worst->ratio || !finite)) { worst->ratio = finite ? ratio : INFINITY; snprintf(worst->name, sizeof(worst->name), "%s", what); }
     return ok;
 }
 
