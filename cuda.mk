@@ -141,6 +141,13 @@ $(BUILD)/bench_attention_%: dev/bench/bench_attention.cu $(CUDA_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) -o $@ $< $(NVCC_LDLIBS)
 
+# bench_memory (dev/bench/bench_memory.cu): the memory-bound kernels' vector
+# paths against their scalar paths, side by side.
+cuda-all: $(BUILD)/bench_memory_bf16
+$(BUILD)/bench_memory_%: dev/bench/bench_memory.cu $(CUDA_DEPS)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) -o $@ $< $(NVCC_LDLIBS)
+
 $(BUILD)/train_gpt_%: train_gpt.cu $(CUDA_DEPS) $(call mpi_stamp,gpu,$(MULTI_GPU_FLAGS))
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) $(MULTI_GPU_FLAGS) -o $@ $< $(NVCC_LDLIBS) $(MULTI_GPU_LDLIBS)

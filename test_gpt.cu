@@ -41,6 +41,10 @@
  * reference's on random q, k, v large enough for a sharp softmax, which the
  * models above (at initialisation, near-uniform attention) do not exercise.
  *
+ * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, the
+ * bias gradient, the encoder (with a hot token), the classifier and AdamW
+ * against the CPU reference on both their 16-byte vector and scalar paths.
+ *
  * Prints a table of max abs / max rel / norm rel errors and PASS/FAIL lines;
  * exits 1 on any failure (a GPU that is present but unusable included), 77
  * (skipped) where no NVIDIA GPU exists.
@@ -110,6 +114,19 @@ static const Tol TOL_ACT = {3e-3, 1.5e-2}, TOL_LOSS = {2.5e-4, 1e-3}, TOL_GRAD =
 static const Tol TOL_ACT = {2e-2, 1e-1}, TOL_LOSS = {2e-3, 1e-2}, TOL_GRAD = {5e-2, 1e-1}, TOL_PROBS = {1e-2, 5e-2};
 #endif
 static const Tol TOL_LSE = {1e-5, 1e-4};
+/* A memory-bound kernel alone, on the same rounded inputs as the CPU: one
+ * rounding of its floatX output (unit roundoff u = 2^-8 bf16, 2^-11 fp16)
+ * plus fp32 summation order. Measured (emulated, check_memory_kernels) at
+ * most 1.9e-3 (norm) / 3.4e-3 (element) in BF16, 2.5e-4 / 4.3e-4 in FP16,
+ * 6.6e-7 / 1.1e-6 in FP32; u*0.8 / 1.6u leaves about
+ * 1.7x, while one wrong or missing element of a few hundred is O(0.1). */
+#if PRECISION_IS_FP32
+static const Tol TOL_KERNEL = {1e-5, 1e-4};
+#elif PRECISION_IS_FP16
+static const Tol TOL_KERNEL = {4e-4, 8e-4};
+#else
+static const Tol TOL_KERNEL = {3e-3, 6e-3};
+#endif
 static const Tol TOL_UPDATE = {1e-3, 1e-2}, TOL_NORM_KERNEL = {1e-5, 1e-5};
 /* FP16 gradients at loss scales 1024 and 2048, each unscaled: identical except
  * where a scaled value is an fp16 subnormal (below 6.1e-5, absolute spacing
@@ -121,7 +138,7 @@ static const Tol TOL_RESCALE = {1e-3, 1e-2};
 
 static int g_failures = 0;
 
-typedef struct { const char* name; double ratio; } Worst;
+typedef struct { char name[48]; double ratio; } Worst; /* a copy: the names are built in loop-scoped buffers */
 
 /* Compares n GPU values a with CPU values b; prints a row when verbose or failing. */
 static int check(const char* what, int step, const float* a, const float* b, size_t n, Tol tol, int verbose, Worst* worst) {
@@ -146,7 +163,7 @@ static int check(const char* what, int step, const float* a, const float* b, siz
                max_rel, norm_rel, tol.max_rel, tol.norm_rel, finite ? "" : "; non-finite values");
     if (!ok) g_failures++;
     double ratio = norm_rel / tol.norm_rel;
-    if (worst && (ratio > worst->ratio || !finite)) { worst->ratio = finite ? ratio : INFINITY; worst->name = what; }
+    if (worst && (ratio > worst->ratio || !finite)) { worst->ratio = finite ? ratio : INFINITY; snprintf(worst->name, sizeof(worst->name), "%s", what); }
     return ok;
 }
 
@@ -699,6 +716,281 @@ static void check_bias_fallback(void) {
     free(inp); free(w); free(bias); free(want); free(got);
 }
 
+/* ---- the memory-bound kernels alone ----
+ * Each of LayerNorm (forward, the recompute's apply, backward), GELU, the
+ * bias gradient, the encoder, the classifier and AdamW against the CPU
+ * reference (or, for the classifier and AdamW, the formulas in double) on
+ * random floatX-rounded inputs, at lengths and alignments that take each
+ * kernel's 16-byte vector path and its scalar path: C a multiple of 8 (every
+ * precision's width), of 4 only (fp32's), of neither; LayerNorm rows for each
+ * register-cache size (1, 2, 4, 8 packs per lane) and beyond it; flat lengths
+ * with a partial last group; pointers one element off 16-byte alignment; and a
+ * token at 3/4 of the batch, split into segments, in the wte gradient summed
+ * into floatX and into fp32. The trainer's shapes (test_gpt's cases) use the
+ * vector paths almost everywhere; these reach the rest. */
+
+static float* rand_rounded(size_t n, uint64_t stream, float scale, float offset) {
+    float* h = alloc_floats(n);
+    for (size_t i = 0; i < n; i++) h[i] = host_round_floatX(offset + scale * rand_normal(TEST_SEED, stream, i));
+    return h;
+}
+
+/* A device copy of h[0..n) at `shift` elements past a 256-byte aligned address. */
+static floatX* gpu_put_shifted(const float* h, size_t n, int shift, floatX** base) {
+    float* tmp = alloc_floats(n + (size_t)shift);
+    for (int i = 0; i < shift; i++) tmp[i] = 0.0f;
+    memcpy(tmp + shift, h, n * sizeof(float));
+    *base = gpu_put(tmp, n + (size_t)shift);
+    free(tmp);
+    return *base + shift;
+}
+
+/* n + shift floatX of 0xff bytes (NaN in every precision) at *base: an
+ * output element a kernel does not write stays NaN and fails its check. */
+static floatX* gpu_poisoned(size_t n, int shift, floatX** base) {
+    CUDA_CHECK(cudaMalloc((void**)base, (n + (size_t)shift) * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(*base, 0xff, (n + (size_t)shift) * sizeof(floatX)));
+    return *base + shift;
+}
+
+static float* gpu_put_f32(const float* h, size_t n) {
+    float* d = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void check_layernorm_kernels(int N, int C, int shift) {
+    char what[96];
+    float *x = rand_rounded((size_t)N * C, 5000 + C, 1.5f, 0.3f), *w = rand_rounded(C, 5001, 0.5f, 1.0f), *b = rand_rounded(C, 5002, 0.2f, 0);
+    float *dout = rand_rounded((size_t)N * C, 5003, 1.0f, 0), *dx = rand_rounded((size_t)N * C, 5004, 0.5f, 0);
+    float *dw = rand_rounded(C, 5005, 0.1f, 0), *db = rand_rounded(C, 5006, 0.1f, 0);
+    float *out = alloc_floats((size_t)N * C), *mean = alloc_floats(N), *rstd = alloc_floats(N);
+    float *got = alloc_floats((size_t)N * C), *again = alloc_floats((size_t)N * C), *gstat = alloc_floats(N);
+    floatX *bx, *bw, *bb, *bd, *bdx, *bdw, *bdb, *bo;
+    floatX *d_x = gpu_put_shifted(x, (size_t)N * C, shift, &bx), *d_w = gpu_put_shifted(w, C, shift, &bw);
+    floatX *d_b = gpu_put_shifted(b, C, shift, &bb), *d_dout = gpu_put_shifted(dout, (size_t)N * C, shift, &bd);
+    floatX *d_dx = gpu_put_shifted(dx, (size_t)N * C, shift, &bdx), *d_dw = gpu_put_shifted(dw, C, 0, &bdw);
+    floatX *d_db = gpu_put_shifted(db, C, 0, &bdb), *d_out = gpu_poisoned((size_t)N * C, shift, &bo);
+    float *d_mean = NULL, *d_rstd = NULL, *d_part = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_mean, N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_rstd, N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_part, (size_t)COLUMN_SPLITS * 2 * C * sizeof(float)));
+    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    gpu_layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+    gpu_fetch(got, d_out, (size_t)N * C);
+    snprintf(what, sizeof(what), "layernorm C=%d%s out", C, shift ? " shifted" : "");
+    check(what, 0, got, out, (size_t)N * C, TOL_KERNEL, 1, NULL);
+    gpu_fetch_f32(gstat, d_mean, N);
+    check("  mean", 0, gstat, mean, N, TOL_KERNEL, 1, NULL);
+    gpu_fetch_f32(gstat, d_rstd, N);
+    check("  rstd", 0, gstat, rstd, N, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaMemset(d_out, 0, (size_t)N * C * sizeof(floatX)));
+    gpu_layernorm_apply(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+    gpu_fetch(again, d_out, (size_t)N * C);
+    expect(memcmp(got, again, (size_t)N * C * sizeof(float)) == 0, "  apply from the stored statistics: the forward's bits", 0);
+    layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+    gpu_layernorm_backward(d_dx, d_dw, d_db, d_part, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0);
+    gpu_fetch(got, d_dx, (size_t)N * C);
+    check("  dx", 0, got, dx, (size_t)N * C, TOL_KERNEL, 1, NULL);
+    gpu_fetch(got, d_dw, C);
+    check("  dw", 0, got, dw, C, TOL_KERNEL, 1, NULL);
+    gpu_fetch(got, d_db, C);
+    check("  db", 0, got, db, C, TOL_KERNEL, 1, NULL);
+    floatX* bases[] = {bx, bw, bb, bd, bdx, bdw, bdb, bo};
+    for (int i = 0; i < 8; i++) CUDA_CHECK(cudaFree(bases[i]));
+    CUDA_CHECK(cudaFree(d_mean)); CUDA_CHECK(cudaFree(d_rstd)); CUDA_CHECK(cudaFree(d_part));
+    float* hs[] = {x, w, b, dout, dx, dw, db, out, mean, rstd, got, again, gstat};
+    for (int i = 0; i < 13; i++) free(hs[i]);
+}
+
+static void check_gelu_kernels(size_t n, int shift) {
+    char what[96];
+    float *x = rand_rounded(n, 5100, 2.0f, 0), *d = rand_rounded(n, 5101, 1.0f, 0), *out = alloc_floats(n), *got = alloc_floats(n);
+    floatX *bx, *bd, *bo;
+    floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_d = gpu_put_shifted(d, n, shift, &bd), *d_out = gpu_poisoned(n, shift, &bo);
+    gelu_forward(out, x, n);
+    gpu_gelu_forward(d_out, d_x, n, 0);
+    gpu_fetch(got, d_out, n);
+    snprintf(what, sizeof(what), "gelu n=%zu%s forward", n, shift ? " shifted" : "");
+    check(what, 0, got, out, n, TOL_KERNEL, 1, NULL);
+    gelu_backward(d, x, n);
+    gpu_gelu_backward(d_d, d_x, n, 0);
+    gpu_fetch(got, d_d, n);
+    check("  backward", 0, got, d, n, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(bx)); CUDA_CHECK(cudaFree(bd)); CUDA_CHECK(cudaFree(bo));
+    free(x); free(d); free(out); free(got);
+}
+
+static void check_bias_kernel(int N, int OC, int shift) {
+    char what[96];
+    float *dout = rand_rounded((size_t)N * OC, 5200 + OC, 1.0f, 0), *db = rand_rounded(OC, 5201, 0.5f, 0), *got = alloc_floats(OC);
+    floatX *bd, *bb;
+    floatX *d_dout = gpu_put_shifted(dout, (size_t)N * OC, shift, &bd), *d_db = gpu_put_shifted(db, OC, 0, &bb);
+    float* d_part = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_part, (size_t)COLUMN_SPLITS * OC * sizeof(float)));
+    for (int c = 0; c < OC; c++) {
+        float s = 0.0f;
+        for (int r = 0; r < N; r++) s += dout[(size_t)r * OC + c];
+        db[c] += s;
+    }
+    gpu_bias_backward(d_db, d_part, d_dout, N, OC, 0);
+    gpu_fetch(got, d_db, OC);
+    snprintf(what, sizeof(what), "bias gradient N=%d OC=%d%s", N, OC, shift ? " shifted" : "");
+    check(what, 0, got, db, OC, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(bd)); CUDA_CHECK(cudaFree(bb)); CUDA_CHECK(cudaFree(d_part));
+    free(dout); free(db); free(got);
+}
+
+/* B*T = 160 positions, 120 of them token 7: wte_segment_positions(160) = 32,
+ * so token 7 is cut into 3 segments (32, 32, 56 positions). */
+static void check_encoder_kernels(int C) {
+    const int B = 4, T = 40, N = B * T, V = 50;
+    char what[96];
+    int* tokens = (int*)malloc_check(N * sizeof(int), "test");
+    for (int i = 0; i < N; i++) tokens[i] = i % 4 ? 7 : (int)(rand_uniform(TEST_SEED, 5300, i) * V) % V;
+    float *wte = rand_rounded((size_t)V * C, 5301, 1.0f, 0), *wpe = rand_rounded((size_t)T * C, 5302, 1.0f, 0);
+    float *dx = rand_rounded((size_t)N * C, 5303, 1.0f, 0), *dwte = rand_rounded((size_t)V * C, 5304, 0.5f, 0);
+    float *dwpe = rand_rounded((size_t)T * C, 5305, 0.5f, 0), *x = alloc_floats((size_t)N * C), *got = alloc_floats((size_t)N * C);
+    float *want_wte = alloc_floats((size_t)V * C), *want_wpe = alloc_floats((size_t)T * C);
+    int *h_buckets = (int*)malloc_check((3 * N + 1) * sizeof(int), "test"), *count = (int*)malloc_check(V * sizeof(int), "test");
+    TokenBuckets tb = encoder_build_buckets(h_buckets, count, tokens, N, V);
+    snprintf(what, sizeof(what), "encoder C=%d: the hot token split into 3 segments", C);
+    expect(tb.splits == 1 && tb.segments == 3 && tb.ints <= 3 * N + 1, what, tb.segments);
+    int *d_tokens = NULL, *d_buckets = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_tokens, N * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&d_buckets, (3 * N + 1) * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_buckets, h_buckets, (size_t)tb.ints * sizeof(int), cudaMemcpyHostToDevice));
+    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_wpe = gpu_put(wpe, (size_t)T * C), *d_dx = gpu_put(dx, (size_t)N * C);
+    floatX *bxx, *d_x = gpu_poisoned((size_t)N * C, 0, &bxx);
+    float* d_scratch = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_scratch, (size_t)WTE_MAX_SEGMENTS * C * sizeof(float)));
+    encoder_forward(x, tokens, wte, wpe, B, T, C);
+    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, T, C, 0);
+    gpu_fetch(got, d_x, (size_t)N * C);
+    check("  forward", 0, got, x, (size_t)N * C, TOL_KERNEL, 1, NULL);
+    memcpy(want_wte, dwte, (size_t)V * C * sizeof(float));
+    memcpy(want_wpe, dwpe, (size_t)T * C * sizeof(float));
+    encoder_backward(want_wte, want_wpe, dx, tokens, B, T, C);
+    for (int fp32_sum = 0; fp32_sum <= 1; fp32_sum++) {
+        floatX* d_dwte = gpu_put(dwte, (size_t)V * C);
+        floatX* d_dwpe = gpu_put(dwpe, (size_t)T * C);
+        float* d_dwte32 = gpu_put_f32(dwte, (size_t)V * C);
+        if (fp32_sum) {
+            gpu_encoder_backward(d_dwte32, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, T, C, 0);
+            gpu_fetch_f32(got, d_dwte32, (size_t)V * C);
+        } else {
+            gpu_encoder_backward(d_dwte, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, T, C, 0);
+            gpu_fetch(got, d_dwte, (size_t)V * C);
+        }
+        check(fp32_sum ? "  dwte (fp32 sum)" : "  dwte", 0, got, want_wte, (size_t)V * C, TOL_KERNEL, 1, NULL);
+        gpu_fetch(got, d_dwpe, (size_t)T * C);
+        check("  dwpe", 0, got, want_wpe, (size_t)T * C, TOL_KERNEL, 1, NULL);
+        CUDA_CHECK(cudaFree(d_dwte)); CUDA_CHECK(cudaFree(d_dwpe)); CUDA_CHECK(cudaFree(d_dwte32));
+    }
+    void* dev[] = {d_tokens, d_buckets, d_wte, d_wpe, d_dx, d_x, d_scratch};
+    for (int i = 0; i < 7; i++) CUDA_CHECK(cudaFree(dev[i]));
+    void* host[] = {tokens, wte, wpe, dx, dwte, dwpe, x, got, want_wte, want_wpe, h_buckets, count};
+    for (int i = 0; i < 12; i++) free(host[i]);
+}
+
+/* Softmax cross-entropy in double: losses and dlogits (dloss 1/rows), padded columns 0. */
+static void check_classifier_kernel(int rows, int V, int Vp) {
+    char what[96];
+    float *logits = rand_rounded((size_t)rows * Vp, 5400, 3.0f, 0), *loss = alloc_floats(rows), *dlog = alloc_floats((size_t)rows * Vp);
+    float *got = alloc_floats((size_t)rows * Vp);
+    int* targets = (int*)malloc_check(rows * sizeof(int), "test");
+    const float dloss = 1.0f / (float)rows;
+    for (int r = 0; r < rows; r++) { /* padded columns far above the rest: counting one in the softmax changes everything */
+        for (int v = V; v < Vp; v++) logits[(size_t)r * Vp + v] = 30.0f;
+        const float* z = logits + (size_t)r * Vp;
+        targets[r] = r == 0 ? V - 1 : (int)(rand_uniform(TEST_SEED, 5401, r) * V) % V;
+        double mx = -INFINITY, sum = 0;
+        for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
+        double lse = mx + log(sum);
+        loss[r] = (float)(lse - z[targets[r]]);
+        for (int v = 0; v < Vp; v++) dlog[(size_t)r * Vp + v] = v < V ? (float)((exp(z[v] - lse) - (v == targets[r])) * dloss) : 0.0f;
+    }
+    floatX* d_logits = gpu_put(logits, (size_t)rows * Vp);
+    float* d_loss = NULL;
+    int* d_targets = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_loss, rows * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_targets, rows * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_targets, targets, rows * sizeof(int), cudaMemcpyHostToDevice));
+    gpu_classifier_fused(d_logits, d_loss, d_targets, rows, V, Vp, dloss, 0);
+    gpu_fetch_f32(got, d_loss, rows);
+    snprintf(what, sizeof(what), "classifier V=%d Vp=%d losses", V, Vp);
+    check(what, 0, got, loss, rows, TOL_KERNEL, 1, NULL);
+    gpu_fetch(got, d_logits, (size_t)rows * Vp);
+    check("  dlogits", 0, got, dlog, (size_t)rows * Vp, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(d_logits)); CUDA_CHECK(cudaFree(d_loss)); CUDA_CHECK(cudaFree(d_targets));
+    free(logits); free(loss); free(dlog); free(got); free(targets);
+}
+
+/* One AdamW step with fp32 master weights: the moments and master weights
+ * against the formulas in double (the parameters are their rounding). */
+static void check_adamw_kernel(size_t n, int shift) {
+    char what[96];
+    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f, bc1 = 0.19f, bc2 = 0.0975f;
+    float *p = rand_rounded(n, 5500, 1.0f, 0), *g = rand_rounded(n, 5501, 1.0f, 0), *m = alloc_floats(n), *v = alloc_floats(n);
+    float *got = alloc_floats(n), *want_m = alloc_floats(n), *want_v = alloc_floats(n), *want_p = alloc_floats(n);
+    for (size_t i = 0; i < n; i++) {
+        m[i] = 0.1f * rand_normal(TEST_SEED, 5502, i);
+        v[i] = 0.01f * fabsf(rand_normal(TEST_SEED, 5503, i));
+        double gi = (double)g[i] * scale, mm = b1 * (double)m[i] + (1.0 - b1) * gi, vv = b2 * (double)v[i] + (1.0 - b2) * gi * gi;
+        want_m[i] = (float)mm;
+        want_v[i] = (float)vv;
+        want_p[i] = (float)(p[i] - lr * (mm / bc1 / (sqrt(vv / bc2) + eps) + wd * p[i]));
+    }
+    floatX *bp, *bg;
+    floatX *d_p = gpu_put_shifted(p, n, shift, &bp), *d_g = gpu_put_shifted(g, n, shift, &bg);
+    float *d_m = gpu_put_f32(m, n + 4) + shift, *d_v = gpu_put_f32(v, n + 4) + shift, *d_master = gpu_put_f32(p, n + 4) + shift;
+    CUDA_CHECK(cudaMemcpy(d_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_master, p, n * sizeof(float), cudaMemcpyHostToDevice));
+    gpu_adamw(d_p, d_master, d_g, d_m, d_v, n, 0, lr, b1, b2, bc1, bc2, eps, wd, scale, TEST_SEED, 1, 0);
+    snprintf(what, sizeof(what), "adamw n=%zu%s m", n, shift ? " shifted" : "");
+    gpu_fetch_f32(got, d_m, n);
+    check(what, 0, got, want_m, n, TOL_NORM_KERNEL, 1, NULL);
+    gpu_fetch_f32(got, d_v, n);
+    check("  v", 0, got, want_v, n, TOL_NORM_KERNEL, 1, NULL);
+    gpu_fetch_f32(got, d_master, n);
+    check("  master", 0, got, want_p, n, TOL_NORM_KERNEL, 1, NULL);
+    float* rounded = alloc_floats(n);
+    gpu_fetch(rounded, d_p, n);
+    if (PRECISION_IS_FP16) check_nearest_rounding(rounded, got, n, 1);
+    else if (PRECISION_IS_BF16) check_stochastic_rounding(rounded, got, n, 1);
+    else expect(memcmp(rounded, got, n * sizeof(float)) == 0, "  fp32 parameters are their master weights", 0);
+    CUDA_CHECK(cudaFree(bp)); CUDA_CHECK(cudaFree(bg));
+    CUDA_CHECK(cudaFree(d_m - shift)); CUDA_CHECK(cudaFree(d_v - shift)); CUDA_CHECK(cudaFree(d_master - shift));
+    free(p); free(g); free(m); free(v); free(got); free(want_m); free(want_v); free(want_p); free(rounded);
+}
+
+static void check_memory_kernels(void) {
+    printf("\nmemory-bound kernels alone (vector and scalar paths; XVEC = %d)\n", XVEC);
+    int fails_before = g_failures;
+    const int ln_C[] = {20, 44, 64, 150, 300, 520, 1032, 2056};
+    for (size_t i = 0; i < sizeof(ln_C) / sizeof(ln_C[0]); i++) check_layernorm_kernels(11, ln_C[i], 0);
+    check_layernorm_kernels(11, 64, 1);
+    check_gelu_kernels(1000, 0);
+    check_gelu_kernels(1003, 0);
+    check_gelu_kernels(1003, 1);
+    const int oc[] = {20, 44, 64, 300, 520};
+    for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
+    check_bias_kernel(77, 64, 1);
+    check_encoder_kernels(20);
+    check_encoder_kernels(64);
+    check_classifier_kernel(5, 300, 384);
+    check_classifier_kernel(5, 300, 301);
+    check_classifier_kernel(3, 4999, 5120); /* more groups than threads: the two-loads-in-flight loop, V in its last group */
+    check_classifier_kernel(3, 4999, 5001);
+    check_adamw_kernel(1003, 0);
+    check_adamw_kernel(1003, 1);
+    printf("%s: memory-bound kernels\n", g_failures == fails_before ? "PASS" : "FAIL");
+}
+
 /* ---- non-finite gradients ---- */
 
 static void gpu_poke(floatX* dev, size_t i, float v) {
@@ -923,6 +1215,7 @@ static void quick_cases(void) {
     run_case(&sh, 77);
     check_attention(&sh, 77);
     check_bias_fallback();
+    check_memory_kernels();
 }
 
 int main(int argc, char** argv) {
@@ -970,5 +1263,6 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], 333);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
+    check_memory_kernels();
     return test_gpt_verdict();
 }

@@ -92,7 +92,7 @@ typedef struct {
     void* h_xfer;    /* io_chunk_floats floatX: parameter conversion staging */
     void* h_logits;  /* Vp floatX */
     int* bucket_count; /* V ints, plain host memory */
-    int num_buckets;
+    TokenBuckets buckets; /* counts of h_buckets' lists */
     MatmulContext mm;
     cudaStream_t stream;
     int B, T; /* shape of the current call; at most the plan's */
@@ -363,8 +363,10 @@ static void gpu_model_backward(GpuModel* m) {
         gpu_fold_grads(m, l);
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
-    if (m->wte_grad_fp32) gpu_encoder_backward(m->grads_fp32, m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
-    else gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, m->num_buckets, m->B, m->T, C, m->stream);
+    /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
+    if (m->wte_grad_fp32)
+        gpu_encoder_backward(m->grads_fp32, m->g[P_WPE], dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
+    else gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
     gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
     prof_end(&m->prof, PROF_BACKWARD, m->stream);
@@ -428,8 +430,8 @@ static float gpu_forward_backward(void* ctx, float dloss_mean) {
     m->micro_step++;
     m->last_micro_step = m->micro_step % micro_steps == 0;
     gpu_upload_tokens(m, 1);
-    m->num_buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, m->h_inputs, N, m->cfg.vocab_size);
-    CUDA_CHECK(cudaMemcpyAsync(m->token_buckets, m->h_buckets, (size_t)(2 * m->num_buckets + 1 + N) * sizeof(int),
+    m->buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, m->h_inputs, N, m->cfg.vocab_size);
+    CUDA_CHECK(cudaMemcpyAsync(m->token_buckets, m->h_buckets, (size_t)m->buckets.ints * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
     gpu_model_forward(m);
     gpu_classifier(m, dloss_mean / (float)N);

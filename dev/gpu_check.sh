@@ -11,6 +11,8 @@
 #      synccheck, initcheck) on test_gpt --quick, the smallest cases
 #   2b. the attention kernels alone (dev/bench/bench_attention.cu): tensor
 #      cores against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s
+#   2c. the memory-bound kernels alone (dev/bench/bench_memory.cu): 16-byte
+#      vector paths against scalar paths at GPT-2 124M shapes, ms and GB/s
 #   3. short training runs on the synthetic dataset in BF16 and FP16 (dynamic
 #      loss scaling): final val loss against the dataset's entropy floor
 #   4. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
@@ -167,6 +169,16 @@ if [[ -x build/bench_attention_bf16 ]]; then
     SUMMARY+=("| attention alone, B=4 T=8192 NH=16 hs=128 (bf16), table below | $(status_word $rc)${big:+: mma $big TFLOP/s; tc $tcr; simt $ref} |")
 else
     SUMMARY+=("| attention alone (bench_attention_bf16) | not built |")
+fi
+
+# ---- 2c. memory-bound kernels alone: 16-byte vector against scalar paths ----
+if [[ -x build/bench_memory_bf16 ]]; then
+    stage bench_memory 30 build/bench_memory_bf16
+    rc=$?
+    ln=$(grep '^| layernorm forward' "$LOGDIR/bench_memory.log" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $8); print $5 " GB/s, " $8 " the scalar path"}')
+    SUMMARY+=("| memory-bound kernels alone (bench_memory_bf16; table in bench_memory.log) | $(status_word $rc)${ln:+: layernorm forward $ln} |")
+else
+    SUMMARY+=("| memory-bound kernels alone (bench_memory_bf16) | not built |")
 fi
 
 # ---- 3. synthetic dataset, short training run ----

@@ -52,21 +52,57 @@ __device__ __forceinline__ floatX round_stochastic(float x, uint32_t bits) {
 #endif
 }
 
+/* The update of one element; p is the fp32 master weight or the parameter. */
+__device__ __forceinline__ float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1, float beta2,
+                                               float bc1, float bc2, float eps, float wd, float grad_scale) {
+    float g = grad * grad_scale;
+    float mm = beta1 * *m + (1.0f - beta1) * g;
+    float vv = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mm;
+    *v = vv;
+    float mhat = mm / bc1, vhat = vv / bc2;
+    return p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+}
+
+/* Thread t owns elements [t*VEC, t*VEC + VEC): VEC = XVEC (16 bytes of
+ * params and grads, 2 (bf16/fp16) or 1 (fp32) 16-byte loads each of m, v and
+ * master: 4 to 8 loads in flight) where every pointer is 16-byte aligned,
+ * else 1; the last n % VEC elements are scalar. Elementwise, so the width
+ * changes no bit. */
+template <int VEC>
 __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n,
                              size_t first_index, float lr, float beta1, float beta2, float bc1, float bc2, float eps,
                              float wd, float grad_scale, uint64_t seed, int step) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= n) return;
-    float g = to_f32(grads[i]) * grad_scale;
-    float mm = beta1 * m[i] + (1.0f - beta1) * g;
-    float vv = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mm;
-    v[i] = vv;
-    float mhat = mm / bc1, vhat = vv / bc2;
-    float p = master ? master[i] : to_f32(params[i]);
-    float np = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
-    if (master) master[i] = np;
-    params[i] = round_stochastic(np, sr_bits(seed, step, first_index + i));
+    if (i + VEC <= n) {
+        Vec<floatX, VEC> pv = vload<VEC>(params + i), gv = vload<VEC>(grads + i);
+        float mv[VEC], vv[VEC], p[VEC];
+        load_f32s<VEC>(mv, m + i);
+        load_f32s<VEC>(vv, v + i);
+        if (master) {
+            load_f32s<VEC>(p, master + i);
+        } else {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) p[k] = to_f32(pv.v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            p[k] = adamw_element(p[k], to_f32(gv.v[k]), &mv[k], &vv[k], lr, beta1, beta2, bc1, bc2, eps, wd, grad_scale);
+            pv.v[k] = round_stochastic(p[k], sr_bits(seed, step, first_index + i + k));
+        }
+        store_f32s<VEC>(m + i, mv);
+        store_f32s<VEC>(v + i, vv);
+        if (master) store_f32s<VEC>(master + i, p);
+        vstore<VEC>(params + i, pv);
+        return;
+    }
+    for (; i < n; i++) {
+        float np = adamw_element(master ? master[i] : to_f32(params[i]), to_f32(grads[i]), &m[i], &v[i], lr, beta1, beta2, bc1,
+                                 bc2, eps, wd, grad_scale);
+        if (master) master[i] = np;
+        params[i] = round_stochastic(np, sr_bits(seed, step, first_index + i));
+    }
 }
 
 /* One tensor of n elements starting at element first_index of the parameter
@@ -74,8 +110,12 @@ __global__ void adamw_kernel(floatX* params, float* master, const floatX* grads,
 static inline void gpu_adamw(floatX* params, float* master, const floatX* grads, float* m, float* v, size_t n, size_t first_index,
                              float lr, float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
                              uint64_t seed, int step, cudaStream_t stream) {
-    adamw_kernel<<<grid_for(n, 256), 256, 0, stream>>>(params, master, grads, m, v, n, first_index, lr, beta1, beta2, bc1, bc2,
-                                                       eps, wd, grad_scale, seed, step);
+    if (all_aligned16(params, master, grads, m, v))
+        adamw_kernel<XVEC><<<grid_for(ceil_div(n, XVEC), 256), 256, 0, stream>>>(params, master, grads, m, v, n, first_index, lr, beta1,
+                                                                               beta2, bc1, bc2, eps, wd, grad_scale, seed, step);
+    else
+        adamw_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(params, master, grads, m, v, n, first_index, lr, beta1, beta2, bc1, bc2,
+                                                            eps, wd, grad_scale, seed, step);
     CUDA_CHECK_LAUNCH();
 }
 

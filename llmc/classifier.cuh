@@ -14,7 +14,10 @@
  *
  * One block per row: each thread keeps an online (max, sum of exp) over its
  * strided columns, the block combines them in a fixed tree, then the row is
- * read once more to write dlogits. Deterministic, no atomics.
+ * read once more to write dlogits. Deterministic, no atomics. Access: 16-byte
+ * groups of XVEC logits (8 bf16/fp16, 4 fp32; Vp is a multiple of 128), two
+ * in flight per thread in the first pass; one element where Vp is no
+ * multiple of XVEC or the logits are not 16-byte aligned.
  *
  * Status: compiles, unverified on GPU.
  */
@@ -34,6 +37,21 @@ __device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2
     m = mx;
 }
 
+/* Adds z to the online (m, s): s is a sum of exp(x - m). */
+__device__ __forceinline__ void lse_add(float& m, float& s, float z) {
+    if (z > m) {
+        s = s * expf(m - z) + 1.0f;
+        m = z;
+    } else {
+        s += expf(z - m);
+    }
+}
+
+/* Columns: thread t owns the VEC-wide groups t, t + blockDim.x, ... of the
+ * row (VEC = XVEC: 16-byte loads and stores, Vp being a multiple of 128; 1
+ * where the logits are not 16-byte aligned); columns >= V inside a group
+ * are skipped. The first pass keeps two groups in flight per thread. */
+template <int VEC>
 __global__ void __launch_bounds__(CLASSIFIER_THREADS)
 classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V, int Vp, float dloss) {
     __shared__ float sm[32], ss[32];
@@ -41,15 +59,23 @@ classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V
     floatX* x = logits + (size_t)row * Vp;
     const int target = targets[row];
     const float target_logit = to_f32(x[target]); /* read before any thread overwrites the row */
+    const int groups = (V + VEC - 1) / VEC, stride = blockDim.x;
     float m = -INFINITY, s = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) {
-        float z = to_f32(x[v]);
-        if (z > m) {
-            s = s * expf(m - z) + 1.0f;
-            m = z;
-        } else {
-            s += expf(z - m);
-        }
+    int g = threadIdx.x;
+    for (; g + stride < groups; g += 2 * stride) {
+        Vec<floatX, VEC> a = vload<VEC>(x + (size_t)g * VEC), b = vload<VEC>(x + (size_t)(g + stride) * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            if (g * VEC + j < V) lse_add(m, s, to_f32(a.v[j]));
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            if ((g + stride) * VEC + j < V) lse_add(m, s, to_f32(b.v[j]));
+    }
+    if (g < groups) {
+        Vec<floatX, VEC> a = vload<VEC>(x + (size_t)g * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            if (g * VEC + j < V) lse_add(m, s, to_f32(a.v[j]));
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
@@ -73,17 +99,26 @@ classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V
     const float lse = sm[0] + logf(ss[0]);
     if (threadIdx.x == 0) losses[row] = lse - target_logit;
     if (dloss == 0.0f) return;
-    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
-        float d = 0.0f;
-        if (v < V) d = (expf(to_f32(x[v]) - lse) - (v == target ? 1.0f : 0.0f)) * dloss;
-        x[v] = from_f32<floatX>(d);
+    for (int gv = threadIdx.x; gv < Vp / VEC; gv += stride) {
+        Vec<floatX, VEC> a = vload<VEC>(x + (size_t)gv * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            const int v = gv * VEC + j;
+            float d = 0.0f;
+            if (v < V) d = (expf(to_f32(a.v[j]) - lse) - (v == target ? 1.0f : 0.0f)) * dloss;
+            a.v[j] = from_f32<floatX>(d);
+        }
+        vstore<VEC>(x + (size_t)gv * VEC, a);
     }
 }
 
 /* Loss (and, with dloss != 0, dlogits in place) for `rows` rows of logits. */
 static inline void gpu_classifier_fused(floatX* logits, float* losses, const int* targets, int rows, int V, int Vp, float dloss,
                                         cudaStream_t stream) {
-    classifier_fused_kernel<<<(unsigned)rows, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, V, Vp, dloss);
+    if (Vp % XVEC == 0 && aligned16(logits))
+        classifier_fused_kernel<XVEC><<<(unsigned)rows, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, V, Vp, dloss);
+    else
+        classifier_fused_kernel<1><<<(unsigned)rows, CLASSIFIER_THREADS, 0, stream>>>(logits, losses, targets, V, Vp, dloss);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -186,6 +186,57 @@ static inline unsigned int grid_for(size_t n, unsigned int block) {
     return (unsigned int)(g ? g : 1);
 }
 
+/* ---- 16-byte vector access ----
+ * Vec<T, n>: n consecutive elements moved as one access of n*sizeof(T) bytes,
+ * aligned to its size, so a 16-byte Vec compiles to one 128-bit load or store
+ * (LDG.128/STG.128) and a misaligned address faults (on a GPU; in the
+ * emulator, UBSan's alignment check stops the run). XVEC: floatX elements in
+ * 16 bytes (8 bf16 or fp16, 4 fp32). Kernels take the vector width as a
+ * template parameter; the host launches width XVEC where the row length and
+ * every pointer allow it and width 1 (plain scalar accesses) otherwise, so
+ * both paths share one body and one arithmetic. */
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec { T v[N]; };
+#define XVEC (16 / (int)sizeof(floatX))
+
+template <int N, typename T> __device__ __forceinline__ Vec<T, N> vload(const T* p) { return *reinterpret_cast<const Vec<T, N>*>(p); }
+template <int N, typename T> __device__ __forceinline__ void vstore(T* p, const Vec<T, N>& x) { *reinterpret_cast<Vec<T, N>*>(p) = x; }
+
+/* n fp32 values at p (4-aligned groups as 16-byte loads when n is a multiple of 4). */
+template <int N> __device__ __forceinline__ void load_f32s(float* out, const float* p) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < N; k += 4) {
+            Vec<float, 4> a = vload<4>(p + k);
+#pragma unroll
+            for (int j = 0; j < 4; j++) out[k + j] = a.v[j];
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) out[k] = p[k];
+    }
+}
+template <int N> __device__ __forceinline__ void store_f32s(float* p, const float* in) {
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < N; k += 4) {
+            Vec<float, 4> a;
+#pragma unroll
+            for (int j = 0; j < 4; j++) a.v[j] = in[k + j];
+            vstore<4>(p + k, a);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; k++) p[k] = in[k];
+    }
+}
+
+/* Whether every pointer given is 16-byte aligned (NULL counts as aligned). */
+static inline int aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
+template <typename... P> static inline int all_aligned16(const void* p, P... rest) {
+    if constexpr (sizeof...(rest) == 0) return aligned16(p);
+    else return aligned16(p) && all_aligned16(rest...);
+}
+
 /* ---- deterministic reductions ---- */
 
 /* Butterfly sum over a warp: every lane ends with the same value, because at

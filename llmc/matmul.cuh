@@ -231,25 +231,53 @@ static inline void gpu_matmul_backward_input(MatmulContext* mc, floatX* dinp, co
     lt_matmul(mc, stream, 0, 0, IC, N, OC, W, IC, dout, OC, NULL, 0.0f, dinp, IC, NULL, 0);
 }
 
-/* Stage 1 of dbias (OC) += column sums of dout (N,OC): block (32 columns) x
- * (COLUMN_BLOCK_Y row lanes), grid (ceil(OC/32), COLUMN_SPLITS); writes
- * partials[split * OC + col]. */
+/* Stage 1 of dbias (OC) += column sums of dout (N,OC): block (32 threads
+ * of VEC columns each) x (COLUMN_BLOCK_Y row lanes), grid
+ * (ceil(OC/(32 VEC)), COLUMN_SPLITS); writes partials[split * OC + col].
+ * VEC = XVEC (16-byte loads of dout) where OC is a multiple of it and dout
+ * is 16-byte aligned, else 1. Each column's sum runs over the same rows in
+ * the same order at either width. */
+template <int VEC>
 __global__ void bias_partials_kernel(float* partials, const floatX* dout, int N, int OC) {
-    __shared__ float s[COLUMN_BLOCK_Y][32];
+    __shared__ float s[COLUMN_BLOCK_Y][32 * VEC];
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int c = blockIdx.x * 32 + tx;
+    const int c0 = (blockIdx.x * 32 + tx) * VEC;
     const int rps = column_rows_per_split(N);
     const int r0 = blockIdx.y * rps, r1 = min(N, r0 + rps);
-    float acc = 0.0f;
-    if (c < OC)
-        for (int r = r0 + ty; r < r1; r += COLUMN_BLOCK_Y) acc += to_f32(dout[(size_t)r * OC + c]);
-    s[ty][tx] = acc;
+    float acc[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++) acc[j] = 0.0f;
+    if (c0 < OC)
+        for (int r = r0 + ty; r < r1; r += COLUMN_BLOCK_Y) {
+            Vec<floatX, VEC> d = vload<VEC>(dout + (size_t)r * OC + c0);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) acc[j] += to_f32(d.v[j]);
+        }
+#pragma unroll
+    for (int j = 0; j < VEC; j++) s[ty][tx * VEC + j] = acc[j];
     __syncthreads();
-    if (ty == 0 && c < OC) {
-        float total = 0.0f;
-        for (int k = 0; k < COLUMN_BLOCK_Y; k++) total += s[k][tx];
-        partials[(size_t)blockIdx.y * OC + c] = total;
+    if (ty == 0 && c0 < OC) {
+#pragma unroll
+        for (int j = 0; j < VEC; j++) {
+            float total = 0.0f;
+            for (int k = 0; k < COLUMN_BLOCK_Y; k++) total += s[k][tx * VEC + j];
+            partials[(size_t)blockIdx.y * OC + c0 + j] = total;
+        }
     }
+}
+
+/* dbias (OC) += column sums of dout (N,OC); partials: COLUMN_SPLITS*OC floats of scratch. */
+static inline void gpu_bias_backward(floatX* dbias, float* partials, const floatX* dout, int N, int OC, cudaStream_t stream) {
+    dim3 block(32, COLUMN_BLOCK_Y);
+    if (OC % XVEC == 0 && aligned16(dout)) {
+        dim3 grid((unsigned)ceil_div((size_t)OC, 32 * XVEC), COLUMN_SPLITS);
+        bias_partials_kernel<XVEC><<<grid, block, 0, stream>>>(partials, dout, N, OC);
+    } else {
+        dim3 grid((unsigned)ceil_div((size_t)OC, 32), COLUMN_SPLITS);
+        bias_partials_kernel<1><<<grid, block, 0, stream>>>(partials, dout, N, OC);
+    }
+    CUDA_CHECK_LAUNCH();
+    gpu_column_finish(dbias, partials, OC, stream);
 }
 
 /* dW (OC,IC) += dout^T @ inp; dbias (OC) += column sums of dout when dbias is
@@ -257,11 +285,7 @@ __global__ void bias_partials_kernel(float* partials, const floatX* dout, int N,
 static inline void gpu_matmul_backward_weight(MatmulContext* mc, floatX* dW, floatX* dbias, float* partials, const floatX* dout,
                                               const floatX* inp, int N, int IC, int OC, cudaStream_t stream) {
     lt_matmul(mc, stream, 0, 1, IC, OC, N, inp, IC, dout, OC, dW, 1.0f, dW, IC, NULL, 0);
-    if (!dbias) return;
-    dim3 grid((unsigned)ceil_div((size_t)OC, 32), COLUMN_SPLITS), block(32, COLUMN_BLOCK_Y);
-    bias_partials_kernel<<<grid, block, 0, stream>>>(partials, dout, N, OC);
-    CUDA_CHECK_LAUNCH();
-    gpu_column_finish(dbias, partials, OC, stream);
+    if (dbias) gpu_bias_backward(dbias, partials, dout, N, OC, stream);
 }
 
 /* dW (OC,IC) += dout^T @ inp with dW in fp32: a gradient summed over many

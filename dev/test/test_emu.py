@@ -11,7 +11,8 @@ performance are not tested (dev/emu/README.md), and results must never be
 reported as GPU results.
 
 Tests: transform.py on every launch form; the emulator's self-test and the
-misuse it must stop; test_gpt's own run_case on small shapes per precision
+misuse it must stop; test_gpt's memory-bound kernels alone (vector and scalar
+paths, a hot token); test_gpt's own run_case on small shapes per precision
 (bf16, fp32, and fp16 once the sources define it), which together cover head
 sizes 16/32/64 (and 48 through the padded template), T that is a multiple of
 no tile, the padded vocabulary, every recompute mode's bitwise equality and
@@ -53,10 +54,14 @@ JOBS = max(1, min(os.cpu_count() or 1, 4))
 # chunk or a full one plus a partial one. C=48 leaves partial 32-column tiles
 # (48, 144 columns) in the column-sum kernels; hs48 runs the 64 template with
 # padding; NH=1 makes the head sizes cheap (C = hs).
+# C=20 (bf16, fp16) and C=18 (fp32) are multiples of no 16-byte vector width
+# (8 and 4 elements), so LayerNorm, the encoder and the C-wide bias gradients
+# take their scalar paths inside the whole model (the other shapes take the
+# vector paths), and AdamW gets tensors that start off 16-byte alignment.
 CASES = {
-    "bf16": ["hs16:64:4:300:77", "hs32:64:2:300:37", "hs64:64:1:300:45"],
-    "fp32": ["hs16:48:3:300:70", "hs32:96:3:300:45", "hs64:64:1:300:37"],
-    "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21"],
+    "bf16": ["hs16:64:4:300:77", "hs32:64:2:300:37", "hs64:64:1:300:45", "hs20:20:1:300:37"],
+    "fp32": ["hs16:48:3:300:70", "hs32:96:3:300:45", "hs64:64:1:300:37", "hs18:18:1:300:37"],
+    "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21", "hs20:20:1:300:37"],
 }
 NONFINITE_CASE = "nonfinite:hs16:64:4:300:64"  # test_gpt's check_nonfinite (injected inf/NaN; FP16 overflow)
 # test_gpt's check_grad_accumulation: 8 micro-steps, 8 logits chunks each, with and without fp32 gradient sums
@@ -164,6 +169,9 @@ def default_jobs(pool, tmp_path_factory):
             submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
+    for p in PRECISIONS:
+        if p in built:
+            submit(pool, ("kernels", p), gpt_job, p, ["kernels"], DEFAULT_ORDER[p])
     data = tmp_path_factory.mktemp("emu_data")
     for p in PRECISIONS:
         if p in built:
@@ -404,6 +412,22 @@ def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
     res = _futures[("gpt-nobias", "bf16")].result()
     check_gpt_output(res, NOBIAS_CASES)
     assert "note: cuBLASLt has no bias epilogue" in res.stdout
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_memory_bound_kernels_emulated(default_jobs, precision):
+    """test_gpt's check_memory_kernels: LayerNorm, GELU, bias gradient, encoder
+    (a hot token split into segments), classifier and AdamW alone against the
+    CPU reference, on both the 16-byte vector path and the scalar path of each
+    (row lengths that are multiples of 8, of 4 only, of neither; pointers off
+    16-byte alignment; partial last groups). Under UBSan's alignment check a
+    vector access at a misaligned address stops the run."""
+    if precision not in default_jobs:
+        pytest.skip(f"{precision} not built")
+    res = _futures[("kernels", precision)].result()
+    assert res.returncode == 0, explain(res)
+    assert re.search(r"^PASS: memory-bound kernels$", res.stdout, re.M) and "FAIL" not in res.stdout, res.stdout[-4000:]
+    assert len(re.findall(r" ok$", res.stdout, re.M)) >= 90, res.stdout[-4000:]  # every comparison printed and passed
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
+ *        emu_test_gpt_PREC kernels       check_memory_kernels (the memory-bound kernels' vector and scalar paths)
  *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
  * Exit status: 0 all passed, 1 a check failed, 2 bad usage; the emulator
  * aborts (SIGABRT) on undefined behaviour it detects, with a message.
@@ -37,6 +38,7 @@ static int usage(void) {
     fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
+                    "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
                     "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n");
     return 2;
 }
@@ -49,10 +51,11 @@ int main(int argc, char** argv) {
         printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
         return rc;
     }
-    if (argc == 2 && (strcmp(argv[1], "presence") == 0 || strcmp(argv[1], "bias") == 0)) {
+    if (argc == 2 && (strcmp(argv[1], "presence") == 0 || strcmp(argv[1], "bias") == 0 || strcmp(argv[1], "kernels") == 0)) {
         banner();
         if (argv[1][0] == 'p') check_gpu_presence();
-        else check_bias_fallback();
+        else if (argv[1][0] == 'b') check_bias_fallback();
+        else check_memory_kernels();
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
