@@ -41,6 +41,21 @@ static inline nvtxMemHeapHandle_t nvtx_register_heap(nvtxDomainHandle_t domain, 
     return nvtxMemHeapRegister(domain, &desc);
 }
 
+/* Unregisters the region that starts at base. */
+static inline void nvtx_unregister_region(nvtxDomainHandle_t domain, const void* base) {
+    nvtxMemRegionRef_t ref;
+    ref.pointer = base;
+    nvtxMemRegionsUnregisterBatch_t batch;
+    memset(&batch, 0, sizeof(batch));
+    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+    batch.structSize = sizeof(batch);
+    batch.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+    batch.refCount = 1;
+    batch.refElementSize = sizeof(ref);
+    batch.refElements = &ref;
+    nvtxMemRegionsUnregister(domain, &batch);
+}
+
 /* Registers bytes at base, inside heap, as a region named `name`. */
 static inline void nvtx_register_region(nvtxDomainHandle_t domain, nvtxMemHeapHandle_t heap, const void* base, size_t bytes,
                                         const char* name) {
@@ -103,17 +118,7 @@ static inline void nvtx_renew_dead_buffers(const MemoryPlan* plan, const char* a
     for (int i = 0; i < plan->num_entries; i++) {
         const PlanEntry* e = &plan->entries[i];
         if (!e->bytes || !plan_entry_dead_at_forward(e)) continue;
-        nvtxMemRegionRef_t ref;
-        ref.pointer = arena + e->offset;
-        nvtxMemRegionsUnregisterBatch_t batch;
-        memset(&batch, 0, sizeof(batch));
-        batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-        batch.structSize = sizeof(batch);
-        batch.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-        batch.refCount = 1;
-        batch.refElementSize = sizeof(ref);
-        batch.refElements = &ref;
-        nvtxMemRegionsUnregister(nvtx_plan_domain, &batch);
+        nvtx_unregister_region(nvtx_plan_domain, arena + e->offset);
         nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, arena + e->offset, e->bytes, e->name);
     }
 }

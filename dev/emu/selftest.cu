@@ -940,22 +940,14 @@ static void test_region_renewal(void) {
     CK(cudaMalloc(&d, 1000 * sizeof(float)));
     register_regions(d);
     CK(cudaMemset(d, 0, 100 * sizeof(float)));
-    nvtxMemRegionRef_t ref;
-    ref.pointer = d;
-    nvtxMemRegionsUnregisterBatch_t b;
-    memset(&b, 0, sizeof(b));
-    b.extCompatID = NVTX_EXT_COMPATID_MEM;
-    b.structSize = sizeof(b);
-    b.refType = NVTX_MEM_REGION_REF_TYPE_POINTER;
-    b.refCount = 1;
-    b.refElementSize = sizeof(ref);
-    b.refElements = &ref;
-    nvtxMemRegionsUnregister(nvtx_plan_domain, &b);
+    nvtx_unregister_region(nvtx_plan_domain, d);
     nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
     std::vector<unsigned char> h(100 * sizeof(float));
     CK(cudaMemcpy(h.data(), d, h.size(), cudaMemcpyDeviceToHost));
     CHECK(std::count(h.begin(), h.end(), 0xff) == (long)h.size(), "a renewed region is not NaN-poisoned");
     CK(cudaFree(d));
+}
+
 /* ---------------------------------------------------------------- */
 /* inline PTX (emu/ptx.h)                                             */
 
