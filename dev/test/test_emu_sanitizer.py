@@ -31,7 +31,10 @@ ATTENTION_CASE = "attention:hs32:64:2:300:77"  # the attention kernels alone, fo
 GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
 # The binary and case that run each file's kernels: tensor-core attention in
 # the 16-bit builds, CUDA-core attention in fp32, the rest in every build.
-RUNS = {"llmc/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/attention.cuh": ("fp32", ATTENTION_CASE)}
+# The mma kernels (head sizes 64 and 128; others fall back to tc) need T=333: six key tiles, so the
+# double buffer is reused (a barrier before tile j + 2's copy is only needed from the third tile on).
+RUNS = {"llmc/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/attention.cuh": ("fp32", ATTENTION_CASE),
+        "llmc/attention_mma.cuh": ("bf16", "attention:hs64:64:1:300:333")}
 DEFAULT_RUN = ("bf16", GPT_CASE)
 
 # (file, enclosing function, index of the barrier in it): why deleting it is no race.
@@ -105,7 +108,7 @@ def test_delete_sync_needs_file_and_line(emu_build):
 # ---- mutants of the real sources, built in a temporary tree ----
 
 FORWARD_SYNC = "        att_tc_scores<HS>(Sw, q, Ks);\n        __syncwarp();\n"
-ENCODER_WRITE = "    x[i] = from_f32<floatX>(to_f32(wte[(size_t)tokens[bt] * C + c]) + to_f32(wpe[(size_t)t * C + c]));\n"
+ENCODER_WRITE = "    vstore<VEC>(x + i, o);\n"
 
 
 def mutant_tree(tmp, edits):
@@ -134,7 +137,7 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     and a write one element past the embedding output, in one mutated build."""
     exe = mutant_tree(tmp_path, {
         "llmc/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
-        "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x[i] =", "x[i + 1] =")),
+        "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x + i", "x + i + VEC")),  # one (vector) element past
     })
     race = emu_run([exe, ATTENTION_CASE], timeout=600)
     assert race.returncode != 0, explain(race)
@@ -143,6 +146,6 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     assert "in kernel attention_tc_forward_kernel" in race.stderr, explain(race)
     bounds = emu_run([exe, GPT_CASE], timeout=600)
     assert bounds.returncode != 0, explain(bounds)
-    assert re.search(r"memcheck: invalid write of 2 bytes at \S+ at .*llmc/encoder\.cuh:\d+.*: a guard zone of heap 'remat memory plan', "
+    assert re.search(r"memcheck: invalid write of \d+ bytes at \S+ at .*llmc/encoder\.cuh:\d+.*: a guard zone of heap 'remat memory plan', "
                      r"1 bytes past the end of buffer 'layer0\.\w+'", bounds.stderr), explain(bounds)
     assert "in kernel encoder_forward_kernel" in bounds.stderr, explain(bounds)

@@ -49,6 +49,8 @@
 #include "emu.h"
 #include "half_types.h"
 
+extern "C" void __tsan_write_range(void* p, unsigned long n); /* runtime/emu_racecheck.cpp */
+
 namespace emu {
 namespace ptx {
 
@@ -60,6 +62,12 @@ namespace ptx {
  * that thread's write at that moment: the hook only marks the place. */
 static inline void ptx_smem_read(const void* p, size_t bytes, const CallSite& where) { race_warp_access(p, 1, bytes, bytes, false, where); }
 static inline void ptx_smem_write(void* p, size_t bytes) { (void)p; (void)bytes; }
+/* At the issue of a cp.async: on a GPU its bytes may land at any moment
+ * until the wait, so the destination counts as written by the issuing thread
+ * from then on (a write record, the bytes untouched): another thread's access
+ * in the same epoch, e.g. a read of the buffer's previous contents that no
+ * barrier separates from the issue, is a hazard. */
+static inline void ptx_smem_write_pending(void* p, size_t bytes) { __tsan_write_range(p, (unsigned long)bytes); }
 
 /* The ISA's fragment layouts (the statement above), as (row, column). */
 static inline void a_elem(int lane, int i, int* row, int* col) {
@@ -214,6 +222,7 @@ static inline void cp_async(void* dst, const void* src, CallSite where) {
         c.committed = 0;
     }
     if (c.n == 64) fatal("cp.async (%s:%d): more than 64 copies pending in one thread", where.file, where.line);
+    ptx_smem_write_pending(dst, 16);
     Copy& k = c.pending[c.n++];
     k.dst = dst;
     memcpy(k.bytes, src, 16);
