@@ -1140,14 +1140,14 @@ static void test_ptx(void) {
 /* Misuse the PTX emulation must stop: mode 0 ldmatrix row misaligned, 1 a lane skips mma,
  * 2 cp.async never waited for (the next block's thread finds its copies pending) */
 __global__ void ptx_misuse_kernel(float* d, int mode) {
-    __shared__ __align__(16) uint16_t sm[8 * 16];
+    __shared__ __align__(16) uint16_t sm[32 * 8];
     const int l = threadIdx.x;
     const emu::CallSite w{__LINE__, __FILE__};
     uint32_t r[4] = {0, 0, 0, 0};
     float c[4] = {0, 0, 0, 0};
     if (mode == 0) emu::ptx::ldmatrix(r, sm + (l % 8) * 16 + (l == 3 ? 4 : 0), 1, false, w);
     else if (mode == 1) { if (l < 16) emu::ptx::mma(c, r, r, c, true, w); }
-    else emu::ptx::cp_async(sm + (l % 8) * 8, d, w);
+    else emu::ptx::cp_async(sm + l * 8, d, w); /* 16 bytes per lane, none shared (that would be a race) */
 }
 
 static int run_fail(const char* name) {
