@@ -52,7 +52,7 @@ clean:
 # ---- tests ----
 # Tests include train_gpt.c whole and use part of it.
 TEST_CFLAGS = $(CFLAGS) -Wno-unused-function
-TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data
+TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_dropout $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data
 SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 $(BUILD):
@@ -75,6 +75,9 @@ $(BUILD)/test_plan: dev/test/test_plan.c dev/test/test_model.h train_gpt.c $(HEA
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/test_loss_scaler: dev/test/test_loss_scaler.c $(HEADERS) | $(BUILD)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/test_dropout: dev/test/test_dropout.c $(HEADERS) | $(BUILD)
 	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/read_data: dev/test/read_data.c $(HEADERS) | $(BUILD)

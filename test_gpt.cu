@@ -1109,8 +1109,14 @@ static void check_nonfinite(const Shape* sh, int T) {
 #define ATT_TEST_STD 2.0f
 
 
-static void check_attention(const Shape* sh, int T) {
+/* The attention kernels alone against the CPU reference; with dropout_p > 0
+ * at its attention site, so the GPU must draw the CPU's masks (a mask that
+ * differs in one element moves that output by a whole value). */
+static void check_attention(const Shape* sh, int T, float dropout_p) {
     const int B = TEST_B, C = sh->C, NH = sh->NH;
+    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1};
+    drop_state.p[DROPOUT_ATTENTION] = dropout_p;
+    const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_stat = (size_t)B * NH * T;
     float* qkv = alloc_floats(n_qkv);
     float* dout = alloc_floats(n_out);
@@ -1131,19 +1137,21 @@ static void check_attention(const Shape* sh, int T) {
     CUDA_CHECK(cudaMalloc((void**)&d_lse, n_stat * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&d_rowsum, n_stat * sizeof(float)));
 
-    printf("\nattention alone, %s (C=%d, NH=%d, hs=%d), B=%d T=%d, q/k/v std %.1f\n", sh->name, C, NH, C / NH, B, T, ATT_TEST_STD);
+    char what[64] = "attention alone";
+    if (dropout_p > 0) snprintf(what, sizeof(what), "attention alone with dropout %g", dropout_p);
+    printf("\n%s, %s (C=%d, NH=%d, hs=%d), B=%d T=%d, q/k/v std %.1f\n", what, sh->name, C, NH, C / NH, B, T, ATT_TEST_STD);
     int fails_before = g_failures;
-    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, 0);
+    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, &drop, 0);
     gpu_fetch(out_gpu, d_out, n_out);
     gpu_fetch_f32(lse_gpu, d_lse, n_stat);
-    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH);
+    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, &drop);
     check("attention out", 0, out_gpu, out_cpu, n_out, TOL_ACT, 1, NULL);
     check("attention lse", 0, lse_gpu, lse_cpu, n_stat, TOL_LSE, 1, NULL);
-    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, 0);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
-    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH);
+    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, &drop);
     check("attention dqkv", 0, dqkv_gpu, dqkv_cpu, n_qkv, TOL_GRAD, 1, NULL);
-    printf("%s: attention alone, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T);
+    printf("%s: %s, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", what, sh->name, T);
 
     CUDA_CHECK(cudaFree(d_qkv));
     CUDA_CHECK(cudaFree(d_dout));
@@ -1213,7 +1221,7 @@ static int test_gpt_verdict(void) {
 static void quick_cases(void) {
     const Shape sh = {"hs16", 64, 4, 300};
     run_case(&sh, 77);
-    check_attention(&sh, 77);
+    check_attention(&sh, 77, 0);
     check_bias_fallback();
     check_memory_kernels();
 }
@@ -1259,8 +1267,10 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++)
         for (size_t t = 0; t < sizeof(Ts) / sizeof(Ts[0]); t++) run_case(&main_shapes[s], Ts[t]);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) run_case(&odd_shapes[s], 333);
-    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], 1024);
-    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], 333);
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], 1024, 0);
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], 333, 0);
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], 1024, 0.1f);
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], 333, 0.1f);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

@@ -18,6 +18,7 @@
 #include <omp.h>
 #endif
 #include "llmc/trainer.h"
+#include "llmc/dropout.h"
 
 #ifdef REMAT_FP64
 typedef double real;
@@ -361,9 +362,18 @@ static void layernorm_backward(real* dx, real* dw, real* db, const real* dout, c
 /* attention: qkv (B,T,3C) = [q | k | v] with head h at channels h*hs;        */
 /* out (B,T,C); lse (B,NH,T) = log-sum-exp of each row's scaled scores.       */
 /* No (T,T) matrix: forward uses an online softmax, backward recomputes the   */
-/* probabilities from lse, one score at a time.                              */
+/* probabilities from lse, one score at a time. With dropout (drop not NULL,  */
+/* threshold > 0) out = (mask * P / keep) V; lse stays that of P, and since   */
+/* dO.out = sum of dP' P' over the dropped P', the backward's row term does    */
+/* not change: dS = P (mask dP' / keep - dO.out).                             */
 
-static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH) {
+/* The dropout factor of probability (t, u) of head bh: 0 or 1/keep. */
+static inline real attention_dropout_factor(const DropoutSite* drop, int bh, int T, int t, int u) {
+    if (!drop || !drop->threshold) return 1;
+    return dropout_keep_attention(drop, bh, T, t, u) ? (real)drop->scale : 0;
+}
+
+static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const DropoutSite* drop) {
     int hs = C / NH;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel for schedule(static)
@@ -386,9 +396,9 @@ static void attention_forward(real* out, real* lse, const real* qkv, int B, int 
                     for (int i = 0; i < hs; i++) o[i] *= corr;
                     run_max = s;
                 }
-                real p = R_EXP(s - run_max);
+                real p = R_EXP(s - run_max), pv = p * attention_dropout_factor(drop, bh, T, t, t2);
                 run_sum += p;
-                for (int i = 0; i < hs; i++) o[i] += p * v[i];
+                for (int i = 0; i < hs; i++) o[i] += pv * v[i];
             }
             for (int i = 0; i < hs; i++) o[i] /= run_sum;
             lse[((size_t)b * NH + h) * T + t] = run_max + R_LOG(run_sum);
@@ -399,7 +409,7 @@ static void attention_forward(real* out, real* lse, const real* qkv, int B, int 
 /* dqkv (B,T,3C) is overwritten. Each (b,h) job owns its head's slices, so
  * parallel jobs never write the same element. */
 static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                               int B, int T, int C, int NH) {
+                               int B, int T, int C, int NH, const DropoutSite* drop) {
     int hs = C / NH;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel for schedule(static)
@@ -424,10 +434,10 @@ static void attention_backward(real* dqkv, const real* dout, const real* qkv, co
                 real* dv = dk + C;
                 real s = 0, dp = 0;
                 for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dO[i] * v[i]; }
-                real p = R_EXP(s * scale - row_lse);
-                real ds = p * (dp - d_dot_o) * scale;
+                real p = R_EXP(s * scale - row_lse), factor = attention_dropout_factor(drop, bh, T, t, t2);
+                real ds = p * (factor * dp - d_dot_o) * scale;
                 for (int i = 0; i < hs; i++) {
-                    dv[i] += p * dO[i];
+                    dv[i] += p * factor * dO[i];
                     dq[i] += ds * k[i];
                     dk[i] += ds * q[i];
                 }
@@ -550,7 +560,7 @@ static void block_forward_mlp(CpuModel* m, int l, real* out) {
 /* Block l forward from its stored input x; out as in block_forward_mlp. */
 static void block_forward(CpuModel* m, int l, real* out) {
     block_forward_qkv(m, l);
-    attention_forward(act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), act(m, l, ACT_QKV), m->B, m->T, m->cfg.channels, m->cfg.num_heads);
+    attention_forward(act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), act(m, l, ACT_QKV), m->B, m->T, m->cfg.channels, m->cfg.num_heads, NULL);
     block_forward_mlp(m, l, out);
 }
 
@@ -585,7 +595,7 @@ static void block_backward(CpuModel* m, int l) {
                        lp(m->p, m, P_LN2W, l), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), N, C);
     matmul_backward_input(datty, dres, lp(m->p, m, P_ATTPROJW, l), N, C, C);
     matmul_backward_weight(lp(m->g, m, P_ATTPROJW, l), lp(m->g, m, P_ATTPROJB, l), dres, act(m, l, ACT_ATTY), N, C, C);
-    attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH);
+    attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH, NULL);
     matmul_backward_input(dln, dqkv, lp(m->p, m, P_QKVW, l), N, C, 3 * C);
     matmul_backward_weight(lp(m->g, m, P_QKVW, l), lp(m->g, m, P_QKVB, l), dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
     layernorm_backward(dres, lp(m->g, m, P_LN1W, l), lp(m->g, m, P_LN1B, l), dln, act(m, l, ACT_X),

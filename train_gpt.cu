@@ -246,7 +246,7 @@ static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     gpu_block_forward_qkv(m, l);
     prof_begin(&m->prof, att, m->stream);
     gpu_attention_forward(gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), gact(m, l, ACT_QKV), m->B, m->T, m->cfg.channels,
-                          m->cfg.num_heads, m->stream);
+                          m->cfg.num_heads, NULL, m->stream);
     prof_end(&m->prof, att, m->stream);
     gpu_block_forward_mlp(m, l, out);
 }
@@ -287,7 +287,7 @@ static void gpu_block_backward(GpuModel* m, int l) {
     gpu_matmul_backward_input(mm, datty, dres, glp(m->p, m, P_ATTPROJW, l), N, C, C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_ATTPROJW, l), glp(m->g, m, P_ATTPROJB, l), part, dres, gact(m, l, ACT_ATTY), N, C, C, s);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
-    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), B, T, C, NH, s);
+    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), B, T, C, NH, NULL, s);
     prof_end(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_matmul_backward_input(mm, dln, dqkv, glp(m->p, m, P_QKVW, l), N, C, 3 * C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_QKVW, l), glp(m->g, m, P_QKVB, l), part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);

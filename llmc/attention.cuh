@@ -49,6 +49,7 @@
 #define REMAT_ATTENTION_CUH
 
 #include "cuda_common.cuh"
+#include "dropout.h"
 
 enum AttentionKind { ATT_KIND_SIMT = 0, ATT_KIND_TC = 1, ATT_KIND_MMA = 2 };
 
@@ -347,8 +348,9 @@ static inline const char* attention_kernels_note(int hs) {
  * bench_attention every kind. */
 template <int HS>
 static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
-                                     cudaStream_t stream) {
+                                     const DropoutSite& drop, cudaStream_t stream) {
     int hs = C / NH;
+    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
@@ -372,8 +374,10 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
 
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, int kind, cudaStream_t stream) {
+                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                      cudaStream_t stream) {
     int hs = C / NH;
+    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
@@ -404,25 +408,38 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     CUDA_CHECK_LAUNCH();
 }
 
-/* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C). */
-static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, cudaStream_t stream) {
+/* A site that drops nothing: what callers without dropout pass. */
+static inline DropoutSite attention_no_dropout(void) {
+    DropoutSite none;
+    memset(&none, 0, sizeof(none));
+    none.scale = 1.0f;
+    return none;
+}
+
+/* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C); drop: the attention site of
+ * this layer and micro-step (dropout.h), or NULL for none. */
+static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, const DropoutSite* drop,
+                                         cudaStream_t stream) {
+    DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
-    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
-    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
-    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
     default: attention_check_shape(C, NH);
     }
 }
 
-/* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch. */
+/* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch;
+ * drop: the forward's site, so the same mask is drawn again. */
 static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                          const float* lse, int B, int T, int C, int NH, cudaStream_t stream) {
+                                          const float* lse, int B, int T, int C, int NH, const DropoutSite* drop, cudaStream_t stream) {
+    DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
     default: attention_check_shape(C, NH);
     }
 }

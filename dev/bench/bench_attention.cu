@@ -95,11 +95,12 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     CUDA_CHECK_LAUNCH();
     const double fwd_flops = 2.0 * B * NH * (double)T * T * hs, bwd_flops = 2.5 * fwd_flops;
     float *out_ref = NULL, *dqkv_ref = NULL;
+    const DropoutSite none = attention_no_dropout();
     for (int kind = ATT_KIND_SIMT; kind <= ATT_KIND_MMA; kind++) { /* CUDA cores first: the reference for the distance column */
-        float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, 0); });
-        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, 0); });
-        attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, 0);
-        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, 0);
+        float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, none, 0); });
+        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0); });
+        attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, none, 0);
+        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         float* out = fetch(b.out, n_out);
         float* dqkv = fetch(b.dqkv, n_qkv);

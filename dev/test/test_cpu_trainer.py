@@ -27,7 +27,7 @@ def tiny_run(tiny_shards, *extra, exe="train_gpt_cpu"):
 
 # ---- C unit tests ----
 
-@pytest.mark.parametrize("name", ["test_gradcheck", "test_recompute", "test_plan", "test_loss_scaler", "test_matmul_order"])
+@pytest.mark.parametrize("name", ["test_gradcheck", "test_recompute", "test_plan", "test_loss_scaler", "test_matmul_order", "test_dropout"])
 def test_c_unit(name):
     res = run([binary(f"build/{name}")])
     print(res.stdout)

@@ -14,6 +14,7 @@
  * usage: emu_test_gpt_PREC CASE...      CASE = NAME:C:NH:V:T[,T...]            run_case  e.g. hs16:64:4:300:77,5
  *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
  *                                              attention:NAME:C:NH:V:T[,T...]  check_attention
+ *                                              dropout:NAME:C:NH:V:T[,T...]    check_attention with attention dropout 0.1
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
@@ -35,7 +36,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ACCUM };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, ACCUM };
     struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -71,6 +72,9 @@ int main(int argc, char** argv) {
         } else if (a.rfind("attention:", 0) == 0) {
             kind = ATTENTION;
             a = a.substr(10);
+        } else if (a.rfind("dropout:", 0) == 0) {
+            kind = ATTENTION_DROPOUT;
+            a = a.substr(8);
         } else if (a.rfind("accum:", 0) == 0) {
             kind = ACCUM;
             a = a.substr(6);
@@ -105,7 +109,8 @@ int main(int argc, char** argv) {
         Shape sh = {c.name.c_str(), c.C, c.NH, c.V};
         for (int T : c.Ts) {
             if (c.kind == NONFINITE) check_nonfinite(&sh, T);
-            else if (c.kind == ATTENTION) check_attention(&sh, T);
+            else if (c.kind == ATTENTION) check_attention(&sh, T, 0);
+            else if (c.kind == ATTENTION_DROPOUT) check_attention(&sh, T, 0.1f);
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
             else run_case(&sh, T);
             runs++;
