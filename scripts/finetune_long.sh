@@ -2,8 +2,8 @@
 # Long-context fine-tuning of a saved model: its position table is resized to
 # SEQ_LEN rows (--max-seq-len; row t starts as the learned row t mod the old
 # length), the memory plan of every recompute mode is printed against the
-# budget, and training runs with -r auto, the cheapest per-layer recompute
-# that fits. Batch size 1 (unless -b is given); more tokens per step come
+# budget, and training runs with -r auto: of the recompute plans that fit,
+# the one the time model (--cost-model) predicts fastest. Batch size 1 (unless -b is given); more tokens per step come
 # from gradient accumulation (-d), which costs time, not memory.
 #
 # Usage: scripts/finetune_long.sh MODEL.bin SEQ_LEN [trainer flags]
@@ -16,8 +16,9 @@
 #                    nvidia-smi lists a GPU, else its train_gpt_cpu; built with
 #                    make when missing).
 #                    train_gpt: compiles, unverified on GPU (see the README).
-#   MEM_BUDGET       memory to fit in, e.g. 80GiB (default: the GPU's free
-#                    memory; for train_gpt_cpu, available host memory).
+#   MEM_BUDGET       memory to fit in, e.g. 130GiB (default: the GPU's free
+#                    memory less 256 MiB; for train_gpt_cpu, available host
+#                    memory within cgroup and ulimit -v limits).
 #   TRAIN, VAL       token shard globs (default the repository's tiny
 #                    Shakespeare; VAL="" for no validation).
 #   OUT_DIR          checkpoints and log.jsonl (default out/long_SEQ_LEN, under
