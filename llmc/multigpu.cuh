@@ -162,7 +162,7 @@ static inline void multigpu_check_device(int device, int devices, const char* wh
 #ifdef MULTI_GPU
     if (remat_proc.world > 1) {
         int bad = err[0] != '\0';
-        int nbad = (int)proc_sum((double)bad);
+        int nbad = (int)proc_sum((double)bad, "the device check");
         if (nbad == 0) return;
         remat_fail_hook = multigpu_fail_together;
         if (bad) fail("%s", err);
@@ -231,7 +231,7 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    proc_broadcast(&id, sizeof(id));
+    proc_broadcast(&id, sizeof(id), "the NCCL id broadcast");
     NCCL_CHECK(ncclCommInitRank(&mg->comm, mg->world, id, mg->rank));
     int least = 0, greatest = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -260,7 +260,7 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int 
     mg->grad_accum = grad_accum;
     const char* ov = getenv("REMAT_NCCL_OVERLAP");
     mg->overlap = !(ov && strcmp(ov, "0") == 0);
-    proc_broadcast(&mg->overlap, sizeof(mg->overlap)); /* the same collectives on every rank */
+    proc_broadcast(&mg->overlap, sizeof(mg->overlap), "the REMAT_NCCL_OVERLAP broadcast"); /* the same collectives on every rank */
     int v = mg->nccl_version;
     printf("data parallel: %d process%s, NCCL %d.%d.%d (%.1f MiB of device memory), %s; gradients %s %s\n", mg->world,
            mg->world == 1 ? "" : "es", v / 10000, (v % 10000) / 100, v % 100, mib(mg->device_bytes),
