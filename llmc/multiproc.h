@@ -99,22 +99,24 @@ static inline double proc_pause(double since_s, double last_s) {
     return now;
 }
 
-static inline void proc_timeout_fail(const char* whom, const char* why) {
+/* The one line of a timeout: what this rank was doing (`at`), whom it waited for. */
+static inline void proc_timeout_fail(const ProcArrival* at, const char* whom, const char* why) {
     char doing[PROC_WHAT_CHARS + 32];
-    proc_describe(doing, sizeof(doing), &proc_mine, 0);
+    proc_describe(doing, sizeof(doing), at, 0);
     fail("waited more than %d s in %s for %s: %s; stopping the job (--collective-timeout)", proc_timeout_s, doing, whom, why);
 }
 
-static inline void proc_fail_inside(void) {
+/* Timed out once every rank had arrived: with two ranks the other is named. */
+static inline void proc_fail_inside(const ProcArrival* at, const char* why) {
     char who[160];
     if (remat_proc.world == 2) snprintf(who, sizeof(who), "rank %d, which arrived at it but did not finish it", 1 - remat_proc.rank);
     else snprintf(who, sizeof(who), "one of the other %d ranks, which all arrived at it", remat_proc.world - 1);
-    proc_timeout_fail(who, "one stopped inside it or the network failed");
+    proc_timeout_fail(at, who, why);
 }
 
 /* Timed out in the exchange: names the ranks not yet arrived (up to eight),
  * and where the first of them was last seen. */
-static void proc_fail_missing(void) {
+static inline void proc_fail_missing(void) {
     char whom[256] = "";
     size_t used = 0;
     int missing = 0, first = -1;
@@ -126,18 +128,18 @@ static void proc_fail_missing(void) {
         if (missing++ < 8) used += (size_t)snprintf(whom + used, sizeof(whom) - used, "%s%d", missing > 1 ? ", " : "", p);
     }
     if (missing > 8) snprintf(whom + used, sizeof(whom) - used, " and %d more", missing - 8);
-    if (first < 0) proc_fail_inside(); /* all arrived; a send of ours is what is left */
+    if (first < 0) proc_fail_inside(&proc_mine, "a message of this rank was not delivered");
     char last[PROC_WHAT_CHARS + 32] = "no collective yet";
     if (proc_seen[first].seq > 0) proc_describe(last, sizeof(last), &proc_seen[first], 1);
     char who[400];
     if (missing == 1) snprintf(who, sizeof(who), "rank %s (last seen at %s)", whom, last);
     else snprintf(who, sizeof(who), "ranks %s (rank %d last seen at %s)", whom, first, last);
-    proc_timeout_fail(who, missing == 1 ? "it is stuck, stopped or gone" : "they are stuck, stopped or gone");
+    proc_timeout_fail(&proc_mine, who, missing == 1 ? "it is stuck, stopped or gone" : "they are stuck, stopped or gone");
 }
 
 /* Arrival at the next collective: exchanged with every rank, then checked
  * to be the same collective everywhere. */
-static void proc_collective_begin(const char* what) {
+static inline void proc_collective_begin(const char* what) {
     proc_num_pending = 0;
     if (!proc_timed()) return;
     int world = remat_proc.world, me = remat_proc.rank;
@@ -187,14 +189,14 @@ static inline MPI_Request* proc_new_request(void) {
 
 /* Waits for the current collective's nonblocking calls (the deadline runs on
  * from its arrival). */
-static void proc_collective_end(void) {
+static inline void proc_collective_end(void) {
     if (!proc_timed() || proc_num_pending == 0) return;
     double start = proc_clock_s(), now = start;
     for (;;) {
         int done = 0;
         MPI_CHECK(MPI_Testall(proc_num_pending, proc_pending, &done, MPI_STATUSES_IGNORE));
         if (done) break;
-        if (now > proc_deadline_s) proc_fail_inside();
+        if (now > proc_deadline_s) proc_fail_inside(&proc_mine, "one stopped inside it or the network failed");
         now = proc_pause(start, now);
     }
     proc_num_pending = 0;
@@ -211,7 +213,7 @@ static void proc_collective_end(void) {
 
 /* Every rank agrees on the timeout before the exchange protocol starts (a
  * rank with it off would wait in plain collectives for messages). */
-static void proc_enable_timeout(int seconds) {
+static inline void proc_enable_timeout(int seconds) {
     int range[2] = {seconds, -seconds}, max[2] = {0, 0};
     MPI_CHECK(MPI_Allreduce(range, max, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
     if (max[0] != -max[1]) {
@@ -321,6 +323,16 @@ static inline void proc_test_stall(int step) {
 static inline void proc_finalize(void) {
 #ifdef USE_MPI
     proc_finalize_at_exit();
+#endif
+}
+
+/* --collective-timeout's arrival exchange alone, before work that another
+ * library synchronizes (NCCL); nothing when the timeout is off. */
+static inline void proc_arrive(const char* what) {
+#ifdef USE_MPI
+    if (remat_proc.world > 1 && proc_timed()) proc_collective_begin(what);
+#else
+    (void)what;
 #endif
 }
 

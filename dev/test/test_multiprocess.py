@@ -204,7 +204,9 @@ def test_signal_stops_every_rank_after_the_same_step(synthetic, tmp_path):
 def rank_pids(mpirun_pid, n):
     """The rank processes among mpirun's children, by MPI rank."""
     pids = {}
-    while len(pids) < n:
+    for _ in range(1000):
+        if len(pids) == n:
+            break
         children = []
         for task in os.listdir(f"/proc/{mpirun_pid}/task"):
             children += open(f"/proc/{mpirun_pid}/task/{task}/children").read().split()
@@ -216,18 +218,22 @@ def rank_pids(mpirun_pid, n):
     return pids
 
 
-def stuck_job(np_, data, stop_rank=None, env=None, flags=("--collective-timeout", "2")):
+def stuck_job(np_, data, stop_rank=None, env=None, flags=("--collective-timeout", "2"), wait_s=60):
     """Trains on np_ ranks until they are stuck: rank stop_rank is stopped
     (SIGSTOP) once step 2 is printed, or REMAT_TEST_STALL in env stops one.
-    Returns (exit status, stderr, seconds from the stop to the end)."""
+    Returns (exit status, stderr, seconds from the stop to the end); after
+    wait_s the job is killed (exit status None)."""
     import signal
     import subprocess
+    import threading
     out, meta = data
     args = ["mpirun", "-np", str(np_), str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
             str(out / "synthetic_train.bin"), "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "100000", *flags]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **MPI_ENV, **(env or {})})
     pids = {}
+    guard = threading.Timer(wait_s + 30, proc.kill)  # a job that never reaches step 2 must not hang the test
+    guard.start()
     try:
         for line in proc.stdout:
             if line.startswith("step    2/"):
@@ -236,9 +242,13 @@ def stuck_job(np_, data, stop_rank=None, env=None, flags=("--collective-timeout"
         if stop_rank is not None:
             os.kill(pids[stop_rank], signal.SIGSTOP)
         t0 = time.time()
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None, "", time.time() - t0
         return proc.returncode, err, time.time() - t0
     finally:
+        guard.cancel()
         proc.kill()
         for pid in pids.values():
             try:
@@ -259,6 +269,7 @@ def test_collective_timeout_names_the_stopped_rank(synthetic, stop_rank):
     assert re.search(rf"^error: rank {waiter}: waited more than 2 s in the [a-z -]+ \((step \d+|setup)\) for rank {stop_rank}"
                      rf"( \(last seen at [^)]*\)|, which arrived at it but did not finish it): .*\(--collective-timeout\)$",
                      err, re.M), err
+    assert f"error: rank {stop_rank}: waited" not in err, err  # resumed to be killed, it does not blame the other
 
 
 def test_collective_timeout_names_a_stalled_rank_and_where_it_was(synthetic):
@@ -273,6 +284,12 @@ def test_collective_timeout_names_a_stalled_rank_and_where_it_was(synthetic):
         assert re.fullmatch(r"error: rank [01]: waited more than 2 s in the gradient all-reduce \(step 3\) for rank 2 \(last "
                             r"seen at the stop-signal vote, step 2\): it is stuck, stopped or gone; stopping the job "
                             r"\(--collective-timeout\)", ln), ln
+
+
+def test_without_collective_timeout_a_stalled_rank_still_blocks_the_others(synthetic):
+    """The flag is off by default: the plain blocking collectives wait on."""
+    code, err, seconds = stuck_job(2, synthetic, env={"REMAT_TEST_STALL": "1:3"}, flags=(), wait_s=4)
+    assert code is None and seconds >= 4, (code, err)
 
 
 @pytest.mark.parametrize("zero", ["0", "1"])
