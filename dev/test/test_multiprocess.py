@@ -286,6 +286,35 @@ def test_collective_timeout_names_a_stalled_rank_and_where_it_was(synthetic):
                             r"\(--collective-timeout\)", ln), ln
 
 
+@pytest.fixture(scope="module")
+def proc_timeout_exe():
+    from conftest import BUILD, REPO
+    BUILD.mkdir(exist_ok=True)
+    exe = BUILD / "test_proc_timeout"
+    run(["mpicc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-DUSE_MPI", "-I", REPO, "-o", exe,
+         REPO / "dev/test/test_proc_timeout.c", "-lm"], check=True, timeout=120)
+    return exe
+
+
+@pytest.mark.parametrize("mode, np_, line", [
+    ("missing", 3, "error: rank 0: waited more than 1 s in the second sum (step 4) for ranks 1, 2 (rank 1 last seen at the "
+                   "first sum, step 4): they are stuck, stopped or gone; stopping the job (--collective-timeout)"),
+    ("inside", 3, "error: rank [01]: waited more than 1 s in the second sum \\(step 4\\) for one of the other 2 ranks, which all "
+                  "arrived at it: one stopped inside it or the network failed; stopping the job \\(--collective-timeout\\)"),
+    ("diverge", 2, "error: rank [01]: the ranks run different collectives: this rank is in (a sum|a barrier) \\(step 4\\), rank [01] "
+                   "in (a barrier|a sum) \\(step 4\\) \\(collective #2\\); stopping the job \\(--collective-timeout\\)")])
+def test_collective_timeout_messages(proc_timeout_exe, mode, np_, line):
+    """The cases the trainers never produce by themselves: several ranks
+    missing, a rank that arrived and stopped inside (three ranks: not
+    nameable), ranks in different collectives (#1 is the first sum)."""
+    t0 = time.time()
+    res = run(["mpirun", "-np", str(np_), proc_timeout_exe, mode], env=MPI_ENV, timeout=60)
+    assert res.returncode != 0 and time.time() - t0 < 15, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    pattern = re.escape(line) if mode == "missing" else line
+    assert errors and all(re.fullmatch(pattern, ln) for ln in errors), res.stderr
+
+
 def test_without_collective_timeout_a_stalled_rank_still_blocks_the_others(synthetic):
     """The flag is off by default: the plain blocking collectives wait on."""
     code, err, seconds = stuck_job(2, synthetic, env={"REMAT_TEST_STALL": "1:3"}, flags=(), wait_s=4)
