@@ -679,11 +679,13 @@ static void cpu_sync_grads(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
     size_t n = m->plan->num_params;
     if (m->world == 1) return;
+    proc_collective_begin(m->zero ? "the gradient reduction onto shards" : "the gradient all-reduce");
     if (!m->zero) {
         for (size_t s = 0; s < n; s += MPI_CHUNK) {
             int k = (int)(n - s < MPI_CHUNK ? n - s : MPI_CHUNK);
-            PROC_COLLECTIVE(MPI_Allreduce(MPI_IN_PLACE, m->grads + s, k, MPI_REAL_TYPE, MPI_SUM, MPI_COMM_WORLD));
+            PROC_CALL(MPI_Allreduce, MPI_Iallreduce, MPI_IN_PLACE, m->grads + s, k, MPI_REAL_TYPE, MPI_SUM, MPI_COMM_WORLD);
         }
+        proc_collective_end();
         return;
     }
     for (int r = 0; r < m->world; r++) {
@@ -692,10 +694,11 @@ static void cpu_sync_grads(void* ctx) {
         for (size_t s = 0; s < count; s += MPI_CHUNK) {
             int k = (int)(count - s < MPI_CHUNK ? count - s : MPI_CHUNK);
             real* buf = m->grads + start + s;
-            if (r == m->rank) PROC_COLLECTIVE(MPI_Reduce(MPI_IN_PLACE, buf, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
-            else PROC_COLLECTIVE(MPI_Reduce(buf, NULL, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD));
+            if (r == m->rank) PROC_CALL(MPI_Reduce, MPI_Ireduce, MPI_IN_PLACE, buf, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD);
+            else PROC_CALL(MPI_Reduce, MPI_Ireduce, buf, NULL, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD);
         }
     }
+    proc_collective_end();
 }
 
 /* ZeRO-1: each rank updated its shard; gather every shard to every rank. */
@@ -710,7 +713,8 @@ static void cpu_allgather_params(CpuModel* m) {
         counts[r] = (int)count;
         displs[r] = (int)start;
     }
-    PROC_COLLECTIVE(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->params, counts, displs, MPI_REAL_TYPE, MPI_COMM_WORLD));
+    PROC_COLLECTIVE("the parameter all-gather", MPI_Allgatherv, MPI_Iallgatherv, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->params,
+                    counts, displs, MPI_REAL_TYPE, MPI_COMM_WORLD);
     free(counts);
     free(displs);
 }
@@ -739,7 +743,7 @@ static float cpu_grad_norm(void* ctx) {
         #pragma omp ordered
         total += s;
     }
-    if (m->zero) total = proc_sum(total);
+    if (m->zero) total = proc_sum(total, "the gradient norm sum");
     return (float)sqrt(total);
 }
 

@@ -393,7 +393,7 @@ static float gpu_grad_norm(void* ctx) {
     float sumsq = 0.0f;
     CUDA_CHECK(cudaMemcpy(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
     double total = (double)sumsq;
-    if (m->zero) total = proc_sum(total);
+    if (m->zero) total = proc_sum(total, "the gradient norm sum");
     return (float)sqrt(total);
 }
 

@@ -119,7 +119,7 @@ static const FlagSpec flag_table[] = {
     {"--resume-override", FLAG_SWITCH, OPT(resume_override), 0, 1, FOR_BOTH, "-y 1: continue with hyperparameters that differ from the checkpoint's (else refused)"},
     {"-nk", FLAG_INT, OPT(keep_last), 0, INT_MAX, FOR_BOTH, "keep only the last N checkpoints (0: all), besides those -nm keeps"},
     {"-nm", FLAG_INT, OPT(keep_every), 0, INT_MAX, FOR_BOTH, "with -nk: also keep every checkpoint whose step is a multiple of M (0: none)"},
-    {"--collective-timeout", FLAG_INT, OPT(collective_timeout_s), 0, 604800, FOR_BOTH, "seconds a rank waits in a host collective before it stops the job (0: forever)"},
+    {"--collective-timeout", FLAG_INT, OPT(collective_timeout_s), 0, 604800, FOR_BOTH, "seconds a rank waits in a collective (MPI or NCCL) before it stops the job naming the rank it waited for (0: forever)"},
     {"--seed", FLAG_INT, OPT(seed), 0, INT_MAX, FOR_BOTH, "seed for init, shuffling and sampling"},
 };
 #undef OPT

@@ -38,6 +38,15 @@
  * Every rank issues the same collectives in the same order (everything here
  * depends only on the plan, world and rank), which NCCL requires.
  *
+ * --collective-timeout (multiproc.h) covers NCCL too: each phase (the step's
+ * gradient reduction, the ZeRO-1 all-gather) starts with the host arrival
+ * exchange, so a rank stuck before it is named; the communicator is made
+ * nonblocking (NCCL >= 2.14), so that no NCCL call blocks the host: a call
+ * answering ncclInProgress is polled to its end against the deadline; and the
+ * host's waits time how long the GPU has waited on NCCL alone (the inputs of
+ * the collectives issued are ready, the collective stream is not done). Past
+ * the deadline the communicator is aborted and the job stops with one line.
+ *
  * Built without MULTI_GPU, the device choice and check remain and the rest
  * is absent: the trainer's MultiGpu pointer is NULL and every call is a no-op.
  *
@@ -83,6 +92,12 @@ static inline void nccl_check_impl(ncclResult_t r, const char* call, const char*
          last && last[0] ? ": " : "", last ? last : "");
 }
 #define NCCL_CHECK(call) nccl_check_impl((call), #call, __FILE__, __LINE__)
+
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+#define MULTIGPU_HAS_NONBLOCKING 1
+#else
+#define MULTIGPU_HAS_NONBLOCKING 0
+#endif
 #endif /* MULTI_GPU */
 
 typedef struct MultiGpu {
@@ -100,6 +115,8 @@ typedef struct MultiGpu {
     int nccl_version;    /* ncclGetVersion's code */
 #ifdef MULTI_GPU
     ncclComm_t comm;
+    int nonblocking;     /* created with blocking=0 (--collective-timeout): calls may answer ncclInProgress */
+    ProcArrival phase;   /* the NCCL phase issued last, named when the GPU waits on it too long */
     cudaStream_t stream; /* collectives */
     cudaEvent_t ready;   /* compute -> collectives */
     cudaEvent_t done;    /* collectives -> compute */
@@ -162,7 +179,7 @@ static inline void multigpu_check_device(int device, int devices, const char* wh
 #ifdef MULTI_GPU
     if (remat_proc.world > 1) {
         int bad = err[0] != '\0';
-        int nbad = (int)proc_sum((double)bad);
+        int nbad = (int)proc_sum((double)bad, "the device check");
         if (nbad == 0) return;
         remat_fail_hook = multigpu_fail_together;
         if (bad) fail("%s", err);
@@ -176,39 +193,102 @@ static inline void multigpu_check_device(int device, int devices, const char* wh
 
 #ifdef MULTI_GPU
 
-/* ---- waiting on the host ----
- * Waits until `stream` (whose work may wait on the collectives) is done while
- * watching the communicator: a peer that is gone or a network failure shows
- * up as an asynchronous NCCL error, and the stream would otherwise never
- * finish, leaving this rank waiting forever. On such an error the
- * communicator is aborted (which ends its pending work) and fail() stops
- * every rank (MPI_Abort) with the message. */
+/* ---- waiting on the host ---- */
+
+static inline const char* multigpu_last_error(MultiGpu* mg) {
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
+    const char* last = ncclGetLastError(mg->comm);
+    return last ? last : "";
+#else
+    (void)mg;
+    return "";
+#endif
+}
+
+/* An asynchronous error (a peer gone, a network failure): the stream would
+ * never finish, so the communicator is aborted (which ends its pending work)
+ * and fail() stops every rank (MPI_Abort) with the message. */
+static inline void multigpu_fail_async(MultiGpu* mg, ncclResult_t async) {
+    char why[512];
+    const char* last = multigpu_last_error(mg);
+    snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(async), last[0] ? ": " : "", last);
+    ncclCommAbort(mg->comm);
+    mg->comm = NULL;
+    fail("NCCL reported an asynchronous error while rank %d waited for its step: %s (NCCL_DEBUG=INFO tells more)", mg->rank, why);
+}
+
+/* --collective-timeout passed while this rank waited on NCCL. */
+static inline void multigpu_fail_timeout(MultiGpu* mg, const char* why) {
+    ncclCommAbort(mg->comm);
+    mg->comm = NULL;
+    proc_fail_inside(&mg->phase, why);
+}
+
+/* A call on a nonblocking communicator that answered ncclInProgress: polled
+ * until NCCL settles (another call before that is not allowed), within
+ * --collective-timeout. Returns the final result. */
+static inline ncclResult_t multigpu_settle(MultiGpu* mg, ncclResult_t r) {
+    double start = proc_clock_s();
+    while (r == ncclInProgress) {
+        if (proc_timed() && proc_clock_s() - start > proc_timeout_s)
+            multigpu_fail_timeout(mg, "NCCL did not finish posting its work (a peer never joined it, or the network failed); communicator aborted");
+        sched_yield();
+        NCCL_CHECK(ncclCommGetAsyncError(mg->comm, &r));
+    }
+    return r;
+}
+#define MG_CHECK(mg, call) nccl_check_impl(multigpu_settle((mg), (call)), #call, __FILE__, __LINE__)
+
+/* The GPU waits on NCCL alone: the inputs of the collectives issued are
+ * ready (the last fork's event is done), their stream is not. */
+static inline int multigpu_waits_on_nccl(MultiGpu* mg) {
+    cudaError_t ready = cudaEventQuery(mg->ready);
+    if (ready == cudaErrorNotReady) return 0;
+    CUDA_CHECK(ready);
+    cudaError_t busy = cudaStreamQuery(mg->stream);
+    if (busy == cudaSuccess) return 0;
+    if (busy != cudaErrorNotReady) CUDA_CHECK(busy);
+    return 1;
+}
+
+/* Waits until `stream` (whose work may wait on the collectives) is done while
+ * watching the communicator for asynchronous errors, and with
+ * --collective-timeout how long the GPU has waited on NCCL alone. A gap
+ * between polls far beyond the yield is time this process did not run
+ * (stopped, then resumed): it restarts the count. */
 static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
     if (!mg) {
         CUDA_CHECK(cudaStreamSynchronize(stream));
         return;
     }
+    double on_nccl_since = 0.0, last = proc_clock_s();
     for (;;) {
         cudaError_t e = cudaStreamQuery(stream);
         if (e == cudaSuccess) return;
         if (e != cudaErrorNotReady) CUDA_CHECK(e);
         ncclResult_t async = ncclSuccess;
         NCCL_CHECK(ncclCommGetAsyncError(mg->comm, &async));
-        if (async != ncclSuccess) {
-#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 13, 0)
-            const char* last = ncclGetLastError(mg->comm);
-#else
-            const char* last = "";
-#endif
-            char why[512];
-            snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(async), last && last[0] ? ": " : "", last ? last : "");
-            ncclCommAbort(mg->comm);
-            mg->comm = NULL;
-            fail("NCCL reported an asynchronous error while rank %d waited for its step: %s (NCCL_DEBUG=INFO tells more)",
-                 mg->rank, why);
+        if (async != ncclSuccess && async != ncclInProgress) multigpu_fail_async(mg, async);
+        if (proc_timed()) {
+            double now = proc_clock_s();
+            if (now - last > 0.5 || !multigpu_waits_on_nccl(mg)) on_nccl_since = 0.0;
+            else if (on_nccl_since == 0.0) on_nccl_since = now;
+            else if (now - on_nccl_since > proc_timeout_s)
+                multigpu_fail_timeout(mg, "this GPU waited on NCCL all that time (a peer stopped inside the collective, or the network failed); communicator aborted");
+            last = now;
         }
         sched_yield();
     }
+}
+
+/* The host side of an NCCL phase: the arrival exchange of
+ * --collective-timeout (nothing when off), and what to name if the GPU then
+ * waits on it too long. */
+static inline void multigpu_phase(MultiGpu* mg, const char* what) {
+    proc_arrive(what);
+    memset(&mg->phase, 0, sizeof(mg->phase));
+    mg->phase.step = proc_step;
+    snprintf(mg->phase.what, sizeof(mg->phase.what), "%s", what);
 }
 
 /* ---- setup and teardown ---- */
@@ -231,8 +311,17 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    proc_broadcast(&id, sizeof(id));
-    NCCL_CHECK(ncclCommInitRank(&mg->comm, mg->world, id, mg->rank));
+    proc_broadcast(&id, sizeof(id), "the NCCL id broadcast");
+#if MULTIGPU_HAS_NONBLOCKING
+    if (proc_timed()) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        mg->nonblocking = 1;
+        multigpu_phase(mg, "the NCCL communicator setup");
+        MG_CHECK(mg, ncclCommInitRankConfig(&mg->comm, mg->world, id, mg->rank, &config));
+    } else
+#endif
+        NCCL_CHECK(ncclCommInitRank(&mg->comm, mg->world, id, mg->rank));
     int least = 0, greatest = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&mg->stream, cudaStreamNonBlocking, greatest));
@@ -241,7 +330,8 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     floatX* warm = NULL;
     CUDA_CHECK(cudaMalloc((void**)&warm, 256 * sizeof(floatX)));
     CUDA_CHECK(cudaMemsetAsync(warm, 0, 256 * sizeof(floatX), mg->stream));
-    NCCL_CHECK(ncclAllReduce(warm, warm, 256, NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
+    multigpu_phase(mg, "the NCCL warm-up all-reduce");
+    MG_CHECK(mg, ncclAllReduce(warm, warm, 256, NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
     multigpu_wait(mg, mg->stream);
     CUDA_CHECK(cudaFree(warm));
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
@@ -260,7 +350,7 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int 
     mg->grad_accum = grad_accum;
     const char* ov = getenv("REMAT_NCCL_OVERLAP");
     mg->overlap = !(ov && strcmp(ov, "0") == 0);
-    proc_broadcast(&mg->overlap, sizeof(mg->overlap)); /* the same collectives on every rank */
+    proc_broadcast(&mg->overlap, sizeof(mg->overlap), "the REMAT_NCCL_OVERLAP broadcast"); /* the same collectives on every rank */
     int v = mg->nccl_version;
     printf("data parallel: %d process%s, NCCL %d.%d.%d (%.1f MiB of device memory), %s; gradients %s %s\n", mg->world,
            mg->world == 1 ? "" : "es", v / 10000, (v % 10000) / 100, v % 100, mib(mg->device_bytes),
@@ -271,7 +361,10 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int 
 
 static inline void multigpu_free(MultiGpu* mg) {
     if (!mg) return;
-    CUDA_CHECK(cudaStreamSynchronize(mg->stream));
+    multigpu_wait(mg, mg->stream);
+#if MULTIGPU_HAS_NONBLOCKING
+    if (mg->nonblocking) MG_CHECK(mg, ncclCommFinalize(mg->comm)); /* then destroy frees without blocking */
+#endif
     NCCL_CHECK(ncclCommDestroy(mg->comm));
     CUDA_CHECK(cudaEventDestroy(mg->ready));
     CUDA_CHECK(cudaEventDestroy(mg->done));
@@ -303,7 +396,7 @@ static inline void multigpu_reduce_slices(MultiGpu* mg, floatX* grads, const siz
         if (off[i] + cnt[i] > mg->num_params) fail("internal: gradient slice past the buffer");
         if (!mg->zero) {
             floatX* g = grads + off[i];
-            NCCL_CHECK(ncclAllReduce(g, g, cnt[i], NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
+            MG_CHECK(mg, ncclAllReduce(g, g, cnt[i], NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
             continue;
         }
         for (int r = 0; r < mg->world; r++) {
@@ -312,10 +405,15 @@ static inline void multigpu_reduce_slices(MultiGpu* mg, floatX* grads, const siz
             size_t lo = s > off[i] ? s : off[i];
             size_t hi = s + c < off[i] + cnt[i] ? s + c : off[i] + cnt[i];
             if (lo >= hi) continue;
-            NCCL_CHECK(ncclReduce(grads + lo, grads + lo, hi - lo, NCCL_FLOATX, ncclSum, r, mg->comm, mg->stream));
+            MG_CHECK(mg, ncclReduce(grads + lo, grads + lo, hi - lo, NCCL_FLOATX, ncclSum, r, mg->comm, mg->stream));
         }
     }
-    NCCL_CHECK(ncclGroupEnd());
+    MG_CHECK(mg, ncclGroupEnd());
+}
+
+/* The same words as the CPU trainer's MPI collectives. */
+static inline const char* multigpu_reduction_name(const MultiGpu* mg) {
+    return mg->zero ? "the gradient reduction onto shards" : "the gradient all-reduce";
 }
 
 /* Start of each step (the driver zeroes the gradients first). */
@@ -340,6 +438,7 @@ static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, 
     if (!mg || !mg->armed) return;
     size_t off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS];
     int n = param_group_slices(&mg->layout, mg->num_layers, layer, off, cnt);
+    if (mg->issued == 0) multigpu_phase(mg, multigpu_reduction_name(mg));
     multigpu_fork(mg, compute);
     multigpu_reduce_slices(mg, grads, off, cnt, n);
     mg->issued++;
@@ -351,6 +450,7 @@ static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t
     if (!mg) return;
     if (mg->issued == 0) {
         size_t off = 0, cnt = mg->num_params;
+        multigpu_phase(mg, multigpu_reduction_name(mg));
         multigpu_fork(mg, compute);
         multigpu_reduce_slices(mg, grads, &off, &cnt, 1);
     } else if (mg->issued != mg->num_layers + 1) {
@@ -367,17 +467,18 @@ static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t
 static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStream_t compute) {
     if (!mg || !mg->zero) return;
     size_t P = mg->num_params, per = ceil_div(P, (size_t)mg->world);
+    multigpu_phase(mg, "the parameter all-gather");
     multigpu_fork(mg, compute);
     if (per * (size_t)mg->world == P) {
-        NCCL_CHECK(ncclAllGather(params + (size_t)mg->rank * per, params, per, NCCL_FLOATX, mg->comm, mg->stream));
+        MG_CHECK(mg, ncclAllGather(params + (size_t)mg->rank * per, params, per, NCCL_FLOATX, mg->comm, mg->stream));
     } else {
         NCCL_CHECK(ncclGroupStart());
         for (int r = 0; r < mg->world; r++) {
             size_t s, c;
             shard_range(P, mg->world, r, &s, &c);
-            if (c) NCCL_CHECK(ncclBroadcast(params + s, params + s, c, NCCL_FLOATX, r, mg->comm, mg->stream));
+            if (c) MG_CHECK(mg, ncclBroadcast(params + s, params + s, c, NCCL_FLOATX, r, mg->comm, mg->stream));
         }
-        NCCL_CHECK(ncclGroupEnd());
+        MG_CHECK(mg, ncclGroupEnd());
     }
     multigpu_join(mg, compute);
 }

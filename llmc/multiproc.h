@@ -12,9 +12,10 @@
 #define REMAT_MULTIPROC_H
 
 #include "utils.h"
+#include <signal.h>
 #ifdef USE_MPI
 #include <mpi.h>
-#include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #endif
 
@@ -32,12 +33,39 @@ static ProcInfo remat_proc = {0, 1, 0, 1};
 
 static inline void proc_abort_all(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
 
-/* --collective-timeout: a watchdog thread that stops this rank when one host
- * collective has waited too long (a peer stuck or gone); mpirun or srun then
- * ends the others. It makes no MPI call itself: it prints and _exits. */
+/* ---- --collective-timeout ----
+ * Off (0, the default), every collective below is the plain blocking MPI
+ * call. On, each one is numbered (proc_seq, the same on every rank) and
+ * starts with an arrival exchange: every rank sends a small "arrived at #k,
+ * doing <what> at step N" message to every other and receives theirs, then
+ * runs the collective's nonblocking form; both waits poll MPI_Test against
+ * one deadline, on the main thread (no watchdog thread, no threaded MPI).
+ * When the deadline passes, the ranks whose arrival at #k is missing are the
+ * ones this rank waits for: named, with the collective each was last seen at,
+ * then MPI_Abort stops the job. Past the arrival exchange (every rank
+ * arrived, one stopped inside the transfer) only "one of the others" is
+ * known, which with two ranks is a name too. An arrival naming another
+ * collective than this rank's is a divergence of the ranks' control flow and
+ * stops the job at once. Cost with the flag on: 2(N-1) messages of 64 bytes
+ * per rank and collective, a handful per step. */
+enum { PROC_WHAT_CHARS = 48 };
+typedef struct {
+    int64_t seq; /* collectives entered so far, this one included */
+    int32_t step; /* proc_step on entry; -1: setup */
+    char what[PROC_WHAT_CHARS];
+} ProcArrival;
+
 static int proc_timeout_s = 0;
-static volatile double proc_wait_since_s = 0.0; /* 0: not in a collective */
-static const char* volatile proc_wait_what = "";
+static int proc_step = -1;       /* the training step the trainer is in; -1 before the first */
+static int64_t proc_seq = 0;
+static MPI_Comm proc_arrival_comm;
+static ProcArrival proc_mine;    /* this rank's arrival at the current collective */
+static ProcArrival* proc_seen;   /* [world]: each rank's latest arrival received */
+static ProcArrival* proc_inbox;  /* [world]: receive buffers of the exchange */
+static MPI_Request* proc_exchange; /* [2 world]: receives, then sends */
+static MPI_Request* proc_pending; /* the current collective's nonblocking calls */
+static int proc_num_pending, proc_pending_cap;
+static double proc_deadline_s;
 
 static inline double proc_clock_s(void) {
     struct timespec ts;
@@ -45,25 +73,163 @@ static inline double proc_clock_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void* proc_watchdog(void* unused) {
-    (void)unused;
-    for (;;) {
-        sleep(1);
-        double since = proc_wait_since_s;
-        if (since > 0.0 && proc_clock_s() - since > proc_timeout_s) {
-            char line[256];
-            int n = snprintf(line, sizeof(line), "error: rank %d: waited more than %d s in %s for the other ranks "
-                             "(--collective-timeout): one is stuck or gone; stopping the job\n",
-                             remat_proc.rank, proc_timeout_s, proc_wait_what);
-            if (write(STDERR_FILENO, line, (size_t)n) < 0) { /* exiting anyway */ }
-            _exit(1);
-        }
-    }
-    return NULL;
+static inline int proc_timed(void) { return proc_timeout_s > 0; }
+
+/* "the loss mean (step 12)" or "... (setup)"; in a parenthesis already,
+ * "the loss mean, step 12" or "..., setup". */
+static inline void proc_describe(char* out, size_t size, const ProcArrival* a, int nested) {
+    if (a->step >= 0) snprintf(out, size, nested ? "%s, step %d" : "%s (step %d)", a->what, (int)a->step);
+    else snprintf(out, size, nested ? "%s, setup" : "%s (setup)", a->what);
 }
 
-#define PROC_COLLECTIVE(call) do { proc_wait_what = #call; proc_wait_since_s = proc_clock_s(); MPI_CHECK(call); \
-    proc_wait_since_s = 0.0; } while (0)
+/* Between polls: yields at first (most waits end within microseconds), then
+ * sleeps briefly so that a long wait does not hold a core. Returns the time
+ * after the pause; a gap far beyond the pause is time this process did not
+ * run (stopped, suspended), which moves the deadline on: a stopped rank,
+ * resumed, must not blame the others for its own stop. */
+static inline double proc_pause(double since_s, double last_s) {
+    if (last_s - since_s < 1e-3) {
+        sched_yield();
+    } else {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    double now = proc_clock_s();
+    if (now - last_s > 0.5) proc_deadline_s += now - last_s;
+    return now;
+}
+
+/* The one line of a timeout: what this rank was doing (`at`), whom it waited for. */
+static inline void proc_timeout_fail(const ProcArrival* at, const char* whom, const char* why) {
+    char doing[PROC_WHAT_CHARS + 32];
+    proc_describe(doing, sizeof(doing), at, 0);
+    fail("waited more than %d s in %s for %s: %s; stopping the job (--collective-timeout)", proc_timeout_s, doing, whom, why);
+}
+
+/* Timed out once every rank had arrived: with two ranks the other is named. */
+static inline void proc_fail_inside(const ProcArrival* at, const char* why) {
+    char who[160];
+    if (remat_proc.world == 2) snprintf(who, sizeof(who), "rank %d, which arrived at it but did not finish it", 1 - remat_proc.rank);
+    else snprintf(who, sizeof(who), "one of the other %d ranks, which all arrived at it", remat_proc.world - 1);
+    proc_timeout_fail(at, who, why);
+}
+
+/* Timed out in the exchange: names the ranks not yet arrived (up to eight),
+ * and where the first of them was last seen. */
+static inline void proc_fail_missing(void) {
+    char whom[256] = "";
+    size_t used = 0;
+    int missing = 0, first = -1;
+    for (int p = 0; p < remat_proc.world; p++) {
+        int arrived = 1;
+        if (proc_exchange[p] != MPI_REQUEST_NULL) MPI_CHECK(MPI_Test(&proc_exchange[p], &arrived, MPI_STATUS_IGNORE));
+        if (arrived) continue;
+        if (first < 0) first = p;
+        if (missing++ < 8) used += (size_t)snprintf(whom + used, sizeof(whom) - used, "%s%d", missing > 1 ? ", " : "", p);
+    }
+    if (missing > 8) snprintf(whom + used, sizeof(whom) - used, " and %d more", missing - 8);
+    if (first < 0) proc_fail_inside(&proc_mine, "a message of this rank was not delivered");
+    char last[PROC_WHAT_CHARS + 32] = "no collective yet";
+    if (proc_seen[first].seq > 0) proc_describe(last, sizeof(last), &proc_seen[first], 1);
+    char who[400];
+    if (missing == 1) snprintf(who, sizeof(who), "rank %s (last seen at %s)", whom, last);
+    else snprintf(who, sizeof(who), "ranks %s (rank %d last seen at %s)", whom, first, last);
+    proc_timeout_fail(&proc_mine, who, missing == 1 ? "it is stuck, stopped or gone" : "they are stuck, stopped or gone");
+}
+
+/* Arrival at the next collective: exchanged with every rank, then checked
+ * to be the same collective everywhere. */
+static inline void proc_collective_begin(const char* what) {
+    proc_num_pending = 0;
+    if (!proc_timed()) return;
+    int world = remat_proc.world, me = remat_proc.rank;
+    memset(&proc_mine, 0, sizeof(proc_mine));
+    proc_mine.seq = ++proc_seq;
+    proc_mine.step = proc_step;
+    snprintf(proc_mine.what, sizeof(proc_mine.what), "%s", what);
+    double start = proc_clock_s(), now = start;
+    proc_deadline_s = start + proc_timeout_s;
+    for (int p = 0; p < world; p++) {
+        proc_exchange[p] = proc_exchange[world + p] = MPI_REQUEST_NULL;
+        if (p == me) continue;
+        MPI_CHECK(MPI_Irecv(&proc_inbox[p], (int)sizeof(ProcArrival), MPI_BYTE, p, 0, proc_arrival_comm, &proc_exchange[p]));
+        MPI_CHECK(MPI_Isend(&proc_mine, (int)sizeof(ProcArrival), MPI_BYTE, p, 0, proc_arrival_comm, &proc_exchange[world + p]));
+    }
+    for (;;) {
+        int done = 0;
+        MPI_CHECK(MPI_Testall(2 * world, proc_exchange, &done, MPI_STATUSES_IGNORE));
+        if (done) break;
+        if (now > proc_deadline_s) proc_fail_missing();
+        now = proc_pause(start, now);
+    }
+    for (int p = 0; p < world; p++) {
+        if (p == me) continue;
+        const ProcArrival* a = &proc_inbox[p];
+        if (a->seq != proc_mine.seq || a->step != proc_mine.step || strncmp(a->what, proc_mine.what, PROC_WHAT_CHARS) != 0) {
+            char mine[PROC_WHAT_CHARS + 32], theirs[PROC_WHAT_CHARS + 32];
+            proc_describe(mine, sizeof(mine), &proc_mine, 0);
+            proc_describe(theirs, sizeof(theirs), a, 0);
+            fail("the ranks run different collectives: this rank is in %s, rank %d in %s (collective #%lld); stopping the "
+                 "job (--collective-timeout)", mine, p, theirs, (long long)proc_mine.seq);
+        }
+        proc_seen[p] = *a;
+    }
+    proc_seen[me] = proc_mine;
+}
+
+/* A slot for one of the current collective's nonblocking calls. */
+static inline MPI_Request* proc_new_request(void) {
+    if (proc_num_pending == proc_pending_cap) {
+        proc_pending_cap = proc_pending_cap ? 2 * proc_pending_cap : 8;
+        proc_pending = (MPI_Request*)realloc(proc_pending, (size_t)proc_pending_cap * sizeof(MPI_Request));
+        if (!proc_pending) fail("out of host memory for --collective-timeout's requests");
+    }
+    return &proc_pending[proc_num_pending++];
+}
+
+/* Waits for the current collective's nonblocking calls (the deadline runs on
+ * from its arrival). */
+static inline void proc_collective_end(void) {
+    if (!proc_timed() || proc_num_pending == 0) return;
+    double start = proc_clock_s(), now = start;
+    for (;;) {
+        int done = 0;
+        MPI_CHECK(MPI_Testall(proc_num_pending, proc_pending, &done, MPI_STATUSES_IGNORE));
+        if (done) break;
+        if (now > proc_deadline_s) proc_fail_inside(&proc_mine, "one stopped inside it or the network failed");
+        now = proc_pause(start, now);
+    }
+    proc_num_pending = 0;
+}
+
+/* One call of a collective: the blocking MPI function, or with the timeout
+ * on its nonblocking twin (same arguments plus the request). */
+#define PROC_CALL(blocking, nonblocking, ...) do { if (proc_timed()) MPI_CHECK(nonblocking(__VA_ARGS__, proc_new_request())); \
+    else MPI_CHECK(blocking(__VA_ARGS__)); } while (0)
+
+/* A whole collective of one call, described by `what` ("the loss mean"). */
+#define PROC_COLLECTIVE(what, blocking, nonblocking, ...) do { proc_collective_begin(what); \
+    PROC_CALL(blocking, nonblocking, __VA_ARGS__); proc_collective_end(); } while (0)
+
+/* Every rank agrees on the timeout before the exchange protocol starts (a
+ * rank with it off would wait in plain collectives for messages). */
+static inline void proc_enable_timeout(int seconds) {
+    int range[2] = {seconds, -seconds}, max[2] = {0, 0};
+    MPI_CHECK(MPI_Allreduce(range, max, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+    if (max[0] != -max[1]) {
+        if (remat_proc.rank == 0)
+            fail("flag --collective-timeout differs between the processes of this run: every rank must be started with the "
+                 "same flags and data");
+        MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); /* rank 0's abort ends the wait */
+    }
+    if (seconds <= 0) return;
+    int world = remat_proc.world;
+    MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &proc_arrival_comm));
+    proc_seen = (ProcArrival*)calloc_check((size_t)world, 2 * sizeof(ProcArrival), "--collective-timeout");
+    proc_inbox = proc_seen + world;
+    proc_exchange = (MPI_Request*)malloc_check((size_t)world * 2 * sizeof(MPI_Request), "--collective-timeout");
+    proc_timeout_s = seconds;
+}
 
 /* --help, --plan and other early exits leave through exit(0): finalize there
  * too, or mpirun reports the job as failed. */
@@ -124,16 +290,34 @@ static inline void proc_init(int* argc, char*** argv) {
 #endif
 }
 
+/* --collective-timeout: collective; every rank calls it once, before any
+ * other collective of the run. */
 static inline void proc_set_collective_timeout(int seconds) {
 #ifdef USE_MPI
-    if (seconds <= 0 || remat_proc.world == 1 || proc_timeout_s) return;
-    proc_timeout_s = seconds;
-    pthread_t t;
-    if (pthread_create(&t, NULL, proc_watchdog, NULL) != 0) fail("--collective-timeout: cannot start the watchdog thread");
-    pthread_detach(t);
+    if (remat_proc.world > 1 && !proc_timeout_s) proc_enable_timeout(seconds);
 #else
     (void)seconds;
 #endif
+}
+
+/* The training step the trainer is at, for --collective-timeout's messages. */
+static inline void proc_set_step(int step) {
+#ifdef USE_MPI
+    proc_step = step;
+#else
+    (void)step;
+#endif
+}
+
+/* REMAT_TEST_STALL=R:S (tests of --collective-timeout only): rank R stops
+ * itself (SIGSTOP) as step S begins, like a process the system stopped. */
+static inline void proc_test_stall(int step) {
+    static int rank = -2, at_step = -1;
+    if (rank == -2) {
+        const char* v = getenv("REMAT_TEST_STALL");
+        if (!v || sscanf(v, "%d:%d", &rank, &at_step) != 2) rank = -1;
+    }
+    if (rank == remat_proc.rank && step == at_step) raise(SIGSTOP);
 }
 
 static inline void proc_finalize(void) {
@@ -142,66 +326,87 @@ static inline void proc_finalize(void) {
 #endif
 }
 
-static inline void proc_barrier(void) {
+/* --collective-timeout's arrival exchange alone, before work that another
+ * library synchronizes (NCCL); nothing when the timeout is off. */
+static inline void proc_arrive(const char* what) {
 #ifdef USE_MPI
-    if (remat_proc.world > 1) PROC_COLLECTIVE(MPI_Barrier(MPI_COMM_WORLD));
+    if (remat_proc.world > 1 && proc_timed()) proc_collective_begin(what);
+#else
+    (void)what;
+#endif
+}
+
+/* With the timeout on, the arrival exchange is the barrier. */
+static inline void proc_barrier(const char* what) {
+#ifdef USE_MPI
+    if (remat_proc.world == 1) return;
+    if (proc_timed()) proc_collective_begin(what);
+    else MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+#else
+    (void)what;
 #endif
 }
 
 /* Mean of a double over all processes (identical on every rank). */
-static inline double proc_mean(double v) {
+static inline double proc_mean(double v, const char* what) {
 #ifdef USE_MPI
     if (remat_proc.world > 1) {
         double sum = 0.0;
-        PROC_COLLECTIVE(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         return sum / remat_proc.world;
     }
 #endif
+    (void)what;
     return v;
 }
 
-static inline double proc_sum(double v) {
+static inline double proc_sum(double v, const char* what) {
 #ifdef USE_MPI
     if (remat_proc.world > 1) {
         double sum = 0.0;
-        PROC_COLLECTIVE(MPI_Allreduce(&v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
         return sum;
     }
 #endif
+    (void)what;
     return v;
 }
 
 /* Largest value of a double over all processes. */
-static inline double proc_max(double v) {
+static inline double proc_max(double v, const char* what) {
 #ifdef USE_MPI
     if (remat_proc.world > 1) {
         double m = v;
-        PROC_COLLECTIVE(MPI_Allreduce(&v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         return m;
     }
 #endif
+    (void)what;
     return v;
 }
 
 /* Broadcast bytes from rank 0 (the NCCL id, for one). */
-static inline void proc_broadcast(void* buf, size_t bytes) {
+static inline void proc_broadcast(void* buf, size_t bytes, const char* what) {
 #ifdef USE_MPI
-    if (remat_proc.world > 1) PROC_COLLECTIVE(MPI_Bcast(buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD));
+    if (remat_proc.world > 1) PROC_COLLECTIVE(what, MPI_Bcast, MPI_Ibcast, buf, (int)bytes, MPI_BYTE, 0, MPI_COMM_WORLD);
 #else
     (void)buf;
     (void)bytes;
+    (void)what;
 #endif
 }
 
 /* The first of n values that differ between processes, or -1 when every
  * rank holds the same (compared by their minimum and maximum over ranks). */
-static inline int proc_first_mismatch(const uint64_t* v, int n) {
+static inline int proc_first_mismatch(const uint64_t* v, int n, const char* what) {
 #ifdef USE_MPI
     if (remat_proc.world > 1) {
         uint64_t* lo = (uint64_t*)malloc_check((size_t)n * 2 * sizeof(uint64_t), "rank comparison");
         uint64_t* hi = lo + n;
-        PROC_COLLECTIVE(MPI_Allreduce(v, lo, n, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD));
-        PROC_COLLECTIVE(MPI_Allreduce(v, hi, n, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
+        proc_collective_begin(what);
+        PROC_CALL(MPI_Allreduce, MPI_Iallreduce, v, lo, n, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+        PROC_CALL(MPI_Allreduce, MPI_Iallreduce, v, hi, n, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+        proc_collective_end();
         int first = -1;
         for (int i = 0; i < n && first < 0; i++)
             if (lo[i] != hi[i]) first = i;
@@ -211,6 +416,7 @@ static inline int proc_first_mismatch(const uint64_t* v, int n) {
 #endif
     (void)v;
     (void)n;
+    (void)what;
     return -1;
 }
 

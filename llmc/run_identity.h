@@ -132,7 +132,7 @@ static inline void ranks_check_same(const TrainOptions* o, const ModelConfig* cf
     for (int i = 0; i < NUM_FLAGS; i++) v[i] = o ? flag_digest(o, &flag_table[i]) : 0;
     v[NUM_FLAGS] = cfg ? fnv1a(FNV_START, cfg, sizeof(*cfg)) : 0;
     for (int i = 0; i < num_extra; i++) v[NUM_FLAGS + 1 + i] = extra[i];
-    int bad = proc_first_mismatch(v, n);
+    int bad = proc_first_mismatch(v, n, "the comparison of flags and data");
     free(v);
     if (bad < 0) return;
     if (remat_proc.rank == 0) {
@@ -140,7 +140,7 @@ static inline void ranks_check_same(const TrainOptions* o, const ModelConfig* cf
         fail("%s%s differs between the processes of this run: every rank must be started with the same flags and data",
              bad < NUM_FLAGS ? "flag " : "", what);
     }
-    proc_barrier(); /* rank 0's abort ends the wait */
+    proc_barrier("the wait for rank 0's verdict"); /* rank 0's abort ends the wait */
 }
 
 #endif

@@ -162,20 +162,20 @@ static inline void resolve_run_identity(Run* run) {
     } else {
         if (o->resume) fprintf(notes, "resume: no complete checkpoint (DONE_* marker) in %s: starting a fresh run\n", o->out_dir);
         int existing = o->out_dir[0] && !o->resume && !o->supersede && !o->plan_only && !o->plan_json ? checkpoint_latest(o->out_dir) : -1;
-        proc_broadcast(&existing, sizeof(existing));
+        proc_broadcast(&existing, sizeof(existing), "the check of -o for earlier runs");
         if (existing >= 0)
             fail("-o %s holds checkpoints of an earlier run (the latest complete: step %d): resume it with -y 1, or give "
                  "--supersede to delete them", o->out_dir, existing);
         run->run_id = run_id_new();
     }
-    proc_broadcast(&run->run_id, sizeof(run->run_id));
+    proc_broadcast(&run->run_id, sizeof(run->run_id), "the run id broadcast");
 }
 
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
     run->resume_step = o->resume ? checkpoint_latest(o->out_dir) : -1;
-    proc_broadcast(&run->resume_step, sizeof(run->resume_step)); /* every rank resumes the same step */
+    proc_broadcast(&run->resume_step, sizeof(run->resume_step), "the resume step broadcast"); /* every rank resumes the same step */
     resolve_run_identity(run);
     static char ckpt_model[4200];
     if (run->resume_step >= 0) {
@@ -524,7 +524,7 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, NULL, path, &af, step);
     if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, NULL, path, &af, step);
     atomic_commit(&af);
-    proc_barrier(); /* complete only when every rank has written */
+    proc_barrier("the checkpoint barrier"); /* complete only when every rank has written */
     if (run->rank == 0) {
         checkpoint_write_marker(dir, step, run->run_id);
         checkpoint_retain(dir, run->opt.keep_last, run->opt.keep_every);
@@ -672,10 +672,10 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
         if (pl->n) position_losses_add(pl, be, run->opt.B, run->opt.T);
     }
     for (int i = 0; i < pl->n; i++) {
-        pl->loss_sum[i] = proc_sum(pl->loss_sum[i]);
-        pl->tokens[i] = proc_sum(pl->tokens[i]);
+        pl->loss_sum[i] = proc_sum(pl->loss_sum[i], "the validation sums by position");
+        pl->tokens[i] = proc_sum(pl->tokens[i], "the validation sums by position");
     }
-    float mean = (float)proc_mean(sum / n);
+    float mean = (float)proc_mean(sum / n, "the validation loss mean");
     printf("val loss %.6f at step %d\n", (double)mean, step);
     logger_val(log, step, mean);
     if (pl->n && run->rank == 0) print_position_losses(pl, step, log);
@@ -782,7 +782,7 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
         loss += be->forward_backward(be->ctx, dloss_mean);
     }
     if (be->sync_grads) be->sync_grads(be->ctx);
-    r.loss = (float)proc_mean(loss / run->grad_accum);
+    r.loss = (float)proc_mean(loss / run->grad_accum, "the training loss mean");
     r.norm = be->grad_norm(be->ctx) / scale;
     r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
     int finite = isfinite(r.norm) && isfinite(r.loss);
@@ -859,7 +859,7 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
         int removed = checkpoint_remove_all(o->out_dir);
         if (removed) printf("checkpoints: removed %d earlier checkpoint%s from %s\n", removed, removed == 1 ? "" : "s", o->out_dir);
     }
-    proc_barrier();
+    proc_barrier("the barrier after clearing -o");
     logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL, run->resume_step);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
@@ -901,7 +901,7 @@ static inline void ranks_check_data_and_steps(const LoopState* ls, int steps) {
  * -o) and exit with PREEMPT_EXIT_STATUS. Every rank takes part in the vote,
  * so all stop after the same step. */
 static inline void maybe_stop_on_signal(Run* run, Backend* be, LoopState* ls, int step) {
-    int sig = (int)proc_max((double)remat_stop_signal);
+    int sig = (int)proc_max((double)remat_stop_signal, "the stop-signal vote");
     if (!sig) return;
     const char* dir = run->opt.out_dir;
     if (dir[0]) save_checkpoint(run, be, step, &ls->train);
@@ -939,8 +939,11 @@ static inline void train(Run* run, Backend* be) {
     double total_ms = 0.0;
     int timed_steps = 0;
     for (int step = start; step <= steps; step++) {
+        proc_set_step(step); /* named by --collective-timeout's messages */
         between_steps(run, be, &ls, step, start, step == steps);
         if (step == steps) break;
+        proc_set_step(step + 1);
+        proc_test_stall(step + 1);
         if (be->step_begin) be->step_begin(be->ctx, step + 1);
         double t0 = now_ms();
         StepResult r = train_step(run, be, &ls.train, step + 1, steps);

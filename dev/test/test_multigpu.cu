@@ -9,7 +9,11 @@
  * groups. Also multigpu_wait, with the stream's progress and NCCL's async
  * error state stubbed: it returns once the stream is done, and with
  * `wait-error` as argument it stops with a message naming the NCCL error
- * after aborting the communicator (exit 1).
+ * after aborting the communicator (exit 1). With --collective-timeout (1 s
+ * here): a GPU waiting on NCCL alone past it aborts and stops naming the
+ * other rank (`wait-timeout`), a long compute with NCCL done does not, a
+ * nonblocking call answering ncclInProgress is polled until it settles, or
+ * aborts past the deadline (`settle-timeout`).
  * Run by dev/test/test_multigpu_schedule.py (`make test`); by hand:
  *   nvcc -std=c++17 -I. -DENABLE_BF16 -DUSE_MPI -DMULTI_GPU -DOMPI_SKIP_MPICXX $(mpicc --showme:compile) \
  *        -o build/test_multigpu dev/test/test_multigpu.cu $(mpicc --showme:link) && build/test_multigpu
@@ -25,9 +29,23 @@ static int stub_ok(void) { return 0; }
  * queries; NCCL reports nccl_async_error from the nccl_error_after-th check on */
 static int stream_busy_polls, stream_queries, nccl_error_after = -1, nccl_checks, nccl_aborts;
 static ncclResult_t nccl_async_error = ncclSystemError;
-static cudaError_t stub_stream_query(cudaStream_t) { return stream_queries++ < stream_busy_polls ? cudaErrorNotReady : cudaSuccess; }
+/* --collective-timeout's view: the collective stream (COLLECTIVES) is busy
+ * while nccl_busy; the compute stream busy until compute_busy_until_s on the
+ * clock when set; ncclCommGetAsyncError answers ncclInProgress
+ * nccl_in_progress_checks times (-1: forever) */
+#define COLLECTIVES ((cudaStream_t)0x1)
+static int nccl_busy, nccl_in_progress_checks;
+static double compute_busy_until_s;
+static double stub_clock_s(void);
+static cudaError_t stub_stream_query(cudaStream_t s) {
+    if (s == COLLECTIVES) return nccl_busy ? cudaErrorNotReady : cudaSuccess;
+    if (compute_busy_until_s > 0) return stub_clock_s() < compute_busy_until_s ? cudaErrorNotReady : cudaSuccess;
+    return stream_queries++ < stream_busy_polls ? cudaErrorNotReady : cudaSuccess;
+}
 #define cudaStreamQuery(s) stub_stream_query(s)
+#define cudaEventQuery(e) ((void)(e), cudaSuccess)
 #include "llmc/multigpu.cuh"
+static double stub_clock_s(void) { return proc_clock_s(); }
 
 struct Call { std::string op; size_t off, cnt; int root; };
 static std::vector<Call> calls;
@@ -36,6 +54,11 @@ extern "C" {
 const char* ncclGetLastError(ncclComm_t) { return "peer 3 unreachable"; }
 const char* ncclGetErrorString(ncclResult_t) { return "stub"; }
 ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* err) {
+    if (nccl_in_progress_checks != 0) {
+        if (nccl_in_progress_checks > 0) nccl_in_progress_checks--;
+        *err = ncclInProgress;
+        return ncclSuccess;
+    }
     *err = nccl_error_after >= 0 && nccl_checks++ >= nccl_error_after ? nccl_async_error : ncclSuccess;
     return ncclSuccess;
 }
@@ -90,9 +113,55 @@ static int wait_error(void) {
     return 1;
 }
 
+/* A two-rank job with --collective-timeout 1 s, in the gradient all-reduce of step 7. */
+static MultiGpu timed_job(void) {
+    MultiGpu mg; memset(&mg, 0, sizeof(mg));
+    remat_proc.world = 2;
+    mg.rank = 0; mg.world = 2; mg.stream = COLLECTIVES; mg.nonblocking = 1;
+    proc_timeout_s = 1;
+    mg.phase.step = 7;
+    snprintf(mg.phase.what, sizeof(mg.phase.what), "the gradient all-reduce");
+    return mg;
+}
+
+/* The GPU waits on NCCL alone for longer than the timeout: must not return. */
+static int wait_timeout(void) {
+    MultiGpu mg = timed_job();
+    nccl_busy = 1; stream_busy_polls = 1 << 30; stream_queries = 0;
+    multigpu_wait(&mg, 0);
+    printf("FAIL multigpu_wait returned although NCCL never finished\n");
+    return 1;
+}
+
+/* A nonblocking call that never settles: must not return. */
+static int settle_timeout(void) {
+    MultiGpu mg = timed_job();
+    nccl_in_progress_checks = -1;
+    MG_CHECK(&mg, ncclInProgress);
+    printf("FAIL MG_CHECK returned although NCCL stayed in progress\n");
+    return 1;
+}
+
+/* With the timeout on: compute longer than the timeout while NCCL is done is
+ * no timeout; a call answering ncclInProgress a few times settles. */
+static int check_timed(void) {
+    MultiGpu mg = timed_job();
+    int fails = 0;
+    nccl_busy = 0; compute_busy_until_s = proc_clock_s() + 1.5;
+    multigpu_wait(&mg, 0);
+    compute_busy_until_s = 0;
+    nccl_in_progress_checks = 5;
+    MG_CHECK(&mg, ncclInProgress);
+    if (nccl_in_progress_checks != 0 || nccl_aborts != 0) { printf("FAIL timed waits: %d checks left, %d aborts\n", nccl_in_progress_checks, nccl_aborts); fails++; }
+    remat_proc.world = 1; proc_timeout_s = 0;
+    return fails;
+}
+
 int main(int argc, char** argv) {
     if (argc > 1 && strcmp(argv[1], "wait-error") == 0) return wait_error();
-    int fails = check_wait();
+    if (argc > 1 && strcmp(argv[1], "wait-timeout") == 0) return wait_timeout();
+    if (argc > 1 && strcmp(argv[1], "settle-timeout") == 0) return settle_timeout();
+    int fails = check_wait() + check_timed();
     int Ls[] = {1, 2, 3};
     int worlds[] = {1, 2, 3, 7, 8};
     for (int L : Ls) for (int world : worlds) for (int zero = 0; zero < 2; zero++) for (int overlap = 0; overlap < 2; overlap++) for (int accum = 1; accum <= 3; accum += 2) {

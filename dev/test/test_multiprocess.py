@@ -1,6 +1,7 @@
 """Data-parallel training of the CPU reference under OpenMPI: N processes with
 batch B train exactly like one process with batch N*B; ZeRO-1 like ZeRO-0;
 resume is bitwise identical; an error on one rank stops all of them."""
+import json
 import os
 import re
 import shutil
@@ -153,7 +154,8 @@ def mpmd(data, per_rank, common=(), wdirs=None, timeout=120):
     return run(args, env=MPI_ENV, timeout=timeout)
 
 
-@pytest.mark.parametrize("flag, a, b", [("-b", "2", "4"), ("-x", "3", "4"), ("--seed", "1", "2"), ("-l", "1e-3", "2e-3")])
+@pytest.mark.parametrize("flag, a, b", [("-b", "2", "4"), ("-x", "3", "4"), ("--seed", "1", "2"), ("-l", "1e-3", "2e-3"),
+                                          ("--collective-timeout", "0", "5")])
 def test_ranks_with_different_flags_are_refused(synthetic, flag, a, b):
     out, _ = synthetic
     common = ["-i", out / "synthetic_train.bin", "-b", "2", "-x", "3"]
@@ -199,33 +201,134 @@ def test_signal_stops_every_rank_after_the_same_step(synthetic, tmp_path):
     assert proc.returncode != 0 and "Exit code:    75" in err, err  # each rank exits 75, and mpirun says so
 
 
-def test_collective_timeout_stops_a_job_whose_rank_is_stuck(synthetic):
-    """Rank processes are mpirun's children; stopping one (SIGSTOP) leaves
-    the other waiting in a collective, which --collective-timeout ends."""
+def rank_pids(mpirun_pid, n):
+    """The rank processes among mpirun's children, by MPI rank."""
+    pids = {}
+    for _ in range(1000):
+        if len(pids) == n:
+            break
+        children = []
+        for task in os.listdir(f"/proc/{mpirun_pid}/task"):
+            children += open(f"/proc/{mpirun_pid}/task/{task}/children").read().split()
+        for c in children:
+            env = open(f"/proc/{c}/environ", "rb").read().split(b"\0")
+            rank = [e for e in env if e.startswith(b"OMPI_COMM_WORLD_RANK=")]
+            if "train_gpt_cpu" in open(f"/proc/{c}/cmdline").read() and rank:
+                pids[int(rank[0].split(b"=")[1])] = int(c)
+    return pids
+
+
+def stuck_job(np_, data, stop_rank=None, env=None, flags=("--collective-timeout", "2"), wait_s=60):
+    """Trains on np_ ranks until they are stuck: rank stop_rank is stopped
+    (SIGSTOP) once step 2 is printed, or REMAT_TEST_STALL in env stops one.
+    Returns (exit status, stderr, seconds from the stop to the end); after
+    wait_s the job is killed (exit status None)."""
     import signal
     import subprocess
-    out, meta = synthetic
-    args = ["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
-            str(out / "synthetic_train.bin"), "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "100000",
-            "--collective-timeout", "3"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **MPI_ENV})
-    for line in proc.stdout:
-        if line.startswith("step    2/"):
-            break
-    children = []
-    for task in os.listdir(f"/proc/{proc.pid}/task"):
-        children += open(f"/proc/{proc.pid}/task/{task}/children").read().split()
-    ranks = [int(c) for c in children if "train_gpt_cpu" in open(f"/proc/{c}/cmdline").read()]
-    assert len(ranks) == 2, children
-    os.kill(ranks[1], signal.SIGSTOP)
-    t0 = time.time()
+    import threading
+    out, meta = data
+    args = ["mpirun", "-np", str(np_), str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
+            str(out / "synthetic_train.bin"), "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "100000", *flags]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **MPI_ENV, **(env or {})})
+    pids = {}
+    guard = threading.Timer(wait_s + 30, proc.kill)  # a job that never reaches step 2 must not hang the test
+    guard.start()
     try:
-        _, err = proc.communicate(timeout=60)
+        for line in proc.stdout:
+            if line.startswith("step    2/"):
+                break
+        pids = rank_pids(proc.pid, np_)
+        if stop_rank is not None:
+            os.kill(pids[stop_rank], signal.SIGSTOP)
+        t0 = time.time()
+        try:
+            _, err = proc.communicate(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            return None, "", time.time() - t0
+        return proc.returncode, err, time.time() - t0
     finally:
-        for r in ranks:
+        guard.cancel()
+        proc.kill()
+        for pid in pids.values():
             try:
-                os.kill(r, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    assert proc.returncode != 0 and time.time() - t0 < 30
-    assert "waited more than 3 s in MPI_" in err and "--collective-timeout" in err, err
+
+
+@pytest.mark.parametrize("stop_rank", [1, 0])
+def test_collective_timeout_names_the_stopped_rank(synthetic, stop_rank):
+    """A rank stopped at any point (SIGSTOP from outside, mpirun's children):
+    the other stops the job within a few seconds of the timeout and names it,
+    whether the stop caught it between collectives (the message says where it
+    was last seen) or inside one (two ranks: the only other)."""
+    code, err, seconds = stuck_job(2, synthetic, stop_rank=stop_rank)
+    waiter = 1 - stop_rank
+    assert code != 0 and seconds < 2 + 8, (code, seconds, err)
+    assert re.search(rf"^error: rank {waiter}: waited more than 2 s in the [a-z -]+ \((step \d+|setup)\) for rank {stop_rank}"
+                     rf"( \(last seen at [^)]*\)|, which arrived at it but did not finish it): .*\(--collective-timeout\)$",
+                     err, re.M), err
+    assert f"error: rank {stop_rank}: waited" not in err, err  # resumed to be killed, it does not blame the other
+
+
+def test_collective_timeout_names_a_stalled_rank_and_where_it_was(synthetic):
+    """Three ranks, rank 2 stops itself as step 3 begins (REMAT_TEST_STALL):
+    the others wait in step 3's first collective and name rank 2, last seen at
+    step 2's last one."""
+    code, err, seconds = stuck_job(3, synthetic, env={"REMAT_TEST_STALL": "2:3"})
+    assert code != 0 and seconds < 2 + 8, (code, seconds, err)
+    lines = [ln for ln in err.splitlines() if "waited more than" in ln]
+    assert lines, err
+    for ln in lines:
+        assert re.fullmatch(r"error: rank [01]: waited more than 2 s in the gradient all-reduce \(step 3\) for rank 2 \(last "
+                            r"seen at the stop-signal vote, step 2\): it is stuck, stopped or gone; stopping the job "
+                            r"\(--collective-timeout\)", ln), ln
+
+
+@pytest.fixture(scope="module")
+def proc_timeout_exe():
+    from conftest import BUILD, REPO
+    BUILD.mkdir(exist_ok=True)
+    exe = BUILD / "test_proc_timeout"
+    run(["mpicc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-DUSE_MPI", "-I", REPO, "-o", exe,
+         REPO / "dev/test/test_proc_timeout.c", "-lm"], check=True, timeout=120)
+    return exe
+
+
+@pytest.mark.parametrize("mode, np_, line", [
+    ("missing", 3, "error: rank 0: waited more than 1 s in the second sum (step 4) for ranks 1, 2 (rank 1 last seen at the "
+                   "first sum, step 4): they are stuck, stopped or gone; stopping the job (--collective-timeout)"),
+    ("inside", 3, "error: rank [01]: waited more than 1 s in the second sum \\(step 4\\) for one of the other 2 ranks, which all "
+                  "arrived at it: one stopped inside it or the network failed; stopping the job \\(--collective-timeout\\)"),
+    ("diverge", 2, "error: rank [01]: the ranks run different collectives: this rank is in (a sum|a barrier) \\(step 4\\), rank [01] "
+                   "in (a barrier|a sum) \\(step 4\\) \\(collective #2\\); stopping the job \\(--collective-timeout\\)")])
+def test_collective_timeout_messages(proc_timeout_exe, mode, np_, line):
+    """The cases the trainers never produce by themselves: several ranks
+    missing, a rank that arrived and stopped inside (three ranks: not
+    nameable), ranks in different collectives (#1 is the first sum)."""
+    t0 = time.time()
+    res = run(["mpirun", "-np", str(np_), proc_timeout_exe, mode], env=MPI_ENV, timeout=60)
+    assert res.returncode != 0 and time.time() - t0 < 15, res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    pattern = re.escape(line) if mode == "missing" else line
+    assert errors and all(re.fullmatch(pattern, ln) for ln in errors), res.stderr
+
+
+def test_without_collective_timeout_a_stalled_rank_still_blocks_the_others(synthetic):
+    """The flag is off by default: the plain blocking collectives wait on."""
+    code, err, seconds = stuck_job(2, synthetic, env={"REMAT_TEST_STALL": "1:3"}, flags=(), wait_s=4)
+    assert code is None and seconds >= 4, (code, err)
+
+
+@pytest.mark.parametrize("zero", ["0", "1"])
+def test_collective_timeout_on_leaves_the_results_bitwise_equal(synthetic, tmp_path, zero):
+    """With every rank healthy the timed (nonblocking) collectives give the
+    blocking ones' results: log.jsonl's losses, norms and validation losses
+    (printed to 9 digits) are identical."""
+    logs = []
+    for name, extra in [("off", []), ("on", ["--collective-timeout", "30"])]:
+        train(2, synthetic, "-b", "2", "-x", "6", "-v", "3", "-z", zero, "-o", tmp_path / name, *extra)
+        rows = [json.loads(ln) for ln in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+        logs.append([{k: r[k] for k in ("step", "loss", "norm", "val_loss") if k in r} for r in rows])
+    assert len([r for r in logs[0] if "loss" in r]) == 6 and logs[0] == logs[1]
