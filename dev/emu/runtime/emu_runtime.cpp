@@ -12,7 +12,8 @@
  *     documentation names (barriers in divergent code, warp operations not
  *     reached by the whole warp, partial masks, launches beyond the limits or
  *     the kernel's __launch_bounds__) stops the program with a message.
- *   - memory: cudaMalloc / cudaMallocHost blocks are separate mappings with
+ *   - memory: cudaMalloc / cudaMallocHost blocks are separate mappings (the
+ *     device ones inside initcheck's reserved range, emu_initcheck.cpp) with
  *     inaccessible guard pages on both sides and a canary in the slack after
  *     the requested size, filled with 0xff bytes (NaN in every float type) so
  *     that reading memory nobody wrote shows; freed blocks stay inaccessible.
@@ -782,7 +783,9 @@ std::string describe_device_byte(uintptr_t a) {
     if (!r.empty()) return r;
     const Alloc* al = find_alloc((const void*)a);
     char buf[200];
-    if (al) snprintf(buf, sizeof(buf), "byte %zu of the %zu-byte %s block at %p", (size_t)(a - (uintptr_t)al->base), al->size, kind_name(al->kind), al->base);
+    if (al)
+        snprintf(buf, sizeof(buf), "byte %zu of the %zu-byte %s block at %p", (size_t)(a - (uintptr_t)al->base), al->size,
+                 kind_name(al->kind), al->base);
     else snprintf(buf, sizeof(buf), "the byte at %p", (void*)a);
     return buf;
 }
