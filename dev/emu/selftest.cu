@@ -327,18 +327,21 @@ static void test_kernels(void) {
     CK(cudaMemcpy(&mx, d_mx, 4, cudaMemcpyDeviceToHost));
     CHECK(cnt == 7 * 96 && mx == 7 * 96 - 1, "atomics: %d %u", cnt, mx);
 
-    /* fresh device memory is poisoned (0xff: NaN); async copies complete at synchronisation */
+    /* fresh device memory is poisoned (0xff: NaN; read directly, as host and device share one address space here: a copy
+     * of it would stop under initcheck); async copies complete at synchronisation */
     float* d_p;
     CK(cudaMalloc(&d_p, 16));
+    uint32_t pb;
+    memcpy(&pb, d_p, 4);
+    CHECK(pb == 0xffffffffu, "fresh cudaMalloc memory not poisoned (0x%08x)", pb);
     float* pinned;
     CK(cudaMallocHost(&pinned, 16));
     pinned[0] = 5.0f;
+    CK(cudaMemsetAsync(d_p, 0, 16, st));
     CK(cudaMemcpyAsync(pinned, d_p, 16, cudaMemcpyDeviceToHost, st));
     CHECK(pinned[0] == 5.0f, "an async copy to pinned memory ran before synchronisation");
     CK(cudaStreamSynchronize(st));
-    uint32_t pb;
-    memcpy(&pb, pinned, 4);
-    CHECK(pb == 0xffffffffu, "fresh cudaMalloc memory not poisoned (0x%08x)", pb);
+    CHECK(pinned[0] == 0.0f, "an async copy to pinned memory did not run at synchronisation (%g)", pinned[0]);
     /* a pageable source is staged at the call */
     float src = 3.0f;
     CK(cudaMemcpyAsync(d_p, &src, 4, cudaMemcpyHostToDevice, st));
@@ -556,7 +559,7 @@ static bool close(float got, double want, double mag) { return fabs(got - want) 
 
 /* wmma_tile_kernel against a double-precision product; strides above 16 with
  * NaN padding (a load reading outside the tile shows) and D's padding must
- * stay as cudaMalloc left it (a store writing outside the tile shows). */
+ * keep the NaN bytes written before (a store writing outside the tile shows). */
 template <typename T, typename LA, typename LB> static void wmma_tile_case(const char* tname, bool c_col, bool d_col) {
     const bool a_col = std::is_same<LA, wmma::col_major>::value, b_col = std::is_same<LB, wmma::col_major>::value;
     const int lda = 24, ldb = 32, ldc = 20;
@@ -572,8 +575,10 @@ template <typename T, typename LA, typename LB> static void wmma_tile_case(const
             c[r][k] = C[at(c_col, r, k, ldc)] = wrand();
         }
     T *dA = to_device(A), *dB = to_device(B);
-    float *dC = to_device(C), *dD;
-    CK(cudaMalloc(&dD, C.size() * sizeof(float)));
+    float *dC = to_device(C), *dD = to_device(std::vector<float>(C.size(), NAN));
+    const float nan = NAN;
+    uint32_t nan_bits;
+    memcpy(&nan_bits, &nan, 4);
     wmma_tile_kernel<T, LA, LB><<<1, 32>>>(dA, dB, dC, dD, lda, ldb, ldc, c_col, d_col);
     std::vector<float> D = from_device(dD, C.size());
     int bad = 0;
@@ -589,7 +594,7 @@ template <typename T, typename LA, typename LB> static void wmma_tile_case(const
     for (size_t i = 0; i < D.size(); i++) {
         uint32_t u;
         memcpy(&u, &D[i], 4);
-        bad += (int)(i % ldc) >= 16 && u != 0xffffffffu;
+        bad += (int)(i % ldc) >= 16 && u != nan_bits;
     }
     CHECK(bad == 0, "wmma 16x16x16 %s, A %s, B %s, C %s, D %s: %d wrong", tname, a_col ? "col" : "row", b_col ? "col" : "row",
           c_col ? "col" : "row", d_col ? "col" : "row", bad);
@@ -870,6 +875,7 @@ __global__ void wmma_misuse_kernel(float* d, int mode) {
         wmma::load_matrix_sync(c, local, 16, wmma::mem_row_major);
     }
     if (mode == 5) wmma::store_matrix_sync(d + 1000 - 248, c, 16, wmma::mem_row_major); /* 32 bytes past the end */
+    if (mode == 7) wmma::load_matrix_sync(a, h + 16 * 16, 16); /* from device memory nothing wrote (initcheck) */
     if (mode == 6) {
         wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ha;
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> hb;
@@ -934,7 +940,9 @@ static void register_regions(float* d) {
 }
 
 /* A region registered anew (as the trainer renews its dead buffers before
- * each forward pass) holds NaN bytes again, not what was written before. */
+ * each forward pass) holds NaN bytes again, not what was written before
+ * (read directly: a copy of it stops under initcheck, as fail:renewed_read
+ * shows). */
 static void test_region_renewal(void) {
     float* d;
     CK(cudaMalloc(&d, 1000 * sizeof(float)));
@@ -943,7 +951,7 @@ static void test_region_renewal(void) {
     nvtx_unregister_region(nvtx_plan_domain, d);
     nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
     std::vector<unsigned char> h(100 * sizeof(float));
-    CK(cudaMemcpy(h.data(), d, h.size(), cudaMemcpyDeviceToHost));
+    memcpy(h.data(), d, h.size());
     CHECK(std::count(h.begin(), h.end(), 0xff) == (long)h.size(), "a renewed region is not NaN-poisoned");
     CK(cudaFree(d));
 }
@@ -1179,12 +1187,26 @@ static int run_fail(const char* name) {
     else if (n == "region_memset") { register_regions(d); cudaMemset(d + 50, 0, 51 * sizeof(float)); }
     else if (n == "ptx_ldmatrix_misaligned") ptx_misuse_kernel<<<1, 32>>>(d, 0);
     else if (n == "ptx_mma_divergent") ptx_misuse_kernel<<<1, 32>>>(d, 1);
-    else if (n == "ptx_cp_async_never_waited") ptx_misuse_kernel<<<2, 32>>>(d, 2);
+    else if (n == "ptx_cp_async_never_waited") { cudaMemset(d, 0, 32 * 16); ptx_misuse_kernel<<<2, 32>>>(d, 2); }
+    else if (n == "ptx_cp_async_uninit") ptx_misuse_kernel<<<1, 32>>>(d, 2); /* copies from device memory nothing wrote */
+    /* initcheck: reads of device memory nothing wrote since it was allocated, or since its NVTX region was renewed */
+    else if (n == "uninit_read") region_kernel<<<1, 1>>>(d, 5, 0);
+    else if (n == "renewed_read") {
+        register_regions(d);
+        cudaMemset(d, 0, 100 * sizeof(float));
+        nvtx_unregister_region(nvtx_plan_domain, d);
+        nvtx_register_region(nvtx_plan_domain, nvtx_plan_heap, d, 100 * sizeof(float), "buffer_a");
+        region_kernel<<<1, 1>>>(d, 7, 0);
+    } else if (n == "memcpy_uninit") {
+        float h[8];
+        cudaMemset(d, 0, 7 * sizeof(float));
+        cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost);
+    }
     else if (n.rfind("wmma_", 0) == 0) {
         const char* modes[] = {"wmma_misaligned", "wmma_bad_ldm", "wmma_divergent", "wmma_args_differ", "wmma_local_memory",
-                               "wmma_past_end", "wmma_half_copies"};
-        int mode = (int)(std::find(modes, modes + 7, n) - modes);
-        if (mode == 7) {
+                               "wmma_past_end", "wmma_half_copies", "wmma_uninit"};
+        int mode = (int)(std::find(modes, modes + 8, n) - modes);
+        if (mode == 8) {
             fprintf(stderr, "unknown failure case %s\n", name);
             return 2;
         }
@@ -1198,7 +1220,7 @@ static int run_fail(const char* name) {
     } else if (n == "lt_tf32") {
         cublasLtMatmulDesc_t desc;
         cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F);
-    } else if (n == "lt_algo_mismatch" || n == "lt_alignment") {
+    } else if (n == "lt_algo_mismatch" || n == "lt_alignment" || n == "lt_uninit") {
         cublasLtHandle_t lt;
         cublasLtCreate(&lt);
         cublasLtMatmulDesc_t desc;
@@ -1213,6 +1235,10 @@ static int run_fail(const char* name) {
         cublasLtMatmulAlgoGetHeuristic(lt, desc, l8, l8, l8, l8, pref, 1, &res, &found);
         float one = 1, zero = 0;
         if (n == "lt_algo_mismatch") cublasLtMatmul(lt, desc, &one, d, l4, d + 16, l4, &zero, d + 32, l4, d + 32, l4, &res.algo, NULL, 0, 0);
+        else if (n == "lt_uninit") { /* A written, B's last column not (initcheck) */
+            cudaMemset(d, 0, (64 + 56) * sizeof(float));
+            cublasLtMatmul(lt, desc, &one, d, l8, d + 64, l8, &zero, d + 128, l8, d + 128, l8, &res.algo, NULL, 0, 0);
+        }
         else cublasLtMatmul(lt, desc, &one, d + 1, l8, d + 128, l8, &zero, d + 256, l8, d + 256, l8, &res.algo, NULL, 0, 0);
     } else {
         fprintf(stderr, "unknown failure case %s\n", name);

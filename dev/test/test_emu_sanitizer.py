@@ -1,21 +1,24 @@
-"""The CPU emulator (dev/emu) as a sanitizer: racecheck on the real kernels' barriers, memcheck on the plan's buffers.
+"""The CPU emulator (dev/emu) as a sanitizer: racecheck on the real kernels' barriers, memcheck on the plan's buffers,
+initcheck on reads of device memory nothing wrote.
 
 Why it exists: a missing __syncwarp() or __syncthreads() is a silent race on a
 GPU, and an access one element past a plan buffer lands in the next buffer of
-the one arena; neither changes the emulated results reliably. The emulator
-records every shared-memory access (dev/emu/runtime/emu_racecheck.cpp) and
-every access to the plan's guard zones (emu_memcheck.cpp); these tests show
-that it stops such mutants of the current kernels with a message naming the
-hazard:
+the one arena; a read of memory no kernel wrote shows only as NaN, if at
+all; none of them changes the emulated results reliably. The emulator
+records every shared-memory access (dev/emu/runtime/emu_racecheck.cpp),
+every access to the plan's guard zones (emu_memcheck.cpp) and which bytes of
+device memory were written (emu_initcheck.cpp); these tests show that it
+stops such mutants of the current kernels with a message naming the hazard:
   - every __syncthreads()/__syncwarp() in llmc/*.cuh, deleted one at a time
     (EMU_DELETE_SYNC=FILE:LINE makes the emulator skip exactly that call, as
     if the line were gone), fails the kernel's emulated test with
     "racecheck: ... hazard", except the barriers listed in REDUNDANT, whose
     deletion is no race (another barrier orders the same accesses), which
     must then pass;
-  - a mutated copy of the sources (a real deletion, and a write moved one
-    element past a buffer), built in a temporary directory, fails naming the
-    kernel's source line and the buffer.
+  - a mutated copy of the sources (a real deletion, a write moved one
+    element past a buffer, and LayerNorm's parameter-gradient blocks skipping
+    the partial sums of row slices they have no rows for), built in a
+    temporary directory, fails naming the kernel's source line and the buffer.
 Skipped like test_emu.py without g++ or off x86-64 Linux. NOT GPU verification.
 """
 import re
@@ -109,6 +112,7 @@ def test_delete_sync_needs_file_and_line(emu_build):
 
 FORWARD_SYNC = "        att_tc_scores<HS>(Sw, q, Ks);\n        __syncwarp();\n"
 ENCODER_WRITE = "    vstore<VEC>(x + i, o);\n"
+LN_PARTIALS_ROWS = "    const int r0 = blockIdx.y * rps, r1 = min(N, r0 + rps);\n"
 
 
 def mutant_tree(tmp, edits):
@@ -133,11 +137,14 @@ def mutant_tree(tmp, edits):
 
 
 def test_source_mutants_are_caught(emu_build, tmp_path):
-    """The issue's race (the forward kernel's __syncwarp between the WMMA store of the scores and the lanes' reads, deleted)
-    and a write one element past the embedding output, in one mutated build."""
+    """The issue's race (the forward kernel's __syncwarp between the WMMA store of the scores and the lanes' reads, deleted),
+    a write one element past the embedding output, and a read of partial sums nobody wrote, in one mutated build."""
     exe = mutant_tree(tmp_path, {
         "llmc/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
         "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x + i", "x + i + VEC")),  # one (vector) element past
+        # an early exit for the row slices beyond N (11 rows in 32 slices here): their partial sums are never written, and
+        # column_finish_kernel adds them up. On a GPU that reads stale data; the emulator's NaN bytes show only in the result.
+        "llmc/layernorm.cuh": (LN_PARTIALS_ROWS, LN_PARTIALS_ROWS + "    if (r0 >= N) return;\n"),
     })
     race = emu_run([exe, ATTENTION_CASE], timeout=600)
     assert race.returncode != 0, explain(race)
@@ -150,3 +157,17 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     assert re.search(r"memcheck: invalid write of \d+ bytes at \S+ at .*llmc/\w+\.cuh:\d+.*: a guard zone of heap 'remat memory plan', "
                      r"1 bytes past the end of buffer 'layer0\.\w+'", bounds.stderr), explain(bounds)
     assert "in kernel encoder_forward_kernel" in bounds.stderr, explain(bounds)
+    # the memory-bound kernels alone (LayerNorm first, N=11 rows of C=20, on test_gpt's own cudaMalloc blocks): stopped at the
+    # first read of slice 11's partial sums (32 slices x 2 x 20 floats: 5120 bytes; slice 11, column 0 at byte 11*20*4 = 880),
+    # naming the reader's line, the byte and the thread
+    uninit = emu_run([exe, "kernels"], timeout=600)
+    assert uninit.returncode != 0, explain(uninit)
+    assert re.search(r"emu: initcheck: uninitialised read of 4 bytes at \S+ by a load at column_finish_kernel\(.*?\) at "
+                     r"\S*llmc/cuda_common\.cuh:\d+.*: byte 880 of the 5120-byte cudaMalloc block at \S+ was not written",
+                     uninit.stderr), explain(uninit)
+    assert re.search(r"in kernel column_finish_kernel launched at \S*llmc/cuda_common\.cuh:\d+, block \(0,0,0\) of \(1,1,1\), "
+                     r"thread \(0,0,0\)", uninit.stderr), explain(uninit)
+    # without initcheck the same mutant is only a wrong (NaN) gradient, reported without a culprit
+    blind = emu_run([exe, "kernels"], timeout=600, EMU_INITCHECK="0")
+    assert blind.returncode != 0 and "initcheck" not in blind.stderr, explain(blind)
+    assert re.search(r"^\s*\d+\s+dw\s.*\bnan\s+FAIL\b", blind.stdout, re.M), explain(blind)

@@ -237,6 +237,21 @@ inline float dot8(const float* a, const float* b, size_t k8, SumOrder o) {
     return total;
 }
 
+/* Initcheck: the elements of matrix l at p (each column's rows, not the rows up to ld) were written; or mark them written. */
+void check_matrix_written(const std::string& what, const char* operand, const void* p, const EmuLtMatrixLayout& l) {
+    const size_t es = type_size("cublasLtMatmul", l.type), col_bytes = l.rows * es;
+    for (uint64_t j = 0; j < l.cols; j++) {
+        const char* col = (const char*)p + j * (size_t)l.ld * es;
+        if (const void* u = emu::init_first_unwritten(col, col_bytes))
+            emu::init_fail(what + ", " + operand + " column " + std::to_string(j), col, col_bytes, u);
+    }
+}
+
+void set_matrix_written(void* p, const EmuLtMatrixLayout& l) {
+    const size_t es = type_size("cublasLtMatmul", l.type);
+    for (uint64_t j = 0; j < l.cols; j++) emu::init_set((char*)p + j * (size_t)l.ld * es, l.rows * es, true);
+}
+
 void compute(const Problem& p, SumOrder order, float alpha, float beta, const void* A, const void* B, const void* C, void* D,
              const void* bias) {
     const size_t m = p.m, n = p.n, k = p.k, k8 = (k + 7) / 8 * 8;
@@ -476,7 +491,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (workspace_bytes) emu::check_device_range(what.c_str(), "the workspace", workspace, workspace_bytes);
     emu::enqueue(stream, [p, order, al, be, A, B, C, D, bias, what]() {
         emu::set_activity(what.c_str());
+        check_matrix_written(what, "A", A, p.a);
+        check_matrix_written(what, "B", B, p.b);
+        if (be != 0.0f) check_matrix_written(what, "C", C, p.c);
+        if (bias) emu::init_check((what + ", the bias").c_str(), bias, p.m * type_size("cublasLtMatmul", p.bias_type));
         compute(p, order, al, be, A, B, C, D, bias);
+        set_matrix_written(D, p.d);
         emu::set_activity(nullptr);
         emu::check_canaries(what.c_str());
     });

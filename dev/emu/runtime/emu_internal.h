@@ -6,6 +6,8 @@
 #ifndef REMAT_EMU_INTERNAL_H
 #define REMAT_EMU_INTERNAL_H
 
+#include <string.h>
+
 #include <string>
 
 #include "cuda_runtime.h"
@@ -26,8 +28,9 @@ void race_track(const void* p, size_t bytes);
 void race_kernel(bool running);
 void race_block_epoch(void);
 void race_warp_epoch(int warp);
-/* "function at file:line" of a code address (addr2line on the line table), or the address. */
-std::string describe_pc(void* pc);
+/* "function at file:line" of a code address (addr2line on the line table), or the address;
+ * with inline_chain, the functions it is inlined into follow ("(inlined by) ..."). */
+std::string describe_pc(void* pc, bool inline_chain = false);
 
 /* Memcheck of NVTX sub-allocator heaps (emu_memcheck.cpp). g_guarded: the
  * heaps and their guard maps (1 for a byte outside every region), read by
@@ -47,6 +50,56 @@ void guard_access(uintptr_t a, size_t n, bool write, void* pc);
 void check_region_range(const char* api, const char* operand, const void* p, size_t bytes);
 void check_guard_canaries(const char* after_what);
 void forget_heaps(uintptr_t lo, uintptr_t hi);
+
+/* "byte N of buffer 'x' (S bytes at P) in heap 'h'" for an address in an NVTX region, else "". */
+std::string describe_region_byte(uintptr_t a);
+
+/* Initcheck (emu_initcheck.cpp). Device memory (cudaMalloc) lies in
+ * g_dev_lo .. g_dev_lo+g_dev_len; the shadow byte of address a, at
+ * a + g_dev_len, is 1 once a was written. device_map maps len bytes there
+ * (unwritten), device_unmap makes them inaccessible. init_set marks bytes
+ * written (copies, memsets, matmul outputs) or unwritten (NVTX
+ * registration); init_check stops the program if `reader` reads a byte of
+ * p .. p+n nobody wrote; init_copy is a memcpy that checks a device source
+ * copied to the host and carries a device source's shadow along (a host
+ * source's bytes count as written). init_kernel_access is the hook's part
+ * for an instrumented kernel access; init_warp_access that of a WMMA tile. */
+extern uintptr_t g_dev_lo, g_dev_len;
+extern bool g_initcheck; /* false with EMU_INITCHECK=0: nothing is checked or recorded */
+inline bool is_device_address(uintptr_t a) { return a - g_dev_lo < g_dev_len; }
+inline unsigned char* init_shadow(uintptr_t a) { return (unsigned char*)(a + g_dev_len); }
+char* device_map(size_t len);
+void device_unmap(char* map, size_t len);
+void init_set(const void* p, size_t n, bool written);
+const void* init_first_unwritten(const void* p, size_t n);
+[[noreturn]] void init_fail(const std::string& reader, const void* p, size_t n, const void* unwritten);
+void init_check(const char* reader, const void* p, size_t n);
+void init_copy(const char* api, void* dst, const void* src, size_t n);
+void init_kernel_fault(uintptr_t a, size_t n, void* pc);
+void init_warp_access(uintptr_t a, size_t rows, size_t row_bytes, size_t stride_bytes, bool write, const CallSite& where);
+/* "byte N of buffer ..." (describe_region_byte) or "byte N of the S-byte cudaMalloc block at P". */
+std::string describe_device_byte(uintptr_t a);
+
+inline bool all_written(const unsigned char* s, size_t n) {
+    const uint64_t ONES = 0x0101010101010101ull;
+    uint64_t x, y;
+    uint32_t v4;
+    uint16_t v2;
+    switch (n) {
+    case 1: return s[0];
+    case 2: memcpy(&v2, s, 2); return v2 == 0x0101;
+    case 4: memcpy(&v4, s, 4); return v4 == 0x01010101u;
+    case 8: memcpy(&x, s, 8); return x == ONES;
+    case 16: memcpy(&x, s, 8); memcpy(&y, s + 8, 8); return (x & y) == ONES; /* shadow bytes are 0 or 1 */
+    }
+    return !memchr(s, 0, n);
+}
+
+inline void init_kernel_access(uintptr_t a, size_t n, bool write, void* pc) {
+    unsigned char* s = init_shadow(a);
+    if (write) memset(s, 1, n);
+    else if (!all_written(s, n)) init_kernel_fault(a, n, pc);
+}
 
 /* p .. p+bytes must lie inside one cudaMalloc allocation; otherwise fatal,
  * naming the API and operand. */

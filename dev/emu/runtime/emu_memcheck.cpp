@@ -123,6 +123,16 @@ void check_region_range(const char* api, const char* operand, const void* p, siz
               (size_t)(a + bytes - r->lo - r->size), r->name.c_str(), r->size, (void*)r->lo, h->name.c_str());
 }
 
+std::string describe_region_byte(uintptr_t a) {
+    const Heap* h = heap_of(a);
+    const Region* r = h ? region_of(h, a) : nullptr;
+    if (!r) return "";
+    char buf[400];
+    snprintf(buf, sizeof(buf), "byte %zu of buffer '%s' (%zu bytes at %p) in heap '%s'", (size_t)(a - r->lo), r->name.c_str(), r->size,
+             (void*)r->lo, h->name.c_str());
+    return buf;
+}
+
 void check_guard_canaries(const char* after_what) {
     for (const Heap* h : g_heaps)
         for (auto& g : h->gaps)
@@ -163,6 +173,7 @@ nvtxMemHeapHandle_t nvtxMemHeapRegister(nvtxDomainHandle_t, nvtxMemHeapDesc_t co
                        std::vector<unsigned char>(r->size, 1), {{(uintptr_t)r->ptr, r->size}}};
     if (heap_of(h->lo)) fatal("%s: %zu bytes at %p overlap a heap registered before", api, r->size, r->ptr);
     memset((void*)h->lo, GUARD_CANARY, h->size);
+    init_set((void*)h->lo, h->size, false); /* a guard zone everywhere: nothing to read */
     g_heaps.push_back(h);
     publish();
     return (nvtxMemHeapHandle_t)h;
@@ -184,6 +195,7 @@ void nvtxMemRegionsRegister(nvtxDomainHandle_t, nvtxMemRegionsRegisterBatch_t co
             if (!h->guard[lo - h->lo + j]) fatal("%s: region of %zu bytes at %p overlaps another region", api, rs[i].size, rs[i].ptr);
         memset(&h->guard[lo - h->lo], 0, rs[i].size);
         memset((void*)lo, 0xff, rs[i].size); /* uninitialised (NaN), as every allocation here */
+        init_set((void*)lo, rs[i].size, false); /* and unwritten for initcheck: a read before the next write stops */
         Region r{lo, rs[i].size, "?"};
         h->regions.insert(std::upper_bound(h->regions.begin(), h->regions.end(), r, [](const Region& x, const Region& y) { return x.lo < y.lo; }),
                           r);
@@ -204,6 +216,7 @@ void nvtxMemRegionsUnregister(nvtxDomainHandle_t, nvtxMemRegionsUnregisterBatch_
         if (!r || r->lo != a) fatal("%s: %p is not the start of a registered region", api, (void*)a);
         memset(&h->guard[a - h->lo], 1, r->size);
         memset((void*)a, GUARD_CANARY, r->size);
+        init_set((void*)a, r->size, false);
         h->regions.erase(h->regions.begin() + (r - h->regions.data()));
         find_gaps(h);
     }

@@ -77,7 +77,7 @@ inline bool same_thread(const Rec& r, uint16_t who) { return (r.who & WHO_KIND) 
 
 }  // namespace
 
-std::string describe_pc(void* code) {
+std::string describe_pc(void* code, bool inline_chain) {
     char buf[600];
     uintptr_t pc = (uintptr_t)code;
     Dl_info info;
@@ -88,10 +88,13 @@ std::string describe_pc(void* code) {
     std::string line;
     if (FILE* p = popen(buf, "r")) {
         char out[600];
-        if (fgets(out, sizeof(out), p)) line = out;
+        while (fgets(out, sizeof(out), p) && (line.empty() || inline_chain)) {
+            if (!line.empty() && out[0] != ' ') line += " ";
+            line += out;
+            while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
+        }
         pclose(p);
     }
-    while (!line.empty() && (line.back() == '\n' || line.back() == ' ')) line.pop_back();
     if (line.empty() || line.find("??") != std::string::npos) {
         snprintf(buf, sizeof(buf), "code address %p", (void*)pc);
         return buf;
@@ -164,7 +167,8 @@ void access(uintptr_t a, size_t n, bool write, uint16_t who, int warp, uint64_t 
 }
 
 /* Every instrumented access: shared memory is checked for hazards, NVTX
- * heaps for guard zones; nothing else while a kernel runs, nothing at all
+ * heaps for guard zones, device memory for reads of bytes never written
+ * (emu_initcheck.cpp); nothing else while a kernel runs, nothing at all
  * otherwise (g_len is 0 then). */
 inline void hook(const void* p, size_t n, bool write, void* pc) {
     uintptr_t a = (uintptr_t)p;
@@ -174,14 +178,16 @@ inline void hook(const void* p, size_t n, bool write, void* pc) {
         if (t >= 0) access(a, n, write, (uint16_t)(WHO_THREAD | t), t / 32, (uint64_t)(uintptr_t)pc | ((uint64_t)(t + 1) << 48));
         return;
     }
+    if (!is_device_address(a)) return;
     for (int i = 0; i < g_num_guarded; i++) {
         const GuardedHeap& h = g_guarded[i];
         uintptr_t off = a - h.lo;
         if (off >= h.size) continue;
         for (size_t j = 0; j < n && off + j < h.size; j++)
             if (h.guard[off + j]) guard_access(a, n, write, pc);
-        return;
+        break;
     }
+    if (g_initcheck) init_kernel_access(a, n, write, pc);
 }
 
 }  // namespace
@@ -214,6 +220,10 @@ void race_warp_epoch(int warp) { g_wep[warp]++; }
 
 void race_warp_access(const void* p, size_t rows, size_t row_bytes, size_t stride_bytes, bool write, const CallSite& where) {
     uintptr_t a = (uintptr_t)p;
+    if (is_device_address(a)) {
+        init_warp_access(a, rows, row_bytes, stride_bytes, write, where);
+        return;
+    }
     if (a - g_lo >= g_len || g_cur < 0) return;
     int warp = g_cur / 32;
     uint64_t at = (uint64_t)(uintptr_t)where.file | ((uint64_t)(uint16_t)where.line << 48);

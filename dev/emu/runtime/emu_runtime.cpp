@@ -12,7 +12,8 @@
  *     documentation names (barriers in divergent code, warp operations not
  *     reached by the whole warp, partial masks, launches beyond the limits or
  *     the kernel's __launch_bounds__) stops the program with a message.
- *   - memory: cudaMalloc / cudaMallocHost blocks are separate mappings with
+ *   - memory: cudaMalloc / cudaMallocHost blocks are separate mappings (the
+ *     device ones inside initcheck's reserved range, emu_initcheck.cpp) with
  *     inaccessible guard pages on both sides and a canary in the slack after
  *     the requested size, filled with 0xff bytes (NaN in every float type) so
  *     that reading memory nobody wrote shows; freed blocks stay inaccessible.
@@ -195,8 +196,10 @@ void* guarded_alloc(size_t n, int kind) {
     size_t data = (n + 255) / 256 * 256;
     size_t pages = (data + PAGE - 1) / PAGE * PAGE;
     size_t len = pages + 2 * PAGE;
-    char* m = (char*)mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return nullptr;
+    /* device blocks in initcheck's range (emu_initcheck.cpp), so that their bytes have a shadow */
+    char* m = kind == DEVICE ? device_map(len)
+                             : (char*)mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (!m || m == MAP_FAILED) return nullptr;
     mprotect(m, PAGE, PROT_NONE);
     mprotect(m + PAGE + pages, PAGE, PROT_NONE);
     char* p = m + PAGE + pages - data;
@@ -218,7 +221,8 @@ void guarded_free(const char* api, void* p, int kind) {
     forget_heaps((uintptr_t)a.base, (uintptr_t)a.base + a.size);
     if (kind == DEVICE) g_device_bytes -= a.data;
     /* keep the addresses, drop the memory: a later access faults and is named */
-    mmap(a.map, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (kind == DEVICE) device_unmap(a.map, a.map_len);
+    else mmap(a.map, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     g_freed.push_back(Freed{(uintptr_t)a.base, (uintptr_t)a.base + a.size, kind, a.size});
 }
 
@@ -774,6 +778,18 @@ void check_kernel_range(const char* api, const CallSite& where, const void* p, s
           where.line, p, freed.empty() ? " (a local array or a host pointer?)" : freed.c_str());
 }
 
+std::string describe_device_byte(uintptr_t a) {
+    std::string r = describe_region_byte(a);
+    if (!r.empty()) return r;
+    const Alloc* al = find_alloc((const void*)a);
+    char buf[200];
+    if (al)
+        snprintf(buf, sizeof(buf), "byte %zu of the %zu-byte %s block at %p", (size_t)(a - (uintptr_t)al->base), al->size,
+                 kind_name(al->kind), al->base);
+    else snprintf(buf, sizeof(buf), "the byte at %p", (void*)a);
+    return buf;
+}
+
 std::string describe_shared(uintptr_t a) {
     char buf[200];
     for (auto& r : g_shared) {
@@ -1094,6 +1110,14 @@ bool is_pinned_range(const void* p, size_t n) {
     return a && a->kind == PINNED && (uintptr_t)p + n <= (uintptr_t)a->base + a->size;
 }
 
+/* "cudaMemcpy(cudaMemcpyDeviceToHost)", for messages (static storage) */
+const char* copy_name(const char* api, cudaMemcpyKind kind) {
+    static std::map<std::pair<std::string, int>, std::string> names;
+    std::string& s = names[{api, (int)kind}];
+    if (s.empty()) s = std::string(api) + "(" + memcpy_kind_name(kind) + ")";
+    return s.c_str();
+}
+
 /* Checks a copy against its kind; returns the kind (cudaMemcpyDefault resolved). */
 cudaMemcpyKind check_copy(const char* api, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     bool dd = is_device(dst), sd = is_device(src);
@@ -1125,9 +1149,9 @@ cudaMemcpyKind check_copy(const char* api, void* dst, const void* src, size_t n,
 }  // namespace
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-    check_copy("cudaMemcpy", dst, src, n, kind);
+    kind = check_copy("cudaMemcpy", dst, src, n, kind);
     flush(); /* synchronous: everything before it has run */
-    if (n) memcpy(dst, src, n);
+    if (n) init_copy(copy_name("cudaMemcpy", kind), dst, src, n);
     return cudaSuccess;
 }
 
@@ -1138,12 +1162,13 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, n)) {
         /* pageable source: staged now (the caller may reuse it at once), copied in stream order */
         std::vector<char> staged((const char*)src, (const char*)src + n);
-        enqueue(stream, [dst, staged = std::move(staged)]() { memcpy(dst, staged.data(), staged.size()); });
+        enqueue(stream, [dst, staged = std::move(staged)]() { init_copy("cudaMemcpyAsync", dst, staged.data(), staged.size()); });
     } else if ((kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, n)) || kind == cudaMemcpyHostToHost) {
         flush(); /* to pageable memory: returns once the copy is done */
-        memcpy(dst, src, n);
+        init_copy(copy_name("cudaMemcpyAsync", kind), dst, src, n);
     } else {
-        enqueue(stream, [dst, src, n]() { memcpy(dst, src, n); });
+        const char* api = copy_name("cudaMemcpyAsync", kind);
+        enqueue(stream, [api, dst, src, n]() { init_copy(api, dst, src, n); });
     }
     return cudaSuccess;
 }
@@ -1153,7 +1178,10 @@ cudaError_t cudaMemset(void* dst, int value, size_t n) { return cudaMemsetAsync(
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
     check_device_range("cudaMemset", "the destination", dst, n);
     check_stream("cudaMemsetAsync", stream);
-    if (n) enqueue(stream, [dst, value, n]() { memset(dst, value, n); });
+    if (n) enqueue(stream, [dst, value, n]() {
+        memset(dst, value, n);
+        init_set(dst, n, true);
+    });
     return cudaSuccess;
 }
 

@@ -125,8 +125,11 @@ void check_kernel_range(const char* api, const CallSite& where, const void* p, s
 /* Racecheck (runtime/emu_racecheck.cpp): the running warp, all its lanes,
  * reads (or writes) `rows` runs of row_bytes bytes, stride_bytes apart, from
  * p: a WMMA load or store, which orders nothing between lanes. Checked for
- * hazards where it is shared memory. */
+ * hazards where it is shared memory, by initcheck where it is device memory. */
 void race_warp_access(const void* p, size_t rows, size_t row_bytes, size_t stride_bytes, bool write, const CallSite& where);
+/* Initcheck (runtime/emu_initcheck.cpp): stops the program if a byte of p .. p+n in device
+ * memory was never written (a read by `api` at `where`, done by the emulator for the kernel). */
+void init_read(const char* api, const CallSite& where, const void* p, size_t n);
 
 template <typename T> static inline uint64_t to_bits(const T& v) {
     static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "emu: warp shuffle of a type larger than 8 bytes");

@@ -225,6 +225,7 @@ static inline void cp_async(void* dst, const void* src, CallSite where) {
     ptx_smem_write_pending(dst, 16);
     Copy& k = c.pending[c.n++];
     k.dst = dst;
+    init_read("cp.async (global source)", where, src, 16);
     memcpy(k.bytes, src, 16);
     k.group = UINT64_MAX;
 }
