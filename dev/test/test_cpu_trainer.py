@@ -58,6 +58,13 @@ def test_recompute_reduces_planned_activations(tiny_shards):
 
 # ---- checkpoints ----
 
+def copy_checkpoint(src, dst, step):
+    """The files of one complete single-process checkpoint of step `step` into a new directory."""
+    dst.mkdir()
+    for name in [f"model_{step:08d}.bin", f"state_{step:08d}_00000.bin", f"DONE_{step:08d}"]:
+        shutil.copy(src / name, dst / name)
+
+
 def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     common = ["-x", "8", "-n", "4", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1"]
@@ -66,9 +73,7 @@ def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
     log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == list(range(1, 9))
     assert [f"{e['loss']:.6f}" for e in log if "loss" in e] == [s[1] for s in steps(ref.stdout)]
-    part.mkdir()
-    for name in ["model_00000004.bin", "state_00000004_00000.bin", "DONE_00000004"]:
-        shutil.copy(full / name, part / name)
+    copy_checkpoint(full, part, 4)
     resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
     assert "resumed: step 4" in resumed.stdout
     assert steps(resumed.stdout) == steps(ref.stdout)[4:]
@@ -358,9 +363,7 @@ def test_dropout_resume_is_bitwise_identical(tiny_shards, tmp_path):
     ref = tiny_run(tiny_shards, *common, "--dropout", "0.2", "--attn-dropout", "0.1", "-o", full)
     header = np.frombuffer((full / "model_00000003.bin").read_bytes()[:1024], dtype="<f4")
     assert list(header[242:245]) == [np.float32(0.2), np.float32(0.1), np.float32(0.2)]
-    part.mkdir()
-    for name in ["model_00000003.bin", "state_00000003_00000.bin", "DONE_00000003"]:
-        shutil.copy(full / name, part / name)
+    copy_checkpoint(full, part, 3)
     resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
     assert "attention 0.1 (attn_pdrop of " in resumed.stdout
     assert steps(resumed.stdout) == steps(ref.stdout)[3:]
