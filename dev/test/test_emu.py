@@ -477,6 +477,8 @@ def test_gpt_other_block_orders_emulated(slow_jobs, precision, order):
 
 RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"], ["-r", "3"],
                    ["-r", "1:0/3:1"]]
+DROPOUT_FLAGS = ["--embd-dropout", "0.1", "--resid-dropout", "0.1", "--attn-dropout", "0"]
+DROPOUT_RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "1:0/3:1"]]
 TINY = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
 STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
 
@@ -511,11 +513,17 @@ def train_job(precision, data):
     # recompute through the command line, with gradient accumulation (-d: 2 micro-batches per step)
     modes = [exe, *TINY, "-i", data / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-d", "128", "-x", "3", "-s", "0"]
     r["modes"] = {" ".join(flags): emu_run([*modes, *flags]) for flags in RECOMPUTE_FLAGS}
+    # dropout at the embedding and on the residual branches (attention's waits for its kernels): every recompute
+    # setting regenerates the masks; --dropout 0 is no dropout
+    r["dropout_modes"] = {" ".join(flags): emu_run([*modes, *DROPOUT_FLAGS, *flags]) for flags in DROPOUT_RECOMPUTE_FLAGS}
+    r["dropout_zero"] = emu_run([*modes, "--dropout", "0", "-r", "0"])
     return r
 
 
 @pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
 def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, precision):
+    """train_gpt emulated: loss falls on a repeated batch, resume bitwise, every recompute setting the same steps
+    (with dropout too, and --dropout 0 as no flag)."""
     if precision not in default_jobs:
         pytest.skip(f"{precision} not built")
     r = _futures[("train", precision)].result()
@@ -542,6 +550,15 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
         assert len(got) == 3, res.stdout[-2000:]
         base = base or got
         assert got == base, f"{flags}: {got} != -r 0: {base}"
+    assert steps(r["dropout_zero"].stdout) == base, explain(r["dropout_zero"])
+    dropped = None
+    for flags, res in r["dropout_modes"].items():
+        assert res.returncode == 0, flags + "\n" + explain(res)
+        assert "dropout: embedding 0.1 (--embd-dropout), attention 0 (--attn-dropout), residual 0.1 (--resid-dropout)" in res.stdout
+        got = steps(res.stdout)
+        assert len(got) == 3 and got != base, res.stdout[-2000:]
+        dropped = dropped or got
+        assert got == dropped, f"dropout, {flags}: {got} != -r 0: {dropped}"
 
 
 def test_bench_attention_emulated(emu_build):
