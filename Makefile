@@ -52,7 +52,7 @@ clean:
 # ---- tests ----
 # Tests include train_gpt.c whole and use part of it.
 TEST_CFLAGS = $(CFLAGS) -Wno-unused-function
-TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_dropout $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data
+TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_dropout $(BUILD)/test_dropout_sites $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data
 SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
 $(BUILD):
@@ -62,6 +62,9 @@ $(BUILD)/test_gradcheck: dev/test/test_gradcheck.c dev/test/test_model.h train_g
 	$(CC) $(TEST_CFLAGS) -DREMAT_FP64 -o $@ $< $(LDLIBS)
 
 $(BUILD)/test_recompute: dev/test/test_recompute.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
+
+$(BUILD)/test_dropout_sites: dev/test/test_dropout_sites.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
 
 $(BUILD)/test_matmul_order: dev/test/test_matmul_order.c train_gpt.c $(HEADERS) | $(BUILD)

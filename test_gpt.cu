@@ -19,6 +19,12 @@
  * determinism); losses,
  * gradients, parameters and master weights of every step must be bitwise
  * identical to those of -r 0, which is itself compared with the CPU.
+ * With dropout (run_case's DropoutState: embedding and residual branches,
+ * and attention once its kernels draw it) the same comparisons hold: the
+ * GPU must drop exactly the CPU's elements (one mask bit off moves a value
+ * by a whole activation, far past any tolerance), every recompute setting
+ * must regenerate the forward's masks bit for bit, and evaluation must not
+ * drop at all.
  *
  * Loss scaling is in the loop, in every precision, as the driver does it in
  * FP16: the GPU's backward gets dloss = TEST_LOSS_SCALE, its gradients and
@@ -41,7 +47,7 @@
  * reference's on random q, k, v large enough for a sharp softmax, which the
  * models above (at initialisation, near-uniform attention) do not exercise.
  *
- * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, the
+ * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
  * against the CPU reference on both their 16-byte vector and scalar paths.
  *
@@ -389,6 +395,7 @@ typedef struct {
     float* init; /* initial parameters, floatX-representable */
     MemoryPlan cplan;
     CpuModel cm; /* synced to the GPU's state after every step */
+    DropoutState drop; /* the step's dropout; its step and micro-step are set per step */
     /* host scratch: one activation tensor or one parameter vector */
     float *act, *before_gpu, *before_cpu, *upd_gpu, *upd_cpu, *unscaled, *rescaled;
 } Case;
@@ -397,6 +404,7 @@ static void case_init(Case* c, const Shape* sh, int T) {
     c->sh = sh;
     c->T = T;
     c->N = TEST_B * T;
+    c->drop = dropout_off;
     c->cfg = test_shape_config(sh);
     c->init = initial_params(&c->cfg, &c->P);
     param_layout(&c->cfg, &c->pl);
@@ -418,6 +426,14 @@ static void case_free(Case* c) {
     free(c->unscaled); free(c->rescaled); free(c->init);
     cpu_model_free(&c->cm);
     plan_free(&c->cplan);
+}
+
+/* Step `step`'s dropout (the driver's train_step numbers steps from 1). */
+static DropoutState step_dropout(const Case* c, int step) {
+    DropoutState d = c->drop;
+    d.step = (uint32_t)step + 1;
+    d.micro_step = 0;
+    return d;
 }
 
 /* The GPU's forward and backward of one step, as llmc/trainer.h's train_step
@@ -448,6 +464,7 @@ static void compare_gradients(Case* c, GpuModel* gm, const StepRecord* r, int st
     CpuModel* cm = &c->cm;
     size_t NC = (size_t)c->N * c->cfg.channels, P = c->P;
     step_tokens(cm->inputs, cm->targets, c->N, c->cfg.vocab_size, step);
+    cm->train_dropout = step_dropout(c, step);
     cpu_zero_grads(cm);
     float cpu_loss = cpu_forward_backward(cm, 1.0f);
     check("loss (mean)", step + 1, &r->loss, &cpu_loss, 1, TOL_LOSS, verbose, worst);
@@ -541,6 +558,11 @@ static void compare_eval_paths(Case* c, GpuModel* gm) {
     step_tokens(c->cm.inputs, c->cm.targets, c->N, V, 99);
     float lg = gpu_forward_loss(gm), lc = cpu_forward_loss(&c->cm);
     check("forward_loss", TEST_STEPS, &lg, &lc, 1, TOL_LOSS, 1, NULL);
+    if (dropout_active(&gm->train_dropout)) { /* set for training, not used by evaluation */
+        gm->train_dropout = dropout_off;
+        float undropped = gpu_forward_loss(gm);
+        expect(same_bits(&lg, &undropped, 1), "forward_loss with dropout set: bitwise the loss without", lg - undropped);
+    }
     int len = c->T < 37 ? c->T : 37;
     int* toks = (int*)malloc_check((size_t)len * sizeof(int), "test");
     float* pg = alloc_floats((size_t)V);
@@ -567,6 +589,7 @@ static void run_setting(Case* c, int k, StepRecord* ref, StepRecord* cur) {
     for (int step = 0; step < TEST_STEPS; step++) {
         StepRecord* r = with_cpu ? &ref[step] : cur;
         step_tokens(gm.h_inputs, gm.h_targets, c->N, c->cfg.vocab_size, step);
+        gm.train_dropout = step_dropout(c, step);
         if (with_cpu && step == 0) rescale_passes(&gm, c->P, c->unscaled, c->rescaled);
         gpu_step_gradients(&gm, r, c);
         AdamWStep a_cpu = test_adamw_step(r->norm, step);
@@ -588,23 +611,38 @@ static void run_setting(Case* c, int k, StepRecord* ref, StepRecord* cur) {
     plan_free(&gplan);
 }
 
-/* One shape at one T: all settings on the GPU, -r 0 also on the CPU. */
-static void run_case(const Shape* sh, int T) {
+/* One shape at one T: all settings on the GPU, -r 0 also on the CPU, with
+ * `drop`'s probabilities (seed and rank; the steps are the case's). */
+static void run_case(const Shape* sh, int T, const DropoutState* drop) {
     Case c;
     case_init(&c, sh, T);
-    printf("\n== %s: L=%d C=%d NH=%d (head size %d) V=%d Vp=%d, B=%d T=%d, %zu parameters, %s\n", sh->name, c.cfg.num_layers,
+    c.drop = *drop;
+    char with[96] = "";
+    if (dropout_active(drop))
+        snprintf(with, sizeof(with), ", dropout embedding %g attention %g residual %g", (double)drop->p[DROPOUT_EMBEDDING],
+                 (double)drop->p[DROPOUT_ATTENTION], (double)drop->p[DROPOUT_RESID_ATTN]);
+    printf("\n== %s: L=%d C=%d NH=%d (head size %d) V=%d Vp=%d, B=%d T=%d, %zu parameters, %s%s\n", sh->name, c.cfg.num_layers,
            c.cfg.channels, c.cfg.num_heads, c.cfg.channels / c.cfg.num_heads, c.cfg.vocab_size, c.cfg.padded_vocab_size, TEST_B, T,
-           c.P, PRECISION_NAME);
+           c.P, PRECISION_NAME, with);
     printf("  %4s  %-22s %12s %12s %12s\n", "step", "tensor", "max abs", "max rel", "norm rel");
     StepRecord ref[TEST_STEPS], cur;
     for (int s = 0; s < TEST_STEPS; s++) record_alloc(&ref[s], (size_t)c.N, c.P);
     record_alloc(&cur, (size_t)c.N, c.P);
     int fails_before = g_failures;
     for (int k = 0; k < NUM_SETTINGS; k++) run_setting(&c, k, ref, &cur);
-    printf("%s: %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T);
+    printf("%s: %s T=%d%s\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T, with);
     for (int s = 0; s < TEST_STEPS; s++) record_free(&ref[s]);
     record_free(&cur);
     case_free(&c);
+}
+
+/* run_case's dropout: 0.1 at the embedding and on the residual branches,
+ * and on the attention probabilities with TEST_ATTENTION_DROPOUT 1 (the
+ * attention kernels refuse a site with dropout until they draw its mask). */
+#define TEST_ATTENTION_DROPOUT 0
+static DropoutState model_dropout(void) {
+    DropoutState d = {{0.1f, TEST_ATTENTION_DROPOUT ? 0.1f : 0.0f, 0.1f, 0.1f}, TEST_SEED, 3, 0, 0};
+    return d;
 }
 
 /* ---- gradients summed over micro-steps and logits chunks ----
@@ -822,6 +860,34 @@ static void check_gelu_kernels(size_t n, int shift) {
     free(x); free(d); free(out); free(got);
 }
 
+/* The dropout kernels against the CPU's dropout_mask and residual_add: the
+ * same elements zeroed (one mask bit off is a whole value off), the kept
+ * ones scaled alike; in place, as the trainer calls them. */
+static void check_dropout_kernels(size_t n, int shift) {
+    char what[96];
+    DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2};
+    DropoutSite site = dropout_site(&st, DROPOUT_RESID_MLP, 5);
+    float *x = rand_rounded(n, 5200, 1.0f, 0), *res = rand_rounded(n, 5201, 1.0f, 0), *want = alloc_floats(n), *got = alloc_floats(n);
+    floatX *bx, *br;
+    floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_res = gpu_put_shifted(res, n, shift, &br);
+    dropout_mask(want, x, n, &site);
+    gpu_dropout_mask(d_x, d_x, n, &site, 0);
+    gpu_fetch(got, d_x, n);
+    size_t zeros_differ = 0;
+    for (size_t i = 0; i < n; i++) zeros_differ += (got[i] == 0.0f) != (want[i] == 0.0f);
+    snprintf(what, sizeof(what), "dropout n=%zu%s mask", n, shift ? " shifted" : "");
+    check(what, 0, got, want, n, TOL_KERNEL, 1, NULL);
+    expect(zeros_differ == 0, "  the CPU's elements dropped, no other", (double)zeros_differ);
+    CUDA_CHECK(cudaFree(bx));
+    d_x = gpu_put_shifted(x, n, shift, &bx);
+    residual_add(want, x, res, n, &site);
+    gpu_dropout_residual(d_x, d_x, d_res, n, &site, 0);
+    gpu_fetch(got, d_x, n);
+    check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(bx)); CUDA_CHECK(cudaFree(br));
+    free(x); free(res); free(want); free(got);
+}
+
 static void check_bias_kernel(int N, int OC, int shift) {
     char what[96];
     float *dout = rand_rounded((size_t)N * OC, 5200 + OC, 1.0f, 0), *db = rand_rounded(OC, 5201, 0.5f, 0), *got = alloc_floats(OC);
@@ -977,6 +1043,9 @@ static void check_memory_kernels(void) {
     check_gelu_kernels(1000, 0);
     check_gelu_kernels(1003, 0);
     check_gelu_kernels(1003, 1);
+    check_dropout_kernels(1000, 0);
+    check_dropout_kernels(1003, 0); /* a partial last group of the eight a generator call covers */
+    check_dropout_kernels(1003, 1);
     const int oc[] = {20, 44, 64, 300, 520};
     for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
     check_bias_kernel(77, 64, 1);
@@ -1220,7 +1289,7 @@ static int test_gpt_verdict(void) {
  * recompute setting, the attention kernels alone, the bias kernel. */
 static void quick_cases(void) {
     const Shape sh = {"hs16", 64, 4, 300};
-    run_case(&sh, 77);
+    run_case(&sh, 77, &dropout_off);
     check_attention(&sh, 77, 0);
     check_bias_fallback();
     check_memory_kernels();
@@ -1265,8 +1334,10 @@ int main(int argc, char** argv) {
     const int Ts[] = {64, 256, 1024, 333};
     check_nonfinite(&main_shapes[0], 64);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++)
-        for (size_t t = 0; t < sizeof(Ts) / sizeof(Ts[0]); t++) run_case(&main_shapes[s], Ts[t]);
-    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) run_case(&odd_shapes[s], 333);
+        for (size_t t = 0; t < sizeof(Ts) / sizeof(Ts[0]); t++) run_case(&main_shapes[s], Ts[t], &dropout_off);
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) run_case(&odd_shapes[s], 333, &dropout_off);
+    const DropoutState drop = model_dropout();
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) run_case(&main_shapes[s], 333, &drop);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], 1024, 0);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], 1024, 0.1f);

@@ -18,7 +18,6 @@
 #include <omp.h>
 #endif
 #include "llmc/trainer.h"
-#include "llmc/dropout.h"
 
 #ifdef REMAT_FP64
 typedef double real;
@@ -471,6 +470,41 @@ static void gelu_backward(real* d, const real* x, size_t n) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* dropout at the embedding and residual sites, elementwise over n values of */
+/* a (B,T,C) tensor (llmc/dropout.h: one generator call per 8 elements)       */
+
+/* Element e's factor at site s given its call's words: 1/keep or 0. A select,
+ * not a product with 0, so a dropped inf stays out of the sum. */
+static inline real dropout_value(const DropoutSite* s, const uint32_t* words, size_t e, real v) {
+    return dropout_keeps(s, words, (int)(e & 7)) ? v * (real)s->scale : 0;
+}
+
+/* dst = src with site s's mask and scale (in place when dst == src). */
+static void dropout_mask(real* dst, const real* src, size_t n, const DropoutSite* s) {
+    #pragma omp parallel for schedule(static)
+    for (size_t g = 0; g < (n + 7) / 8; g++) {
+        uint32_t w[4];
+        dropout_draws(s, g, w);
+        for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) dst[e] = dropout_value(s, w, e, src[e]);
+    }
+}
+
+/* out = branch + res, the branch dropped at site s first (out may be branch):
+ * a residual add; without dropout the sum of the code before dropout. */
+static void residual_add(real* out, const real* branch, const real* res, size_t n, const DropoutSite* s) {
+    if (!s->threshold) {
+        for (size_t i = 0; i < n; i++) out[i] = branch[i] + res[i];
+        return;
+    }
+    #pragma omp parallel for schedule(static)
+    for (size_t g = 0; g < (n + 7) / 8; g++) {
+        uint32_t w[4];
+        dropout_draws(s, g, w);
+        for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) out[e] = dropout_value(s, w, e, branch[e]) + res[e];
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 /* the model                                                                  */
 
 typedef struct {
@@ -497,7 +531,12 @@ typedef struct {
     int B, T;                    /* shape of the current call; at most the plan's */
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
     size_t shard_start, shard_count; /* parameters this rank updates */
+    DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
+    const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
 } CpuModel;
+
+/* Site `kind` of layer l in the running pass (threshold 0: no dropout). */
+static inline DropoutSite cpu_site(const CpuModel* m, DropoutSiteKind kind, int l) { return dropout_site(m->drop, kind, l); }
 
 static inline real* act(const CpuModel* m, int layer, int a) {
     return (real*)(m->arena + m->plan->layer_act[layer][a]);
@@ -512,6 +551,7 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m, 0, sizeof(*m));
     m->cfg = plan->spec.cfg;
     m->plan = plan;
+    m->drop = &dropout_off;
     if (posix_memalign((void**)&m->arena, PLAN_ALIGN, plan->total_bytes) != 0) {
         plan_oom_report(plan, available_host_memory(), "host");
         fail("out of host memory: the plan needs %.1f MiB", mib(plan->total_bytes));
@@ -539,7 +579,8 @@ static void block_forward_qkv(CpuModel* m, int l) {
 /* Block l after attention, from x and the attention output: projection,
  * residual, LN2, FC and GELU; `out` (the next layer's x) receives the block
  * output, or with out == NULL it stops after the GELU: that is the
- * recomputation for backward, which needs nothing later than that. */
+ * recomputation for backward, which needs nothing later than that. Each
+ * branch is dropped before its residual add (GPT-2's resid_pdrop). */
 static void block_forward_mlp(CpuModel* m, int l, real* out) {
     int C = m->cfg.channels, N = m->B * m->T;
     real* x = act(m, l, ACT_X);
@@ -547,20 +588,22 @@ static void block_forward_mlp(CpuModel* m, int l, real* out) {
     real* ln2 = act(m, l, ACT_LN2);
     real* fch = act(m, l, ACT_FCH);
     real* fch_gelu = act(m, l, ACT_FCH_GELU);
+    DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     matmul_forward(res2, act(m, l, ACT_ATTY), lp(m->p, m, P_ATTPROJW, l), lp(m->p, m, P_ATTPROJB, l), N, C, C);
-    for (size_t i = 0; i < (size_t)N * C; i++) res2[i] += x[i];
+    residual_add(res2, res2, x, (size_t)N * C, &resid_attn);
     layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, lp(m->p, m, P_LN2W, l), lp(m->p, m, P_LN2B, l), N, C);
     matmul_forward(fch, ln2, lp(m->p, m, P_FCW, l), lp(m->p, m, P_FCB, l), N, C, 4 * C);
     gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
     if (!out) return;
     matmul_forward(out, fch_gelu, lp(m->p, m, P_FCPROJW, l), lp(m->p, m, P_FCPROJB, l), N, 4 * C, C);
-    for (size_t i = 0; i < (size_t)N * C; i++) out[i] += res2[i];
+    residual_add(out, out, res2, (size_t)N * C, &resid_mlp);
 }
 
 /* Block l forward from its stored input x; out as in block_forward_mlp. */
 static void block_forward(CpuModel* m, int l, real* out) {
+    DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
     block_forward_qkv(m, l);
-    attention_forward(act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), act(m, l, ACT_QKV), m->B, m->T, m->cfg.channels, m->cfg.num_heads, NULL);
+    attention_forward(act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), act(m, l, ACT_QKV), m->B, m->T, m->cfg.channels, m->cfg.num_heads, &att);
     block_forward_mlp(m, l, out);
 }
 
@@ -577,6 +620,15 @@ static void block_recompute(CpuModel* m, int l) {
     gelu_forward(act(m, l, ACT_FCH_GELU), act(m, l, ACT_FCH), (size_t)N * 4 * C);
 }
 
+/* The gradient a dropped residual branch receives: dres itself without
+ * dropout, else dres masked and scaled into dln, which is free then. */
+static const real* branch_grad(CpuModel* m, const DropoutSite* s) {
+    real* dres = m->grad_act[GRAD_DRES];
+    if (!s->threshold) return dres;
+    dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T * m->cfg.channels, s);
+    return m->grad_act[GRAD_DLN];
+}
+
 /* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
 static void block_backward(CpuModel* m, int l) {
     int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
@@ -586,26 +638,33 @@ static void block_backward(CpuModel* m, int l) {
     real* dfch = act(m, l, ACT_FCH_GELU);
     real* datty = act(m, l, ACT_RES2);
     real* dqkv = act(m, l, ACT_FCH);
-    matmul_backward_weight(lp(m->g, m, P_FCPROJW, l), lp(m->g, m, P_FCPROJB, l), dres, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
-    matmul_backward_input(dfch, dres, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
+    DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
+    DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
+    const real* dbranch = branch_grad(m, &resid_mlp);
+    matmul_backward_weight(lp(m->g, m, P_FCPROJW, l), lp(m->g, m, P_FCPROJB, l), dbranch, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
+    matmul_backward_input(dfch, dbranch, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
     gelu_backward(dfch, act(m, l, ACT_FCH), (size_t)N * 4 * C);
     matmul_backward_input(dln, dfch, lp(m->p, m, P_FCW, l), N, C, 4 * C);
     matmul_backward_weight(lp(m->g, m, P_FCW, l), lp(m->g, m, P_FCB, l), dfch, act(m, l, ACT_LN2), N, C, 4 * C);
     layernorm_backward(dres, lp(m->g, m, P_LN2W, l), lp(m->g, m, P_LN2B, l), dln, act(m, l, ACT_RES2),
                        lp(m->p, m, P_LN2W, l), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), N, C);
-    matmul_backward_input(datty, dres, lp(m->p, m, P_ATTPROJW, l), N, C, C);
-    matmul_backward_weight(lp(m->g, m, P_ATTPROJW, l), lp(m->g, m, P_ATTPROJB, l), dres, act(m, l, ACT_ATTY), N, C, C);
-    attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH, NULL);
+    dbranch = branch_grad(m, &resid_attn);
+    matmul_backward_input(datty, dbranch, lp(m->p, m, P_ATTPROJW, l), N, C, C);
+    matmul_backward_weight(lp(m->g, m, P_ATTPROJW, l), lp(m->g, m, P_ATTPROJB, l), dbranch, act(m, l, ACT_ATTY), N, C, C);
+    attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH, &att);
     matmul_backward_input(dln, dqkv, lp(m->p, m, P_QKVW, l), N, C, 3 * C);
     matmul_backward_weight(lp(m->g, m, P_QKVW, l), lp(m->g, m, P_QKVB, l), dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
     layernorm_backward(dres, lp(m->g, m, P_LN1W, l), lp(m->g, m, P_LN1B, l), dln, act(m, l, ACT_X),
                        lp(m->p, m, P_LN1W, l), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), N, C);
 }
 
-/* Embeddings, all blocks, final LayerNorm, for the B*T tokens in inputs. */
+/* Embeddings (dropped: layer 0's x holds the dropped sum), all blocks, final
+ * LayerNorm, for the B*T tokens in inputs. */
 static void model_forward(CpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
+    DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     encoder_forward(act(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C);
+    if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), (size_t)N * C, &embd);
     for (int l = 0; l < L; l++) block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C);
 }
@@ -663,6 +722,8 @@ static void model_backward(CpuModel* m) {
         block_recompute(m, l);
         block_backward(m, l);
     }
+    DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
+    if (embd.threshold) dropout_mask(dres, dres, (size_t)N * C, &embd);
     encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->inputs, m->B, m->T, C);
 }
 
@@ -777,6 +838,7 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
 
 static float cpu_forward_backward(void* ctx, float dloss_mean) {
     CpuModel* m = (CpuModel*)ctx;
+    m->drop = &m->train_dropout;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
     model_forward(m);
@@ -785,8 +847,11 @@ static float cpu_forward_backward(void* ctx, float dloss_mean) {
     return (float)mean_loss(m);
 }
 
+static void cpu_set_dropout(void* ctx, const DropoutState* d) { ((CpuModel*)ctx)->train_dropout = *d; }
+
 static float cpu_forward_loss(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
+    m->drop = &dropout_off;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
     model_forward(m);
@@ -805,6 +870,7 @@ static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     CpuModel* m = (CpuModel*)ctx;
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
     memcpy(m->inputs, tokens, (size_t)len * sizeof(int));
+    m->drop = &dropout_off;
     m->B = 1;
     m->T = len;
     model_forward(m);
@@ -846,6 +912,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.window = (uint16_t*)(m->arena + m->plan->off_loader);
     be.model_file_version = 3;
     be.forward_backward = cpu_forward_backward;
+    be.set_dropout = cpu_set_dropout;
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
     be.next_token_probs = cpu_next_token_probs;

@@ -29,6 +29,7 @@
 #include "llmc/matmul.cuh"
 #include "llmc/attention.cuh"
 #include "llmc/gelu.cuh"
+#include "llmc/dropout.cuh"
 #include "llmc/classifier.cuh"
 #include "llmc/adamw.cuh"
 #include "llmc/global_norm.cuh"
@@ -108,7 +109,12 @@ typedef struct {
     size_t shard_start, shard_count;
     MultiGpu* mg; /* NCCL (MULTI_GPU builds), else NULL */
     Profiler prof; /* REMAT_PROFILE (profile.cuh); inactive unless main sets it up */
+    DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
+    const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
 } GpuModel;
+
+/* Site `kind` of layer l in the running pass (threshold 0: no dropout). */
+static inline DropoutSite gpu_site(const GpuModel* m, DropoutSiteKind kind, int l) { return dropout_site(m->drop, kind, l); }
 
 static inline floatX* gact(const GpuModel* m, int layer, int a) { return (floatX*)(m->arena + m->plan->layer_act[layer][a]); }
 static inline float* gstat(const GpuModel* m, int layer, int a) { return (float*)(m->arena + m->plan->layer_act[layer][a]); }
@@ -149,6 +155,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->plan = plan;
     m->seed = seed;
     m->stream = 0;
+    m->drop = &dropout_off;
     if (plan->spec.elem_bytes != (int)sizeof(floatX) || plan->spec.stat_bytes != 4 || plan->spec.backend != BACKEND_GPU)
         fail("internal: the plan was not made for this GPU build (%d-byte storage, %s)", plan->spec.elem_bytes, PRECISION_NAME);
     attention_check_shape(m->cfg.channels, m->cfg.num_heads);
@@ -223,7 +230,8 @@ static void gpu_block_forward_qkv(GpuModel* m, int l) {
  * LN2, FC and GELU; `out` (the next layer's x) receives the block output, or
  * with out == NULL it stops after the GELU: that is the recomputation for
  * backward, which needs nothing later than that. The residual adds ride on
- * the matmuls (C = residual, see matmul.cuh). */
+ * the matmuls (C = residual, see matmul.cuh); a branch with dropout is
+ * dropped first, by a kernel of its own that adds the residual. */
 static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
     int C = m->cfg.channels, N = m->B * m->T;
     cudaStream_t s = m->stream;
@@ -231,22 +239,27 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
     floatX* ln2 = gact(m, l, ACT_LN2);
     floatX* fch = gact(m, l, ACT_FCH);
     floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
-    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l), gact(m, l, ACT_X),
-                       N, C, C, s);
+    DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
+    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l),
+                       resid_attn.threshold ? NULL : gact(m, l, ACT_X), N, C, C, s);
+    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), (size_t)N * C, &resid_attn, s);
     gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, s);
     gpu_matmul_forward(&m->mm, fch, ln2, glp(m->p, m, P_FCW, l), glp(m->p, m, P_FCB, l), NULL, N, C, 4 * C, s);
     gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
     if (!out) return;
-    gpu_matmul_forward(&m->mm, out, fch_gelu, glp(m->p, m, P_FCPROJW, l), glp(m->p, m, P_FCPROJB, l), res2, N, 4 * C, C, s);
+    gpu_matmul_forward(&m->mm, out, fch_gelu, glp(m->p, m, P_FCPROJW, l), glp(m->p, m, P_FCPROJB, l), resid_mlp.threshold ? NULL : res2,
+                       N, 4 * C, C, s);
+    if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, (size_t)N * C, &resid_mlp, s);
 }
 
 /* Block l forward from its stored input x; out as in gpu_block_forward_mlp. */
 static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
+    DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
     gpu_block_forward_qkv(m, l);
     prof_begin(&m->prof, att, m->stream);
     gpu_attention_forward(gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), gact(m, l, ACT_QKV), m->B, m->T, m->cfg.channels,
-                          m->cfg.num_heads, NULL, m->stream);
+                          m->cfg.num_heads, &att_drop, m->stream);
     prof_end(&m->prof, att, m->stream);
     gpu_block_forward_mlp(m, l, out);
 }
@@ -265,6 +278,15 @@ static void gpu_block_recompute(GpuModel* m, int l) {
     gpu_gelu_forward(gact(m, l, ACT_FCH_GELU), gact(m, l, ACT_FCH), (size_t)N * 4 * C, m->stream);
 }
 
+/* The gradient a dropped residual branch receives: dres itself without
+ * dropout, else dres masked and scaled into dln, which is free then. */
+static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s) {
+    floatX* dres = m->grad_act[GRAD_DRES];
+    if (!s->threshold) return dres;
+    gpu_dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T * m->cfg.channels, s, m->stream);
+    return m->grad_act[GRAD_DLN];
+}
+
 /* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
     int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
@@ -277,17 +299,22 @@ static void gpu_block_backward(GpuModel* m, int l) {
     floatX* dfch = gact(m, l, ACT_FCH_GELU);
     floatX* datty = gact(m, l, ACT_RES2);
     floatX* dqkv = gact(m, l, ACT_FCH);
-    gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCPROJW, l), glp(m->g, m, P_FCPROJB, l), part, dres, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
-    gpu_matmul_backward_input(mm, dfch, dres, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
+    DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
+    DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
+    const floatX* dbranch = gpu_branch_grad(m, &resid_mlp);
+    gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCPROJW, l), glp(m->g, m, P_FCPROJB, l), part, dbranch, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
+    gpu_matmul_backward_input(mm, dfch, dbranch, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
     gpu_gelu_backward(dfch, gact(m, l, ACT_FCH), (size_t)N * 4 * C, s);
     gpu_matmul_backward_input(mm, dln, dfch, glp(m->p, m, P_FCW, l), N, C, 4 * C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCW, l), glp(m->g, m, P_FCB, l), part, dfch, gact(m, l, ACT_LN2), N, C, 4 * C, s);
     gpu_layernorm_backward(dres, glp(m->g, m, P_LN2W, l), glp(m->g, m, P_LN2B, l), part, dln, gact(m, l, ACT_RES2),
                            glp(m->p, m, P_LN2W, l), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), N, C, s);
-    gpu_matmul_backward_input(mm, datty, dres, glp(m->p, m, P_ATTPROJW, l), N, C, C, s);
-    gpu_matmul_backward_weight(mm, glp(m->g, m, P_ATTPROJW, l), glp(m->g, m, P_ATTPROJB, l), part, dres, gact(m, l, ACT_ATTY), N, C, C, s);
+    dbranch = gpu_branch_grad(m, &resid_attn);
+    gpu_matmul_backward_input(mm, datty, dbranch, glp(m->p, m, P_ATTPROJW, l), N, C, C, s);
+    gpu_matmul_backward_weight(mm, glp(m->g, m, P_ATTPROJW, l), glp(m->g, m, P_ATTPROJB, l), part, dbranch, gact(m, l, ACT_ATTY), N, C, C, s);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
-    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), B, T, C, NH, NULL, s);
+    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), B, T, C, NH,
+                           &att_drop, s);
     prof_end(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_matmul_backward_input(mm, dln, dqkv, glp(m->p, m, P_QKVW, l), N, C, 3 * C, s);
     gpu_matmul_backward_weight(mm, glp(m->g, m, P_QKVW, l), glp(m->g, m, P_QKVB, l), part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
@@ -295,12 +322,15 @@ static void gpu_block_backward(GpuModel* m, int l) {
                            glp(m->p, m, P_LN1W, l), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), N, C, s);
 }
 
-/* Embeddings, all blocks, final LayerNorm, for the B*T tokens in inputs. */
+/* Embeddings (dropped in place: layer 0's x holds the dropped sum), all
+ * blocks, final LayerNorm, for the B*T tokens in inputs. */
 static void gpu_model_forward(GpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
+    DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C, m->stream);
+    if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), (size_t)N * C, &embd, m->stream);
     for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
     gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C, m->stream);
     prof_end(&m->prof, PROF_FORWARD, m->stream);
@@ -363,6 +393,8 @@ static void gpu_model_backward(GpuModel* m) {
         gpu_fold_grads(m, l);
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
+    DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
+    if (embd.threshold) gpu_dropout_mask(dres, dres, (size_t)N * C, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
     if (m->wte_grad_fp32)
         gpu_encoder_backward(m->grads_fp32, m->g[P_WPE], dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
@@ -422,6 +454,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
 
 static float gpu_forward_backward(void* ctx, float dloss_mean) {
     GpuModel* m = (GpuModel*)ctx;
+    m->drop = &m->train_dropout;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
     int N = m->B * m->T;
@@ -441,8 +474,11 @@ static float gpu_forward_backward(void* ctx, float dloss_mean) {
     return loss;
 }
 
+static void gpu_set_dropout(void* ctx, const DropoutState* d) { ((GpuModel*)ctx)->train_dropout = *d; }
+
 static float gpu_forward_loss(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
+    m->drop = &dropout_off;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
     gpu_upload_tokens(m, 1);
@@ -483,6 +519,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     int T = sampling_length(len, m->plan->spec.T);
     memcpy(m->h_inputs, tokens, (size_t)len * sizeof(int));
     for (int t = len; t < T; t++) m->h_inputs[t] = 0;
+    m->drop = &dropout_off;
     m->B = 1;
     m->T = T;
     gpu_upload_tokens(m, 0);
@@ -666,6 +703,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.loss_scaling = PRECISION_IS_FP16;                /* dynamic loss scaling in FP16 builds */
     gpu_device_record(m, &be.device);
     be.forward_backward = gpu_forward_backward;
+    be.set_dropout = gpu_set_dropout;
     be.forward_loss = gpu_forward_loss;
     be.token_losses = gpu_token_losses;
     be.memory_bytes = gpu_memory_bytes;

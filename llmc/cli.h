@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include "utils.h"
+#include "dropout.h" /* DROPOUT_MAX_P */
 
 typedef struct {
     /* model */
@@ -44,6 +45,8 @@ typedef struct {
     const char* mem_budget;
     const char* cost_model;
     int zero_stage, master_weights;
+    /* regularisation: dropout probabilities (below 0: not given; resolved in trainer.h) */
+    float dropout, attn_dropout, resid_dropout, embd_dropout;
     /* checkpoints and output */
     const char* out_dir;
     int checkpoint_every, resume;
@@ -112,6 +115,10 @@ static const FlagSpec flag_table[] = {
     {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200 or a calibration file (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
     {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},
     {"-w", FLAG_INT, OPT(master_weights), 0, 1, FOR_GPU, "1: keep fp32 master weights (low-precision builds)"},
+    {"--dropout", FLAG_FLOAT, OPT(dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout probability at all three sites: embedding, attention probabilities, residual branches (unset: the model file's, else 0)"},
+    {"--attn-dropout", FLAG_FLOAT, OPT(attn_dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout on the attention probabilities (Hugging Face's attn_pdrop; unset: --dropout, else the model file's, else 0)"},
+    {"--resid-dropout", FLAG_FLOAT, OPT(resid_dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout on both residual branches, after the attention and MLP projections (resid_pdrop; unset: as --attn-dropout)"},
+    {"--embd-dropout", FLAG_FLOAT, OPT(embd_dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout on the token + position embedding (embd_pdrop; unset: as --attn-dropout)"},
     {"-o", FLAG_STRING, OPT(out_dir), 0, 0, FOR_BOTH, "output directory for checkpoints and log.jsonl (empty: none)"},
     {"-n", FLAG_INT, OPT(checkpoint_every), 0, INT_MAX, FOR_BOTH, "write a checkpoint every N steps (0: only at the end, if -o)"},
     {"-y", FLAG_INT, OPT(resume), 0, 1, FOR_BOTH, "1: resume from the latest complete checkpoint in -o"},
@@ -155,6 +162,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->mem_budget = "";
     o->cost_model = "";
     o->master_weights = 1;
+    o->dropout = o->attn_dropout = o->resid_dropout = o->embd_dropout = -1.0f;
     o->out_dir = "";
     o->seed = 1337;
 }
@@ -163,7 +171,10 @@ static inline void format_default(const TrainOptions* d, const FlagSpec* f, char
     const char* base = (const char*)d + f->offset;
     switch (f->type) {
     case FLAG_INT: snprintf(buf, n, "%d", *(const int*)base); break;
-    case FLAG_FLOAT: snprintf(buf, n, "%g", (double)*(const float*)base); break;
+    case FLAG_FLOAT: /* a default below the range: not given unless typed */
+        if (*(const float*)base < f->min) snprintf(buf, n, "unset");
+        else snprintf(buf, n, "%g", (double)*(const float*)base);
+        break;
     case FLAG_STRING: snprintf(buf, n, "\"%s\"", *(const char* const*)base); break;
     case FLAG_SWITCH: snprintf(buf, n, "off"); break;
     }

@@ -13,6 +13,7 @@
 #include <math.h>
 #include "utils.h"
 #include "rand.h"
+#include "dropout.h" /* DROPOUT_MAX_P */
 
 #define MODEL_MAGIC 20240326
 #define NUM_PARAM_TENSORS 16
@@ -140,10 +141,19 @@ static inline void param_init_chunk(const ModelConfig* cfg, uint64_t seed, int t
 
 /* ---- model files (FORMATS.md) ---- */
 
+/* Header slots 242-244 (llm.c readers ignore them, its files have zeros
+ * there): the dropout probabilities, as fp32 bits, that an imported config
+ * gave (Hugging Face's embd_pdrop, attn_pdrop, resid_pdrop) or a remat run
+ * trained with; 0: none. */
+#define MODEL_DROPOUT_SLOT 242
+enum { MODEL_PDROP_EMBD, MODEL_PDROP_ATTN, MODEL_PDROP_RESID, MODEL_NUM_PDROP };
+static const char* const model_pdrop_names[MODEL_NUM_PDROP] = {"embd_pdrop", "attn_pdrop", "resid_pdrop"};
+
 typedef struct {
     ModelConfig cfg;
     int version;       /* 3: fp32 payload, 5: bf16 payload */
     size_t num_params; /* elements in the payload */
+    float pdrop[MODEL_NUM_PDROP];
 } ModelFileInfo;
 
 static inline float bf16_to_float(uint16_t h) {
@@ -178,6 +188,12 @@ static inline FILE* model_file_open(const char* path, ModelFileInfo* info) {
     info->cfg.channels = h[6];
     info->cfg.padded_vocab_size = h[7];
     config_validate(&info->cfg, path);
+    for (int k = 0; k < MODEL_NUM_PDROP; k++) {
+        memcpy(&info->pdrop[k], &h[MODEL_DROPOUT_SLOT + k], 4);
+        if (!(info->pdrop[k] >= 0.0f && info->pdrop[k] <= (float)DROPOUT_MAX_P))
+            fail("%s: header slot %d (%s) is %g: not a dropout probability in [0, %g]", path, MODEL_DROPOUT_SLOT + k,
+                 model_pdrop_names[k], (double)info->pdrop[k], DROPOUT_MAX_P);
+    }
     ParamLayout pl;
     param_layout(&info->cfg, &pl);
     info->num_params = pl.total;
@@ -208,7 +224,7 @@ static inline void model_file_read_at(FILE* f, const ModelFileInfo* info, size_t
     model_file_read_chunk(f, info, out, n, path);
 }
 
-static inline void model_file_write_header(FILE* f, const ModelConfig* cfg, int version, const char* path) {
+static inline void model_file_write_header(FILE* f, const ModelConfig* cfg, int version, const float* pdrop, const char* path) {
     int32_t h[256];
     memset(h, 0, sizeof(h));
     h[0] = MODEL_MAGIC;
@@ -219,6 +235,7 @@ static inline void model_file_write_header(FILE* f, const ModelConfig* cfg, int 
     h[5] = cfg->num_heads;
     h[6] = cfg->channels;
     h[7] = cfg->padded_vocab_size;
+    memcpy(&h[MODEL_DROPOUT_SLOT], pdrop, MODEL_NUM_PDROP * sizeof(float));
     fwrite_check(h, sizeof(int32_t), 256, f, path);
 }
 

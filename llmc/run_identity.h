@@ -6,7 +6,7 @@
  * (llmc/checkpoint.h); a resume checks that the model, every state file and
  * the DONE marker carry the same id, and keeps it. The hyperparameters that
  * change the computation (learning rate and schedule, warmup, tokens per
- * step, seed, weight decay, betas, epsilon, clipping, shuffling) are saved in
+ * step, seed, weight decay, betas, epsilon, clipping, shuffling, dropout) are saved in
  * each state file; a resume with a different value is refused naming the
  * flag, unless --resume-override.
  */
@@ -39,7 +39,11 @@ static const HparamSpec hparam_table[] = {
     {"-q", HP_FLOAT, HP_OPT(final_lr_frac)}, {"-c", HP_FLOAT, HP_OPT(weight_decay)}, {"--beta1", HP_FLOAT, HP_OPT(beta1)},
     {"--beta2", HP_FLOAT, HP_OPT(beta2)}, {"--eps", HP_FLOAT, HP_OPT(eps)}, {"--grad-clip", HP_FLOAT, HP_OPT(grad_clip)},
     {"--seed", HP_INT, HP_OPT(seed)}, {"--shuffle", HP_INT, HP_OPT(shuffle)}, {"-d", HP_INT, 0},
+    /* appended later: a state saved before them has zeros here, which is what it ran with (no dropout) */
+    {"--embd-dropout", HP_FLOAT, HP_OPT(embd_dropout)}, {"--attn-dropout", HP_FLOAT, HP_OPT(attn_dropout)},
+    {"--resid-dropout", HP_FLOAT, HP_OPT(resid_dropout)},
 };
+#define HPARAMS_BEFORE_DROPOUT 12
 #undef HP_OPT
 #define NUM_HPARAMS ((int)(sizeof(hparam_table) / sizeof(hparam_table[0])))
 
@@ -71,7 +75,7 @@ static inline void hparam_format(const HparamSpec* h, int32_t v, char* buf, size
 
 /* Refuses (or with override, notes) every hyperparameter that differs from the checkpoint's. */
 static inline void hparams_check(const TrainOptions* o, int tokens_per_step, const int32_t* saved, const char* path) {
-    if (saved[0] != NUM_HPARAMS) fail("%s: %d hyperparameters saved, this build compares %d", path, saved[0], NUM_HPARAMS);
+    if (saved[0] != NUM_HPARAMS && saved[0] != HPARAMS_BEFORE_DROPOUT) fail("%s: %d hyperparameters saved, this build compares %d", path, saved[0], NUM_HPARAMS);
     for (int i = 0; i < NUM_HPARAMS; i++) {
         int32_t now = hparam_value(o, i, tokens_per_step);
         if (now == saved[1 + i]) continue;

@@ -26,6 +26,10 @@
 #include "multiproc.h"
 #include "run_identity.h"
 #include "preempt.h"
+#include "dropout.h"
+
+/* The state of a pass that drops nothing: evaluation, sampling. */
+static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0};
 
 /* ---- the model's buffers ----
  * Points a trainer's model struct `m` at the buffers both trainers keep inside
@@ -100,6 +104,9 @@ typedef struct {
     uint16_t* window;       /* host B*T+1 tokens for the dataloader */
     /* forward and backward of one micro-batch; gradients accumulate; returns the mean loss */
     float (*forward_backward)(void* ctx, float dloss_mean);
+    /* the dropout of the forward_backward calls that follow (their step and
+     * micro-step fix the masks); forward_loss and next_token_probs never drop */
+    void (*set_dropout)(void* ctx, const DropoutState* d);
     float (*forward_loss)(void* ctx);
     /* after forward_loss: its B*T per-token losses, row-major (b, t), to host */
     void (*token_losses)(void* ctx, float* out);
@@ -137,6 +144,8 @@ typedef struct {
     LossScaler scaler;
     int updates;              /* optimizer updates applied (skipped FP16 steps excluded) */
     uint64_t run_id;          /* written into every checkpoint file (llmc/run_identity.h) */
+    DropoutState dropout;     /* the sites' probabilities, seed and rank; train_step sets the step */
+    char dropout_desc[400];   /* where each probability came from, for the printout ("" when none) */
 } Run;
 
 static inline double now_ms(void) {
@@ -171,6 +180,48 @@ static inline void resolve_run_identity(Run* run) {
     proc_broadcast(&run->run_id, sizeof(run->run_id), "the run id broadcast");
 }
 
+/* Each site's dropout: its own flag, else --dropout, else the model file's
+ * (an imported config's, or the run's that wrote it), else 0. The resolved
+ * values go back into the per-site options, which the state's
+ * hyperparameters record, so a resume compares them. */
+static inline void resolve_dropout(Run* run, const float* file_pdrop, const char* file) {
+    TrainOptions* o = &run->opt;
+    float* site[MODEL_NUM_PDROP] = {&o->embd_dropout, &o->attn_dropout, &o->resid_dropout};
+    static const char* const flags[MODEL_NUM_PDROP] = {"--embd-dropout", "--attn-dropout", "--resid-dropout"};
+    static const char* const names[MODEL_NUM_PDROP] = {"embedding", "attention", "residual"};
+    size_t used = (size_t)snprintf(run->dropout_desc, sizeof(run->dropout_desc), "dropout:");
+    int any = 0;
+    for (int k = 0; k < MODEL_NUM_PDROP; k++) {
+        char from[300];
+        if (*site[k] >= 0.0f) snprintf(from, sizeof(from), "%s", flags[k]);
+        else if (o->dropout >= 0.0f) { *site[k] = o->dropout; snprintf(from, sizeof(from), "--dropout"); }
+        else if (file_pdrop[k] > 0.0f) { *site[k] = file_pdrop[k]; snprintf(from, sizeof(from), "%s of %.200s", model_pdrop_names[k], file); }
+        else { *site[k] = 0.0f; snprintf(from, sizeof(from), "default"); }
+        any |= *site[k] > 0.0f;
+        if (used < sizeof(run->dropout_desc))
+            used += (size_t)snprintf(run->dropout_desc + used, sizeof(run->dropout_desc) - used, "%s %s %g (%s)", k ? "," : "",
+                                     names[k], (double)*site[k], from);
+    }
+    if (!any) run->dropout_desc[0] = '\0';
+    memset(&run->dropout, 0, sizeof(run->dropout));
+    run->dropout.p[DROPOUT_EMBEDDING] = o->embd_dropout;
+    run->dropout.p[DROPOUT_ATTENTION] = o->attn_dropout;
+    run->dropout.p[DROPOUT_RESID_ATTN] = run->dropout.p[DROPOUT_RESID_MLP] = o->resid_dropout;
+    run->dropout.seed = (uint32_t)o->seed;
+    run->dropout.rank = (uint32_t)run->rank;
+}
+
+/* A mask's site word holds the micro-step and the layer in fixed bits
+ * (dropout.h): a run with more of either would draw one mask twice. */
+static inline void check_dropout_limits(const Run* run) {
+    if (!dropout_active(&run->dropout)) return;
+    if (run->grad_accum > DROPOUT_MAX_MICRO_STEPS)
+        fail("flag -d: %d micro-steps per step; with dropout at most %d (fewer tokens per step, or a larger -b)", run->grad_accum,
+             DROPOUT_MAX_MICRO_STEPS);
+    if (run->cfg.num_layers > DROPOUT_MAX_LAYERS)
+        fail("model shape: %d layers; with dropout at most %d", run->cfg.num_layers, DROPOUT_MAX_LAYERS);
+}
+
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
@@ -194,6 +245,7 @@ static inline void resolve_model(Run* run) {
         ModelFileInfo info;
         fclose(model_file_open(run->model_path, &info));
         run->cfg = info.cfg;
+        resolve_dropout(run, info.pdrop, run->model_path);
         snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
         if (run->resume_step < 0 && o->max_seq_len && o->max_seq_len != info.cfg.max_seq_len) {
             /* long-context fine-tuning: a longer (or shorter) position table */
@@ -206,6 +258,8 @@ static inline void resolve_model(Run* run) {
         return;
     }
     config_from_descriptor(o->model, &run->cfg);
+    static const float no_file_pdrop[MODEL_NUM_PDROP] = {0.0f, 0.0f, 0.0f};
+    resolve_dropout(run, no_file_pdrop, NULL);
     if (o->layers) run->cfg.num_layers = o->layers;
     if (o->heads) run->cfg.num_heads = o->heads;
     if (o->channels) run->cfg.channels = o->channels;
@@ -301,6 +355,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
+    check_dropout_limits(run);
     ranks_check_same(&run->opt, &run->cfg, NULL, NULL, 0);
     PlanSpec spec;
     memset(&spec, 0, sizeof(spec));
@@ -340,6 +395,7 @@ static inline void run_print_header(const Run* run) {
     printf("batch: B=%d T=%d x %d process%s, gradient accumulation %d (%lld tokens per step)\n", run->opt.B,
            run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum,
            (long long)run->grad_accum * run->opt.B * run->opt.T * run->world);
+    if (run->dropout_desc[0]) printf("%s\n", run->dropout_desc);
     plan_print_summary(&run->plan, stdout);
     const char* big = "";
     size_t largest = plan_largest_entry(&run->plan, &big);
@@ -460,7 +516,9 @@ static inline void stream_tensor(Run* run, Backend* be, int tensor, size_t start
 static inline void save_model_file(Run* run, Backend* be, const char* path, int step) {
     AtomicFile af;
     atomic_open(&af, path);
-    model_file_write_header(af.f, &run->cfg, be->model_file_version, path);
+    /* the run's dropout goes with the model, as save_pretrained's config does (a resume reads it back) */
+    const float pdrop[MODEL_NUM_PDROP] = {run->opt.embd_dropout, run->opt.attn_dropout, run->opt.resid_dropout};
+    model_file_write_header(af.f, &run->cfg, be->model_file_version, pdrop, path);
     int32_t id_slots[2];
     put64(id_slots, 0, run->run_id);
     fseek_check(af.f, 4L * MODEL_RUN_ID_SLOT, SEEK_SET, af.tmp_path);
@@ -777,8 +835,12 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
     float scale = loss_scaler_factor(&run->scaler);
     /* summing over processes then gives the gradient of the mean loss of the global batch */
     float dloss_mean = scale / (float)(run->grad_accum * run->world);
+    DropoutState drop = run->dropout; /* the masks depend on the step and micro-step, never on what ran before */
+    drop.step = (uint32_t)step;
     for (int micro = 0; micro < run->grad_accum; micro++) {
         dataloader_next(train);
+        drop.micro_step = (uint32_t)micro;
+        be->set_dropout(be->ctx, &drop);
         loss += be->forward_backward(be->ctx, dloss_mean);
     }
     if (be->sync_grads) be->sync_grads(be->ctx);

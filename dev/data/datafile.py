@@ -350,6 +350,11 @@ MODEL_MAGIC = 20240326
 MODEL_VERSION_FP32 = 3
 MODEL_VERSION_BF16 = 5
 # The 16 parameter tensors in file order (FORMATS.md); weight matrices are (out, in).
+# Header slots 242-244: dropout probabilities as float32 bits (0: none; llm.c
+# readers ignore them), the keys of Hugging Face's GPT-2 config.
+MODEL_DROPOUT_SLOT = 242
+MODEL_DROPOUT_KEYS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
+MODEL_DROPOUT_MAX = 0.99
 MODEL_TENSORS = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                  "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb")
 
@@ -385,14 +390,21 @@ def bf16_bits_to_float32(h: np.ndarray) -> np.ndarray:
     return (np.asarray(h, dtype="<u2").astype("<u4") << 16).view("<f4")
 
 
-def write_model(path, cfg: dict, params: dict, version: int = MODEL_VERSION_FP32) -> None:
+def write_model(path, cfg: dict, params: dict, version: int = MODEL_VERSION_FP32, dropout: dict | None = None) -> None:
     """Write an llm.c model file atomically: params maps each of MODEL_TENSORS to an
-    array of its shape (model_tensor_shapes); version 3 stores fp32, 5 bf16."""
+    array of its shape (model_tensor_shapes); version 3 stores fp32, 5 bf16.
+    dropout: probabilities by MODEL_DROPOUT_KEYS (absent keys: 0)."""
     if version not in (MODEL_VERSION_FP32, MODEL_VERSION_BF16):
         raise DataError(f"model file version must be 3 (fp32) or 5 (bf16), got {version}")
     shapes = model_tensor_shapes(cfg)
-    header = _header([MODEL_MAGIC, version, cfg["max_seq_len"], cfg["vocab_size"], cfg["num_layers"],
-                      cfg["num_heads"], cfg["channels"], cfg["padded_vocab_size"]], "<i4")
+    h = np.frombuffer(_header([MODEL_MAGIC, version, cfg["max_seq_len"], cfg["vocab_size"], cfg["num_layers"],
+                               cfg["num_heads"], cfg["channels"], cfg["padded_vocab_size"]], "<i4"), dtype="<i4").copy()
+    probs = np.array([(dropout or {}).get(k, 0.0) for k in MODEL_DROPOUT_KEYS], dtype="<f4")
+    for key, p in zip(MODEL_DROPOUT_KEYS, probs):
+        if not 0.0 <= p <= MODEL_DROPOUT_MAX:
+            raise DataError(f"{key} {p}: not a dropout probability in [0, {MODEL_DROPOUT_MAX}]")
+    h[MODEL_DROPOUT_SLOT:MODEL_DROPOUT_SLOT + 3] = probs.view("<i4")
+    header = h.tobytes()
     out = _AtomicFile(path)
     try:
         out.f.write(header)
@@ -446,6 +458,16 @@ def read_model(path) -> tuple[dict, dict, int]:
         params[name] = flat[off:off + n].reshape(shapes[name])
         off += n
     return cfg, params, version
+
+
+def read_model_dropout(path) -> dict:
+    """The dropout probabilities a model file's header holds, by MODEL_DROPOUT_KEYS."""
+    with open(path, "rb") as f:
+        h = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    if len(h) < HEADER_INTS:
+        raise DataError(f"{path}: truncated header ({4 * len(h)} of {HEADER_BYTES} bytes)")
+    probs = h[MODEL_DROPOUT_SLOT:MODEL_DROPOUT_SLOT + 3].view("<f4")
+    return {k: float(p) for k, p in zip(MODEL_DROPOUT_KEYS, probs)}
 
 
 # --- GPT-2 encoding ---------------------------------------------------------------

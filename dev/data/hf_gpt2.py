@@ -11,14 +11,17 @@ pytorch_model.bin, read without torch). Tensor names may carry the
 `wte.weight` (GPT-2 ties them; an untied head cannot be stored in an llm.c
 file and is refused). GPT-2's Conv1D layers store weights as (in, out), so
 they are transposed to the file's (out, in); the token table is padded with
-zero rows to a multiple of 128. --dtype bf16 writes a version-5 file (round to
+zero rows to a multiple of 128. The config's dropout probabilities
+(embd_pdrop, attn_pdrop, resid_pdrop; Hugging Face's GPT-2 default 0.1 where
+absent) go into header slots 242-244, the trainer's defaults for --embd-dropout,
+--attn-dropout and --resid-dropout. --dtype bf16 writes a version-5 file (round to
 nearest even), fp32 (default) a version-3 file.
 
 export: OUT_DIR/config.json and OUT_DIR/model.safetensors (fp32), which
 transformers' GPT2LMHeadModel.from_pretrained(OUT_DIR) loads: the true
 vocabulary (padding rows dropped), n_positions = the model's position table
-(an extended table included), tied embeddings, no dropout (remat trains
-without it). The tokenizer is not part of the export: GPT-2's own
+(an extended table included), tied embeddings, the dropout probabilities of the
+model file's header (those it was imported with or trained with; 0 where none). The tokenizer is not part of the export: GPT-2's own
 (GPT2TokenizerFast.from_pretrained("gpt2")) fits a 50257-token model.
 
 Only numpy and safetensors are needed (dev/data/requirements.txt).
@@ -229,21 +232,38 @@ def hf_to_llmc(config: dict, tensors: dict, where: str) -> tuple[dict, dict]:
     return cfg, params
 
 
+HF_DEFAULT_PDROP = 0.1  # GPT2Config's default for each of the three
+
+
+def dropout_from_config(config: dict, where: str) -> dict:
+    """embd_pdrop, attn_pdrop, resid_pdrop of a GPT-2 config (absent: GPT2Config's default)."""
+    out = {}
+    for key in df.MODEL_DROPOUT_KEYS:
+        p = config.get(key, HF_DEFAULT_PDROP)
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= df.MODEL_DROPOUT_MAX:
+            raise DataError(f"{where}: {key} {p!r} is not a dropout probability in [0, {df.MODEL_DROPOUT_MAX}]")
+        out[key] = float(p)
+    return out
+
+
 def cmd_import(args) -> None:
     hf_dir = Path(args.hf_dir)
     config, tensors = read_hf_dir(hf_dir)
     cfg, params = hf_to_llmc(config, tensors, str(hf_dir))
+    dropout = dropout_from_config(config, str(hf_dir / "config.json"))
     version = df.MODEL_VERSION_BF16 if args.dtype == "bf16" else df.MODEL_VERSION_FP32
-    df.write_model(args.out, cfg, params, version)
+    df.write_model(args.out, cfg, params, version, dropout)
     n = sum(p.size for p in params.values())
+    drops = ", ".join(f"{k} {v:g}" for k, v in dropout.items())
     print(f"{args.out}: L={cfg['num_layers']} NH={cfg['num_heads']} C={cfg['channels']} V={cfg['vocab_size']} "
-          f"(padded {cfg['padded_vocab_size']}) maxT={cfg['max_seq_len']}, {n:,} parameters, version {version} ({args.dtype})")
+          f"(padded {cfg['padded_vocab_size']}) maxT={cfg['max_seq_len']}, {n:,} parameters, {drops}, "
+          f"version {version} ({args.dtype})")
 
 
 # --- export -----------------------------------------------------------------------------
 
 
-def llmc_to_hf(cfg: dict, params: dict) -> tuple[dict, dict]:
+def llmc_to_hf(cfg: dict, params: dict, dropout: dict) -> tuple[dict, dict]:
     """(config.json dict, state dict with the `transformer.` prefix) of an llm.c model."""
     L, C, V = cfg["num_layers"], cfg["channels"], cfg["vocab_size"]
     tensors = {PREFIX + "wte.weight": params["wte"][:V], PREFIX + "wpe.weight": params["wpe"],
@@ -263,7 +283,7 @@ def llmc_to_hf(cfg: dict, params: dict) -> tuple[dict, dict]:
         "n_layer": L, "n_head": cfg["num_heads"], "n_embd": C,
         "n_positions": cfg["max_seq_len"], "n_ctx": cfg["max_seq_len"], "vocab_size": V,
         "n_inner": None, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
-        "attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "initializer_range": 0.02,
+        "initializer_range": 0.02, **dropout,
         "scale_attn_weights": True, "tie_word_embeddings": True, "use_cache": True,
         "bos_token_id": eot, "eos_token_id": eot, "torch_dtype": "float32",
     }
@@ -279,7 +299,9 @@ def cmd_export(args) -> None:
     V = cfg["vocab_size"]
     if np.any(params["wte"][V:]):
         print(f"note: {args.model}: padded rows {V}..{cfg['padded_vocab_size'] - 1} of wte are not zero; they are dropped")
-    config, tensors = llmc_to_hf(cfg, params)
+    # float32 to the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)
+    dropout = {k: float(np.format_float_positional(np.float32(v))) for k, v in df.read_model_dropout(args.model).items()}
+    config, tensors = llmc_to_hf(cfg, params, dropout)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "model.safetensors.tmp"

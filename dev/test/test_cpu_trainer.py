@@ -27,7 +27,8 @@ def tiny_run(tiny_shards, *extra, exe="train_gpt_cpu"):
 
 # ---- C unit tests ----
 
-@pytest.mark.parametrize("name", ["test_gradcheck", "test_recompute", "test_plan", "test_loss_scaler", "test_matmul_order", "test_dropout"])
+@pytest.mark.parametrize("name", ["test_gradcheck", "test_recompute", "test_plan", "test_loss_scaler", "test_matmul_order", "test_dropout",
+                                  "test_dropout_sites"])
 def test_c_unit(name):
     res = run([binary(f"build/{name}")])
     print(res.stdout)
@@ -57,6 +58,13 @@ def test_recompute_reduces_planned_activations(tiny_shards):
 
 # ---- checkpoints ----
 
+def copy_checkpoint(src, dst, step):
+    """The files of one complete single-process checkpoint of step `step` into a new directory."""
+    dst.mkdir()
+    for name in [f"model_{step:08d}.bin", f"state_{step:08d}_00000.bin", f"DONE_{step:08d}"]:
+        shutil.copy(src / name, dst / name)
+
+
 def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     common = ["-x", "8", "-n", "4", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1"]
@@ -65,9 +73,7 @@ def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
     log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
     assert [e["step"] for e in log if "loss" in e] == list(range(1, 9))
     assert [f"{e['loss']:.6f}" for e in log if "loss" in e] == [s[1] for s in steps(ref.stdout)]
-    part.mkdir()
-    for name in ["model_00000004.bin", "state_00000004_00000.bin", "DONE_00000004"]:
-        shutil.copy(full / name, part / name)
+    copy_checkpoint(full, part, 4)
     resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
     assert "resumed: step 4" in resumed.stdout
     assert steps(resumed.stdout) == steps(ref.stdout)[4:]
@@ -302,3 +308,86 @@ def test_finetune_long_script_refuses_bad_arguments(tiny_shards, tmp_path, args,
     args = [str(tiny_shards / "tiny_train.bin") if a == "MODEL" else a for a in args]
     res = run([REPO / "scripts" / "finetune_long.sh", *args], env={"TRAINER": str(binary("train_gpt_cpu"))})
     assert res.returncode != 0 and message in res.stderr
+
+
+# ---- dropout ----
+
+VAL_RE = re.compile(r"^val loss ([0-9.]+) at step (\d+)", re.M)
+
+
+def test_dropout_zero_is_no_dropout(tiny_shards):
+    """--dropout 0 (and each site's flag at 0) takes the plain path: the same
+    printed steps, bit for bit, as no flag; any p > 0 changes them."""
+    base = steps(tiny_run(tiny_shards, "-x", "3").stdout)
+    assert steps(tiny_run(tiny_shards, "-x", "3", "--dropout", "0").stdout) == base
+    zero_sites = tiny_run(tiny_shards, "-x", "3", "--dropout", "0.5", "--attn-dropout", "0", "--resid-dropout", "0",
+                          "--embd-dropout", "0")
+    assert steps(zero_sites.stdout) == base and "dropout:" not in zero_sites.stdout
+    for flag in ("--dropout", "--attn-dropout", "--resid-dropout", "--embd-dropout"):
+        dropped = steps(tiny_run(tiny_shards, "-x", "3", flag, "0.1").stdout)
+        assert [s[1] for s in dropped] != [s[1] for s in base], flag
+
+
+def test_dropout_leaves_evaluation_unchanged(tiny_shards):
+    """Validation never drops: the step-0 validation loss is the same with
+    dropout set; training with it differs. -x 0 evaluation and its sample too."""
+    common = ["-x", "2", "-v", "2", "-m", "2"]
+    plain, dropped = (tiny_run(tiny_shards, *common, *extra).stdout for extra in ([], ["--dropout", "0.3"]))
+    assert "dropout: embedding 0.3 (--dropout), attention 0.3 (--dropout), residual 0.3 (--dropout)" in dropped
+    val_plain, val_dropped = dict((s, v) for v, s in VAL_RE.findall(plain)), dict((s, v) for v, s in VAL_RE.findall(dropped))
+    assert val_plain["0"] == val_dropped["0"] and val_plain["2"] != val_dropped["2"]
+    assert steps(plain) != steps(dropped)
+    evals = [tiny_run(tiny_shards, "-x", "0", "-v", "1", "-m", "2", "-s", "1", "-g", "8", *extra).stdout
+             for extra in ([], ["--dropout", "0.5"])]
+    assert VAL_RE.findall(evals[0]) == VAL_RE.findall(evals[1])
+    assert evals[0].split("sample at step 0:")[1] == evals[1].split("sample at step 0:")[1]
+
+
+def test_dropout_recompute_modes_print_identical_steps(tiny_shards):
+    """Every recompute setting regenerates the forward's masks: with dropout
+    at every site and two micro-steps per step, identical printed steps."""
+    common = ["-x", "4", "-d", "128", "--dropout", "0.2"]
+    base = steps(tiny_run(tiny_shards, *common).stdout)
+    assert len(base) == 4 and base != steps(tiny_run(tiny_shards, "-x", "4", "-d", "128").stdout)
+    for flags in (["-r", "1"], ["-r", "2"], ["-r", "3"], ["-r", "1", "--recompute-layers", "every:2"], ["-r", "3:0/1:1/2:2"]):
+        assert steps(tiny_run(tiny_shards, *common, *flags).stdout) == base, flags
+
+
+def test_dropout_resume_is_bitwise_identical(tiny_shards, tmp_path):
+    """The masks depend on the step, not on how many were drawn: a resumed run
+    with dropout continues as the uninterrupted one, bit for bit. The
+    checkpoint's model file carries the dropout, so the resume needs no flag;
+    a different value is refused naming the flag."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["-x", "6", "-n", "3", "-d", "128", "--shuffle", "1"]
+    ref = tiny_run(tiny_shards, *common, "--dropout", "0.2", "--attn-dropout", "0.1", "-o", full)
+    header = np.frombuffer((full / "model_00000003.bin").read_bytes()[:1024], dtype="<f4")
+    assert list(header[242:245]) == [np.float32(0.2), np.float32(0.1), np.float32(0.2)]
+    copy_checkpoint(full, part, 3)
+    resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
+    assert "attention 0.1 (attn_pdrop of " in resumed.stdout
+    assert steps(resumed.stdout) == steps(ref.stdout)[3:]
+    assert (part / "model_00000006.bin").read_bytes() == (full / "model_00000006.bin").read_bytes()
+    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+               "-l", "1e-3", *common, "-x", "8", "--resid-dropout", "0.3", "-o", part, "-y", "1"])
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: flag --resid-dropout: the checkpoint was trained with --resid-dropout 0.2, this run "
+                                  "gives 0.3: give the same, or --resume-override to change it")
+
+
+def test_dropout_refuses_more_micro_steps_than_the_site_word_holds(tiny_shards):
+    args = [binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+            "-d", str(64 * 262145), "-x", "1"]
+    res = run([*args, "--dropout", "0.1"])
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: flag -d: 262145 micro-steps per step; with dropout at most 262144 (fewer tokens per "
+                                  "step, or a larger -b)")
+    assert "memory plan" not in res.stdout
+    assert run([*args, "--plan"]).returncode == 0  # without dropout the site word does not matter
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1", "0.995", "nan"])
+def test_dropout_flag_out_of_range_is_refused(value):
+    res = run([binary("train_gpt_cpu"), "--attn-dropout", value])
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
+    assert res.stderr.startswith("error: flag --attn-dropout: ")

@@ -16,7 +16,9 @@ paths, a hot token); test_gpt's own run_case on small shapes per precision
 (bf16, fp32, and fp16 once the sources define it), which together cover head
 sizes 16/32/64 (and 48 through the padded template), T that is a multiple of
 no tile, the padded vocabulary, every recompute mode's bitwise equality and
-three AdamW steps, and test_gpt's non-finite gradient checks; the bias
+three AdamW steps, one case per precision with embedding and residual
+dropout (the CPU's masks, regenerated bitwise by every recompute setting), and
+test_gpt's non-finite gradient checks; the bias
 fallback for shapes without a cuBLASLt bias epilogue; emulated train_gpt runs
 (loss falls on a repeated batch, a checkpoint resume is bitwise identical,
 every recompute mode prints the same steps with gradient accumulation); the
@@ -74,6 +76,12 @@ ACCUM_CASE = "accum:hs16:64:4:300:64"
 # About a second each.
 ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "attention:hs16:64:4:300:45",
                    "attention:hs128:128:1:300:130", "attention:hs64:128:2:300:333", "attention:hs20:40:2:300:45"]
+# test_gpt's run_case with dropout (model_dropout: embedding and residual
+# branches 0.1, attention once its kernels draw the masks): the GPU's masks
+# must be the CPU's and every recompute setting must regenerate them. fp32's
+# C=18 leaves a partial last group of eight (one generator call).
+DROPOUT_CASES = {"bf16": ["dropmodel:hs16:64:4:300:77"], "fp32": ["dropmodel:hs18:18:1:300:37"],
+                 "fp16": ["dropmodel:hs32:32:1:300:45"]}
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -166,7 +174,8 @@ def default_jobs(pool, tmp_path_factory):
     built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
     for p in PRECISIONS:
         if p in built:
-            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p], *DROPOUT_CASES[p]],
+                   DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     for p in PRECISIONS:
@@ -375,9 +384,15 @@ def check_gpt_output(res, cases):
         for T in Ts.split(","):
             assert re.search(rf"^PASS: attention alone, {name} T={T}$", out, re.M), f"attention {name} T={T} missing\n" + out[-3000:]
         cases = [c for c in cases if c != case]
+    dropped = [(c.split(":")[1], t) for c in cases if c.startswith("dropmodel:") for t in c.split(":")[5].split(",")]
+    for name, T in dropped:
+        assert re.search(rf"^PASS: {name} T={T}, dropout embedding 0\.1 attention 0(\.1)? residual 0\.1$", out, re.M), \
+            f"{name} T={T} with dropout missing\n" + out[-3000:]
+    cases = [c for c in cases if not c.startswith("dropmodel:")]
     expected = [(c.split(":")[0], t) for c in cases for t in c.split(":")[4].split(",")]
     for name, T in expected:
         assert re.search(rf"^PASS: {name} T={T}$", out, re.M), f"{name} T={T} missing\n" + out[-3000:]
+    expected += dropped
     bitwise = re.findall(r"bitwise identical to -r 0 in every step", out)
     assert len(bitwise) == SETTINGS_COMPARED * len(expected), out[-3000:]
     assert "FAIL" not in out and "DIFFERS" not in out
@@ -389,7 +404,7 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
-    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision]])
+    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision], *DROPOUT_CASES[precision]])
 
 
 @pytest.fixture(scope="session")
@@ -475,6 +490,8 @@ def test_gpt_other_block_orders_emulated(slow_jobs, precision, order):
 
 RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"], ["-r", "3"],
                    ["-r", "1:0/3:1"]]
+DROPOUT_FLAGS = ["--embd-dropout", "0.1", "--resid-dropout", "0.1", "--attn-dropout", "0"]
+DROPOUT_RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "1:0/3:1"]]
 TINY = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
 STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
 
@@ -509,11 +526,17 @@ def train_job(precision, data):
     # recompute through the command line, with gradient accumulation (-d: 2 micro-batches per step)
     modes = [exe, *TINY, "-i", data / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-d", "128", "-x", "3", "-s", "0"]
     r["modes"] = {" ".join(flags): emu_run([*modes, *flags]) for flags in RECOMPUTE_FLAGS}
+    # dropout at the embedding and on the residual branches (attention's waits for its kernels): every recompute
+    # setting regenerates the masks; --dropout 0 is no dropout
+    r["dropout_modes"] = {" ".join(flags): emu_run([*modes, *DROPOUT_FLAGS, *flags]) for flags in DROPOUT_RECOMPUTE_FLAGS}
+    r["dropout_zero"] = emu_run([*modes, "--dropout", "0", "-r", "0"])
     return r
 
 
 @pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
 def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, precision):
+    """train_gpt emulated: loss falls on a repeated batch, resume bitwise, every recompute setting the same steps
+    (with dropout too, and --dropout 0 as no flag)."""
     if precision not in default_jobs:
         pytest.skip(f"{precision} not built")
     r = _futures[("train", precision)].result()
@@ -540,6 +563,15 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
         assert len(got) == 3, res.stdout[-2000:]
         base = base or got
         assert got == base, f"{flags}: {got} != -r 0: {base}"
+    assert steps(r["dropout_zero"].stdout) == base, explain(r["dropout_zero"])
+    dropped = None
+    for flags, res in r["dropout_modes"].items():
+        assert res.returncode == 0, flags + "\n" + explain(res)
+        assert "dropout: embedding 0.1 (--embd-dropout), attention 0 (--attn-dropout), residual 0.1 (--resid-dropout)" in res.stdout
+        got = steps(res.stdout)
+        assert len(got) == 3 and got != base, res.stdout[-2000:]
+        dropped = dropped or got
+        assert got == dropped, f"dropout, {flags}: {got} != -r 0: {dropped}"
 
 
 def test_bench_attention_emulated(emu_build):

@@ -6,21 +6,26 @@
  * transposed index or a factor cannot pass the 1e-6 tolerance. Every
  * element of every tensor is checked on a tiny model whose shape exercises
  * several heads, a padded vocabulary, T < maxT, B > 1, several logits chunks,
- * and both recompute paths.
+ * and both recompute paths; then again with dropout at every site (p 0.3,
+ * so even this tiny model drops at each): the masks are functions of their
+ * counters, so the loss is a smooth function of the parameters and the
+ * backward must route each gradient through the same masks.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
 #include "test_model.h"
 
-/* The loss in full precision (the Backend interface rounds it to float). */
+/* The loss in full precision (the Backend interface rounds it to float),
+ * with the dropout forward_backward ran with. */
 static double loss_at(TestModel* tm) {
+    tm->m.drop = &tm->m.train_dropout;
     model_forward(&tm->m);
     classifier(&tm->m, 0);
     return (double)mean_loss(&tm->m);
 }
 
-int main(void) {
-    if (sizeof(real) != 8) { fprintf(stderr, "build this test with -DREMAT_FP64\n"); return 2; }
+/* Checks every gradient element; returns the tensors that failed. *loss_out: the loss. */
+static int check_gradients(const DropoutState* drop, double* loss_out) {
     ModelConfig cfg = test_config(2, 2, 8, 37, 8);
     unsigned char modes[2] = {RECOMPUTE_FULL, RECOMPUTE_SELECTIVE};
     TestModel tm;
@@ -28,9 +33,12 @@ int main(void) {
     test_model_randomize(&tm, 42);
     test_model_tokens(&tm, 43);
     CpuModel* m = &tm.m;
+    m->train_dropout = *drop;
     cpu_zero_grads(m);
     double loss = cpu_forward_backward(m, 1.0f);
-    printf("loss %.12f (uniform would be %.6f)\n", loss, log(37.0));
+    *loss_out = loss;
+    printf("\n%s: loss %.12f (uniform would be %.6f)\n", dropout_active(drop) ? "dropout 0.3 at every site" : "no dropout",
+           loss, log(37.0));
     ParamLayout pl;
     param_layout(&cfg, &pl);
     const double h = 1e-5, tol_abs = 1e-9, tol_rel = 1e-6;
@@ -60,6 +68,17 @@ int main(void) {
     for (size_t i = (size_t)cfg.vocab_size * cfg.channels; i < pl.count[P_WTE]; i++)
         if (m->grads[i] != 0) { printf("padded wte row has gradient %g\n", (double)m->grads[i]); failures++; break; }
     test_model_free(&tm);
+    return failures;
+}
+
+int main(void) {
+    if (sizeof(real) != 8) { fprintf(stderr, "build this test with -DREMAT_FP64\n"); return 2; }
+    double loss_off = 0, loss_on = 0;
+    int failures = check_gradients(&dropout_off, &loss_off);
+    DropoutState drop = {{0.3f, 0.3f, 0.3f, 0.3f}, 7, 0, 3, 1};
+    failures += check_gradients(&drop, &loss_on);
+    /* the second check must have had masks to get wrong */
+    if (loss_on == loss_off) { printf("dropout did not change the loss\n"); failures++; }
     printf("%s: gradient check, %d tensor(s) failed\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
 }

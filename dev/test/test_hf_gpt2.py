@@ -256,3 +256,48 @@ def test_a_checkpoint_saved_by_transformers_imports_with_its_loss(tmp_path, toke
         theirs = -logp.gather(-1, ids[1:].view(B, T, 1)).mean().item()
     ours = val_loss(tmp_path / "m.bin", shard)
     assert abs(ours - theirs) < 1e-5 * theirs, (ours, theirs)
+
+
+def test_import_carries_the_configs_dropout(tmp_path, tokens):
+    """attn_pdrop, embd_pdrop, resid_pdrop go into header slots 242-244 (absent:
+    GPT2Config's 0.1); the trainer trains with them unless a flag overrides one,
+    says where each came from, and evaluates without them; export writes them back."""
+    shard, toks = tokens
+    state = hf_state(np.random.default_rng(14))
+    config = {k: v for k, v in HF_CONFIG.items() if k != "embd_pdrop"}
+    config.update(attn_pdrop=0.25, resid_pdrop=0.0)
+    assert hf_tool("import", write_hf(tmp_path / "hf", state, config), tmp_path / "m.bin").returncode == 0
+    slots = np.fromfile(tmp_path / "m.bin", dtype="<f4", count=256)[242:245]
+    assert list(slots) == [np.float32(0.1), np.float32(0.25), np.float32(0.0)]
+    train = [binary("train_gpt_cpu"), "-e", tmp_path / "m.bin", "-i", shard, "-j", shard, "-b", B, "-t", T, "-x", "1",
+             "-v", "1", "-m", "1", "-s", "0", "-l", "1e-3"]
+    res = run([*train, "--embd-dropout", "0.05"], check=True)
+    assert f"dropout: embedding 0.05 (--embd-dropout), attention 0.25 (attn_pdrop of {tmp_path / 'm.bin'}), residual 0 " \
+           f"(default)" in res.stdout
+    expected = hf_loss(state, toks[:B * T].reshape(B, T), toks[1:B * T + 1].reshape(B, T))
+    assert abs(val_loss(tmp_path / "m.bin", shard) - expected) < 2e-6 * expected + 1e-6  # evaluation never drops
+    assert hf_tool("export", tmp_path / "m.bin", tmp_path / "out").returncode == 0
+    exported = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (exported["embd_pdrop"], exported["attn_pdrop"], exported["resid_pdrop"]) == (0.1, 0.25, 0.0)
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1, "0.1", True])
+def test_bad_dropout_in_config_is_refused(tmp_path, value):
+    config = dict(HF_CONFIG, attn_pdrop=value)
+    res = hf_tool("import", write_hf(tmp_path / "hf", hf_state(np.random.default_rng(15)), config), tmp_path / "m.bin")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "attn_pdrop" in lines[0], res.stderr
+    assert not (tmp_path / "m.bin").exists()
+
+
+def test_a_model_file_with_a_bad_dropout_slot_is_refused(tmp_path, tokens):
+    shard, _ = tokens
+    assert hf_tool("import", write_hf(tmp_path / "hf", hf_state(np.random.default_rng(16))), tmp_path / "m.bin").returncode == 0
+    data = bytearray((tmp_path / "m.bin").read_bytes())
+    data[4 * 244:4 * 245] = np.float32(1.5).tobytes()
+    (tmp_path / "bad.bin").write_bytes(bytes(data))
+    res = run([binary("train_gpt_cpu"), "-e", tmp_path / "bad.bin", "-i", shard, "-j", "", "-b", B, "-t", T, "-x", "1"])
+    assert res.returncode == 1
+    assert res.stderr.strip() == (f"error: {tmp_path / 'bad.bin'}: header slot 244 (resid_pdrop) is 1.5: not a dropout "
+                                  "probability in [0, 0.99]")

@@ -2,7 +2,9 @@
  * Losses, every gradient and the parameters after AdamW are bitwise equal
  * across recompute settings: -r 0, -r 1 on all layers and on subsets,
  * -r 2, -r 3 (attention kept) and mixes of all four, over several optimizer steps (DESIGN.md: recompute
- * trades time for memory and nothing else).
+ * trades time for memory and nothing else). Then all again with dropout at
+ * every site and two micro-steps per step: every recompute must draw the
+ * masks its forward drew (the same step, micro-step, layer and site).
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
@@ -13,15 +15,23 @@
 
 typedef struct { const char* name; unsigned char modes[L_TEST]; } Setting;
 
-/* Runs STEPS steps; records each step's loss and gradients, and the final parameters. */
-static void run_setting(const Setting* s, float* losses, real* grads, real* params, size_t np) {
+/* Runs STEPS steps (with dropout, of two micro-steps each); records each
+ * step's loss and gradients, and the final parameters. */
+static void run_setting(const Setting* s, const DropoutState* drop, float* losses, real* grads, real* params, size_t np) {
     TestModel tm;
     test_model_create(&tm, test_config(L_TEST, 2, 32, 50, 16), 2, 16, s->modes);
     test_model_randomize(&tm, 5);
+    int micro_steps = dropout_active(drop) ? 2 : 1;
     for (int step = 0; step < STEPS; step++) {
-        test_model_tokens(&tm, 100 + step);
         cpu_zero_grads(&tm.m);
-        losses[step] = cpu_forward_backward(&tm.m, 1.0f);
+        losses[step] = 0;
+        for (int micro = 0; micro < micro_steps; micro++) {
+            test_model_tokens(&tm, 100 + 10 * step + micro);
+            tm.m.train_dropout = *drop;
+            tm.m.train_dropout.step = (uint32_t)step + 1;
+            tm.m.train_dropout.micro_step = (uint32_t)micro;
+            losses[step] += cpu_forward_backward(&tm.m, 1.0f);
+        }
         memcpy(grads + (size_t)step * np, tm.m.grads, np * sizeof(real));
         AdamWStep a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 1.0f, .t = step + 1};
         adamw_bias_corrections(&a);
@@ -31,7 +41,8 @@ static void run_setting(const Setting* s, float* losses, real* grads, real* para
     test_model_free(&tm);
 }
 
-int main(void) {
+/* Every setting against -r 0 under one dropout state; returns the failures. */
+static int compare_settings(const DropoutState* drop) {
     const Setting settings[] = {
         {"-r 0", {0, 0, 0, 0}},
         {"-r 1 all layers", {1, 1, 1, 1}},
@@ -55,10 +66,11 @@ int main(void) {
     real* grads = (real*)malloc_check(STEPS * np * sizeof(real), "test");
     real* ref_params = (real*)malloc_check(np * sizeof(real), "test");
     real* params = (real*)malloc_check(np * sizeof(real), "test");
-    run_setting(&settings[0], ref_losses, ref_grads, ref_params, np);
+    printf("\n%s\n", dropout_active(drop) ? "dropout 0.2 at every site, 2 micro-steps per step" : "no dropout");
+    run_setting(&settings[0], drop, ref_losses, ref_grads, ref_params, np);
     int failures = 0;
     for (int i = 1; i < n_settings; i++) {
-        run_setting(&settings[i], losses, grads, params, np);
+        run_setting(&settings[i], drop, losses, grads, params, np);
         int same_loss = memcmp(losses, ref_losses, sizeof(losses)) == 0;
         int same_grads = memcmp(grads, ref_grads, STEPS * np * sizeof(real)) == 0;
         int same_params = memcmp(params, ref_params, np * sizeof(real)) == 0;
@@ -74,6 +86,12 @@ int main(void) {
     int moved = ref_losses[STEPS - 1] != ref_losses[0];
     if (!moved) { printf("losses did not change over the steps\n"); failures++; }
     free(ref_grads); free(grads); free(ref_params); free(params);
+    return failures;
+}
+
+int main(void) {
+    DropoutState drop = {{0.2f, 0.2f, 0.2f, 0.2f}, 11, 0, 0, 0};
+    int failures = compare_settings(&dropout_off) + compare_settings(&drop);
     printf("%s: recompute bitwise equality, %d setting(s) failed\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
 }

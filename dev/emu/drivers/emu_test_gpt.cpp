@@ -15,6 +15,7 @@
  *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
  *                                              attention:NAME:C:NH:V:T[,T...]  check_attention
  *                                              dropout:NAME:C:NH:V:T[,T...]    check_attention with attention dropout 0.1
+ *                                              dropmodel:NAME:C:NH:V:T[,T...]  run_case with model_dropout()
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
@@ -36,7 +37,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|dropmodel:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -60,7 +61,7 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, ACCUM };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, MODEL_DROPOUT, ACCUM };
     struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -75,6 +76,9 @@ int main(int argc, char** argv) {
         } else if (a.rfind("dropout:", 0) == 0) {
             kind = ATTENTION_DROPOUT;
             a = a.substr(8);
+        } else if (a.rfind("dropmodel:", 0) == 0) {
+            kind = MODEL_DROPOUT;
+            a = a.substr(10);
         } else if (a.rfind("accum:", 0) == 0) {
             kind = ACCUM;
             a = a.substr(6);
@@ -112,7 +116,10 @@ int main(int argc, char** argv) {
             else if (c.kind == ATTENTION) check_attention(&sh, T, 0);
             else if (c.kind == ATTENTION_DROPOUT) check_attention(&sh, T, 0.1f);
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
-            else run_case(&sh, T);
+            else if (c.kind == MODEL_DROPOUT) {
+                const DropoutState drop = model_dropout();
+                run_case(&sh, T, &drop);
+            } else run_case(&sh, T, &dropout_off);
             runs++;
         }
     }
