@@ -74,6 +74,11 @@ ACCUM_CASE = "accum:hs16:64:4:300:64"
 # About a second each.
 ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "attention:hs16:64:4:300:45",
                    "attention:hs128:128:1:300:130", "attention:hs64:128:2:300:333", "attention:hs20:40:2:300:45"]
+# The same with attention dropout 0.1 (check_attention's site): the kernels must draw the CPU reference's
+# mask bit for bit (one element kept or dropped differently moves its row's output by a whole value), in
+# the forward and again in both backward kernels, for every head size bucket and partial tiles. The default
+# build runs them on the tc kernels (the mma kernels do not draw dropout yet: attention_mma_takes_dropout).
+DROPOUT_CASES = [c.replace("attention:", "dropout:", 1) for c in ATTENTION_CASES]
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -166,7 +171,7 @@ def default_jobs(pool, tmp_path_factory):
     built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
     for p in PRECISIONS:
         if p in built:
-            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *DROPOUT_CASES, *CASES[p]], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     for p in PRECISIONS:
@@ -357,10 +362,11 @@ def check_gpt_output(res, cases):
     if ACCUM_CASE in cases:
         assert re.search(r"^PASS: gradient sums, hs16 T=64$", out, re.M), out[-3000:]
         cases = [c for c in cases if c != ACCUM_CASE]
-    for case in [c for c in cases if c.startswith("attention:")]:
-        _, name, _, _, _, Ts = case.split(":")
+    for case in [c for c in cases if c.startswith(("attention:", "dropout:"))]:
+        kind, name, _, _, _, Ts = case.split(":")
+        what = "attention alone" if kind == "attention" else "attention alone with dropout 0.1"
         for T in Ts.split(","):
-            assert re.search(rf"^PASS: attention alone, {name} T={T}$", out, re.M), f"attention {name} T={T} missing\n" + out[-3000:]
+            assert re.search(rf"^PASS: {what}, {name} T={T}$", out, re.M), f"{what} {name} T={T} missing\n" + out[-3000:]
         cases = [c for c in cases if c != case]
     expected = [(c.split(":")[0], t) for c in cases for t in c.split(":")[4].split(",")]
     for name, T in expected:
@@ -376,7 +382,7 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
-    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision]])
+    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *DROPOUT_CASES, *CASES[precision]])
 
 
 @pytest.fixture(scope="session")
@@ -395,9 +401,10 @@ def other_kernel_builds(emu_build):
 
 @pytest.mark.parametrize("kind", ["tc", "simt"])
 def test_gpt_other_attention_kernels_emulated(other_kernel_builds, kind):
-    """ATTENTION=tc and ATTENTION=simt stay selectable and correct: the attention cases (head sizes 64 and 128
-    included, which the default build runs on the mma kernels) and one run_case (recompute settings bitwise equal)."""
-    cases = [*ATTENTION_CASES, "hs64:64:1:300:45"]
+    """ATTENTION=tc and ATTENTION=simt stay selectable and correct: the attention cases with and without dropout
+    (head sizes 64 and 128 included, which the default build runs on the mma kernels without dropout) and one
+    run_case (recompute settings bitwise equal)."""
+    cases = [*ATTENTION_CASES, *DROPOUT_CASES, "hs64:64:1:300:45"]
     res = emu_run([other_kernel_builds[kind], *cases], EMU_PROFILE="1")
     check_gpt_output(res, cases)
     launched = res.stdout + res.stderr  # EMU_PROFILE's table names every kernel run
