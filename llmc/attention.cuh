@@ -35,8 +35,9 @@
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
  * compute on zeros and store nothing).
  *
- * Dropout (DropoutSite, dropout.h; threshold 0: none, and every kernel's
- * arithmetic is then what it was without it, bitwise): P' = mask * P / keep
+ * Dropout (DropoutSite, dropout.h; threshold 0: none, and the launchers then
+ * run each kernel's DROPOUT = false instantiation, the code without it):
+ * P' = mask * P / keep
  * with mask bit (t, s) = dropout_keep_attention(site, b*NH + h, T, t, s),
  * never stored. The forward accumulates P' V but sums the undropped P into
  * the softmax denominator, so out = P' V and lse stays that of P. The
@@ -68,41 +69,53 @@
 
 enum AttentionKind { ATT_KIND_SIMT = 0, ATT_KIND_TC = 1, ATT_KIND_MMA = 2 };
 
+/* The keep bits of the two 16-bit draws of one Philox word (low half: bit 0). */
+__device__ __forceinline__ unsigned att_drop_keep_pair(const DropoutSite& drop, uint32_t word) {
+    return (unsigned)((word & 0xffffu) >= drop.threshold) | (unsigned)((word >> 16) >= drop.threshold) << 1;
+}
+
 /* Keep bits of probabilities (t, u0 + j), j = 0..15, of head bh: bit j set
  * when key u0 + j is kept. u0 is a multiple of 16, so the 16 keys are one
  * row of one 16x16 block of dropout.h's layout, where keys 2c, 2c+1, 8+2c
- * and 9+2c share a Philox call: four calls instead of sixteen. */
+ * and 9+2c share a Philox call: four calls instead of sixteen. Draw
+ * ((t/8)%2)*4 + ((j/8)%2)*2 + j%2 of a call is half j%2 of word
+ * ((t/8)%2)*2 + (j/8)%2; the row's pair of words is selected, not indexed,
+ * so the words stay in registers (an index known only at run time would put
+ * them in local memory). */
 __device__ __forceinline__ unsigned att_drop_keep_row16(const DropoutSite& drop, int bh, int T, int t, int u0) {
+    const bool upper = (t >> 3) & 1;
     unsigned bits = 0;
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         uint32_t w[4];
         dropout_draws(&drop, dropout_attention_group(bh, T, t, u0 + 2 * c), w);
-        const int js[4] = {2 * c, 2 * c + 1, 8 + 2 * c, 9 + 2 * c};
-#pragma unroll
-        for (int i = 0; i < 4; i++) bits |= (unsigned)dropout_keeps(&drop, w, dropout_attention_draw(t, u0 + js[i])) << js[i];
+        bits |= att_drop_keep_pair(drop, upper ? w[2] : w[0]) << (2 * c);
+        bits |= att_drop_keep_pair(drop, upper ? w[3] : w[1]) << (8 + 2 * c);
     }
     return bits;
 }
 
 /* Keep bits of probabilities (t0 + j, u), j = 0..15, of head bh: bit j set
  * when query t0 + j keeps key u. t0 is a multiple of 16 (one column of a
- * 16x16 block), where queries r and r+8 share a call: eight calls. */
+ * 16x16 block), where queries r and r+8 share a call: eight calls. Their
+ * draws are half u%2 of words (u/8)%2 and 2 + (u/8)%2. */
 __device__ __forceinline__ unsigned att_drop_keep_col16(const DropoutSite& drop, int bh, int T, int t0, int u) {
+    const bool right = (u >> 3) & 1;
+    const int shift = 16 * (u & 1);
     unsigned bits = 0;
 #pragma unroll
     for (int r = 0; r < 8; r++) {
         uint32_t w[4];
         dropout_draws(&drop, dropout_attention_group(bh, T, t0 + r, u), w);
-        bits |= (unsigned)dropout_keeps(&drop, w, dropout_attention_draw(t0 + r, u)) << r;
-        bits |= (unsigned)dropout_keeps(&drop, w, dropout_attention_draw(t0 + r + 8, u)) << (r + 8);
+        bits |= (unsigned)((((right ? w[1] : w[0]) >> shift) & 0xffffu) >= drop.threshold) << r;
+        bits |= (unsigned)((((right ? w[3] : w[2]) >> shift) & 0xffffu) >= drop.threshold) << (r + 8);
     }
     return bits;
 }
 
 /* The factor of kept bit j of `keep`: 1/keep or 0 (keep_scale: the site's
- * scale, 1 without dropout, where keep has every bit set and the factor is 1
- * exactly, so products with it are bitwise those without). */
+ * scale). Kernels built without dropout pass keep = ~0u and keep_scale = 1
+ * as constants: the factor folds to 1 and the products with it away. */
 __device__ __forceinline__ float att_drop_factor(unsigned keep, int j, float keep_scale) {
     return (keep >> j) & 1u ? keep_scale : 0.0f;
 }
@@ -209,7 +222,7 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
  * last-first (the causal mask makes them the longest). Dropout: each
  * 16-key sub-tile draws its row's 16 keep bits once (the G threads of a row
  * draw the same bits); the kept p, scaled, weighs v, while l sums every p. */
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
@@ -226,14 +239,14 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
 #pragma unroll
     for (int e = 0; e < CH; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const float keep_scale = drop.threshold ? drop.scale : 1.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
-            const unsigned keep = drop.threshold ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0) : ~0u;
+            const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0) : ~0u;
             float s[ATT_SUB];
             float mx = -INFINITY;
 #pragma unroll
@@ -269,7 +282,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
  * Dropout: each key tile draws the row's 32 keep bits again (the forward's
  * mask), and only dp is masked and scaled: D = dout.out is already the
  * dropped row sum (header). */
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
                              const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
@@ -302,13 +315,13 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     const float row_lse = valid ? lse[srow] : 0.0f;
 #pragma unroll
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
-    const float keep_scale = drop.threshold ? drop.scale : 1.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
         __syncthreads();
-        const unsigned keep = drop.threshold ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0) |
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0) |
                                                    att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + 16) << 16
                                              : ~0u;
         for (int j = 0; j < ATT_TILE; j++) {
@@ -329,7 +342,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
  * are visited first-first (the longest). Dropout: each query tile draws the
  * key's column of 32 keep bits again; dv takes the dropped, scaled p, ds
  * masks dp only (D unchanged, header). */
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
                               int T, int C, int NH, int hs, float scale, DropoutSite drop) {
@@ -352,7 +365,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
     att_load_row<HS>(v, base + (size_t)sc * ld + 2 * C, hs, g, valid);
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
-    const float keep_scale = drop.threshold ? drop.scale : 1.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     for (int t0 = s0; t0 < T; t0 += ATT_TILE) {
         __syncthreads();
         /* q rows have stride 3C, dout rows stride C: stage them separately */
@@ -368,7 +381,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             d_s[j] = r < T ? rowsum[stat0 + r] : 0.0f;
         }
         __syncthreads();
-        const unsigned keep = drop.threshold ? att_drop_keep_col16(drop, blockIdx.y, T, t0, s) |
+        const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0, s) |
                                                    att_drop_keep_col16(drop, blockIdx.y, T, t0 + 16, s) << 16
                                              : ~0u;
         for (int j = 0; j < ATT_TILE; j++) {
@@ -429,10 +442,13 @@ static inline const char* attention_kernels_note(int hs) {
 
 /* The launchers take the kernel family (AttentionKind; tc and mma only where
  * they are built, ATTENTION_TENSOR_CORES) and the dropout site (threshold 0:
- * none). The trainer passes ATTENTION_KIND; bench_attention every kind. */
-template <int HS>
-static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
-                                     const DropoutSite& drop, cudaStream_t stream) {
+ * none). The trainer passes ATTENTION_KIND; bench_attention every kind. The
+ * simt and tc kernels are built twice, DROPOUT false and true: without
+ * dropout the plain instantiation runs, whose code (and register count) is
+ * what it was before the kernels could drop. */
+template <int HS, bool DROPOUT>
+static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
+                                        const DropoutSite& drop, cudaStream_t stream) {
     int hs = C / NH;
     kind = attention_kind_for_dropout(kind, drop);
     float scale = 1.0f / sqrtf((float)hs);
@@ -445,21 +461,28 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
+        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
         CUDA_CHECK_LAUNCH();
         return;
     }
 #else
     (void)kind;
 #endif
-    attention_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
+    attention_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
-                                      cudaStream_t stream) {
+static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
+                                     const DropoutSite& drop, cudaStream_t stream) {
+    if (drop.threshold) attention_forward_launch_as<HS, true>(out, lse, qkv, B, T, C, NH, kind, drop, stream);
+    else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, C, NH, kind, drop, stream);
+}
+
+template <int HS, bool DROPOUT>
+static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                         const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                         cudaStream_t stream) {
     int hs = C / NH;
     kind = attention_kind_for_dropout(kind, drop);
     float scale = 1.0f / sqrtf((float)hs);
@@ -476,9 +499,9 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     }
     if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
-        attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
+        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
         CUDA_CHECK_LAUNCH();
-        attention_tc_backward_dkv_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
+        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -486,10 +509,18 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     (void)kind;
 #endif
     dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
-    attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
+    attention_backward_dq_kernel<HS, DROPOUT><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
     CUDA_CHECK_LAUNCH();
-    attention_backward_dkv_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
+    attention_backward_dkv_kernel<HS, DROPOUT><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
     CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                      cudaStream_t stream) {
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
 }
 
 /* A site that drops nothing: what callers without dropout pass. */

@@ -238,7 +238,7 @@ template <int HS> struct AttTcForwardSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale,
                             DropoutSite drop) {
@@ -267,7 +267,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(o[f], 0.0f);
     float m = -INFINITY, l = 0.0f; /* row t's running max (scaled scores) and sum; same in both lanes */
-    const float keep_scale = drop.threshold ? drop.scale : 1.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_TC_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q) is no longer read */
@@ -289,7 +289,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
         const float mnew = fmaxf(m, mx);
         const float ref = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp() away from inf - inf */
         const float corr = expf(m - ref);
-        const unsigned keep = drop.threshold ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
@@ -330,7 +330,7 @@ template <int HS> struct AttTcDqSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
                                 const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
@@ -372,7 +372,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     FragAcc dq[Cfg::NF];
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(dq[f], 0.0f);
-    const float keep_scale = drop.threshold ? drop.scale : 1.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_TC_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q, dO) is no longer read */
@@ -382,7 +382,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
         if (k0 > r0 + 15) continue;
         att_tc_scores<HS>(Sw, q, Ks);
         att_tc_scores<HS>(dPw, dO, Vs);
-        const unsigned keep = drop.threshold ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
@@ -417,7 +417,7 @@ template <int HS> struct AttTcDkvSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
                                  int T, int C, int NH, int hs, float scale, DropoutSite drop) {
@@ -456,7 +456,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         wmma::fill_fragment(dk[f], 0.0f);
         wmma::fill_fragment(dv[f], 0.0f);
     }
-    const float keep_scale = drop.threshold ? drop.scale : 1.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     for (int t0 = s0; t0 < T; t0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged K, V) is no longer read */
         att_tc_stage<HS>(Qs, base, ld, t0, ATT_TC_TILE, T, hs);
@@ -470,7 +470,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         if (t0 + ATT_TC_TILE - 1 < r0) continue; /* every query of this tile is before every key of this warp */
         att_tc_scores<HS>(Sw, k, Qs);  /* S^T: key rows x query columns */
         att_tc_scores<HS>(dPw, v, dOs); /* dP^T */
-        const unsigned keep = drop.threshold ? att_drop_keep_col16(drop, blockIdx.y, T, t0 + half * Cfg::HALF, s) : ~0u;
+        const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0 + half * Cfg::HALF, s) : ~0u;
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
