@@ -35,6 +35,22 @@
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
  * compute on zeros and store nothing).
  *
+ * Dropout (DropoutSite, dropout.h; threshold 0: none, and the launchers then
+ * run each kernel's DROPOUT = false instantiation, the code without it):
+ * P' = mask * P / keep
+ * with mask bit (t, s) = dropout_keep_attention(site, b*NH + h, T, t, s),
+ * never stored. The forward accumulates P' V but sums the undropped P into
+ * the softmax denominator, so out = P' V and lse stays that of P. The
+ * backward draws the same bits again in each tile of both kernels:
+ *   dv_s = sum_t p'_ts dout_t,  ds_ts = p_ts (mask_ts dout_t.v_s / keep - D_t) scale
+ * with D_t = dout_t.out_t unchanged: the softmax's row term is
+ * sum_s p_ts dp_ts = sum_s p'_ts dout_t.v_s = dout_t.out_t, since out_t is
+ * already the dropped sum. The forward and its recomputation are the same
+ * kernels with the same site, so they draw the same mask. Each element's
+ * draw is one 16-bit slice of a Philox call (dropout.h); the helpers below
+ * make one call per group of elements a thread owns that share it, instead
+ * of one call per element.
+ *
  * Which kernels run (ATTENTION_KIND, from cuda.mk's ATTENTION): BF16 and
  * FP16 builds use the inline-PTX kernels of attention_mma.cuh (mma.sync,
  * ldmatrix, cp.async; the default) for head sizes 64 and 128 and the WMMA
@@ -52,6 +68,57 @@
 #include "dropout.h"
 
 enum AttentionKind { ATT_KIND_SIMT = 0, ATT_KIND_TC = 1, ATT_KIND_MMA = 2 };
+
+/* The keep bits of the two 16-bit draws of one Philox word (low half: bit 0). */
+__device__ __forceinline__ unsigned att_drop_keep_pair(const DropoutSite& drop, uint32_t word) {
+    return (unsigned)((word & 0xffffu) >= drop.threshold) | (unsigned)((word >> 16) >= drop.threshold) << 1;
+}
+
+/* Keep bits of probabilities (t, u0 + j), j = 0..15, of head bh: bit j set
+ * when key u0 + j is kept. u0 is a multiple of 16, so the 16 keys are one
+ * row of one 16x16 block of dropout.h's layout, where keys 2c, 2c+1, 8+2c
+ * and 9+2c share a Philox call: four calls instead of sixteen. Draw
+ * ((t/8)%2)*4 + ((j/8)%2)*2 + j%2 of a call is half j%2 of word
+ * ((t/8)%2)*2 + (j/8)%2; the row's pair of words is selected, not indexed,
+ * so the words stay in registers (an index known only at run time would put
+ * them in local memory). */
+__device__ __forceinline__ unsigned att_drop_keep_row16(const DropoutSite& drop, int bh, int T, int t, int u0) {
+    const bool upper = (t >> 3) & 1;
+    unsigned bits = 0;
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        uint32_t w[4];
+        dropout_draws(&drop, dropout_attention_group(bh, T, t, u0 + 2 * c), w);
+        bits |= att_drop_keep_pair(drop, upper ? w[2] : w[0]) << (2 * c);
+        bits |= att_drop_keep_pair(drop, upper ? w[3] : w[1]) << (8 + 2 * c);
+    }
+    return bits;
+}
+
+/* Keep bits of probabilities (t0 + j, u), j = 0..15, of head bh: bit j set
+ * when query t0 + j keeps key u. t0 is a multiple of 16 (one column of a
+ * 16x16 block), where queries r and r+8 share a call: eight calls. Their
+ * draws are half u%2 of words (u/8)%2 and 2 + (u/8)%2. */
+__device__ __forceinline__ unsigned att_drop_keep_col16(const DropoutSite& drop, int bh, int T, int t0, int u) {
+    const bool right = (u >> 3) & 1;
+    const int shift = 16 * (u & 1);
+    unsigned bits = 0;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        uint32_t w[4];
+        dropout_draws(&drop, dropout_attention_group(bh, T, t0 + r, u), w);
+        bits |= (unsigned)((((right ? w[1] : w[0]) >> shift) & 0xffffu) >= drop.threshold) << r;
+        bits |= (unsigned)((((right ? w[3] : w[2]) >> shift) & 0xffffu) >= drop.threshold) << (r + 8);
+    }
+    return bits;
+}
+
+/* The factor of kept bit j of `keep`: 1/keep or 0 (keep_scale: the site's
+ * scale). Kernels built without dropout pass keep = ~0u and keep_scale = 1
+ * as constants: the factor folds to 1 and the products with it away. */
+__device__ __forceinline__ float att_drop_factor(unsigned keep, int j, float keep_scale) {
+    return (keep >> j) & 1u ? keep_scale : 0.0f;
+}
 
 #if PRECISION_IS_FP32 || defined(ATTENTION_SIMT)
 #define ATTENTION_TENSOR_CORES 0
@@ -152,11 +219,14 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
 
 /* ---- forward ----
  * grid (ceil(T/ATT_ROWS), B*NH), block THREADS. Query tiles are visited
- * last-first (the causal mask makes them the longest). */
-template <int HS>
+ * last-first (the causal mask makes them the longest). Dropout: each
+ * 16-key sub-tile draws its row's 16 keep bits once (the G threads of a row
+ * draw the same bits); the kept p, scaled, weighs v, while l sums every p. */
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
-attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale) {
+attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -169,12 +239,14 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
 #pragma unroll
     for (int e = 0; e < CH; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
+            const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0) : ~0u;
             float s[ATT_SUB];
             float mx = -INFINITY;
 #pragma unroll
@@ -194,7 +266,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             for (int u = 0; u < ATT_SUB; u++) {
                 const float p = expf(s[u] - ref);
                 l += p;
-                att_axpy_smem<HS>(o, p, vs[j0 + u], g);
+                att_axpy_smem<HS>(o, p * att_drop_factor(keep, u, keep_scale), vs[j0 + u], g);
             }
             m = mnew;
         }
@@ -206,12 +278,16 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
 }
 
 /* ---- backward, pass 1: dq and D ----
- * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one query row per G threads. */
-template <int HS>
+ * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one query row per G threads.
+ * Dropout: each key tile draws the row's 32 keep bits again (the forward's
+ * mask), and only dp is masked and scaled: D = dout.out is already the
+ * dropped row sum (header). */
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                             const float* lse, int T, int C, int NH, int hs, float scale) {
+                             const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
@@ -239,17 +315,21 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     const float row_lse = valid ? lse[srow] : 0.0f;
 #pragma unroll
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
         __syncthreads();
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0) |
+                                                   att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + 16) << 16
+                                             : ~0u;
         for (int j = 0; j < ATT_TILE; j++) {
             const int key = k0 + j;
             const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(dO, vs[j], g));
             const float p = (key <= t && key < T) ? expf(s * scale - row_lse) : 0.0f;
-            const float ds = p * (dp - D) * scale;
+            const float ds = p * (att_drop_factor(keep, j, keep_scale) * dp - D) * scale;
             att_axpy_smem<HS>(dq, ds, ks[j], g);
         }
     }
@@ -259,12 +339,15 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
 /* ---- backward, pass 2: dk and dv ----
  * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one key row per G threads;
  * queries t >= the block's first key stream through shared memory. Key tiles
- * are visited first-first (the longest). */
-template <int HS>
+ * are visited first-first (the longest). Dropout: each query tile draws the
+ * key's column of 32 keep bits again; dv takes the dropped, scaled p, ds
+ * masks dp only (D unchanged, header). */
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                              int T, int C, int NH, int hs, float scale) {
+                              int T, int C, int NH, int hs, float scale, DropoutSite drop) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    static_assert(ATT_TILE == 32 && ATT_ROWS % 16 == 0, "a tile's keep bits are two att_drop_keep_col16 (t0 a multiple of 16)");
     __shared__ __align__(16) float qs[ATT_TILE][HS];
     __shared__ __align__(16) float dos[ATT_TILE][HS];
     __shared__ float lse_s[ATT_TILE], d_s[ATT_TILE];
@@ -282,6 +365,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
     att_load_row<HS>(v, base + (size_t)sc * ld + 2 * C, hs, g, valid);
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     for (int t0 = s0; t0 < T; t0 += ATT_TILE) {
         __syncthreads();
         /* q rows have stride 3C, dout rows stride C: stage them separately */
@@ -297,13 +381,17 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             d_s[j] = r < T ? rowsum[stat0 + r] : 0.0f;
         }
         __syncthreads();
+        const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0, s) |
+                                                   att_drop_keep_col16(drop, blockIdx.y, T, t0 + 16, s) << 16
+                                             : ~0u;
         for (int j = 0; j < ATT_TILE; j++) {
             const int t = t0 + j;
             const float score = group_sum<G>(att_dot_smem<HS>(k, qs[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[j], g));
             const float p = (t >= s && t < T) ? expf(score * scale - lse_s[j]) : 0.0f;
-            const float ds = p * (dp - d_s[j]) * scale;
-            att_axpy_smem<HS>(dv, p, dos[j], g);
+            const float f = att_drop_factor(keep, j, keep_scale);
+            const float ds = p * (f * dp - d_s[j]) * scale;
+            att_axpy_smem<HS>(dv, p * f, dos[j], g);
             att_axpy_smem<HS>(dk, ds, qs[j], g);
         }
     }
@@ -335,6 +423,15 @@ static inline bool attention_mma_fits(int HS, int hs, const void* a, const void*
     return ATTENTION_TENSOR_CORES && HS == hs && (hs == 64 || hs == 128) && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0);
 }
 
+/* Whether the mma kernels draw attention dropout (flipped where they do).
+ * Until then a site that drops runs on the tc kernels, which do. */
+static constexpr bool attention_mma_takes_dropout = false;
+
+/* The kernel family that runs `kind`'s work with this dropout site. */
+static inline int attention_kind_for_dropout(int kind, const DropoutSite& drop) {
+    return kind == ATT_KIND_MMA && drop.threshold && !attention_mma_takes_dropout ? ATT_KIND_TC : kind;
+}
+
 /* What the build's kernels do with head size hs: "" or the one-line note a
  * trainer prints at start-up when the mma build falls back to WMMA. */
 static inline const char* attention_kernels_note(int hs) {
@@ -344,13 +441,16 @@ static inline const char* attention_kernels_note(int hs) {
 }
 
 /* The launchers take the kernel family (AttentionKind; tc and mma only where
- * they are built, ATTENTION_TENSOR_CORES). The trainer passes ATTENTION_KIND;
- * bench_attention every kind. */
-template <int HS>
-static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
-                                     const DropoutSite& drop, cudaStream_t stream) {
+ * they are built, ATTENTION_TENSOR_CORES) and the dropout site (threshold 0:
+ * none). The trainer passes ATTENTION_KIND; bench_attention every kind. The
+ * simt and tc kernels are built twice, DROPOUT false and true: without
+ * dropout the plain instantiation runs, whose code (and register count) is
+ * what it was before the kernels could drop. */
+template <int HS, bool DROPOUT>
+static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
+                                        const DropoutSite& drop, cudaStream_t stream) {
     int hs = C / NH;
-    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
+    kind = attention_kind_for_dropout(kind, drop);
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
@@ -361,23 +461,30 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
         CUDA_CHECK_LAUNCH();
         return;
     }
 #else
     (void)kind;
 #endif
-    attention_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
+    attention_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
-                                      cudaStream_t stream) {
+static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
+                                     const DropoutSite& drop, cudaStream_t stream) {
+    if (drop.threshold) attention_forward_launch_as<HS, true>(out, lse, qkv, B, T, C, NH, kind, drop, stream);
+    else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, C, NH, kind, drop, stream);
+}
+
+template <int HS, bool DROPOUT>
+static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                         const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                         cudaStream_t stream) {
     int hs = C / NH;
-    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
+    kind = attention_kind_for_dropout(kind, drop);
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
@@ -392,9 +499,9 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     }
     if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
-        attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
+        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
         CUDA_CHECK_LAUNCH();
-        attention_tc_backward_dkv_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -402,10 +509,18 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
     (void)kind;
 #endif
     dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
-    attention_backward_dq_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);
+    attention_backward_dq_kernel<HS, DROPOUT><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
     CUDA_CHECK_LAUNCH();
-    attention_backward_dkv_kernel<HS><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale);
+    attention_backward_dkv_kernel<HS, DROPOUT><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
     CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                      cudaStream_t stream) {
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
 }
 
 /* A site that drops nothing: what callers without dropout pass. */

@@ -30,6 +30,14 @@
  * D and all accumulations are fp32. So results differ from the CUDA-core
  * kernels by floatX rounding, within test_gpt's BF16/FP16 tolerances.
  *
+ * Dropout (attention.cuh's header has the formulas): in the lane-wise step
+ * each lane owns 16 consecutive columns of one row of the tile, which is one
+ * row (forward, dq: a query's 16 keys) or one column (dk/dv: a key's 16
+ * queries) of a 16x16 block of dropout.h's layout, so it draws its keep bits
+ * with att_drop_keep_row16 / att_drop_keep_col16, once per element and per
+ * tile. The dropped, scaled probabilities enter the P V and P^T dO products;
+ * the softmax sums and D take the undropped ones.
+ *
  * Determinism: one warp owns each output tile and accumulates tiles in a
  * fixed order (keys ascending for O and dQ, queries ascending for dK, dV);
  * no atomics; launch shapes depend only on the problem.
@@ -218,7 +226,8 @@ template <int HS> __device__ __forceinline__ void att_tc_load_a(FragA* a, const 
 
 /* ---- forward ----
  * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS. Query blocks are visited
- * last-first (the causal mask makes them the longest). */
+ * last-first (the causal mask makes them the longest). Dropout: Pw holds
+ * p * mask / keep for the P V product; sum (and so l, lse) adds every p. */
 template <int HS> struct AttTcForwardSmem {
     static constexpr size_t KV = 0;                                   /* K tile, V tile */
     static constexpr size_t S = KV + att_tc_align(2 * AttTc<HS>::TILE_BYTES);
@@ -229,10 +238,12 @@ template <int HS> struct AttTcForwardSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
-attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale) {
+attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale,
+                            DropoutSite drop) {
     typedef AttTc<HS> Cfg;
+    static_assert(AttTc<HS>::HALF == 16, "a lane's columns are one att_drop_keep_row16");
     typedef AttTcForwardSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
     const AttTcThread at = att_tc_thread(NH, true);
@@ -256,6 +267,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(o[f], 0.0f);
     float m = -INFINITY, l = 0.0f; /* row t's running max (scaled scores) and sum; same in both lanes */
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_TC_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q) is no longer read */
@@ -277,12 +289,13 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
         const float mnew = fmaxf(m, mx);
         const float ref = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp() away from inf - inf */
         const float corr = expf(m - ref);
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
             const float p = expf(s[j] - ref);
             sum += p;
-            Pw[row * Cfg::PLD + half * Cfg::HALF + j] = from_f32<floatX>(p);
+            Pw[row * Cfg::PLD + half * Cfg::HALF + j] = from_f32<floatX>(p * att_drop_factor(keep, j, keep_scale));
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         l = l * corr + sum;
@@ -303,7 +316,9 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
 }
 
 /* ---- backward, pass 1: dq and D ----
- * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS; warp w owns 16 query rows. */
+ * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS; warp w owns 16 query rows.
+ * Dropout: the lane's keep bits are drawn again per key tile; dS masks and
+ * scales dP only, D = dout.out is already the dropped row sum. */
 template <int HS> struct AttTcDqSmem {
     static constexpr size_t KV = 0;                                   /* K tile, V tile */
     static constexpr size_t S = KV + att_tc_align(2 * AttTc<HS>::TILE_BYTES);
@@ -315,10 +330,10 @@ template <int HS> struct AttTcDqSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                const float* lse, int T, int C, int NH, int hs, float scale) {
+                                const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDqSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
@@ -357,6 +372,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     FragAcc dq[Cfg::NF];
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(dq[f], 0.0f);
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_TC_ROWS, T);
     for (int k0 = 0; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q, dO) is no longer read */
@@ -366,12 +382,14 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
         if (k0 > r0 + 15) continue;
         att_tc_scores<HS>(Sw, q, Ks);
         att_tc_scores<HS>(dPw, dO, Vs);
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
             const int c = half * Cfg::HALF + j, key = k0 + c;
             const float p = (key <= t && key < T) ? expf(Sw[row * Cfg::SLD + c] * scale - row_lse) : 0.0f;
-            dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (dPw[row * Cfg::SLD + c] - D) * scale);
+            const float dp = att_drop_factor(keep, j, keep_scale) * dPw[row * Cfg::SLD + c];
+            dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (dp - D) * scale);
         }
         __syncwarp();
         att_tc_accumulate<HS>(dq, dSw, Ks);
@@ -383,7 +401,9 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
 /* ---- backward, pass 2: dk and dv ----
  * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS; warp w owns 16 key rows;
  * queries t >= the block's first key stream through shared memory. Key blocks
- * are visited first-first (the longest). */
+ * are visited first-first (the longest). Dropout: the lane's keep bits (its
+ * key's 16 queries) are drawn again per query tile; Pw holds the dropped,
+ * scaled P for dV, dS masks and scales dP only (D unchanged). */
 template <int HS> struct AttTcDkvSmem {
     static constexpr size_t QD = 0;                                   /* Q tile, dO tile */
     static constexpr size_t S = QD + att_tc_align(2 * AttTc<HS>::TILE_BYTES);
@@ -397,10 +417,10 @@ template <int HS> struct AttTcDkvSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
-template <int HS>
+template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                                 int T, int C, int NH, int hs, float scale) {
+                                 int T, int C, int NH, int hs, float scale, DropoutSite drop) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDkvSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
@@ -436,6 +456,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         wmma::fill_fragment(dk[f], 0.0f);
         wmma::fill_fragment(dv[f], 0.0f);
     }
+    const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     for (int t0 = s0; t0 < T; t0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged K, V) is no longer read */
         att_tc_stage<HS>(Qs, base, ld, t0, ATT_TC_TILE, T, hs);
@@ -449,13 +470,15 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         if (t0 + ATT_TC_TILE - 1 < r0) continue; /* every query of this tile is before every key of this warp */
         att_tc_scores<HS>(Sw, k, Qs);  /* S^T: key rows x query columns */
         att_tc_scores<HS>(dPw, v, dOs); /* dP^T */
+        const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0 + half * Cfg::HALF, s) : ~0u;
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
             const int c = half * Cfg::HALF + j, tq = t0 + c;
             const float p = (tq >= s && tq < T) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
-            Pw[row * Cfg::PLD + c] = from_f32<floatX>(p);
-            dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (dPw[row * Cfg::SLD + c] - d_s[c]) * scale);
+            const float f = att_drop_factor(keep, j, keep_scale);
+            Pw[row * Cfg::PLD + c] = from_f32<floatX>(p * f);
+            dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (f * dPw[row * Cfg::SLD + c] - d_s[c]) * scale);
         }
         __syncwarp();
         att_tc_accumulate<HS>(dv, Pw, dOs);

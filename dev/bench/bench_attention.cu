@@ -4,7 +4,9 @@
  * llmc/attention.cuh), WMMA (tc, llmc/attention_tc.cuh) and inline-PTX
  * mma.sync/ldmatrix/cp.async (mma, llmc/attention_mma.cuh; head sizes 64 and
  * 128, other head sizes run tc and say so): forward and backward time,
- * TFLOP/s, and how far each one's outputs are from the CUDA-core ones.
+ * TFLOP/s, and how far each one's outputs are from the CUDA-core ones; then
+ * the same with attention dropout 0.1 (its time, and its distance to the
+ * CUDA-core kernels drawing the same mask).
  *
  * usage: build/bench_attention_bf16 [B T NH HS]...   (groups of four; default:
  *        the d12 shape 16 1024 12 64 and the 24x2048 shape 4 8192 16 128)
@@ -43,6 +45,11 @@ __global__ void bench_fill_kernel(floatX* x, size_t n, uint64_t stream) {
 
 typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum; } BenchBuffers;
 
+/* One kernel family at one dropout site: times and outputs (host fp32, owned). */
+typedef struct { float fwd_ms, bwd_ms, *out, *dqkv; } BenchRun;
+
+#define BENCH_DROPOUT_P 0.1f
+
 /* Mean milliseconds of one call of fn after warm-ups. */
 template <typename F> static float time_ms(F fn) {
     cudaEvent_t start, stop;
@@ -80,6 +87,25 @@ static double norm_rel(const float* a, const float* b, size_t n) {
     return b2 > 0 ? sqrt(d2 / b2) : sqrt(d2);
 }
 
+template <int HS>
+static BenchRun bench_run(const BenchBuffers& b, int B, int T, int NH, int hs, int kind, const DropoutSite& drop) {
+    const int C = NH * hs;
+    BenchRun r;
+    r.fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, drop, 0); });
+    r.bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0); });
+    attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, drop, 0);
+    attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    r.out = fetch(b.out, (size_t)B * T * C);
+    r.dqkv = fetch(b.dqkv, (size_t)B * T * 3 * C);
+    return r;
+}
+
+static void bench_run_free(BenchRun* r) {
+    free(r->out);
+    free(r->dqkv);
+}
+
 template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     const int C = NH * hs;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_stat = (size_t)B * NH * T;
@@ -94,35 +120,35 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
     CUDA_CHECK_LAUNCH();
     const double fwd_flops = 2.0 * B * NH * (double)T * T * hs, bwd_flops = 2.5 * fwd_flops;
-    float *out_ref = NULL, *dqkv_ref = NULL;
     const DropoutSite none = attention_no_dropout();
-    for (int kind = ATT_KIND_SIMT; kind <= ATT_KIND_MMA; kind++) { /* CUDA cores first: the reference for the distance column */
-        float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, none, 0); });
-        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0); });
-        attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, none, 0);
-        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        float* out = fetch(b.out, n_out);
-        float* dqkv = fetch(b.dqkv, n_qkv);
-        char dist[64] = "(reference)";
-        if (kind != ATT_KIND_SIMT) snprintf(dist, sizeof(dist), "%.2e / %.2e", norm_rel(out, out_ref, n_out), norm_rel(dqkv, dqkv_ref, n_qkv));
+    DropoutState drop_state = {{0}, 1234, 0, 1, 0};
+    drop_state.p[DROPOUT_ATTENTION] = BENCH_DROPOUT_P;
+    const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 0);
+    BenchRun ref = {}, ref_drop = {};
+    for (int kind = ATT_KIND_SIMT; kind <= ATT_KIND_MMA; kind++) { /* CUDA cores first: the reference for the distance columns */
+        BenchRun r = bench_run<HS>(b, B, T, NH, hs, kind, none), rd = bench_run<HS>(b, B, T, NH, hs, kind, drop);
+        char dist[64] = "(reference)", dist_drop[64] = "(reference)";
+        if (kind != ATT_KIND_SIMT) {
+            snprintf(dist, sizeof(dist), "%.2e / %.2e", norm_rel(r.out, ref.out, n_out), norm_rel(r.dqkv, ref.dqkv, n_qkv));
+            snprintf(dist_drop, sizeof(dist_drop), "%.2e / %.2e", norm_rel(rd.out, ref_drop.out, n_out), norm_rel(rd.dqkv, ref_drop.dqkv, n_qkv));
+        }
         const char* name = kind == ATT_KIND_SIMT ? "simt (CUDA cores)"
                            : kind == ATT_KIND_TC ? "tc (tensor cores, WMMA)"
                            : attention_mma_fits(HS, hs, b.out, b.qkv, b.dqkv) ? "mma (tensor cores, mma.sync)"
                                                                                : "mma (tensor cores; hs not 64/128: runs tc)";
-        printf("| %d %d %d %d | %s | %.3f | %.1f | %.3f | %.1f | %s |\n", B, T, NH, hs, name, fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12,
-               bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12, dist);
+        printf("| %d %d %d %d | %s | %.3f | %.1f | %.3f | %.1f | %.3f | %.3f | %s | %s |\n", B, T, NH, hs, name, r.fwd_ms,
+               fwd_flops / (r.fwd_ms * 1e-3) / 1e12, r.bwd_ms, bwd_flops / (r.bwd_ms * 1e-3) / 1e12, rd.fwd_ms, rd.bwd_ms, dist_drop, dist);
         fflush(stdout);
         if (kind != ATT_KIND_SIMT) {
-            free(out);
-            free(dqkv);
+            bench_run_free(&r);
+            bench_run_free(&rd);
         } else {
-            out_ref = out;
-            dqkv_ref = dqkv;
+            ref = r;
+            ref_drop = rd;
         }
     }
-    free(out_ref);
-    free(dqkv_ref);
+    bench_run_free(&ref);
+    bench_run_free(&ref_drop);
     CUDA_CHECK(cudaFree(b.qkv));
     CUDA_CHECK(cudaFree(b.dqkv));
     CUDA_CHECK(cudaFree(b.dout));
@@ -152,8 +178,11 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("bench_attention: %s, %s storage; causal; FLOPs 2*B*NH*T^2*hs forward, 2.5x that backward\n\n", prop.name, PRECISION_NAME);
-    printf("| B T NH hs | kernels | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | rel. distance to CUDA cores (out / dqkv) |\n");
-    printf("| --- | --- | --- | --- | --- | --- | --- |\n");
+    if (!attention_mma_takes_dropout) printf("(the mma rows' dropout columns run the tc kernels: the mma kernels do not draw dropout yet)\n\n");
+    printf("| B T NH hs | kernels | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd ms, dropout %g | bwd ms, dropout %g "
+           "| rel. distance to CUDA cores, dropout %g (out / dqkv) | rel. distance to CUDA cores (out / dqkv) |\n",
+           BENCH_DROPOUT_P, BENCH_DROPOUT_P, BENCH_DROPOUT_P);
+    printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
     for (int s = 0; s < nshapes; s++) {
         const char* const* a = (const char* const*)argv + 1 + 4 * s;
         int B = argc > 1 ? parse_positive(a[0], "B") : defaults[4 * s];

@@ -80,8 +80,13 @@ ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "
 # branches 0.1, attention once its kernels draw the masks): the GPU's masks
 # must be the CPU's and every recompute setting must regenerate them. fp32's
 # C=18 leaves a partial last group of eight (one generator call).
-DROPOUT_CASES = {"bf16": ["dropmodel:hs16:64:4:300:77"], "fp32": ["dropmodel:hs18:18:1:300:37"],
+MODEL_DROPOUT_CASES = {"bf16": ["dropmodel:hs16:64:4:300:77"], "fp32": ["dropmodel:hs18:18:1:300:37"],
                  "fp16": ["dropmodel:hs32:32:1:300:45"]}
+# The same with attention dropout 0.1 (check_attention's site): the kernels must draw the CPU reference's
+# mask bit for bit (one element kept or dropped differently moves its row's output by a whole value), in
+# the forward and again in both backward kernels, for every head size bucket and partial tiles. The default
+# build runs them on the tc kernels (the mma kernels do not draw dropout yet: attention_mma_takes_dropout).
+ATTENTION_DROPOUT_CASES = [c.replace("attention:", "dropout:", 1) for c in ATTENTION_CASES]
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -174,8 +179,8 @@ def default_jobs(pool, tmp_path_factory):
     built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
     for p in PRECISIONS:
         if p in built:
-            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p], *DROPOUT_CASES[p]],
-                   DEFAULT_ORDER[p])
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, *CASES[p],
+                                                   *MODEL_DROPOUT_CASES[p]], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     for p in PRECISIONS:
@@ -379,10 +384,11 @@ def check_gpt_output(res, cases):
     if ACCUM_CASE in cases:
         assert re.search(r"^PASS: gradient sums, hs16 T=64$", out, re.M), out[-3000:]
         cases = [c for c in cases if c != ACCUM_CASE]
-    for case in [c for c in cases if c.startswith("attention:")]:
-        _, name, _, _, _, Ts = case.split(":")
+    for case in [c for c in cases if c.startswith(("attention:", "dropout:"))]:
+        kind, name, _, _, _, Ts = case.split(":")
+        what = "attention alone" if kind == "attention" else "attention alone with dropout 0.1"
         for T in Ts.split(","):
-            assert re.search(rf"^PASS: attention alone, {name} T={T}$", out, re.M), f"attention {name} T={T} missing\n" + out[-3000:]
+            assert re.search(rf"^PASS: {what}, {name} T={T}$", out, re.M), f"{what} {name} T={T} missing\n" + out[-3000:]
         cases = [c for c in cases if c != case]
     dropped = [(c.split(":")[1], t) for c in cases if c.startswith("dropmodel:") for t in c.split(":")[5].split(",")]
     for name, T in dropped:
@@ -404,7 +410,8 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
-    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision], *DROPOUT_CASES[precision]])
+    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, *CASES[precision],
+                           *MODEL_DROPOUT_CASES[precision]])
 
 
 @pytest.fixture(scope="session")
@@ -423,9 +430,10 @@ def other_kernel_builds(emu_build):
 
 @pytest.mark.parametrize("kind", ["tc", "simt"])
 def test_gpt_other_attention_kernels_emulated(other_kernel_builds, kind):
-    """ATTENTION=tc and ATTENTION=simt stay selectable and correct: the attention cases (head sizes 64 and 128
-    included, which the default build runs on the mma kernels) and one run_case (recompute settings bitwise equal)."""
-    cases = [*ATTENTION_CASES, "hs64:64:1:300:45"]
+    """ATTENTION=tc and ATTENTION=simt stay selectable and correct: the attention cases with and without dropout
+    (head sizes 64 and 128 included, which the default build runs on the mma kernels without dropout) and one
+    run_case (recompute settings bitwise equal)."""
+    cases = [*ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, "hs64:64:1:300:45"]
     res = emu_run([other_kernel_builds[kind], *cases], EMU_PROFILE="1")
     check_gpt_output(res, cases)
     launched = res.stdout + res.stderr  # EMU_PROFILE's table names every kernel run
@@ -575,7 +583,8 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
 
 
 def test_bench_attention_emulated(emu_build):
-    """dev/bench/bench_attention.cu runs all three kernel families, and the tensor-core ones agree with the CUDA-core ones.
+    """dev/bench/bench_attention.cu runs all three kernel families, and the tensor-core ones agree with the CUDA-core ones,
+    with and without attention dropout (a mask drawn differently by two families moves whole values).
 
     Shapes: two query blocks and a partial tile (T=70) at head size 32 (mma
     falls back to tc) and 64 (mma), the largest head size (128, mma), a padded
@@ -592,8 +601,9 @@ def test_bench_attention_emulated(emu_build):
     assert len(rows) == 8, res.stdout
     assert sum("mma (tensor cores, mma.sync)" in row for row in rows) == 2, res.stdout
     for row in rows:
-        out_dist, dqkv_dist = (float(x) for x in row.rstrip(" |").split("|")[-1].split("/"))
-        assert out_dist < 1e-2 and dqkv_dist < 1e-2, row
+        for dist in row.rstrip(" |").split("|")[-2:]:  # with attention dropout 0.1 (the same mask in every family), without
+            out_dist, dqkv_dist = (float(x) for x in dist.split("/"))
+            assert out_dist < 1e-2 and dqkv_dist < 1e-2, row
     bad = emu_run([exe, 1, 2, 3])
     assert bad.returncode == 1 and "groups of four" in bad.stderr, explain(bad)
 
