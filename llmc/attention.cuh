@@ -350,16 +350,18 @@ template <int HS>
 static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
                                      const DropoutSite& drop, cudaStream_t stream) {
     int hs = C / NH;
-    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale);
+            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
             CUDA_CHECK_LAUNCH();
             return;
         }
     }
+#endif
+    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
+#if ATTENTION_TENSOR_CORES
     if (kind != ATT_KIND_SIMT) {
         attention_tc_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale);
         CUDA_CHECK_LAUNCH();
@@ -377,19 +379,21 @@ static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX*
                                       const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
                                       cudaStream_t stream) {
     int hs = C / NH;
-    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, dqkv, dout, qkv) && attention_mma_fits(HS, hs, out, out, out)) {
             dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
-            attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, scale);
+            attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, scale, drop);
             CUDA_CHECK_LAUNCH();
-            attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale);
+            attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
             CUDA_CHECK_LAUNCH();
             return;
         }
     }
+#endif
+    if (drop.threshold) fail("attention dropout: not yet in the attention kernels");
+#if ATTENTION_TENSOR_CORES
     if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
         attention_tc_backward_dq_kernel<HS><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale);

@@ -31,17 +31,23 @@
  * FlashAttention-2 does 5 with an fp32 atomic dQ. Deterministic: fixed tile
  * order, one warp per output row block, no atomics.
  *
+ * Attention dropout (dropout.h): with drop.threshold > 0 the forward
+ * multiplies P by the mask's factors (0 or 1/keep) before P V, its lse
+ * staying that of the undropped P; the backward draws the same bits for dV
+ * (dropped P) and dS = P (factor dP - D). One Philox call per lane per 16x16
+ * block in every kernel (att_mma_drop_rows, att_mma_drop_cols).
+ *
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0, BF16 build), every
- * kernel at __launch_bounds__(ATT_MMA_THREADS) with 0 bytes of stack and no
- * spills (registers / static shared memory bytes):
- *   forward        hs64 130 / 36864    hs128 166 / 34816
- *   backward dq    hs64 168 / 36864    hs128 232 / 34816
- *   backward dk/dv hs64 240 / 37888    hs128 255 / 35328
+ * kernel at __launch_bounds__(ATT_MMA_THREADS), 0 bytes of stack and no
+ * spills except where noted (registers / static shared memory bytes):
+ *   forward        hs64 128 / 36864    hs128 160 / 34816
+ *   backward dq    hs64 234 / 36864    hs128 240 / 34816
+ *   backward dk/dv hs64 254 / 37888    hs128 255 / 35328 (104-byte stack: 100 bytes of spills)
  * AttMmaResources below holds these figures; static_asserts check them
  * against the launch configuration (the recorded shared memory must be what
  * the layout computes, below 48 KiB static; registers times threads within
  * an SM's 64K registers) so a layout change must update the table. At these
- * figures an H100/H200 SM holds 3 forward blocks (hs64: 130 registers) and
+ * figures an H100/H200 SM holds 4 forward blocks at hs64 (128 registers), 3 at hs128, and
  * 2 backward blocks; the occupancy and every speed figure are predicted.
  *
  * Status: compiles, unverified on GPU.
@@ -52,6 +58,7 @@
 #include "cuda_common.cuh"
 #include "attention_tc.cuh"
 #include "ptx.cuh"
+#include "dropout.h"
 
 #define ATT_MMA_WARPS 4
 #define ATT_MMA_ROWS (16 * ATT_MMA_WARPS) /* rows owned by a block */
@@ -75,7 +82,7 @@ template <int HS> struct AttMma {
 
 /* ptxas -v figures (registers, static shared bytes) per kernel, recorded above. */
 template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 130 : 166, DQ_REGS = HS == 64 ? 168 : 232, DKV_REGS = HS == 64 ? 240 : 255;
+    static constexpr int FWD_REGS = HS == 64 ? 128 : 160, DQ_REGS = HS == 64 ? 234 : 240, DKV_REGS = HS == 64 ? 254 : 255;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DQ_SMEM = FWD_SMEM, DKV_SMEM = HS == 64 ? 37888 : 35328;
     static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES, "recorded shared memory is stale");
     static_assert(DKV_SMEM == AttMma<HS>::SMEM_BYTES + 4 * AttMma<HS>::BC * sizeof(float), "recorded shared memory is stale");
@@ -172,6 +179,58 @@ __device__ __forceinline__ float att_mma_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/* ---- attention dropout (dropout.h's layout) ----
+ * The (t, u) plane of head bh is cut in 16x16 blocks; lane 4g + tq of an
+ * m16n8k16 accumulator pair holding a block with queries as rows (rows g,
+ * g+8; columns 2tq, 2tq+1, 8+2tq, 9+2tq) owns group lane of that block, so
+ * one Philox call gives it all eight of its draws: s[2kk + n][i] of a 16 x
+ * BC tile is draw (i >> 1) * 4 + n * 2 + (i & 1). */
+__device__ __forceinline__ void att_mma_drop_words(const DropoutSite& drop, int bh, int T, int t, int u, uint32_t w[4]) {
+    dropout_draws(&drop, dropout_attention_group(bh, T, t, u), w);
+}
+
+/* f = the dropout factors (0 or drop.scale) of a 16 x BC tile with queries
+ * t0.. as rows and keys u0.. as columns (both multiples of 16). */
+template <int HS>
+__device__ __forceinline__ void att_mma_drop_rows(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < AttMma<HS>::BC / 16; kk++) {
+        uint32_t w[4];
+        att_mma_drop_words(drop, bh, T, t0 + g, u0 + 16 * kk + 2 * tq, w);
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) f[2 * kk + n][i] = dropout_keeps(&drop, w, (i >> 1) * 4 + n * 2 + (i & 1)) ? drop.scale : 0.0f;
+    }
+}
+
+/* The same with the tile transposed: f (16 x BC) holds keys u0.. as rows and
+ * queries t0.. as columns, so lane 4g + tq holds queries t0 + 16kk + 8n + 2tq
+ * + e (e = 0, 1) of keys u0 + g + 8h: half of group (2tq + e) * 4 + g / 2,
+ * the other half being lane ^ 4's (key g ^ 1). Each lane draws the group of
+ * e = g & 1 (one call per eight elements, as in the forward) and the pair
+ * swaps words with one shuffle each; element f[2kk + n][2h + e] is draw
+ * n * 4 + h * 2 + (g & 1) of group e's words. */
+template <int HS>
+__device__ __forceinline__ void att_mma_drop_cols(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, own = g & 1;
+#pragma unroll
+    for (int kk = 0; kk < AttMma<HS>::BC / 16; kk++) {
+        uint32_t mine[4], other[4];
+        att_mma_drop_words(drop, bh, T, t0 + 16 * kk + 2 * tq + own, u0 + g, mine);
+#pragma unroll
+        for (int k = 0; k < 4; k++) other[k] = __shfl_xor_sync(0xffffffffu, mine[k], 4);
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* draw n * 4 + h * 2 + own: word n * 2 + h, half own */
+                const uint32_t word = (i & 1) == own ? mine[n * 2 + (i >> 1)] : other[n * 2 + (i >> 1)];
+                f[2 * kk + n][i] = ((word >> (16 * own)) & 0xffffu) >= drop.threshold ? drop.scale : 0.0f;
+            }
+    }
+}
+
 /* Stores a warp's 16 x HS accumulators (rows r0.., each times mul[row half]) as floatX rows of stride ld. */
 template <int HS>
 __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int r0, int T, const float acc[][4], const float mul[2]) {
@@ -208,7 +267,7 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
  * ptxas (sm_90): see the README's attention section for the recorded figures. */
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
-attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
+attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
@@ -281,6 +340,14 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
             for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) o[ot][i] *= corr[i >> 1];
+            if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
+                float f[Cfg::NT][4];
+                att_mma_drop_rows<HS>(f, drop, at.b * NH + at.h, T, r0, k0);
+#pragma unroll
+                for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) s[nt][i] *= f[nt][i];
+            }
             uint32_t pa[Cfg::BC / 16][4];
             att_mma_to_a<HS>(pa, s);
             att_mma_accumulate<HS>(o, pa, Vs);
@@ -326,7 +393,7 @@ __device__ __forceinline__ void att_mma_own_rows(uint32_t x[][4], uint32_t y[][4
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                 const float* lse, int T, int C, int NH, float scale) {
+                                 const float* lse, int T, int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
@@ -380,6 +447,14 @@ attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout
             float s[Cfg::NT][4], dp[Cfg::NT][4];
             att_mma_scores<HS>(s, q, Ks);
             att_mma_scores<HS>(dp, dO, Vs);
+            if (drop.threshold) { /* dP' = dO V^T feeds the dropped P: dS = P (f dP' - D) */
+                float f[Cfg::NT][4];
+                att_mma_drop_rows<HS>(f, drop, at.b * NH + at.h, T, r0, k0);
+#pragma unroll
+                for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) dp[nt][i] *= f[nt][i];
+            }
 #pragma unroll
             for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
@@ -406,7 +481,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
-                                  int C, int NH, float scale) {
+                                  int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     __shared__ float stats[2][2][Cfg::BC]; /* per buffer: lse (log2 units) and D of the tile's query rows */
@@ -453,14 +528,21 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
             float st[Cfg::NT][4], dpt[Cfg::NT][4];
             att_mma_scores<HS>(st, k, Qs);
             att_mma_scores<HS>(dpt, v, dOs);
+            float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
+            if (drop.threshold) att_mma_drop_cols<HS>(f, drop, at.b * NH + at.h, T, t0, r0);
 #pragma unroll
             for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int c = nt * 8 + 2 * tq + (i & 1), t = t0 + c, s = r0 + g + 8 * (i >> 1);
                     const float p = (t >= s && t < T) ? exp2f(st[nt][i] * scale_log2 - lse_s[c]) : 0.0f;
-                    st[nt][i] = p;
-                    dpt[nt][i] = p * (dpt[nt][i] - d_s[c]) * scale;
+                    if (drop.threshold) {
+                        st[nt][i] = p * f[nt][i];
+                        dpt[nt][i] = p * (f[nt][i] * dpt[nt][i] - d_s[c]) * scale;
+                    } else {
+                        st[nt][i] = p;
+                        dpt[nt][i] = p * (dpt[nt][i] - d_s[c]) * scale;
+                    }
                 }
             uint32_t pa[Cfg::BC / 16][4];
             att_mma_to_a<HS>(pa, st);

@@ -74,6 +74,9 @@ ACCUM_CASE = "accum:hs16:64:4:300:64"
 # About a second each.
 ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "attention:hs16:64:4:300:45",
                    "attention:hs128:128:1:300:130", "attention:hs64:128:2:300:333", "attention:hs20:40:2:300:45"]
+# check_attention with attention dropout 0.1 on the mma kernels (the 16-bit builds' head sizes 64 and 128):
+# the GPU must draw the CPU reference's masks, with T a multiple of no tile; about a second each.
+MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333", "dropout:hs128:128:1:300:130"], "fp16": ["dropout:hs64:64:1:300:70"], "fp32": []}
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -166,7 +169,8 @@ def default_jobs(pool, tmp_path_factory):
     built = set(subprocess.run(["make", "-s", "-C", str(EMU), "precisions"], capture_output=True, text=True).stdout.split())
     for p in PRECISIONS:
         if p in built:
-            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[p]], DEFAULT_ORDER[p])
+            submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *MMA_DROPOUT_CASES[p], *CASES[p]],
+                   DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     for p in PRECISIONS:
@@ -362,6 +366,11 @@ def check_gpt_output(res, cases):
         for T in Ts.split(","):
             assert re.search(rf"^PASS: attention alone, {name} T={T}$", out, re.M), f"attention {name} T={T} missing\n" + out[-3000:]
         cases = [c for c in cases if c != case]
+    for case in [c for c in cases if c.startswith("dropout:")]:
+        _, name, _, _, _, Ts = case.split(":")
+        for T in Ts.split(","):
+            assert re.search(rf"^PASS: attention alone with dropout 0.1, {name} T={T}$", out, re.M), f"dropout {name} T={T} missing\n" + out[-3000:]
+        cases = [c for c in cases if c != case]
     expected = [(c.split(":")[0], t) for c in cases for t in c.split(":")[4].split(",")]
     for name, T in expected:
         assert re.search(rf"^PASS: {name} T={T}$", out, re.M), f"{name} T={T} missing\n" + out[-3000:]
@@ -376,7 +385,7 @@ def test_gpt_matches_cpu_reference_emulated(default_jobs, precision):
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
     res = _futures[("gpt", precision)].result()
     print(res.stdout[-6000:])
-    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *CASES[precision]])
+    check_gpt_output(res, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *MMA_DROPOUT_CASES[precision], *CASES[precision]])
 
 
 @pytest.fixture(scope="session")
