@@ -375,19 +375,16 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
 }
 
 template <int HS>
-static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+static void attention_backward_launch(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
                                       cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, dqkv, dout, qkv) && attention_mma_fits(HS, hs, out, out, out)) {
-            dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
-            attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, scale, drop);
-            CUDA_CHECK_LAUNCH();
-            attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
-            CUDA_CHECK_LAUNCH();
+            attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
+            attention_mma_backward_launch<HS>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, scale, drop, stream);
             return;
         }
     }
@@ -435,15 +432,18 @@ static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* 
 }
 
 /* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch;
- * drop: the forward's site, so the same mask is drawn again. */
-static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                          const float* lse, int B, int T, int C, int NH, const DropoutSite* drop, cudaStream_t stream) {
+ * dq_partials: attention_dq_partials_bytes (llmc/plan.h) of fp32 scratch for
+ * the mma kernels (unused by the others; NULL where plan_att_mma_backward
+ * says they do not run); drop: the forward's site, so the same mask is drawn again. */
+static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+                                          const floatX* out, const float* lse, int B, int T, int C, int NH, const DropoutSite* drop,
+                                          cudaStream_t stream) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
     default: attention_check_shape(C, NH);
     }
 }

@@ -41,7 +41,7 @@ __global__ void bench_fill_kernel(floatX* x, size_t n, uint64_t stream) {
     x[i] = from_f32<floatX>((float)((2.0 * u - 1.0) * 1.7320508075688772));
 }
 
-typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum; } BenchBuffers;
+typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum, *dq_partials; } BenchBuffers;
 
 /* Mean milliseconds of one call of fn after warm-ups. */
 template <typename F> static float time_ms(F fn) {
@@ -90,6 +90,7 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     CUDA_CHECK(cudaMalloc((void**)&b.out, n_out * sizeof(floatX)));
     CUDA_CHECK(cudaMalloc((void**)&b.lse, n_stat * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&b.rowsum, n_stat * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&b.dq_partials, attention_dq_partials_bytes(B, T, C, NH)));
     bench_fill_kernel<<<grid_for(n_qkv, 256), 256>>>(b.qkv, n_qkv, 1);
     bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
     CUDA_CHECK_LAUNCH();
@@ -98,9 +99,9 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     const DropoutSite none = attention_no_dropout();
     for (int kind = ATT_KIND_SIMT; kind <= ATT_KIND_MMA; kind++) { /* CUDA cores first: the reference for the distance column */
         float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, none, 0); });
-        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0); });
+        float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dq_partials, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0); });
         attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, none, 0);
-        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0);
+        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dq_partials, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, none, 0);
         CUDA_CHECK(cudaDeviceSynchronize());
         float* out = fetch(b.out, n_out);
         float* dqkv = fetch(b.dqkv, n_qkv);
@@ -129,6 +130,7 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     CUDA_CHECK(cudaFree(b.out));
     CUDA_CHECK(cudaFree(b.lse));
     CUDA_CHECK(cudaFree(b.rowsum));
+    CUDA_CHECK(cudaFree(b.dq_partials));
 }
 
 static int parse_positive(const char* s, const char* what) {
