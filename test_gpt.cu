@@ -636,12 +636,10 @@ static void run_case(const Shape* sh, int T, const DropoutState* drop) {
     case_free(&c);
 }
 
-/* run_case's dropout: 0.1 at the embedding and on the residual branches,
- * and on the attention probabilities with TEST_ATTENTION_DROPOUT 1 (the
- * attention kernels refuse a site with dropout until they draw its mask). */
-#define TEST_ATTENTION_DROPOUT 0
+/* run_case's dropout: 0.1 at every site (embedding, attention probabilities,
+ * both residual branches). */
 static DropoutState model_dropout(void) {
-    DropoutState d = {{0.1f, TEST_ATTENTION_DROPOUT ? 0.1f : 0.0f, 0.1f, 0.1f}, TEST_SEED, 3, 0, 0};
+    DropoutState d = {{0.1f, 0.1f, 0.1f, 0.1f}, TEST_SEED, 3, 0, 0};
     return d;
 }
 
@@ -1205,6 +1203,8 @@ static void check_attention(const Shape* sh, int T, float dropout_p) {
     CUDA_CHECK(cudaMalloc((void**)&d_dqkv, n_qkv * sizeof(floatX)));
     CUDA_CHECK(cudaMalloc((void**)&d_lse, n_stat * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&d_rowsum, n_stat * sizeof(float)));
+    float* d_dq_partials = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_dq_partials, attention_dq_partials_bytes(B, T, C, NH)));
 
     char what[64] = "attention alone";
     if (dropout_p > 0) snprintf(what, sizeof(what), "attention alone with dropout %g", dropout_p);
@@ -1216,7 +1216,7 @@ static void check_attention(const Shape* sh, int T, float dropout_p) {
     attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, &drop);
     check("attention out", 0, out_gpu, out_cpu, n_out, TOL_ACT, 1, NULL);
     check("attention lse", 0, lse_gpu, lse_cpu, n_stat, TOL_LSE, 1, NULL);
-    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dq_partials, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
     attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, &drop);
     check("attention dqkv", 0, dqkv_gpu, dqkv_cpu, n_qkv, TOL_GRAD, 1, NULL);
@@ -1228,6 +1228,7 @@ static void check_attention(const Shape* sh, int T, float dropout_p) {
     CUDA_CHECK(cudaFree(d_dqkv));
     CUDA_CHECK(cudaFree(d_lse));
     CUDA_CHECK(cudaFree(d_rowsum));
+    CUDA_CHECK(cudaFree(d_dq_partials));
     free(qkv);
     free(dout);
     free(out_cpu);

@@ -423,15 +423,6 @@ static inline bool attention_mma_fits(int HS, int hs, const void* a, const void*
     return ATTENTION_TENSOR_CORES && HS == hs && (hs == 64 || hs == 128) && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0);
 }
 
-/* Whether the mma kernels draw attention dropout (flipped where they do).
- * Until then a site that drops runs on the tc kernels, which do. */
-static constexpr bool attention_mma_takes_dropout = false;
-
-/* The kernel family that runs `kind`'s work with this dropout site. */
-static inline int attention_kind_for_dropout(int kind, const DropoutSite& drop) {
-    return kind == ATT_KIND_MMA && drop.threshold && !attention_mma_takes_dropout ? ATT_KIND_TC : kind;
-}
-
 /* What the build's kernels do with head size hs: "" or the one-line note a
  * trainer prints at start-up when the mma build falls back to WMMA. */
 static inline const char* attention_kernels_note(int hs) {
@@ -450,12 +441,11 @@ template <int HS, bool DROPOUT>
 static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
                                         const DropoutSite& drop, cudaStream_t stream) {
     int hs = C / NH;
-    kind = attention_kind_for_dropout(kind, drop);
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale);
+            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -480,20 +470,17 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
 }
 
 template <int HS, bool DROPOUT>
-static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                         const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+static void attention_backward_launch_as(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+                                         const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
                                          cudaStream_t stream) {
     int hs = C / NH;
-    kind = attention_kind_for_dropout(kind, drop);
     float scale = 1.0f / sqrtf((float)hs);
+    (void)dq_partials; /* the mma kernels' alone */
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, dqkv, dout, qkv) && attention_mma_fits(HS, hs, out, out, out)) {
-            dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
-            attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, scale);
-            CUDA_CHECK_LAUNCH();
-            attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale);
-            CUDA_CHECK_LAUNCH();
+            attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
+            attention_mma_backward_launch<HS>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, scale, drop, stream);
             return;
         }
     }
@@ -516,11 +503,11 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
 }
 
 template <int HS>
-static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                      const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+static void attention_backward_launch(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+                                      const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
                                       cudaStream_t stream) {
-    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
-    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
 }
 
 /* A site that drops nothing: what callers without dropout pass. */
@@ -546,15 +533,18 @@ static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* 
 }
 
 /* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch;
- * drop: the forward's site, so the same mask is drawn again. */
-static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                          const float* lse, int B, int T, int C, int NH, const DropoutSite* drop, cudaStream_t stream) {
+ * dq_partials: attention_dq_partials_bytes (llmc/plan.h) of fp32 scratch for
+ * the mma kernels (unused by the others; NULL where plan_att_mma_backward
+ * says they do not run); drop: the forward's site, so the same mask is drawn again. */
+static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+                                          const floatX* out, const float* lse, int B, int T, int C, int NH, const DropoutSite* drop,
+                                          cudaStream_t stream) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
     default: attention_check_shape(C, NH);
     }
 }

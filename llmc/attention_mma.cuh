@@ -10,9 +10,10 @@
  * tile staged from global memory.
  *
  * Work split: a block of ATT_MMA_WARPS warps owns ATT_MMA_ROWS rows of one
- * (b, h) (queries in the forward and dq kernels, keys in the dk/dv kernel);
- * warp w owns 16 of them and keeps its operand rows (Q; or K and V) as mma
- * A fragments in registers for the whole kernel. The other side streams
+ * (b, h) (queries in the forward, keys in the backward, several key tiles in
+ * turn); warp w owns 16 of them (the forward keeps its Q rows as mma A
+ * fragments in registers; the backward reads its K and V rows from shared
+ * memory, where dQ = dS K needs K anyway). The other side streams
  * through shared memory BC rows at a time, double-buffered: tile j+1's
  * cp.async copies are in flight while tile j is multiplied. Scores S, the
  * probabilities P (and dP, dS in the backward) never leave registers: the
@@ -24,25 +25,31 @@
  *
  * Per warp and key tile, forward: S = Q K^T (HS/16 x BC/8 mma), online
  * softmax in fp32 (row max and sum over the four lanes of a row group with
- * two shuffles), O = diag(corr) O + P V. The backward is two passes like
- * attention.cuh's (dQ first, then dK and dV) so that dQ needs no atomics and
- * no scratch: pass 1 does S, dP and dQ += dS K per tile, pass 2 S^T, dP^T,
- * dV += P^T dO and dK += dS^T Q; 7 tile products per tile pair where
- * FlashAttention-2 does 5 with an fp32 atomic dQ. Deterministic: fixed tile
- * order, one warp per output row block, no atomics.
+ * two shuffles), O = diag(corr) O + P V. The backward does FlashAttention-2's
+ * 5 tile products per tile pair (S^T, dP^T, dV, dK, dQ) with a deterministic
+ * dQ instead of its fp32 atomics: per-segment fp32 partial sums and a fixed-
+ * order final pass (see "backward" below and attention_dq_segments in
+ * llmc/plan.h).
+ *
+ * Attention dropout (dropout.h): with drop.threshold > 0 the forward
+ * multiplies P by the mask's factors (0 or 1/keep) before P V, its lse
+ * staying that of the undropped P; the backward draws the same bits for dV
+ * (dropped P) and dS = P (factor dP - D). One Philox call per lane per 16x16
+ * block in every kernel (att_mma_drop_rows, att_mma_drop_cols).
  *
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0, BF16 build), every
- * kernel at __launch_bounds__(ATT_MMA_THREADS) with 0 bytes of stack and no
- * spills (registers / static shared memory bytes):
- *   forward        hs64 130 / 36864    hs128 166 / 34816
- *   backward dq    hs64 168 / 36864    hs128 232 / 34816
- *   backward dk/dv hs64 240 / 37888    hs128 255 / 35328
- * AttMmaResources below holds these figures; static_asserts check them
- * against the launch configuration (the recorded shared memory must be what
- * the layout computes, below 48 KiB static; registers times threads within
- * an SM's 64K registers) so a layout change must update the table. At these
- * figures an H100/H200 SM holds 3 forward blocks (hs64: 130 registers) and
- * 2 backward blocks; the occupancy and every speed figure are predicted.
+ * kernel with 0 bytes of stack and no spills (registers / shared memory bytes):
+ *   forward  (ATT_MMA_THREADS)  hs64 128 / 36864 static    hs128 160 / 34816 static
+ *   backward (ATT_MMA_THREADS)  hs64 249 / 65536 dynamic   hs128 247 / 75264 dynamic
+ *   rowsum (256)  32 / 0;  dq_sum (256)  22 / 0
+ * AttMmaResources at the end of the file holds the attention kernels'
+ * figures; static_asserts check them against the launch configuration (the
+ * recorded shared memory must be what the layout computes; registers times
+ * threads within an SM's 64K registers, and the backward's two blocks per SM
+ * that llmc/plan.h's ATT_DQ_TARGET_BLOCKS counts on), so a layout change must
+ * update the table. At these figures an H100/H200 SM holds 4 forward blocks at
+ * hs64, 3 at hs128, and 2 backward blocks (registers); the occupancy and
+ * every speed figure are predicted.
  *
  * Status: compiles, unverified on GPU.
  */
@@ -52,6 +59,8 @@
 #include "cuda_common.cuh"
 #include "attention_tc.cuh"
 #include "ptx.cuh"
+#include "dropout.h"
+#include "plan.h"
 
 #define ATT_MMA_WARPS 4
 #define ATT_MMA_ROWS (16 * ATT_MMA_WARPS) /* rows owned by a block */
@@ -72,19 +81,6 @@ template <int HS> struct AttMma {
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory above 48 KiB");
     static_assert(sizeof(floatX) == 2, "mma attention is for 16-bit floatX");
 };
-
-/* ptxas -v figures (registers, static shared bytes) per kernel, recorded above. */
-template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 130 : 166, DQ_REGS = HS == 64 ? 168 : 232, DKV_REGS = HS == 64 ? 240 : 255;
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DQ_SMEM = FWD_SMEM, DKV_SMEM = HS == 64 ? 37888 : 35328;
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES, "recorded shared memory is stale");
-    static_assert(DKV_SMEM == AttMma<HS>::SMEM_BYTES + 4 * AttMma<HS>::BC * sizeof(float), "recorded shared memory is stale");
-    static_assert(DKV_SMEM <= 48 * 1024, "static shared memory above 48 KiB");
-    static_assert(FWD_REGS <= 255 && DQ_REGS <= 255 && DKV_REGS <= 255 && DKV_REGS * ATT_MMA_THREADS <= 65536,
-                  "a block of ATT_MMA_THREADS must fit one SM's 64K registers");
-};
-template struct AttMmaResources<64>;
-template struct AttMmaResources<128>;
 
 /* Buffer j % 2 of the double buffer (computed, not indexed: no local array). */
 template <int HS> __device__ __forceinline__ floatX* att_mma_buffer(unsigned char* smem, int j) {
@@ -172,6 +168,58 @@ __device__ __forceinline__ float att_mma_quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
+/* ---- attention dropout (dropout.h's layout) ----
+ * The (t, u) plane of head bh is cut in 16x16 blocks; lane 4g + tq of an
+ * m16n8k16 accumulator pair holding a block with queries as rows (rows g,
+ * g+8; columns 2tq, 2tq+1, 8+2tq, 9+2tq) owns group lane of that block, so
+ * one Philox call gives it all eight of its draws: s[2kk + n][i] of a 16 x
+ * BC tile is draw (i >> 1) * 4 + n * 2 + (i & 1). */
+__device__ __forceinline__ void att_mma_drop_words(const DropoutSite& drop, int bh, int T, int t, int u, uint32_t w[4]) {
+    dropout_draws(&drop, dropout_attention_group(bh, T, t, u), w);
+}
+
+/* f = the dropout factors (0 or drop.scale) of a 16 x BC tile with queries
+ * t0.. as rows and keys u0.. as columns (both multiples of 16). */
+template <int HS>
+__device__ __forceinline__ void att_mma_drop_rows(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < AttMma<HS>::BC / 16; kk++) {
+        uint32_t w[4];
+        att_mma_drop_words(drop, bh, T, t0 + g, u0 + 16 * kk + 2 * tq, w);
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) f[2 * kk + n][i] = dropout_keeps(&drop, w, (i >> 1) * 4 + n * 2 + (i & 1)) ? drop.scale : 0.0f;
+    }
+}
+
+/* The same with the tile transposed: f (16 x BC) holds keys u0.. as rows and
+ * queries t0.. as columns, so lane 4g + tq holds queries t0 + 16kk + 8n + 2tq
+ * + e (e = 0, 1) of keys u0 + g + 8h: half of group (2tq + e) * 4 + g / 2,
+ * the other half being lane ^ 4's (key g ^ 1). Each lane draws the group of
+ * e = g & 1 (one call per eight elements, as in the forward) and the pair
+ * swaps words with one shuffle each; element f[2kk + n][2h + e] is draw
+ * n * 4 + h * 2 + (g & 1) of group e's words. */
+template <int HS>
+__device__ __forceinline__ void att_mma_drop_cols(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3, own = g & 1;
+#pragma unroll
+    for (int kk = 0; kk < AttMma<HS>::BC / 16; kk++) {
+        uint32_t mine[4], other[4];
+        att_mma_drop_words(drop, bh, T, t0 + 16 * kk + 2 * tq + own, u0 + g, mine);
+#pragma unroll
+        for (int k = 0; k < 4; k++) other[k] = __shfl_xor_sync(0xffffffffu, mine[k], 4);
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) { /* draw n * 4 + h * 2 + own: word n * 2 + h, half own */
+                const uint32_t word = (i & 1) == own ? mine[n * 2 + (i >> 1)] : other[n * 2 + (i >> 1)];
+                f[2 * kk + n][i] = ((word >> (16 * own)) & 0xffffu) >= drop.threshold ? drop.scale : 0.0f;
+            }
+    }
+}
+
 /* Stores a warp's 16 x HS accumulators (rows r0.., each times mul[row half]) as floatX rows of stride ld. */
 template <int HS>
 __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int r0, int T, const float acc[][4], const float mul[2]) {
@@ -208,7 +256,7 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
  * ptxas (sm_90): see the README's attention section for the recorded figures. */
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
-attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale) {
+attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
@@ -281,6 +329,14 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
             for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) o[ot][i] *= corr[i >> 1];
+            if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
+                float f[Cfg::NT][4];
+                att_mma_drop_rows<HS>(f, drop, at.b * NH + at.h, T, r0, k0);
+#pragma unroll
+                for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) s[nt][i] *= f[nt][i];
+            }
             uint32_t pa[Cfg::BC / 16][4];
             att_mma_to_a<HS>(pa, s);
             att_mma_accumulate<HS>(o, pa, Vs);
@@ -298,182 +354,291 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     att_mma_store_rows<HS>(out + (size_t)at.b * T * C + (size_t)at.h * HS, C, r0, T, o, inv);
 }
 
-/* The block's own rows of two (T, ld_x) / (T, ld_y)-strided head slices as
- * the warp's A fragments: staged once through shared memory, then the whole
- * shared memory is free for the tiles. */
+/* ---- backward ----
+ * Three kernels, 5 tile products per (key tile, query tile) pair:
+ *  1. attention_mma_rowsum_kernel: D_t = dout_t . out_t (fp32) of every row.
+ *  2. attention_mma_backward_kernel: grid (S, B*NH), S = attention_dq_segments
+ *     (llmc/plan.h); block (seg, bh) takes its head's key tiles j = seg,
+ *     seg + S, ... of ATT_MMA_ROWS keys in order. K_j and V_j stay in shared
+ *     memory, warp w owning keys 16w..16w+15; query tiles of BC rows from
+ *     the first at or after key 64j stream through the double buffer (Q, dO,
+ *     their lse and D). Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T,
+ *     P from the forward's logsumexp, dV += P^T dO and dK += dS^T Q with P^T
+ *     and dS^T as A fragments straight from the accumulators; dS^T goes to
+ *     shared memory, and after a barrier each warp computes a 16 x 64 piece
+ *     of the tile's dQ = dS K (the fifth product) and adds it into the
+ *     segment's fp32 slice of the dQ partial sums, in key-tile order (the
+ *     segment's first key tile stores instead: it covers every row the
+ *     segment ever touches, all t >= 64 seg). The same warp owns the same
+ *     piece of every tile, so no two threads touch one partial sum.
+ *  3. attention_mma_dq_sum_kernel: dQ = the S slices summed in segment order
+ *     (slice s holds rows t >= 64 s), rounded to floatX into dqkv.
+ * No atomics and no waits between blocks: every sum has one fixed order
+ * whatever order the blocks run in, so every recompute setting is bitwise
+ * equal. */
+
+/* D_t of every row: thread per (b, t, h), 16-byte loads, fp32 products summed in channel order.
+ * grid ceil(B*T*NH / 256), block 256. */
 template <int HS>
-__device__ __forceinline__ void att_mma_own_rows(uint32_t x[][4], uint32_t y[][4], unsigned char* smem, const floatX* base_x, size_t ld_x,
-                                                 const floatX* base_y, size_t ld_y, int row0, int T) {
-    typedef AttMma<HS> Cfg;
-    static_assert(2 * Cfg::ROWS_BYTES <= Cfg::SMEM_BYTES, "two row blocks must fit the tile buffers");
-    floatX* xs = (floatX*)smem;
-    floatX* ys = (floatX*)(smem + Cfg::ROWS_BYTES);
-    att_mma_stage<HS>(xs, base_x, ld_x, row0, ATT_MMA_ROWS, T);
-    att_mma_stage<HS>(ys, base_y, ld_y, row0, ATT_MMA_ROWS, T);
-    ptx_cp_async_commit();
-    ptx_cp_async_wait<0>();
-    __syncthreads();
-    const int warp = threadIdx.x >> 5;
-    att_mma_load_a<HS>(x, xs + 16 * warp * Cfg::LD);
-    att_mma_load_a<HS>(y, ys + 16 * warp * Cfg::LD);
-    __syncthreads(); /* the buffers are free for the tiles */
+__global__ void __launch_bounds__(256) attention_mma_rowsum_kernel(float* rowsum, const floatX* dout, const floatX* out, int B, int T, int NH) {
+    const size_t idx = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (idx >= (size_t)B * T * NH) return;
+    const int h = (int)(idx % NH);
+    const size_t bt = idx / NH;
+    const size_t off = bt * NH * HS + (size_t)h * HS;
+    float acc = 0.0f;
+#pragma unroll
+    for (int c = 0; c < HS; c += XVEC) {
+        const Vec<floatX, XVEC> d = vload<XVEC>(dout + off + c), o = vload<XVEC>(out + off + c);
+#pragma unroll
+        for (int k = 0; k < XVEC; k++) acc += to_f32(d.v[k]) * to_f32(o.v[k]);
+    }
+    const size_t b = bt / T, t = bt % T;
+    rowsum[(b * NH + h) * T + t] = acc;
 }
 
-/* ---- backward, pass 1: dq and D ----
- * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; warp w owns 16 query
- * rows (Q and dO as A fragments); K, V tiles double-buffered. Per tile:
- * S = Q K^T, dP = dO V^T, dS = P (dP - D) scale, dQ += dS K. */
-template <int HS>
-__global__ void __launch_bounds__(ATT_MMA_THREADS)
-attention_mma_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                 const float* lse, int T, int C, int NH, float scale) {
+/* Shared memory of the backward kernel (dynamic: above the 48 KiB static limit):
+ * the Q/dO double buffer (AttMma::SMEM_BYTES), the key tile's K and V rows,
+ * dS^T (ATT_MMA_ROWS keys x BC queries, stride LDS), and per buffer the query
+ * rows' lse and D. */
+template <int HS> struct AttMmaBwd {
     typedef AttMma<HS> Cfg;
-    __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    const AttMmaThread at = att_mma_thread(NH, true);
-    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const size_t obase = (size_t)at.b * T * C + (size_t)at.h * HS;
-    const size_t stat0 = ((size_t)at.b * NH + at.h) * T;
-    uint32_t q[Cfg::KS][4], dO[Cfg::KS][4];
-    att_mma_own_rows<HS>(q, dO, smem, base, ld, dout + obase, C, q0, T);
-    /* D_t = dout_t . out_t (fp32) for rows r0+g, r0+g+8: this lane's channels 8ot+2tq, +1, then over the quad */
-    float D[2], row_lse[2];
+    static constexpr int LDS = Cfg::BC + 8;                     /* dS^T row stride: rows 16 bytes apart mod 128 */
+    static constexpr int QB = Cfg::BC / 16;                     /* 16-row blocks of a query tile */
+    static constexpr int CB = HS / 64;                          /* 64-channel blocks: the warps split dQ's tile QB x CB */
+    static constexpr size_t KV_OFF = Cfg::SMEM_BYTES;
+    static constexpr size_t DS_OFF = KV_OFF + 2 * Cfg::ROWS_BYTES;
+    static constexpr size_t STATS_OFF = DS_OFF + (size_t)ATT_MMA_ROWS * LDS * sizeof(floatX);
+    static constexpr size_t SMEM_BYTES = STATS_OFF + 2 * 2 * Cfg::BC * sizeof(float);
+    static_assert(QB * CB == ATT_MMA_WARPS, "one 16 x 64 piece of a dQ tile per warp");
+    static_assert(ATT_MMA_ROWS == ATT_DQ_KEY_ROWS, "the plan's key tile (llmc/plan.h) is the kernel's");
+    static_assert(DS_OFF % 16 == 0 && STATS_OFF % 16 == 0 && (LDS * sizeof(floatX)) % 16 == 0, "ldmatrix rows are 16-byte aligned");
+    static_assert(SMEM_BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
+};
+
+/* A (16 queries x 16 keys) fragments of dS from dS^T in shared memory (keys as rows), read transposed. */
+template <int HS> __device__ __forceinline__ void att_mma_ds_a(uint32_t a[4], const floatX* dst, int key0, int q0) {
+    const int lane = threadIdx.x & 31;
+    ptx_ldmatrix<4, true>(a, dst + (key0 + (lane & 7) + (lane >> 4) * 8) * AttMmaBwd<HS>::LDS + q0 + ((lane >> 3) & 1) * 8);
+}
+
+/* A warp's 16 x 64 piece of dQ = dS K: queries q0.. of the tile, channels c0..; K rows (keys) in shared memory. */
+template <int HS> __device__ __forceinline__ void att_mma_dq_piece(float dq[8][4], const floatX* dst, const floatX* Ks, int q0, int c0) {
+    typedef AttMma<HS> Cfg;
+    const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const int t = r0 + g + 8 * hf;
-        float acc = 0.0f;
-        if (t < T) {
-            const floatX* orow = out + obase + (size_t)t * C + 2 * tq;
-            const floatX* drow = dout + obase + (size_t)t * C + 2 * tq;
-#pragma unroll
-            for (int ot = 0; ot < Cfg::OT; ot++)
-                acc += to_f32(drow[8 * ot]) * to_f32(orow[8 * ot]) + to_f32(drow[8 * ot + 1]) * to_f32(orow[8 * ot + 1]);
-        }
-        D[hf] = att_mma_quad_sum(acc);
-        if (t < T && tq == 0) rowsum[stat0 + t] = D[hf];
-        row_lse[hf] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f; /* in log2 units */
-    }
-    const float scale_log2 = scale * 1.4426950408889634f;
-    float dq[Cfg::OT][4];
-#pragma unroll
-    for (int ot = 0; ot < Cfg::OT; ot++)
+    for (int ot = 0; ot < 8; ot++)
 #pragma unroll
         for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
-    const int ntiles = (min(q0 + ATT_MMA_ROWS, T) + Cfg::BC - 1) / Cfg::BC;
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
-    ptx_cp_async_commit();
-    for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {
-            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
-        }
-        ptx_cp_async_commit();
-        ptx_cp_async_wait<1>();
-        __syncthreads();
-        const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 15) {
-            const floatX* Ks = att_mma_buffer<HS>(smem, j);
-            const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
-            float s[Cfg::NT][4], dp[Cfg::NT][4];
-            att_mma_scores<HS>(s, q, Ks);
-            att_mma_scores<HS>(dp, dO, Vs);
+    const floatX* p = Ks + ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::LD + c0 + (lane >> 4) * 8;
 #pragma unroll
-            for (int nt = 0; nt < Cfg::NT; nt++)
+    for (int kk = 0; kk < ATT_MMA_ROWS / 16; kk++) {
+        uint32_t a[4];
+        att_mma_ds_a<HS>(a, dst, 16 * kk, q0);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * (i >> 1);
-                    const float p = (key <= t && key < T) ? exp2f(s[nt][i] * scale_log2 - row_lse[i >> 1]) : 0.0f;
-                    s[nt][i] = p * (dp[nt][i] - D[i >> 1]) * scale;
-                }
-            uint32_t dsa[Cfg::BC / 16][4];
-            att_mma_to_a<HS>(dsa, s);
-            att_mma_accumulate<HS>(dq, dsa, Ks);
+        for (int o2 = 0; o2 < 4; o2++) {
+            uint32_t b[4];
+            ptx_ldmatrix<4, true>(b, p + kk * 16 * Cfg::LD + o2 * 16);
+            ptx_mma_m16n8k16(dq[2 * o2], a, b, dq[2 * o2]);
+            ptx_mma_m16n8k16(dq[2 * o2 + 1], a, b + 2, dq[2 * o2 + 1]);
         }
-        __syncthreads();
     }
-    const float one[2] = {1.0f, 1.0f};
-    att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
 }
 
-/* ---- backward, pass 2: dk and dv ----
- * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; warp w owns 16 key rows
- * (K and V as A fragments); tiles of queries t >= the block's first key
- * (Q, dO, and their lse and D) double-buffered; key blocks first-first. Per
- * tile: S^T = K Q^T, dP^T = V dO^T, dV += P^T dO, dK += dS^T Q. */
+/* dS^T of a warp (16 keys x BC queries, A-fragment registers) into shared memory rows 16w.. */
+template <int HS> __device__ __forceinline__ void att_mma_store_ds(floatX* dst, const uint32_t dsa[][4], int warp) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int kk = 0; kk < AttMma<HS>::BC / 16; kk++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) /* register x: row g + 8 (x & 1), columns 16kk + 8 (x >> 1) + 2tq, +1 */
+            *reinterpret_cast<uint32_t*>(dst + (16 * warp + g + 8 * (x & 1)) * AttMmaBwd<HS>::LDS + 16 * kk + 8 * (x >> 1) + 2 * tq) = dsa[kk][x];
+}
+
+/* part (a (T, C) fp32 slice, this head's channel 0) rows t0.., channels c0..: += dq, or = dq when first. */
+__device__ __forceinline__ void att_mma_add_dq(float* part, int C, int t0, int c0, int T, const float dq[8][4], bool first) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = t0 + g + 8 * half;
+        if (t >= T) continue;
+        float* row = part + (size_t)t * C + c0 + 2 * tq;
+#pragma unroll
+        for (int ot = 0; ot < 8; ot++) {
+            float2* q = reinterpret_cast<float2*>(row + 8 * ot);
+            float2 v = make_float2(dq[ot][2 * half], dq[ot][2 * half + 1]);
+            if (!first) {
+                const float2 old = *q;
+                v.x += old.x;
+                v.y += old.y;
+            }
+            *q = v;
+        }
+    }
+}
+
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
-attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
-                                  int C, int NH, float scale) {
+attention_mma_backward_kernel(floatX* dqkv, float* dq_partials, const float* rowsum, const floatX* dout, const floatX* qkv,
+                              const float* lse, int T, int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
-    __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    __shared__ float stats[2][2][Cfg::BC]; /* per buffer: lse (log2 units) and D of the tile's query rows */
-    const AttMmaThread at = att_mma_thread(NH, false);
-    const int s0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
+    typedef AttMmaBwd<HS> Bwd;
+    extern __shared__ __align__(128) unsigned char smem[];
+    floatX* Ks = (floatX*)(smem + Bwd::KV_OFF);
+    floatX* Vs = (floatX*)(smem + Bwd::KV_OFF + Cfg::ROWS_BYTES);
+    floatX* dst = (floatX*)(smem + Bwd::DS_OFF);
+    float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
+    const int seg = blockIdx.x, nseg = gridDim.x, bh = blockIdx.y, B = gridDim.y / NH, b = bh / NH, h = bh % NH;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const floatX* dobase = dout + (size_t)at.b * T * C + (size_t)at.h * HS;
-    const size_t stat0 = ((size_t)at.b * NH + at.h) * T;
-    uint32_t k[Cfg::KS][4], v[Cfg::KS][4];
-    att_mma_own_rows<HS>(k, v, smem, base + C, ld, base + 2 * C, ld, s0, T);
+    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * HS;
+    const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
+    const size_t stat0 = (size_t)bh * T;
+    float* part = dq_partials + ((size_t)seg * B + b) * T * C + (size_t)h * HS; /* slice seg, batch b, head h */
     const float scale_log2 = scale * 1.4426950408889634f;
-    float dk[Cfg::OT][4], dv[Cfg::OT][4];
-#pragma unroll
-    for (int ot = 0; ot < Cfg::OT; ot++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
-    const int ntiles = s0 < T ? (T - s0 + Cfg::BC - 1) / Cfg::BC : 0;
-    /* tile j: query rows s0 + j BC .., into buffer j & 1 (Q, dO by cp.async; lse, D by plain stores) */
-    auto stage = [&](int j) {
-        const int t0 = s0 + j * Cfg::BC;
-        floatX* nb = att_mma_buffer<HS>(smem, j);
-        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
-        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
-        for (int i = threadIdx.x; i < Cfg::BC; i += ATT_MMA_THREADS) {
-            const int t = t0 + i;
-            stats[j & 1][0][i] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
-            stats[j & 1][1][i] = t < T ? rowsum[stat0 + t] : 0.0f;
-        }
-    };
-    if (ntiles) stage(0);
-    ptx_cp_async_commit();
-    for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) stage(j + 1);
+    const int qb = warp % Bwd::QB, c0 = 64 * (warp / Bwd::QB); /* this warp's piece of each dQ tile */
+    const int nkt = (T + ATT_MMA_ROWS - 1) / ATT_MMA_ROWS;
+    for (int j = seg; j < nkt; j += nseg) {
+        const int s0 = j * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
+        const int nq = (T - s0 + Cfg::BC - 1) / Cfg::BC;
+        /* query tile i: rows s0 + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
+        auto stage = [&](int i) {
+            const int t0 = s0 + i * Cfg::BC;
+            floatX* nb = att_mma_buffer<HS>(smem, i);
+            att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
+            float* st = stats + (i & 1) * 2 * Cfg::BC;
+            for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
+                const int t = t0 + k;
+                st[k] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
+                st[Cfg::BC + k] = t < T ? rowsum[stat0 + t] : 0.0f;
+            }
+        };
+        att_mma_stage<HS>(Ks, base + C, ld, s0, ATT_MMA_ROWS, T);
+        att_mma_stage<HS>(Vs, base + 2 * C, ld, s0, ATT_MMA_ROWS, T);
+        stage(0);
         ptx_cp_async_commit();
-        ptx_cp_async_wait<1>();
-        __syncthreads();
-        const int t0 = s0 + j * Cfg::BC;
-        if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp */
-            const floatX* Qs = att_mma_buffer<HS>(smem, j);
+        float dk[Cfg::OT][4], dv[Cfg::OT][4];
+#pragma unroll
+        for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
+        for (int i = 0; i < nq; i++) {
+            if (i + 1 < nq) stage(i + 1);
+            ptx_cp_async_commit(); /* possibly empty: one group per tile */
+            ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
+            __syncthreads();
+            const int t0 = s0 + i * Cfg::BC;
+            const floatX* Qs = att_mma_buffer<HS>(smem, i);
             const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
-            const float* lse_s = stats[j & 1][0];
-            const float* d_s = stats[j & 1][1];
-            float st[Cfg::NT][4], dpt[Cfg::NT][4];
-            att_mma_scores<HS>(st, k, Qs);
-            att_mma_scores<HS>(dpt, v, dOs);
-#pragma unroll
-            for (int nt = 0; nt < Cfg::NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int c = nt * 8 + 2 * tq + (i & 1), t = t0 + c, s = r0 + g + 8 * (i >> 1);
-                    const float p = (t >= s && t < T) ? exp2f(st[nt][i] * scale_log2 - lse_s[c]) : 0.0f;
-                    st[nt][i] = p;
-                    dpt[nt][i] = p * (dpt[nt][i] - d_s[c]) * scale;
+            uint32_t dsa[Cfg::BC / 16][4];
+            if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp: dS = 0 */
+                const float* lse_s = stats + (i & 1) * 2 * Cfg::BC;
+                const float* d_s = lse_s + Cfg::BC;
+                float st[Cfg::NT][4], dpt[Cfg::NT][4];
+                {
+                    uint32_t ka[Cfg::KS][4];
+                    att_mma_load_a<HS>(ka, Ks + 16 * warp * Cfg::LD);
+                    att_mma_scores<HS>(st, ka, Qs);
+                    att_mma_load_a<HS>(ka, Vs + 16 * warp * Cfg::LD);
+                    att_mma_scores<HS>(dpt, ka, dOs);
                 }
-            uint32_t pa[Cfg::BC / 16][4];
-            att_mma_to_a<HS>(pa, st);
-            att_mma_accumulate<HS>(dv, pa, dOs);
-            att_mma_to_a<HS>(pa, dpt);
-            att_mma_accumulate<HS>(dk, pa, Qs);
+                float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
+                if (drop.threshold) att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
+#pragma unroll
+                for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const int c = nt * 8 + 2 * tq + (k & 1), t = t0 + c, s = r0 + g + 8 * (k >> 1);
+                        const float p = (t >= s && t < T) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
+                        if (drop.threshold) {
+                            st[nt][k] = p * f[nt][k];
+                            dpt[nt][k] = p * (f[nt][k] * dpt[nt][k] - d_s[c]) * scale;
+                        } else {
+                            st[nt][k] = p;
+                            dpt[nt][k] = p * (dpt[nt][k] - d_s[c]) * scale;
+                        }
+                    }
+                uint32_t pa[Cfg::BC / 16][4];
+                att_mma_to_a<HS>(pa, st);
+                att_mma_accumulate<HS>(dv, pa, dOs);
+                att_mma_to_a<HS>(dsa, dpt);
+                att_mma_accumulate<HS>(dk, dsa, Qs);
+            } else {
+#pragma unroll
+                for (int kk = 0; kk < Cfg::BC / 16; kk++)
+#pragma unroll
+                    for (int x = 0; x < 4; x++) dsa[kk][x] = 0u;
+            }
+            att_mma_store_ds<HS>(dst, dsa, warp);
+            __syncthreads(); /* dS^T of every warp is in shared memory */
+            if (t0 + 16 * qb < T) {
+                float dq[8][4];
+                att_mma_dq_piece<HS>(dq, dst, Ks, 16 * qb, c0);
+                att_mma_add_dq(part, C, t0 + 16 * qb, c0, T, dq, j == seg);
+            }
+            /* no barrier here: tile i + 2's copies into buffer i & 1 (and its stats) are issued after
+             * this tile's second barrier, and the next dS^T is written after the next tile's first */
         }
-        __syncthreads();
+        const float one[2] = {1.0f, 1.0f};
+        floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
+        att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
+        att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
+        __syncthreads(); /* K is no longer read (dQ pieces): the next key tile's copies go there */
     }
-    const float one[2] = {1.0f, 1.0f};
-    floatX* drows = dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
-    att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
 }
+
+/* dqkv's q part = the S slices of dq_partials summed in segment order (slice s: rows t >= 64 s).
+ * Thread per 4 channels; grid ceil(B*T*C/4 / 256), block 256. */
+__global__ void __launch_bounds__(256) attention_mma_dq_sum_kernel(floatX* dqkv, const float* dq_partials, int nseg, int B, int T, int C) {
+    const size_t i = ((size_t)blockIdx.x * 256 + threadIdx.x) * 4, n = (size_t)B * T * C;
+    if (i >= n) return;
+    const size_t bt = i / C;
+    const int t = (int)(bt % T), c = (int)(i % C);
+    Vec<float, 4> acc = vload<4>(dq_partials + i);
+    for (int s = 1; s < nseg && s * ATT_MMA_ROWS <= t; s++) {
+        const Vec<float, 4> x = vload<4>(dq_partials + (size_t)s * n + i);
+#pragma unroll
+        for (int k = 0; k < 4; k++) acc.v[k] += x.v[k];
+    }
+    Vec<floatX, 4> o;
+#pragma unroll
+    for (int k = 0; k < 4; k++) o.v[k] = from_f32<floatX>(acc.v[k]);
+    vstore<4>(dqkv + bt * 3 * C + c, o);
+}
+
+/* The backward's three launches; dq_partials: attention_dq_partials_bytes (llmc/plan.h). */
+template <int HS>
+static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+                                          const floatX* out, const float* lse, int B, int T, int C, int NH, float scale,
+                                          const DropoutSite& drop, cudaStream_t stream) {
+    if (!dq_partials) fail("internal: the mma attention backward needs its dQ partial sums (attention_dq_partials)");
+    const size_t rows = (size_t)B * T * NH;
+    attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, NH);
+    CUDA_CHECK_LAUNCH();
+    const int nseg = attention_dq_segments(B, T, NH);
+    const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
+    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_mma_backward_kernel<HS><<<dim3((unsigned)nseg, (unsigned)(B * NH)), ATT_MMA_THREADS, smem, stream>>>(
+        dqkv, dq_partials, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
+    CUDA_CHECK_LAUNCH();
+    attention_mma_dq_sum_kernel<<<(unsigned)ceil_div((size_t)B * T * C / 4, 256), 256, 0, stream>>>(dqkv, dq_partials, nseg, B, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
+template <int HS> struct AttMmaResources {
+    static constexpr int FWD_REGS = HS == 64 ? 128 : 160, BWD_REGS = HS == 64 ? 249 : 247;
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, BWD_SMEM = HS == 64 ? 65536 : 75264;
+    static constexpr int BWD_BLOCKS_PER_SM = 2; /* what ATT_DQ_TARGET_BLOCKS (llmc/plan.h) counts on 132 SMs */
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && BWD_SMEM == AttMmaBwd<HS>::SMEM_BYTES, "recorded shared memory is stale");
+    static_assert(FWD_REGS <= 255 && BWD_REGS <= 255, "above the 255-register limit");
+    static_assert(FWD_REGS * ATT_MMA_THREADS <= 65536, "a forward block must fit one SM's 64K registers");
+    static_assert((BWD_REGS + 7) / 8 * 8 * ATT_MMA_THREADS * BWD_BLOCKS_PER_SM <= 65536 &&
+                  BWD_BLOCKS_PER_SM * (BWD_SMEM + 1024) <= 228 * 1024 && ATT_DQ_TARGET_BLOCKS == 132 * BWD_BLOCKS_PER_SM,
+                  "the backward's blocks per SM (registers in units of 8 per thread, shared memory plus 1 KiB reserved per block)");
+};
+template struct AttMmaResources<64>;
+template struct AttMmaResources<128>;
 
 #endif

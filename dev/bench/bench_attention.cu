@@ -43,7 +43,7 @@ __global__ void bench_fill_kernel(floatX* x, size_t n, uint64_t stream) {
     x[i] = from_f32<floatX>((float)((2.0 * u - 1.0) * 1.7320508075688772));
 }
 
-typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum; } BenchBuffers;
+typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum, *dq_partials; } BenchBuffers;
 
 /* One kernel family at one dropout site: times and outputs (host fp32, owned). */
 typedef struct { float fwd_ms, bwd_ms, *out, *dqkv; } BenchRun;
@@ -92,9 +92,9 @@ static BenchRun bench_run(const BenchBuffers& b, int B, int T, int NH, int hs, i
     const int C = NH * hs;
     BenchRun r;
     r.fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, drop, 0); });
-    r.bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0); });
+    r.bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dq_partials, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0); });
     attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, drop, 0);
-    attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0);
+    attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dq_partials, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     r.out = fetch(b.out, (size_t)B * T * C);
     r.dqkv = fetch(b.dqkv, (size_t)B * T * 3 * C);
@@ -116,6 +116,7 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     CUDA_CHECK(cudaMalloc((void**)&b.out, n_out * sizeof(floatX)));
     CUDA_CHECK(cudaMalloc((void**)&b.lse, n_stat * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&b.rowsum, n_stat * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&b.dq_partials, attention_dq_partials_bytes(B, T, C, NH)));
     bench_fill_kernel<<<grid_for(n_qkv, 256), 256>>>(b.qkv, n_qkv, 1);
     bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
     CUDA_CHECK_LAUNCH();
@@ -155,6 +156,7 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs) {
     CUDA_CHECK(cudaFree(b.out));
     CUDA_CHECK(cudaFree(b.lse));
     CUDA_CHECK(cudaFree(b.rowsum));
+    CUDA_CHECK(cudaFree(b.dq_partials));
 }
 
 static int parse_positive(const char* s, const char* what) {
@@ -178,7 +180,6 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("bench_attention: %s, %s storage; causal; FLOPs 2*B*NH*T^2*hs forward, 2.5x that backward\n\n", prop.name, PRECISION_NAME);
-    if (!attention_mma_takes_dropout) printf("(the mma rows' dropout columns run the tc kernels: the mma kernels do not draw dropout yet)\n\n");
     printf("| B T NH hs | kernels | fwd ms | fwd TFLOP/s | bwd ms | bwd TFLOP/s | fwd ms, dropout %g | bwd ms, dropout %g "
            "| rel. distance to CUDA cores, dropout %g (out / dqkv) | rel. distance to CUDA cores (out / dqkv) |\n",
            BENCH_DROPOUT_P, BENCH_DROPOUT_P, BENCH_DROPOUT_P);

@@ -312,6 +312,16 @@ static void test_kernels(void) {
     bad = 0;
     for (int i = 0; i < 96; i++) bad += out[i] != (float)(95 - i);
     CHECK(bad == 0, "dynamic shared memory: %d wrong", bad);
+    /* above 48 KiB once the kernel's limit is raised (fail:dyn_smem_limit: not without); 227 KiB at most */
+    CHECK(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) == cudaErrorInvalidValue,
+          "cudaFuncSetAttribute accepted 228 KiB of dynamic shared memory");
+    cudaGetLastError();
+    CK(cudaFuncSetAttribute(dynamic_shared_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024));
+    dynamic_shared_kernel<<<1, 96, 100 * 1024>>>(d_dyn);
+    CK(cudaMemcpy(out.data(), d_dyn, 96 * 4, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int i = 0; i < 96; i++) bad += out[i] != (float)(95 - i);
+    CHECK(bad == 0, "dynamic shared memory above 48 KiB: %d wrong", bad);
 
     /* atomics */
     int* d_cnt;
@@ -1168,6 +1178,7 @@ static int run_fail(const char* name) {
     else if (n == "partial_mask") partial_mask_kernel<<<1, 32>>>(d);
     else if (n == "launch_bounds") bounded_kernel<<<1, 128>>>(d);
     else if (n == "bad_block") bounded_kernel<<<1, 2048>>>(d);
+    else if (n == "dyn_smem_limit") dynamic_shared_kernel<<<1, 96, 64 * 1024>>>(d);
     else if (n == "host_pointer") { static float h[64]; bounded_kernel<<<1, 64>>>(h); }
     else if (n == "write_past_end") write_kernel<<<1, 1>>>(d, 1000);          /* into the slack: canary */
     else if (n == "misaligned_vector") misaligned_vector_kernel<<<1, 1>>>(d);

@@ -113,6 +113,7 @@ def test_delete_sync_needs_file_and_line(emu_build):
 FORWARD_SYNC = "        att_tc_scores<HS>(Sw, q, Ks);\n        __syncwarp();\n"
 ENCODER_WRITE = "    vstore<VEC>(x + i, o);\n"
 LN_PARTIALS_ROWS = "    const int r0 = blockIdx.y * rps, r1 = min(N, r0 + rps);\n"
+MMA_BACKWARD_WAIT = "            ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */\n"
 
 
 def mutant_tree(tmp, edits):
@@ -138,14 +139,22 @@ def mutant_tree(tmp, edits):
 
 def test_source_mutants_are_caught(emu_build, tmp_path):
     """The issue's race (the forward kernel's __syncwarp between the WMMA store of the scores and the lanes' reads, deleted),
-    a write one element past the embedding output, and a read of partial sums nobody wrote, in one mutated build."""
+    a write one element past the embedding output, a read of partial sums nobody wrote, and the mma backward's
+    cp.async wait deleted, in one mutated build."""
     exe = mutant_tree(tmp_path, {
         "llmc/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
         "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x + i", "x + i + VEC")),  # one (vector) element past
         # an early exit for the row slices beyond N (11 rows in 32 slices here): their partial sums are never written, and
         # column_finish_kernel adds them up. On a GPU that reads stale data; the emulator's NaN bytes show only in the result.
         "llmc/layernorm.cuh": (LN_PARTIALS_ROWS, LN_PARTIALS_ROWS + "    if (r0 >= N) return;\n"),
+        "llmc/attention_mma.cuh": (MMA_BACKWARD_WAIT, ""),
     })
+    no_wait = emu_run([exe, RUNS["llmc/attention_mma.cuh"][1]], timeout=600)
+    assert no_wait.returncode != 0, explain(no_wait)
+    # the copies never land: the thread's pending copies pile up (or outlive the block)
+    assert re.search(r"cp\.async \(\S*llmc/attention_mma\.cuh:\d+\): (more than 64 copies pending in one thread|thread \d+ has \d+ "
+                     r"copies pending from an earlier block)", no_wait.stderr), explain(no_wait)
+    assert "in kernel attention_mma_backward_kernel" in no_wait.stderr, explain(no_wait)
     race = emu_run([exe, ATTENTION_CASE], timeout=600)
     assert race.returncode != 0, explain(race)
     assert re.search(r"racecheck: read-after-write hazard on shared memory .*every lane of warp \d+ \(a WMMA operation\) wrote it at "

@@ -269,7 +269,7 @@ size_t g_dyn_smem_bytes = 0;
  * racecheck watches; 128-byte aligned: transform.py drops the alignment an
  * extern __shared__ declaration asks for (which the GPU's compiler honours),
  * and WMMA needs 32. */
-alignas(128) char g_dyn_buf[48 * 1024];
+alignas(128) char g_dyn_buf[227 * 1024]; /* EMU_DYN_SMEM_MAX, below */
 char* g_no_smem_page = nullptr;
 
 uint64_t g_rng;
@@ -812,7 +812,15 @@ void check_stream(const char* api, cudaStream_t stream) {
         fatal("%s: stream %p was not created by cudaStreamCreate (or was destroyed)", api, (void*)stream);
 }
 
-void check_launch(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream) {
+/* Per kernel: the dynamic shared memory limit raised by cudaFuncSetAttribute (48 KiB otherwise). */
+static std::map<const void*, size_t>& dyn_smem_limits() {
+    static std::map<const void*, size_t> limits;
+    return limits;
+}
+#define EMU_DYN_SMEM_DEFAULT (48 * 1024)
+#define EMU_DYN_SMEM_MAX (227 * 1024) /* sm_90's opt-in maximum per block */
+
+void check_launch(const Site& site, const void* kernel, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream) {
     const char* why = nullptr;
     char buf[200];
     unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
@@ -824,10 +832,14 @@ void check_launch(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, cuda
     } else if (grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
         snprintf(buf, sizeof(buf), "grid (%u,%u,%u) exceeds the limits (2^31-1,65535,65535)", grid.x, grid.y, grid.z);
         why = buf;
-    } else if (dyn_smem > 48 * 1024) {
-        snprintf(buf, sizeof(buf), "%zu bytes of dynamic shared memory exceed 48 KiB (raising the limit per kernel is not emulated)",
-                 dyn_smem);
-        why = buf;
+    } else if (dyn_smem > EMU_DYN_SMEM_DEFAULT) {
+        auto it = dyn_smem_limits().find(kernel);
+        size_t limit = it == dyn_smem_limits().end() ? EMU_DYN_SMEM_DEFAULT : it->second;
+        if (dyn_smem > limit) {
+            snprintf(buf, sizeof(buf), "%zu bytes of dynamic shared memory exceed the kernel's limit of %zu (48 KiB unless raised by "
+                     "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize))", dyn_smem, limit);
+            why = buf;
+        }
     }
     if (why) fatal("invalid launch of %s at %s:%d: %s (the launch fails on a GPU)", site.kernel, site.file, site.line, why);
     check_stream("kernel launch", stream);
@@ -1277,6 +1289,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t emu_func_set_attribute(const void* func, cudaFuncAttribute attr, int value) {
-    (void)func;
-    fatal("cudaFuncSetAttribute(attribute %d, value %d): not emulated", (int)attr, value);
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) fatal("cudaFuncSetAttribute(attribute %d, value %d): not emulated", (int)attr, value);
+    if (value < 0 || value > EMU_DYN_SMEM_MAX) return set_error(cudaErrorInvalidValue);
+    dyn_smem_limits()[func] = (size_t)value;
+    return cudaSuccess;
 }

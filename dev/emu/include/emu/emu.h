@@ -90,7 +90,7 @@ void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const st
 /* Launch checks and deferral: everything on a stream runs in order at the next
  * synchronisation point (cudaStreamSynchronize, cudaDeviceSynchronize,
  * cudaMemcpy, ...), as on a GPU, so host code reading results early fails. */
-void check_launch(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream);
+void check_launch(const Site& site, const void* kernel, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream);
 void enqueue(cudaStream_t stream, std::function<void()> op);
 /* p (a kernel argument) must be NULL or point into device or pinned memory. */
 void check_kernel_pointer(const Site& site, int arg_index, const void* p);
@@ -253,7 +253,7 @@ template <typename... P, typename... A>
 static inline void emu_launch(const emu::Site& site, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, void (*kernel)(P...),
                               A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "emu: kernel launched with the wrong number of arguments");
-    emu::check_launch(site, grid, block, smem, stream);
+    emu::check_launch(site, (const void*)kernel, grid, block, smem, stream);
     std::tuple<typename std::decay<P>::type...> params(emu::convert_arg<typename std::decay<P>::type>(std::forward<A>(args))...);
     std::apply([&](const auto&... v) {
         int i = 0;
