@@ -508,7 +508,7 @@ def test_gpt_other_block_orders_emulated(slow_jobs, precision, order):
 
 RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "1", "--recompute-layers", "1"], ["-r", "3"],
                    ["-r", "1:0/3:1"]]
-DROPOUT_FLAGS = ["--embd-dropout", "0.1", "--resid-dropout", "0.1", "--attn-dropout", "0"]
+DROPOUT_FLAGS = ["--embd-dropout", "0.1", "--resid-dropout", "0.1", "--attn-dropout", "0.1"]
 DROPOUT_RECOMPUTE_FLAGS = [["-r", "0"], ["-r", "1"], ["-r", "1:0/3:1"]]
 TINY = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
 STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
@@ -585,7 +585,7 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
     dropped = None
     for flags, res in r["dropout_modes"].items():
         assert res.returncode == 0, flags + "\n" + explain(res)
-        assert "dropout: embedding 0.1 (--embd-dropout), attention 0 (--attn-dropout), residual 0.1 (--resid-dropout)" in res.stdout
+        assert "dropout: embedding 0.1 (--embd-dropout), attention 0.1 (--attn-dropout), residual 0.1 (--resid-dropout)" in res.stdout
         got = steps(res.stdout)
         assert len(got) == 3 and got != base, res.stdout[-2000:]
         dropped = dropped or got
