@@ -196,6 +196,15 @@ def wait_for_step(proc, step):
     raise AssertionError("the run ended before step %d" % step)
 
 
+def finish(proc, timeout):
+    """The rest of stdout after wait_for_step, and stderr, once the run ends. Read through the same
+    buffered pipe objects: communicate() reads the raw descriptors and would lose the lines the
+    iteration above has already buffered. The run writes a few lines after the signal, far less than
+    a pipe holds, so waiting first cannot block it."""
+    proc.wait(timeout=timeout)
+    return proc.stdout.read(), proc.stderr.read()
+
+
 PREEMPT_STEPS = "2000"  # long enough (seconds) that the signal lands before the end
 
 
@@ -217,7 +226,7 @@ def test_signal_checkpoints_and_the_resumed_run_joins_exactly(shard, uninterrupt
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     wait_for_step(proc, 5)
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = finish(proc, 120)
     assert proc.returncode == 75, (proc.returncode, err)
     m = re.search(r"stopped by (SIG\w+) after step (\d+): checkpoint written, resume with -y 1", out)
     assert m and m.group(1) == sig.name, out
@@ -244,7 +253,7 @@ def test_second_signal_exits_at_once(tmp_path):
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = finish(proc, 60)
     assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - t0 < 5, (proc.returncode, out[-500:])
     assert "stopped by" not in out and not list((tmp_path / "out").glob("DONE_*"))
 
