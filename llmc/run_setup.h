@@ -1,0 +1,265 @@
+/*
+ * Before anything is allocated: flags, model source and shape, recompute
+ * choice (with -r auto), batch, dropout, the memory plan (--plan exits here)
+ * and the run's identity.
+ */
+#ifndef REMAT_RUN_SETUP_H
+#define REMAT_RUN_SETUP_H
+
+#include "backend.h"
+
+static inline double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* True when -e names a descriptor: random init, which the shape flags may adjust. */
+static inline int wants_random_init(const TrainOptions* o) {
+    ModelConfig tmp;
+    return config_from_descriptor(o->model, &tmp) == 0;
+}
+
+/* The run id: the checkpoint's on resume (checked against all its files),
+ * else a new one. A fresh run into an -o holding complete checkpoints of an
+ * earlier run is refused unless --supersede; -y 1 with none starts fresh. */
+static inline void resolve_run_identity(Run* run) {
+    const TrainOptions* o = &run->opt;
+    FILE* notes = o->plan_json ? stderr : stdout;
+    if (run->resume_step >= 0) {
+        if (run->rank == 0) run->run_id = checkpoint_verify_run_id(o->out_dir, run->resume_step, remat_proc.world);
+    } else {
+        if (o->resume) fprintf(notes, "resume: no complete checkpoint (DONE_* marker) in %s: starting a fresh run\n", o->out_dir);
+        int existing = o->out_dir[0] && !o->resume && !o->supersede && !o->plan_only && !o->plan_json ? checkpoint_latest(o->out_dir) : -1;
+        proc_broadcast(&existing, sizeof(existing), "the check of -o for earlier runs");
+        if (existing >= 0)
+            fail("-o %s holds checkpoints of an earlier run (the latest complete: step %d): resume it with -y 1, or give "
+                 "--supersede to delete them", o->out_dir, existing);
+        run->run_id = run_id_new();
+    }
+    proc_broadcast(&run->run_id, sizeof(run->run_id), "the run id broadcast");
+}
+
+/* Each site's dropout: its own flag, else --dropout, else the model file's
+ * (an imported config's, or the run's that wrote it), else 0. The resolved
+ * values go back into the per-site options, which the state's
+ * hyperparameters record, so a resume compares them. */
+static inline void resolve_dropout(Run* run, const float* file_pdrop, const char* file) {
+    TrainOptions* o = &run->opt;
+    float* site[MODEL_NUM_PDROP] = {&o->embd_dropout, &o->attn_dropout, &o->resid_dropout};
+    static const char* const flags[MODEL_NUM_PDROP] = {"--embd-dropout", "--attn-dropout", "--resid-dropout"};
+    static const char* const names[MODEL_NUM_PDROP] = {"embedding", "attention", "residual"};
+    size_t used = (size_t)snprintf(run->dropout_desc, sizeof(run->dropout_desc), "dropout:");
+    int any = 0;
+    for (int k = 0; k < MODEL_NUM_PDROP; k++) {
+        char from[300];
+        if (*site[k] >= 0.0f) snprintf(from, sizeof(from), "%s", flags[k]);
+        else if (o->dropout >= 0.0f) { *site[k] = o->dropout; snprintf(from, sizeof(from), "--dropout"); }
+        else if (file_pdrop[k] > 0.0f) { *site[k] = file_pdrop[k]; snprintf(from, sizeof(from), "%s of %.200s", model_pdrop_names[k], file); }
+        else { *site[k] = 0.0f; snprintf(from, sizeof(from), "default"); }
+        any |= *site[k] > 0.0f;
+        if (used < sizeof(run->dropout_desc))
+            used += (size_t)snprintf(run->dropout_desc + used, sizeof(run->dropout_desc) - used, "%s %s %g (%s)", k ? "," : "",
+                                     names[k], (double)*site[k], from);
+    }
+    if (!any) run->dropout_desc[0] = '\0';
+    memset(&run->dropout, 0, sizeof(run->dropout));
+    run->dropout.p[DROPOUT_EMBEDDING] = o->embd_dropout;
+    run->dropout.p[DROPOUT_ATTENTION] = o->attn_dropout;
+    run->dropout.p[DROPOUT_RESID_ATTN] = run->dropout.p[DROPOUT_RESID_MLP] = o->resid_dropout;
+    run->dropout.seed = (uint32_t)o->seed;
+    run->dropout.rank = (uint32_t)run->rank;
+}
+
+/* A mask's site word holds the micro-step and the layer in fixed bits
+ * (dropout.h): a run with more of either would draw one mask twice. */
+static inline void check_dropout_limits(const Run* run) {
+    if (!dropout_active(&run->dropout)) return;
+    if (run->grad_accum > DROPOUT_MAX_MICRO_STEPS)
+        fail("flag -d: %d micro-steps per step; with dropout at most %d (fewer tokens per step, or a larger -b)", run->grad_accum,
+             DROPOUT_MAX_MICRO_STEPS);
+    if (run->cfg.num_layers > DROPOUT_MAX_LAYERS)
+        fail("model shape: %d layers; with dropout at most %d", run->cfg.num_layers, DROPOUT_MAX_LAYERS);
+}
+
+static inline void resolve_model(Run* run) {
+    TrainOptions* o = &run->opt;
+    int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
+    run->resume_step = o->resume ? checkpoint_latest(o->out_dir) : -1;
+    proc_broadcast(&run->resume_step, sizeof(run->resume_step), "the resume step broadcast"); /* every rank resumes the same step */
+    resolve_run_identity(run);
+    static char ckpt_model[4200];
+    if (run->resume_step >= 0) {
+        checkpoint_path(ckpt_model, sizeof(ckpt_model), o->out_dir, "model", run->resume_step, -1);
+        run->model_path = ckpt_model;
+    } else if (wants_random_init(o)) {
+        run->model_path = NULL;
+    } else {
+        if (!file_exists(o->model) && !strchr(o->model, '/') && !strchr(o->model, '.'))
+            fail("-e: unknown model descriptor '%s' (d6, d12, d24, d36, d48), and no model file of that name", o->model);
+        if (o->layers || o->heads || o->channels || o->vocab_size)
+            fail("flags --layers/--heads/--channels/--vocab-size apply to random init only, not to the model file %s", o->model);
+        run->model_path = o->model;
+    }
+    if (run->model_path) {
+        ModelFileInfo info;
+        fclose(model_file_open(run->model_path, &info));
+        run->cfg = info.cfg;
+        resolve_dropout(run, info.pdrop, run->model_path);
+        snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
+        if (run->resume_step < 0 && o->max_seq_len && o->max_seq_len != info.cfg.max_seq_len) {
+            /* long-context fine-tuning: a longer (or shorter) position table */
+            run->cfg.max_seq_len = o->max_seq_len;
+            size_t used = strlen(run->model_desc);
+            snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
+                     info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len <= info.cfg.max_seq_len ? ""
+                     : strcmp(o->wpe_init, "interpolate") == 0 ? " (learned rows interpolated)" : " (learned rows repeated)");
+        }
+        return;
+    }
+    config_from_descriptor(o->model, &run->cfg);
+    static const float no_file_pdrop[MODEL_NUM_PDROP] = {0.0f, 0.0f, 0.0f};
+    resolve_dropout(run, no_file_pdrop, NULL);
+    if (o->layers) run->cfg.num_layers = o->layers;
+    if (o->heads) run->cfg.num_heads = o->heads;
+    if (o->channels) run->cfg.channels = o->channels;
+    if (o->max_seq_len) run->cfg.max_seq_len = o->max_seq_len;
+    if (o->vocab_size) { run->cfg.vocab_size = o->vocab_size; run->cfg.padded_vocab_size = pad_vocab(o->vocab_size); }
+    config_validate(&run->cfg, "model shape");
+    snprintf(run->model_desc, sizeof(run->model_desc), "%s%s, random init with seed %d", o->model,
+             shape_flags ? " with shape flags" : "", o->seed);
+}
+
+/* Per-layer recompute modes from -r and --recompute-layers. */
+static inline void resolve_recompute(Run* run) {
+    int L = run->cfg.num_layers;
+    run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
+    parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode);
+}
+
+static inline void resolve_batch(Run* run) {
+    TrainOptions* o = &run->opt;
+    if (o->T > run->cfg.max_seq_len) fail("flag -t: sequence length %d exceeds the model's maximum %d", o->T, run->cfg.max_seq_len);
+    long long micro_tokens = (long long)o->B * o->T * run->world;
+    if (micro_tokens > INT_MAX) fail("flags -b/-t: %lld tokens per micro-step is too many", micro_tokens);
+    long long total = o->total_batch_tokens == -1 ? micro_tokens : o->total_batch_tokens;
+    if (total < 1 || total % micro_tokens != 0)
+        fail("flag -d: %lld tokens per step is not a positive multiple of B*T*processes = %d*%d*%d = %lld",
+             total, o->B, o->T, run->world, micro_tokens);
+    run->grad_accum = (int)(total / micro_tokens);
+}
+
+/* Where setup notes go: stdout, except under --plan-json, whose stdout is the JSON alone. */
+static inline FILE* setup_notes(const TrainOptions* o) { return o->plan_json ? stderr : stdout; }
+
+/* -r auto: the per-layer choice with the least predicted time that fits the
+ * budget, printed as the -r flag that reproduces it; or the flags that would
+ * fit and a non-zero exit. */
+static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source);
+    if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
+    if (recompute_auto(spec, budget, run->layer_mode) != 0) {
+        fflush(stdout);
+        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %.1f MiB (%s)\n",
+                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), mib(budget), source);
+        plan_print_suggestions(spec, budget, stderr);
+        fail("-r auto: nothing fits in %.1f MiB", mib(budget));
+    }
+    char flag[8192];
+    format_recompute_flag(run->layer_mode, run->cfg.num_layers, flag, sizeof(flag));
+    double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
+    FILE* out = setup_notes(&run->opt);
+    fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
+            mib(budget), source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
+            spec_cost_model(spec).name);
+}
+
+/* --plan and --plan-json: print and exit without allocating anything. */
+static inline void maybe_print_plan_and_exit(const Run* run) {
+    if (!run->opt.plan_only && !run->opt.plan_json) return;
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source);
+    if (run->opt.plan_json) {
+        plan_print_json(&run->plan, budget, stdout);
+    } else {
+        printf("model: %s\n", run->model_desc);
+        plan_print_table(&run->plan, budget, source, stdout);
+    }
+    exit(0);
+}
+
+/* The default data is not in the repository: say how to make it, before
+ * anything is allocated. */
+static inline void check_default_data(const TrainOptions* o) {
+    const char* flags[2] = {"-i", "-j"};
+    const char* given[2] = {o->train_glob, o->val_every > 0 ? o->val_glob : ""};
+    const char* defaults[2] = {DEFAULT_TRAIN_GLOB, DEFAULT_VAL_GLOB};
+    for (int i = 0; i < 2; i++)
+        if (strcmp(given[i], defaults[i]) == 0 && access(defaults[i], R_OK) != 0)
+            fail("%s: the default data %s is missing: make it with python3 dev/data/tinyshakespeare.py, or give %s", flags[i],
+                 defaults[i], flags[i]);
+}
+
+/* Everything a trainer needs before it allocates: flags, model, plan.
+ * Handles --plan/--plan-json itself (they exit here). */
+static inline void run_setup(Run* run, int argc, char** argv, int trainer, int elem_bytes, int stat_bytes,
+                             int master_weights_supported, size_t workspace_bytes, int logits_chunk_rows) {
+    memset(run, 0, sizeof(*run));
+    parse_args(argc, argv, &run->opt, trainer);
+    proc_set_collective_timeout(run->opt.collective_timeout_s);
+    run->rank = remat_proc.rank;
+    run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
+    if (run->opt.zero_stage == 1 && run->world == 1)
+        fprintf(setup_notes(&run->opt), "note: -z 1 with one process shards nothing\n");
+    resolve_model(run);
+    resolve_recompute(run);
+    resolve_batch(run);
+    check_dropout_limits(run);
+    ranks_check_same(&run->opt, &run->cfg, NULL, NULL, 0);
+    PlanSpec spec;
+    memset(&spec, 0, sizeof(spec));
+    spec.cfg = run->cfg;
+    spec.B = run->opt.B;
+    spec.T = run->opt.T;
+    spec.backend = trainer == FOR_GPU ? BACKEND_GPU : BACKEND_CPU;
+    spec.elem_bytes = elem_bytes;
+    spec.stat_bytes = stat_bytes;
+    spec.master_weights = master_weights_supported && run->opt.master_weights;
+    spec.world_size = run->world;
+    spec.zero_stage = run->opt.zero_stage;
+    spec.layer_mode = run->layer_mode;
+    spec.grad_accum = run->grad_accum;
+    cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, &spec.cost_model);
+    spec.logits_chunk_rows = logits_chunk_rows;
+    spec.micro_steps = run->grad_accum;
+    spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
+    spec.io_chunk_floats = (size_t)1 << 18;
+    spec.workspace_bytes = workspace_bytes;
+    plan_validate_spec(&spec);
+    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
+    plan_build(&run->plan, &spec);
+    if (run->plan.overflow)
+        fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",
+             run->opt.B, run->opt.T, run->cfg.num_layers, run->cfg.channels);
+    run->io_chunk_floats = spec.io_chunk_floats;
+    maybe_print_plan_and_exit(run);
+    check_default_data(&run->opt);
+}
+
+static inline void run_print_header(const Run* run) {
+    const ModelConfig* c = &run->cfg;
+    printf("model: %s\n", run->model_desc);
+    printf("  L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->num_layers, c->num_heads, c->channels,
+           c->vocab_size, c->padded_vocab_size, c->max_seq_len, run->plan.num_params);
+    printf("batch: B=%d T=%d x %d process%s, gradient accumulation %d (%lld tokens per step)\n", run->opt.B,
+           run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum,
+           (long long)run->grad_accum * run->opt.B * run->opt.T * run->world);
+    if (run->dropout_desc[0]) printf("%s\n", run->dropout_desc);
+    plan_print_summary(&run->plan, stdout);
+    const char* big = "";
+    size_t largest = plan_largest_entry(&run->plan, &big);
+    printf("  largest buffer: %s, %.1f MiB (no buffer grows with T^2)\n", big, mib(largest));
+}
+
+#endif

@@ -1,0 +1,223 @@
+/*
+ * The training loop: one optimizer step over its micro-steps, what happens
+ * between steps, the step printout, stop signals.
+ */
+#ifndef REMAT_TRAIN_LOOP_H
+#define REMAT_TRAIN_LOOP_H
+
+#include "run_eval.h"
+
+static inline long peak_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static inline int total_steps(const Run* run, const DataLoader* train) {
+    if (run->opt.max_steps >= 0) return run->opt.max_steps;
+    size_t steps = dataloader_batches_per_epoch(train) / (size_t)run->grad_accum;
+    return steps ? (int)(steps > INT_MAX ? INT_MAX : steps) : 1;
+}
+
+typedef struct {
+    float loss, norm, lr;
+    int skipped; /* FP16: gradients overflowed, no update */
+} StepResult;
+
+static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, int step, int steps) {
+    const TrainOptions* o = &run->opt;
+    StepResult r = {0.0f, 0.0f, 0.0f, 0};
+    be->zero_grads(be->ctx);
+    double loss = 0.0;
+    float scale = loss_scaler_factor(&run->scaler);
+    /* summing over processes then gives the gradient of the mean loss of the global batch */
+    float dloss_mean = scale / (float)(run->grad_accum * run->world);
+    DropoutState drop = run->dropout; /* the masks depend on the step and micro-step, never on what ran before */
+    drop.step = (uint32_t)step;
+    for (int micro = 0; micro < run->grad_accum; micro++) {
+        dataloader_next(train);
+        drop.micro_step = (uint32_t)micro;
+        be->set_dropout(be->ctx, &drop);
+        loss += be->forward_backward(be->ctx, dloss_mean);
+    }
+    if (be->sync_grads) be->sync_grads(be->ctx);
+    r.loss = (float)proc_mean(loss / run->grad_accum, "the training loss mean");
+    r.norm = be->grad_norm(be->ctx) / scale;
+    r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
+    int finite = isfinite(r.norm) && isfinite(r.loss);
+    if (!loss_scaler_update(&run->scaler, finite)) {
+        if (run->scaler.scale <= run->scaler.min_scale)
+            fail("step %d: gradients overflow even at the minimum loss scale %g: the model exceeds fp16's range (train in BF16)",
+                 step, (double)run->scaler.min_scale);
+        r.skipped = 1;
+        return r;
+    }
+    if (!finite) fail("step %d: loss %g, gradient norm %g: training diverged (lower -l, or keep --grad-clip on)", step, (double)r.loss, (double)r.norm);
+    AdamWStep s;
+    s.lr = r.lr;
+    s.beta1 = o->beta1; s.beta2 = o->beta2; s.eps = o->eps; s.weight_decay = o->weight_decay;
+    float clip = (o->grad_clip > 0.0f && r.norm > o->grad_clip) ? o->grad_clip / r.norm : 1.0f;
+    s.grad_scale = clip / scale;
+    s.t = ++run->updates;
+    adamw_bias_corrections(&s);
+    be->update(be->ctx, &s);
+    return r;
+}
+
+static inline int is_due(int every, int step, int last) { return every > 0 && (step % every == 0 || last); }
+
+/* What happens between steps, at step `step` (after that many updates):
+ * validation, a sample, a checkpoint. None of it changes the training state. */
+static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step, int start, int last) {
+    const TrainOptions* o = &run->opt;
+    if (ls->has_val && is_due(o->val_every, step, last)) evaluate(run, be, &ls->val, &ls->by_position, step, &ls->log);
+    /* not at the step a run starts from (its model was sampled when saved),
+     * unless nothing is trained: -x 0 (or resuming at -x) samples the model loaded */
+    int sample_now = step > start || last;
+    if (run->rank == 0 && sample_now && is_due(o->sample_every, step, last))
+        sample(run, be, ls, step);
+    if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
+        save_checkpoint(run, be, step, &ls->train);
+    else if (last && step > start && !o->out_dir[0])
+        check_parameters_finite(run, be, step);
+}
+
+static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, int steps, const StepResult* r, double ms) {
+    if (r->skipped) {
+        printf("step %4d/%d | loss %.6f | skipped: inf/NaN gradients, loss scale now %g\n", step, steps, (double)r->loss,
+               (double)run->scaler.scale);
+        logger_event(&ls->log, step, "skipped: inf/NaN gradients, loss scale halved");
+        return;
+    }
+    double tokens_per_s = (double)run->grad_accum * run->opt.B * run->opt.T * run->world / (ms / 1e3);
+    char extras[256] = "";
+    if (be->step_extras) be->step_extras(be->ctx, step, ms, extras, sizeof(extras));
+    printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step, steps, (double)r->loss,
+           (double)r->lr, (double)r->norm, ms, tokens_per_s, extras);
+    fflush(stdout);
+    long long tokens = (long long)step * run->grad_accum * run->opt.B * run->opt.T * run->world;
+    size_t memory = be->memory_bytes ? be->memory_bytes(be->ctx) : (size_t)peak_rss_kib() * 1024;
+    logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s, tokens, mib(memory));
+}
+
+/* Data loaders (validated here, before any step), tokenizer, log, buffers. */
+static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
+    const TrainOptions* o = &run->opt;
+    uint16_t* staging = (uint16_t*)be->io_chunk;
+    size_t staging_tokens = run->io_chunk_floats * 2;
+    dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size,
+                    o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+    ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
+    if (ls->has_val)
+        dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size, 0,
+                        (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+    load_tokenizer(run, &ls->tk);
+    if (o->out_dir[0]) mkdir_check(o->out_dir);
+    /* a fresh run: --supersede's checkpoints, or incomplete leftovers, go before anything is written */
+    if (o->out_dir[0] && run->resume_step < 0 && run->rank == 0) {
+        int removed = checkpoint_remove_all(o->out_dir);
+        if (removed) printf("checkpoints: removed %d earlier checkpoint%s from %s\n", removed, removed == 1 ? "" : "s", o->out_dir);
+    }
+    proc_barrier("the barrier after clearing -o");
+    logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL, run->resume_step);
+    ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
+    ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
+    ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
+    load_prompt(run, ls);
+    if (o->eval_by_position && !ls->has_val) fail("--eval-by-position needs validation: shards in -j and -v above 0");
+    if (o->eval_by_position && !be->token_losses) fail("--eval-by-position: this trainer cannot report per-token losses");
+    position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T);
+}
+
+static inline void loop_close(LoopState* ls) {
+    logger_close(&ls->log);
+    tokenizer_free(&ls->tk);
+    free(ls->probs);
+    free(ls->gen);
+    free(ls->candidates);
+    prompt_free(&ls->prompt);
+    position_losses_free(&ls->by_position);
+    dataloader_free(&ls->train);
+    if (ls->has_val) dataloader_free(&ls->val);
+}
+
+static inline uint64_t loader_digest(const DataLoader* dl) {
+    uint64_t h = FNV_START;
+    for (int i = 0; i < dl->num_shards; i++) h = fnv1a(h, &dl->num_tokens[i], sizeof(size_t));
+    return h;
+}
+
+/* Ranks that read different data, or would run a different number of
+ * steps, would diverge or hang in a collective: refused at start. */
+static inline void ranks_check_data_and_steps(const LoopState* ls, int steps) {
+    static const char* const names[3] = {"-i (the token counts of the training shards)",
+                                         "-j (the token counts of the validation shards)", "the number of steps (-x)"};
+    uint64_t v[3] = {loader_digest(&ls->train), ls->has_val ? loader_digest(&ls->val) : 0, (uint64_t)steps};
+    ranks_check_same(NULL, NULL, names, v, 3);
+}
+
+/* After step `step`: when any rank was signalled, checkpoint that step (with
+ * -o) and exit with PREEMPT_EXIT_STATUS. Every rank takes part in the vote,
+ * so all stop after the same step. */
+static inline void maybe_stop_on_signal(Run* run, Backend* be, LoopState* ls, int step) {
+    int sig = (int)proc_max((double)remat_stop_signal, "the stop-signal vote");
+    if (!sig) return;
+    const char* dir = run->opt.out_dir;
+    if (dir[0]) save_checkpoint(run, be, step, &ls->train);
+    printf("stopped by %s after step %d: %s\n", preempt_signal_name(sig), step,
+           dir[0] ? "checkpoint written, resume with -y 1" : "no -o, nothing saved");
+    logger_event(&ls->log, step, "stopped by signal");
+    loop_close(ls);
+    fflush(stdout);
+    exit(PREEMPT_EXIT_STATUS);
+}
+
+/* Loads the parameters (or checkpoint), runs all steps, reports. */
+static inline void train(Run* run, Backend* be) {
+    const MemoryPlan* p = &run->plan;
+    load_parameters(run, be);
+    loss_scaler_init(&run->scaler, be->loss_scaling);
+    run->updates = 0;
+    LoopState ls;
+    loop_open(run, be, &ls);
+    int start = run->resume_step >= 0 ? load_checkpoint(run, be, &ls.train) : 0;
+    int steps = total_steps(run, &ls.train);
+    ranks_check_data_and_steps(&ls, steps);
+    if (start > 0) logger_event(&ls.log, start, "resumed");
+    if (steps < start && run->opt.max_steps != 0)
+        fail("flag -x: %d steps, but the checkpoint resumed is at step %d (more steps, or -x 0 to evaluate it)", steps, start);
+    if (run->opt.max_steps == 0) {
+        steps = start; /* -x 0: evaluate (and sample) the model loaded, at its step */
+        printf("training: none (-x 0): evaluating the model at step %d\n", start);
+    } else {
+        printf("training: %d steps (from step %d), lr %g %s schedule, warmup %d\n", steps, start + 1, (double)run->opt.lr,
+               run->opt.schedule, run->opt.warmup_steps);
+    }
+    fflush(stdout);
+    preempt_install();
+    double total_ms = 0.0;
+    int timed_steps = 0;
+    for (int step = start; step <= steps; step++) {
+        proc_set_step(step); /* named by --collective-timeout's messages */
+        between_steps(run, be, &ls, step, start, step == steps);
+        if (step == steps) break;
+        proc_set_step(step + 1);
+        proc_test_stall(step + 1);
+        if (be->step_begin) be->step_begin(be->ctx, step + 1);
+        double t0 = now_ms();
+        StepResult r = train_step(run, be, &ls.train, step + 1, steps);
+        double ms = now_ms() - t0;
+        if (be->step_end) be->step_end(be->ctx, step + 1);
+        if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
+        report_step(run, be, &ls, step + 1, steps, &r, ms);
+        if (step + 1 < steps) maybe_stop_on_signal(run, be, &ls, step + 1);
+    }
+    if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
+    if (p->spec.backend == BACKEND_CPU)
+        printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
+    else
+        printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);
+    loop_close(&ls);
+}
+
+#endif
