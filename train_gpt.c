@@ -607,7 +607,7 @@ static void block_forward(CpuModel* m, int l, real* out) {
     block_forward_mlp(m, l, out);
 }
 
-/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1, 2, 3). */
+/* Refills what layer l did not keep, from what it did (docs/DESIGN.md, -r 1, 2, 3). */
 static void block_recompute(CpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
     if (mode == RECOMPUTE_FULL) { block_forward(m, l, NULL); return; }

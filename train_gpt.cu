@@ -266,7 +266,7 @@ static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     gpu_block_forward_mlp(m, l, out);
 }
 
-/* Refills what layer l did not keep, from what it did (DESIGN.md, -r 1, 2, 3),
+/* Refills what layer l did not keep, from what it did (docs/DESIGN.md, -r 1, 2, 3),
  * with the forward pass's own kernels and launch configurations. */
 static void gpu_block_recompute(GpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;

@@ -1,6 +1,6 @@
 /*
  * Checkpoints in the output directory, one set per saved step N:
- *   model_%08d.bin        the model (FORMATS.md), written by rank 0
+ *   model_%08d.bin        the model (docs/FORMATS.md), written by rank 0
  *   state_%08d_%05d.bin   each rank's training state (layout below)
  *   DONE_%08d             marker, written last: one line "run <id>"
  * Every file goes to a temporary name and is renamed into place (and the

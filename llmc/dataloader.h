@@ -1,5 +1,5 @@
 /*
- * Token-shard dataloader (FORMATS.md: magic 20240520, version 1, uint16).
+ * Token-shard dataloader (docs/FORMATS.md: magic 20240520, version 1, uint16).
  *
  * A global batch is world * B * T tokens; process `rank` reads its own B*T+1
  * window of it, so N processes with batch B see exactly the tokens of one

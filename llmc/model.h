@@ -2,7 +2,7 @@
  * GPT-2 model shape, parameter layout, initialisation and model files.
  *
  * The 16 parameter tensors live back to back in one buffer in the order of
- * FORMATS.md, so a model file's payload maps onto the buffer 1:1. Both
+ * docs/FORMATS.md, so a model file's payload maps onto the buffer 1:1. Both
  * trainers use these functions; they move parameters through small fp32
  * chunks so the same code serves fp32, fp64 (the gradient-check build) and
  * device memory.
@@ -139,7 +139,7 @@ static inline void param_init_chunk(const ModelConfig* cfg, uint64_t seed, int t
     }
 }
 
-/* ---- model files (FORMATS.md) ---- */
+/* ---- model files (docs/FORMATS.md) ---- */
 
 /* Header slots 242-244 (llm.c readers ignore them, its files have zeros
  * there): the dropout probabilities, as fp32 bits, that an imported config

@@ -8,7 +8,7 @@
  * allocating. The prediction equals the allocation by construction.
  *
  * Per layer and token, with E = bytes per stored element (4 fp32, 2 bf16/fp16)
- * and fp32 statistics (DESIGN.md; the fp64 gradient-check build stores all in fp64):
+ * and fp32 statistics (docs/DESIGN.md; the fp64 gradient-check build stores all in fp64):
  *   -r 0  x ln1 qkv atty res2 ln2 fch fch_gelu = 16C elements + (4 + NH) floats
  *   -r 2  x qkv atty res2 fch                  = 10C elements + (4 + NH) floats
  *   -r 1  x                                    =  1C elements
@@ -178,7 +178,7 @@ static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
     return plan_tokens_bytes(s, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
 }
 
-/* Bytes per token that one layer keeps under `mode` (the DESIGN.md table). */
+/* Bytes per token that one layer keeps under `mode` (the docs/DESIGN.md table). */
 static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
     size_t total = 0;
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {

@@ -1,5 +1,5 @@
 /*
- * Tokenizer file reader (FORMATS.md: magic 20240328, version 1 or 2), for
+ * Tokenizer file reader (docs/FORMATS.md: magic 20240328, version 1 or 2), for
  * decoding samples; prompts are token ids (below). A missing file is not an
  * error: samples are then printed as token ids.
  */
@@ -130,7 +130,7 @@ static inline void tokenizer_print(const Tokenizer* tk, int token, Utf8Stream* s
 
 /* ---- prompts ----
  * A prompt is token ids. --prompt-tokens FILE reads them from a token shard
- * (FORMATS.md) or a text file of ids separated by spaces, commas or newlines,
+ * (docs/FORMATS.md) or a text file of ids separated by spaces, commas or newlines,
  * which needs nothing but the trainer. --prompt TEXT runs the helper
  * dev/data/prompt.py (beside the trainer binary) with python3, which prints
  * the ids of TEXT in the tokenizer's vocabulary. */

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """torch_gpt2.py: a minimal PyTorch GPT-2 trainer, remat's side-by-side baseline.
 
-It trains the model remat trains (FORMATS.md: pre-LayerNorm GPT-2, eps 1e-5,
+It trains the model remat trains (docs/FORMATS.md: pre-LayerNorm GPT-2, eps 1e-5,
 fused QKV, tanh GELU, tied token embedding and LM head over the vocabulary
 padded to a multiple of 128, loss over the first V logits only) the way an
 ordinary PyTorch user would: fp32 parameters, bf16 autocast on CUDA,
@@ -59,7 +59,7 @@ MODEL_MAGIC = 20240326
 # remat's descriptors (llmc/model.h config_from_descriptor): layers, heads, channels
 DESCRIPTORS = {"d6": (6, 6, 384), "d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280),
                "d48": (48, 25, 1600)}
-# the 16 tensors of a model file, in file order (FORMATS.md)
+# the 16 tensors of a model file, in file order (docs/FORMATS.md)
 TENSOR_NAMES = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb", "ln2w", "ln2b", "fcw", "fcb",
                 "fcprojw", "fcprojb", "lnfw", "lnfb"]
 DECAYED = {"wte", "wpe", "qkvw", "attprojw", "fcw", "fcprojw"}  # weight decay on 2-D weights only, as remat

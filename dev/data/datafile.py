@@ -349,7 +349,7 @@ def read_tokenizer(path) -> tuple[list[bytes], int]:
 MODEL_MAGIC = 20240326
 MODEL_VERSION_FP32 = 3
 MODEL_VERSION_BF16 = 5
-# The 16 parameter tensors in file order (FORMATS.md); weight matrices are (out, in).
+# The 16 parameter tensors in file order (docs/FORMATS.md); weight matrices are (out, in).
 # Header slots 242-244: dropout probabilities as float32 bits (0: none; llm.c
 # readers ignore them), the keys of Hugging Face's GPT-2 config.
 MODEL_DROPOUT_SLOT = 242

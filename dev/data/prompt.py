@@ -55,7 +55,7 @@ def prompt_ids(text: str, tokenizer: str | None, tiktoken_file: str | None) -> l
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("text", help="the prompt")
-    p.add_argument("--tokenizer", help="tokenizer file (FORMATS.md); default: GPT-2's vocabulary")
+    p.add_argument("--tokenizer", help="tokenizer file (docs/FORMATS.md); default: GPT-2's vocabulary")
     p.add_argument("-o", "--output", help="write the ids to this file instead of standard output")
     df.add_tiktoken_arg(p)
     args = p.parse_args(argv)

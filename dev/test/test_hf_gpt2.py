@@ -1,6 +1,6 @@
 """dev/data/hf_gpt2.py: Hugging Face GPT-2 checkpoints in and out.
 
-The checkpoint is built here in Hugging Face's documented layout (FORMATS.md:
+The checkpoint is built here in Hugging Face's documented layout (docs/FORMATS.md:
 Conv1D weights stored (in, out), c_attn's columns q|k|v, names with or without
 `transformer.`, causal-mask buffers, a tied or absent lm_head) and written with
 the safetensors package; its loss comes from a float64 numpy forward written

@@ -1,5 +1,5 @@
 """The CPU reference's model against an independent float64 numpy GPT-2
-written here from FORMATS.md's description: same model file, same tokens,
+written here from docs/FORMATS.md's description: same model file, same tokens,
 same loss. Also: a version-5 (bf16) model file loads into the fp32 trainer."""
 import re
 

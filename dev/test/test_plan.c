@@ -1,6 +1,6 @@
 /*
  * The memory plan against closed-form counts written out independently here
- * (DESIGN.md's tables), for several shapes, precisions, recompute settings
+ * (docs/DESIGN.md's tables), for several shapes, precisions, recompute settings
  * and ZeRO ranks; and the CPU trainer's allocation against the plan.
  */
 #include <malloc.h>
@@ -16,7 +16,7 @@ static void expect_eq(const char* what, size_t got, size_t want) {
 
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
-/* Elements per token per layer kept by each mode (DESIGN.md). */
+/* Elements per token per layer kept by each mode (docs/DESIGN.md). */
 static size_t closed_layer_bytes(int mode, size_t C, size_t NH, size_t E, size_t S) {
     if (mode == RECOMPUTE_FULL) return C * E;
     if (mode == RECOMPUTE_KEEP_ATTENTION) return 2 * C * E + NH * S; /* x, attention output, logsumexp */

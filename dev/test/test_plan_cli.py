@@ -28,7 +28,7 @@ def a256(n):
 
 def independent_total(s, B, T, modes, processes=1, zero=0):
     """Every buffer of one process of the CPU trainer (fp32 storage, fp32
-    statistics), each rounded up to 256 bytes, counted from DESIGN.md's tables."""
+    statistics), each rounded up to 256 bytes, counted from docs/DESIGN.md's tables."""
     L, NH, C, V, maxT = s["L"], s["NH"], s["C"], s["V"], s["maxT"]
     Vp = (V + 127) // 128 * 128
     P = Vp * C + maxT * C + L * (12 * C * C + 13 * C) + 2 * C

@@ -1,7 +1,7 @@
 /*
  * Losses, every gradient and the parameters after AdamW are bitwise equal
  * across recompute settings: -r 0, -r 1 on all layers and on subsets,
- * -r 2, -r 3 (attention kept) and mixes of all four, over several optimizer steps (DESIGN.md: recompute
+ * -r 2, -r 3 (attention kept) and mixes of all four, over several optimizer steps (docs/DESIGN.md: recompute
  * trades time for memory and nothing else). Then all again with dropout at
  * every site and two micro-steps per step: every recompute must draw the
  * masks its forward drew (the same step, micro-step, layer and site).

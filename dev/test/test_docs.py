@@ -1,0 +1,133 @@
+"""The documentation against the repository and the program.
+
+- Every document a file names (docs/FORMATS.md, docs/DESIGN.md, a markdown link, an
+  anchor in one) exists in the repository.
+- Every table of numbers between dev/docs_tables.py's markers equals what the
+  program prints now (the flag table from --help, plans from --plan and
+  --plan-json), so no number in the docs can go stale silently. The GPU plans
+  need build/train_gpt_bf16 (make build/train_gpt_bf16 or make cuda-all: nvcc,
+  no GPU); without it those blocks are skipped, saying so.
+- The flag table lists exactly the flags of llmc/cli.h's parser table.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "dev"))
+import docs_tables  # noqa: E402
+
+TEXT_SUFFIXES = {".c", ".h", ".cu", ".cuh", ".cpp", ".py", ".sh", ".md", ".mk", ".sbatch", ".txt", ".json", ".toml", ".cfg"}
+TEXT_NAMES = {"Makefile", "run", "LICENSE"}
+# Files that scripts write at run time (dev/gpu_check.sh, dev/bench/sweep_recompute.py),
+# named in their help and comments; never part of the repository.
+RUN_OUTPUTS = {"summary.md", "sweep.md", "bench_attention.md"}
+MD_NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.md)\b")
+MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def repo_files():
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.split("\n")
+        files = [REPO / f for f in out if f]
+    except (OSError, subprocess.CalledProcessError):
+        files = [p for p in REPO.rglob("*") if ".git" not in p.parts and "build" not in p.parts and "data" not in p.parts]
+    return [f for f in files if f.is_file() and (f.suffix in TEXT_SUFFIXES or f.name in TEXT_NAMES) and "corpus" not in f.parts]
+
+
+def resolves(ref, where):
+    return (REPO / ref).is_file() or (where.parent / ref).is_file()
+
+
+def heading_anchors(md):
+    anchors = set()
+    for line in md.read_text().splitlines():
+        m = re.match(r"^#+ (.*)$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_every_named_document_exists():
+    """A name ending in .md anywhere in the sources, scripts and docs resolves
+    from the repository root or from the naming file's folder."""
+    bad, seen = [], 0
+    for f in repo_files():
+        for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+            for ref in MD_NAME.findall(line):
+                seen += 1
+                if Path(ref).name in RUN_OUTPUTS or resolves(ref, f):
+                    continue
+                bad.append(f"{f.relative_to(REPO)}:{n}: {ref}")
+    assert seen > 20, "no document references found: the scan is broken"
+    assert not bad, "documents named but not in the repository:\n" + "\n".join(bad)
+
+
+def test_every_markdown_link_resolves():
+    """Relative links in the .md files reach a file, and an anchor a heading of it."""
+    bad, checked = [], 0
+    for f in repo_files():
+        if f.suffix != ".md":
+            continue
+        for target in MD_LINK.findall(f.read_text()):
+            if re.match(r"^[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (f.parent / path).resolve() if path else f
+            checked += 1
+            if not dest.is_file():
+                bad.append(f"{f.relative_to(REPO)}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in heading_anchors(dest):
+                bad.append(f"{f.relative_to(REPO)}: {target}: no heading '{anchor}' in {dest.name}")
+    assert checked > 20
+    assert not bad, "\n".join(bad)
+
+
+def test_the_design_and_format_documents_and_license_exist():
+    for name in ("docs/DESIGN.md", "docs/FORMATS.md", "LICENSE", "README.md"):
+        assert (REPO / name).is_file(), name
+    assert "MIT License" in (REPO / "LICENSE").read_text()
+
+
+def test_readme_fits_on_a_few_screens():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 300
+
+
+def generated_blocks():
+    blocks = []
+    for path in docs_tables.doc_files():
+        text = path.read_text()
+        for name, start, end in docs_tables.blocks_in(text):
+            blocks.append(pytest.param(path, name, text[start:end], id=f"{path.relative_to(REPO)}:{name}"))
+    return blocks
+
+
+def test_every_generator_has_a_block():
+    """No table the script can write is missing from the docs (a removed
+    block would drop its check silently)."""
+    used = {p.values[1] for p in generated_blocks()}
+    assert used == set(docs_tables.BLOCKS), set(docs_tables.BLOCKS) ^ used
+
+
+@pytest.mark.parametrize("path,name,body", generated_blocks())
+def test_generated_block_is_what_the_program_prints(path, name, body):
+    try:
+        want = docs_tables.generate(name)
+    except docs_tables.MissingBinary as e:
+        pytest.skip(f"{name}: {e} (make build/train_gpt_bf16 needs nvcc): not checked")
+    assert body == want, f"{path.relative_to(REPO)}: block {name} is stale: run python3 dev/docs_tables.py"
+
+
+def test_flag_table_lists_exactly_the_parsers_flags():
+    """Independent of the generator: the table's flags are llmc/cli.h's table's."""
+    src = (REPO / "llmc/cli.h").read_text()
+    parser = set(re.findall(r'^\s*\{"(-[-a-z0-9]+)", FLAG_\w+', src, re.M))
+    text = (REPO / "docs/flags.md").read_text()
+    rows = re.findall(r"^\| `(-[-a-z0-9]+)` \|", text, re.M)
+    assert len(parser) > 30 and sorted(rows) == sorted(parser)
