@@ -1,5 +1,5 @@
-# CUDA targets, included by the Makefile (-include cuda.mk). Status: compiles,
-# unverified on GPU.
+# CUDA targets, included by the Makefile (-include cuda.mk). Status: see the
+# status table in README.md.
 #
 #   make train_gpt test_gpt           PRECISION=BF16 (default) | FP16 | FP32
 #   make train_gpt GPU_COMPUTE_CAPABILITY=90   one architecture (sm_90) only

@@ -1,6 +1,6 @@
 /*
  * test_gpt: the CUDA trainer against the CPU reference, on the same random
- * small models and tokens. Status: compiles, unverified on GPU.
+ * small models and tokens. Status: see the status table in README.md.
  *
  * Both trainers are built in: train_gpt.c (CpuModel, cpu_forward_backward,
  * ...) and train_gpt.cu (GpuModel, gpu_forward_backward, ...), each with its

@@ -490,7 +490,8 @@ static void dropout_mask(real* dst, const real* src, size_t n, const DropoutSite
 }
 
 /* out = branch + res, the branch dropped at site s first (out may be branch):
- * a residual add; without dropout the sum of the code before dropout. */
+ * a residual add; without dropout the plain sum, so results are bitwise
+ * those of a model that has no dropout. */
 static void residual_add(real* out, const real* branch, const real* res, size_t n, const DropoutSite* s) {
     if (!s->threshold) {
         for (size_t i = 0; i < n; i++) out[i] = branch[i] + res[i];

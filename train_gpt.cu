@@ -20,7 +20,7 @@
  * Shapes: B batch, T time, C channels, NH heads, N = B*T rows, V vocabulary,
  * Vp padded vocabulary, L layers. Weights are (out, in).
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #include "llmc/trainer.h"
 #include "llmc/cuda_common.cuh"

@@ -59,7 +59,7 @@
  * size. FP32 builds, and any build with ATTENTION=simt (-DATTENTION_SIMT),
  * use the CUDA-core kernels below.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_ATTENTION_CUH
 #define REMAT_ATTENTION_CUH
@@ -435,8 +435,8 @@ static inline const char* attention_kernels_note(int hs) {
  * they are built, ATTENTION_TENSOR_CORES) and the dropout site (threshold 0:
  * none). The trainer passes ATTENTION_KIND; bench_attention every kind. The
  * simt and tc kernels are built twice, DROPOUT false and true: without
- * dropout the plain instantiation runs, whose code (and register count) is
- * what it was before the kernels could drop. */
+ * dropout the plain instantiation runs, whose code (and register count)
+ * carries nothing of dropout, so a run without it pays nothing for it. */
 template <int HS, bool DROPOUT>
 static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
                                         const DropoutSite& drop, cudaStream_t stream) {

@@ -51,7 +51,7 @@
  * hs64, 3 at hs128, and 2 backward blocks (registers); the occupancy and
  * every speed figure are predicted.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_ATTENTION_MMA_CUH
 #define REMAT_ATTENTION_MMA_CUH
@@ -253,7 +253,7 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
 
 /* ---- forward ----
  * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; query blocks last-first.
- * ptxas (sm_90): see the README's attention section for the recorded figures. */
+ * ptxas (sm_90): docs/cuda.md records the figures. */
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop) {

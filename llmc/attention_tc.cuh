@@ -48,9 +48,9 @@
  * 16 bytes against bank conflicts while every fragment's first element stays
  * 32-byte aligned, as WMMA requires.
  *
- * Status: compiles (sm_80, sm_90: the SASS has HMMA.16816.F32.BF16, no
- * register spills); runs under the CPU emulator (dev/emu), whose WMMA
- * stand-in scrambles the fragment layout; unverified on GPU.
+ * Status: see the status table in README.md (the SASS for sm_80 and sm_90
+ * has HMMA.16816.F32.BF16 and no register spills; the CPU emulator's WMMA
+ * stand-in scrambles the fragment layout, so a layout assumption fails there).
  */
 #ifndef REMAT_ATTENTION_TC_CUH
 #define REMAT_ATTENTION_TC_CUH

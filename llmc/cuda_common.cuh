@@ -18,7 +18,7 @@
  * depends on the device, so the same run gives the same bits and a
  * recomputed activation equals the original.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_CUDA_COMMON_CUH
 #define REMAT_CUDA_COMMON_CUH

@@ -9,7 +9,7 @@
  * every recompute and the backward call these kernels with the same site
  * and draw the same bits. Arithmetic in fp32, one rounding to floatX.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_DROPOUT_CUH
 #define REMAT_DROPOUT_CUH

@@ -16,7 +16,7 @@
  * where C is a multiple of XVEC and the pointers are 16-byte aligned, one
  * element otherwise; the wte sums keep WTE_LOADS_IN_FLIGHT rows in flight.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_ENCODER_CUH
 #define REMAT_ENCODER_CUH

@@ -18,7 +18,7 @@
  * what a saturating conversion would leave behind, and a loss scale that
  * brings a gradient within one ulp of the limit is too large anyway.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_GLOBAL_NORM_CUH
 #define REMAT_GLOBAL_NORM_CUH

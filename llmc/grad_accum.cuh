@@ -10,17 +10,18 @@
  * How: the token table's classifier part (fp32 matmul output) and its
  * embedding part (encoder backward) go straight into its fp32 sum. Every
  * other covered gradient is computed in floatX within one micro-step, as
- * before (each kernel writes it once, from zero), and folded after its
+ * without the sums (each kernel writes it once, from zero), and folded after its
  * layer's backward:
  *   not the last micro-step:  sum += g; g = 0   (g starts the next one at zero)
  *   the last micro-step:      g = floatX(sum + g), rounded once
  * so after the last micro-step the floatX gradients hold the fp32 total, and
- * the gradient all-reduce, norm and update read them as before. The fold runs
+ * the gradient all-reduce, norm and update read them as they do without
+ * the sums. The fold runs
  * in the same place in every recompute setting, so the bits do not depend on
  * what is recomputed. Layout: sum[i] is parameter i's (the parameter layout
  * of model.h, from 0 to plan->grads_fp32_count).
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_GRAD_ACCUM_CUH
 #define REMAT_GRAD_ACCUM_CUH

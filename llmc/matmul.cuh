@@ -44,7 +44,7 @@
  * algorithm and the same bits. The bias gradient is our own two-stage column
  * sum (no atomics).
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_MATMUL_CUH
 #define REMAT_MATMUL_CUH

@@ -50,7 +50,7 @@
  * Built without MULTI_GPU, the device choice and check remain and the rest
  * is absent: the trainer's MultiGpu pointer is NULL and every call is a no-op.
  *
- * Status: compiles, unverified on GPU.
+ * Status: see the status table in README.md.
  */
 #ifndef REMAT_MULTIGPU_CUH
 #define REMAT_MULTIGPU_CUH

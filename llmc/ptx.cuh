@@ -12,7 +12,7 @@
  * column or row in the low half), as the ISA states them; that layout is
  * documented in dev/emu/include/emu/ptx.h.
  *
- * Status: compiles (sm_80, sm_90), unverified on GPU.
+ * Status (sm_80, sm_90): see the status table in README.md.
  */
 #ifndef REMAT_PTX_CUH
 #define REMAT_PTX_CUH

@@ -39,7 +39,8 @@ static const HparamSpec hparam_table[] = {
     {"-q", HP_FLOAT, HP_OPT(final_lr_frac)}, {"-c", HP_FLOAT, HP_OPT(weight_decay)}, {"--beta1", HP_FLOAT, HP_OPT(beta1)},
     {"--beta2", HP_FLOAT, HP_OPT(beta2)}, {"--eps", HP_FLOAT, HP_OPT(eps)}, {"--grad-clip", HP_FLOAT, HP_OPT(grad_clip)},
     {"--seed", HP_INT, HP_OPT(seed)}, {"--shuffle", HP_INT, HP_OPT(shuffle)}, {"-d", HP_INT, 0},
-    /* appended later: a state saved before them has zeros here, which is what it ran with (no dropout) */
+    /* last, so that a state holding only the first HPARAMS_BEFORE_DROPOUT reads
+     * zeros here, which is what such a run trained with (no dropout) */
     {"--embd-dropout", HP_FLOAT, HP_OPT(embd_dropout)}, {"--attn-dropout", HP_FLOAT, HP_OPT(attn_dropout)},
     {"--resid-dropout", HP_FLOAT, HP_OPT(resid_dropout)},
 };

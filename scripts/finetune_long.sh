@@ -15,7 +15,7 @@
 #   TRAINER          the binary (default: the repository's train_gpt when
 #                    nvidia-smi lists a GPU, else its train_gpt_cpu; built with
 #                    make when missing).
-#                    train_gpt: compiles, unverified on GPU (see the README).
+#                    train_gpt: see the status table in README.md.
 #   MEM_BUDGET       memory to fit in, e.g. 130GiB (default: the GPU's free
 #                    memory less 256 MiB; for train_gpt_cpu, available host
 #                    memory within cgroup and ulimit -v limits).

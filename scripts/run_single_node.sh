@@ -2,8 +2,8 @@
 # Data-parallel training on the GPUs of one machine: one train_gpt process per
 # GPU, started by OpenMPI's mpirun. MPI only starts the processes and hands
 # out the NCCL id; gradients and parameters travel over NCCL (NVLink or PCIe).
-# Status: compiles, unverified on GPU (the multi-GPU path has not run on
-# more than zero GPUs yet; see the README's "Several GPUs").
+# Status: see the status table in README.md; docs/multi_process.md has the
+# details.
 #
 # Usage: scripts/run_single_node.sh [train_gpt flags]
 #   NGPUS=8 scripts/run_single_node.sh -e d12 -b 16 -t 1024 -z 1 -o out/d12

@@ -5,7 +5,7 @@
  * same data, on their scalar path (every buffer one element off 16-byte
  * alignment, which is what selects it). Prints ms per call and the bytes
  * each call must move divided by its time (GB/s), as a markdown table.
- * GPU only; compiles, unverified on GPU (no timings measured yet).
+ * GPU only. Status: see the status table in README.md.
  *
  * usage: bench_memory_bf16 [B T C V]   default 16 1024 768 50257 (GPT-2 124M)
  */

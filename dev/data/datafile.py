@@ -1,6 +1,6 @@
 """Shared reading and writing of remat's data files, used by every data script.
 
-The trainer reads two binary formats (see the main README, "Checkpoints and file formats"): token shards (a
+The trainer reads two binary formats (docs/FORMATS.md): token shards (a
 1,024-byte header of 256 int32 values, then uint16 tokens) and tokenizer files
 (same header size, then one length byte plus raw bytes per token). Keeping the
 one implementation here means the scripts, the tests and the C reader all agree
@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-# --- format constants (llm.c formats, main README) -----------------------------------------
+# --- format constants (llm.c formats, docs/FORMATS.md) -----------------------------------------
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
