@@ -46,3 +46,19 @@ def test_plot_sweep_reads_only_the_sweeps_csv(tmp_path):
     res = run([sys.executable, BENCH / "plot_sweep.py", csv, "-o", tmp_path / "s.pdf"])
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "s.pdf").read_bytes().startswith(b"%PDF")
+
+
+@pytest.mark.parametrize("script, env, needle", [
+    ("run_single_node.sh", {"NGPUS": "1x"}, "NGPUS '1x'"),
+    ("run_single_node.sh", {"NGPUS": "abc"}, "NGPUS 'abc'"),
+    ("run_multi_node.sh", {"HOSTFILE": "EMPTY"}, "lists no node"),  # grep -c found none: set -e ended it silently
+    ("run_multi_node.sh", {"HOSTFILE": "ONE", "GPUS_PER_NODE": "x"}, "GPUS_PER_NODE 'x'"),
+    ("run_multi_node.sh", {"HOSTFILE": "ONE", "TRAINER": "MISSING"}, "is not an executable"),
+])
+def test_launch_scripts_refuse_bad_settings_in_one_line(tmp_path, script, env, needle):
+    (tmp_path / "empty").write_text("# no nodes yet\n")
+    (tmp_path / "one").write_text("node01 slots=1\n")
+    paths = {"EMPTY": tmp_path / "empty", "ONE": tmp_path / "one", "MISSING": tmp_path / "no_trainer"}
+    env = {k: str(paths.get(v, v)) for k, v in env.items()}
+    res = run([REPO / "scripts" / script], env=env, timeout=60)
+    assert_one_line(res, needle)
