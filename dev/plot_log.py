@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -92,6 +93,33 @@ def readable_log_y(ax) -> None:
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
+# The trainer prints values with printf's %g, which writes a non-finite one as
+# nan, -nan, inf or -inf: not JSON, so they are read as NaN and +-Infinity.
+NON_FINITE = re.compile(r"(?<=: )(-?nan|-?inf)(?=[,}])")
+JSON_NON_FINITE = {"nan": "NaN", "-nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+TRAIN_NUMBERS = ("loss", "lr", "norm", "ms", "tokens_per_s", "tokens", "memory_mib")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def record_problem(rec: dict):
+    """What makes a parsed record unplottable (a field that is not a number,
+    a malformed bucket list), or None."""
+    if "loss" in rec:
+        bad = [k for k in TRAIN_NUMBERS if rec.get(k) is not None and not _is_number(rec[k])]
+        return f"{bad[0]} {rec[bad[0]]!r} is not a number" if bad else None
+    if "val_loss" in rec:
+        return None if _is_number(rec["val_loss"]) else f"val_loss {rec['val_loss']!r} is not a number"
+    if "val_loss_by_position" in rec:
+        buckets = rec["val_loss_by_position"]
+        ok = isinstance(buckets, list) and buckets and all(
+            isinstance(b, dict) and all(_is_number(b.get(k)) for k in ("begin", "end", "loss")) for b in buckets)
+        return None if ok else "val_loss_by_position is not a list of buckets with numbers begin, end, loss"
+    return None
+
+
 def read_log(path: Path) -> dict:
     """Train, val and by-position records by step, later runs replacing the steps
     they repeated: a "resumed" event at step s, or a train step not after the last
@@ -111,12 +139,15 @@ def read_log(path: Path) -> dict:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(NON_FINITE.sub(lambda m: JSON_NON_FINITE[m.group(1)], line))
             step = int(rec["step"])
         except (ValueError, KeyError, TypeError):
             if n == len(lines):
                 continue  # a run killed mid-line leaves a partial last line
             raise LogError(f"{path}:{n}: not a log record") from None
+        problem = record_problem(rec)
+        if problem:
+            raise LogError(f"{path}:{n}: {problem}")
         if rec.get("event") == "resumed":
             truncate(step)
         elif "loss" in rec:

@@ -200,3 +200,34 @@ def test_plot_plan_scale_modes_and_title_fit_the_plan(tmp_path, monkeypatch):
     title = ax.title.get_window_extent(renderer)
     assert 0 <= title.x0 and title.x1 <= fig.bbox.width, (title, fig.bbox.width)
     assert str(model).replace("\n", "") in ax.get_title().replace("\n", "")
+
+
+def test_plot_log_reads_the_non_finite_values_the_trainer_prints(tmp_path):
+    """llmc/logger.h prints with %.9g: a non-finite value comes out as nan, -nan,
+    inf or -inf, which is not JSON; such a record is still the trainer's own."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    train = '{"step": %d, "loss": %s, "lr": 0.001, "norm": %s, "ms": 1.0, "tokens_per_s": 5.0, "tokens": %d, "memory_mib": 2.0}\n'
+    (run_dir / "log.jsonl").write_text(train % (1, "5.5", "inf", 64) + '{"step": 1, "val_loss": -nan}\n'
+                                       + train % (2, "-inf", "nan", 128) + train % (3, "4.5", "1.25", 192))
+    plot_log = load(REPO / "dev" / "plot_log.py", "plot_log_nonfinite")
+    log = plot_log.read_log(run_dir / "log.jsonl")
+    assert list(log["train"]) == [1, 2, 3] and log["train"][1]["norm"] == float("inf")
+    assert log["train"][2]["loss"] == float("-inf") and np.isnan(log["train"][2]["norm"]) and np.isnan(log["val"][1])
+    res = run([sys.executable, REPO / "dev" / "plot_log.py", run_dir, "-o", tmp_path / "x.png"], check=True)
+    assert "wrote" in res.stdout
+
+
+@pytest.mark.parametrize("record, needle", [('{"step": 1, "loss": "abc", "lr": 0.001}', "loss 'abc'"),
+                                            ('{"step": 1, "val_loss": "5"}', "val_loss '5'"),
+                                            ('{"step": 1, "val_loss_by_position": [{"a": 1}]}', "val_loss_by_position"),
+                                            ('{"step": 1, "val_loss_by_position": []}', "val_loss_by_position"),
+                                            ('{"step": 1, "loss": 5, "norm": true}', "norm True")])
+def test_plot_log_refuses_records_it_cannot_draw_in_one_line(tmp_path, record, needle):
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "log.jsonl").write_text(record + '\n{"step": 2, "loss": 5.0, "lr": 0.001, "norm": 1.0}\n')
+    res = run([sys.executable, REPO / "dev" / "plot_log.py", run_dir, "-o", tmp_path / "x.png"])
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and f"log.jsonl:1: {needle}" in lines[0], res.stderr
+    assert not (tmp_path / "x.png").exists()
