@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Plots of training runs from their log.jsonl (written by the trainers with -o DIR).
 
-    python3 dev/plot_log.py RUN_DIR [RUN_DIR ...] [-o FILE.png] [--labels A,B,...]
+    python3 dev/plot_log.py RUN_DIR [RUN_DIR ...] [-o FILE.png|.pdf|.svg] [--labels A,B,...]
 
 Panels: train and validation loss against step and against tokens, learning
 rate, gradient norm, tokens/s, memory (device memory in use on the GPU, peak
-resident memory on the CPU) and, when the runs used --eval-by-position, the
-validation loss per position bucket at their last evaluation. Several runs are
+resident memory on the CPU) and, when a run used --eval-by-position, the
+validation loss per position bucket at its last evaluation. The format of -o
+follows its extension (PNG when it has none). Several runs are
 overlaid, one colour each. A run resumed into the same directory appends to
 its log; the steps it repeated (after the checkpoint it resumed from) are
 taken from the resumed run only, so every step appears once. Needs matplotlib.
@@ -16,11 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
+from datafile import DataError, run_main  # noqa: E402  (the scripts' one-line error path)
 
-class LogError(ValueError):
+
+class LogError(DataError):
     pass
 
 
@@ -36,12 +42,82 @@ def pyplot():
     return plt
 
 
+def figure_format(out: Path) -> str:
+    """The file format -o names by its extension (png without one), checked
+    with the directory before any work: a bad -o fails at once, in one line."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fmt = out.suffix[1:].lower() or "png"
+    supported = FigureCanvasAgg.get_supported_filetypes()
+    if fmt not in supported:
+        raise LogError(f"-o {out}: .{fmt} is not a format matplotlib writes ({', '.join(sorted(supported))})")
+    if out.is_dir():
+        raise LogError(f"-o {out}: is a directory (give the file to write)")
+    if not out.parent.is_dir():
+        raise LogError(f"-o {out}: the directory {out.parent} does not exist")
+    return fmt
+
+
 def save_figure(plt, fig, out: Path) -> None:
-    """Writes the PNG under a temporary name first, so a half-written file never has the name."""
-    tmp = out.with_name(out.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(out)
+    """Writes the figure in the format of out's extension under a temporary
+    name first, so a half-written file never has the name."""
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        fig.savefig(tmp, format=figure_format(out), dpi=100)
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise LogError(f"-o {out}: cannot write ({e.strerror})") from None
+    finally:
+        plt.close(fig)
+
+
+def readable_log_y(ax) -> None:
+    """A log y axis labelled in plain numbers with enough ticks for its range:
+    within a decade evenly spaced values, over a few decades 1-2-5 steps,
+    beyond that decades (matplotlib's default labels only the decades)."""
+    from matplotlib import ticker
+
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    decades = math.log10(hi / lo)
+    axis = ax.yaxis
+    if decades < 1:
+        ticks = [t for t in ticker.MaxNLocator(nbins=6).tick_values(lo, hi) if lo <= t <= hi]
+        axis.set_major_locator(ticker.FixedLocator(ticks))
+    elif decades < 3:
+        axis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+    else:
+        axis.set_major_locator(ticker.LogLocator())
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+# The trainer prints values with printf's %g, which writes a non-finite one as
+# nan, -nan, inf or -inf: not JSON, so they are read as NaN and +-Infinity.
+NON_FINITE = re.compile(r"(?<=: )(-?nan|-?inf)(?=[,}])")
+JSON_NON_FINITE = {"nan": "NaN", "-nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+TRAIN_NUMBERS = ("loss", "lr", "norm", "ms", "tokens_per_s", "tokens", "memory_mib")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def record_problem(rec: dict):
+    """What makes a parsed record unplottable (a field that is not a number,
+    a malformed bucket list), or None."""
+    if "loss" in rec:
+        bad = [k for k in TRAIN_NUMBERS if rec.get(k) is not None and not _is_number(rec[k])]
+        return f"{bad[0]} {rec[bad[0]]!r} is not a number" if bad else None
+    if "val_loss" in rec:
+        return None if _is_number(rec["val_loss"]) else f"val_loss {rec['val_loss']!r} is not a number"
+    if "val_loss_by_position" in rec:
+        buckets = rec["val_loss_by_position"]
+        ok = isinstance(buckets, list) and buckets and all(
+            isinstance(b, dict) and all(_is_number(b.get(k)) for k in ("begin", "end", "loss")) for b in buckets)
+        return None if ok else "val_loss_by_position is not a list of buckets with numbers begin, end, loss"
+    return None
 
 
 def read_log(path: Path) -> dict:
@@ -63,12 +139,15 @@ def read_log(path: Path) -> dict:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(NON_FINITE.sub(lambda m: JSON_NON_FINITE[m.group(1)], line))
             step = int(rec["step"])
         except (ValueError, KeyError, TypeError):
             if n == len(lines):
                 continue  # a run killed mid-line leaves a partial last line
             raise LogError(f"{path}:{n}: not a log record") from None
+        problem = record_problem(rec)
+        if problem:
+            raise LogError(f"{path}:{n}: {problem}")
         if rec.get("event") == "resumed":
             truncate(step)
         elif "loss" in rec:
@@ -96,20 +175,28 @@ def tokens_at(log: dict, step: int):
 
 def plot(runs: list[tuple[str, dict]], out: Path) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(2, 4, figsize=(20, 9))
-    ax = dict(zip(["loss_step", "loss_tokens", "lr", "norm", "tps", "mem", "by_pos", "unused"], axes.flat))
+    panels = ["loss_step", "loss_tokens", "lr", "norm", "tps", "mem"]
+    if any(log["by_pos"] for _, log in runs):
+        panels.append("by_pos")
+    cols = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(2, cols, figsize=(5.5 * cols, 9))
+    ax = dict(zip(panels, axes.flat))
+    for unused in axes.flat[len(panels):]:
+        unused.axis("off")
     for i, (label, log) in enumerate(runs):
         color = f"C{i % 10}"
         steps = list(log["train"])
         field = lambda k: [r.get(k) for r in log["train"].values()]  # noqa: E731
         vsteps = list(log["val"])
         ax["loss_step"].plot(steps, field("loss"), color=color, alpha=0.6, lw=1, label=f"{label} train")
-        ax["loss_step"].plot(vsteps, list(log["val"].values()), "o-", color=color, ms=4, label=f"{label} val")
+        if vsteps:
+            ax["loss_step"].plot(vsteps, list(log["val"].values()), "o-", color=color, ms=4, label=f"{label} val")
         tokens = field("tokens")
         if steps and all(t is not None for t in tokens):
             ax["loss_tokens"].plot(tokens, field("loss"), color=color, alpha=0.6, lw=1, label=f"{label} train")
-            vt = [tokens_at(log, s) for s in vsteps]
-            ax["loss_tokens"].plot(vt, list(log["val"].values()), "o-", color=color, ms=4, label=f"{label} val")
+            if vsteps:
+                vt = [tokens_at(log, s) for s in vsteps]
+                ax["loss_tokens"].plot(vt, list(log["val"].values()), "o-", color=color, ms=4, label=f"{label} val")
         ax["lr"].plot(steps, field("lr"), color=color, label=label)
         ax["norm"].plot(steps, field("norm"), color=color, lw=1, label=label)
         ax["tps"].plot(steps, field("tokens_per_s"), color=color, lw=1, label=label)
@@ -124,9 +211,10 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
                               label=f"{label} (step {last})")
     titles = {"loss_step": ("loss vs step", "step"), "loss_tokens": ("loss vs tokens", "tokens"), "lr": ("learning rate", "step"),
               "norm": ("gradient norm (before clipping)", "step"), "tps": ("tokens/s", "step"),
-              "mem": ("memory, MiB (GPU: device in use; CPU: peak resident)", "step"),
+              "mem": ("memory, MiB (GPU: device in use; CPU: peak RSS)", "step"),
               "by_pos": ("val loss by position (last evaluation)", "position")}
-    for key, (title, xlabel) in titles.items():
+    for key in panels:
+        title, xlabel = titles[key]
         a = ax[key]
         a.set_title(title)
         a.set_xlabel(xlabel)
@@ -135,11 +223,10 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
             a.legend(fontsize=7)
         else:
             a.text(0.5, 0.5, "no data in these logs", ha="center", va="center", transform=a.transAxes, color="gray")
-    if any(ax["norm"].lines):
-        ax["norm"].set_yscale("log")
-    if ax["by_pos"].lines and max(b["end"] for _, log in runs for v in log["by_pos"].values() for b in v) > 4096:
+    if any(n is not None and n > 0 for _, log in runs for n in (r.get("norm") for r in log["train"].values())):
+        readable_log_y(ax["norm"])
+    if "by_pos" in ax and max(b["end"] for _, log in runs for v in log["by_pos"].values() for b in v) > 4096:
         ax["by_pos"].set_xscale("symlog", linthresh=1024)
-    ax["unused"].axis("off")
     fig.tight_layout()
     save_figure(plt, fig, out)
 
@@ -147,23 +234,22 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories (-o of the trainer) or log.jsonl files")
-    p.add_argument("-o", "--output", help="PNG to write (default: log.png in the first run directory)")
+    p.add_argument("-o", "--output", help="picture to write, its format from the extension: .png, .pdf, .svg, ... "
+                   "(default: log.png in the first run directory)")
     p.add_argument("--labels", help="comma-separated labels, one per run (default: directory names)")
     args = p.parse_args(argv)
     paths = [Path(r) / "log.jsonl" if Path(r).is_dir() else Path(r) for r in args.runs]
     labels = args.labels.split(",") if args.labels else [p.parent.name or str(p) for p in paths]
-    try:
-        if len(labels) != len(paths):
-            raise LogError(f"--labels: {len(labels)} labels for {len(paths)} runs")
-        runs = [(label, read_log(path)) for label, path in zip(labels, paths)]
-        out = Path(args.output) if args.output else paths[0].parent / "log.png"
-        plot(runs, out)
-    except LogError as e:
-        print(f"plot_log.py: error: {e}", file=sys.stderr)
-        return 1
+    if len(labels) != len(paths):
+        raise LogError(f"--labels: {len(labels)} labels for {len(paths)} runs")
+    out = Path(args.output) if args.output else paths[0].parent / "log.png"
+    pyplot()
+    figure_format(out)
+    runs = [(label, read_log(path)) for label, path in zip(labels, paths)]
+    plot(runs, out)
     print(f"wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

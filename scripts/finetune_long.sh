@@ -56,7 +56,9 @@ for ((i = 0; i + 1 < ${#args[@]}; i++)); do [[ "${args[i]}" == "-b" ]] && batch=
 [[ "$batch" =~ ^[1-9][0-9]*$ ]] || { echo "finetune_long: -b '$batch' is not a positive integer" >&2; exit 1; }
 micro=$(( batch * seq_len ))
 tokens_per_step=${TOKENS_PER_STEP:-$(( (65536 + micro - 1) / micro * micro ))}
-common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "$val" -o "${OUT_DIR:-out/long_$seq_len}")
+# The plan and the run share these, so the plan predicts the run's step time (-d: its micro-steps).
+common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "$val" -o "${OUT_DIR:-out/long_$seq_len}"
+        -r auto -d "$tokens_per_step")
 [[ -z "${MEM_BUDGET:-}" ]] || common+=(--mem-budget "$MEM_BUDGET")
 
 # What each recompute mode costs at this length, and the largest B and T that fit.
@@ -64,5 +66,4 @@ common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "
 echo
 # Fine-tuning defaults: a low peak learning rate with warmup, cosine to 10%,
 # a checkpoint every 100 steps (resume with -y 1).
-"$TRAINER" "${common[@]}" -r auto -d "$tokens_per_step" -l 1e-4 -u 20 -q 0.1 -c 0.1 \
-    -v 50 -m 4 -s 0 -n 100 "$@"
+"$TRAINER" "${common[@]}" -l 1e-4 -u 20 -q 0.1 -c 0.1 -v 50 -m 4 -s 0 -n 100 "$@"

@@ -27,6 +27,10 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 "$trainer" "${model[@]}" "${data[@]}" -v 100 -m 20 -s 250 -g 48 "$@" | tee "$log"
-val=$(grep -oE "val loss [0-9.]+" "$log" | tail -1 | cut -d' ' -f3)
+val=$(grep -oE "^val loss [^ ]+" "$log" | tail -1 | cut -d' ' -f3 || true)
 echo
-echo "final validation loss ${val:-?} nats/token; the data's entropy floor is $floor (a perfect model's loss)"
+if [ -n "$val" ]; then
+    echo "final validation loss $val nats/token; the data's entropy floor is $floor (a perfect model's loss)"
+else
+    echo "no validation loss to compare with the data's entropy floor ($floor nats/token): the run did not validate (-v 0 or -j \"\")"
+fi

@@ -33,8 +33,11 @@ HOSTFILE=${HOSTFILE:-hostfile}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 TRAINER=${TRAINER:-./train_gpt}
 [[ -f "$HOSTFILE" ]] || { echo "host file $HOSTFILE not found (set HOSTFILE)" >&2; exit 1; }
-NODES=$(grep -cvE '^[[:space:]]*(#|$)' "$HOSTFILE")
+[[ "$GPUS_PER_NODE" =~ ^[1-9][0-9]*$ ]] || { echo "GPUS_PER_NODE '$GPUS_PER_NODE' is not a positive integer" >&2; exit 1; }
+NODES=$(grep -cvE '^[[:space:]]*(#|$)' "$HOSTFILE" || true)
+[[ "$NODES" -ge 1 ]] || { echo "host file $HOSTFILE lists no node (one 'name slots=N' line per node)" >&2; exit 1; }
 NP=$((NODES * GPUS_PER_NODE))
+[[ -x "$TRAINER" ]] || { echo "TRAINER '$TRAINER' is not an executable (make train_gpt builds ./train_gpt)" >&2; exit 1; }
 if ! [[ "$(ldd "$TRAINER" 2>/dev/null)" == *libnccl* ]]; then
     echo "$TRAINER was built without NCCL and MPI: see 'make cuda-info'" >&2
     exit 1

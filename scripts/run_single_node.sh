@@ -29,8 +29,12 @@ cd "$(dirname "$0")/.."
 
 TRAINER=${TRAINER:-./train_gpt}
 NGPUS=${NGPUS:-$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)}
+if [[ -n "$NGPUS" && ! "$NGPUS" =~ ^[0-9]+$ ]]; then
+    echo "run_single_node: NGPUS '$NGPUS' is not a number of GPUs" >&2
+    exit 1
+fi
 if [[ -z "$NGPUS" || "$NGPUS" -lt 1 ]]; then
-    echo "no GPU found by nvidia-smi; set NGPUS" >&2
+    echo "run_single_node: no GPU found by nvidia-smi; set NGPUS" >&2
     exit 1
 fi
 [[ -x "$TRAINER" ]] || make train_gpt

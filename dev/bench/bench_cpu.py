@@ -45,10 +45,19 @@ sys.path.insert(0, str(REPO / "dev" / "data"))
 import datafile  # noqa: E402
 
 
+def output_of(cmd, **kwargs) -> str:
+    """A binary's standard output, or a one-line DataError with its last error line."""
+    res = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if res.returncode != 0:
+        last = (res.stderr.strip() or res.stdout.strip() or "no output").splitlines()[-1]
+        raise datafile.DataError(f"{cmd[0]} exited {res.returncode}: {last}")
+    return res.stdout
+
+
 def run_mode(args, shard, mode, binary=None):
     cmd = [str(binary or args.binary), "-e", args.model, "-i", str(shard), "-j", "", "-b", str(args.b),
            "-t", str(args.t), "-x", str(args.steps), "-s", "0", "-r", mode]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = output_of(cmd)
     avg = float(re.search(r"average step time ([0-9.]+) ms", out).group(1))
     plan = float(re.search(r"total +([0-9.]+) MiB", out).group(1))
     peak = float(re.search(r"peak resident memory: ([0-9.]+) MiB", out).group(1))
@@ -64,7 +73,7 @@ def step_values(out):
 def run_timed(args, shard, binary):
     cmd = [str(binary), "-e", args.model, "-i", str(shard), "-j", "", "-b", str(args.b), "-t", str(args.t),
            "-x", str(args.steps), "-s", "0", "-r", args.r]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = output_of(cmd)
     return float(re.search(r"average step time ([0-9.]+) ms", out).group(1)), step_values(out)
 
 
@@ -102,7 +111,7 @@ def llmc_side_by_side(args):
     for rnd in range(args.rounds):
         for name in (["llm.c", "this build"] if rnd % 2 == 0 else ["this build", "llm.c"]):
             if name == "llm.c":
-                out = subprocess.run([str(llmc)], capture_output=True, text=True, check=True, cwd=llmc.parent).stdout
+                out = output_of([str(llmc)], cwd=llmc.parent)
                 steps = re.findall(r"step (\d+): train loss ([0-9.]+) \(took ([0-9.]+) ms\)", out)
                 if len(steps) < 2:
                     sys.exit(f"error: {llmc} printed {len(steps)} step lines; the first is not timed, so at least 2 are needed")
@@ -112,7 +121,7 @@ def llmc_side_by_side(args):
                 cmd = [str(args.binary), "-e", str(model), "-i", str(tokens), "-j", "", "-b", "4", "-t", "64",
                        "-x", str(len(llmc_losses)), "-s", "0", "-r", args.r,
                        "-l", "1e-4", "-k", "constant", "--beta2", "0.999", "--grad-clip", "0", "-c", "0"]
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+                out = output_of(cmd)
                 times[name].append(float(re.search(r"average step time ([0-9.]+) ms", out).group(1)))
                 our_losses = [float(x) for x in re.findall(r"^step +\d+/\d+ \| loss ([0-9.]+)", out, re.M)]
         print(f"round {rnd + 1}: " + ", ".join(f"{n} {times[n][-1]:.0f} ms/step" for n in times), flush=True)
@@ -142,6 +151,8 @@ def main():
             sys.exit(f"error: {binary}: no such trainer binary (make train_gpt_cpu builds this one)")
     if args.rounds < 1 or args.steps < 2:
         sys.exit("error: --rounds must be at least 1 and --steps at least 2 (the first step is not timed)")
+    if args.b < 1 or args.t < 1:
+        sys.exit(f"error: -b {args.b} -t {args.t}: both must be at least 1")
     if args.llmc:
         if not args.llmc.is_file():
             sys.exit(f"error: {args.llmc}: no such llm.c binary")
@@ -164,4 +175,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    datafile.run_main(main)

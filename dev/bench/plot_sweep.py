@@ -15,6 +15,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "dev"))
+from plot_log import LogError, figure_format, run_main, save_figure  # noqa: E402
+
+COLUMNS = ("model", "T", "recompute", "planned_bytes", "measured_mib", "ms_per_step", "budget_bytes")
 GIB = float(1 << 30)
 MODE_STYLE = {"0": ("-r 0 (keep all)", "tab:red", "o"), "2": ("-r 2 (selective)", "tab:orange", "s"),
               "1": ("-r 1 (full)", "tab:blue", "^")}
@@ -27,14 +31,34 @@ def num(text):
         return None
 
 
+def read_rows(src: Path) -> list:
+    """The sweep's rows, each with the columns the plot reads: T an integer,
+    planned_bytes a number (the other numbers may be empty: cells not run)."""
+    try:
+        with open(src, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise LogError(f"{src}: cannot read as CSV ({e})") from None
+    if not rows:
+        raise LogError(f"{src} has no rows")
+    missing = [c for c in COLUMNS if c not in rows[0]]
+    if missing:
+        raise LogError(f"{src}: no column {', '.join(missing)} (not a sweep_recompute.py CSV)")
+    for n, r in enumerate(rows, 2):
+        if not (r["T"] or "").isdigit() or num(r["planned_bytes"]) is None:
+            raise LogError(f"{src}:{n}: T {r['T']!r} or planned_bytes {r['planned_bytes']!r} is not a number")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", nargs="?", default=str(REPO / "out" / "sweep" / "sweep.csv"))
-    ap.add_argument("-o", "--output", default=None, help="PNG path (default: beside the CSV, sweep.png)")
+    ap.add_argument("-o", "--output", default=None,
+                    help="picture to write, its format from the extension (default: beside the CSV, sweep.png)")
     args = ap.parse_args()
     src = Path(args.csv)
-    if not src.exists():
-        sys.exit(f"error: {src} not found: run dev/bench/sweep_recompute.py first")
+    if not src.is_file():
+        raise LogError(f"{src} not found: run dev/bench/sweep_recompute.py first")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -43,10 +67,10 @@ def main():
     except ImportError:
         print("plot_sweep: matplotlib is not installed, no plot made (pip install matplotlib)", file=sys.stderr)
         return 0
-    rows = list(csv.DictReader(open(src, newline="")))
+    out = Path(args.output) if args.output else src.with_name("sweep.png")
+    figure_format(out)
+    rows = read_rows(src)
     models = list(dict.fromkeys(r["model"] for r in rows))
-    if not models:
-        sys.exit(f"error: {src} has no rows")
     fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 8), squeeze=False)
     for col, model in enumerate(models):
         mem, tim = axes[0][col], axes[1][col]
@@ -85,11 +109,10 @@ def main():
         else:
             tim.text(0.5, 0.5, "no timings (plans only)", transform=tim.transAxes, ha="center", color="gray")
     fig.tight_layout()
-    out = Path(args.output) if args.output else src.with_name("sweep.png")
-    fig.savefig(out, dpi=120)
+    save_figure(plt, fig, out)
     print(f"plot_sweep: wrote {out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -55,6 +55,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "dev" / "data"))
 import datafile  # noqa: E402
+from datafile import DataError, make_output_dir, run_main  # noqa: E402
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
@@ -98,7 +99,8 @@ def plan(exe, model, T, mode, args, budget=None):
         cmd += ["--cost-model", args.cost_model]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if res.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()}")
+        last = (res.stderr.strip() or "no output").splitlines()[-1]
+        raise DataError(f"{' '.join(cmd)}: {last}")
     return json.loads(res.stdout)
 
 
@@ -331,7 +333,12 @@ def main():
     args = ap.parse_args()
     t_start = time.time()
     args.models = [m for m in args.models.split(",") if m]
-    args.T = [int(t) for t in args.T.split(",") if t]
+    try:
+        args.T = [int(t) for t in args.T.split(",") if t]
+    except ValueError:
+        sys.exit(f"error: --T {args.T!r} is not a comma list of integers")
+    if not args.T or min(args.T) < 1:
+        sys.exit(f"error: --T {args.T}: sequence lengths must be at least 1")
     args.modes = [r for r in args.modes.split(",") if r]
     args.dry_budgets = [b for b in args.dry_budgets.split(",") if b]
     for m in args.models:
@@ -345,7 +352,8 @@ def main():
     if max(args.T) > args.max_seq_len:
         sys.exit(f"error: --T {max(args.T)} exceeds --max-seq-len {args.max_seq_len}")
     budget_s = args.budget_s if args.budget_s is not None else (140.0 if args.quick else 290.0)
-    exe = Path(args.exe)
+    exe = Path(args.exe).resolve()  # a bare name would be looked up on PATH, not here
+    make_output_dir(args.out, "--out")
     if not exe.exists():
         sys.exit(f"error: {exe} not found: build it with `make cuda-all` (or `make {exe.relative_to(REPO) if exe.is_absolute() and REPO in exe.parents else exe}`)")
 
@@ -451,4 +459,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -640,17 +640,47 @@ def add_tiktoken_arg(parser) -> None:
     )
 
 
+def make_output_dir(path, flag: str) -> Path:
+    """Creates an output directory (and its parents), or a one-line DataError
+    naming the flag that gave it and why it cannot be one."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DataError(f"{flag} {path}: exists and is not a directory") from None
+    except OSError as e:
+        raise DataError(f"{flag} {path}: cannot create the directory ({e.strerror})") from None
+    return path
+
+
+def refuse_directory(path, flag: str) -> None:
+    """A file output whose name is taken by a directory: refused before any work."""
+    if Path(path).is_dir():
+        raise DataError(f"{flag} {path}: is a directory (give the file to write)")
+
+
+def os_error_line(e: OSError) -> str:
+    """An OSError as "FILE: reason" (both names when it is about two)."""
+    names = [os.fspath(n) for n in (e.filename, e.filename2) if n is not None]
+    return ": ".join([" -> ".join(map(str, names)), e.strerror or str(e)] if names else [e.strerror or str(e)])
+
+
 def run_main(main: Callable[[], object]) -> None:
-    """Run a script's main(); expected failures print one line and exit 1."""
+    """Run a script's main(); expected failures (DataError, and a file the system
+    refuses: OSError) print one line and exit 1; main's integer return is the status."""
     prog = os.path.basename(sys.argv[0]) or "remat-data"
     try:
-        main()
+        status = main()
     except DataError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:
+        print(f"{prog}: error: {os_error_line(e)}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
+    sys.exit(status if isinstance(status, int) else 0)
 
 
 def iter_chunks(items: Iterable, n: int):

@@ -114,7 +114,7 @@ def parse_args(argv=None):
 def main(argv=None) -> None:
     args = parse_args(argv)
     repo, folder, prefix = VERSIONS[args.version]
-    out = args.output_dir or df.DATA_ROOT / folder
+    out = df.make_output_dir(args.output_dir or df.DATA_ROOT / folder, "--output-dir")
     df.gpt2_encoding(args.tiktoken_file)  # fail fast when offline or the file is bad
     workers = max(1, args.workers)
     hub = os.environ.get("HF_ENDPOINT", "https://huggingface.co")

@@ -57,11 +57,46 @@ SAFETENSORS_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
 # --- reading Hugging Face checkpoints ---------------------------------------------------
 
 
+def _int_list(value, length=None) -> bool:
+    """A JSON list of integers (not booleans), of `length` items when given."""
+    return (isinstance(value, list) and (length is None or len(value) == length)
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+
+
+def _safetensors_entry(path: Path, name: str, info, data_bytes: int) -> tuple[str, tuple, int, int]:
+    """(numpy dtype, shape, begin, end) of one header entry, each checked: the
+    offsets lie inside the data section (0 <= begin <= end <= its size) and span
+    exactly the shape's bytes."""
+    where = f"{path}: tensor {name}"
+    if not isinstance(info, dict):
+        raise DataError(f"{where}: header entry is {type(info).__name__}, not an object with dtype, shape, data_offsets")
+    for key in ("dtype", "shape", "data_offsets"):
+        if key not in info:
+            raise DataError(f"{where}: header entry has no {key}")
+    dtype = SAFETENSORS_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+    if dtype is None:
+        raise DataError(f"{where}: dtype {info['dtype']!r} is not a float type (F32, F16, BF16, F64)")
+    shape = info["shape"]
+    if not _int_list(shape) or any(d < 0 for d in shape):
+        raise DataError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    offsets = info["data_offsets"]
+    if not _int_list(offsets, 2):
+        raise DataError(f"{where}: data_offsets {offsets!r} is not a pair of integers")
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_bytes:
+        raise DataError(f"{where}: data_offsets {begin}..{end} outside the data section (0..{data_bytes} bytes)")
+    if end - begin != math.prod(shape) * np.dtype(dtype).itemsize:
+        raise DataError(f"{where}: data_offsets {begin}..{end} hold {end - begin} bytes, shape {shape} "
+                        f"of {info['dtype']} needs {math.prod(shape) * np.dtype(dtype).itemsize}")
+    return dtype, tuple(shape), begin, end
+
+
 def read_safetensors(path: Path) -> dict:
     """All tensors of a safetensors file as float32 arrays, by name."""
+    size = path.stat().st_size
+    if size < 8:
+        raise DataError(f"{path}: {size} bytes, too short for a safetensors file (8-byte header length first)")
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    if len(data) < 8:
-        raise DataError(f"{path}: too short for a safetensors file")
     (n,) = struct.unpack("<Q", bytes(data[:8]))
     if n > len(data) - 8:
         raise DataError(f"{path}: header length {n} runs past the end of the file")
@@ -69,18 +104,14 @@ def read_safetensors(path: Path) -> dict:
         header = json.loads(bytes(data[8:8 + n]))
     except ValueError as e:
         raise DataError(f"{path}: the header is not JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise DataError(f"{path}: the header is a JSON {type(header).__name__}, not an object of tensors by name")
     base = 8 + n
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = SAFETENSORS_DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise DataError(f"{path}: {name}: dtype {info.get('dtype')} is not a float type (F32, F16, BF16, F64)")
-        begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if end - begin != math.prod(shape) * np.dtype(dtype).itemsize or base + end > len(data):
-            raise DataError(f"{path}: {name}: data_offsets {begin}..{end} do not fit shape {list(shape)} and the file")
+        dtype, shape, begin, end = _safetensors_entry(path, name, info, len(data) - base)
         arr = np.frombuffer(data[base + begin:base + end], dtype=dtype).reshape(shape)
         out[name] = df.bf16_bits_to_float32(arr) if info["dtype"] == "BF16" else arr.astype(np.float32)
     return out
@@ -122,12 +153,17 @@ def read_torch_bin(path: Path) -> dict:
     """A pytorch_model.bin in torch's zip format (torch >= 1.6), without torch."""
     if not zipfile.is_zipfile(path):
         raise DataError(f"{path}: not torch's zip format (a pre-1.6 torch file?): convert it to model.safetensors")
-    with zipfile.ZipFile(path) as z:
-        pkl = [n for n in z.namelist() if n.endswith("/data.pkl")]
-        if len(pkl) != 1:
-            raise DataError(f"{path}: no data.pkl in the archive")
-        with z.open(pkl[0]) as f:
-            state = _TorchPickle(f, z, pkl[0][: -len("/data.pkl")], path).load()
+    try:
+        with zipfile.ZipFile(path) as z:
+            pkl = [n for n in z.namelist() if n.endswith("/data.pkl")]
+            if len(pkl) != 1:
+                raise DataError(f"{path}: no data.pkl in the archive")
+            with z.open(pkl[0]) as f:
+                state = _TorchPickle(f, z, pkl[0][: -len("/data.pkl")], path).load()
+    except DataError:
+        raise
+    except (pickle.UnpicklingError, zipfile.BadZipFile, EOFError, KeyError, ValueError, TypeError) as e:
+        raise DataError(f"{path}: not a readable torch checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict):
         raise DataError(f"{path}: does not hold a state dict")
     return dict(state)
@@ -142,9 +178,12 @@ def read_hf_dir(hf_dir: Path) -> tuple[dict, dict]:
         config = json.loads(config_path.read_text())
     except ValueError as e:
         raise DataError(f"{config_path}: not JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise DataError(f"{config_path}: a JSON {type(config).__name__}, not an object of settings")
     for name, reader in (("model.safetensors", read_safetensors), ("pytorch_model.bin", read_torch_bin)):
         if (hf_dir / name).is_file():
-            return config, reader(hf_dir / name)
+            with np.errstate(over="ignore"):  # F64 beyond float32's range becomes inf, refused by name later
+                return config, reader(hf_dir / name)
     if (hf_dir / "model.safetensors.index.json").is_file():
         raise DataError(f"{hf_dir}: sharded checkpoints (model.safetensors.index.json) are not supported")
     raise DataError(f"{hf_dir}: neither model.safetensors nor pytorch_model.bin")
@@ -153,17 +192,23 @@ def read_hf_dir(hf_dir: Path) -> tuple[dict, dict]:
 # --- import -----------------------------------------------------------------------------
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def shape_from_config(config: dict, where: str) -> dict:
     """The llm.c shape of a GPT-2 config, refusing what remat's model does not compute."""
     for key in ("n_layer", "n_head", "n_embd", "n_positions", "vocab_size"):
-        if not isinstance(config.get(key), int) or config[key] < 1:
-            raise DataError(f"{where}: {key} missing or not a positive integer")
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise DataError(f"{where}: {key} {value!r} is not a positive integer" if key in config
+                            else f"{where}: {key} missing (a positive integer)")
     C = config["n_embd"]
     checks = [
         (config.get("model_type", "gpt2") == "gpt2", f"model_type {config.get('model_type')!r} is not gpt2"),
         (config.get("activation_function", "gelu_new") in TANH_GELU,
          f"activation_function {config.get('activation_function')!r}: remat computes the tanh GELU (gelu_new)"),
-        (abs(config.get("layer_norm_epsilon", 1e-5) - 1e-5) < 1e-12,
+        (_is_number(config.get("layer_norm_epsilon", 1e-5)) and abs(config.get("layer_norm_epsilon", 1e-5) - 1e-5) < 1e-12,
          f"layer_norm_epsilon {config.get('layer_norm_epsilon')}: remat uses 1e-5"),
         (config.get("n_inner") in (None, 4 * C), f"n_inner {config.get('n_inner')}: remat's MLP is 4 x n_embd"),
         (config.get("scale_attn_weights", True), "scale_attn_weights false: remat scales scores by 1/sqrt(head size)"),
@@ -192,6 +237,11 @@ class _Tensors:
                 arr = self.tensors[key]
                 if tuple(arr.shape) != shape:
                     raise DataError(f"{self.where}: tensor {key} has shape {tuple(arr.shape)}, expected {shape}")
+                bad = np.flatnonzero(~np.isfinite(arr))
+                if bad.size:
+                    index = ", ".join(map(str, np.unravel_index(bad[0], arr.shape)))
+                    raise DataError(f"{self.where}: tensor {key}[{index}] is {arr.flat[bad[0]]} "
+                                    f"({bad.size} of {arr.size} values are not finite as float32)")
                 self.used.add(key)
                 return arr
         if optional:
@@ -207,7 +257,7 @@ class _Tensors:
 
 def hf_to_llmc(config: dict, tensors: dict, where: str) -> tuple[dict, dict]:
     """(cfg, params) of an llm.c model from a GPT-2 config and state dict."""
-    cfg = shape_from_config(config, where)
+    cfg = shape_from_config(config, f"{where}/config.json")
     L, C, V, T = cfg["num_layers"], cfg["channels"], cfg["vocab_size"], cfg["max_seq_len"]
     t = _Tensors(tensors, where)
     wte = t.get("wte.weight", (V, C))
@@ -240,13 +290,14 @@ def dropout_from_config(config: dict, where: str) -> dict:
     out = {}
     for key in df.MODEL_DROPOUT_KEYS:
         p = config.get(key, HF_DEFAULT_PDROP)
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= df.MODEL_DROPOUT_MAX:
+        if not _is_number(p) or not 0.0 <= p <= df.MODEL_DROPOUT_MAX:
             raise DataError(f"{where}: {key} {p!r} is not a dropout probability in [0, {df.MODEL_DROPOUT_MAX}]")
         out[key] = float(p)
     return out
 
 
 def cmd_import(args) -> None:
+    df.refuse_directory(args.out, "import: OUT")
     hf_dir = Path(args.hf_dir)
     config, tensors = read_hf_dir(hf_dir)
     cfg, params = hf_to_llmc(config, tensors, str(hf_dir))
@@ -290,11 +341,20 @@ def llmc_to_hf(cfg: dict, params: dict, dropout: dict) -> tuple[dict, dict]:
     return config, tensors
 
 
+def current_umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: set it back at once
+    os.umask(mask)
+    return mask
+
+
 def cmd_export(args) -> None:
     try:
         from safetensors.numpy import save_file
     except ImportError:
         raise DataError("safetensors is not installed: pip install -r dev/data/requirements.txt") from None
+    out = Path(args.out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"export: OUT_DIR {out}: exists and is not a directory")
     cfg, params, _ = df.read_model(args.model)
     V = cfg["vocab_size"]
     if np.any(params["wte"][V:]):
@@ -302,10 +362,10 @@ def cmd_export(args) -> None:
     # float32 to the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)
     dropout = {k: float(np.format_float_positional(np.float32(v))) for k, v in df.read_model_dropout(args.model).items()}
     config, tensors = llmc_to_hf(cfg, params, dropout)
-    out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    df.make_output_dir(out, "export: OUT_DIR")
     tmp = out / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.chmod(tmp, 0o666 & ~current_umask())  # safetensors creates its file 0600; an export is for sharing
     os.replace(tmp, out / "model.safetensors")
     (out / "config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
     os.replace(out / "config.json.tmp", out / "config.json")

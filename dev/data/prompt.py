@@ -59,12 +59,17 @@ def main(argv=None) -> None:
     p.add_argument("-o", "--output", help="write the ids to this file instead of standard output")
     df.add_tiktoken_arg(p)
     args = p.parse_args(argv)
+    if args.output:
+        df.refuse_directory(args.output, "-o")
     ids = prompt_ids(args.text, args.tokenizer, args.tiktoken_file)
     if not ids:
         raise DataError("the prompt is empty")
     line = " ".join(map(str, ids)) + "\n"
     if args.output:
-        Path(args.output).write_text(line)
+        try:
+            Path(args.output).write_text(line)
+        except OSError as e:
+            raise DataError(f"-o {args.output}: cannot write ({e.strerror})") from None
     else:
         sys.stdout.write(line)
 

@@ -320,6 +320,7 @@ def write_meta(path: Path, meta: dict) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    out = df.make_output_dir(args.output_dir, "--output-dir")  # before the work: a bad directory fails at once
     t0 = time.perf_counter()
     chain, (names_rng, train_rng, val_rng) = make_chain(args.seed, args.words)
     P = transition_matrix(chain)
@@ -330,8 +331,6 @@ def main(argv=None) -> None:
     val = sample_stream(chain, args.val_tokens, val_rng, mean_doc)
     train = sample_stream(chain, args.train_tokens, train_rng, mean_doc)
 
-    out = args.output_dir
-    out.mkdir(parents=True, exist_ok=True)
     names = {k: f"synthetic_{k}.bin" for k in ("train", "val", "tokenizer")}
     df.write_shard(out / names["val"], val)
     df.write_shard(out / names["train"], train)

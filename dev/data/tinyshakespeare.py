@@ -87,19 +87,37 @@ def parse_args(argv=None):
         "--val-tokens",
         type=int,
         default=VAL_TOKENS,
-        help=f"validation size target in tokens, rounded up to a paragraph (default {VAL_TOKENS})",
+        help=f"validation size target in tokens, at least 1, rounded up to a paragraph; the training shard "
+        f"gets the rest, which must not be empty (default {VAL_TOKENS})",
     )
     return p.parse_args(argv)
 
 
+def check_split(train: np.ndarray, val: np.ndarray, docs: list[str], args) -> None:
+    """Both shards must hold tokens: the trainer cannot train on, or validate
+    with, an empty shard."""
+    if len(train):
+        return
+    source = f"--input {args.input}" if args.input else "the downloaded text"
+    if not "".join(docs):
+        raise df.DataError(f"{source} is empty: no text to make shards of")
+    if len(docs) < 2:
+        raise df.DataError(f"{source} holds {len(docs)} paragraph ({len(val)} tokens): too little to split into a "
+                           "validation and a training shard (paragraphs are separated by a blank line)")
+    raise df.DataError(f"--val-tokens {args.val_tokens} takes all {len(val):,} tokens of {source} (whole paragraphs): "
+                       "nothing is left for the training shard; give a smaller --val-tokens")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
-    out_dir: Path = args.output_dir
-    enc = df.gpt2_encoding(args.tiktoken_file)  # first: fail fast when offline
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.val_tokens < 1:
+        raise df.DataError(f"--val-tokens {args.val_tokens}: must be at least 1 (an empty validation shard)")
+    out_dir = df.make_output_dir(args.output_dir, "--output-dir")
+    enc = df.gpt2_encoding(args.tiktoken_file)  # before the download: fail fast when offline
     text = load_text(args.input, out_dir)
     docs = split_documents(text)
     train, val = split_val_train(tokenize_documents(enc, docs), args.val_tokens)
+    check_split(train, val, docs, args)
     train_path, val_path = df.write_train_val(out_dir, PREFIX, train, val)
     tok_path = out_dir / "gpt2_tokenizer.bin"
     df.write_gpt2_tokenizer(tok_path, enc)

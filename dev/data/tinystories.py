@@ -129,9 +129,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    out: Path = args.output_dir
-    enc = df.gpt2_encoding(args.tiktoken_file)  # first: fail fast when offline
-    out.mkdir(parents=True, exist_ok=True)
+    out = df.make_output_dir(args.output_dir, "--output-dir")
+    enc = df.gpt2_encoding(args.tiktoken_file)  # before the download: fail fast when offline
     files = extract(fetch_archive(out, args.archive), out / "TinyStories_all_data")
     n_val, n_train = tokenize_splits(files, out, max(1, args.workers), args.tiktoken_file)
     df.write_gpt2_tokenizer(out / "gpt2_tokenizer.bin", enc)

@@ -270,6 +270,10 @@ def test_finetune_long_script(tiny_shards, tmp_path):
         in res.stdout
     assert "recompute auto: fits 64.0 MiB (--mem-budget, as given" in res.stdout
     assert "gradient accumulation 256 (65536 tokens per step)" in res.stdout
+    # the plan step passes the run's -d and -r auto: it predicts the step time the run predicts
+    planned = re.search(r"^this run, -r (\S+): predicted ([0-9.]+) ms per step \(256 micro-steps\)", res.stdout, re.M)
+    chosen = re.findall(r"^recompute auto: .*?: -r (\S+); predicted ([0-9.]+) ms per step", res.stdout, re.M)
+    assert planned and len(chosen) == 2 and chosen[-1] == planned.groups(), (planned, chosen)
     assert [s[0] for s in steps(res.stdout)] == ["1", "2"]
     model = tmp_path / "out" / "long_128" / "model_00000002.bin"  # OUT_DIR's default, under the directory run from
     header = np.frombuffer(model.read_bytes()[:1024], dtype=np.int32)
@@ -283,6 +287,23 @@ def test_finetune_long_script_refuses_bad_arguments(tiny_shards, tmp_path, args,
     args = [str(tiny_shards / "tiny_train.bin") if a == "MODEL" else a for a in args]
     res = run([REPO / "scripts" / "finetune_long.sh", *args], env={"TRAINER": str(binary("train_gpt_cpu"))})
     assert res.returncode != 0 and message in res.stderr
+
+
+@pytest.mark.parametrize("flags, expect", [(["-v", "0"], "the run did not validate"),
+                                           (["-j", ""], "the run did not validate"),
+                                           (["-v", "2"], "final validation loss ")])
+def test_quickstart_ends_with_a_word_on_validation(flags, expect):
+    """scripts/quickstart.sh on the CPU (no nvidia-smi on its PATH): a run
+    without validation finishes with exit 0 and says why there is no loss to
+    compare with the entropy floor, instead of exiting 1 without a word."""
+    binary("train_gpt_cpu")
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(d, "nvidia-smi")))
+    res = run([REPO / "scripts" / "quickstart.sh", "-x", "2", "-b", "2", *flags], env={"PATH": path})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    last = res.stdout.strip().splitlines()[-1]
+    assert expect in last and "entropy floor" in last, last
+    if flags == ["-v", "2"]:
+        assert float(last.split()[3]) == float(VAL_RE.findall(res.stdout)[-1][0])
 
 
 # ---- dropout ----

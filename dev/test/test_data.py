@@ -281,6 +281,37 @@ def test_tinyshakespeare_split_rule():
     assert len(val) == 10
 
 
+@pytest.mark.parametrize("val_tokens", ["0", "-5"])
+def test_tinyshakespeare_refuses_an_empty_validation_target(tmp_path, val_tokens):
+    (tmp_path / "in.txt").write_text("To be.\n\nOr not.\n")
+    proc = run_script("tinyshakespeare.py", "--input", tmp_path / "in.txt", f"--val-tokens={val_tokens}",
+                      "--output-dir", tmp_path / "out", check=False)
+    assert_one_line_error(proc, f"--val-tokens {val_tokens}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("script, flag", [("synthetic.py", "--output-dir"), ("tinyshakespeare.py", "--output-dir"),
+                                          ("tinystories.py", "--output-dir")])
+@pytest.mark.parametrize("where", ["under a file", "is a file"])
+def test_output_dir_that_cannot_be_a_directory_is_one_line(tmp_path, script, flag, where):
+    (tmp_path / "file").write_text("keep")
+    target = tmp_path / "file" / "x" if where == "under a file" else tmp_path / "file"
+    proc = run_script(script, flag, target, check=False)
+    assert_one_line_error(proc, f"{flag} {target}")
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+@pytest.mark.parametrize("target", ["missing/x", "."])
+def test_prompt_output_that_cannot_be_written_is_one_line(tmp_path, target):
+    tok = tmp_path / "tok.bin"
+    df.write_tokenizer(tok, [b"a", b"b", b"<eot>"], 2)
+    out = tmp_path / target
+    proc = run_script("prompt.py", "--tokenizer", tok, "-o", out, "abba", check=False)
+    assert_one_line_error(proc, f"-o {out}")
+    proc = run_script("prompt.py", "--tokenizer", tok, "-o", tmp_path / "ids.txt", "abba")
+    assert (tmp_path / "ids.txt").read_text() == "0 1 1 0\n"  # the greedy match over the three tokens
+
+
 # --- GPT-2 tokenizer (needs ../shared/data) ---------------------------------------
 
 
@@ -461,3 +492,21 @@ def test_synthetic_entropy_matches_empirical_estimate(synth):
     p = np.bincount(s, minlength=V) / len(s)
     unigram = -(p[p > 0] * np.log(p[p > 0])).sum()
     assert abs(unigram - meta["unigram_entropy_nats"]) < 0.01, unigram
+
+
+@pytest.mark.parametrize("text, val_tokens, needles", [
+    ("", 32768, ("is empty",)),
+    ("Hi", 32768, ("1 paragraph",)),
+    ("To be.\n\nOr not to be.\n\nThat is the question.", 99999999, ("--val-tokens 99999999", "nothing is left")),
+])
+def test_tinyshakespeare_refuses_a_split_that_leaves_a_shard_empty(tmp_path, text, val_tokens, needles):
+    (tmp_path / "in.txt").write_text(text)
+    proc = run_script("tinyshakespeare.py", "--input", tmp_path / "in.txt", "--val-tokens", val_tokens,
+                      "--tiktoken-file", shared_file("gpt2.tiktoken"), "--output-dir", tmp_path / "out", check=False)
+    assert_one_line_error(proc, *needles)
+    assert not list((tmp_path / "out").glob("*.bin"))
+    proc = run_script("tinyshakespeare.py", "--input", tmp_path / "in.txt", "--val-tokens", 1,
+                      "--tiktoken-file", shared_file("gpt2.tiktoken"), "--output-dir", tmp_path / "ok", check=False)
+    if text.count("\n\n") >= 1:  # two paragraphs or more: the smallest validation target splits them
+        assert proc.returncode == 0, proc.stderr
+        assert len(df.read_shard(tmp_path / "ok" / "tiny_shakespeare_train.bin")) > 0

@@ -7,6 +7,7 @@ the safetensors package; its loss comes from a float64 numpy forward written
 here in that layout, never through the importer. The trainer's validation loss
 on the imported file must match it."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -301,3 +302,131 @@ def test_a_model_file_with_a_bad_dropout_slot_is_refused(tmp_path, tokens):
     assert res.returncode == 1
     assert res.stderr.strip() == (f"error: {tmp_path / 'bad.bin'}: header slot 244 (resid_pdrop) is 1.5: not a dropout "
                                   "probability in [0, 0.99]")
+
+
+# ---- hostile checkpoints: one line naming what and why, and no model file ----
+
+def assert_refused(res, out, *needles):
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for n in needles:
+        assert n in lines[0], res.stderr
+    assert not out.exists() and not out.with_name(out.name + ".tmp").exists()
+
+
+@pytest.mark.parametrize("tensor, index, value", [("transformer.h.1.attn.c_attn.weight", (3, 17), np.nan),
+                                                  ("transformer.wpe.weight", (31, 0), np.inf),
+                                                  ("transformer.ln_f.bias", (5,), -np.inf)])
+def test_non_finite_weights_are_refused_naming_tensor_and_index(tmp_path, tensor, index, value):
+    state = hf_state(np.random.default_rng(17))
+    state[tensor][index] = value
+    res = hf_tool("import", write_hf(tmp_path / "hf", state), tmp_path / "m.bin")
+    assert_refused(res, tmp_path / "m.bin", f"{tensor}[{', '.join(map(str, index))}]", "not finite")
+
+
+def test_float64_beyond_float32_range_is_refused(tmp_path):
+    state = hf_state(np.random.default_rng(18))
+    state["transformer.h.0.mlp.c_fc.bias"] = state["transformer.h.0.mlp.c_fc.bias"].astype(np.float64)
+    state["transformer.h.0.mlp.c_fc.bias"][7] = 1e300  # finite in F64, inf once stored as float32
+    res = hf_tool("import", write_hf(tmp_path / "hf", state), tmp_path / "m.bin")
+    assert_refused(res, tmp_path / "m.bin", "transformer.h.0.mlp.c_fc.bias[7]", "not finite")
+
+
+def safetensors_parts(state):
+    """(header dict, data section) of a genuine safetensors file, split by the
+    documented layout: 8-byte little-endian header length, JSON header, data."""
+    raw = safetensors_numpy.save(state, metadata={"format": "pt"})
+    n = int.from_bytes(raw[:8], "little")
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def write_raw_safetensors(path, header, data=b"", length=None):
+    h = json.dumps(header).encode()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(HF_CONFIG))
+    (path / "model.safetensors").write_bytes((len(h) if length is None else length).to_bytes(8, "little") + h + data)
+    return path
+
+
+def hostile_safetensors(tmp_path, case):
+    """An HF directory whose model.safetensors is damaged as `case` says, and
+    what the one-line error must name."""
+    header, data = safetensors_parts(hf_state(np.random.default_rng(19)))
+    name = "transformer.ln_f.bias"
+    begin, end = header[name]["data_offsets"]
+    if case == "empty file":
+        path = write_raw_safetensors(tmp_path / "hf", {})
+        (path / "model.safetensors").write_bytes(b"")
+        return path, ("model.safetensors", "0 bytes")
+    if case == "header is a list":
+        return write_raw_safetensors(tmp_path / "hf", [header[name]], data), ("header", "list")
+    if case == "entry is a string":
+        header[name] = "F32"
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "str")
+    if case == "no data_offsets":
+        del header[name]["data_offsets"]
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "data_offsets")
+    if case == "negative shape":
+        header[name]["shape"] = [-C, -1]  # the product (C) matches the offsets
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "shape", f"-{C}")
+    if case == "negative offsets":
+        # the same byte count, but before the data section: the header's own bytes
+        header[name]["data_offsets"] = [begin - end, 0]
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "data_offsets", f"{begin - end}..0")
+    if case == "offsets past the end":
+        header[name]["data_offsets"] = [len(data) - (end - begin) + 4, len(data) + 4]
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "data_offsets")
+    if case == "offsets reversed":
+        header[name]["data_offsets"] = [end, begin]
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "data_offsets")
+    if case == "boolean offsets":
+        header[name]["data_offsets"] = [False, True]
+        return write_raw_safetensors(tmp_path / "hf", header, data), (name, "data_offsets")
+    if case == "header length past the end":
+        return write_raw_safetensors(tmp_path / "hf", header, data, length=10**9), ("header length",)
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["empty file", "header is a list", "entry is a string", "no data_offsets",
+                                  "negative shape", "negative offsets", "offsets past the end", "offsets reversed",
+                                  "boolean offsets", "header length past the end"])
+def test_damaged_safetensors_are_refused_in_one_line(tmp_path, case):
+    hf, needles = hostile_safetensors(tmp_path, case)
+    res = hf_tool("import", hf, tmp_path / "m.bin")
+    assert_refused(res, tmp_path / "m.bin", *needles)
+
+
+@pytest.mark.parametrize("config, needles", [([1, 2], ("config.json", "list")),
+                                             (dict(HF_CONFIG, n_positions=True), ("n_positions", "True")),
+                                             (dict(HF_CONFIG, n_layer=2.0), ("n_layer",)),
+                                             ({k: v for k, v in HF_CONFIG.items() if k != "n_embd"}, ("n_embd", "missing")),
+                                             (dict(HF_CONFIG, layer_norm_epsilon="1e-5"), ("layer_norm_epsilon",))])
+def test_bad_configs_are_refused_in_one_line(tmp_path, config, needles):
+    res = hf_tool("import", write_hf(tmp_path / "hf", hf_state(np.random.default_rng(20)), config), tmp_path / "m.bin")
+    assert_refused(res, tmp_path / "m.bin", *needles)
+
+
+def test_import_to_a_directory_and_export_to_a_file_are_refused(tmp_path):
+    hf = write_hf(tmp_path / "hf", hf_state(np.random.default_rng(21)))
+    (tmp_path / "dir").mkdir()
+    res = hf_tool("import", hf, tmp_path / "dir")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and len(lines) == 1 and str(tmp_path / "dir") in lines[0] and "directory" in lines[0]
+    assert list((tmp_path / "dir").iterdir()) == [] and not (tmp_path / "dir.tmp").exists()
+    assert hf_tool("import", hf, tmp_path / "m.bin").returncode == 0
+    (tmp_path / "file").write_text("keep me")
+    for target in (tmp_path / "file", tmp_path / "file" / "sub"):
+        res = hf_tool("export", tmp_path / "m.bin", target)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 1 and len(lines) == 1 and str(target) in lines[0], res.stderr
+    assert (tmp_path / "file").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_export_honours_the_umask(tmp_path, umask):
+    assert hf_tool("import", write_hf(tmp_path / "hf", hf_state(np.random.default_rng(22))), tmp_path / "m.bin").returncode == 0
+    res = subprocess.run([sys.executable, SCRIPT, "export", tmp_path / "m.bin", tmp_path / "out"], capture_output=True,
+                         text=True, preexec_fn=lambda: os.umask(umask))
+    assert res.returncode == 0, res.stderr
+    for name in ("model.safetensors", "config.json"):
+        assert oct((tmp_path / "out" / name).stat().st_mode & 0o777) == oct(0o666 & ~umask), name
