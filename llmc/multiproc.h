@@ -271,6 +271,7 @@ static inline void proc_refuse_launcher_without_mpi(void) {
 }
 
 static inline void proc_init(int* argc, char*** argv) {
+    ignore_file_size_signal();
 #ifdef USE_MPI
     MPI_CHECK(MPI_Init(argc, argv));
     atexit(proc_finalize_at_exit);
@@ -296,7 +297,9 @@ static inline void proc_set_collective_timeout(int seconds) {
 #ifdef USE_MPI
     if (remat_proc.world > 1 && !proc_timeout_s) proc_enable_timeout(seconds);
 #else
-    (void)seconds;
+    if (seconds > 0)
+        fail("flag --collective-timeout: this binary was built without MPI, so it runs one process and has no collective to "
+             "time out (install MPI and rebuild with make)");
 #endif
 }
 
