@@ -188,19 +188,21 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
     const char* source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
+    char have[32];
+    format_size(budget, have, sizeof(have));
     if (recompute_auto(spec, budget, run->layer_mode) != 0) {
         fflush(stdout);
-        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %.1f MiB (%s)\n",
-                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), mib(budget), source);
+        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %s (%s)\n",
+                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
         plan_print_suggestions(spec, budget, stderr);
-        fail("-r auto: nothing fits in %.1f MiB", mib(budget));
+        fail("-r auto: nothing fits in %s", have);
     }
     char flag[8192];
     format_recompute_flag(run->layer_mode, run->cfg.num_layers, flag, sizeof(flag));
     double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
     FILE* out = setup_notes(&run->opt);
-    fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
-            mib(budget), source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
+    fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
+            have, source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
             spec_cost_model(spec).name);
 }
 
