@@ -212,6 +212,21 @@ static inline int checkpoint_step_of_name(const char* name, const char* kind, co
     return step;
 }
 
+/* The step of a state file name state_%08d_%05d.bin<suffix>, or -1. */
+static inline int state_step_of_name(const char* name, const char* suffix) {
+    size_t n = strlen(name), sl = strlen(suffix);
+    if (n != 24 + sl || strncmp(name, "state_", 6) != 0 || name[14] != '_' || strncmp(name + 20, ".bin", 4) != 0 ||
+        strcmp(name + 24, suffix) != 0)
+        return -1;
+    int step = 0;
+    for (int i = 6; i < 20; i++) {
+        if (i == 14) continue;
+        if (name[i] < '0' || name[i] > '9') return -1;
+        if (i < 14) step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
 /* The latest step with a DONE marker in dir, or -1. */
 static inline int checkpoint_latest(const char* dir) {
     DIR* d = opendir(dir);
@@ -273,17 +288,15 @@ static inline uint64_t checkpoint_file_run_id(const char* path, int slot) {
  * directory synced), so an interrupted removal never leaves a checkpoint that
  * looks complete with files missing; then the model and every rank's state. */
 static inline void checkpoint_remove(const char* dir, int step) {
-    char path[4200], prefix[32];
+    char path[4200];
     checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
     if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
     fsync_dir_of(path);
-    snprintf(prefix, sizeof(prefix), "state_%08d_", step);
     DIR* d = opendir(dir);
     if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
-        int model = checkpoint_step_of_name(e->d_name, "model", ".bin") == step;
-        if (!model && strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        if (checkpoint_step_of_name(e->d_name, "model", ".bin") != step && state_step_of_name(e->d_name, "") != step) continue;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
     }
@@ -299,11 +312,7 @@ static inline int checkpoint_steps(const char* dir, int* steps, int cap) {
     while ((e = readdir(d)) != NULL) {
         int step = checkpoint_step_of_name(e->d_name, "DONE", "");
         if (step < 0) step = checkpoint_step_of_name(e->d_name, "model", ".bin");
-        if (step < 0 && strncmp(e->d_name, "state_", 6) == 0 && strlen(e->d_name) == 24) {
-            char head[16];
-            snprintf(head, sizeof(head), "%.14s", e->d_name);
-            step = checkpoint_step_of_name(head, "state", "");
-        }
+        if (step < 0) step = state_step_of_name(e->d_name, "");
         if (step < 0) continue;
         int i = 0;
         while (i < n && steps[i] < step) i++;
@@ -384,20 +393,8 @@ static inline int checkpoint_latest_whole(const char* dir, FILE* notes) {
  * file's or the log's name with ".tmp" (what an atomic write interrupted by
  * kill -9 or a second signal leaves). */
 static inline int is_run_temporary(const char* name) {
-    size_t n = strlen(name);
-    if (n < 5 || strcmp(name + n - 4, ".tmp") != 0) return 0;
-    char base[300];
-    if (n - 4 >= sizeof(base)) return 0;
-    memcpy(base, name, n - 4);
-    base[n - 4] = '\0';
-    if (strcmp(base, "log.jsonl") == 0 || checkpoint_step_of_name(base, "DONE", "") >= 0 ||
-        checkpoint_step_of_name(base, "model", ".bin") >= 0)
-        return 1;
-    /* state_%08d_%05d.bin */
-    if (strlen(base) != 24 || strncmp(base, "state_", 6) != 0 || base[14] != '_' || strcmp(base + 20, ".bin") != 0) return 0;
-    for (int i = 6; i < 20; i++)
-        if (i != 14 && (base[i] < '0' || base[i] > '9')) return 0;
-    return 1;
+    return strcmp(name, "log.jsonl.tmp") == 0 || checkpoint_step_of_name(name, "DONE", ".tmp") >= 0 ||
+           checkpoint_step_of_name(name, "model", ".bin.tmp") >= 0 || state_step_of_name(name, ".tmp") >= 0;
 }
 
 /* Removes the run temporaries in dir (nothing writes them at start);

@@ -7,7 +7,17 @@
 
 #include "run_eval.h"
 
+/* This program's peak resident memory: VmHWM, its memory's high-water mark.
+ * (getrusage's ru_maxrss survives exec, so a trainer started by a large
+ * process, such as Python, would report its parent's size.) */
 static inline long peak_rss_kib(void) {
+    FILE* f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && kib < 0 && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) != 1) kib = -1;
+    if (f) fclose(f);
+    if (kib >= 0) return kib;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss;
