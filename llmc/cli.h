@@ -241,7 +241,7 @@ static inline void check_flag_combinations(const TrainOptions* o) {
     const char* r = o->recompute;
     if (option_given(o, "--recompute-layers") && strcmp(r, "1") != 0 && strcmp(r, "3") != 0)
         fail("flag --recompute-layers: applies to -r 1 and -r 3 only (this run gives -r %s%s)", r,
-             strcmp(r, "auto") == 0 ? ", which chooses every layer's mode itself" : recompute_is_mix(r) ? ", whose groups name the layers" : "");
+             strcmp(r, "auto") == 0 ? ", which chooses every layer's mode itself" : recompute_is_mix(r) ? ", a per-layer mix whose groups name the layers" : "");
     if (option_given(o, "-nm") && o->keep_last == 0)
         fail("flag -nm: applies with -nk N (keep only the last N checkpoints); without -nk every checkpoint is kept");
     if (o->resume_override && !o->resume) fail("flag --resume-override: applies to -y 1 only (a fresh run has no checkpoint to differ from)");

@@ -79,7 +79,7 @@ def test_nonfinite_parameters_are_never_saved_as_a_checkpoint(shard, negative_v_
                "-l", "1e-3", "-x", "3", "-y", "1", "-o", work], timeout=120)
     assert [int(s[0]) for s in steps(res.stdout)] == [2, 3]  # the losses were finite
     line = one_error(res)
-    assert "step 3: parameters element 2240 is nan" in line and "no checkpoint" in line, line
+    assert re.search(r"step 3: parameters element 2240 is -?nan:", line) and "no checkpoint" in line, line
     assert not list(work.glob("DONE_00000003")) and not list(work.glob("model_00000003*")) and not list(work.glob("*.tmp"))
 
 
@@ -188,7 +188,7 @@ def test_resume_drops_the_log_lines_it_reruns(shard, tmp_path):
     res = trainer(shard, "-x", "6", "-n", "2", "-v", "2", "-j", shard, "-m", "2", "-o", work, "-y", "1", check=True)
     assert steps(res.stdout) == steps(full.stdout)[2:]
     got, want = log_lines(work), log_lines(ref)
-    strip = lambda log: [{k: v for k, v in e.items() if k not in ("ms", "tokens_per_s")} for e in log if "event" not in e]
+    strip = lambda log: [{k: v for k, v in e.items() if k not in ("ms", "tokens_per_s", "memory_mib")} for e in log if "event" not in e]
     assert strip(got) == strip(want)
     assert {"step": 2, "event": "resumed"} in got
 
