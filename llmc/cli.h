@@ -136,7 +136,11 @@ static const FlagSpec flag_table[] = {
 };
 #undef OPT
 #define NUM_FLAGS ((int)(sizeof(flag_table) / sizeof(flag_table[0])))
+#ifdef __cplusplus /* the CUDA trainer compiles this as C++ */
+static_assert(NUM_FLAGS <= TRAIN_MAX_FLAGS, "TrainOptions.given is too small for the flag table");
+#else
 _Static_assert(NUM_FLAGS <= TRAIN_MAX_FLAGS, "TrainOptions.given is too small for the flag table");
+#endif
 
 /* Whether flag `name` (as in the table) was typed. */
 static inline int option_given(const TrainOptions* o, const char* name) {

@@ -180,7 +180,6 @@ static inline void resolve_batch(Run* run) {
     run->grad_accum = (int)(total / micro_tokens);
 }
 
-
 /* -r auto: the per-layer choice with the least predicted time that fits the
  * budget, printed as the -r flag that reproduces it; or the flags that would
  * fit and a non-zero exit. */
@@ -259,6 +258,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
     if (run->opt.zero_stage == 1 && run->world == 1)
         fprintf(setup_notes(&run->opt), "note: -z 1 with one process shards nothing\n");
+    if (run->opt.collective_timeout_s > 0 && remat_proc.world == 1) /* (a build without MPI refused it above) */
+        fprintf(setup_notes(&run->opt), "note: --collective-timeout with one process: no collective to time out\n");
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);

@@ -142,8 +142,8 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
  * run's starts empty; a resumed run's loses the lines it will write again). */
 static inline void open_output(Run* run, LoopState* ls) {
     const TrainOptions* o = &run->opt;
+    if (o->out_dir[0]) mkdir_check(o->out_dir); /* by every rank: each writes its own state file there */
     if (o->out_dir[0] && run->rank == 0) {
-        mkdir_check(o->out_dir);
         int stale = checkpoint_remove_temporaries(o->out_dir);
         if (stale) printf("checkpoints: removed %d stale temporary file%s (*.tmp) from %s\n", stale, stale == 1 ? "" : "s", o->out_dir);
         int removed = run->resume_step < 0 ? checkpoint_remove_all(o->out_dir) : 0;

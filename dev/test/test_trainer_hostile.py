@@ -329,9 +329,13 @@ def test_wpe_init_needs_a_lengthened_table(data, tmp_path):
 
 
 def test_collective_timeout_needs_mpi(data):
-    """The sanitizer build has no MPI."""
+    """The sanitizer build has no MPI; a build with MPI started alone runs
+    one process and says the flag has nothing to do."""
     line = one_error(trainer(data, "-x", "1", "--collective-timeout", "5", exe="build/train_gpt_cpu_asan"))
     assert line.startswith("error: flag --collective-timeout: this binary was built without MPI"), line
+    if built_with_mpi():
+        res = trainer(data, "-x", "1", "--collective-timeout", "5", check=True)
+        assert "note: --collective-timeout with one process: no collective to time out" in res.stdout
 
 
 def test_auto_found_tokenizer_of_another_vocabulary_is_not_used(data, tmp_path):
