@@ -154,6 +154,8 @@ typedef struct {
     uint64_t run_id;          /* written into every checkpoint file (llmc/run_identity.h) */
     DropoutState dropout;     /* the sites' probabilities, seed and rank; train_step sets the step */
     char dropout_desc[400];   /* where each probability came from, for the printout ("" when none) */
+    HparamContext hp;         /* what the state's hyperparameters record besides the flags */
+    DataRecord data;          /* the training data, as the state records it */
 } Run;
 
 #endif

@@ -15,6 +15,10 @@
  * fp32 payloads: AdamW m and v for this rank's shard of the parameters, then
  * the fp32 master weights of that shard when the run keeps them. Slots
  * ST_HPARAMS.. hold the hyperparameters resume compares (llmc/run_identity.h).
+ * Version 3 added the training data's record (ST_DATA_*): the digest of the
+ * shards' token counts, the digest of -i as typed and its first
+ * STATE_DATA_TEXT_BYTES bytes (NUL-padded) for messages; a version 2 state
+ * (all zeros there) still loads, its data unchecked.
  */
 #ifndef REMAT_CHECKPOINT_H
 #define REMAT_CHECKPOINT_H
@@ -22,9 +26,12 @@
 #include <dirent.h>
 #include "utils.h"
 #include "dataloader.h"
+#include "model.h"
 
 #define STATE_MAGIC 20240527
-#define STATE_VERSION 2
+#define STATE_VERSION 3
+#define STATE_OLDEST_VERSION 2 /* before the data record */
+#define STATE_DATA_TEXT_BYTES 256
 #define MODEL_RUN_ID_SLOT 240
 #define STATE_NUM_HPARAMS 32
 
@@ -32,8 +39,16 @@ enum {
     ST_MAGIC, ST_VERSION, ST_STEP, ST_WORLD, ST_RANK, ST_ZERO, ST_HAS_MASTER, ST_B, ST_T,
     ST_EPOCH, ST_SHARD_POS, ST_BATCH_POS_LO, ST_BATCH_POS_HI, ST_PARAMS_LO, ST_PARAMS_HI,
     ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES,
-    ST_RUN_ID_LO, ST_RUN_ID_HI, ST_HPARAMS = 32
+    ST_RUN_ID_LO, ST_RUN_ID_HI, ST_DATA_COUNTS_LO, ST_DATA_COUNTS_HI, ST_DATA_GLOB_LO, ST_DATA_GLOB_HI,
+    ST_HPARAMS = 32, ST_DATA_TEXT = 64 /* to 127 */
 };
+
+/* The training data a run read (-i), as version 3 records it. */
+typedef struct {
+    uint64_t counts_digest; /* FNV-1a of the shards' token counts, in shard order; 0: not recorded */
+    uint64_t glob_digest;   /* FNV-1a of -i as typed */
+    char glob[STATE_DATA_TEXT_BYTES + 1]; /* -i as typed, cut at STATE_DATA_TEXT_BYTES */
+} DataRecord;
 /* The device record: name (64 bytes, NUL-padded), SM count, CUDA runtime,
  * cuBLASLt and NCCL versions (0 where not used). */
 enum { ST_DEVICE_NAME = 200, ST_DEVICE_SMS = 216, ST_CUDA_RUNTIME, ST_CUBLASLT, ST_NCCL };
@@ -66,6 +81,8 @@ typedef struct {
     DeviceRecord device;
     uint64_t run_id;
     int32_t hparams[STATE_NUM_HPARAMS];
+    int version;
+    DataRecord data;
 } TrainState;
 
 static inline void put64(int32_t* h, int lo, uint64_t v) { h[lo] = (int32_t)(uint32_t)v; h[lo + 1] = (int32_t)(uint32_t)(v >> 32); }
@@ -90,33 +107,39 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     h[ST_CUBLASLT] = s->device.cublaslt; h[ST_NCCL] = s->device.nccl;
     put64(h, ST_RUN_ID_LO, s->run_id);
     memcpy(&h[ST_HPARAMS], s->hparams, sizeof(s->hparams));
+    put64(h, ST_DATA_COUNTS_LO, s->data.counts_digest);
+    put64(h, ST_DATA_GLOB_LO, s->data.glob_digest);
+    memcpy(&h[ST_DATA_TEXT], s->data.glob, strnlen(s->data.glob, STATE_DATA_TEXT_BYTES));
     fwrite_check(h, sizeof(int32_t), 256, f, path);
 }
 
 /* Range checks of every header field, before any is used as a size or index
- * (the comparison with this run comes later, in the trainer). */
-static inline void state_header_check(const TrainState* s, const char* path) {
-    if (s->step < 0) fail("%s: negative step %d in the header", path, s->step);
-    if (s->world < 1 || s->world > 65536 || s->rank < 0 || s->rank >= s->world)
-        fail("%s: rank %d of %d processes out of range in the header", path, s->rank, s->world);
-    if ((s->zero_stage != 0 && s->zero_stage != 1) || (s->has_master != 0 && s->has_master != 1))
-        fail("%s: ZeRO stage %d or master-weight flag %d out of range in the header", path, s->zero_stage, s->has_master);
-    if (s->B < 1 || s->T < 1) fail("%s: batch B=%d T=%d out of range in the header", path, s->B, s->T);
-    if (s->loader.epoch < 0 || s->loader.shard_pos < 0 || s->loader.batch_pos < 0)
-        fail("%s: negative dataloader position in the header", path);
-    if (s->num_params == 0 || s->num_params > ((size_t)1 << 40) || s->shard_params > s->num_params ||
-        s->shard_start > s->num_params - s->shard_params)
-        fail("%s: parameter count %zu or shard [%zu, +%zu) out of range in the header", path, s->num_params, s->shard_start,
-             s->shard_params);
+ * (the comparison with this run comes later, in the trainer): 0, or -1 with
+ * the reason in why[n]. */
+static inline int state_header_problem(const TrainState* s, const char* path, char* why, size_t n) {
+    if (s->step < 0) snprintf(why, n, "%s: negative step %d in the header", path, s->step);
+    else if (s->world < 1 || s->world > 65536 || s->rank < 0 || s->rank >= s->world)
+        snprintf(why, n, "%s: rank %d of %d processes out of range in the header", path, s->rank, s->world);
+    else if ((s->zero_stage != 0 && s->zero_stage != 1) || (s->has_master != 0 && s->has_master != 1))
+        snprintf(why, n, "%s: ZeRO stage %d or master-weight flag %d out of range in the header", path, s->zero_stage, s->has_master);
+    else if (s->B < 1 || s->T < 1) snprintf(why, n, "%s: batch B=%d T=%d out of range in the header", path, s->B, s->T);
+    else if (s->loader.epoch < 0 || s->loader.shard_pos < 0 || s->loader.batch_pos < 0)
+        snprintf(why, n, "%s: negative dataloader position in the header", path);
+    else if (s->num_params == 0 || s->num_params > ((size_t)1 << 40) || s->shard_params > s->num_params ||
+             s->shard_start > s->num_params - s->shard_params)
+        snprintf(why, n, "%s: parameter count %zu or shard [%zu, +%zu) out of range in the header", path, s->num_params,
+                 s->shard_start, s->shard_params);
+    else return 0;
+    return -1;
 }
 
-/* Reads and checks a state header; the stream is left at the payload. */
-static inline FILE* state_open(const char* path, TrainState* s) {
-    FILE* f = fopen_check(path, "rb");
-    int32_t h[256];
-    if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: too short for a state file header", path);
-    if (h[ST_MAGIC] != STATE_MAGIC) fail("%s: bad magic %d (expected %d: not a state file)", path, h[ST_MAGIC], STATE_MAGIC);
-    if (h[ST_VERSION] != STATE_VERSION) fail("%s: unsupported state version %d (expected %d)", path, h[ST_VERSION], STATE_VERSION);
+static inline void state_header_read(const int32_t* h, TrainState* s) {
+    memset(s, 0, sizeof(*s));
+    s->version = h[ST_VERSION];
+    s->data.counts_digest = get64(h, ST_DATA_COUNTS_LO);
+    s->data.glob_digest = get64(h, ST_DATA_GLOB_LO);
+    memcpy(s->data.glob, &h[ST_DATA_TEXT], STATE_DATA_TEXT_BYTES);
+    s->data.glob[STATE_DATA_TEXT_BYTES] = '\0';
     s->step = h[ST_STEP]; s->world = h[ST_WORLD]; s->rank = h[ST_RANK]; s->zero_stage = h[ST_ZERO];
     s->has_master = h[ST_HAS_MASTER]; s->B = h[ST_B]; s->T = h[ST_T];
     s->loader.epoch = h[ST_EPOCH]; s->loader.shard_pos = h[ST_SHARD_POS];
@@ -133,10 +156,41 @@ static inline FILE* state_open(const char* path, TrainState* s) {
     s->device.cublaslt = h[ST_CUBLASLT]; s->device.nccl = h[ST_NCCL];
     s->run_id = get64(h, ST_RUN_ID_LO);
     memcpy(s->hparams, &h[ST_HPARAMS], sizeof(s->hparams));
-    state_header_check(s, path);
-    size_t expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
-    size_t actual = file_size_check(f, path);
-    if (actual != expected) fail("%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected);
+}
+
+/* Reads and checks a state header and the file's size; the stream is left
+ * at the payload. NULL, with the reason in why[n], when the file cannot be
+ * opened or is not a whole state file. */
+static inline FILE* state_try_open(const char* path, TrainState* s, char* why, size_t n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) { snprintf(why, n, "%s: cannot open (%s)", path, strerror(errno)); return NULL; }
+    int32_t h[256];
+    size_t expected = 0, actual = 0;
+    if (fread(h, sizeof(int32_t), 256, f) != 256) { snprintf(why, n, "%s: too short for a state file header", path); goto bad; }
+    if (h[ST_MAGIC] != STATE_MAGIC) {
+        snprintf(why, n, "%s: bad magic %d (expected %d: not a state file)", path, h[ST_MAGIC], STATE_MAGIC);
+        goto bad;
+    }
+    if (h[ST_VERSION] < STATE_OLDEST_VERSION || h[ST_VERSION] > STATE_VERSION) {
+        snprintf(why, n, "%s: unsupported state version %d (expected %d to %d)", path, h[ST_VERSION], STATE_OLDEST_VERSION, STATE_VERSION);
+        goto bad;
+    }
+    state_header_read(h, s);
+    if (state_header_problem(s, path, why, n)) goto bad;
+    expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
+    actual = file_size_check(f, path);
+    if (actual != expected) { snprintf(why, n, "%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected); goto bad; }
+    if (remat_fopen_hook) remat_fopen_hook(f);
+    return f;
+bad:
+    fclose(f);
+    return NULL;
+}
+
+static inline FILE* state_open(const char* path, TrainState* s) {
+    char why[4800];
+    FILE* f = state_try_open(path, s, why, sizeof(why));
+    if (!f) fail("%s", why);
     return f;
 }
 
@@ -154,6 +208,21 @@ static inline int checkpoint_step_of_name(const char* name, const char* kind, co
     for (size_t i = k + 1; i < k + 9; i++) {
         if (name[i] < '0' || name[i] > '9') return -1;
         step = step * 10 + (name[i] - '0');
+    }
+    return step;
+}
+
+/* The step of a state file name state_%08d_%05d.bin<suffix>, or -1. */
+static inline int state_step_of_name(const char* name, const char* suffix) {
+    size_t n = strlen(name), sl = strlen(suffix);
+    if (n != 24 + sl || strncmp(name, "state_", 6) != 0 || name[14] != '_' || strncmp(name + 20, ".bin", 4) != 0 ||
+        strcmp(name + 24, suffix) != 0)
+        return -1;
+    int step = 0;
+    for (int i = 6; i < 20; i++) {
+        if (i == 14) continue;
+        if (name[i] < '0' || name[i] > '9') return -1;
+        if (i < 14) step = step * 10 + (name[i] - '0');
     }
     return step;
 }
@@ -219,17 +288,15 @@ static inline uint64_t checkpoint_file_run_id(const char* path, int slot) {
  * directory synced), so an interrupted removal never leaves a checkpoint that
  * looks complete with files missing; then the model and every rank's state. */
 static inline void checkpoint_remove(const char* dir, int step) {
-    char path[4200], prefix[32];
+    char path[4200];
     checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
     if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
     fsync_dir_of(path);
-    snprintf(prefix, sizeof(prefix), "state_%08d_", step);
     DIR* d = opendir(dir);
     if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
-        int model = checkpoint_step_of_name(e->d_name, "model", ".bin") == step;
-        if (!model && strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        if (checkpoint_step_of_name(e->d_name, "model", ".bin") != step && state_step_of_name(e->d_name, "") != step) continue;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
     }
@@ -245,11 +312,7 @@ static inline int checkpoint_steps(const char* dir, int* steps, int cap) {
     while ((e = readdir(d)) != NULL) {
         int step = checkpoint_step_of_name(e->d_name, "DONE", "");
         if (step < 0) step = checkpoint_step_of_name(e->d_name, "model", ".bin");
-        if (step < 0 && strncmp(e->d_name, "state_", 6) == 0 && strlen(e->d_name) == 24) {
-            char head[16];
-            snprintf(head, sizeof(head), "%.14s", e->d_name);
-            step = checkpoint_step_of_name(head, "state", "");
-        }
+        if (step < 0) step = state_step_of_name(e->d_name, "");
         if (step < 0) continue;
         int i = 0;
         while (i < n && steps[i] < step) i++;
@@ -264,6 +327,93 @@ static inline int checkpoint_steps(const char* dir, int* steps, int cap) {
 }
 
 #define CHECKPOINT_MAX_LISTED 100000
+
+/* Whether checkpoint `step` is whole: its DONE marker, the model file and
+ * every rank's state file (as many as rank 0's state names) open and have
+ * the sizes their headers give. 0, or -1 with the first damage in why[n].
+ * Which run wrote them is checked later (checkpoint_verify_run_id). */
+static inline int checkpoint_damage(const char* dir, int step, char* why, size_t n) {
+    char path[4200], text[64];
+    checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
+    FILE* f = fopen(path, "rb");
+    if (!f) { snprintf(why, n, "%s: cannot open (%s)", path, strerror(errno)); return -1; }
+    size_t len = fread(text, 1, sizeof(text), f);
+    fclose(f);
+    uint64_t id;
+    if (checkpoint_parse_marker(text, len, &id) != 0) { snprintf(why, n, "%s: not a checkpoint marker", path); return -1; }
+    ModelFileInfo info;
+    checkpoint_path(path, sizeof(path), dir, "model", step, -1);
+    if (!(f = model_file_try_open(path, &info, why, n))) return -1;
+    fclose(f);
+    int world = 1;
+    for (int r = 0; r < world; r++) {
+        TrainState st;
+        checkpoint_path(path, sizeof(path), dir, "state", step, r);
+        if (!(f = state_try_open(path, &st, why, n))) return -1;
+        fclose(f);
+        if (r == 0) world = st.world;
+    }
+    return 0;
+}
+
+/* The latest whole checkpoint in dir, or -1 when there is no DONE marker.
+ * A damaged newer one (a file truncated or lost after its marker was
+ * written) is skipped, saying so on `notes`; when every one is damaged the
+ * run stops, naming the latest's damage. */
+static inline int checkpoint_latest_whole(const char* dir, FILE* notes) {
+    int* steps = (int*)malloc_check(CHECKPOINT_MAX_LISTED * sizeof(int), "checkpoint list");
+    int n = 0;
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int step = checkpoint_step_of_name(e->d_name, "DONE", "");
+        if (step >= 0 && n < CHECKPOINT_MAX_LISTED) steps[n++] = step;
+    }
+    if (d) closedir(d);
+    char why[4800], first_why[4800] = "";
+    int found = -1, latest = -1;
+    while (n > 0 && found < 0) {
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (steps[i] > steps[best]) best = i;
+        int step = steps[best];
+        steps[best] = steps[--n];
+        if (latest < 0) latest = step;
+        if (checkpoint_damage(dir, step, why, sizeof(why)) == 0) { found = step; break; }
+        fprintf(notes, "resume: checkpoint of step %d is damaged (%s): skipped, its files left in place\n", step, why);
+        if (!first_why[0]) memcpy(first_why, why, sizeof(why));
+    }
+    free(steps);
+    if (latest >= 0 && found < 0) fail("-y 1: no whole checkpoint in %s (the latest, step %d: %s)", dir, latest, first_why);
+    if (found >= 0 && found != latest) fprintf(notes, "resume: falling back to step %d, the latest whole checkpoint\n", found);
+    return found;
+}
+
+/* Whether a file name is one of a run's temporaries in -o: a checkpoint
+ * file's or the log's name with ".tmp" (what an atomic write interrupted by
+ * kill -9 or a second signal leaves). */
+static inline int is_run_temporary(const char* name) {
+    return strcmp(name, "log.jsonl.tmp") == 0 || checkpoint_step_of_name(name, "DONE", ".tmp") >= 0 ||
+           checkpoint_step_of_name(name, "model", ".bin.tmp") >= 0 || state_step_of_name(name, ".tmp") >= 0;
+}
+
+/* Removes the run temporaries in dir (nothing writes them at start);
+ * returns how many. */
+static inline int checkpoint_remove_temporaries(const char* dir) {
+    DIR* d = opendir(dir);
+    if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
+    int removed = 0;
+    struct dirent* e;
+    char path[4400];
+    while ((e = readdir(d)) != NULL) {
+        if (!is_run_temporary(e->d_name)) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
+        removed++;
+    }
+    closedir(d);
+    return removed;
+}
 
 /* --supersede: every checkpoint of an earlier run goes, complete or not. */
 static inline int checkpoint_remove_all(const char* dir) {

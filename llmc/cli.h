@@ -14,6 +14,8 @@
 #include "utils.h"
 #include "dropout.h" /* DROPOUT_MAX_P */
 
+#define TRAIN_MAX_FLAGS 64
+
 typedef struct {
     /* model */
     const char* model;  /* -e: model file or descriptor d6 d12 d24 d36 d48 */
@@ -53,6 +55,9 @@ typedef struct {
     int supersede, resume_override, keep_last, keep_every;
     int collective_timeout_s;
     int seed;
+    /* given[i]: flag_table[i] was typed (a flag whose value equals its
+     * default still counts: an ignored flag is reported either way) */
+    unsigned char given[TRAIN_MAX_FLAGS];
 } TrainOptions;
 
 typedef enum { FLAG_INT, FLAG_FLOAT, FLAG_STRING, FLAG_SWITCH } FlagType;
@@ -125,12 +130,24 @@ static const FlagSpec flag_table[] = {
     {"--supersede", FLAG_SWITCH, OPT(supersede), 0, 1, FOR_BOTH, "a fresh run into an -o that holds checkpoints: delete them (else refused)"},
     {"--resume-override", FLAG_SWITCH, OPT(resume_override), 0, 1, FOR_BOTH, "-y 1: continue with hyperparameters that differ from the checkpoint's (else refused)"},
     {"-nk", FLAG_INT, OPT(keep_last), 0, INT_MAX, FOR_BOTH, "keep only the last N checkpoints (0: all), besides those -nm keeps"},
-    {"-nm", FLAG_INT, OPT(keep_every), 0, INT_MAX, FOR_BOTH, "with -nk: also keep every checkpoint whose step is a multiple of M (0: none)"},
+    {"-nm", FLAG_INT, OPT(keep_every), 0, INT_MAX, FOR_BOTH, "with -nk: also keep every checkpoint whose step is a multiple of N (0: none)"},
     {"--collective-timeout", FLAG_INT, OPT(collective_timeout_s), 0, 604800, FOR_BOTH, "seconds a rank waits in a collective (MPI or NCCL) before it stops the job naming the rank it waited for (0: forever)"},
     {"--seed", FLAG_INT, OPT(seed), 0, INT_MAX, FOR_BOTH, "seed for init, shuffling and sampling"},
 };
 #undef OPT
 #define NUM_FLAGS ((int)(sizeof(flag_table) / sizeof(flag_table[0])))
+#ifdef __cplusplus /* the CUDA trainer compiles this as C++ */
+static_assert(NUM_FLAGS <= TRAIN_MAX_FLAGS, "TrainOptions.given is too small for the flag table");
+#else
+_Static_assert(NUM_FLAGS <= TRAIN_MAX_FLAGS, "TrainOptions.given is too small for the flag table");
+#endif
+
+/* Whether flag `name` (as in the table) was typed. */
+static inline int option_given(const TrainOptions* o, const char* name) {
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (strcmp(flag_table[i].name, name) == 0) return o->given[i];
+    return 0;
+}
 
 static inline void options_defaults(TrainOptions* o) {
     memset(o, 0, sizeof(*o));
@@ -170,7 +187,10 @@ static inline void options_defaults(TrainOptions* o) {
 static inline void format_default(const TrainOptions* d, const FlagSpec* f, char* buf, size_t n) {
     const char* base = (const char*)d + f->offset;
     switch (f->type) {
-    case FLAG_INT: snprintf(buf, n, "%d", *(const int*)base); break;
+    case FLAG_INT: /* a default below the range: the shape flags, whose default is -e's */
+        if (*(const int*)base < f->min) snprintf(buf, n, "from -e");
+        else snprintf(buf, n, "%d", *(const int*)base);
+        break;
     case FLAG_FLOAT: /* a default below the range: not given unless typed */
         if (*(const float*)base < f->min) snprintf(buf, n, "unset");
         else snprintf(buf, n, "%g", (double)*(const float*)base);
@@ -218,6 +238,19 @@ static inline void parse_flag_value(const FlagSpec* f, const char* val, TrainOpt
 /* Whether -r's value is a per-layer mix like 1:0-3/3:4-11. */
 static inline int recompute_is_mix(const char* r) { return strchr(r, ':') != NULL; }
 
+/* Flags that would be ignored in combination with others: refused, so that
+ * no flag a user types is silently without effect. (Those that depend on the
+ * model or the checkpoint are checked where those are known.) */
+static inline void check_flag_combinations(const TrainOptions* o) {
+    const char* r = o->recompute;
+    if (option_given(o, "--recompute-layers") && strcmp(r, "1") != 0 && strcmp(r, "3") != 0)
+        fail("flag --recompute-layers: applies to -r 1 and -r 3 only (this run gives -r %s%s)", r,
+             strcmp(r, "auto") == 0 ? ", which chooses every layer's mode itself" : recompute_is_mix(r) ? ", a per-layer mix whose groups name the layers" : "");
+    if (option_given(o, "-nm") && o->keep_last == 0)
+        fail("flag -nm: applies with -nk N (keep only the last N checkpoints); without -nk every checkpoint is kept");
+    if (o->resume_override && !o->resume) fail("flag --resume-override: applies to -y 1 only (a fresh run has no checkpoint to differ from)");
+}
+
 /* Parses argv into o (defaults first). Prints help and exits 0 on -h. */
 static inline void parse_args(int argc, char** argv, TrainOptions* o, int trainer) {
     options_defaults(o);
@@ -226,8 +259,12 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) { print_usage(argv[0], trainer); exit(0); }
         const FlagSpec* f = NULL;
         for (int k = 0; k < NUM_FLAGS; k++)
-            if ((flag_table[k].trainers & trainer) && strcmp(flag_table[k].name, a) == 0) f = &flag_table[k];
+            if (strcmp(flag_table[k].name, a) == 0) f = &flag_table[k];
         if (!f) fail("unknown flag '%s' (see --help)", a);
+        if (!(f->trainers & trainer))
+            fail("flag %s: %s trainer only (%s)", a, f->trainers == FOR_GPU ? "GPU" : "CPU",
+                 f->trainers == FOR_GPU ? "train_gpt" : "train_gpt_cpu");
+        o->given[f - flag_table] = 1;
         if (f->type == FLAG_SWITCH) { *(int*)((char*)o + f->offset) = 1; continue; }
         if (i + 1 >= argc) fail("flag %s needs a value", a);
         parse_flag_value(f, argv[++i], o);
@@ -244,6 +281,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     if (o->resume && o->supersede) fail("flags -y 1 and --supersede contradict each other (resume the checkpoints, or delete them)");
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");
+    check_flag_combinations(o);
 }
 
 /* Parses a byte size such as 80GiB, 80GB, 512MiB, 1e9: binary and decimal

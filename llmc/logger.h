@@ -24,9 +24,11 @@ typedef struct {
 /* Whether a line of an earlier run's log survives a resume at `step`. */
 /* `line` is NUL-terminated, n bytes long. */
 static inline int logger_line_kept(const char* line, size_t n, int step) {
-    int s;
-    if (n == 0 || line[n - 1] != '\n' || sscanf(line, "{\"step\": %d,", &s) != 1) return 0;
-    int is_val = strstr(line, "\"val_loss\"") != NULL;
+    int s, key_at = 0;
+    if (n == 0 || line[n - 1] != '\n' || sscanf(line, "{\"step\": %d, %n", &s, &key_at) != 1 || key_at == 0) return 0;
+    /* validation lines (val_loss, val_loss_by_position) at the resume step
+     * are written again by the resumed run's evaluation there */
+    int is_val = strncmp(line + key_at, "\"val_loss", 9) == 0;
     return is_val ? s < step : s <= step;
 }
 
@@ -59,6 +61,7 @@ static inline void logger_open(Logger* lg, const char* dir, int resume_step) {
 }
 
 static inline void logger_write_line(Logger* lg, const char* line, size_t len) {
+    /* a line cut short (the file size limit falls inside it) is cut back off below */
     size_t done = 0;
     while (done < len) {
         ssize_t w = write(lg->fd, line + done, len - done);
@@ -71,7 +74,7 @@ static inline void logger_write_line(Logger* lg, const char* line, size_t len) {
     if (ftruncate(lg->fd, lg->good_bytes) != 0) { /* the next whole line still starts after a partial one */ }
     if (lg->failures++ == 0)
         fprintf(stderr, "warning: %s: write failed (%s): this line is lost, later ones are still tried (reported once)\n",
-                lg->path, strerror(err ? err : ENOSPC));
+                lg->path, write_error_why(err ? err : ENOSPC));
 }
 
 static inline void logger_printf(Logger* lg, const char* fmt, ...) REMAT_PRINTF(2, 3);

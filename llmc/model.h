@@ -155,17 +155,27 @@ static inline int config_from_descriptor(const char* desc, ModelConfig* cfg) {
     return -1;
 }
 
+/* What is wrong with a shape, into why[n] (`what` names its source); 0 when nothing. */
+static inline int config_problem(const ModelConfig* c, const char* what, char* why, size_t n) {
+    if (c->num_layers < 1 || c->num_layers > 4096) snprintf(why, n, "%s: number of layers %d out of range [1, 4096]", what, c->num_layers);
+    else if (c->num_heads < 1) snprintf(why, n, "%s: number of heads %d must be positive", what, c->num_heads);
+    else if (c->channels < 1 || c->channels > (1 << 16)) snprintf(why, n, "%s: channels %d out of range [1, 65536]", what, c->channels);
+    else if (c->channels % c->num_heads != 0) snprintf(why, n, "%s: channels %d not divisible by heads %d", what, c->channels, c->num_heads);
+    else if (c->vocab_size < 2 || c->vocab_size > 65536)
+        snprintf(why, n, "%s: vocabulary size %d out of range [2, 65536] (tokens are uint16)", what, c->vocab_size);
+    else if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 17))
+        snprintf(why, n, "%s: padded vocabulary %d out of range [%d, 131072] (the vocabulary %d and up)", what, c->padded_vocab_size,
+                 c->vocab_size, c->vocab_size);
+    else if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20))
+        snprintf(why, n, "%s: max sequence length %d out of range [1, 1048576]", what, c->max_seq_len);
+    else return 0;
+    return -1;
+}
+
 /* Checks a shape for internal consistency; `what` names its source. */
 static inline void config_validate(const ModelConfig* c, const char* what) {
-    if (c->num_layers < 1 || c->num_layers > 4096) fail("%s: number of layers %d out of range [1, 4096]", what, c->num_layers);
-    if (c->num_heads < 1) fail("%s: number of heads %d must be positive", what, c->num_heads);
-    if (c->channels < 1 || c->channels > (1 << 16)) fail("%s: channels %d out of range [1, 65536]", what, c->channels);
-    if (c->channels % c->num_heads != 0) fail("%s: channels %d not divisible by heads %d", what, c->channels, c->num_heads);
-    if (c->vocab_size < 2 || c->vocab_size > 65536) fail("%s: vocabulary size %d out of range [2, 65536] (tokens are uint16)", what, c->vocab_size);
-    if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 17))
-        fail("%s: padded vocabulary %d out of range [%d, 131072] (the vocabulary %d and up)", what, c->padded_vocab_size,
-             c->vocab_size, c->vocab_size);
-    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20)) fail("%s: max sequence length %d out of range [1, 1048576]", what, c->max_seq_len);
+    char why[600];
+    if (config_problem(c, what, why, sizeof(why))) fail("%s", why);
 }
 
 /* Standard deviation of a tensor's init; 0 means a constant fill. */
@@ -226,14 +236,17 @@ static inline uint16_t float_to_bf16(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-/* Opens a model file and validates its header and exact size. The returned
- * stream is positioned at the payload. */
-static inline FILE* model_file_open(const char* path, ModelFileInfo* info) {
-    FILE* f = fopen_check(path, "rb");
+/* Opens a model file and validates its header and exact size; the stream
+ * is positioned at the payload. NULL, with the reason in why[n], when the
+ * file cannot be opened or is not a whole model file. */
+static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, char* why, size_t n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) { snprintf(why, n, "%s: cannot open (%s)", path, strerror(errno)); return NULL; }
     int32_t h[256];
-    if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: too short for a model file header (1024 bytes)", path);
-    if (h[0] != MODEL_MAGIC) fail("%s: bad magic %d (expected %d: not an llm.c model file)", path, h[0], MODEL_MAGIC);
-    if (h[1] != 3 && h[1] != 5) fail("%s: unsupported model file version %d (expected 3 or 5)", path, h[1]);
+    size_t actual = 0, expected = 0, elem = 0;
+    if (fread(h, sizeof(int32_t), 256, f) != 256) { snprintf(why, n, "%s: too short for a model file header (1024 bytes)", path); goto bad; }
+    if (h[0] != MODEL_MAGIC) { snprintf(why, n, "%s: bad magic %d (expected %d: not an llm.c model file)", path, h[0], MODEL_MAGIC); goto bad; }
+    if (h[1] != 3 && h[1] != 5) { snprintf(why, n, "%s: unsupported model file version %d (expected 3 or 5)", path, h[1]); goto bad; }
     info->version = h[1];
     info->cfg.max_seq_len = h[2];
     info->cfg.vocab_size = h[3];
@@ -241,21 +254,37 @@ static inline FILE* model_file_open(const char* path, ModelFileInfo* info) {
     info->cfg.num_heads = h[5];
     info->cfg.channels = h[6];
     info->cfg.padded_vocab_size = h[7];
-    config_validate(&info->cfg, path);
+    if (config_problem(&info->cfg, path, why, n)) goto bad;
     for (int k = 0; k < MODEL_NUM_PDROP; k++) {
         memcpy(&info->pdrop[k], &h[MODEL_DROPOUT_SLOT + k], 4);
-        if (!(info->pdrop[k] >= 0.0f && info->pdrop[k] <= (float)DROPOUT_MAX_P))
-            fail("%s: header slot %d (%s) is %g: not a dropout probability in [0, %g]", path, MODEL_DROPOUT_SLOT + k,
-                 model_pdrop_names[k], (double)info->pdrop[k], DROPOUT_MAX_P);
+        if (!(info->pdrop[k] >= 0.0f && info->pdrop[k] <= (float)DROPOUT_MAX_P)) {
+            snprintf(why, n, "%s: header slot %d (%s) is %g: not a dropout probability in [0, %g]", path, MODEL_DROPOUT_SLOT + k,
+                     model_pdrop_names[k], (double)info->pdrop[k], DROPOUT_MAX_P);
+            goto bad;
+        }
     }
     ParamLayout pl;
     param_layout(&info->cfg, &pl);
     info->num_params = pl.total;
-    size_t elem = info->version == 3 ? 4 : 2;
-    size_t expected = 1024 + pl.total * elem, actual = file_size_check(f, path);
-    if (actual != expected)
-        fail("%s: size %zu bytes does not match its header (expected %zu: %zu parameters x %zu bytes + 1024)",
-             path, actual, expected, pl.total, elem);
+    elem = info->version == 3 ? 4 : 2;
+    expected = 1024 + pl.total * elem;
+    actual = file_size_check(f, path);
+    if (actual != expected) {
+        snprintf(why, n, "%s: size %zu bytes does not match its header (expected %zu: %zu parameters x %zu bytes + 1024)", path,
+                 actual, expected, pl.total, elem);
+        goto bad;
+    }
+    if (remat_fopen_hook) remat_fopen_hook(f);
+    return f;
+bad:
+    fclose(f);
+    return NULL;
+}
+
+static inline FILE* model_file_open(const char* path, ModelFileInfo* info) {
+    char why[4800];
+    FILE* f = model_file_try_open(path, info, why, sizeof(why));
+    if (!f) fail("%s", why);
     return f;
 }
 

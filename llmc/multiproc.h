@@ -22,10 +22,23 @@
 typedef struct {
     int rank, world;             /* this process among all */
     int local_rank, local_world; /* among the processes of this machine (GPU choice) */
+    int uses_mpi;                /* MPI was initialised (a launcher started this process) */
 } ProcInfo;
 
 /* The process identity; set once by proc_init, read by the driver. */
-static ProcInfo remat_proc = {0, 1, 0, 1};
+static ProcInfo remat_proc = {0, 1, 0, 1, 0};
+
+/* Whether a launcher (mpirun/mpiexec of OpenMPI, MPICH or Intel MPI, srun)
+ * started this process. Only then does a build with MPI initialise it: a
+ * process started alone is one rank of one, and MPI_Init's singleton start
+ * would only cost (it starts a PMIx server, creates shared-memory files,
+ * which a file size limit refuses, and holds 12-16 MiB more memory). */
+static inline int proc_launched(void) {
+    static const char* const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
 
 #ifdef USE_MPI
 #define MPI_CHECK(call) do { int rc_ = (call); if (rc_ != MPI_SUCCESS) { char msg_[MPI_MAX_ERROR_STRING]; int len_ = 0; \
@@ -271,7 +284,10 @@ static inline void proc_refuse_launcher_without_mpi(void) {
 }
 
 static inline void proc_init(int* argc, char*** argv) {
+    ignore_file_size_signal();
 #ifdef USE_MPI
+    if (!proc_launched()) return;
+    remat_proc.uses_mpi = 1;
     MPI_CHECK(MPI_Init(argc, argv));
     atexit(proc_finalize_at_exit);
     MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &remat_proc.rank));
@@ -296,7 +312,9 @@ static inline void proc_set_collective_timeout(int seconds) {
 #ifdef USE_MPI
     if (remat_proc.world > 1 && !proc_timeout_s) proc_enable_timeout(seconds);
 #else
-    (void)seconds;
+    if (seconds > 0)
+        fail("flag --collective-timeout: this binary was built without MPI, so it runs one process and has no collective to "
+             "time out (install MPI and rebuild with make)");
 #endif
 }
 

@@ -10,7 +10,15 @@
 #include "plan.h"
 #include "cli.h"
 #include "cost_model.h"
+#include "multiproc.h"
 #include <sys/resource.h>
+
+/* Whether this build can run several processes (ZeRO-1 needs them). */
+#ifdef USE_MPI
+#define PLAN_MULTI_PROCESS_BUILT 1
+#else
+#define PLAN_MULTI_PROCESS_BUILT 0
+#endif
 
 /* Free device memory, set by the GPU trainer when a device is present; the
  * default budget for --plan and -r auto. NULL: use available host memory. */
@@ -140,8 +148,19 @@ static inline size_t available_host_memory(void) {
     return available_host_memory_why(&why);
 }
 
+/* Host memory the CPU trainer holds beyond the plan: code, libraries, the
+ * tokenizer table, OpenMP's threads (measured: under 3 MiB), and when a
+ * launcher started it under MPI, MPI's library state and shared-memory
+ * segments (measured with OpenMPI 4.1 on a model whose plan is 13.2 MiB:
+ * peak resident memory 2.5 MiB over the plan alone, 10.8 MiB under mpirun
+ * -np 1, 11.8 MiB with -np 2; the plan's program share is an upper bound). */
+#define PLAN_PROGRAM_BYTES ((size_t)4 << 20)
+#define PLAN_MPI_PROGRAM_BYTES ((size_t)16 << 20)
+static inline size_t plan_program_bytes(void) { return PLAN_PROGRAM_BYTES + (remat_proc.uses_mpi ? PLAN_MPI_PROGRAM_BYTES : 0); }
+
 /* --mem-budget if given (as given: no headroom kept), else free device
- * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else available host memory. */
+ * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else available host memory
+ * less the program's share (plan_program_bytes). */
 static inline size_t memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--mem-budget", flag_value);
     if (b) { *source = "--mem-budget, as given: no headroom kept for the CUDA context or libraries"; return b; }
@@ -150,7 +169,12 @@ static inline size_t memory_budget(const char* flag_value, const char** source) 
         *source = "free device memory less 256 MiB headroom";
         return free_b > PLAN_DEVICE_HEADROOM_BYTES ? free_b - PLAN_DEVICE_HEADROOM_BYTES : 0;
     }
-    return available_host_memory_why(source);
+    static char why[200];
+    const char* bound = "";
+    size_t avail = available_host_memory_why(&bound), program = plan_program_bytes();
+    snprintf(why, sizeof(why), "%s less %.0f MiB for the program%s", bound, mib(program), remat_proc.uses_mpi ? " and MPI" : "");
+    *source = why;
+    return avail > program ? avail - program : 0;
 }
 
 /* The plan of `base` with every layer in `mode` (or base's own modes when
@@ -297,17 +321,6 @@ static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned c
     return 0;
 }
 
-/* Fewest ranks (up to 4096) with which ZeRO-1 and full recompute fit, or 0. */
-static inline int plan_min_zero_ranks(const PlanSpec* spec, size_t budget) {
-    PlanSpec s = *spec;
-    s.zero_stage = 1;
-    for (int n = 2; n <= 4096; n *= 2) {
-        s.world_size = n;
-        if (plan_total_for(&s, RECOMPUTE_FULL, s.B, s.T) <= budget) return n;
-    }
-    return 0;
-}
-
 /* The -r auto choice of spec under budget as a flag value and its predicted
  * extra time; 0, or -1 when nothing fits. */
 static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, size_t n, double* extra) {
@@ -322,9 +335,28 @@ static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, s
     return rc;
 }
 
-/* What would fit instead, as flags; printed when the plan does not fit. */
+
+/* The largest batch B' <= B with which -r 1 fits over `world` processes
+ * (ZeRO-1 when more than one) and the tokens per step stay what they are
+ * (B' * T * world divides them, so -d keeps them with more micro-steps);
+ * 0 when none. */
+static inline int plan_fitting_batch_keeping_tokens(const PlanSpec* spec, int world, size_t budget) {
+    PlanSpec s = *spec;
+    long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
+    s.world_size = world;
+    if (world > 1) s.zero_stage = 1;
+    for (int b = plan_max_fitting(&s, RECOMPUTE_FULL, 0, spec->B, budget); b >= 1; b--)
+        if (tokens % ((long long)b * spec->T * world) == 0) return b;
+    return 0;
+}
+
+/* What would fit instead, as flags; printed when the plan does not fit.
+ * When no recompute choice fits at this batch, combinations of a smaller
+ * batch (tokens per step kept with -d), a shorter sequence and ZeRO-1 over
+ * more processes (only where this build runs several). */
 static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, FILE* out) {
-    fprintf(out, "what would fit in %.1f MiB:\n", mib(budget));
+    char size[32];
+    fprintf(out, "what would fit in %s:\n", format_size(budget, size, sizeof(size)));
     char flag[8192];
     double extra = 0.0;
     int fits = auto_choice(spec, budget, flag, sizeof(flag), &extra) == 0;
@@ -345,13 +377,30 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
                     "+%.1f%% predicted time\n", flag, mib(plan_total_for(spec, -1, spec->B, spec->T) - plan_total_for(&w0, -1, spec->B, spec->T)), 100.0 * extra);
     }
     if (fits) return;
-    int b = plan_max_fitting(spec, RECOMPUTE_FULL, 0, spec->B, budget);
+    long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
+    int any = 0;
+    int b = plan_fitting_batch_keeping_tokens(spec, spec->world_size, budget);
+    if (b >= 1) {
+        fprintf(out, "  -r 1 -b %d -d %lld (the same %lld tokens per step, in more micro-steps)\n", b, tokens, tokens);
+        any = 1;
+    }
     int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget);
-    int ranks = plan_min_zero_ranks(spec, budget);
-    if (b >= 1) fprintf(out, "  -r 1 -b %d (keep the tokens per step with -d: gradient accumulation)\n", b);
-    if (t >= 1) fprintf(out, "  -r 1 -t %d\n", t);
-    if (ranks) fprintf(out, "  -r 1 -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", ranks);
-    if (b < 1 && t < 1 && !ranks) fprintf(out, "  nothing at this model size: the parameters alone need more\n");
+    if (t >= 1) { fprintf(out, "  -r 1 -t %d\n", t); any = 1; }
+    for (int n = 2 * spec->world_size; PLAN_MULTI_PROCESS_BUILT && n <= 4096; n *= 2) {
+        int bn = plan_fitting_batch_keeping_tokens(spec, n, budget);
+        if (bn < 1) continue;
+        if (bn < spec->B) fprintf(out, "  -r 1 -b %d -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", bn, tokens, n);
+        else fprintf(out, "  -r 1 -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", n);
+        any = 1;
+        break;
+    }
+    if (!any) {
+        PlanSpec least = *spec;
+        if (PLAN_MULTI_PROCESS_BUILT) { least.world_size = 4096; least.zero_stage = 1; }
+        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t 1%s it still needs %s\n",
+                PLAN_MULTI_PROCESS_BUILT ? " -z 1 across 4096 processes" : " (this build runs one process: no ZeRO-1)",
+                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, 1), size, sizeof(size)));
+    }
 }
 
 /* ---- --plan and --plan-json ---- */
@@ -462,7 +511,9 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
 /* Printed when allocating the plan fails: the plan, what was free, what would fit. */
 static inline void plan_oom_report(const MemoryPlan* p, size_t free_bytes, const char* where) {
     fflush(stdout);
-    fprintf(stderr, "out of memory on the %s: the plan needs %.1f MiB, %.1f MiB free\n", where, mib(p->total_bytes), mib(free_bytes));
+    char need[32], have[32];
+    fprintf(stderr, "out of memory on the %s: the plan needs %s, %s free\n", where, format_size(p->total_bytes, need, sizeof(need)),
+            format_size(free_bytes, have, sizeof(have)));
     plan_print_summary(p, stderr);
     plan_print_suggestions(&p->spec, free_bytes, stderr);
 }

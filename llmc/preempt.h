@@ -4,7 +4,8 @@
  * finishes, the ranks agree that one of them was asked, a complete
  * checkpoint of that step is written when -o is set, and the process exits
  * with PREEMPT_EXIT_STATUS, so a retry loop or a requeued job resumes it
- * with -y 1. A second signal exits at once (status 128 + signal); whatever
+ * with -y 1 (without -o: 128 + signal, as the signal itself would, since
+ * there is nothing to resume). A second signal exits at once (status 128 + signal); whatever
  * it interrupts is left under a temporary name that resume ignores.
  */
 #ifndef REMAT_PREEMPT_H

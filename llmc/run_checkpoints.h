@@ -8,12 +8,24 @@
 
 #include "run_setup.h"
 
-/* Copies n parameters from file element `from` to backend element `to`, in chunks. */
-static inline void copy_from_file(Backend* be, FILE* f, const ModelFileInfo* info, size_t from, size_t to, size_t n,
-                                  size_t chunk, const char* path) {
+/* A model file's values must be finite: a NaN or Inf would evaluate to a
+ * NaN loss or stop training as if it had diverged. `first` is the index in
+ * the tensor of x[0]. */
+static inline void check_loaded_finite(const float* x, size_t n, const char* path, int tensor, size_t first) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            fail("%s: parameter tensor %s element %zu is %g: a model file must hold finite values", path, param_tensor_names[tensor],
+                 first + i, (double)x[i]);
+}
+
+/* Copies n parameters of tensor t from file element `from` to backend
+ * element `to`, in chunks; `first` is the index in the tensor of the first. */
+static inline void copy_from_file(Backend* be, FILE* f, const ModelFileInfo* info, int t, size_t first, size_t from, size_t to,
+                                  size_t n, size_t chunk, const char* path) {
     for (size_t s = 0; s < n; s += chunk) {
         size_t k = n - s < chunk ? n - s : chunk;
         model_file_read_at(f, info, from + s, be->io_chunk, k, path);
+        check_loaded_finite(be->io_chunk, k, path, t, first + s);
         be->transfer(be->ctx, TENSOR_PARAMS, to + s, k, be->io_chunk, 0);
     }
 }
@@ -34,6 +46,7 @@ static inline void load_interpolated_positions(Run* run, Backend* be, FILE* f, c
     size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info->cfg.max_seq_len, rows = (size_t)run->cfg.max_seq_len;
     float* table = (float*)malloc_check(file_rows * C * sizeof(float), "position table");
     model_file_read_at(f, info, from, table, file_rows * C, run->model_path);
+    check_loaded_finite(table, file_rows * C, run->model_path, P_WPE, 0);
     size_t rows_per_chunk = chunk / C;
     for (size_t r = 0; r < rows; r += rows_per_chunk) {
         size_t k = rows - r < rows_per_chunk ? rows - r : rows_per_chunk;
@@ -57,13 +70,14 @@ static inline void load_parameters_from_file(Run* run, Backend* be, size_t chunk
     size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info.cfg.max_seq_len, rows = (size_t)run->cfg.max_seq_len;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         if (t != P_WPE) {
-            copy_from_file(be, f, &info, file_pl.offset[t], run_pl.offset[t], run_pl.count[t], chunk, run->model_path);
+            copy_from_file(be, f, &info, t, 0, file_pl.offset[t], run_pl.offset[t], run_pl.count[t], chunk, run->model_path);
         } else if (rows > file_rows && strcmp(run->opt.wpe_init, "interpolate") == 0) {
             load_interpolated_positions(run, be, f, &info, file_pl.offset[t], run_pl.offset[t], chunk);
         } else {
             for (size_t r = 0; r < rows;) {
                 size_t src = r % file_rows, k = file_rows - src < rows - r ? file_rows - src : rows - r;
-                copy_from_file(be, f, &info, file_pl.offset[t] + src * C, run_pl.offset[t] + r * C, k * C, chunk, run->model_path);
+                copy_from_file(be, f, &info, t, src * C, file_pl.offset[t] + src * C, run_pl.offset[t] + r * C, k * C, chunk,
+                               run->model_path);
                 r += k;
             }
         }
@@ -112,6 +126,10 @@ static inline void stream_tensor(Run* run, Backend* be, int tensor, size_t start
             fwrite_check(be->io_chunk, 4, k, af->f, path);
         } else {
             fread_check(be->io_chunk, 4, k, f, path);
+            for (size_t i = 0; i < k; i++)
+                if (!isfinite(be->io_chunk[i]))
+                    fail("%s: %s element %zu is %g: a checkpoint's state must hold finite values", path, state_tensor_names[tensor],
+                         start + s + i, (double)be->io_chunk[i]);
             be->transfer(be->ctx, tensor, start + s, k, be->io_chunk, 0);
         }
     }
@@ -177,7 +195,8 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     st.updates = run->updates;
     st.device = be->device;
     st.run_id = run->run_id;
-    hparams_pack(&run->opt, run_tokens_per_step(run), st.hparams);
+    hparams_pack(&run->opt, &run->hp, st.hparams);
+    st.data = run->data;
     checkpoint_path(path, sizeof(path), dir, "state", step, run->rank);
     AtomicFile af;
     atomic_open(&af, path);
@@ -233,7 +252,8 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     if (st.run_id != run->run_id)
         fail("%s: written by run %016llx, its DONE marker names run %016llx: the checkpoint mixes two runs' files", path,
              (unsigned long long)st.run_id, (unsigned long long)run->run_id);
-    hparams_check(&run->opt, run_tokens_per_step(run), st.hparams, path);
+    hparams_check(&run->opt, &run->hp, st.hparams, path);
+    if (run->rank == 0) data_record_check(&run->opt, &st.data, &run->data, path);
     run->scaler.scale = st.loss_scale;
     run->scaler.clean_steps = st.clean_steps;
     run->updates = st.updates;

@@ -118,7 +118,10 @@ static inline int sample_context(const Run* run, const Tokenizer* tk, const Prom
         if (prompt->ids[i] >= run->cfg.vocab_size)
             fail("prompt: token %d at position %d is not below the vocabulary size %d", prompt->ids[i], i, run->cfg.vocab_size);
         if (i == 0 && prompt->ids[0] == eot) continue;
-        if (n >= run->opt.T) fail("prompt: %d tokens (with the leading end-of-text) leave no room to generate within -t %d", prompt->n + 1, run->opt.T);
+        /* generating token n reads n tokens of context, at most -t: the context must stay below it */
+        if (n + 1 >= run->opt.T)
+            fail("prompt: %d tokens with the leading end-of-text leave no room to generate within -t %d (at most %d prompt tokens)",
+                 prompt->n + (prompt->ids[0] != eot), run->opt.T, run->opt.T - 2);
         tokens[n++] = prompt->ids[i];
     }
     return n;
@@ -151,14 +154,23 @@ static inline void load_prompt(Run* run, LoopState* ls) {
     if (run->rank != 0 || o->sample_every == 0) return;
     if (o->prompt_tokens[0]) prompt_load_file(&ls->prompt, o->prompt_tokens);
     else if (o->prompt[0]) prompt_from_helper(&ls->prompt, o->prompt, ls->tk.loaded ? ls->tk.path : NULL);
-    sample_context(run, &ls->tk, &ls->prompt, ls->gen); /* fails now, not at the first sample, when it does not fit */
+    int context = sample_context(run, &ls->tk, &ls->prompt, ls->gen); /* fails now, not at the first sample, when it does not fit */
+    if (ls->prompt.n && o->T - context < o->gen_tokens)
+        printf("sample: the prompt (%d tokens with the leading end-of-text) leaves room for %d of the -g %d tokens within -t %d\n",
+               context, o->T - context, o->gen_tokens, o->T);
 }
 
 /* Default tokenizer: *tokenizer.bin beside the first train shard, else gpt2_tokenizer.bin. */
 static inline void load_tokenizer(Run* run, Tokenizer* tk) {
     memset(tk, 0, sizeof(*tk));
     const char* given = run->opt.tokenizer_path;
-    if (given[0]) { tokenizer_load(tk, given); return; }
+    if (given[0]) {
+        tokenizer_load(tk, given);
+        if (tk->vocab_size != run->cfg.vocab_size)
+            fail("--tokenizer %s: %d tokens, but the model's vocabulary has %d: it would decode samples into other tokens' text",
+                 given, tk->vocab_size, run->cfg.vocab_size);
+        return;
+    }
     glob_t g;
     char pattern[4300];
     const char* slash = strrchr(run->opt.train_glob, '/');
@@ -168,6 +180,12 @@ static inline void load_tokenizer(Run* run, Tokenizer* tk) {
     else if (file_exists("gpt2_tokenizer.bin")) tokenizer_load(tk, "gpt2_tokenizer.bin");
     else printf("tokenizer: none found, samples print token ids (see --tokenizer)\n");
     globfree(&g);
+    if (tk->loaded && tk->vocab_size != run->cfg.vocab_size) {
+        printf("tokenizer: %s has %d tokens, the model's vocabulary %d: not used, samples print token ids (see --tokenizer)\n",
+               tk->path, tk->vocab_size, run->cfg.vocab_size);
+        tokenizer_free(tk);
+        memset(tk, 0, sizeof(*tk));
+    }
 }
 
 #endif

@@ -6,9 +6,10 @@
  * (llmc/checkpoint.h); a resume checks that the model, every state file and
  * the DONE marker carry the same id, and keeps it. The hyperparameters that
  * change the computation (learning rate and schedule, warmup, tokens per
- * step, seed, weight decay, betas, epsilon, clipping, shuffling, dropout) are saved in
- * each state file; a resume with a different value is refused naming the
- * flag, unless --resume-override.
+ * step, seed, weight decay, betas, epsilon, clipping, shuffling, dropout, the
+ * number of steps where the schedule decays over them) and the training data
+ * (-i) are saved in each state file; a resume with a different value is
+ * refused naming the flag, unless --resume-override.
  */
 #ifndef REMAT_RUN_IDENTITY_H
 #define REMAT_RUN_IDENTITY_H
@@ -17,6 +18,14 @@
 #include "cli.h"
 #include "rand.h"
 #include "checkpoint.h"
+#include "model.h"
+
+static inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
+    return h;
+}
+#define FNV_START 0xcbf29ce484222325ULL
 
 static inline uint64_t run_id_new(void) {
     struct timespec ts;
@@ -25,13 +34,22 @@ static inline uint64_t run_id_new(void) {
     return id ? id : 1; /* 0 never names a run */
 }
 
-typedef enum { HP_INT, HP_FLOAT, HP_SCHEDULE } HparamKind;
+typedef enum { HP_INT, HP_FLOAT, HP_SCHEDULE, HP_STEPS } HparamKind;
 
 typedef struct {
     const char* flag;
     HparamKind kind;
-    size_t offset; /* in TrainOptions; tokens per step (-d) is passed in */
+    size_t offset; /* in TrainOptions; tokens per step (-d) and the steps (-x) are passed in */
 } HparamSpec;
+
+/* What a run resolved that its flags alone do not say. */
+typedef struct {
+    int tokens_per_step; /* -d, resolved */
+    int steps;           /* -x, resolved (-1: one epoch); 0: evaluation only */
+    /* the flag each dropout site's value came from as typed (--dropout or
+     * the site's own), NULL when not typed: named when it differs */
+    const char* dropout_flag[MODEL_NUM_PDROP];
+} HparamContext;
 
 #define HP_OPT(field) offsetof(TrainOptions, field)
 static const HparamSpec hparam_table[] = {
@@ -43,8 +61,12 @@ static const HparamSpec hparam_table[] = {
      * zeros here, which is what such a run trained with (no dropout) */
     {"--embd-dropout", HP_FLOAT, HP_OPT(embd_dropout)}, {"--attn-dropout", HP_FLOAT, HP_OPT(attn_dropout)},
     {"--resid-dropout", HP_FLOAT, HP_OPT(resid_dropout)},
+    /* appended with state version 3 (a version 2 state: not compared) */
+    {"-x", HP_STEPS, 0},
 };
 #define HPARAMS_BEFORE_DROPOUT 12
+#define HPARAMS_BEFORE_STEPS 15
+#define HP_FIRST_DROPOUT 12
 #undef HP_OPT
 #define NUM_HPARAMS ((int)(sizeof(hparam_table) / sizeof(hparam_table[0])))
 
@@ -52,20 +74,27 @@ static inline int schedule_index(const char* s) { return strcmp(s, "cosine") == 
 static const char* const schedule_names[3] = {"cosine", "linear", "constant"};
 
 /* Slot i of the state's hyperparameters; slot 0 says how many are saved. */
-static inline int32_t hparam_value(const TrainOptions* o, int i, int tokens_per_step) {
+static inline int32_t hparam_value(const TrainOptions* o, int i, const HparamContext* ctx) {
     const HparamSpec* h = &hparam_table[i];
     const char* base = (const char*)o + h->offset;
     int32_t v;
     if (h->kind == HP_FLOAT) memcpy(&v, base, 4);
     else if (h->kind == HP_SCHEDULE) v = schedule_index(*(const char* const*)base);
-    else v = h->offset ? *(const int*)base : tokens_per_step;
+    else if (h->kind == HP_STEPS) v = ctx->steps;
+    else v = h->offset ? *(const int*)base : ctx->tokens_per_step;
     return v;
 }
 
-static inline void hparams_pack(const TrainOptions* o, int tokens_per_step, int32_t* slots) {
+static inline void hparams_pack(const TrainOptions* o, const HparamContext* ctx, int32_t* slots) {
     memset(slots, 0, STATE_NUM_HPARAMS * sizeof(int32_t));
     slots[0] = NUM_HPARAMS;
-    for (int i = 0; i < NUM_HPARAMS; i++) slots[1 + i] = hparam_value(o, i, tokens_per_step);
+    for (int i = 0; i < NUM_HPARAMS; i++) slots[1 + i] = hparam_value(o, i, ctx);
+}
+
+/* The number of steps shapes the learning rate only when a schedule decays
+ * over them to a different final rate; -x 0 trains nothing. */
+static inline int steps_shape_the_run(const TrainOptions* o, const HparamContext* ctx) {
+    return ctx->steps != 0 && strcmp(o->schedule, "constant") != 0 && o->final_lr_frac != 1.0f;
 }
 
 static inline void hparam_format(const HparamSpec* h, int32_t v, char* buf, size_t n) {
@@ -74,21 +103,60 @@ static inline void hparam_format(const HparamSpec* h, int32_t v, char* buf, size
     else snprintf(buf, n, "%d", v);
 }
 
+/* The flag to name for hyperparameter i: the one the user typed. */
+static inline const char* hparam_flag_as_typed(int i, const HparamContext* ctx) {
+    int site = i - HP_FIRST_DROPOUT;
+    if (site >= 0 && site < MODEL_NUM_PDROP && ctx->dropout_flag[site]) return ctx->dropout_flag[site];
+    return hparam_table[i].flag;
+}
+
 /* Refuses (or with override, notes) every hyperparameter that differs from the checkpoint's. */
-static inline void hparams_check(const TrainOptions* o, int tokens_per_step, const int32_t* saved, const char* path) {
-    if (saved[0] != NUM_HPARAMS && saved[0] != HPARAMS_BEFORE_DROPOUT) fail("%s: %d hyperparameters saved, this build compares %d", path, saved[0], NUM_HPARAMS);
+static inline void hparams_check(const TrainOptions* o, const HparamContext* ctx, const int32_t* saved, const char* path) {
+    if (saved[0] != NUM_HPARAMS && saved[0] != HPARAMS_BEFORE_STEPS && saved[0] != HPARAMS_BEFORE_DROPOUT)
+        fail("%s: %d hyperparameters saved, this build compares %d", path, saved[0], NUM_HPARAMS);
     for (int i = 0; i < NUM_HPARAMS; i++) {
-        int32_t now = hparam_value(o, i, tokens_per_step);
+        /* -x: not recorded before state version 3 (the dropout slots of an
+         * older state hold zeros, which is what it ran with) */
+        if (hparam_table[i].kind == HP_STEPS && (i >= saved[0] || !steps_shape_the_run(o, ctx))) continue;
+        int32_t now = hparam_value(o, i, ctx);
         if (now == saved[1 + i]) continue;
         char was[48], is[48];
         hparam_format(&hparam_table[i], saved[1 + i], was, sizeof(was));
         hparam_format(&hparam_table[i], now, is, sizeof(is));
-        const char* flag = hparam_table[i].flag;
+        const char* flag = hparam_flag_as_typed(i, ctx);
+        const char* what = hparam_table[i].kind == HP_STEPS ? " steps (the learning-rate schedule decays over them)" : "";
         if (!o->resume_override)
-            fail("flag %s: the checkpoint was trained with %s %s, this run gives %s: give the same, or --resume-override to change it",
-                 flag, flag, was, is);
+            fail("flag %s: the checkpoint was trained with %s %s%s, this run gives %s: give the same, or --resume-override to change it",
+                 flag, flag, was, what, is);
         printf("resume: %s changed from %s to %s (--resume-override)\n", flag, was, is);
     }
+}
+
+/* The training data's record for the state (llmc/checkpoint.h). */
+static inline DataRecord data_record(const char* glob, uint64_t counts_digest) {
+    DataRecord d;
+    memset(&d, 0, sizeof(d));
+    d.counts_digest = counts_digest;
+    d.glob_digest = fnv1a(FNV_START, glob, strlen(glob));
+    snprintf(d.glob, sizeof(d.glob), "%s", glob);
+    return d;
+}
+
+/* Refuses (or with override, notes) training data other than the checkpoint's. */
+static inline void data_record_check(const TrainOptions* o, const DataRecord* saved, const DataRecord* now, const char* path) {
+    if (!saved->counts_digest) {
+        printf("resume: %s predates the record of the training data: -i is not compared\n", path);
+        return;
+    }
+    int same_path = saved->glob_digest == now->glob_digest, same_data = saved->counts_digest == now->counts_digest;
+    if (same_path && same_data) return;
+    char why[700];
+    snprintf(why, sizeof(why), "the checkpoint was trained on -i %.256s%s, this run %s", saved->glob,
+             strlen(saved->glob) >= STATE_DATA_TEXT_BYTES ? "..." : "",
+             !same_path ? "gives another -i" : "reads shards of other sizes (the data changed)");
+    if (!o->resume_override)
+        fail("flag -i: %s: give the same data, or --resume-override to continue on this (the data position is kept)", why);
+    printf("resume: %s (--resume-override)\n", why);
 }
 
 /* Checks that a checkpoint's files all belong to the run its DONE marker names. */
@@ -110,12 +178,6 @@ static inline uint64_t checkpoint_verify_run_id(const char* dir, int step, int w
 
 /* ---- ranks of one run must run the same computation ---- */
 
-static inline uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-    const unsigned char* p = (const unsigned char*)data;
-    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;
-    return h;
-}
-#define FNV_START 0xcbf29ce484222325ULL
 
 static inline uint64_t flag_digest(const TrainOptions* o, const FlagSpec* f) {
     const char* field = (const char*)o + f->offset;

@@ -14,6 +14,9 @@ static inline double now_ms(void) {
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
+/* Where setup notes go: stdout, except under --plan-json, whose stdout is the JSON alone. */
+static inline FILE* setup_notes(const TrainOptions* o) { return o->plan_json ? stderr : stdout; }
+
 /* True when -e names a descriptor: random init, which the shape flags may adjust. */
 static inline int wants_random_init(const TrainOptions* o) {
     ModelConfig tmp;
@@ -25,7 +28,7 @@ static inline int wants_random_init(const TrainOptions* o) {
  * earlier run is refused unless --supersede; -y 1 with none starts fresh. */
 static inline void resolve_run_identity(Run* run) {
     const TrainOptions* o = &run->opt;
-    FILE* notes = o->plan_json ? stderr : stdout;
+    FILE* notes = setup_notes(o);
     if (run->resume_step >= 0) {
         if (run->rank == 0) run->run_id = checkpoint_verify_run_id(o->out_dir, run->resume_step, remat_proc.world);
     } else {
@@ -53,8 +56,9 @@ static inline void resolve_dropout(Run* run, const float* file_pdrop, const char
     int any = 0;
     for (int k = 0; k < MODEL_NUM_PDROP; k++) {
         char from[300];
-        if (*site[k] >= 0.0f) snprintf(from, sizeof(from), "%s", flags[k]);
-        else if (o->dropout >= 0.0f) { *site[k] = o->dropout; snprintf(from, sizeof(from), "--dropout"); }
+        run->hp.dropout_flag[k] = NULL;
+        if (*site[k] >= 0.0f) { snprintf(from, sizeof(from), "%s", flags[k]); run->hp.dropout_flag[k] = flags[k]; }
+        else if (o->dropout >= 0.0f) { *site[k] = o->dropout; snprintf(from, sizeof(from), "--dropout"); run->hp.dropout_flag[k] = "--dropout"; }
         else if (file_pdrop[k] > 0.0f) { *site[k] = file_pdrop[k]; snprintf(from, sizeof(from), "%s of %.200s", model_pdrop_names[k], file); }
         else { *site[k] = 0.0f; snprintf(from, sizeof(from), "default"); }
         any |= *site[k] > 0.0f;
@@ -82,16 +86,41 @@ static inline void check_dropout_limits(const Run* run) {
         fail("model shape: %d layers; with dropout at most %d", run->cfg.num_layers, DROPOUT_MAX_LAYERS);
 }
 
+/* -y 1 takes the model from the checkpoint: the flags that choose or shape
+ * a model are said to be ignored rather than silently dropped. */
+static inline void note_flags_ignored_on_resume(const Run* run, const char* model_path) {
+    static const char* const flags[] = {"-e", "--layers", "--heads", "--channels", "--max-seq-len", "--vocab-size", "--wpe-init"};
+    char list[200] = "";
+    size_t used = 0;
+    for (size_t i = 0; i < sizeof(flags) / sizeof(flags[0]); i++)
+        if (option_given(&run->opt, flags[i]) && used < sizeof(list))
+            used += (size_t)snprintf(list + used, sizeof(list) - used, "%s%s", used ? ", " : "", flags[i]);
+    if (used && run->rank == 0)
+        fprintf(setup_notes(&run->opt), "resume: %s ignored: the model (its shape and position table) is the checkpoint's, %s\n", list,
+                model_path);
+}
+
+/* --wpe-init chooses how a lengthened position table starts: any other use
+ * would be without effect. */
+static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* file) {
+    if (!option_given(&run->opt, "--wpe-init") || run->resume_step >= 0) return;
+    if (!file) fail("flag --wpe-init: applies to a model file whose position table --max-seq-len lengthens, not to random init");
+    if (run->cfg.max_seq_len <= file->cfg.max_seq_len)
+        fail("flag --wpe-init: applies only when --max-seq-len lengthens the position table of %s (%d rows; this run: %d)",
+             run->model_path, file->cfg.max_seq_len, run->cfg.max_seq_len);
+}
+
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
-    run->resume_step = o->resume ? checkpoint_latest(o->out_dir) : -1;
+    run->resume_step = o->resume && run->rank == 0 ? checkpoint_latest_whole(o->out_dir, setup_notes(o)) : -1;
     proc_broadcast(&run->resume_step, sizeof(run->resume_step), "the resume step broadcast"); /* every rank resumes the same step */
     resolve_run_identity(run);
     static char ckpt_model[4200];
     if (run->resume_step >= 0) {
         checkpoint_path(ckpt_model, sizeof(ckpt_model), o->out_dir, "model", run->resume_step, -1);
         run->model_path = ckpt_model;
+        note_flags_ignored_on_resume(run, ckpt_model);
     } else if (wants_random_init(o)) {
         run->model_path = NULL;
     } else {
@@ -115,8 +144,10 @@ static inline void resolve_model(Run* run) {
                      info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len <= info.cfg.max_seq_len ? ""
                      : strcmp(o->wpe_init, "interpolate") == 0 ? " (learned rows interpolated)" : " (learned rows repeated)");
         }
+        check_wpe_init_applies(run, &info);
         return;
     }
+    check_wpe_init_applies(run, NULL);
     config_from_descriptor(o->model, &run->cfg);
     static const float no_file_pdrop[MODEL_NUM_PDROP] = {0.0f, 0.0f, 0.0f};
     resolve_dropout(run, no_file_pdrop, NULL);
@@ -149,9 +180,6 @@ static inline void resolve_batch(Run* run) {
     run->grad_accum = (int)(total / micro_tokens);
 }
 
-/* Where setup notes go: stdout, except under --plan-json, whose stdout is the JSON alone. */
-static inline FILE* setup_notes(const TrainOptions* o) { return o->plan_json ? stderr : stdout; }
-
 /* -r auto: the per-layer choice with the least predicted time that fits the
  * budget, printed as the -r flag that reproduces it; or the flags that would
  * fit and a non-zero exit. */
@@ -159,20 +187,38 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
     const char* source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
+    char have[32];
+    format_size(budget, have, sizeof(have));
     if (recompute_auto(spec, budget, run->layer_mode) != 0) {
         fflush(stdout);
-        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %.1f MiB (%s)\n",
-                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), mib(budget), source);
+        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %s (%s)\n",
+                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
         plan_print_suggestions(spec, budget, stderr);
-        fail("-r auto: nothing fits in %.1f MiB", mib(budget));
+        fail("-r auto: nothing fits in %s", have);
     }
     char flag[8192];
     format_recompute_flag(run->layer_mode, run->cfg.num_layers, flag, sizeof(flag));
     double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
     FILE* out = setup_notes(&run->opt);
-    fprintf(out, "recompute auto: fits %.1f MiB (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
-            mib(budget), source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
+    fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
+            have, source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
             spec_cost_model(spec).name);
+}
+
+/* --mem-budget with a fixed -r is a limit the plan must keep: a plan over
+ * it is refused with what would fit, not run past the budget in silence. */
+static inline void check_fixed_plan_budget(const Run* run, const PlanSpec* spec) {
+    const TrainOptions* o = &run->opt;
+    if (!o->mem_budget[0] || strcmp(o->recompute, "auto") == 0 || o->plan_only || o->plan_json) return;
+    const char* source = "";
+    size_t budget = memory_budget(o->mem_budget, &source);
+    if (run->plan.total_bytes <= budget) return;
+    char need[32], have[32];
+    fflush(stdout);
+    fprintf(stderr, "the plan of -r %s needs %s, more than --mem-budget %s\n", o->recompute, format_size(run->plan.total_bytes, need, sizeof(need)),
+            format_size(budget, have, sizeof(have)));
+    plan_print_suggestions(spec, budget, stderr);
+    fail("flag --mem-budget: the plan (%s with -r %s) does not fit %s; -r auto chooses recompute modes that do", need, o->recompute, have);
 }
 
 /* --plan and --plan-json: print and exit without allocating anything. */
@@ -212,6 +258,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     run->world = run->opt.plan_processes ? run->opt.plan_processes : remat_proc.world;
     if (run->opt.zero_stage == 1 && run->world == 1)
         fprintf(setup_notes(&run->opt), "note: -z 1 with one process shards nothing\n");
+    if (run->opt.collective_timeout_s > 0 && remat_proc.world == 1) /* (a build without MPI refused it above) */
+        fprintf(setup_notes(&run->opt), "note: --collective-timeout with one process: no collective to time out\n");
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
@@ -243,6 +291,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
         fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",
              run->opt.B, run->opt.T, run->cfg.num_layers, run->cfg.channels);
     run->io_chunk_floats = spec.io_chunk_floats;
+    check_fixed_plan_budget(run, &spec);
     maybe_print_plan_and_exit(run);
     check_default_data(&run->opt);
 }

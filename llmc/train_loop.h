@@ -7,7 +7,17 @@
 
 #include "run_eval.h"
 
+/* This program's peak resident memory: VmHWM, its memory's high-water mark.
+ * (getrusage's ru_maxrss survives exec, so a trainer started by a large
+ * process, such as Python, would report its parent's size.) */
 static inline long peak_rss_kib(void) {
+    FILE* f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kib = -1;
+    while (f && kib < 0 && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) != 1) kib = -1;
+    if (f) fclose(f);
+    if (kib >= 0) return kib;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss;
@@ -101,11 +111,13 @@ static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, i
     logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s, tokens, mib(memory));
 }
 
-/* Data loaders (validated here, before any step), tokenizer, log, buffers. */
+/* Data loaders (validated here, before any step), tokenizer, prompt,
+ * buffers. Reads only: nothing in -o changes before open_output. */
 static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     const TrainOptions* o = &run->opt;
     uint16_t* staging = (uint16_t*)be->io_chunk;
     size_t staging_tokens = run->io_chunk_floats * 2;
+    ls->log.fd = -1;
     dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size,
                     o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
@@ -113,14 +125,6 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
         dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size, 0,
                         (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     load_tokenizer(run, &ls->tk);
-    if (o->out_dir[0]) mkdir_check(o->out_dir);
-    /* a fresh run: --supersede's checkpoints, or incomplete leftovers, go before anything is written */
-    if (o->out_dir[0] && run->resume_step < 0 && run->rank == 0) {
-        int removed = checkpoint_remove_all(o->out_dir);
-        if (removed) printf("checkpoints: removed %d earlier checkpoint%s from %s\n", removed, removed == 1 ? "" : "s", o->out_dir);
-    }
-    proc_barrier("the barrier after clearing -o");
-    logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL, run->resume_step);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
     ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
@@ -128,6 +132,25 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     if (o->eval_by_position && !ls->has_val) fail("--eval-by-position needs validation: shards in -j and -v above 0");
     if (o->eval_by_position && !be->token_losses) fail("--eval-by-position: this trainer cannot report per-token losses");
     position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T);
+}
+
+/* The first step that changes -o, taken only once everything that can be
+ * checked (flags, model, data, tokenizer, prompt, the checkpoint resumed)
+ * has been: creates -o, removes this run's stale temporaries (left by
+ * kill -9 or a second signal), for a fresh run the checkpoints of an earlier
+ * one (--supersede) and incomplete leftovers, and opens the log (a fresh
+ * run's starts empty; a resumed run's loses the lines it will write again). */
+static inline void open_output(Run* run, LoopState* ls) {
+    const TrainOptions* o = &run->opt;
+    if (o->out_dir[0]) mkdir_check(o->out_dir); /* by every rank: each writes its own state file there */
+    if (o->out_dir[0] && run->rank == 0) {
+        int stale = checkpoint_remove_temporaries(o->out_dir);
+        if (stale) printf("checkpoints: removed %d stale temporary file%s (*.tmp) from %s\n", stale, stale == 1 ? "" : "s", o->out_dir);
+        int removed = run->resume_step < 0 ? checkpoint_remove_all(o->out_dir) : 0;
+        if (removed) printf("checkpoints: removed %d earlier checkpoint%s from %s\n", removed, removed == 1 ? "" : "s", o->out_dir);
+    }
+    proc_barrier("the barrier after clearing -o");
+    logger_open(&ls->log, run->rank == 0 ? o->out_dir : NULL, run->resume_step);
 }
 
 static inline void loop_close(LoopState* ls) {
@@ -170,7 +193,9 @@ static inline void maybe_stop_on_signal(Run* run, Backend* be, LoopState* ls, in
     logger_event(&ls->log, step, "stopped by signal");
     loop_close(ls);
     fflush(stdout);
-    exit(PREEMPT_EXIT_STATUS);
+    /* 75 tells a requeue loop to resume; without -o there is nothing to
+     * resume, so the status is the signal's, as if it had ended the run */
+    exit(dir[0] ? PREEMPT_EXIT_STATUS : 128 + sig);
 }
 
 /* Loads the parameters (or checkpoint), runs all steps, reports. */
@@ -181,12 +206,16 @@ static inline void train(Run* run, Backend* be) {
     run->updates = 0;
     LoopState ls;
     loop_open(run, be, &ls);
-    int start = run->resume_step >= 0 ? load_checkpoint(run, be, &ls.train) : 0;
     int steps = total_steps(run, &ls.train);
     ranks_check_data_and_steps(&ls, steps);
-    if (start > 0) logger_event(&ls.log, start, "resumed");
+    run->hp.tokens_per_step = run_tokens_per_step(run);
+    run->hp.steps = run->opt.max_steps == 0 ? 0 : steps;
+    run->data = data_record(run->opt.train_glob, loader_digest(&ls.train));
+    int start = run->resume_step >= 0 ? load_checkpoint(run, be, &ls.train) : 0;
     if (steps < start && run->opt.max_steps != 0)
         fail("flag -x: %d steps, but the checkpoint resumed is at step %d (more steps, or -x 0 to evaluate it)", steps, start);
+    open_output(run, &ls); /* everything is checked: from here on -o changes */
+    if (start > 0) logger_event(&ls.log, start, "resumed");
     if (run->opt.max_steps == 0) {
         steps = start; /* -x 0: evaluate (and sample) the model loaded, at its step */
         printf("training: none (-x 0): evaluating the model at step %d\n", start);
@@ -215,7 +244,8 @@ static inline void train(Run* run, Backend* be) {
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     if (p->spec.backend == BACKEND_CPU)
-        printf("peak resident memory: %.1f MiB (plan: %.1f MiB)\n", (double)peak_rss_kib() / 1024.0, mib(p->total_bytes));
+        printf("peak resident memory: %.1f MiB (plan: %.1f MiB, and up to %.0f MiB for the program%s)\n", (double)peak_rss_kib() / 1024.0,
+               mib(p->total_bytes), mib(plan_program_bytes()), remat_proc.uses_mpi ? " and MPI" : "");
     else
         printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);
     loop_close(&ls);

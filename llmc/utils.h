@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +37,11 @@ static void (*remat_fopen_hook)(FILE* f) = NULL;
 #define REMAT_PRINTF(a, b)
 #endif
 
+/* The temporary file of the atomic write under way (see atomic_open), or
+ * "": fail() removes it, so an error mid-write leaves the file absent, never
+ * a partial one under any name. */
+static char remat_pending_tmp[4200] = "";
+
 static inline void fail(const char* fmt, ...) REMAT_PRINTF(1, 2);
 static inline void fail(const char* fmt, ...) {
     /* formatted whole, then written at once, so lines from several ranks never mix */
@@ -50,6 +56,8 @@ static inline void fail(const char* fmt, ...) {
     line[len] = '\n';
     fflush(stdout);
     if (!remat_fail_quiet && write(STDERR_FILENO, line, len + 1) < 0) { /* nothing left to report to */ }
+    if (remat_pending_tmp[0]) remove(remat_pending_tmp);
+    remat_pending_tmp[0] = '\0';
     if (remat_fail_hook) remat_fail_hook();
     exit(1);
 }
@@ -81,8 +89,19 @@ static inline void fread_check(void* dst, size_t size, size_t n, FILE* f, const 
     }
 }
 
+/* Why a write failed, in words; EFBIG names the limit that causes it. */
+static inline const char* write_error_why(int err) {
+    return err == EFBIG ? "file too large: the file size limit (ulimit -f) is reached" : strerror(err);
+}
+
+/* A process over its file size limit (RLIMIT_FSIZE) is killed by SIGXFSZ
+ * unless it ignores the signal; ignored, the write fails with EFBIG, which
+ * the checked writes turn into one line naming the file. Called first
+ * thing by both trainers (before MPI_Init, which writes files too). */
+static inline void ignore_file_size_signal(void) { signal(SIGXFSZ, SIG_IGN); }
+
 static inline void fwrite_check(const void* src, size_t size, size_t n, FILE* f, const char* path) {
-    if (fwrite(src, size, n, f) != n) fail("%s: write failed (%s)", path, strerror(errno));
+    if (fwrite(src, size, n, f) != n) fail("%s: write failed (%s)", path, write_error_why(errno));
 }
 
 static inline void fseek_check(FILE* f, long offset, int whence, const char* path) {
@@ -92,7 +111,7 @@ static inline void fseek_check(FILE* f, long offset, int whence, const char* pat
 /* Flushes to disk before closing, so that a rename after it publishes a file
  * whose bytes are really there. */
 static inline void fclose_check(FILE* f, const char* path) {
-    if (fflush(f) != 0) fail("%s: write failed (%s)", path, strerror(errno));
+    if (fflush(f) != 0) fail("%s: write failed (%s)", path, write_error_why(errno));
     if (fsync(fileno(f)) != 0 && errno != EINVAL) fail("%s: fsync failed (%s)", path, strerror(errno));
     if (fclose(f) != 0) fail("%s: close failed (%s)", path, strerror(errno));
 }
@@ -124,6 +143,7 @@ static inline void atomic_open(AtomicFile* af, const char* path) {
     memcpy(af->tmp_path, path, len);
     memcpy(af->tmp_path + len, ".tmp", 5);
     af->f = fopen_check(af->tmp_path, "wb");
+    memcpy(remat_pending_tmp, af->tmp_path, len + 5);
 }
 
 /* Flushes a directory's entries (a rename, a removal) to disk. */
@@ -147,6 +167,7 @@ static inline void atomic_commit(AtomicFile* af) {
     af->f = NULL;
     if (rename(af->tmp_path, af->path) != 0)
         fail("%s: cannot rename into place (%s)", af->path, strerror(errno));
+    remat_pending_tmp[0] = '\0';
     fsync_dir_of(af->path);
 }
 
@@ -155,6 +176,7 @@ static inline void atomic_abort(AtomicFile* af) {
     if (af->f) fclose(af->f);
     af->f = NULL;
     remove(af->tmp_path);
+    remat_pending_tmp[0] = '\0';
 }
 
 /* Creates dir and any missing parents (as mkdir -p); fails unless dir ends up a directory. */
@@ -175,6 +197,14 @@ static inline void mkdir_check(const char* dir) {
 }
 
 static inline double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+/* A size for people: MiB from 1 MiB up, KiB below, bytes below 1 KiB. */
+static inline const char* format_size(size_t bytes, char* buf, size_t n) {
+    if (bytes >= ((size_t)1 << 20)) snprintf(buf, n, "%.1f MiB", mib(bytes));
+    else if (bytes >= 1024) snprintf(buf, n, "%.1f KiB", (double)bytes / 1024.0);
+    else snprintf(buf, n, "%zu bytes", bytes);
+    return buf;
+}
 
 static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 

@@ -1,0 +1,449 @@
+"""The CPU trainer under a hostile newcomer's use (issue 23, the trainer's
+items): nothing in -o changes before every input is checked, resumes that
+say what they ignore and refuse what changes the run, damaged checkpoints,
+stale temporaries, a file size limit, flags that would do nothing, prompts
+without room, out-of-memory advice and the exit status of a stop signal."""
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import BUILD, REPO, binary, datafile, run
+
+MODEL = ["-e", "d6", "--layers", "2", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
+N_PARAMS = 8896  # of MODEL: Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C with Vp 128, C 16, L 2, maxT 16
+STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    rng = np.random.default_rng(23)
+    datafile.write_shard(d / "train.bin", rng.integers(0, 64, 20000))
+    datafile.write_shard(d / "other.bin", rng.integers(0, 64, 24000))
+    datafile.write_shard(d / "val.bin", rng.integers(0, 64, 2000))
+    write_tokenizer(d / "wrong_vocab_tokenizer.bin", 50)
+    return d
+
+
+def write_tokenizer(path, vocab):
+    """A version-2 tokenizer file (FORMATS.md) of `vocab` one-byte tokens."""
+    header = np.zeros(256, dtype=np.uint32)
+    header[:4] = [20240328, 2, vocab, vocab - 1]
+    body = b"".join(bytes([1, 65 + i % 26]) for i in range(vocab))
+    path.write_bytes(header.tobytes() + body)
+
+
+def trainer(data, *extra, exe="train_gpt_cpu", env=None, **kw):
+    return run([binary(exe), *MODEL, "-i", data / "train.bin", "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", *extra],
+               env={**ONE_THREAD, **(env or {})}, **kw)
+
+
+def steps(stdout):
+    return [m.groups() for m in STEP_RE.finditer(stdout)]
+
+
+def one_error(res):
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
+    return lines[0]
+
+
+def snapshot(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def log_lines(d):
+    text = (d / "log.jsonl").read_text()
+    assert text.endswith("\n") or not text
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def built_with_mpi():
+    return (BUILD / ".mpi-cpu-on").exists()
+
+
+# ---- 1: validate before destroying ----
+
+@pytest.fixture(scope="module")
+def earlier_run(data, tmp_path_factory):
+    """A finished run with two checkpoints, a validated log and a stale temporary."""
+    d = tmp_path_factory.mktemp("earlier")
+    trainer(data, "-x", "4", "-n", "2", "-v", "2", "-j", data / "val.bin", "-m", "2", "-o", d, check=True)
+    (d / "model_00000006.bin.tmp").write_bytes(b"left by kill -9")
+    return d
+
+
+def long_prompt(tmp_path, n):
+    p = tmp_path / f"prompt{n}.txt"
+    p.write_text(" ".join(str(i % 60 + 1) for i in range(n)))
+    return p
+
+
+REFUSED = [
+    (["--supersede", "-s", "1", "--prompt-tokens", "NOPE"], "NOPE: cannot open"),
+    (["--supersede", "--eval-by-position", "4", "-v", "0"], "--eval-by-position needs validation"),
+    (["--supersede", "-s", "1", "--prompt", "hello", "--tokenizer", "NOPE"], "NOPE: cannot open"),
+    (["--supersede", "-i", "NOPE*.bin"], "-i"),
+    (["--supersede", "-v", "1", "-j", "NOPE.bin"], "-j"),
+    (["--supersede", "-s", "1", "--tokenizer", "WRONG_TOKENIZER"], "--tokenizer"),
+    (["--supersede", "-s", "1", "--prompt-tokens", "LONG_PROMPT"], "no room to generate"),
+    (["--supersede", "-r", "1", "--recompute-layers", "9"], "--recompute-layers"),
+    (["-y", "1", "-l", "5e-3"], "flag -l"),
+    (["-y", "1", "-i", "OTHER"], "flag -i"),
+    (["-y", "1", "-x", "3"], "flag -x"),
+    (["-y", "1", "-v", "2", "-j", "NOPE.bin"], "-j"),
+]
+
+
+@pytest.mark.parametrize("extra, why", REFUSED, ids=[" ".join(e) for e, _ in REFUSED])
+def test_nothing_in_the_output_directory_changes_before_everything_is_checked(data, earlier_run, tmp_path, extra, why):
+    work = tmp_path / "work"
+    shutil.copytree(earlier_run, work)
+    before = snapshot(work)
+    subst = {"WRONG_TOKENIZER": str(data / "wrong_vocab_tokenizer.bin"), "LONG_PROMPT": str(long_prompt(tmp_path, 7)),
+             "OTHER": str(data / "other.bin")}
+    extra = [subst.get(a, a) for a in extra]
+    line = one_error(trainer(data, "-x", "4", "-n", "2", "-o", work, *extra))
+    assert why in line, line
+    assert snapshot(work) == before  # no checkpoint removed, no log truncated or trimmed, not even the stale temporary
+
+
+# ---- 2: a resumed run's validation-by-position lines ----
+
+def test_resume_writes_each_validation_by_position_line_once(data, tmp_path):
+    args = ["-n", "2", "-v", "2", "-j", data / "val.bin", "-m", "2", "--eval-by-position", "4", "-o", tmp_path]
+    trainer(data, "-x", "4", *args, check=True)
+    trainer(data, "-x", "4", "-y", "1", *args, check=True)  # resumes at step 4 and evaluates it again
+    trainer(data, "-x", "6", "-y", "1", *args, check=True)
+    by_pos = [e["step"] for e in log_lines(tmp_path) if "val_loss_by_position" in e]
+    val = [e["step"] for e in log_lines(tmp_path) if "val_loss" in e]
+    assert by_pos == val == [0, 2, 4, 6]
+
+
+# ---- 3: non-finite optimizer state in a checkpoint ----
+
+def test_nonfinite_checkpoint_state_is_refused_naming_the_element(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    state = tmp_path / "state_00000002_00000.bin"
+    raw = bytearray(state.read_bytes())
+    at = 1024 + 4 * 777  # AdamW m, element 777 (m comes first in the payload)
+    raw[at:at + 4] = struct.pack("<f", float("inf"))
+    state.write_bytes(bytes(raw))
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path))
+    assert str(state) in line and "AdamW m element 777 is inf" in line and "diverged" not in line, line
+
+
+# ---- 5: a file size limit ----
+
+@pytest.mark.parametrize("exe", ["train_gpt_cpu", "build/train_gpt_cpu_asan"])
+def test_file_size_limit_ends_the_run_with_one_line_and_whole_files(data, tmp_path, exe):
+    """SIGXFSZ stays at its default in the child (subprocess restores it):
+    only the trainer itself can keep the limit from killing it. The log hits
+    8 KiB after some 50 lines; the model file (36 KiB) cannot be written."""
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+    args = [str(binary(exe)), *MODEL, "-i", str(data / "train.bin"), "-j", "", "-b", "2", "-t", "8", "-s", "0", "-x", "60",
+            "-o", str(tmp_path)]
+    res = subprocess.run(args, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size,
+                         env={**os.environ, **ONE_THREAD}, cwd=REPO)
+    assert res.returncode == 1, (res.returncode, res.stderr[-2000:])
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {tmp_path}/model_00000060.bin: write failed (file too large: the file size limit (ulimit -f) "
+                      "is reached)"], res.stderr
+    assert len(steps(res.stdout)) == 60
+    entries = log_lines(tmp_path)  # every line whole
+    assert 30 < len(entries) < 60 and [e["step"] for e in entries] == list(range(1, len(entries) + 1))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]  # no checkpoint, not even a partial one
+
+
+# ---- 6: -y 1 says what it ignores, refuses what changes the run ----
+
+def test_resume_names_the_model_flags_it_ignores(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    res = run([binary("train_gpt_cpu"), "-e", "no/such/model.bin", "--layers", "3", "--max-seq-len", "32", "-i", data / "train.bin",
+               "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", "-x", "3", "-y", "1", "-o", tmp_path], env=ONE_THREAD, check=True)
+    assert f"resume: -e, --layers, --max-seq-len ignored: the model (its shape and position table) is the checkpoint's, " \
+           f"{tmp_path}/model_00000002.bin" in res.stdout
+    assert "resumed: step 2" in res.stdout
+
+
+def test_resume_on_other_training_data_is_refused_unless_overridden(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", data / "other.bin"))
+    assert line.startswith(f"error: flag -i: the checkpoint was trained on -i {data / 'train.bin'}, this run gives another -i") \
+        and "--resume-override" in line, line
+    moved = tmp_path / "moved.bin"
+    shutil.copy(data / "train.bin", moved)
+    assert "gives another -i" in one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", moved))
+    datafile.write_shard(moved, np.arange(20002) % 64)  # the same path, other data
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", moved, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", "-x", "2",
+               "-o", tmp_path / "b"], env=ONE_THREAD, check=True)
+    shutil.copy(data / "other.bin", moved)
+    line = one_error(run([binary("train_gpt_cpu"), *MODEL, "-i", moved, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3",
+                          "-x", "3", "-y", "1", "-o", tmp_path / "b"], env=ONE_THREAD))
+    assert "reads shards of other sizes (the data changed)" in line, line
+    ok = trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", data / "other.bin", "--resume-override", check=True)
+    assert "resume: the checkpoint was trained on -i" in ok.stdout and "resumed: step 2" in ok.stdout
+    assert res.returncode == 0
+
+
+@pytest.mark.parametrize("schedule, final, refused", [("cosine", "0.1", True), ("linear", "0.1", True),
+                                                      ("cosine", "1", False), ("constant", "0.1", False)])
+def test_resume_with_more_steps_is_refused_where_the_schedule_decays_over_them(data, tmp_path, schedule, final, refused):
+    hp = ["-k", schedule, "-q", final]
+    trainer(data, "-x", "2", "-o", tmp_path, *hp, check=True)
+    res = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path, *hp)
+    if refused:
+        line = one_error(res)
+        assert line.startswith("error: flag -x: the checkpoint was trained with -x 2 steps") and "--resume-override" in line, line
+        ok = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path, *hp, "--resume-override", check=True)
+        assert "resume: -x changed from 2 to 4 (--resume-override)" in ok.stdout
+    else:
+        assert res.returncode == 0 and "resumed: step 2" in res.stdout, res.stderr
+
+
+def test_a_version_2_state_still_resumes(data, tmp_path):
+    """State version 2 (before the data record and -x): slots 24-27 and
+    64-127 zero, 15 hyperparameters. It resumes as the same state in version
+    3 does, and says the data is not compared."""
+    trainer(data, "-x", "2", "-o", tmp_path / "v3", check=True)
+    shutil.copytree(tmp_path / "v3", tmp_path / "v2")
+    state = tmp_path / "v2" / "state_00000002_00000.bin"
+    h = np.frombuffer(state.read_bytes()[:1024], dtype=np.int32).copy()
+    assert h[1] == 3 and h[32] == 16 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x last
+    h[1] = 2
+    h[24:28] = 0
+    h[64:128] = 0
+    h[32] = 15
+    h[32 + 16] = 0
+    state.write_bytes(h.tobytes() + state.read_bytes()[1024:])
+    a = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v3", check=True)
+    b = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v2", check=True)
+    assert "predates the record of the training data" in b.stdout
+    assert steps(a.stdout) == steps(b.stdout) and len(steps(a.stdout)) == 2
+    assert (tmp_path / "v2" / "model_00000004.bin").read_bytes() == (tmp_path / "v3" / "model_00000004.bin").read_bytes()
+
+
+# ---- 10: out-of-memory advice ----
+
+def plan_total(*extra):
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "-i", "x", "--plan-json", *extra], check=True)
+    return json.loads(res.stdout)["total_bytes"]
+
+
+def test_smaller_batch_suggestions_keep_the_tokens_per_step():
+    """-b 8 -t 256 -d 2048: a budget where -r 1 fits up to -b 7, but only
+    -b 1, 2, 4 (and 8) keep 2048 tokens per step."""
+    b7 = plan_total("-b", "7", "-t", "256", "-r", "1")
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "-i", "x", "-b", "8", "-t", "256", "-d", "2048", "-r", "auto",
+               "--mem-budget", str(b7), "--plan"])
+    assert res.returncode == 1
+    m = re.search(r"^  -r 1 -b (\d+) -d (\d+) ", res.stderr, re.M)
+    assert m and (int(m.group(1)), int(m.group(2))) == (4, 2048), res.stderr
+
+
+def test_small_budgets_print_in_kib():
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "-i", "x", "-r", "auto", "--mem-budget", "1KiB", "--plan"])
+    assert "what would fit in 1.0 KiB:" in res.stderr and res.stderr.strip().endswith("error: -r auto: nothing fits in 1.0 KiB")
+    assert "0.0 MiB" not in res.stderr
+
+
+@pytest.mark.parametrize("exe", ["train_gpt_cpu", "build/train_gpt_cpu_asan"])
+def test_zero_sharding_is_suggested_only_where_the_build_runs_processes(exe):
+    """d12 at -b 1 -t 64: a budget between the plan over two processes with
+    ZeRO-1 and the plan of one process; the combination -r 1 -b 1 -d ... -z 1
+    is what fits (the batch of 4 does not)."""
+    one = plan_total("-b", "1", "-t", "64", "-r", "1")
+    two = plan_total("-b", "1", "-t", "64", "-r", "1", "-z", "1", "--plan-processes", "2")
+    assert two < one
+    res = run([binary(exe), "-e", "d12", "-i", "x", "-b", "4", "-t", "64", "-r", "auto", "--mem-budget", str((one + two) // 2), "--plan"])
+    assert res.returncode == 1
+    mpi = exe == "train_gpt_cpu" and built_with_mpi()
+    if mpi:
+        assert re.search(r"^  -r 1 -b \d -d 256 -z 1 across 2 processes", res.stderr, re.M), res.stderr
+    else:
+        assert "-z 1" not in res.stderr and "this build runs one process: no ZeRO-1" in res.stderr, res.stderr
+
+
+# ---- 11: a prompt must leave room for a token ----
+
+def test_prompt_room_rule(data, tmp_path):
+    """-t 8: the context is the end-of-text token and the prompt; generating
+    reads at most 8 tokens of context, so 6 prompt tokens leave room for one
+    and 7 for none."""
+    res = trainer(data, "-x", "1", "-s", "1", "-g", "5", "--prompt-tokens", long_prompt(tmp_path, 6), check=True)
+    assert "leaves room for 1 of the -g 5 tokens within -t 8" in res.stdout
+    sample = res.stdout.split("sample at step 1:\n---\n")[1].split("\n---")[0]
+    assert len(re.findall(r"<\d+>", sample)) == 6 + 1, sample  # the prompt, then one generated token (as <id>: no tokenizer)
+    line = one_error(trainer(data, "-x", "1", "-s", "1", "--prompt-tokens", long_prompt(tmp_path, 7)))
+    assert "8 tokens with the leading end-of-text leave no room to generate within -t 8 (at most 6 prompt tokens)" in line, line
+
+
+# ---- 12: flags never ignored silently ----
+
+IGNORED = [
+    (["-r", "0", "--recompute-layers", "1"], "flag --recompute-layers: applies to -r 1 and -r 3 only"),
+    (["-r", "2", "--recompute-layers", "all"], "flag --recompute-layers: applies to -r 1 and -r 3 only"),
+    (["-r", "auto", "--recompute-layers", "1"], "flag --recompute-layers: applies to -r 1 and -r 3 only"),
+    (["-nm", "5", "-o", "OUT"], "flag -nm: applies with -nk"),
+    (["--wpe-init", "interpolate"], "flag --wpe-init: applies to a model file"),
+    (["--resume-override"], "flag --resume-override: applies to -y 1 only"),
+    (["-s", "1", "--tokenizer", "WRONG_TOKENIZER"], "50 tokens, but the model's vocabulary has 64"),
+    (["-w", "0"], "flag -w: GPU trainer only (train_gpt)"),
+]
+
+
+@pytest.mark.parametrize("extra, why", IGNORED, ids=[" ".join(e) for e, _ in IGNORED])
+def test_a_flag_without_effect_is_refused(data, tmp_path, extra, why):
+    subst = {"WRONG_TOKENIZER": str(data / "wrong_vocab_tokenizer.bin"), "OUT": str(tmp_path / "out")}
+    line = one_error(trainer(data, "-x", "1", *[subst.get(a, a) for a in extra]))
+    assert why in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_mem_budget_below_a_fixed_plan_is_refused_with_what_fits(data):
+    res = trainer(data, "-x", "1", "-r", "0", "--mem-budget", "1MiB")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 1 and lines[0] == "the plan of -r 0 needs 1.2 MiB, more than --mem-budget 1.0 MiB", res.stderr
+    assert lines[1] == "what would fit in 1.0 MiB:" and lines[-1].startswith("error: flag --mem-budget: the plan (1.2 MiB with -r 0)")
+    assert trainer(data, "-x", "1", "-r", "0", "--mem-budget", "2MiB").returncode == 0  # a budget the plan keeps
+
+
+def test_wpe_init_needs_a_lengthened_table(data, tmp_path):
+    trainer(data, "-x", "1", "-o", tmp_path, check=True)
+    model = tmp_path / "model_00000001.bin"
+    base = [binary("train_gpt_cpu"), "-e", model, "-i", data / "train.bin", "-j", "", "-b", "2", "-t", "8", "-s", "0", "-x", "1"]
+    line = one_error(run([*base, "--wpe-init", "tile"], env=ONE_THREAD))
+    assert "flag --wpe-init: applies only when --max-seq-len lengthens the position table" in line and "16 rows" in line, line
+    assert "flag --wpe-init" in one_error(run([*base, "--max-seq-len", "8", "--wpe-init", "tile"], env=ONE_THREAD))
+    run([*base, "--max-seq-len", "32", "--wpe-init", "interpolate"], env=ONE_THREAD, check=True)
+
+
+def test_collective_timeout_needs_mpi(data):
+    """The sanitizer build has no MPI; a build with MPI started alone runs
+    one process and says the flag has nothing to do."""
+    line = one_error(trainer(data, "-x", "1", "--collective-timeout", "5", exe="build/train_gpt_cpu_asan"))
+    assert line.startswith("error: flag --collective-timeout: this binary was built without MPI"), line
+    if built_with_mpi():
+        res = trainer(data, "-x", "1", "--collective-timeout", "5", check=True)
+        assert "note: --collective-timeout with one process: no collective to time out" in res.stdout
+
+
+def test_auto_found_tokenizer_of_another_vocabulary_is_not_used(data, tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    shutil.copy(data / "train.bin", d / "train.bin")
+    write_tokenizer(d / "x_tokenizer.bin", 50)
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", d / "train.bin", "-j", "", "-b", "2", "-t", "8", "-x", "1", "-s", "1"],
+              env=ONE_THREAD, check=True)
+    assert f"tokenizer: {d / 'x_tokenizer.bin'} has 50 tokens, the model's vocabulary 64: not used" in res.stdout
+
+
+def test_help_marks_shape_flags_as_from_the_model():
+    out = run([binary("train_gpt_cpu"), "--help"], check=True).stdout
+    for flag in ["--layers", "--heads", "--channels", "--max-seq-len", "--vocab-size"]:
+        assert re.search(rf"^  {flag} N .*\[from -e\]$", out, re.M), flag
+    assert re.search(r"^  -nm N +with -nk: also keep every checkpoint whose step is a multiple of N ", out, re.M)
+
+
+# ---- 13: dropout on resume names the flag typed ----
+
+def test_changed_dropout_on_resume_names_the_flag_typed(data, tmp_path):
+    trainer(data, "-x", "2", "--dropout", "0.1", "-o", tmp_path, check=True)
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "--dropout", "0.2", "-o", tmp_path))
+    assert line.startswith("error: flag --dropout: the checkpoint was trained with --dropout 0.1, this run gives 0.2"), line
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "--attn-dropout", "0.3", "-o", tmp_path))
+    assert line.startswith("error: flag --attn-dropout:"), line
+
+
+# ---- 14: a damaged latest checkpoint ----
+
+@pytest.mark.parametrize("damage", ["model", "state"])
+def test_damaged_latest_checkpoint_falls_back_to_the_newest_whole_one(data, tmp_path, damage):
+    trainer(data, "-x", "4", "-n", "2", "-o", tmp_path / "a", check=True)
+    shutil.copytree(tmp_path / "a", tmp_path / "ref")
+    for name in ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin"]:
+        (tmp_path / "ref" / name).unlink()
+    victim = tmp_path / "a" / ("model_00000004.bin" if damage == "model" else "state_00000004_00000.bin")
+    victim.write_bytes(victim.read_bytes()[:5000])
+    res = trainer(data, "-x", "6", "-n", "2", "-y", "1", "-o", tmp_path / "a", check=True)
+    assert f"resume: checkpoint of step 4 is damaged ({victim}: size 5000 bytes does not match its header" in res.stdout
+    assert "resume: falling back to step 2, the latest whole checkpoint" in res.stdout and "resumed: step 2" in res.stdout
+    ref = trainer(data, "-x", "6", "-n", "2", "-y", "1", "-o", tmp_path / "ref", check=True)
+    assert steps(res.stdout) == steps(ref.stdout) and len(steps(ref.stdout)) == 4
+    assert (tmp_path / "a" / "model_00000006.bin").read_bytes() == (tmp_path / "ref" / "model_00000006.bin").read_bytes()
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    (tmp_path / "model_00000002.bin").write_bytes(b"")
+    before = snapshot(tmp_path)
+    line = one_error(trainer(data, "-x", "4", "-y", "1", "-o", tmp_path))
+    assert line.startswith(f"error: -y 1: no whole checkpoint in {tmp_path} (the latest, step 2:"), line
+    assert snapshot(tmp_path) == before
+
+
+# ---- 15: stale temporaries ----
+
+STALE = ["model_00000003.bin.tmp", "state_00000003_00000.bin.tmp", "DONE_00000003.tmp", "log.jsonl.tmp"]
+NOT_OURS = ["notes.tmp", "model_3.bin.tmp", "state_00000003_0.bin.tmp"]
+
+
+@pytest.mark.parametrize("how", ["resume", "supersede"])
+def test_stale_temporaries_of_a_run_are_removed_at_start(data, tmp_path, how):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    for name in STALE + NOT_OURS:
+        (tmp_path / name).write_bytes(b"x" * 100)
+    extra = ["-y", "1"] if how == "resume" else ["--supersede"]
+    res = trainer(data, "-x", "3", "-o", tmp_path, *extra, check=True)
+    assert f"checkpoints: removed 4 stale temporary files (*.tmp) from {tmp_path}" in res.stdout
+    left = {p.name for p in tmp_path.iterdir()}
+    assert not left & set(STALE) and set(NOT_OURS) <= left
+
+
+# ---- 16: the program's share of host memory ----
+
+def test_peak_memory_stays_within_the_plan_and_the_program_share(data):
+    res = trainer(data, "-x", "3", check=True)
+    m = re.search(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB, and up to (\d+) MiB for the program\)", res.stdout)
+    assert m, res.stdout[-500:]
+    peak, plan, program = map(float, m.groups())
+    assert program == 4 and plan < peak <= plan + program
+
+
+@pytest.mark.skipif(not shutil.which("mpirun"), reason="no mpirun")
+def test_peak_memory_under_mpi_stays_within_the_plan_and_the_program_share(data):
+    if not built_with_mpi():
+        pytest.skip("train_gpt_cpu was built without MPI")
+    res = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", binary("train_gpt_cpu"), *MODEL,
+               "-i", data / "train.bin", "-j", "", "-b", "2", "-t", "8", "-s", "0", "-x", "3"], env=ONE_THREAD, check=True)
+    m = re.search(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB, and up to (\d+) MiB for the program and MPI\)",
+                  res.stdout)
+    assert m, res.stdout[-500:]
+    peak, plan, program = map(float, m.groups())
+    assert program == 20 and plan + 4 < peak <= plan + program  # MPI's share is more than the program alone's
+
+
+# ---- 17: a stop signal without -o ----
+
+def test_stop_signal_without_output_exits_with_the_signal_status(data):
+    proc = subprocess.Popen([str(binary("train_gpt_cpu")), *MODEL, "-i", str(data / "train.bin"), "-j", "", "-b", "2", "-t", "8",
+                             "-s", "0", "-x", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, **ONE_THREAD})
+    for line in proc.stdout:
+        if line.startswith("step    3/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    out = proc.stdout.read()
+    assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
+    assert re.search(r"stopped by SIGTERM after step \d+: no -o, nothing saved", out), out[-500:]
