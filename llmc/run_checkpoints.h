@@ -149,7 +149,6 @@ static inline void check_parameters_finite(Run* run, Backend* be, int step) {
     }
 }
 
-static inline int run_tokens_per_step(const Run* run) { return run->grad_accum * run->opt.B * run->opt.T * run->world; }
 
 /* The parameters whose optimizer state this rank holds: all of them, or its
  * ZeRO-1 shard. */
