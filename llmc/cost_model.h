@@ -62,7 +62,6 @@ typedef struct { double matmul_flops, attention_flops, memory_bytes; } Work;
  * 450 GB/s a direction, about 370 GB/s reached by point-to-point copies);
  * InfiniBand NDR, one 400 Gb/s port per GPU (about 45 GB/s reached); MPI
  * between processes of one machine through shared memory. */
-typedef struct { const char* name; double bytes_per_s, latency_s; } RingLink;
 static const RingLink ring_links[] = {
     {"nvlink", 3.7e11, 1.0e-5},
     {"infiniband", 4.5e10, 2.0e-5},
@@ -72,21 +71,25 @@ static const RingLink ring_links[] = {
 
 static const CostModel cost_model_defaults[] = {
     /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz */
-    {"cpu", 2.0e10, 4.0e9, 8.0e9, 5.0e9, 2.0e-6, "mpi"},
-    {"a100", 2.2e14, 1.2e14, 1.6e12, 3.7e11, 1.0e-5, "nvlink"},
-    {"h100", 6.0e14, 3.0e14, 2.8e12, 3.7e11, 1.0e-5, "nvlink"},
-    {"h200", 6.5e14, 3.2e14, 4.0e12, 3.7e11, 1.0e-5, "nvlink"},
+    {"cpu", 2.0e10, 4.0e9, 8.0e9},
+    {"a100", 2.2e14, 1.2e14, 1.6e12},
+    {"h100", 6.0e14, 3.0e14, 2.8e12},
+    {"h200", 6.5e14, 3.2e14, 4.0e12},
 };
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
 
-/* --ring-link: the named link's rates replace the cost model's ("" keeps them). */
-static inline void cost_model_set_link(CostModel* cm, const char* link) {
-    for (int i = 0; link[0] && i < NUM_RING_LINKS; i++)
-        if (strcmp(link, ring_links[i].name) == 0) {
-            cm->link_bytes_per_s = ring_links[i].bytes_per_s;
-            cm->link_latency_s = ring_links[i].latency_s;
-            snprintf(cm->link_name, sizeof(cm->link_name), "%s", ring_links[i].name);
-        }
+/* --ring-link's link ("": MPI on the CPU trainer, NVLink on the GPU's). */
+static inline RingLink ring_link_resolve(const char* name, int backend) {
+    if (!name[0]) name = backend == BACKEND_CPU ? "mpi" : "nvlink";
+    for (int i = 0; i < NUM_RING_LINKS; i++)
+        if (strcmp(name, ring_links[i].name) == 0) return ring_links[i];
+    fail("flag --ring-link: '%s' is not nvlink, infiniband or mpi", name);
+    return ring_links[0]; /* not reached */
+}
+
+/* The spec's link, or its backend's default when none was set. */
+static inline RingLink spec_ring_link(const PlanSpec* s) {
+    return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_resolve("", s->backend);
 }
 
 static inline double work_seconds(Work w, const CostModel* cm) {
@@ -160,8 +163,9 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
 
 /* ---- the context-parallel ring (see the top) ---- */
 
-static inline double ring_transfer_seconds(const CostModel* cm, size_t bytes) {
-    return cm->link_bytes_per_s > 0 ? cm->link_latency_s + (double)bytes / cm->link_bytes_per_s : 0.0;
+static inline double ring_transfer_seconds(const PlanSpec* s, size_t bytes) {
+    RingLink link = spec_ring_link(s);
+    return link.latency_s + (double)bytes / link.bytes_per_s;
 }
 
 /* Time one layer's forward ring adds over its attention (0 without context parallelism). */
@@ -169,7 +173,7 @@ static inline double ring_forward_seconds(const PlanSpec* s, const CostModel* cm
     int N = plan_context_parallel(s);
     if (N == 1) return 0.0;
     double step = attention_forward_flops(s) / cm->attention_flops_per_s / N;
-    double exposed = ring_transfer_seconds(cm, plan_ring_kv_bytes(s)) - step;
+    double exposed = ring_transfer_seconds(s, plan_ring_kv_bytes(s)) - step;
     return (N - 1) * (exposed > 0 ? exposed : 0.0);
 }
 
@@ -178,8 +182,8 @@ static inline double ring_backward_seconds(const PlanSpec* s, const CostModel* c
     int N = plan_context_parallel(s);
     if (N == 1) return 0.0;
     double step = 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N;
-    double exposed = ring_transfer_seconds(cm, plan_ring_kv_bytes(s)) - step;
-    return (N - 1) * (exposed > 0 ? exposed : 0.0) + N * ring_transfer_seconds(cm, plan_ring_dkv_bytes(s));
+    double exposed = ring_transfer_seconds(s, plan_ring_kv_bytes(s)) - step;
+    return (N - 1) * (exposed > 0 ? exposed : 0.0) + N * ring_transfer_seconds(s, plan_ring_dkv_bytes(s));
 }
 
 /* Ring time of one optimizer step with per-layer modes (NULL: -r 0). */
@@ -221,11 +225,8 @@ static inline void cost_model_read(const char* path, CostModel* out) {
     if (!f) fail("--cost-model %s: not cpu, a100, h100, h200 nor a readable file (%s)", path, strerror(errno));
     memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "%s", path);
-    /* the three rates are required; the ring's link is optional (default: NVLink's) */
-    double* rates[5] = {&out->matmul_flops_per_s, &out->attention_flops_per_s, &out->memory_bytes_per_s, &out->link_bytes_per_s,
-                        &out->link_latency_s};
-    static const char* const keys[5] = {"matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s", "link_bytes_per_s",
-                                        "link_latency_s"};
+    double* rates[3] = {&out->matmul_flops_per_s, &out->attention_flops_per_s, &out->memory_bytes_per_s};
+    static const char* const keys[3] = {"matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s"};
     char line[512];
     for (int n = 1; fgets(line, sizeof(line), f); n++) {
         size_t len = strlen(line);
@@ -240,8 +241,8 @@ static inline void cost_model_read(const char* path, CostModel* out) {
         const char* val = eq + 1 + strspn(eq + 1, " \t");
         if (klen == 4 && strncmp(p, "name", 4) == 0) { snprintf(out->name, sizeof(out->name), "%s", val); continue; }
         int k = 0;
-        while (k < 5 && !(strlen(keys[k]) == klen && strncmp(p, keys[k], klen) == 0)) k++;
-        if (k == 5) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
+        while (k < 3 && !(strlen(keys[k]) == klen && strncmp(p, keys[k], klen) == 0)) k++;
+        if (k == 3) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
         char* end = NULL;
         double v = strtod(val, &end);
         if (end == val || *end != '\0' || !isfinite(v) || v <= 0) fail("--cost-model %s: line %d: %s must be a positive number", path, n, keys[k]);
@@ -251,8 +252,6 @@ static inline void cost_model_read(const char* path, CostModel* out) {
     fclose(f);
     for (int k = 0; k < 3; k++)
         if (*rates[k] == 0) fail("--cost-model %s: %s missing", path, keys[k]);
-    snprintf(out->link_name, sizeof(out->link_name), "%s", out->link_bytes_per_s > 0 ? "the file's" : "nvlink");
-    if (out->link_bytes_per_s == 0) { out->link_bytes_per_s = ring_links[0].bytes_per_s; out->link_latency_s = ring_links[0].latency_s; }
 }
 
 static inline void cost_model_write(const CostModel* cm, const char* path, const char* how) {

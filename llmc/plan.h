@@ -86,10 +86,14 @@ typedef enum { BACKEND_CPU = 0, BACKEND_GPU = 1 } PlanBackend;
 typedef struct {
     char name[200];
     double matmul_flops_per_s, attention_flops_per_s, memory_bytes_per_s;
-    /* the context-parallel ring's link between neighbours: one direction's bytes per second, and seconds per message */
-    double link_bytes_per_s, link_latency_s;
-    char link_name[40];
 } CostModel;
+
+/* The link the context-parallel ring runs on, for the time model: one
+ * direction's bytes per second between neighbours and seconds per message. */
+typedef struct {
+    char name[16];
+    double bytes_per_s, latency_s;
+} RingLink;
 
 typedef struct {
     ModelConfig cfg;
@@ -100,6 +104,7 @@ typedef struct {
     int master_weights;     /* fp32 master copy of the parameters (low-precision builds) */
     int world_size, zero_stage;
     int context_parallel;   /* N: ranks sharing each sequence, each holding B x T/N tokens (0 counts as 1) */
+    RingLink ring_link;     /* zero: the backend's default (cost_model.h) */
     int grad_accum;         /* micro-steps per optimizer step, for the time model (0: 1) */
     const unsigned char* layer_mode; /* L recompute modes; NULL means all RECOMPUTE_NONE */
     CostModel cost_model;   /* for predicted step times; zero rates: the backend's default */

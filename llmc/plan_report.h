@@ -376,12 +376,13 @@ static inline void plan_print_ring(const MemoryPlan* p, const CostModel* cm, FIL
     size_t kv = plan_ring_kv_bytes(s), dkv = plan_ring_dkv_bytes(s);
     double fwd = ring_forward_seconds(s, cm), bwd = ring_backward_seconds(s, cm);
     double all = ring_step_seconds(s, cm, s->layer_mode);
+    RingLink link = spec_ring_link(s);
     fprintf(out, "  ring (context parallel %d, link %s: %.3g B/s, %.3g s a message): K/V block %.1f MiB, dK/dV block %.1f MiB; "
-                 "%d transfers of K/V and %d of dK/dV per layer and micro-step\n", N, cm->link_name, cm->link_bytes_per_s,
-            cm->link_latency_s, mib(kv), mib(dkv), 2 * (N - 1), N);
+                 "%d transfers of K/V and %d of dK/dV per layer and micro-step\n", N, link.name, link.bytes_per_s,
+            link.latency_s, mib(kv), mib(dkv), 2 * (N - 1), N);
     fprintf(out, "  ring time not hidden by attention: forward %.3f ms, backward %.3f ms per layer; %.1f ms of the step\n",
             1e3 * fwd, 1e3 * bwd, 1e3 * all);
-    double saved = (N - 1) * (ring_transfer_seconds(cm, kv) - 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N);
+    double saved = (N - 1) * (ring_transfer_seconds(s, kv) - 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N);
     fprintf(out, "  alternative, K/V kept from the forward instead of circulated again: +%.1f MiB per layer (%.1f MiB for %d layers), "
                  "saves at most %.1f ms per step\n", mib(size_mul_sat((size_t)(N - 1), kv)),
             mib(size_mul_sat(size_mul_sat((size_t)(N - 1), kv), (size_t)L)), L, saved > 0 ? 1e3 * saved * L * micro : 0.0);

@@ -256,7 +256,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.layer_mode = run->layer_mode;
     spec.grad_accum = run->grad_accum;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, &spec.cost_model);
-    cost_model_set_link(&spec.cost_model, run->opt.ring_link);
+    spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
