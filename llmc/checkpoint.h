@@ -15,6 +15,9 @@
  * fp32 payloads: AdamW m and v for this rank's shard of the parameters, then
  * the fp32 master weights of that shard when the run keeps them. Slots
  * ST_HPARAMS.. hold the hyperparameters resume compares (llmc/run_identity.h).
+ * ST_CONTEXT_PARALLEL: --context-parallel N of the run that wrote it, 0 for
+ * N = 1 (files of runs without it are unchanged); a run resumes under
+ * another N when it keeps the processes, T and the sequences per micro-step.
  */
 #ifndef REMAT_CHECKPOINT_H
 #define REMAT_CHECKPOINT_H
@@ -32,7 +35,7 @@ enum {
     ST_MAGIC, ST_VERSION, ST_STEP, ST_WORLD, ST_RANK, ST_ZERO, ST_HAS_MASTER, ST_B, ST_T,
     ST_EPOCH, ST_SHARD_POS, ST_BATCH_POS_LO, ST_BATCH_POS_HI, ST_PARAMS_LO, ST_PARAMS_HI,
     ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES,
-    ST_RUN_ID_LO, ST_RUN_ID_HI, ST_HPARAMS = 32
+    ST_RUN_ID_LO, ST_RUN_ID_HI, ST_CONTEXT_PARALLEL = 30, ST_HPARAMS = 32
 };
 /* The device record: name (64 bytes, NUL-padded), SM count, CUDA runtime,
  * cuBLASLt and NCCL versions (0 where not used). */
@@ -58,6 +61,7 @@ static inline void device_record_format(const DeviceRecord* d, char* buf, size_t
 
 typedef struct {
     int step, world, rank, zero_stage, has_master, B, T;
+    int context_parallel; /* N, 1 without context parallelism */
     DataLoaderState loader;
     size_t num_params, shard_params, shard_start;
     float loss_scale;
@@ -77,6 +81,7 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     h[ST_MAGIC] = STATE_MAGIC; h[ST_VERSION] = STATE_VERSION; h[ST_STEP] = s->step;
     h[ST_WORLD] = s->world; h[ST_RANK] = s->rank; h[ST_ZERO] = s->zero_stage; h[ST_HAS_MASTER] = s->has_master;
     h[ST_B] = s->B; h[ST_T] = s->T;
+    h[ST_CONTEXT_PARALLEL] = s->context_parallel > 1 ? s->context_parallel : 0;
     h[ST_EPOCH] = s->loader.epoch; h[ST_SHARD_POS] = s->loader.shard_pos;
     put64(h, ST_BATCH_POS_LO, (uint64_t)s->loader.batch_pos);
     put64(h, ST_PARAMS_LO, s->num_params);
@@ -102,6 +107,8 @@ static inline void state_header_check(const TrainState* s, const char* path) {
     if ((s->zero_stage != 0 && s->zero_stage != 1) || (s->has_master != 0 && s->has_master != 1))
         fail("%s: ZeRO stage %d or master-weight flag %d out of range in the header", path, s->zero_stage, s->has_master);
     if (s->B < 1 || s->T < 1) fail("%s: batch B=%d T=%d out of range in the header", path, s->B, s->T);
+    if (s->context_parallel < 1 || s->world % s->context_parallel != 0)
+        fail("%s: context-parallel degree %d does not divide the %d processes in the header", path, s->context_parallel, s->world);
     if (s->loader.epoch < 0 || s->loader.shard_pos < 0 || s->loader.batch_pos < 0)
         fail("%s: negative dataloader position in the header", path);
     if (s->num_params == 0 || s->num_params > ((size_t)1 << 40) || s->shard_params > s->num_params ||
@@ -119,6 +126,7 @@ static inline FILE* state_open(const char* path, TrainState* s) {
     if (h[ST_VERSION] != STATE_VERSION) fail("%s: unsupported state version %d (expected %d)", path, h[ST_VERSION], STATE_VERSION);
     s->step = h[ST_STEP]; s->world = h[ST_WORLD]; s->rank = h[ST_RANK]; s->zero_stage = h[ST_ZERO];
     s->has_master = h[ST_HAS_MASTER]; s->B = h[ST_B]; s->T = h[ST_T];
+    s->context_parallel = h[ST_CONTEXT_PARALLEL] ? h[ST_CONTEXT_PARALLEL] : 1;
     s->loader.epoch = h[ST_EPOCH]; s->loader.shard_pos = h[ST_SHARD_POS];
     s->loader.batch_pos = (int64_t)get64(h, ST_BATCH_POS_LO);
     s->num_params = get64(h, ST_PARAMS_LO);

@@ -466,6 +466,10 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
     fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g}, ",
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
+    RingLink link = spec_ring_link(s);
+    fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_forward_seconds_per_layer\": %.9g, "
+                 "\"ring_backward_seconds_per_layer\": %.9g, \"predicted_ring_seconds\": %.9g, ", plan_context_parallel(s), link.name,
+            ring_forward_seconds(s, &cm), ring_backward_seconds(s, &cm), ring_step_seconds(s, &cm, s->layer_mode));
     ModeFit fits[NUM_RECOMPUTE_MODES];
     plan_mode_fits(s, budget, fits);
     fprintf(out, "\"budget_bytes\": %zu, \"modes\": [", budget);
