@@ -168,7 +168,7 @@ def test_eval_by_position_and_sampling_under_two(synthetic):
         assert [k for k, _ in ka] == [k for k, _ in kb] == ["0-8", "8-16", "16-32"]
         assert np.allclose([float(v) for _, v in kb], [float(v) for _, v in ka], rtol=REL, atol=0)
     sample = lambda s: re.findall(r"sample at step \d+:\n---\n(.*?)\n---", s, re.S)
-    assert len(sample(one)) == 2 and sample(two) == sample(one)
+    assert len(sample(one)) == 1 and len(sample(one)[0]) > 20 and sample(two) == sample(one)
 
 
 @pytest.mark.parametrize("flags,message", [
@@ -200,7 +200,7 @@ def test_ranks_disagreeing_on_degree_are_refused(synthetic):
 
 
 def plan_json(*flags):
-    res = run([binary("train_gpt_cpu"), "-e", "d12", "-b", "1", "-t", "8192", "--plan-json", *flags], check=True)
+    res = run([binary("train_gpt_cpu"), "-e", "d12", "--max-seq-len", "8192", "-b", "1", "-t", "8192", "--plan-json", *flags], check=True)
     return json.loads(res.stdout)
 
 
