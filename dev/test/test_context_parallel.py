@@ -267,3 +267,19 @@ def test_gradcheck_through_the_ring():
     res = run(["mpirun", "-np", "2", exe], env=MPI_ENV, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "PASS: ring gradient check" in res.stdout
+
+
+def test_finetune_long_script_takes_the_degree(synthetic, tmp_path):
+    """scripts/finetune_long.sh with CONTEXT_PARALLEL=2: plans for the two
+    processes, then starts them with mpirun sharing each sequence."""
+    out, meta = synthetic
+    train(1, synthetic, "-b", "1", "-x", "1", "-v", "0", "-o", tmp_path / "a")
+    env = {**os.environ, **MPI_ENV, "TRAINER": str(binary("train_gpt_cpu")), "TRAIN": str(out / "synthetic_train.bin"), "VAL": "",
+           "MEM_BUDGET": "64MiB", "CONTEXT_PARALLEL": "2", "TOKENS_PER_STEP": "128"}
+    res = subprocess.run([str(REPO / "scripts" / "finetune_long.sh"), "a/model_00000001.bin", "64", "-x", "2"], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "per process, 2 processes, ZeRO-0; context parallel 2: 32 tokens of each row per process" in res.stdout
+    assert "context parallel: 1 group of 2 processes share each sequence" in res.stdout
+    assert "gradient accumulation 2 (128 tokens per step)" in res.stdout
+    assert [s for s, _ in losses(res.stdout)] == [1, 2]
