@@ -165,7 +165,8 @@ static inline void config_validate(const ModelConfig* c, const char* what) {
     if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 17))
         fail("%s: padded vocabulary %d out of range [%d, 131072] (the vocabulary %d and up)", what, c->padded_vocab_size,
              c->vocab_size, c->vocab_size);
-    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20)) fail("%s: max sequence length %d out of range [1, 1048576]", what, c->max_seq_len);
+    /* 2^22: long enough for a context-parallel group's sequence (docs/context-parallel.md) */
+    if (c->max_seq_len < 1 || c->max_seq_len > (1 << 22)) fail("%s: max sequence length %d out of range [1, 4194304]", what, c->max_seq_len);
 }
 
 /* Standard deviation of a tensor's init; 0 means a constant fill. */
