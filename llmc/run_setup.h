@@ -145,7 +145,7 @@ static inline void resolve_context_parallel(Run* run) {
     if (run->world % N != 0)
         fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence)", N,
              run->world, run->world == 1 ? "" : "es");
-    if (T % (2 * N) != 0) {
+    if (N > 1 && T % (2 * N) != 0) {
         int below = T / (2 * N) * (2 * N), above = below + 2 * N;
         if (below > 0) fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d or %d work",
                             T, 2 * N, N, 2 * N, below, above);
