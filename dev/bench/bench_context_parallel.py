@@ -73,8 +73,8 @@ def cpu_table(args):
     print()
 
 
-def h200_plan(exe, t, n, r):
-    flags = ["-e", "d48", "--max-seq-len", str(t), "-t", str(t), "-b", "1", "-r", r, "--mem-budget", "139GiB", "--plan-json"]
+def h200_plan(exe, t, n, r, z):
+    flags = ["-e", "d48", "--max-seq-len", str(t), "-t", str(t), "-b", "1", "-r", r, "-z", z, "--mem-budget", "139GiB", "--plan-json"]
     if n > 1:
         flags += ["--plan-processes", str(n), "--context-parallel", str(n)]
     if exe.name == "train_gpt_cpu":
@@ -90,12 +90,13 @@ def h200_table():
     exe = gpu if gpu.exists() else REPO / "train_gpt_cpu"
     note = "train_gpt's plan (bf16)" if exe == gpu else "train_gpt_cpu's plan with --cost-model h200 (fp32 storage: not the GPU's bytes)"
     print(f"### Predicted: GPT-2 1.5B (-e d48), B=1, on H200s (139 GiB), {note}\n")
-    print("| T | GPUs (N) | -r | GiB per GPU | fits | predicted s/step | ring s/step (not hidden) |")
-    print("|---|---|---|---|---|---|---|")
-    for t, n, r in [(393216, 1, "1"), (1048576, 8, "1"), (1048576, 8, "3"), (2097152, 8, "1")]:
-        p = h200_plan(exe, t, n, r)
+    print("| T | GPUs (N) | -r | -z | GiB per GPU | fits | predicted s/step | ring s/step (not hidden) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for t, n, r, z in [(393216, 1, "1", "0"), (1048576, 8, "1", "0"), (1048576, 8, "1", "1"), (1048576, 8, "3", "1"),
+                       (2097152, 8, "1", "0"), (2097152, 8, "1", "1")]:
+        p = h200_plan(exe, t, n, r, z)
         gib = p["total_bytes"] / 2**30
-        print(f"| {t:,} | {n} | {r} | {gib:.1f} | {'yes' if gib <= 139 else 'no'} | {p['predicted_step_seconds']:.1f} | "
+        print(f"| {t:,} | {n} | {r} | {z} | {gib:.1f} | {'yes' if gib <= 139 else 'no'} | {p['predicted_step_seconds']:.1f} | "
               f"{p.get('predicted_ring_seconds', 0.0):.2f} |")
     print()
 
