@@ -283,3 +283,19 @@ def test_finetune_long_script_takes_the_degree(synthetic, tmp_path):
     assert "context parallel: 1 group of 2 processes share each sequence" in res.stdout
     assert "gradient accumulation 2 (128 tokens per step)" in res.stdout
     assert [s for s, _ in losses(res.stdout)] == [1, 2]
+
+
+def test_collective_timeout_names_the_rank_lost_inside_the_ring(synthetic):
+    """Rank 1 stops itself as step 3 begins (REMAT_TEST_STALL): rank 0 waits
+    in the ring of step 3's first layer and, after --collective-timeout,
+    names rank 1 and stops the job."""
+    import time
+    out, meta = synthetic
+    t0 = time.time()
+    res = run(["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
+               out / "synthetic_train.bin", "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "100", "--context-parallel", "2",
+               "--collective-timeout", "2"], env={**MPI_ENV, "REMAT_TEST_STALL": "1:3"}, timeout=120)
+    assert res.returncode != 0 and time.time() - t0 < 60, res.stderr
+    assert re.search(r"^error: rank 0: waited more than 2 s in the ring attention forward \(step 3\) for rank 1, the other member "
+                     r"of this rank's context-parallel ring: it is stuck, stopped or gone; stopping the job "
+                     r"\(--collective-timeout\)$", res.stderr, re.M), res.stderr
