@@ -121,9 +121,9 @@ def test_run_to_run_and_every_recompute_mode_bitwise(synthetic, tmp_path):
 
 
 def test_recompute_full_bitwise_with_four(synthetic, tmp_path):
-    """N = 4 (three ring steps, blocks skipped and diagonal): -r 1 reruns the
-    ring in backward and gets -r 0's model file."""
-    common = ["-b", "1", "--context-parallel", "4", "-x", "3", "-v", "0", "--dropout", "0.1"]
+    """N = 4 (three ring steps, blocks skipped and diagonal), ZeRO-1 sharded
+    over the four: -r 1 reruns the ring in backward and gets -r 0's model file."""
+    common = ["-b", "1", "--context-parallel", "4", "-x", "3", "-v", "0", "--dropout", "0.1", "-z", "1"]
     for r in ["0", "1"]:
         train(4, synthetic, *common, "-r", r, "-o", tmp_path / r)
     name = "model_00000003.bin"
@@ -218,9 +218,10 @@ def test_plan_divides_activations_and_names_ring_buffers():
         assert eight["components"][k] == one["components"][k]
 
 
-def test_plan_time_model_prices_the_ring_and_auto_weighs_it():
+def test_plan_time_model_prices_the_ring_in_recompute():
     """-r 1 pays the forward ring again; -r 3 does not: on a slow link their
-    predicted gap grows by exactly the forward ring's time per layer."""
+    predicted gap grows by exactly the forward ring's time per layer (the
+    per-layer recompute time -r auto weighs is the same function)."""
     fast = plan_json("--plan-processes", "4", "--context-parallel", "4", "--ring-link", "nvlink")
     slow = plan_json("--plan-processes", "4", "--context-parallel", "4", "--ring-link", "mpi")
     modes = lambda p: {m["recompute"]: m["predicted_step_seconds"] for m in p["modes"]}
