@@ -1181,6 +1181,9 @@ static Backend cpu_backend(CpuModel* m) {
 }
 
 static void cpu_model_free(CpuModel* m) {
+#ifdef USE_MPI
+    ring_free(&m->ring);
+#endif
     free(m->arena);
     memset(m, 0, sizeof(*m));
 }
