@@ -4,7 +4,8 @@
 one run on the same model, tokens and flags; then the plan's predicted table
 for GPT-2 1.5B (-e d48) on eight H200s at long T.
 
-    python3 dev/bench/bench_context_parallel.py [--model d6] [--layers 4] [-t 2048] [--steps 4] [--ranks 1,2,4]
+    python3 dev/bench/bench_context_parallel.py [--layers 4] [--channels 128] [--heads 4] [--vocab-size 256] [-t 4096]
+                                                [--steps 3] [--ranks 1,2,4]
     python3 dev/bench/bench_context_parallel.py --plan-only   # just the H200 table
 
 Each rank runs with OMP_NUM_THREADS=1 under mpirun (--oversubscribe), so the
@@ -30,42 +31,49 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-RSS_WRAPPER = ("import resource, subprocess, sys\nr = subprocess.run(sys.argv[1:])\n"
-               "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr, flush=True)\n"
+# Runs the trainer and writes its peak RSS (KiB) to DIR/rss_<rank>: a file per
+# rank, since mpirun may interleave the ranks' stderr lines.
+RSS_WRAPPER = ("import os, resource, subprocess, sys\nr = subprocess.run(sys.argv[2:])\n"
+               "open(os.path.join(sys.argv[1], 'rss_' + os.environ['OMPI_COMM_WORLD_RANK']), 'w')"
+               ".write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
                "sys.exit(r.returncode)\n")
 
 
-def tokens_file(tmp, n):
+def tokens_file(tmp, n, vocab):
     sys.path.insert(0, str(REPO / "dev" / "data"))
     import datafile
     import numpy as np
     path = Path(tmp) / "bench_tokens.bin"
-    datafile.write_shard(path, np.random.default_rng(0).integers(0, 50257, n))
+    datafile.write_shard(path, np.random.default_rng(0).integers(0, vocab, n))
     return path
 
 
 def measure(args, ranks, data, wrapper):
-    flags = ["-e", args.model, "--layers", str(args.layers), "--max-seq-len", str(args.t), "-b", "1", "-t", str(args.t),
+    flags = ["-e", "d6", "--layers", str(args.layers), "--channels", str(args.channels), "--heads", str(args.heads),
+             "--vocab-size", str(args.vocab_size), "--max-seq-len", str(args.t), "-b", "1", "-t", str(args.t),
              "-x", str(args.steps), "-s", "0", "-v", "0", "-j", "", "-i", str(data), "--context-parallel", str(ranks), "-r", args.r]
-    cmd = ["mpirun", "-np", str(ranks), sys.executable, str(wrapper), str(REPO / "train_gpt_cpu"), *flags]
+    rss_dir = wrapper.parent / f"rss{ranks}"
+    rss_dir.mkdir()
+    cmd = ["mpirun", "-np", str(ranks), sys.executable, str(wrapper), str(rss_dir), str(REPO / "train_gpt_cpu"), *flags]
     res = subprocess.run(cmd, env={**os.environ, **MPI_ENV}, capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
     step_ms = float(re.search(r"average step time ([0-9.]+) ms", res.stdout).group(1))
     plan = float(re.search(r"total +([0-9.]+) MiB", res.stdout).group(1))
     acts = float(re.search(r"activations +([0-9.]+) MiB", res.stdout).group(1))
-    rss = [int(v) / 1024 for v in re.findall(r"peak_rss_kib (\d+)", res.stderr)]
+    rss = [int((rss_dir / f"rss_{r}").read_text()) / 1024 for r in range(ranks)]
     loss = re.findall(r"step +\d+/\d+ \| loss ([0-9.]+)", res.stdout)
     return step_ms, plan, acts, rss, loss
 
 
 def cpu_table(args):
     with tempfile.TemporaryDirectory() as tmp:
-        data = tokens_file(tmp, 4 * args.t * (args.steps + 2))
+        data = tokens_file(tmp, 4 * args.t * (args.steps + 2), args.vocab_size)
         wrapper = Path(tmp) / "rss.py"
         wrapper.write_text(RSS_WRAPPER)
         rows = [(n, *measure(args, n, data, wrapper)) for n in args.ranks]
-    print(f"### CPU: {args.model} with {args.layers} layers, B=1, T={args.t}, -r {args.r}, {args.steps} steps, one thread per rank\n")
+    print(f"### CPU: L={args.layers} C={args.channels} NH={args.heads} V={args.vocab_size}, B=1, T={args.t}, -r {args.r}, "
+          f"{args.steps} steps (first excluded), one thread per rank\n")
     print("| ranks (N) | ms/step | plan per rank MiB | activations per rank MiB | peak RSS per rank MiB | last loss |")
     print("|---|---|---|---|---|---|")
     for n, ms, plan, acts, rss, loss in rows:
@@ -103,11 +111,13 @@ def h200_table():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="d6")
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("-t", type=int, default=2048)
+    ap.add_argument("--channels", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--vocab-size", type=int, default=256)
+    ap.add_argument("-t", type=int, default=4096)
     ap.add_argument("-r", default="0")
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--plan-only", action="store_true")
     args = ap.parse_args()
