@@ -235,18 +235,20 @@ def test_peak_rss_per_rank_against_the_plan(synthetic, tmp_path):
     stays within its plan plus the process's fixed cost, and halving the
     tokens per rank (N = 2) saves what the plan says it saves."""
     out, meta = synthetic
-    wrapper = tmp_path / "rss.py"
-    wrapper.write_text("import resource, subprocess, sys\nr = subprocess.run(sys.argv[1:])\n"
-                       "print('peak_rss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr)\n"
-                       "sys.exit(r.returncode)\n")
+    wrapper = tmp_path / "rss.py"  # a file per rank: mpirun may interleave the ranks' stderr
+    wrapper.write_text("import os, resource, subprocess, sys\nr = subprocess.run(sys.argv[2:])\n"
+                       "open(os.path.join(sys.argv[1], 'rss_' + os.environ['OMPI_COMM_WORLD_RANK']), 'w')"
+                       ".write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\nsys.exit(r.returncode)\n")
     shape = ["-e", "d6", "--layers", "4", "--channels", "64", "--heads", "4", "--max-seq-len", "1024", "--vocab-size",
              str(meta["vocab_size"]), "-i", str(out / "synthetic_train.bin"), "-j", "", "-b", "8", "-t", "1024", "-x", "1", "-s", "0"]
 
     def measure(np_, n):
-        res = run(["mpirun", "-np", str(np_), sys.executable, wrapper, str(binary("train_gpt_cpu")), *shape, "--context-parallel",
-                   str(n)], env=MPI_ENV, check=True, timeout=600)
+        rss_dir = tmp_path / f"rss{np_}"
+        rss_dir.mkdir()
+        res = run(["mpirun", "-np", str(np_), sys.executable, wrapper, rss_dir, str(binary("train_gpt_cpu")), *shape,
+                   "--context-parallel", str(n)], env=MPI_ENV, check=True, timeout=600)
         plan = float(re.search(r"total +([0-9.]+) MiB", res.stdout).group(1))
-        return [int(v) / 1024 for v in re.findall(r"peak_rss_kib (\d+)", res.stderr)], plan
+        return [int((rss_dir / f"rss_{r}").read_text()) / 1024 for r in range(np_)], plan
 
     rss1, plan1 = measure(1, 1)
     rss2, plan2 = measure(2, 2)
