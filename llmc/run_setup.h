@@ -143,8 +143,8 @@ static inline void resolve_recompute(Run* run) {
 static inline void resolve_context_parallel(Run* run) {
     int N = run->opt.context_parallel, T = run->opt.T;
     if (run->world % N != 0)
-        fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence)", N,
-             run->world, run->world == 1 ? "" : "es");
+        fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence%s)", N,
+             run->world, run->world == 1 ? "" : "es", run->opt.plan_only || run->opt.plan_json ? "; --plan-processes P plans for P" : "");
     if (N > 1 && T % (2 * N) != 0) {
         int below = T / (2 * N) * (2 * N), above = below + 2 * N;
         if (below > 0) fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d or %d work",
