@@ -15,6 +15,9 @@
  *   -r 3  x atty                               =  2C elements + NH floats (logsumexp)
  * Whatever a layer does not keep lives in one shared "recompute set" in the
  * scratch section, which the backward pass refills layer by layer.
+ * Under context parallelism (--context-parallel N) every per-token buffer
+ * holds this rank's B x T/N tokens, and the ring adds two K/V blocks and two
+ * dK/dV blocks (scratch; plan_ring_kv_bytes).
  */
 #ifndef REMAT_PLAN_H
 #define REMAT_PLAN_H
