@@ -563,14 +563,27 @@ static inline real dropout_value(const DropoutSite* s, const uint32_t* words, si
 /* dst = src with site s's mask and scale (in place when dst == src), over
  * `rows` token rows of C: element c of row n is element token_global_row(n)
  * * C + c of the whole batch, so a rank holding some of a sequence's tokens
- * draws the bits one process holding all of them draws. */
+ * draws the bits one process holding all of them draws. Whole sequences
+ * (parts 1) take the flat loop, element e being e: one generator call per 8
+ * elements, and the arithmetic (so the bits) of every run before context
+ * parallelism. */
 static void dropout_mask(real* dst, const real* src, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
+    size_t n = rows * (size_t)C;
+    if (lay->parts == 1) {
+        #pragma omp parallel for schedule(static)
+        for (size_t g = 0; g < (n + 7) / 8; g++) {
+            uint32_t w[4];
+            dropout_draws(s, g, w);
+            for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) dst[e] = dropout_value(s, w, e, src[e]);
+        }
+        return;
+    }
     #pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < rows; n++) {
-        size_t e0 = token_global_row(lay, n) * (size_t)C;
+    for (size_t r = 0; r < rows; r++) {
+        size_t e0 = token_global_row(lay, r) * (size_t)C;
         uint32_t w[4];
         for (int c = 0; c < C; c++) {
-            size_t e = e0 + (size_t)c, i = n * (size_t)C + (size_t)c;
+            size_t e = e0 + (size_t)c, i = r * (size_t)C + (size_t)c;
             if (c == 0 || (e & 7) == 0) dropout_draws(s, e >> 3, w);
             dst[i] = dropout_value(s, w, e, src[i]);
         }
@@ -578,12 +591,21 @@ static void dropout_mask(real* dst, const real* src, size_t rows, int C, const T
 }
 
 /* out = branch + res over rows x C, the branch dropped at site s first (out
- * may be branch): a residual add; without dropout the sum of the code before
- * dropout. */
+ * may be branch; elements numbered as in dropout_mask): a residual add;
+ * without dropout the sum of the code before dropout. */
 static void residual_add(real* out, const real* branch, const real* res, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
     size_t n = rows * (size_t)C;
     if (!s->threshold) {
         for (size_t i = 0; i < n; i++) out[i] = branch[i] + res[i];
+        return;
+    }
+    if (lay->parts == 1) {
+        #pragma omp parallel for schedule(static)
+        for (size_t g = 0; g < (n + 7) / 8; g++) {
+            uint32_t w[4];
+            dropout_draws(s, g, w);
+            for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) out[e] = dropout_value(s, w, e, branch[e]) + res[e];
+        }
         return;
     }
     #pragma omp parallel for schedule(static)
