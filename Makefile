@@ -68,6 +68,10 @@ $(BUILD):
 $(BUILD)/test_gradcheck: dev/test/test_gradcheck.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -DREMAT_FP64 -o $@ $< $(LDLIBS)
 
+# The fp64 check of the context-parallel ring: needs MPI, runs under mpirun -np 2.
+$(BUILD)/test_ring_gradcheck: dev/test/test_ring_gradcheck.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
+	$(MPICC) $(TEST_CFLAGS) -DUSE_MPI -DREMAT_FP64 -o $@ $< $(LDLIBS)
+
 $(BUILD)/test_recompute: dev/test/test_recompute.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -o $@ $< $(LDLIBS)
 
@@ -109,7 +113,7 @@ $(BUILD)/fuzz_%: dev/fuzz/fuzz_%.c dev/fuzz/fuzz_common.h $(HEADERS) | $(BUILD)
 
 fuzz: $(FUZZ_BINS)
 
-test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan $(if $(CLANG),$(FUZZ_BINS))
+test-bins: train_gpt_cpu $(TEST_BINS) $(BUILD)/train_gpt_cpu_asan $(if $(CLANG),$(FUZZ_BINS)) $(if $(MPICC),$(BUILD)/test_ring_gradcheck)
 
 # Python packages the tests need, installed only when missing.
 deps:

@@ -880,7 +880,8 @@ static void check_dropout_kernels(size_t n, int shift) {
     float *x = rand_rounded(n, 5200, 1.0f, 0), *res = rand_rounded(n, 5201, 1.0f, 0), *want = alloc_floats(n), *got = alloc_floats(n);
     floatX *bx, *br;
     floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_res = gpu_put_shifted(res, n, shift, &br);
-    dropout_mask(want, x, n, &site);
+    TokenLayout flat = {1, 0, 1}; /* the n values as one row: element e is e */
+    dropout_mask(want, x, 1, (int)n, &flat, &site);
     gpu_dropout_mask(d_x, d_x, n, &site, 0);
     gpu_fetch(got, d_x, n);
     size_t zeros_differ = 0;
@@ -890,7 +891,7 @@ static void check_dropout_kernels(size_t n, int shift) {
     expect(zeros_differ == 0, "  the CPU's elements dropped, no other", (double)zeros_differ);
     CUDA_CHECK(cudaFree(bx));
     d_x = gpu_put_shifted(x, n, shift, &bx);
-    residual_add(want, x, res, n, &site);
+    residual_add(want, x, res, 1, (int)n, &flat, &site);
     gpu_dropout_residual(d_x, d_x, d_res, n, &site, 0);
     gpu_fetch(got, d_x, n);
     check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
@@ -942,13 +943,14 @@ static void check_encoder_kernels(int C) {
     floatX *bxx, *d_x = gpu_poisoned((size_t)N * C, 0, &bxx);
     float* d_scratch = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_scratch, (size_t)WTE_MAX_SEGMENTS * C * sizeof(float)));
-    encoder_forward(x, tokens, wte, wpe, B, T, C);
+    TokenLayout whole = {T, 0, 1}; /* whole sequences: position t of each row */
+    encoder_forward(x, tokens, wte, wpe, B, C, &whole);
     gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, T, C, 0);
     gpu_fetch(got, d_x, (size_t)N * C);
     check("  forward", 0, got, x, (size_t)N * C, TOL_KERNEL, 1, NULL);
     memcpy(want_wte, dwte, (size_t)V * C * sizeof(float));
     memcpy(want_wpe, dwpe, (size_t)T * C * sizeof(float));
-    encoder_backward(want_wte, want_wpe, dx, tokens, B, T, C);
+    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &whole);
     for (int fp32_sum = 0; fp32_sum <= 1; fp32_sum++) {
         floatX* d_dwte = gpu_put(dwte, (size_t)V * C);
         floatX* d_dwpe = gpu_put(dwpe, (size_t)T * C);

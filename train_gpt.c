@@ -264,32 +264,50 @@ static void matmul_backward_weight(real* dW, real* dbias, const real* dout, cons
 }
 
 /* ------------------------------------------------------------------------ */
-/* encoder: x (B,T,C) = wte[tokens] + wpe[t]                                 */
+/* encoder: x (B,T,C) = wte[tokens] + wpe[position]                         */
 
-static void encoder_forward(real* x, const int* tokens, const real* wte, const real* wpe, int B, int T, int C) {
+/* Where this rank's B x T token rows sit in their sequences: row n is token
+ * n % T of sequence n / T, at global position context_position(n % T, ...)
+ * of a sequence of T * parts tokens (llmc/dataloader.h; parts 1: n % T). */
+typedef struct { int T, part, parts; } TokenLayout;
+
+static inline int token_position(const TokenLayout* lay, size_t n) {
+    return context_position((int)(n % (size_t)lay->T), lay->T, lay->part, lay->parts);
+}
+
+/* The row of the whole (B, T * parts) batch that local row n is. */
+static inline size_t token_global_row(const TokenLayout* lay, size_t n) {
+    return n / (size_t)lay->T * (size_t)lay->T * (size_t)lay->parts + (size_t)token_position(lay, n);
+}
+
+static void encoder_forward(real* x, const int* tokens, const real* wte, const real* wpe, int B, int C, const TokenLayout* lay) {
     #pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
+    for (int bt = 0; bt < B * lay->T; bt++) {
         const real* te = wte + (size_t)tokens[bt] * C;
-        const real* pe = wpe + (size_t)(bt % T) * C;
+        const real* pe = wpe + (size_t)token_position(lay, (size_t)bt) * C;
         real* dst = x + (size_t)bt * C;
         for (int c = 0; c < C; c++) dst[c] = te[c] + pe[c];
     }
 }
 
 /* dwte rows are shared by repeated tokens, so they accumulate serially in
- * row order; dwpe sums over b in order, parallel over t. */
-static void encoder_backward(real* dwte, real* dwpe, const real* dx, const int* tokens, int B, int T, int C) {
+ * row order; dwpe sums over b in order, parallel over t (each local t is its
+ * own position row). */
+static void encoder_backward(real* dwte, real* dwpe, const real* dx, const int* tokens, int B, int C, const TokenLayout* lay) {
+    int T = lay->T;
     for (int bt = 0; bt < B * T; bt++) {
         real* dst = dwte + (size_t)tokens[bt] * C;
         const real* src = dx + (size_t)bt * C;
         for (int c = 0; c < C; c++) dst[c] += src[c];
     }
     #pragma omp parallel for schedule(static)
-    for (int t = 0; t < T; t++)
+    for (int t = 0; t < T; t++) {
+        real* dpe = dwpe + (size_t)token_position(lay, (size_t)t) * C;
         for (int b = 0; b < B; b++) {
             const real* src = dx + ((size_t)b * T + t) * C;
-            for (int c = 0; c < C; c++) dwpe[(size_t)t * C + c] += src[c];
+            for (int c = 0; c < C; c++) dpe[c] += src[c];
         }
+    }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -372,77 +390,140 @@ static inline real attention_dropout_factor(const DropoutSite* drop, int bh, int
     return dropout_keep_attention(drop, bh, T, t, u) ? (real)drop->scale : 0;
 }
 
-static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const DropoutSite* drop) {
-    int hs = C / NH;
+/* One block of causal attention: the Tq queries of one stretch of a row
+ * against the Tk keys of another, each stretch given by its global position
+ * (q0, k0) and its local index in the row (qi in this rank's rows, ki in the
+ * K/V block's rows); key u is seen by query t when u <= t. A whole sequence
+ * is the block q0 = k0 = qi = ki = 0, Tq = Tk = T; under context
+ * parallelism (ring_attention_forward) a block is one chunk of queries
+ * against one chunk of keys. T is the whole sequence's length (dropout's
+ * masks are laid out on it), Tl the tokens of each row the tensors hold. */
+typedef struct {
+    int B, C, NH, T, Tl;
+    int Tq, Tk, q0, k0, qi, ki;
+} AttentionBlock;
+
+/* Keys of the block that query i sees: none, some (the diagonal) or all. */
+static inline int block_keys_seen(const AttentionBlock* a, int i) {
+    int n = a->q0 + i - a->k0 + 1;
+    return n < 0 ? 0 : n < a->Tk ? n : a->Tk;
+}
+
+/* Merges one block's normalised output `part` (hs) and log-sum-exp `l` into
+ * the running o (hs) and *lse: both are softmax-weighted means over disjoint
+ * key sets, so the union's is their mean weighted by exp(lse - new lse). */
+static inline void attention_merge(real* o, real* lse, const real* part, real l, int hs) {
+    real m = *lse > l ? *lse : l;
+    real merged = m + R_LOG(R_EXP(*lse - m) + R_EXP(l - m));
+    real w0 = R_EXP(*lse - merged), w1 = R_EXP(l - merged);
+    for (int i = 0; i < hs; i++) o[i] = o[i] * w0 + part[i] * w1;
+    *lse = merged;
+}
+
+/* out (B,Tl,C), lse (B,NH,Tl): the block's rows written (first) or merged
+ * into (a later block of the same queries). q from qkv (B,Tl,3C); keys from
+ * kv, a (B,Tl,ld) tensor whose rows hold K at channel 0 and V at C. */
+static void attention_block_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionBlock* a,
+                                    int first, const DropoutSite* drop) {
+    int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
-    #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
-        for (int t = 0; t < T; t++) {
-            const real* q = qkv + ((size_t)b * T + t) * 3 * C + h * hs;
-            real* o = out + ((size_t)b * T + t) * C + h * hs;
-            real run_max = -INFINITY, run_sum = 0;
-            for (int i = 0; i < hs; i++) o[i] = 0;
-            for (int t2 = 0; t2 <= t; t2++) {
-                const real* k = qkv + ((size_t)b * T + t2) * 3 * C + C + h * hs;
-                const real* v = k + C;
-                real s = 0;
-                for (int i = 0; i < hs; i++) s += q[i] * k[i];
-                s *= scale;
-                if (s > run_max) { /* rescale what was summed against the old maximum */
-                    real corr = R_EXP(run_max - s);
-                    run_sum *= corr;
-                    for (int i = 0; i < hs; i++) o[i] *= corr;
-                    run_max = s;
+    #pragma omp parallel
+    {
+        real* part = first ? NULL : (real*)malloc_check((size_t)hs * sizeof(real), "attention block");
+        #pragma omp for schedule(static)
+        for (int bh = 0; bh < a->B * NH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            for (int i = 0; i < a->Tq; i++) {
+                int seen = block_keys_seen(a, i), t = a->q0 + i;
+                if (seen == 0) continue;
+                size_t row = (size_t)b * Tl + a->qi + i;
+                const real* q = qkv + row * 3 * C + h * hs;
+                real* o = first ? out + row * C + h * hs : part;
+                real run_max = -INFINITY, run_sum = 0;
+                for (int d = 0; d < hs; d++) o[d] = 0;
+                for (int j = 0; j < seen; j++) {
+                    const real* k = kv + ((size_t)b * Tl + a->ki + j) * ld + h * hs;
+                    const real* v = k + C;
+                    real sc = 0;
+                    for (int d = 0; d < hs; d++) sc += q[d] * k[d];
+                    sc *= scale;
+                    if (sc > run_max) { /* rescale what was summed against the old maximum */
+                        real corr = R_EXP(run_max - sc);
+                        run_sum *= corr;
+                        for (int d = 0; d < hs; d++) o[d] *= corr;
+                        run_max = sc;
+                    }
+                    real p = R_EXP(sc - run_max), pv = p * attention_dropout_factor(drop, bh, a->T, t, a->k0 + j);
+                    run_sum += p;
+                    for (int d = 0; d < hs; d++) o[d] += pv * v[d];
                 }
-                real p = R_EXP(s - run_max), pv = p * attention_dropout_factor(drop, bh, T, t, t2);
-                run_sum += p;
-                for (int i = 0; i < hs; i++) o[i] += pv * v[i];
+                for (int d = 0; d < hs; d++) o[d] /= run_sum;
+                real* l = lse + ((size_t)b * NH + h) * Tl + a->qi + i;
+                if (first) *l = run_max + R_LOG(run_sum);
+                else attention_merge(out + row * C + h * hs, l, part, run_max + R_LOG(run_sum), hs);
             }
-            for (int i = 0; i < hs; i++) o[i] /= run_sum;
-            lse[((size_t)b * NH + h) * T + t] = run_max + R_LOG(run_sum);
         }
+        free(part);
     }
 }
 
-/* dqkv (B,T,3C) is overwritten. Each (b,h) job owns its head's slices, so
+/* The block's share of the backward: dq (in dqkv (B,Tl,3C)) and dk, dv (in
+ * dkv, (B,Tl,ld) with dK at 0 and dV at C) accumulate; out and lse are the
+ * merged ones of all blocks. Each (b,h) job owns its head's slices, so
  * parallel jobs never write the same element. */
-static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                               int B, int T, int C, int NH, const DropoutSite* drop) {
-    int hs = C / NH;
+static void attention_block_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
+                                     const real* out, const real* lse, const AttentionBlock* a, const DropoutSite* drop) {
+    int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < B * NH; bh++) {
+    for (int bh = 0; bh < a->B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
-        for (int t = 0; t < T; t++)
-            for (int part = 0; part < 3; part++)
-                memset(dqkv + ((size_t)b * T + t) * 3 * C + part * C + h * hs, 0, (size_t)hs * sizeof(real));
-        for (int t = 0; t < T; t++) {
-            size_t row = (size_t)b * T + t;
+        for (int i = 0; i < a->Tq; i++) {
+            int seen = block_keys_seen(a, i), t = a->q0 + i;
+            size_t row = (size_t)b * Tl + a->qi + i;
             const real* q = qkv + row * 3 * C + h * hs;
             const real* o = out + row * C + h * hs;
             const real* dO = dout + row * C + h * hs;
             real* dq = dqkv + row * 3 * C + h * hs;
-            real row_lse = lse[((size_t)b * NH + h) * T + t], d_dot_o = 0;
-            for (int i = 0; i < hs; i++) d_dot_o += dO[i] * o[i];
-            for (int t2 = 0; t2 <= t; t2++) {
-                size_t row2 = (size_t)b * T + t2;
-                const real* k = qkv + row2 * 3 * C + C + h * hs;
+            real row_lse = lse[((size_t)b * NH + h) * Tl + a->qi + i], d_dot_o = 0;
+            for (int d = 0; d < hs; d++) d_dot_o += dO[d] * o[d];
+            for (int j = 0; j < seen; j++) {
+                size_t row2 = (size_t)b * Tl + a->ki + j;
+                const real* k = kv + row2 * ld + h * hs;
                 const real* v = k + C;
-                real* dk = dqkv + row2 * 3 * C + C + h * hs;
+                real* dk = dkv + row2 * dld + h * hs;
                 real* dv = dk + C;
-                real s = 0, dp = 0;
-                for (int i = 0; i < hs; i++) { s += q[i] * k[i]; dp += dO[i] * v[i]; }
-                real p = R_EXP(s * scale - row_lse), factor = attention_dropout_factor(drop, bh, T, t, t2);
+                real sc = 0, dp = 0;
+                for (int d = 0; d < hs; d++) { sc += q[d] * k[d]; dp += dO[d] * v[d]; }
+                real p = R_EXP(sc * scale - row_lse), factor = attention_dropout_factor(drop, bh, a->T, t, a->k0 + j);
                 real ds = p * (factor * dp - d_dot_o) * scale;
-                for (int i = 0; i < hs; i++) {
-                    dv[i] += p * factor * dO[i];
-                    dq[i] += ds * k[i];
-                    dk[i] += ds * q[i];
+                for (int d = 0; d < hs; d++) {
+                    dv[d] += p * factor * dO[d];
+                    dq[d] += ds * k[d];
+                    dk[d] += ds * q[d];
                 }
             }
         }
     }
+}
+
+/* The whole sequence on one process: one block. */
+static AttentionBlock whole_sequence(int B, int T, int C, int NH) {
+    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0};
+    return a;
+}
+
+static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const DropoutSite* drop) {
+    AttentionBlock a = whole_sequence(B, T, C, NH);
+    attention_block_forward(out, lse, qkv, qkv + C, 3 * C, &a, 1, drop);
+}
+
+/* dqkv (B,T,3C) is overwritten. */
+static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
+                               int B, int T, int C, int NH, const DropoutSite* drop) {
+    AttentionBlock a = whole_sequence(B, T, C, NH);
+    memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(real));
+    attention_block_backward(dqkv, dqkv + C, 3 * C, dout, qkv, qkv + C, 3 * C, out, lse, &a, drop);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -479,29 +560,64 @@ static inline real dropout_value(const DropoutSite* s, const uint32_t* words, si
     return dropout_keeps(s, words, (int)(e & 7)) ? v * (real)s->scale : 0;
 }
 
-/* dst = src with site s's mask and scale (in place when dst == src). */
-static void dropout_mask(real* dst, const real* src, size_t n, const DropoutSite* s) {
+/* dst = src with site s's mask and scale (in place when dst == src), over
+ * `rows` token rows of C: element c of row n is element token_global_row(n)
+ * * C + c of the whole batch, so a rank holding some of a sequence's tokens
+ * draws the bits one process holding all of them draws. Whole sequences
+ * (parts 1) take the flat loop, element e being e: one generator call per 8
+ * elements, and the arithmetic (so the bits) of every run before context
+ * parallelism. */
+static void dropout_mask(real* dst, const real* src, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
+    size_t n = rows * (size_t)C;
+    if (lay->parts == 1) {
+        #pragma omp parallel for schedule(static)
+        for (size_t g = 0; g < (n + 7) / 8; g++) {
+            uint32_t w[4];
+            dropout_draws(s, g, w);
+            for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) dst[e] = dropout_value(s, w, e, src[e]);
+        }
+        return;
+    }
     #pragma omp parallel for schedule(static)
-    for (size_t g = 0; g < (n + 7) / 8; g++) {
+    for (size_t r = 0; r < rows; r++) {
+        size_t e0 = token_global_row(lay, r) * (size_t)C;
         uint32_t w[4];
-        dropout_draws(s, g, w);
-        for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) dst[e] = dropout_value(s, w, e, src[e]);
+        for (int c = 0; c < C; c++) {
+            size_t e = e0 + (size_t)c, i = r * (size_t)C + (size_t)c;
+            if (c == 0 || (e & 7) == 0) dropout_draws(s, e >> 3, w);
+            dst[i] = dropout_value(s, w, e, src[i]);
+        }
     }
 }
 
-/* out = branch + res, the branch dropped at site s first (out may be branch):
- * a residual add; without dropout the plain sum, so results are bitwise
- * those of a model that has no dropout. */
-static void residual_add(real* out, const real* branch, const real* res, size_t n, const DropoutSite* s) {
+/* out = branch + res over rows x C, the branch dropped at site s first (out
+ * may be branch; elements numbered as in dropout_mask): a residual add;
+ * without dropout the plain sum, so results are bitwise those of a model
+ * that has no dropout. */
+static void residual_add(real* out, const real* branch, const real* res, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
+    size_t n = rows * (size_t)C;
     if (!s->threshold) {
         for (size_t i = 0; i < n; i++) out[i] = branch[i] + res[i];
         return;
     }
+    if (lay->parts == 1) {
+        #pragma omp parallel for schedule(static)
+        for (size_t g = 0; g < (n + 7) / 8; g++) {
+            uint32_t w[4];
+            dropout_draws(s, g, w);
+            for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) out[e] = dropout_value(s, w, e, branch[e]) + res[e];
+        }
+        return;
+    }
     #pragma omp parallel for schedule(static)
-    for (size_t g = 0; g < (n + 7) / 8; g++) {
+    for (size_t r = 0; r < rows; r++) {
+        size_t e0 = token_global_row(lay, r) * (size_t)C;
         uint32_t w[4];
-        dropout_draws(s, g, w);
-        for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) out[e] = dropout_value(s, w, e, branch[e]) + res[e];
+        for (int c = 0; c < C; c++) {
+            size_t e = e0 + (size_t)c, i = r * (size_t)C + (size_t)c;
+            if (c == 0 || (e & 7) == 0) dropout_draws(s, e >> 3, w);
+            out[i] = dropout_value(s, w, e, branch[i]) + res[i];
+        }
     }
 }
 
@@ -534,6 +650,13 @@ typedef struct {
     real* grad_act[NUM_GRAD_ACTS];
     int B, T;                    /* shape of the current call; at most the plan's */
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
+    ContextGroups cp;            /* context parallelism: this rank's place in its group (degree 1: off) */
+    TokenLayout layout;          /* where the current call's token rows sit in their sequences */
+    real* ring_kv[2];            /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
+    real* ring_dkv[2];           /* (B,T,2C) their dK/dV sums, travelling back to the block's owner */
+#ifdef USE_MPI
+    RingTransfer ring;
+#endif
     size_t shard_start, shard_count; /* parameters this rank updates */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
@@ -559,6 +682,15 @@ static inline BlockTensors layer_grads(const CpuModel* m, int l) {
     return dw;
 }
 
+/* The shape of the next pass: B rows of T tokens on this rank (under
+ * context parallelism its chunks of sequences N T long). */
+static void cpu_set_shape(CpuModel* m, int B, int T) {
+    m->B = B;
+    m->T = T;
+    TokenLayout lay = {T, m->cp.member, m->cp.degree};
+    m->layout = lay;
+}
+
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m, 0, sizeof(*m));
     m->cfg = plan->spec.cfg;
@@ -574,9 +706,120 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m->adam_v, 0, plan->shard_params * sizeof(float));
     m->rank = remat_proc.rank;
     m->world = plan->spec.world_size;
+    m->cp = context_groups(plan_context_parallel(&plan->spec), m->rank, m->world);
+    if (m->cp.degree > 1) {
+        size_t block = plan_ring_kv_bytes(&plan->spec) / sizeof(real);
+        m->ring_kv[0] = (real*)(m->arena + plan->off_ring_kv);
+        m->ring_kv[1] = m->ring_kv[0] + block;
+        m->ring_dkv[0] = (real*)(m->arena + plan->off_ring_dkv);
+        m->ring_dkv[1] = m->ring_dkv[0] + block;
+    }
+    cpu_set_shape(m, m->B, m->T);
     m->zero = plan->spec.zero_stage == 1 && m->world > 1;
     if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
     else { m->shard_start = 0; m->shard_count = plan->num_params; }
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention as a ring (context parallelism, llmc/multiproc.h)               */
+/* Member r of a group of N holds chunks r and 2N-1-r (Tc = T/2 tokens each  */
+/* of its T per row). At ring step s it computes its queries against the K/V */
+/* block of member r - s while sending that block on to r + 1 and receiving  */
+/* the next from r - 1 (two buffers); chunk pairs the causal mask empties    */
+/* are skipped. Each query chunk's first block is written and later ones are */
+/* merged by log-sum-exp in step order, then chunk order: a fixed order, so  */
+/* the result does not depend on when messages arrive. Backward passes the   */
+/* K/V blocks round again with their dK/dV sums, which each member adds to   */
+/* and passes on after its block's work; after N steps they are back with    */
+/* their owner. dQ stays local; the forward's lse is reused.                 */
+
+enum { RING_TAG_KV = 1, RING_TAG_DKV = 2 };
+
+#ifdef USE_MPI
+/* Member r's K/V (B,T,2C), packed from its qkv (B,T,3C) for sending. */
+static void ring_pack_kv(real* kv, const real* qkv, size_t rows, int C) {
+    #pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < rows; n++) memcpy(kv + n * 2 * C, qkv + n * 3 * C + C, 2 * (size_t)C * sizeof(real));
+}
+
+/* The chunk pair (query chunk qc, key chunk kc of the block that started at
+ * member `origin`) as an attention block; 0 when the causal mask empties it. */
+static int ring_block(const CpuModel* m, int origin, int qc, int kc, AttentionBlock* a) {
+    int N = m->cp.degree, Tc = m->T / 2;
+    int gq = qc == 0 ? m->cp.member : 2 * N - 1 - m->cp.member, gk = kc == 0 ? origin : 2 * N - 1 - origin;
+    if (gk > gq) return 0;
+    AttentionBlock b = {m->B, m->cfg.channels, m->cfg.num_heads, N * m->T, m->T, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc};
+    *a = b;
+    return 1;
+}
+
+static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real* qkv, const DropoutSite* drop) {
+    int N = m->cp.degree, C = m->cfg.channels;
+    size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(real);
+    ring_pack_kv(m->ring_kv[0], qkv, rows, C);
+    for (int s = 0; s < N; s++) {
+        real* cur = m->ring_kv[s % 2];
+        if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
+        int origin = (m->cp.member - s + N) % N;
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                AttentionBlock a;
+                if (ring_block(m, origin, qc, kc, &a)) attention_block_forward(out, lse, qkv, cur, 2 * C, &a, s == 0 && kc == 0, drop);
+            }
+        ring_wait(&m->ring, &m->cp, "the ring attention forward");
+    }
+}
+
+/* dqkv (B,T,3C) is overwritten. */
+static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
+                                    const DropoutSite* drop) {
+    int N = m->cp.degree, C = m->cfg.channels;
+    size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(real);
+    memset(dqkv, 0, rows * 3 * C * sizeof(real));
+    ring_pack_kv(m->ring_kv[0], qkv, rows, C);
+    memset(m->ring_dkv[0], 0, bytes);
+    for (int s = 0; s < N; s++) {
+        real* cur = m->ring_kv[s % 2];
+        real* dcur = m->ring_dkv[s % 2];
+        if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
+        int origin = (m->cp.member - s + N) % N;
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                AttentionBlock a;
+                if (ring_block(m, origin, qc, kc, &a)) attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &a, drop);
+            }
+        /* the sums go on to the next member; the last step's reach their owner */
+        ring_post(&m->ring, &m->cp, dcur, m->ring_dkv[(s + 1) % 2], bytes, RING_TAG_DKV);
+        ring_wait(&m->ring, &m->cp, "the ring attention backward");
+    }
+    const real* own = m->ring_dkv[N % 2];
+    #pragma omp parallel for schedule(static)
+    for (size_t n = 0; n < rows; n++)
+        for (int c = 0; c < 2 * C; c++) dqkv[n * 3 * C + C + c] = own[n * 2 * C + c];
+}
+#else
+static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real* qkv, const DropoutSite* drop) {
+    (void)m; (void)out; (void)lse; (void)qkv; (void)drop;
+    fail("internal: context parallelism needs MPI (this build has none)");
+}
+static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
+                                    const DropoutSite* drop) {
+    (void)m; (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse; (void)drop;
+    fail("internal: context parallelism needs MPI (this build has none)");
+}
+#endif
+
+/* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
+static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
+    real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
+    if (m->cp.degree > 1) ring_attention_forward(m, out, lse, qkv, drop);
+    else attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop);
+}
+
+static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
+    const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
+    if (m->cp.degree > 1) ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
+    else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop);
 }
 
 /* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
@@ -603,20 +846,20 @@ static void block_forward_mlp(CpuModel* m, int l, real* out) {
     real* fch_gelu = act(m, l, ACT_FCH_GELU);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     matmul_forward(res2, act(m, l, ACT_ATTY), w.attprojw, w.attprojb, N, C, C);
-    residual_add(res2, res2, x, (size_t)N * C, &resid_attn);
+    residual_add(res2, res2, x, (size_t)N, C, &m->layout, &resid_attn);
     layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C);
     matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
     gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
     if (!out) return;
     matmul_forward(out, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
-    residual_add(out, out, res2, (size_t)N * C, &resid_mlp);
+    residual_add(out, out, res2, (size_t)N, C, &m->layout, &resid_mlp);
 }
 
 /* Block l forward from its stored input x; out as in block_forward_mlp. */
 static void block_forward(CpuModel* m, int l, real* out) {
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
     block_forward_qkv(m, l);
-    attention_forward(act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), act(m, l, ACT_QKV), m->B, m->T, m->cfg.channels, m->cfg.num_heads, &att);
+    layer_attention_forward(m, l, &att);
     block_forward_mlp(m, l, out);
 }
 
@@ -639,13 +882,13 @@ static void block_recompute(CpuModel* m, int l) {
 static const real* branch_grad(CpuModel* m, const DropoutSite* s) {
     real* dres = m->grad_act[GRAD_DRES];
     if (!s->threshold) return dres;
-    dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T * m->cfg.channels, s);
+    dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T, m->cfg.channels, &m->layout, s);
     return m->grad_act[GRAD_DLN];
 }
 
 /* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
 static void block_backward(CpuModel* m, int l) {
-    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    int C = m->cfg.channels, N = m->B * m->T;
     BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
     real* dres = m->grad_act[GRAD_DRES];
     real* dln = m->grad_act[GRAD_DLN];
@@ -666,7 +909,7 @@ static void block_backward(CpuModel* m, int l) {
     dbranch = branch_grad(m, &resid_attn);
     matmul_backward_input(datty, dbranch, w.attprojw, N, C, C);
     matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act(m, l, ACT_ATTY), N, C, C);
-    attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH, &att);
+    layer_attention_backward(m, l, dqkv, datty, &att);
     matmul_backward_input(dln, dqkv, w.qkvw, N, C, 3 * C);
     matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
     layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act(m, l, ACT_X),
@@ -678,8 +921,8 @@ static void block_backward(CpuModel* m, int l) {
 static void model_forward(CpuModel* m, const int* inputs) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
-    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, m->T, C);
-    if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), (size_t)N * C, &embd);
+    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout);
+    if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), (size_t)N, C, &m->layout, &embd);
     for (int l = 0; l < L; l++) block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C);
 }
@@ -738,8 +981,8 @@ static void model_backward(CpuModel* m, const int* inputs) {
         block_backward(m, l);
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
-    if (embd.threshold) dropout_mask(dres, dres, (size_t)N * C, &embd);
-    encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, m->T, C);
+    if (embd.threshold) dropout_mask(dres, dres, (size_t)N, C, &m->layout, &embd);
+    encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, C, &m->layout);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -854,8 +1097,7 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
 static float cpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_mean) {
     CpuModel* m = (CpuModel*)ctx;
     m->drop = &m->train_dropout;
-    m->B = m->plan->spec.B;
-    m->T = m->plan->spec.T;
+    cpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     model_forward(m, mb->inputs);
     classifier(m, mb->targets, (real)dloss_mean / (real)(m->B * m->T));
     model_backward(m, mb->inputs);
@@ -867,8 +1109,7 @@ static void cpu_set_dropout(void* ctx, const DropoutState* d) { ((CpuModel*)ctx)
 static float cpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     CpuModel* m = (CpuModel*)ctx;
     m->drop = &dropout_off;
-    m->B = m->plan->spec.B;
-    m->T = m->plan->spec.T;
+    cpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     model_forward(m, inputs);
     classifier(m, targets, 0);
     return (float)mean_loss(m);
@@ -879,19 +1120,42 @@ static void cpu_token_losses(void* ctx, float* out) {
     for (int i = 0; i < m->B * m->T; i++) out[i] = (float)m->losses[i];
 }
 
-/* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
- * planned buffers) and returns softmax probabilities at its last position. */
-static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
-    CpuModel* m = (CpuModel*)ctx;
+/* Softmax probabilities over V at local row `row` of the last forward. */
+static void cpu_row_probs(CpuModel* m, int row, float* probs) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    memcpy(m->inputs, tokens, (size_t)len * sizeof(int));
-    m->drop = &dropout_off;
-    m->B = 1;
-    m->T = len;
-    model_forward(m, m->inputs);
-    matmul_forward(m->logits, m->lnf + (size_t)(len - 1) * C, m->p.wte, NULL, 1, C, Vp);
+    matmul_forward(m->logits, m->lnf + (size_t)row * C, m->p.wte, NULL, 1, C, Vp);
     softmax_row(m->logits, V);
     for (int v = 0; v < V; v++) probs[v] = (float)m->logits[v];
+}
+
+/* Runs the model on one sequence of len tokens (B=1, T=len, a prefix of the
+ * planned buffers) and returns softmax probabilities at its last position.
+ * Under context parallelism every member of the group calls it: the
+ * sequence, padded past its end to a multiple of 2N tokens (causal: the
+ * padding changes nothing before it), is cut into chunks as in training,
+ * and the member holding the last position sends the probabilities to the
+ * others. */
+static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
+    CpuModel* m = (CpuModel*)ctx;
+    int N = m->cp.degree;
+    m->drop = &dropout_off;
+    if (N == 1) {
+        memcpy(m->inputs, tokens, (size_t)len * sizeof(int));
+        cpu_set_shape(m, 1, len);
+        model_forward(m, m->inputs);
+        cpu_row_probs(m, len - 1, probs);
+        return;
+    }
+    int padded = (len + 2 * N - 1) / (2 * N) * (2 * N), Tl = padded / N, Tc = Tl / 2;
+    cpu_set_shape(m, 1, Tl);
+    for (int i = 0; i < Tl; i++) {
+        int pos = token_position(&m->layout, (size_t)i);
+        m->inputs[i] = tokens[pos < len ? pos : 0];
+    }
+    model_forward(m, m->inputs);
+    int chunk = (len - 1) / Tc, owner = chunk < N ? chunk : 2 * N - 1 - chunk;
+    if (owner == m->cp.member) cpu_row_probs(m, (chunk < N ? 0 : Tc) + (len - 1) % Tc, probs);
+    proc_ring_broadcast(probs, (size_t)m->cfg.vocab_size * sizeof(float), owner);
 }
 
 static void cpu_zero_grads(void* ctx) {
@@ -940,6 +1204,9 @@ static Backend cpu_backend(CpuModel* m) {
 }
 
 static void cpu_model_free(CpuModel* m) {
+#ifdef USE_MPI
+    ring_free(&m->ring);
+#endif
     free(m->arena);
     memset(m, 0, sizeof(*m));
 }

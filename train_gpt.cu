@@ -829,6 +829,12 @@ int main(int argc, char** argv) {
     profile_cost_model_path(); /* a bad setting stops the run now, not after step N */
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
+    /* --plan and --plan-json, which price both, have exited in run_setup */
+    if (run.opt.T > (1 << 20))
+        fail("flag -t: %d tokens; the GPU trainer is checked up to 1048576 (its kernels' index arithmetic beyond that is not)", run.opt.T);
+    if (run.cp.degree > 1)
+        fail("flag --context-parallel %d: context parallelism is not built on the GPU yet (train_gpt_cpu runs it; --plan prices it here)",
+             run.cp.degree);
     int master_weights = run.plan.spec.master_weights;
     MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);

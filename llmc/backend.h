@@ -60,10 +60,10 @@ static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0};
         (m)->logits = (ELEM*)(carve_base_ + carve_plan_->off_logits);                                    \
         for (int carve_g_ = 0; carve_g_ < NUM_GRAD_ACTS; carve_g_++)                                     \
             (m)->grad_act[carve_g_] = (ELEM*)(carve_base_ + carve_plan_->grad_act[carve_g_]);            \
-        size_t carve_n_ = (size_t)carve_plan_->spec.B * carve_plan_->spec.T;                             \
+        size_t carve_n_ = (size_t)carve_plan_->spec.B * plan_local_T(&carve_plan_->spec);                             \
         (m)->logits_rows = (size_t)carve_plan_->spec.logits_chunk_rows < carve_n_ ? carve_plan_->spec.logits_chunk_rows : (int)carve_n_; \
         (m)->B = carve_plan_->spec.B;                                                                    \
-        (m)->T = carve_plan_->spec.T;                                                                    \
+        (m)->T = plan_local_T(&carve_plan_->spec);                                                            \
     } while (0)
 
 typedef enum { TENSOR_PARAMS, TENSOR_MASTER, TENSOR_ADAM_M, TENSOR_ADAM_V } StateTensor;
@@ -145,6 +145,7 @@ typedef struct {
     const char* model_path;   /* NULL: random init */
     int resume_step;          /* -1: fresh run */
     int rank, world;
+    ContextGroups cp;         /* context parallelism: groups of cp.degree ranks share each sequence */
     int grad_accum;
     unsigned char* layer_mode;
     MemoryPlan plan;
@@ -157,5 +158,8 @@ typedef struct {
     HparamContext hp;         /* what the state's hyperparameters record besides the flags */
     DataRecord data;          /* the training data, as the state records it */
 } Run;
+
+/* Tokens of one optimizer step, every data-parallel group's (a context-parallel group shares its B x T). */
+static inline int run_tokens_per_step(const Run* run) { return run->grad_accum * run->opt.B * run->opt.T * run->cp.groups; }
 
 #endif

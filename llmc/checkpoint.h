@@ -19,6 +19,9 @@
  * shards' token counts, the digest of -i as typed and its first
  * STATE_DATA_TEXT_BYTES bytes (NUL-padded) for messages; a version 2 state
  * (all zeros there) still loads, its data unchecked.
+ * ST_CONTEXT_PARALLEL: --context-parallel N of the run that wrote it, 0 for
+ * N = 1 (files of runs without it are unchanged); a run resumes under
+ * another N when it keeps the processes, T and the sequences per micro-step.
  */
 #ifndef REMAT_CHECKPOINT_H
 #define REMAT_CHECKPOINT_H
@@ -40,7 +43,7 @@ enum {
     ST_EPOCH, ST_SHARD_POS, ST_BATCH_POS_LO, ST_BATCH_POS_HI, ST_PARAMS_LO, ST_PARAMS_HI,
     ST_SHARD_LO, ST_SHARD_HI, ST_LOSS_SCALE_BITS, ST_CLEAN_STEPS, ST_SHARD_START_LO, ST_SHARD_START_HI, ST_UPDATES,
     ST_RUN_ID_LO, ST_RUN_ID_HI, ST_DATA_COUNTS_LO, ST_DATA_COUNTS_HI, ST_DATA_GLOB_LO, ST_DATA_GLOB_HI,
-    ST_HPARAMS = 32, ST_DATA_TEXT = 64 /* to 127 */
+    ST_CONTEXT_PARALLEL = 30, ST_HPARAMS = 32, ST_DATA_TEXT = 64 /* to 127 */
 };
 
 /* The training data a run read (-i), as version 3 records it. */
@@ -73,6 +76,7 @@ static inline void device_record_format(const DeviceRecord* d, char* buf, size_t
 
 typedef struct {
     int step, world, rank, zero_stage, has_master, B, T;
+    int context_parallel; /* N, 1 without context parallelism */
     DataLoaderState loader;
     size_t num_params, shard_params, shard_start;
     float loss_scale;
@@ -94,6 +98,7 @@ static inline void state_header_write(FILE* f, const TrainState* s, const char* 
     h[ST_MAGIC] = STATE_MAGIC; h[ST_VERSION] = STATE_VERSION; h[ST_STEP] = s->step;
     h[ST_WORLD] = s->world; h[ST_RANK] = s->rank; h[ST_ZERO] = s->zero_stage; h[ST_HAS_MASTER] = s->has_master;
     h[ST_B] = s->B; h[ST_T] = s->T;
+    h[ST_CONTEXT_PARALLEL] = s->context_parallel > 1 ? s->context_parallel : 0;
     h[ST_EPOCH] = s->loader.epoch; h[ST_SHARD_POS] = s->loader.shard_pos;
     put64(h, ST_BATCH_POS_LO, (uint64_t)s->loader.batch_pos);
     put64(h, ST_PARAMS_LO, s->num_params);
@@ -123,6 +128,9 @@ static inline int state_header_problem(const TrainState* s, const char* path, ch
     else if ((s->zero_stage != 0 && s->zero_stage != 1) || (s->has_master != 0 && s->has_master != 1))
         snprintf(why, n, "%s: ZeRO stage %d or master-weight flag %d out of range in the header", path, s->zero_stage, s->has_master);
     else if (s->B < 1 || s->T < 1) snprintf(why, n, "%s: batch B=%d T=%d out of range in the header", path, s->B, s->T);
+    else if (s->context_parallel < 1 || s->world % s->context_parallel != 0)
+        snprintf(why, n, "%s: context-parallel degree %d does not divide the %d processes in the header", path, s->context_parallel,
+                 s->world);
     else if (s->loader.epoch < 0 || s->loader.shard_pos < 0 || s->loader.batch_pos < 0)
         snprintf(why, n, "%s: negative dataloader position in the header", path);
     else if (s->num_params == 0 || s->num_params > ((size_t)1 << 40) || s->shard_params > s->num_params ||
@@ -142,6 +150,7 @@ static inline void state_header_read(const int32_t* h, TrainState* s) {
     s->data.glob[STATE_DATA_TEXT_BYTES] = '\0';
     s->step = h[ST_STEP]; s->world = h[ST_WORLD]; s->rank = h[ST_RANK]; s->zero_stage = h[ST_ZERO];
     s->has_master = h[ST_HAS_MASTER]; s->B = h[ST_B]; s->T = h[ST_T];
+    s->context_parallel = h[ST_CONTEXT_PARALLEL] ? h[ST_CONTEXT_PARALLEL] : 1;
     s->loader.epoch = h[ST_EPOCH]; s->loader.shard_pos = h[ST_SHARD_POS];
     s->loader.batch_pos = (int64_t)get64(h, ST_BATCH_POS_LO);
     s->num_params = get64(h, ST_PARAMS_LO);

@@ -47,6 +47,8 @@ typedef struct {
     const char* mem_budget;
     const char* cost_model;
     int zero_stage, master_weights;
+    int context_parallel; /* N: processes that share each sequence (1: off) */
+    const char* ring_link; /* the time model's link for the ring: nvlink|infiniband|mpi ("": the trainer's default) */
     /* regularisation: dropout probabilities (below 0: not given; resolved in trainer.h) */
     float dropout, attn_dropout, resid_dropout, embd_dropout;
     /* checkpoints and output */
@@ -82,7 +84,7 @@ static const FlagSpec flag_table[] = {
     {"--layers", FLAG_INT, OPT(layers), 1, 4096, FOR_BOTH, "random init: number of layers (overrides the descriptor)"},
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
-    {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 1048576, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
+    {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 4194304, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
     {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "--max-seq-len longer than the file's table: tile (row t = learned row t mod maxT) or interpolate (linearly between learned rows)"},
     {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 65536, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
     {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
@@ -90,7 +92,7 @@ static const FlagSpec flag_table[] = {
     {"--tokenizer", FLAG_STRING, OPT(tokenizer_path), 0, 0, FOR_BOTH, "tokenizer file for decoding samples (default: *tokenizer.bin beside the train shards, else gpt2_tokenizer.bin)"},
     {"--shuffle", FLAG_INT, OPT(shuffle), 0, 1, FOR_BOTH, "1: shuffle shard order and batch order each epoch"},
     {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
-    {"-t", FLAG_INT, OPT(T), 1, 1048576, FOR_BOTH, "sequence length T"},
+    {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576)"},
     {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*processes); must be a multiple of B*T*processes"},
     {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data; 0: only evaluate and sample the model)"},
     {"-l", FLAG_FLOAT, OPT(lr), 0, 10, FOR_BOTH, "peak learning rate"},
@@ -119,6 +121,8 @@ static const FlagSpec flag_table[] = {
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
     {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200 or a calibration file (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
     {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},
+    {"--context-parallel", FLAG_INT, OPT(context_parallel), 1, 65536, FOR_BOTH, "processes that share each sequence (context parallelism: each holds 2 of its 2N chunks, attention runs as a ring); T must be divisible by 2N, N must divide the processes, -b counts sequences per group of N"},
+    {"--ring-link", FLAG_STRING, OPT(ring_link), 0, 0, FOR_BOTH, "link the time model prices the context-parallel ring on: nvlink|infiniband|mpi (default: mpi for train_gpt_cpu, nvlink for train_gpt)"},
     {"-w", FLAG_INT, OPT(master_weights), 0, 1, FOR_GPU, "1: keep fp32 master weights (low-precision builds)"},
     {"--dropout", FLAG_FLOAT, OPT(dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout probability at all three sites: embedding, attention probabilities, residual branches (unset: the model file's, else 0)"},
     {"--attn-dropout", FLAG_FLOAT, OPT(attn_dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout on the attention probabilities (Hugging Face's attn_pdrop; unset: --dropout, else the model file's, else 0)"},
@@ -179,6 +183,8 @@ static inline void options_defaults(TrainOptions* o) {
     o->mem_budget = "";
     o->cost_model = "";
     o->master_weights = 1;
+    o->context_parallel = 1;
+    o->ring_link = "";
     o->dropout = o->attn_dropout = o->resid_dropout = o->embd_dropout = -1.0f;
     o->out_dir = "";
     o->seed = 1337;
@@ -274,6 +280,8 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     if (strcmp(o->recompute, "0") && strcmp(o->recompute, "1") && strcmp(o->recompute, "2") && strcmp(o->recompute, "3") &&
         strcmp(o->recompute, "auto") && !recompute_is_mix(o->recompute))
         fail("flag -r: '%s' is not 0, 1, 2, 3, auto or a per-layer mix like 1:0-3/3:4-11", o->recompute);
+    if (o->ring_link[0] && strcmp(o->ring_link, "nvlink") && strcmp(o->ring_link, "infiniband") && strcmp(o->ring_link, "mpi"))
+        fail("flag --ring-link: '%s' is not nvlink, infiniband or mpi", o->ring_link);
     if (strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
         fail("flag --wpe-init: '%s' is not tile or interpolate", o->wpe_init);
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");

@@ -7,8 +7,10 @@
  *   memory_bytes_per_s     the memory-bound kernels: LayerNorm, GELU,
  *                          softmax, encoder, gradient norm, AdamW
  * and a step takes sum(work / rate) over the three. Overlap, launch gaps and
- * communication are not modelled: the numbers are for comparing recompute
- * choices on one machine, and for the extra time one costs over -r 0.
+ * data-parallel communication are not modelled: the numbers are for
+ * comparing recompute choices on one machine, and for the extra time one
+ * costs over -r 0. The one communication priced is the context-parallel
+ * ring's (below), because -r 1 repeats it and -r 3 does not.
  *
  * Work per micro-step of B*T = N tokens, C channels, E storage bytes:
  *   block forward    matmul 24 N C^2, attention 2 B T (T+1) C (QK^T and PV
@@ -26,6 +28,24 @@
  *                    (moments) + 8 (master weights, when kept), plus E to zero
  *                    each gradient
  *
+ * Context parallelism (N ranks share each sequence, plan.h): every
+ * per-token term above counts this rank's B T / N tokens; attention counts its share of the causal pairs, exactly
+ * B T (T+1) / (2N) with the 2N-chunk layout. The ring adds, per layer, with
+ * a K/V block of kv = B (T/N) 2C E bytes and a link of bandwidth bw and
+ * latency lat (t(x) = lat + x / bw):
+ *   forward          N-1 block transfers, each overlapped with attention on
+ *                    the block before: (N-1) max(0, t(kv) - A_f / N), A_f the
+ *                    layer's attention forward time
+ *   backward         K/V again, overlapped likewise with A_b / N, plus dK/dV
+ *                    (the same shape; fp32 on the GPU) passed on after each
+ *                    block is done, N transfers not overlapped:
+ *                    (N-1) max(0, t(kv) - A_b / N) + N t(dkv)
+ *   recompute -r 1   the forward ring again; -r 3 keeps attention's output
+ *                    and skips it
+ * Keeping the forward's visiting K/V blocks instead of circulating them again
+ * would save the backward's K/V transfers for (N-1) kv bytes per layer: the
+ * plan prints that alternative, the trainers circulate.
+ *
  * Defaults are assumed achievable rates in BF16, not peaks; a calibration
  * file (cost_model_write, from a REMAT_PROFILE run) replaces them with
  * measured ones. --cost-model names a default or a file.
@@ -37,6 +57,18 @@
 
 typedef struct { double matmul_flops, attention_flops, memory_bytes; } Work;
 
+/* Links the ring may run on: one direction's achievable bytes per second
+ * between neighbours, and the latency of one message. NVLink 4 (H100, H200:
+ * 450 GB/s a direction, about 370 GB/s reached by point-to-point copies);
+ * InfiniBand NDR, one 400 Gb/s port per GPU (about 45 GB/s reached); MPI
+ * between processes of one machine through shared memory. */
+static const RingLink ring_links[] = {
+    {"nvlink", 3.7e11, 1.0e-5},
+    {"infiniband", 4.5e10, 2.0e-5},
+    {"mpi", 5.0e9, 2.0e-6},
+};
+#define NUM_RING_LINKS ((int)(sizeof(ring_links) / sizeof(ring_links[0])))
+
 static const CostModel cost_model_defaults[] = {
     /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz */
     {"cpu", 2.0e10, 4.0e9, 8.0e9},
@@ -45,6 +77,20 @@ static const CostModel cost_model_defaults[] = {
     {"h200", 6.5e14, 3.2e14, 4.0e12},
 };
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
+
+/* --ring-link's link ("": MPI on the CPU trainer, NVLink on the GPU's). */
+static inline RingLink ring_link_resolve(const char* name, int backend) {
+    if (!name[0]) name = backend == BACKEND_CPU ? "mpi" : "nvlink";
+    for (int i = 0; i < NUM_RING_LINKS; i++)
+        if (strcmp(name, ring_links[i].name) == 0) return ring_links[i];
+    fail("flag --ring-link: '%s' is not nvlink, infiniband or mpi", name);
+    return ring_links[0]; /* not reached */
+}
+
+/* The spec's link, or its backend's default when none was set. */
+static inline RingLink spec_ring_link(const PlanSpec* s) {
+    return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_resolve("", s->backend);
+}
 
 static inline double work_seconds(Work w, const CostModel* cm) {
     return w.matmul_flops / cm->matmul_flops_per_s + w.attention_flops / cm->attention_flops_per_s +
@@ -58,14 +104,18 @@ static inline Work work_add(Work a, Work b, double k) {
     return a;
 }
 
-/* Causal attention forward FLOPs of one layer. */
+/* Causal attention forward FLOPs of one layer on this rank: all of the
+ * T(T+1)/2 causal pairs, or under context parallelism its 1/N share. */
 static inline double attention_forward_flops(const PlanSpec* s) {
-    return 2.0 * s->B * (double)s->T * (s->T + 1.0) * s->cfg.channels;
+    return 2.0 * s->B * (double)s->T * (s->T + 1.0) * s->cfg.channels / plan_context_parallel(s);
 }
+
+/* This rank's tokens of a micro-step: B*T, or B*T/N under context parallelism. */
+static inline double spec_local_tokens(const PlanSpec* s) { return (double)s->B * plan_local_T(s); }
 
 /* Work of one layer's forward (backward = 0) or backward (backward = 1). */
 static inline Work layer_work(const PlanSpec* s, int backward) {
-    double N = (double)s->B * s->T, C = s->cfg.channels, E = s->elem_bytes;
+    double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
     Work w = {24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E};
     if (backward) { w.matmul_flops *= 2.0; w.attention_flops *= 2.5; w.memory_bytes = 20.0 * N * C * E; }
     return w;
@@ -73,7 +123,7 @@ static inline Work layer_work(const PlanSpec* s, int backward) {
 
 /* Extra work in one layer's backward pass under `mode`. */
 static inline Work recompute_work(const PlanSpec* s, int mode) {
-    double N = (double)s->B * s->T, C = s->cfg.channels, E = s->elem_bytes;
+    double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
     Work w = {0.0, 0.0, 12.0 * N * C * E};
     if (mode == RECOMPUTE_NONE) w.memory_bytes = 0.0;
     if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) w.matmul_flops = 16.0 * N * C * C;
@@ -83,7 +133,7 @@ static inline Work recompute_work(const PlanSpec* s, int mode) {
 
 /* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
 static inline Work head_work(const PlanSpec* s) {
-    double N = (double)s->B * s->T, C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
+    double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
     Work w = {6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E};
     return w;
 }
@@ -111,13 +161,47 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
     return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);
 }
 
-static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes) {
-    return work_seconds(step_work(s, modes), cm);
+/* ---- the context-parallel ring (see the top) ---- */
+
+static inline double ring_transfer_seconds(const PlanSpec* s, size_t bytes) {
+    RingLink link = spec_ring_link(s);
+    return link.latency_s + (double)bytes / link.bytes_per_s;
 }
 
-/* Extra time per optimizer step of one layer in `mode`, over -r 0. */
+/* Time one layer's forward ring adds over its attention (0 without context parallelism). */
+static inline double ring_forward_seconds(const PlanSpec* s, const CostModel* cm) {
+    int N = plan_context_parallel(s);
+    if (N == 1) return 0.0;
+    double step = attention_forward_flops(s) / cm->attention_flops_per_s / N;
+    double exposed = ring_transfer_seconds(s, plan_ring_kv_bytes(s)) - step;
+    return (N - 1) * (exposed > 0 ? exposed : 0.0);
+}
+
+/* Time one layer's backward ring adds: K/V overlapped, dK/dV not. */
+static inline double ring_backward_seconds(const PlanSpec* s, const CostModel* cm) {
+    int N = plan_context_parallel(s);
+    if (N == 1) return 0.0;
+    double step = 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N;
+    double exposed = ring_transfer_seconds(s, plan_ring_kv_bytes(s)) - step;
+    return (N - 1) * (exposed > 0 ? exposed : 0.0) + N * ring_transfer_seconds(s, plan_ring_dkv_bytes(s));
+}
+
+/* Ring time of one optimizer step with per-layer modes (NULL: -r 0). */
+static inline double ring_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes) {
+    double per_layer = ring_forward_seconds(s, cm) + ring_backward_seconds(s, cm), total = 0.0;
+    for (int l = 0; l < s->cfg.num_layers; l++)
+        total += per_layer + ((modes ? (int)modes[l] : (int)RECOMPUTE_NONE) == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0);
+    return spec_grad_accum(s) * total;
+}
+
+static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes) {
+    return work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
+}
+
+/* Extra time per optimizer step of one layer in `mode`, over -r 0: -r 1 runs the ring again. */
 static inline double recompute_seconds(const PlanSpec* s, const CostModel* cm, int mode) {
-    return spec_grad_accum(s) * work_seconds(recompute_work(s, mode), cm);
+    double ring = mode == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0;
+    return spec_grad_accum(s) * (work_seconds(recompute_work(s, mode), cm) + ring);
 }
 
 /* ---- defaults and calibration files ---- */

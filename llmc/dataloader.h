@@ -1,9 +1,14 @@
 /*
  * Token-shard dataloader (docs/FORMATS.md: magic 20240520, version 1, uint16).
  *
- * A global batch is world * B * T tokens; process `rank` reads its own B*T+1
- * window of it, so N processes with batch B see exactly the tokens of one
- * process with batch N*B. Every shard is validated (header, exact size, every
+ * A global batch is groups * B * T tokens; data-parallel group `group`
+ * reads its own B*T+1 window of it, so N processes with batch B see exactly
+ * the tokens of one process with batch N*B. Under context parallelism
+ * (llmc/multiproc.h) the `parts` ranks of a group share the window's B rows:
+ * each row is cut into 2*parts chunks of Tc = T / (2 parts) tokens and part
+ * p loads chunks p and 2 parts - 1 - p (its B x 2Tc tokens, row-major, the
+ * first chunk first): the causal mask gives every part the same attention
+ * work. Without it (parts 1) a group is one rank and its rows are whole. Every shard is validated (header, exact size, every
  * token < V) when the loader opens, before any training; with several
  * processes each scans the tokens of its share of the shards, and an error
  * on any of them stops all (llmc/multiproc.h). A shard may change on disk
@@ -28,6 +33,8 @@ typedef struct {
     size_t* batches;       /* global batches in each shard */
     int num_shards;
     int B, T, rank, world;
+    int group, groups;     /* data-parallel: which global batch window is this rank's */
+    int part, parts;       /* context-parallel: which chunks of each row */
     int vocab_size;        /* every token loaded is checked against it */
     int shuffle;
     uint64_t seed;
@@ -79,6 +86,14 @@ static inline size_t shard_validate(const char* path, int vocab_size, uint16_t* 
     return n;
 }
 
+/* Global position of token i (0 <= i < Tl) of a row's part `part` of
+ * `parts`, which holds Tl tokens: two chunks of Tl / 2. */
+static inline int context_position(int i, int Tl, int part, int parts) {
+    if (parts == 1) return i;
+    int Tc = Tl / 2;
+    return i < Tc ? part * Tc + i : (2 * parts - 1 - part) * Tc + (i - Tc);
+}
+
 static inline void shuffle_indices_int(int* a, int n, uint64_t seed, uint64_t stream) {
     for (int i = n - 1; i > 0; i--) {
         int j = (int)(rand_u64(seed, stream, (uint64_t)i) % (uint64_t)(i + 1));
@@ -115,9 +130,10 @@ static inline void loader_prepare_position(DataLoader* dl) {
 }
 
 /* Opens every shard matching `pattern`, validates all of them, and prepares
- * epoch 0. `staging` is scratch for validation reads. */
+ * epoch 0. `staging` is scratch for validation reads. T is the whole
+ * sequence; with parts > 1 this rank loads B x T / parts tokens. */
 static inline void dataloader_init(DataLoader* dl, const char* flag, const char* pattern, int B, int T, int rank, int world,
-                                   int vocab_size, int shuffle, uint64_t seed, uint16_t* window, int* inputs, int* targets,
+                                   int group, int groups, int part, int parts, int vocab_size, int shuffle, uint64_t seed, uint16_t* window, int* inputs, int* targets,
                                    uint16_t* staging, size_t staging_tokens) {
     memset(dl, 0, sizeof(*dl));
     glob_t g;
@@ -130,15 +146,16 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     dl->batches = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
     dl->shard_order = (int*)malloc_check(g.gl_pathc * sizeof(int), "dataloader");
     dl->B = B; dl->T = T; dl->rank = rank; dl->world = world; dl->vocab_size = vocab_size;
+    dl->group = group; dl->groups = groups; dl->part = part; dl->parts = parts;
     dl->shuffle = shuffle; dl->seed = seed;
-    size_t global_tokens = (size_t)world * (size_t)B * (size_t)T;
+    size_t global_tokens = (size_t)groups * (size_t)B * (size_t)T;
     for (int i = 0; i < dl->num_shards; i++) {
         dl->paths[i] = strdup(g.gl_pathv[i]);
         if (!dl->paths[i]) fail("out of host memory for the dataloader");
         dl->num_tokens[i] = shard_validate(dl->paths[i], vocab_size, staging, staging_tokens, i % world == rank);
         if (dl->num_tokens[i] < global_tokens + 1)
-            fail("%s: %zu tokens, too few for one batch of %d x %d x %d processes + 1 tokens", dl->paths[i],
-                 dl->num_tokens[i], B, T, world);
+            fail("%s: %zu tokens, too few for one batch of %d x %d x %d data-parallel groups + 1 tokens", dl->paths[i],
+                 dl->num_tokens[i], B, T, groups);
         dl->batches[i] = (dl->num_tokens[i] - 1) / global_tokens;
     }
     globfree(&g);
@@ -164,22 +181,46 @@ static inline void loader_reopen(DataLoader* dl, int s) {
         fail("%s: now holds %zu tokens, %zu when training started (the shard changed on disk)", dl->paths[s], n, dl->num_tokens[s]);
 }
 
+/* Reads tokens [start, start + n] of the open shard into the window (n + 1
+ * tokens: the last is the target of the n-th), checking each. */
+static inline void loader_read(DataLoader* dl, int s, size_t start, size_t n) {
+    fseek_check(dl->file, (long)(1024 + 2 * start), SEEK_SET, dl->paths[s]);
+    fread_check(dl->window, 2, n + 1, dl->file, dl->paths[s]);
+    for (size_t i = 0; i <= n; i++)
+        if (dl->window[i] >= dl->vocab_size)
+            fail("%s: token %u at position %zu is out of range for vocabulary size %d (the shard changed on disk after it was validated)",
+                 dl->paths[s], dl->window[i], start + i, dl->vocab_size);
+}
+
+/* This rank's chunks of each of the window's B rows (see the top). */
+static inline void loader_read_chunks(DataLoader* dl, int s, size_t window_start) {
+    size_t Tc = (size_t)dl->T / (2 * (size_t)dl->parts), Tl = 2 * Tc;
+    for (size_t b = 0; b < (size_t)dl->B; b++)
+        for (size_t k = 0; k < 2; k++) {
+            size_t chunk = k == 0 ? (size_t)dl->part : 2 * (size_t)dl->parts - 1 - (size_t)dl->part;
+            loader_read(dl, s, window_start + b * (size_t)dl->T + chunk * Tc, Tc);
+            for (size_t i = 0; i < Tc; i++) {
+                dl->inputs[b * Tl + k * Tc + i] = dl->window[i];
+                dl->targets[b * Tl + k * Tc + i] = dl->window[i + 1];
+            }
+        }
+}
+
 /* Loads the next batch into inputs/targets and advances, wrapping epochs. */
 static inline void dataloader_next(DataLoader* dl) {
     int s = loader_current_shard(dl);
     size_t batch = dl->shuffle ? dl->batch_order[dl->batch_pos] : dl->batch_pos;
     size_t BT = (size_t)dl->B * (size_t)dl->T;
-    size_t start = batch * BT * (size_t)dl->world + (size_t)dl->rank * BT;
+    size_t start = batch * BT * (size_t)dl->groups + (size_t)dl->group * BT;
     if (dl->open_shard != s) loader_reopen(dl, s);
-    fseek_check(dl->file, (long)(1024 + 2 * start), SEEK_SET, dl->paths[s]);
-    fread_check(dl->window, 2, BT + 1, dl->file, dl->paths[s]);
-    for (size_t i = 0; i <= BT; i++)
-        if (dl->window[i] >= dl->vocab_size)
-            fail("%s: token %u at position %zu is out of range for vocabulary size %d (the shard changed on disk after it was validated)",
-                 dl->paths[s], dl->window[i], start + i, dl->vocab_size);
-    for (size_t i = 0; i < BT; i++) {
-        dl->inputs[i] = dl->window[i];
-        dl->targets[i] = dl->window[i + 1];
+    if (dl->parts > 1) {
+        loader_read_chunks(dl, s, start);
+    } else {
+        loader_read(dl, s, start, BT);
+        for (size_t i = 0; i < BT; i++) {
+            dl->inputs[i] = dl->window[i];
+            dl->targets[i] = dl->window[i + 1];
+        }
     }
     if (++dl->batch_pos < dl->batches[s]) return;
     dl->batch_pos = 0;

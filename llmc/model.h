@@ -166,8 +166,9 @@ static inline int config_problem(const ModelConfig* c, const char* what, char* w
     else if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 17))
         snprintf(why, n, "%s: padded vocabulary %d out of range [%d, 131072] (the vocabulary %d and up)", what, c->padded_vocab_size,
                  c->vocab_size, c->vocab_size);
-    else if (c->max_seq_len < 1 || c->max_seq_len > (1 << 20))
-        snprintf(why, n, "%s: max sequence length %d out of range [1, 1048576]", what, c->max_seq_len);
+    /* 2^22: long enough for a context-parallel group's sequence (docs/context-parallel.md) */
+    else if (c->max_seq_len < 1 || c->max_seq_len > (1 << 22))
+        snprintf(why, n, "%s: max sequence length %d out of range [1, 4194304]", what, c->max_seq_len);
     else return 0;
     return -1;
 }

@@ -438,6 +438,107 @@ static inline int proc_first_mismatch(const uint64_t* v, int n, const char* what
     return -1;
 }
 
+/* ---- context parallelism (--context-parallel N) ----
+ * The ranks form world / N groups of N consecutive ranks: group g = rank / N
+ * shares the sequences of its batch, and member i = rank % N of it holds
+ * chunks i and 2N-1-i of each (llmc/dataloader.h). Data parallelism runs
+ * across the groups; gradients are still summed over every rank. The group
+ * is a ring: member i sends to member i+1 and receives from member i-1
+ * (attention's K/V, train_gpt.c). */
+typedef struct {
+    int degree, member;  /* N, and this rank's place in its group */
+    int groups, group;   /* world / N (the data-parallel degree), and this rank's group */
+} ContextGroups;
+
+static inline ContextGroups context_groups(int degree, int rank, int world) {
+    ContextGroups g = {degree, rank % degree, world / degree, rank / degree};
+    return g;
+}
+
+#ifdef USE_MPI
+static MPI_Comm proc_ring_comm = MPI_COMM_NULL; /* this rank's group, for the ring's messages */
+
+/* Collective over all ranks: makes the group communicators. */
+static inline void proc_context_init(const ContextGroups* g) {
+    if (g->degree == 1 || proc_ring_comm != MPI_COMM_NULL) return;
+    MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g->group, g->member, &proc_ring_comm));
+}
+
+/* Messages of one ring step in flight: pieces of at most 1 GiB (MPI counts are int). */
+typedef struct {
+    MPI_Request* req;
+    int n, cap;
+} RingTransfer;
+
+static inline MPI_Request* ring_request(RingTransfer* t) {
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 8;
+        t->req = (MPI_Request*)realloc(t->req, (size_t)t->cap * sizeof(MPI_Request));
+        if (!t->req) fail("out of host memory for the ring's requests");
+    }
+    return &t->req[t->n++];
+}
+
+/* Starts sending `bytes` of send to the next member and receiving as many
+ * from the previous into recv (either may be NULL); tag tells the kinds of
+ * message apart. */
+static inline void ring_post(RingTransfer* t, const ContextGroups* g, const void* send, void* recv, size_t bytes, int tag) {
+    const size_t piece = (size_t)1 << 30;
+    int next = (g->member + 1) % g->degree, prev = (g->member + g->degree - 1) % g->degree;
+    for (size_t s = 0; recv && s < bytes; s += piece)
+        MPI_CHECK(MPI_Irecv((char*)recv + s, (int)(bytes - s < piece ? bytes - s : piece), MPI_BYTE, prev, tag, proc_ring_comm, ring_request(t)));
+    for (size_t s = 0; send && s < bytes; s += piece)
+        MPI_CHECK(MPI_Isend((const char*)send + s, (int)(bytes - s < piece ? bytes - s : piece), MPI_BYTE, next, tag, proc_ring_comm, ring_request(t)));
+}
+
+/* Waits for every message posted since the last wait. With
+ * --collective-timeout a wait past the deadline names the two neighbours
+ * (world ranks): one of them did not send, or did not receive. */
+static inline void ring_wait(RingTransfer* t, const ContextGroups* g, const char* what) {
+    if (!proc_timed()) {
+        MPI_CHECK(MPI_Waitall(t->n, t->req, MPI_STATUSES_IGNORE));
+        t->n = 0;
+        return;
+    }
+    double start = proc_clock_s(), now = start;
+    proc_deadline_s = start + proc_timeout_s;
+    for (;;) {
+        int done = 0;
+        MPI_CHECK(MPI_Testall(t->n, t->req, &done, MPI_STATUSES_IGNORE));
+        if (done) break;
+        if (now > proc_deadline_s) {
+            int base = g->group * g->degree, prev = base + (g->member + g->degree - 1) % g->degree;
+            int next = base + (g->member + 1) % g->degree;
+            char whom[160];
+            if (prev == next) snprintf(whom, sizeof(whom), "rank %d, the other member of this rank's context-parallel ring", prev);
+            else snprintf(whom, sizeof(whom), "rank %d or rank %d, the previous and the next of this rank's context-parallel ring", prev, next);
+            fail("waited more than %d s in %s (step %d) for %s: it is stuck, stopped or gone; stopping the job "
+                 "(--collective-timeout)", proc_timeout_s, what, proc_step, whom);
+        }
+        now = proc_pause(start, now);
+    }
+    t->n = 0;
+}
+
+static inline void ring_free(RingTransfer* t) {
+    free(t->req);
+    memset(t, 0, sizeof(*t));
+}
+#endif
+
+/* Bytes (under 2 GiB) from member `root` to every member of this rank's
+ * context-parallel group, and only those: the sampler runs in group 0 alone. */
+static inline void proc_ring_broadcast(void* buf, size_t bytes, int root) {
+#ifdef USE_MPI
+    if (proc_ring_comm != MPI_COMM_NULL) MPI_CHECK(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, proc_ring_comm));
+#else
+    (void)buf;
+    (void)bytes;
+    (void)root;
+#endif
+}
+
+
 /* Range [start, start+count) of n elements owned by `rank` when sharded
  * into equal ceil(n/world) pieces (the last one shorter). */
 static inline void shard_range(size_t n, int world, int rank, size_t* start, size_t* count) {

@@ -15,6 +15,9 @@
  *   -r 3  x atty                               =  2C elements + NH floats (logsumexp)
  * Whatever a layer does not keep lives in one shared "recompute set" in the
  * scratch section, which the backward pass refills layer by layer.
+ * Under context parallelism (--context-parallel N) every per-token buffer
+ * holds this rank's B x T/N tokens, and the ring adds two K/V blocks and two
+ * dK/dV blocks (scratch; plan_ring_kv_bytes).
  */
 #ifndef REMAT_PLAN_H
 #define REMAT_PLAN_H
@@ -88,6 +91,13 @@ typedef struct {
     double matmul_flops_per_s, attention_flops_per_s, memory_bytes_per_s;
 } CostModel;
 
+/* The link the context-parallel ring runs on, for the time model: one
+ * direction's bytes per second between neighbours and seconds per message. */
+typedef struct {
+    char name[16];
+    double bytes_per_s, latency_s;
+} RingLink;
+
 typedef struct {
     ModelConfig cfg;
     int B, T;
@@ -96,6 +106,8 @@ typedef struct {
     int stat_bytes;         /* bytes of statistics and losses: 4 (fp32), 8 in the fp64 check build */
     int master_weights;     /* fp32 master copy of the parameters (low-precision builds) */
     int world_size, zero_stage;
+    int context_parallel;   /* N: ranks sharing each sequence, each holding B x T/N tokens (0 counts as 1) */
+    RingLink ring_link;     /* zero: the backend's default (cost_model.h) */
     int grad_accum;         /* micro-steps per optimizer step, for the time model (0: 1) */
     const unsigned char* layer_mode; /* L recompute modes; NULL means all RECOMPUTE_NONE */
     CostModel cost_model;   /* for predicted step times; zero rates: the backend's default */
@@ -127,6 +139,7 @@ typedef struct {
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
     size_t off_att_dq_partials; /* GPU only, where the mma attention backward runs (attention_dq_partials_bytes) */
+    size_t off_ring_kv, off_ring_dkv; /* context parallelism: two K/V blocks in flight, two dK/dV blocks */
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
     size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
@@ -166,9 +179,23 @@ static inline int plan_layer_mode(const PlanSpec* s, int layer) {
     return s->layer_mode ? (int)s->layer_mode[layer] : (int)RECOMPUTE_NONE;
 }
 
-/* Bytes of B*T tokens of `bytes_per_token` each (saturating: see size_mul_sat). */
+static inline int plan_context_parallel(const PlanSpec* s) { return s->context_parallel > 1 ? s->context_parallel : 1; }
+
+/* Tokens of each row one rank holds: T, or T / N under context parallelism. */
+static inline int plan_local_T(const PlanSpec* s) { return s->T / plan_context_parallel(s); }
+
+/* Bytes of this rank's B*T/N tokens of `bytes_per_token` each (saturating: see size_mul_sat). */
 static inline size_t plan_tokens_bytes(const PlanSpec* s, size_t bytes_per_token) {
-    return size_mul_sat(size_mul_sat((size_t)s->B, (size_t)s->T), bytes_per_token);
+    return size_mul_sat(size_mul_sat((size_t)s->B, (size_t)plan_local_T(s)), bytes_per_token);
+}
+
+/* Bytes of one K/V block the ring passes (this rank's B x T/N keys and
+ * values, 2C elements a token), and of one dK/dV block (the same shape, in
+ * the element type of the backward's sums: the storage's on the CPU, fp32
+ * on the GPU). */
+static inline size_t plan_ring_kv_bytes(const PlanSpec* s) { return plan_tokens_bytes(s, 2 * (size_t)s->cfg.channels * (size_t)s->elem_bytes); }
+static inline size_t plan_ring_dkv_bytes(const PlanSpec* s) {
+    return plan_tokens_bytes(s, 2 * (size_t)s->cfg.channels * (size_t)(s->backend == BACKEND_CPU ? s->elem_bytes : 4));
 }
 
 /* Bytes of activation `act` for B*T tokens. */
@@ -197,7 +224,7 @@ static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
 static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout* pl) {
     if (!s->fp32_grad_sums) return 0;
     if (s->micro_steps > 1) return pl->total;
-    size_t rows = (size_t)s->B * (size_t)s->T;
+    size_t rows = (size_t)s->B * (size_t)plan_local_T(s);
     return rows > (size_t)s->logits_chunk_rows ? pl->count[P_WTE] : 0;
 }
 
@@ -300,7 +327,7 @@ static inline int plan_att_mma_backward(const PlanSpec* s) {
 
 static inline void plan_add_other_buffers(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
-    size_t BT = (size_t)s->B * (size_t)s->T, C = (size_t)s->cfg.channels, E = (size_t)s->elem_bytes;
+    size_t BT = (size_t)s->B * (size_t)plan_local_T(s), C = (size_t)s->cfg.channels, E = (size_t)s->elem_bytes;
     size_t S = (size_t)s->stat_bytes;
     p->off_inputs = plan_add(p, "inputs", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, 4));
     p->off_targets = plan_add(p, "targets", SEC_ACTIVATIONS, -1, plan_tokens_bytes(s, 4));
@@ -327,7 +354,11 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 12), 4));
         if (plan_att_mma_backward(s))
             p->off_att_dq_partials = plan_add(p, "attention_dq_partials", SEC_SCRATCH, -1,
-                                              attention_dq_partials_bytes(s->B, s->T, s->cfg.channels, s->cfg.num_heads));
+                                              attention_dq_partials_bytes(s->B, plan_local_T(s), s->cfg.channels, s->cfg.num_heads));
+    }
+    if (plan_context_parallel(s) > 1) { /* double buffers: one block computed on while the next arrives */
+        p->off_ring_kv = plan_add(p, "ring.kv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_kv_bytes(s)));
+        p->off_ring_dkv = plan_add(p, "ring.dkv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_dkv_bytes(s)));
     }
     if (s->workspace_bytes) plan_add(p, "library_workspace", SEC_WORKSPACE, -1, s->workspace_bytes);
 }
@@ -440,6 +471,8 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     fprintf(out, "memory plan (%d-byte storage, B=%d T=%d", p->spec.elem_bytes, p->spec.B, p->spec.T);
     if (p->spec.world_size > 1)
         fprintf(out, "; per process, %d processes, ZeRO-%d", p->spec.world_size, p->spec.zero_stage);
+    if (plan_context_parallel(&p->spec) > 1)
+        fprintf(out, "; context parallel %d: %d tokens of each row per process", plan_context_parallel(&p->spec), plan_local_T(&p->spec));
     fprintf(out, "):\n");
     for (int s = 0; s < NUM_SECTIONS; s++)
         fprintf(out, "  %-16s %12.1f MiB\n", labels[s], mib(p->section_bytes[s]));

@@ -417,6 +417,26 @@ static inline void plan_activation_by_tensor(const MemoryPlan* p, size_t by_act[
     }
 }
 
+/* The context-parallel ring: its buffers, its time in the step, and the
+ * alternative of keeping the forward's K/V blocks for backward. */
+static inline void plan_print_ring(const MemoryPlan* p, const CostModel* cm, FILE* out) {
+    const PlanSpec* s = &p->spec;
+    int N = plan_context_parallel(s), L = s->cfg.num_layers, micro = spec_grad_accum(s);
+    size_t kv = plan_ring_kv_bytes(s), dkv = plan_ring_dkv_bytes(s);
+    double fwd = ring_forward_seconds(s, cm), bwd = ring_backward_seconds(s, cm);
+    double all = ring_step_seconds(s, cm, s->layer_mode);
+    RingLink link = spec_ring_link(s);
+    fprintf(out, "  ring (context parallel %d, link %s: %.3g B/s, %.3g s a message): K/V block %.1f MiB, dK/dV block %.1f MiB; "
+                 "%d transfers of K/V and %d of dK/dV per layer and micro-step\n", N, link.name, link.bytes_per_s,
+            link.latency_s, mib(kv), mib(dkv), 2 * (N - 1), N);
+    fprintf(out, "  ring time not hidden by attention: forward %.3f ms, backward %.3f ms per layer; %.1f ms of the step\n",
+            1e3 * fwd, 1e3 * bwd, 1e3 * all);
+    double saved = (N - 1) * (ring_transfer_seconds(s, kv) - 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N);
+    fprintf(out, "  alternative, K/V kept from the forward instead of circulated again: +%.1f MiB per layer (%.1f MiB for %d layers), "
+                 "saves at most %.1f ms per step\n", mib(size_mul_sat((size_t)(N - 1), kv)),
+            mib(size_mul_sat(size_mul_sat((size_t)(N - 1), kv), (size_t)L)), L, saved > 0 ? 1e3 * saved * L * micro : 0.0);
+}
+
 /* The plan's own mix: its -r flag, predicted step time and extra time. */
 static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     const PlanSpec* s = &p->spec;
@@ -429,6 +449,7 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+    if (plan_context_parallel(s) > 1) plan_print_ring(p, &cm, out);
 }
 
 static inline void plan_print_table(const MemoryPlan* p, size_t budget, const char* budget_source, FILE* out) {
@@ -494,6 +515,10 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
     fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g}, ",
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
+    RingLink link = spec_ring_link(s);
+    fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_forward_seconds_per_layer\": %.9g, "
+                 "\"ring_backward_seconds_per_layer\": %.9g, \"predicted_ring_seconds\": %.9g, ", plan_context_parallel(s), link.name,
+            ring_forward_seconds(s, &cm), ring_backward_seconds(s, &cm), ring_step_seconds(s, &cm, s->layer_mode));
     ModeFit fits[NUM_RECOMPUTE_MODES];
     plan_mode_fits(s, budget, fits);
     fprintf(out, "\"budget_bytes\": %zu, \"modes\": [", budget);

@@ -15,7 +15,8 @@ typedef struct {
     int begin[MAX_POSITION_BUCKETS], end[MAX_POSITION_BUCKETS];
     double loss_sum[MAX_POSITION_BUCKETS], tokens[MAX_POSITION_BUCKETS];
     int* bucket_of;    /* (T) bucket of each position */
-    float* losses;     /* (B*T) host copy of the last batch's losses */
+    float* losses;     /* (B*Tl) host copy of the last batch's losses: this rank's Tl = T / N tokens of each row */
+    int* position;     /* (Tl) global position of each of them (llmc/dataloader.h) */
 } PositionLosses;
 
 /* What the loop keeps between steps: data, tokenizer, log, sampling buffers. */
@@ -31,11 +32,14 @@ typedef struct {
     PositionLosses by_position;
 } LoopState;
 
-static inline void position_losses_init(PositionLosses* pl, int width, int B, int T) {
+static inline void position_losses_init(PositionLosses* pl, int width, int B, int T, const ContextGroups* cp) {
     memset(pl, 0, sizeof(*pl));
     if (width <= 0) return;
+    int Tl = T / cp->degree;
     pl->bucket_of = (int*)malloc_check((size_t)T * sizeof(int), "position buckets");
-    pl->losses = (float*)malloc_check((size_t)B * T * sizeof(float), "position buckets");
+    pl->losses = (float*)malloc_check((size_t)B * Tl * sizeof(float), "position buckets");
+    pl->position = (int*)malloc_check((size_t)Tl * sizeof(int), "position buckets");
+    for (int i = 0; i < Tl; i++) pl->position[i] = context_position(i, Tl, cp->member, cp->degree);
     for (long begin = 0, end = width; begin < T; begin = end, end *= 2) {
         pl->begin[pl->n] = (int)begin;
         pl->end[pl->n] = (int)(end < T ? end : T);
@@ -44,18 +48,21 @@ static inline void position_losses_init(PositionLosses* pl, int width, int B, in
     }
 }
 
-static inline void position_losses_add(PositionLosses* pl, Backend* be, int B, int T) {
+/* Adds the last batch's B x Tl token losses to their positions' buckets. */
+static inline void position_losses_add(PositionLosses* pl, Backend* be, int B, int Tl) {
     be->token_losses(be->ctx, pl->losses);
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            pl->loss_sum[pl->bucket_of[t]] += (double)pl->losses[(size_t)b * T + t];
-            pl->tokens[pl->bucket_of[t]] += 1.0;
+        for (int i = 0; i < Tl; i++) {
+            int bucket = pl->bucket_of[pl->position[i]];
+            pl->loss_sum[bucket] += (double)pl->losses[(size_t)b * Tl + i];
+            pl->tokens[bucket] += 1.0;
         }
 }
 
 static inline void position_losses_free(PositionLosses* pl) {
     free(pl->bucket_of);
     free(pl->losses);
+    free(pl->position);
 }
 
 /* "1k" for multiples of 1024, else the number. */
@@ -89,7 +96,7 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
     for (int i = 0; i < n; i++) {
         dataloader_next(val); /* fills be->inputs, be->targets */
         sum += be->forward_loss(be->ctx, be->inputs, be->targets);
-        if (pl->n) position_losses_add(pl, be, run->opt.B, run->opt.T);
+        if (pl->n) position_losses_add(pl, be, run->opt.B, run->opt.T / run->cp.degree);
     }
     for (int i = 0; i < pl->n; i++) {
         pl->loss_sum[i] = proc_sum(pl->loss_sum[i], "the validation sums by position");
@@ -146,12 +153,12 @@ static inline void sample(Run* run, Backend* be, LoopState* ls, int step) {
     fflush(stdout);
 }
 
-/* --prompt or --prompt-tokens, for rank 0 when it samples. */
+/* --prompt or --prompt-tokens, for the ranks of group 0 when they sample. */
 static inline void load_prompt(Run* run, LoopState* ls) {
     const TrainOptions* o = &run->opt;
     memset(&ls->prompt, 0, sizeof(ls->prompt));
     if ((o->prompt[0] || o->prompt_tokens[0]) && o->sample_every == 0) fail("--prompt/--prompt-tokens: -s 0 takes no samples");
-    if (run->rank != 0 || o->sample_every == 0) return;
+    if (run->cp.group != 0 || o->sample_every == 0) return;
     if (o->prompt_tokens[0]) prompt_load_file(&ls->prompt, o->prompt_tokens);
     else if (o->prompt[0]) prompt_from_helper(&ls->prompt, o->prompt, ls->tk.loaded ? ls->tk.path : NULL);
     int context = sample_context(run, &ls->tk, &ls->prompt, ls->gen); /* fails now, not at the first sample, when it does not fit */

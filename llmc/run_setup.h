@@ -72,7 +72,9 @@ static inline void resolve_dropout(Run* run, const float* file_pdrop, const char
     run->dropout.p[DROPOUT_ATTENTION] = o->attn_dropout;
     run->dropout.p[DROPOUT_RESID_ATTN] = run->dropout.p[DROPOUT_RESID_MLP] = o->resid_dropout;
     run->dropout.seed = (uint32_t)o->seed;
-    run->dropout.rank = (uint32_t)run->rank;
+    /* the masks of a context-parallel group are those one process of its
+     * data-parallel group draws: keyed by the group, at global positions */
+    run->dropout.rank = (uint32_t)run->cp.group;
 }
 
 /* A mask's site word holds the micro-step and the layer in fixed bits
@@ -168,15 +170,36 @@ static inline void resolve_recompute(Run* run) {
     parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode);
 }
 
+/* --context-parallel N: groups of N processes, each sequence in 2N equal chunks. */
+static inline void resolve_context_parallel(Run* run) {
+    int N = run->opt.context_parallel, T = run->opt.T;
+    if (run->world % N != 0)
+        fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence%s)", N,
+             run->world, run->world == 1 ? "" : "es", run->opt.plan_only || run->opt.plan_json ? "; --plan-processes P plans for P" : "");
+    if (N > 1 && T % (2 * N) != 0) {
+        int below = T / (2 * N) * (2 * N), above = below + 2 * N;
+        if (below > 0) fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d or %d work",
+                            T, 2 * N, N, 2 * N, below, above);
+        fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d works",
+             T, 2 * N, N, 2 * N, above);
+    }
+    run->cp = context_groups(N, run->rank, run->world);
+}
+
 static inline void resolve_batch(Run* run) {
     TrainOptions* o = &run->opt;
     if (o->T > run->cfg.max_seq_len) fail("flag -t: sequence length %d exceeds the model's maximum %d", o->T, run->cfg.max_seq_len);
-    long long micro_tokens = (long long)o->B * o->T * run->world;
+    int groups = run->cp.groups;
+    long long micro_tokens = (long long)o->B * o->T * groups;
     if (micro_tokens > INT_MAX) fail("flags -b/-t: %lld tokens per micro-step is too many", micro_tokens);
     long long total = o->total_batch_tokens == -1 ? micro_tokens : o->total_batch_tokens;
-    if (total < 1 || total % micro_tokens != 0)
+    if (total < 1 || total % micro_tokens != 0) {
+        if (run->cp.degree > 1)
+            fail("flag -d: %lld tokens per step is not a positive multiple of B*T*(processes / --context-parallel) = %d*%d*%d = %lld",
+                 total, o->B, o->T, groups, micro_tokens);
         fail("flag -d: %lld tokens per step is not a positive multiple of B*T*processes = %d*%d*%d = %lld",
              total, o->B, o->T, run->world, micro_tokens);
+    }
     run->grad_accum = (int)(total / micro_tokens);
 }
 
@@ -260,6 +283,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
         fprintf(setup_notes(&run->opt), "note: -z 1 with one process shards nothing\n");
     if (run->opt.collective_timeout_s > 0 && remat_proc.world == 1) /* (a build without MPI refused it above) */
         fprintf(setup_notes(&run->opt), "note: --collective-timeout with one process: no collective to time out\n");
+    resolve_context_parallel(run);
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
@@ -275,10 +299,12 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.stat_bytes = stat_bytes;
     spec.master_weights = master_weights_supported && run->opt.master_weights;
     spec.world_size = run->world;
+    spec.context_parallel = run->cp.degree;
     spec.zero_stage = run->opt.zero_stage;
     spec.layer_mode = run->layer_mode;
     spec.grad_accum = run->grad_accum;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, &spec.cost_model);
+    spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
@@ -294,6 +320,9 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     check_fixed_plan_budget(run, &spec);
     maybe_print_plan_and_exit(run);
     check_default_data(&run->opt);
+#ifdef USE_MPI
+    proc_context_init(&run->cp);
+#endif
 }
 
 static inline void run_print_header(const Run* run) {
@@ -302,8 +331,11 @@ static inline void run_print_header(const Run* run) {
     printf("  L=%d NH=%d C=%d V=%d Vp=%d maxT=%d, %zu parameters\n", c->num_layers, c->num_heads, c->channels,
            c->vocab_size, c->padded_vocab_size, c->max_seq_len, run->plan.num_params);
     printf("batch: B=%d T=%d x %d process%s, gradient accumulation %d (%lld tokens per step)\n", run->opt.B,
-           run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum,
-           (long long)run->grad_accum * run->opt.B * run->opt.T * run->world);
+           run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum, (long long)run_tokens_per_step(run));
+    if (run->cp.degree > 1)
+        printf("context parallel: %d group%s of %d processes share each sequence; each process holds chunks %d and %d of %d "
+               "(%d tokens of each row), attention as a ring\n", run->cp.groups, run->cp.groups == 1 ? "" : "s", run->cp.degree,
+               run->cp.member, 2 * run->cp.degree - 1 - run->cp.member, 2 * run->cp.degree, run->opt.T / run->cp.degree);
     if (run->dropout_desc[0]) printf("%s\n", run->dropout_desc);
     plan_print_summary(&run->plan, stdout);
     const char* big = "";

@@ -85,7 +85,8 @@ static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step,
     /* not at the step a run starts from (its model was sampled when saved),
      * unless nothing is trained: -x 0 (or resuming at -x) samples the model loaded */
     int sample_now = step > start || last;
-    if (run->rank == 0 && sample_now && is_due(o->sample_every, step, last))
+    /* group 0 samples: all its members, when they share the sequence */
+    if (run->cp.group == 0 && sample_now && is_due(o->sample_every, step, last))
         sample(run, be, ls, step);
     if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
         save_checkpoint(run, be, step, &ls->train);
@@ -100,13 +101,13 @@ static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, i
         logger_event(&ls->log, step, "skipped: inf/NaN gradients, loss scale halved");
         return;
     }
-    double tokens_per_s = (double)run->grad_accum * run->opt.B * run->opt.T * run->world / (ms / 1e3);
+    double tokens_per_s = (double)run_tokens_per_step(run) / (ms / 1e3);
     char extras[256] = "";
     if (be->step_extras) be->step_extras(be->ctx, step, ms, extras, sizeof(extras));
     printf("step %4d/%d | loss %.6f | lr %.4e | norm %.4f | %.2f ms | %.0f tok/s%s\n", step, steps, (double)r->loss,
            (double)r->lr, (double)r->norm, ms, tokens_per_s, extras);
     fflush(stdout);
-    long long tokens = (long long)step * run->grad_accum * run->opt.B * run->opt.T * run->world;
+    long long tokens = (long long)step * run_tokens_per_step(run);
     size_t memory = be->memory_bytes ? be->memory_bytes(be->ctx) : (size_t)peak_rss_kib() * 1024;
     logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s, tokens, mib(memory));
 }
@@ -118,11 +119,14 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     uint16_t* staging = (uint16_t*)be->io_chunk;
     size_t staging_tokens = run->io_chunk_floats * 2;
     ls->log.fd = -1;
-    dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size,
+    const ContextGroups* g = &run->cp;
+    dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
+                    run->cfg.vocab_size,
                     o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
     if (ls->has_val)
-        dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, run->cfg.vocab_size, 0,
+        dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
+                        run->cfg.vocab_size, 0,
                         (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     load_tokenizer(run, &ls->tk);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
@@ -131,7 +135,7 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     load_prompt(run, ls);
     if (o->eval_by_position && !ls->has_val) fail("--eval-by-position needs validation: shards in -j and -v above 0");
     if (o->eval_by_position && !be->token_losses) fail("--eval-by-position: this trainer cannot report per-token losses");
-    position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T);
+    position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T, &run->cp);
 }
 
 /* The first step that changes -o, taken only once everything that can be

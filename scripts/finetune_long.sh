@@ -8,6 +8,7 @@
 #
 # Usage: scripts/finetune_long.sh MODEL.bin SEQ_LEN [trainer flags]
 #   scripts/finetune_long.sh out/d12/model_00005000.bin 16384
+#   CONTEXT_PARALLEL=4 scripts/finetune_long.sh out/d12/model_00005000.bin 65536
 #   MEM_BUDGET=40GiB scripts/finetune_long.sh gpt2_124M.bin 8192 -x 500 -l 5e-5
 # Flags given after SEQ_LEN come last, so they override the defaults below.
 #
@@ -23,7 +24,16 @@
 #                    Shakespeare; VAL="" for no validation).
 #   OUT_DIR          checkpoints and log.jsonl (default out/long_SEQ_LEN, under
 #                    the directory the script is run from).
-#   TOKENS_PER_STEP  -d (default: the multiple of B*SEQ_LEN nearest above 65536).
+#   TOKENS_PER_STEP  -d (default: the multiple of B*SEQ_LEN*groups nearest above
+#                    65536; groups = PROCESSES / CONTEXT_PARALLEL).
+#   CONTEXT_PARALLEL N: processes that share each sequence (--context-parallel;
+#                    default 1). SEQ_LEN must be a multiple of 2N; each process
+#                    holds SEQ_LEN/N tokens of each sequence and its activations.
+#                    train_gpt_cpu only for now: train_gpt refuses N > 1.
+#   PROCESSES        processes to start (default CONTEXT_PARALLEL); more form
+#                    data-parallel groups of CONTEXT_PARALLEL.
+#   LAUNCHER         how to start them (default "mpirun -np PROCESSES" when
+#                    PROCESSES > 1; e.g. LAUNCHER="srun -n 8" under Slurm).
 # Relative paths (MODEL, TRAIN, VAL, OUT_DIR, TRAINER) are taken from the
 # directory the script is run from.
 set -euo pipefail
@@ -54,16 +64,23 @@ batch=1
 args=("$@")
 for ((i = 0; i + 1 < ${#args[@]}; i++)); do [[ "${args[i]}" == "-b" ]] && batch=${args[i + 1]}; done
 [[ "$batch" =~ ^[1-9][0-9]*$ ]] || { echo "finetune_long: -b '$batch' is not a positive integer" >&2; exit 1; }
-micro=$(( batch * seq_len ))
+cp=${CONTEXT_PARALLEL:-1}
+procs=${PROCESSES:-$cp}
+[[ "$cp" =~ ^[1-9][0-9]*$ && "$procs" =~ ^[1-9][0-9]*$ ]] || { echo "finetune_long: CONTEXT_PARALLEL '$cp' and PROCESSES '$procs' must be positive integers" >&2; exit 1; }
+(( procs % cp == 0 )) || { echo "finetune_long: CONTEXT_PARALLEL $cp does not divide PROCESSES $procs" >&2; exit 1; }
+launcher=()
+if (( procs > 1 )); then read -r -a launcher <<< "${LAUNCHER:-mpirun -np $procs}"; fi
+micro=$(( batch * seq_len * (procs / cp) ))
 tokens_per_step=${TOKENS_PER_STEP:-$(( (65536 + micro - 1) / micro * micro ))}
 # The plan and the run share these, so the plan predicts the run's step time (-d: its micro-steps).
 common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "$val" -o "${OUT_DIR:-out/long_$seq_len}"
-        -r auto -d "$tokens_per_step")
+        -r auto -d "$tokens_per_step" --context-parallel "$cp")
 [[ -z "${MEM_BUDGET:-}" ]] || common+=(--mem-budget "$MEM_BUDGET")
 
-# What each recompute mode costs at this length, and the largest B and T that fit.
-"$TRAINER" "${common[@]}" --plan "$@"
+# What each recompute mode costs at this length, and the largest B and T that
+# fit: per process, planned for all of them by one.
+"$TRAINER" "${common[@]}" --plan --plan-processes "$procs" "$@"
 echo
 # Fine-tuning defaults: a low peak learning rate with warmup, cosine to 10%,
 # a checkpoint every 100 steps (resume with -y 1).
-"$TRAINER" "${common[@]}" -l 1e-4 -u 20 -q 0.1 -c 0.1 -v 50 -m 4 -s 0 -n 100 "$@"
+${launcher[@]+"${launcher[@]}"} "$TRAINER" "${common[@]}" -l 1e-4 -u 20 -q 0.1 -c 0.1 -v 50 -m 4 -s 0 -n 100 "$@"

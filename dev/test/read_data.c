@@ -15,7 +15,7 @@ static int dump_shards(const char* pattern, int B, int T, int V, int shuffle, in
     int* targets = (int*)malloc_check(BT * sizeof(int), "targets");
     uint16_t staging[4096];
     DataLoader dl;
-    dataloader_init(&dl, "shards", pattern, B, T, 0, 1, V, shuffle, (uint64_t)seed, window, inputs, targets, staging, 4096);
+    dataloader_init(&dl, "shards", pattern, B, T, 0, 1, 0, 1, 0, 1, V, shuffle, (uint64_t)seed, window, inputs, targets, staging, 4096);
     size_t n = dataloader_batches_per_epoch(&dl);
     printf("shards %d batches %zu\n", dl.num_shards, n);
     for (size_t b = 0; b < n; b++) {
