@@ -36,7 +36,8 @@ def test_plot_log_draws_a_resumed_run_once_per_step(tmp_path, synthetic):
     run([*args, "-x", 8], check=True)
     before = (out / "log.jsonl").read_text()
     (out / "DONE_00000008").unlink()  # as if the run died after step 8 but before its last checkpoint
-    run([*args, "-x", 7, "-y", 1], check=True)  # resumes at step 6, repeats 7 on a shorter schedule, stops
+    # resumes at step 6, repeats 7 on a shorter schedule (insisted on: the schedule decays over -x), stops
+    run([*args, "-x", 7, "-y", 1, "--resume-override"], check=True)
     after = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     old7 = [r for r in map(json.loads, before.splitlines()) if r["step"] == 7 and "loss" in r]
     sevens = [r for r in after if r["step"] == 7 and "loss" in r]

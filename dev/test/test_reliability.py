@@ -85,7 +85,7 @@ def test_nonfinite_parameters_are_never_saved_as_a_checkpoint(shard, negative_v_
 
 def test_nonfinite_model_file_is_refused_at_load(shard, negative_v_checkpoint, tmp_path):
     """Issue 23 item 3: a NaN or Inf in a model file is named (tensor and
-    element within it, from the layout of FORMATS.md) before anything runs."""
+    element within it, from the layout of docs/FORMATS.md) before anything runs."""
     C, Vp, L, maxT = 16, 128, 2, 16
     src = (negative_v_checkpoint / "model_00000001.bin").read_bytes()
     # element offsets of wpe row 12 and of lnfb's last element, counted independently of the trainer

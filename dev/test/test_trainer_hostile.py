@@ -35,7 +35,7 @@ def data(tmp_path_factory):
 
 
 def write_tokenizer(path, vocab):
-    """A version-2 tokenizer file (FORMATS.md) of `vocab` one-byte tokens."""
+    """A version-2 tokenizer file (docs/FORMATS.md) of `vocab` one-byte tokens."""
     header = np.zeros(256, dtype=np.uint32)
     header[:4] = [20240328, 2, vocab, vocab - 1]
     body = b"".join(bytes([1, 65 + i % 26]) for i in range(vocab))
