@@ -1246,8 +1246,6 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     CUDA_CHECK(cudaMalloc((void**)&d_dqkv, n_qkv * sizeof(floatX)));
     CUDA_CHECK(cudaMalloc((void**)&d_lse, n_stat * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&d_rowsum, n_stat * sizeof(float)));
-    float* d_dq_partials = NULL;
-    CUDA_CHECK(cudaMalloc((void**)&d_dq_partials, attention_dq_partials_bytes(B, T, C, NH)));
 
     char what[64] = "attention alone";
     if (dropout_p > 0) snprintf(what, sizeof(what), "attention alone with dropout %g", dropout_p);
@@ -1261,7 +1259,7 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     check("attention lse", 0, lse_gpu, lse_cpu, n_stat, TOL_LSE, 1, NULL);
     check_boundary_rows("out, boundary rows", out_gpu, out_cpu, (size_t)B * T, T, C, C / NH, TOL_ACT);
     check_boundary_rows("lse, boundary rows", lse_gpu, lse_cpu, (size_t)B * NH * T, T, 1, 1, TOL_LSE);
-    gpu_attention_backward(d_dqkv, d_rowsum, d_dq_partials, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
     attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, &drop);
     check("attention dqkv", 0, dqkv_gpu, dqkv_cpu, n_qkv, TOL_GRAD, 1, NULL);
@@ -1275,7 +1273,6 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     CUDA_CHECK(cudaFree(d_dqkv));
     CUDA_CHECK(cudaFree(d_lse));
     CUDA_CHECK(cudaFree(d_rowsum));
-    CUDA_CHECK(cudaFree(d_dq_partials));
     free(qkv);
     free(dout);
     free(out_cpu);
