@@ -459,7 +459,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
+            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -535,6 +535,7 @@ typedef struct {
     dim3 grid;
     int threads;
     size_t smem;
+    bool dynamic_smem; /* smem is the launch's dynamic shared memory (else static) */
     int regs;
 } AttLaunch;
 
@@ -550,37 +551,37 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
         if (family == ATT_KIND_MMA) {
             typedef AttMmaResources<HS> R;
             const dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
-            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS>, grid, ATT_MMA_THREADS, R::FWD_SMEM, R::FWD_REGS};
+            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
-                               dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, R::ROWSUM_REGS};
+                               dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
             l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS>, grid, ATT_MMA_THREADS,
-                               R::DKV_SMEM, R::DKV_REGS};
+                               R::DKV_SMEM, true, R::DKV_REGS};
             l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS>, grid, ATT_MMA_THREADS,
-                               R::DQ_SMEM, R::DQ_REGS};
+                               R::DQ_SMEM, false, R::DQ_REGS};
             return n;
         }
     }
     if (family == ATT_KIND_TC) {
         const dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
         l[n++] = AttLaunch{"attention_tc_forward_kernel", (const void*)attention_tc_forward_kernel<HS, false>, grid, ATT_TC_THREADS,
-                           AttTcForwardSmem<HS>::BYTES, 0};
+                           AttTcForwardSmem<HS>::BYTES, false, 0};
         *forward = n;
         l[n++] = AttLaunch{"attention_tc_backward_dq_kernel", (const void*)attention_tc_backward_dq_kernel<HS, false>, grid, ATT_TC_THREADS,
-                           AttTcDqSmem<HS>::BYTES, 0};
+                           AttTcDqSmem<HS>::BYTES, false, 0};
         l[n++] = AttLaunch{"attention_tc_backward_dkv_kernel", (const void*)attention_tc_backward_dkv_kernel<HS, false>, grid, ATT_TC_THREADS,
-                           AttTcDkvSmem<HS>::BYTES, 0};
+                           AttTcDkvSmem<HS>::BYTES, false, 0};
         return n;
     }
 #endif
     (void)family;
     const dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
     const size_t tile = (size_t)ATT_TILE * HS * sizeof(float);
-    l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, 0};
+    l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
     *forward = n;
-    l[n++] = AttLaunch{"attention_backward_dq_kernel", (const void*)attention_backward_dq_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, 0};
+    l[n++] = AttLaunch{"attention_backward_dq_kernel", (const void*)attention_backward_dq_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
     l[n++] = AttLaunch{"attention_backward_dkv_kernel", (const void*)attention_backward_dkv_kernel<HS, false>, grid, AttConfig<HS>::THREADS,
-                       2 * tile + 2 * ATT_TILE * sizeof(float), 0};
+                       2 * tile + 2 * ATT_TILE * sizeof(float), false, 0};
     return n;
 }
 

@@ -39,7 +39,7 @@
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 build), every
  * kernel with 0 bytes of stack, 0 bytes of spill stores and loads
  * (registers / shared memory bytes; blocks per sm_90 SM):
- *   forward      (ATT_MMA_THREADS)  hs64 128 / 36864 static (4)   hs128 160 / 34816 static (3)
+ *   forward      (ATT_MMA_THREADS)  hs64 253 / 36864 static (2)   hs128 168 / 34816 static (3)
  *   backward dkv (ATT_MMA_THREADS)  hs64 240 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
  *   backward dq  (ATT_MMA_THREADS)  hs64 246 / 36864 static (2)   hs128 242 / 34816 static (2)
  *   rowsum (256)  32 / 0
@@ -47,7 +47,14 @@
  * check them against the layouts (the recorded shared memory must be what
  * the layout computes) and the blocks per SM they give by the occupancy
  * rules (att_sm90_blocks_per_sm), so a layout change must update the table.
- * The occupancy and every speed figure are predicted.
+ * The forward at hs64 gives each warp two M-tiles (32 query rows): 253
+ * registers and 2 blocks (8 warps, 256 rows) per SM, against 128 registers
+ * and 4 blocks of one M-tile (16 warps, the same 256 rows) with half the
+ * shared-memory bytes per FLOP. At hs128 two M-tiles hold Q fragments (64
+ * registers), O accumulators (128) and scores (32) live at once, 224 before
+ * addresses, masks and softmax state, against the 255 limit, so hs128 keeps
+ * one M-tile (counted, not compiled: its 128 Q rows would also need both
+ * staging buffers). The occupancy and every speed figure are predicted.
  *
  * Status: compiles, unverified on GPU.
  */
@@ -74,7 +81,11 @@ template <int HS> struct AttMma {
     static constexpr size_t STAGE_BYTES = 2 * TILE_BYTES;        /* one buffer: two tiles (K and V, or Q and dO) */
     static constexpr size_t ROWS_BYTES = (size_t)ATT_MMA_ROWS * LD * sizeof(floatX);
     static constexpr size_t SMEM_BYTES = 2 * STAGE_BYTES;        /* double buffer */
-    static_assert(ROWS_BYTES <= STAGE_BYTES, "the block's own rows are staged in the second buffer");
+    /* forward: M-tiles of 16 query rows per warp (2 where the registers allow: hs 64), rows per block */
+    static constexpr int FWD_MT = HS == 64 ? 2 : 1;
+    static constexpr int FWD_ROWS = 16 * FWD_MT * ATT_MMA_WARPS;
+    static_assert(ROWS_BYTES <= STAGE_BYTES && (size_t)FWD_ROWS * LD * sizeof(floatX) <= STAGE_BYTES,
+                  "the block's own rows are staged in the second buffer");
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory above 48 KiB");
     static_assert(sizeof(floatX) == 2, "mma attention is for 16-bit floatX");
 };
@@ -106,14 +117,19 @@ template <int HS> __device__ __forceinline__ void att_mma_load_a(uint32_t a[][4]
     for (int ks = 0; ks < AttMma<HS>::KS; ks++) ptx_ldmatrix<4, false>(a[ks], p + ks * 16);
 }
 
-/* s[nt] = a (16 x HS) times tile^T, tile rows (BC of them, stride LD) as columns: s is 16 x BC. */
-template <int HS> __device__ __forceinline__ void att_mma_scores(float s[][4], const uint32_t a[][4], const floatX* tile) {
+/* s[mt][nt] = a[mt] (16 x HS) times tile^T, tile rows (BC of them, stride
+ * LD) as columns: s[mt] is 16 x BC, for MT M-tiles of 16 rows; each B
+ * fragment read from shared memory feeds all MT of them. */
+template <int HS, int MT>
+__device__ __forceinline__ void att_mma_scores(float s[][AttMma<HS>::NT][4], uint32_t a[][AttMma<HS>::KS][4], const floatX* tile) {
     typedef AttMma<HS> Cfg;
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int nt = 0; nt < Cfg::NT; nt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) s[nt][i] = 0.0f;
+        for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[mt][nt][i] = 0.0f;
     /* ldmatrix.x4: matrices (rows +0..7 | +8..15) x (channels +0..7 | +8..15) give the B fragments of two column blocks */
     const floatX* p = tile + ((lane & 7) + (lane >> 4) * 8) * Cfg::LD + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -122,8 +138,11 @@ template <int HS> __device__ __forceinline__ void att_mma_scores(float s[][4], c
         for (int n2 = 0; n2 < Cfg::NT / 2; n2++) {
             uint32_t b[4];
             ptx_ldmatrix<4, false>(b, p + n2 * 16 * Cfg::LD + ks * 16);
-            ptx_mma_m16n8k16(s[2 * n2], a[ks], b, s[2 * n2]);
-            ptx_mma_m16n8k16(s[2 * n2 + 1], a[ks], b + 2, s[2 * n2 + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                ptx_mma_m16n8k16(s[mt][2 * n2], a[mt][ks], b, s[mt][2 * n2]);
+                ptx_mma_m16n8k16(s[mt][2 * n2 + 1], a[mt][ks], b + 2, s[mt][2 * n2 + 1]);
+            }
         }
 }
 
@@ -138,8 +157,10 @@ template <int HS> __device__ __forceinline__ void att_mma_to_a(uint32_t pa[][4],
     }
 }
 
-/* acc (16 x HS) += pa (16 x BC) times tile (BC rows x HS channels, stride LD), tile read transposed. */
-template <int HS> __device__ __forceinline__ void att_mma_accumulate(float acc[][4], const uint32_t pa[][4], const floatX* tile) {
+/* acc[mt] (16 x HS) += pa[mt] (16 x BC) times tile (BC rows x HS channels,
+ * stride LD), tile read transposed, for MT M-tiles: each B fragment feeds all MT. */
+template <int HS, int MT>
+__device__ __forceinline__ void att_mma_accumulate(float acc[][AttMma<HS>::OT][4], uint32_t pa[][AttMma<HS>::BC / 16][4], const floatX* tile) {
     typedef AttMma<HS> Cfg;
     const int lane = threadIdx.x & 31;
     /* ldmatrix.x4.trans: matrices (rows +0..7 | +8..15) x (channels +0..7 | +8..15) */
@@ -150,8 +171,11 @@ template <int HS> __device__ __forceinline__ void att_mma_accumulate(float acc[]
         for (int o2 = 0; o2 < Cfg::OT / 2; o2++) {
             uint32_t b[4];
             ptx_ldmatrix<4, true>(b, p + kk * 16 * Cfg::LD + o2 * 16);
-            ptx_mma_m16n8k16(acc[2 * o2], pa[kk], b, acc[2 * o2]);
-            ptx_mma_m16n8k16(acc[2 * o2 + 1], pa[kk], b + 2, acc[2 * o2 + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                ptx_mma_m16n8k16(acc[mt][2 * o2], pa[mt][kk], b, acc[mt][2 * o2]);
+                ptx_mma_m16n8k16(acc[mt][2 * o2 + 1], pa[mt][kk], b + 2, acc[mt][2 * o2 + 1]);
+            }
         }
 }
 
@@ -249,38 +273,52 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
 }
 
 /* ---- forward ----
- * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; query blocks last-first.
- * ptxas (sm_90): see the README's attention section for the recorded figures. */
+ * grid (ceil(T/FWD_ROWS), B*NH), block ATT_MMA_THREADS; query blocks
+ * last-first. Warp w owns FWD_MT M-tiles of 16 query rows, rows r0 .. r0 +
+ * 16 FWD_MT - 1: every K and V fragment read from shared memory feeds all
+ * of them (FWD_MT = 2 halves the shared-memory bytes per FLOP). An M-tile
+ * whose rows all precede a key tile its warp still needs computes it as
+ * fully masked, an exact no-op (corr = 1, P = 0), so each row's result is
+ * the same whatever FWD_MT. */
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
+    constexpr int MT = Cfg::FWD_MT;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    const AttMmaThread at = att_mma_thread(NH, true);
-    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * Cfg::FWD_ROWS, r0 = q0 + 16 * MT * warp;
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const int kend = min(q0 + ATT_MMA_ROWS, T);
+    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * HS;
+    const int kend = min(q0 + Cfg::FWD_ROWS, T);
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, T); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, Cfg::FWD_ROWS, T); /* Q into the second buffer */
     ptx_cp_async_commit();
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
-    uint32_t q[Cfg::KS][4];
-    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
+    uint32_t q[MT][Cfg::KS][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) att_mma_load_a<HS>(q[mt], att_mma_buffer<HS>(smem, 1) + (r0 - q0 + 16 * mt) * Cfg::LD);
     __syncthreads(); /* the second buffer is free for tile 1 */
 
-    float o[Cfg::OT][4];
+    float o[MT][Cfg::OT][4];
 #pragma unroll
-    for (int ot = 0; ot < Cfg::OT; ot++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[ot][i] = 0.0f;
-    /* per row half (rows r0+g, r0+g+8): running max of the raw scores, this lane's part of the sum */
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[mt][ot][i] = 0.0f;
+    /* per M-tile and row half (rows r0+16mt+g, +8): running max of the raw scores, this lane's part of the sum */
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
     const float scale_log2 = scale * 1.4426950408889634f;
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
@@ -292,63 +330,70 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
         const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 15) { /* else every key of the tile is after every query of this warp */
+        if (k0 <= r0 + 16 * MT - 1) { /* else every key of the tile is after every query of this warp */
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
-            float s[Cfg::NT][4];
-            att_mma_scores<HS>(s, q, Ks);
-            float mx[2] = {-INFINITY, -INFINITY};
+            float s[MT][Cfg::NT][4];
+            att_mma_scores<HS, MT>(s, q, Ks);
+            uint32_t pa[MT][Cfg::BC / 16][4];
 #pragma unroll
-            for (int nt = 0; nt < Cfg::NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * (i >> 1);
-                    if (!(key <= t && key < T)) s[nt][i] = -INFINITY;
-                    mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
-                }
-            float corr[2], ref[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float mnew = fmaxf(m[hf], att_mma_quad_max(mx[hf]));
-                ref[hf] = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp2 away from inf - inf */
-                corr[hf] = exp2f((m[hf] - ref[hf]) * scale_log2);
-                m[hf] = mnew;
-                l[hf] *= corr[hf];
-            }
-#pragma unroll
-            for (int nt = 0; nt < Cfg::NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    s[nt][i] = exp2f((s[nt][i] - ref[i >> 1]) * scale_log2);
-                    l[i >> 1] += s[nt][i];
-                }
-#pragma unroll
-            for (int ot = 0; ot < Cfg::OT; ot++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) o[ot][i] *= corr[i >> 1];
-            if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
-                float f[Cfg::NT][4];
-                att_mma_drop_rows<HS>(f, drop, at.b * NH + at.h, T, r0, k0);
+            for (int mt = 0; mt < MT; mt++) {
+                const int rm = r0 + 16 * mt;
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
                 for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) s[nt][i] *= f[nt][i];
+                    for (int i = 0; i < 4; i++) {
+                        const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = rm + g + 8 * (i >> 1);
+                        if (!(key <= t && key < T)) s[mt][nt][i] = -INFINITY;
+                        mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][nt][i]);
+                    }
+                float corr[2], ref[2];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float mnew = fmaxf(m[mt][hf], att_mma_quad_max(mx[hf]));
+                    ref[hf] = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp2 away from inf - inf */
+                    corr[hf] = exp2f((m[mt][hf] - ref[hf]) * scale_log2);
+                    m[mt][hf] = mnew;
+                    l[mt][hf] *= corr[hf];
+                }
+#pragma unroll
+                for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        s[mt][nt][i] = exp2f((s[mt][nt][i] - ref[i >> 1]) * scale_log2);
+                        l[mt][i >> 1] += s[mt][nt][i];
+                    }
+#pragma unroll
+                for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
+                if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
+                    float f[Cfg::NT][4];
+                    att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
+#pragma unroll
+                    for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) s[mt][nt][i] *= f[nt][i];
+                }
+                att_mma_to_a<HS>(pa[mt], s[mt]);
             }
-            uint32_t pa[Cfg::BC / 16][4];
-            att_mma_to_a<HS>(pa, s);
-            att_mma_accumulate<HS>(o, pa, Vs);
+            att_mma_accumulate<HS, MT>(o, pa, Vs);
         }
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
-    float inv[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const float sum = att_mma_quad_sum(l[hf]);
-        inv[hf] = 1.0f / sum;
-        const int t = r0 + g + 8 * hf;
-        if (tq == 0 && t < T) lse[((size_t)at.b * NH + at.h) * T + t] = m[hf] * scale + logf(sum);
+    for (int mt = 0; mt < MT; mt++) {
+        float inv[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const float sum = att_mma_quad_sum(l[mt][hf]);
+            inv[hf] = 1.0f / sum;
+            const int t = r0 + 16 * mt + g + 8 * hf;
+            if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+        }
+        att_mma_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
     }
-    att_mma_store_rows<HS>(out + (size_t)at.b * T * C + (size_t)at.h * HS, C, r0, T, o, inv);
 }
 
 /* ---- backward ----
@@ -483,9 +528,9 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
             {
                 uint32_t ka[Cfg::KS][4];
                 att_mma_load_a<HS>(ka, Ks + 16 * warp * Cfg::LD);
-                att_mma_scores<HS>(st, ka, Qs);
+                att_mma_scores<HS, 1>(&st, &ka, Qs);
                 att_mma_load_a<HS>(ka, Vs + 16 * warp * Cfg::LD);
-                att_mma_scores<HS>(dpt, ka, dOs);
+                att_mma_scores<HS, 1>(&dpt, &ka, dOs);
             }
             float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
             if (drop.threshold) att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
@@ -505,9 +550,9 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
                 }
             uint32_t pa[Cfg::BC / 16][4];
             att_mma_to_a<HS>(pa, st);
-            att_mma_accumulate<HS>(dv, pa, dOs);
+            att_mma_accumulate<HS, 1>(&dv, &pa, dOs);
             att_mma_to_a<HS>(pa, dpt);
-            att_mma_accumulate<HS>(dk, pa, Qs);
+            att_mma_accumulate<HS, 1>(&dk, &pa, Qs);
         }
         __syncthreads(); /* buffer i & 1 and its stats are no longer read: tile i + 2 goes there */
     }
@@ -573,8 +618,8 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[Cfg::NT][4], dp[Cfg::NT][4];
-            att_mma_scores<HS>(s, q, Ks);
-            att_mma_scores<HS>(dp, dO, Vs);
+            att_mma_scores<HS, 1>(&s, &q, Ks);
+            att_mma_scores<HS, 1>(&dp, &dO, Vs);
             float f[Cfg::NT][4]; /* dropout factors: dS = P (f dP' - D) */
             if (drop.threshold) att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
 #pragma unroll
@@ -588,7 +633,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
                 }
             uint32_t dsa[Cfg::BC / 16][4];
             att_mma_to_a<HS>(dsa, s);
-            att_mma_accumulate<HS>(dq, dsa, Ks);
+            att_mma_accumulate<HS, 1>(&dq, &dsa, Ks);
         }
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
@@ -634,12 +679,12 @@ constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
 
 /* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
 template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 128 : 160, DKV_REGS = HS == 64 ? 240 : 242, DQ_REGS = HS == 64 ? 246 : 242, ROWSUM_REGS = 32;
+    static constexpr int FWD_REGS = HS == 64 ? 253 : 168, DKV_REGS = HS == 64 ? 240 : 242, DQ_REGS = HS == 64 ? 246 : 242, ROWSUM_REGS = 32;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
     static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
-    static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 3, "the forward's 3 or 4 blocks per SM (header)");
+    static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2, "the forward's 2 (hs64) or 3 (hs128) blocks per SM (header)");
     static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
                   "the backward's blocks per SM");

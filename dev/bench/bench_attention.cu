@@ -184,6 +184,22 @@ static int parse_positive(const char* s, const char* what) {
 /* SMs of the device the sm_90 figures describe (an H100 SXM has 132, as has an H200). */
 #define LAUNCH_SM90_SMS 132
 
+/* Blocks of launch l per SM of device 0 by the occupancy API, and its SMs
+ * (a GPU's answer; the emulator has none to give: 0). */
+static int occupancy_blocks_per_sm(const AttLaunch& l, bool dynamic_smem, int* sms) {
+#if PTX_EMULATED
+    (void)l; (void)dynamic_smem; (void)sms;
+    return 0;
+#else
+    const size_t dyn = dynamic_smem ? l.smem : 0;
+    if (dyn) CUDA_CHECK(cudaFuncSetAttribute(l.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.fn, l.threads, dyn));
+    CUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, 0));
+    return per_sm;
+#endif
+}
+
 /* The launch report of one shape (usage above). */
 template <int HS> static void launch_report(int B, int T, int NH, int hs, int devices) {
     AttLaunch l[4];
@@ -191,15 +207,13 @@ template <int HS> static void launch_report(int B, int T, int NH, int hs, int de
     const int n = attention_launches<HS>(l, &forward, B, T, NH, hs, ATTENTION_KIND);
     const bool measured = devices > 0 && !PTX_EMULATED;
     int sms = LAUNCH_SM90_SMS;
-    if (measured) CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    if (measured) occupancy_blocks_per_sm(l[0], false, &sms);
     printf("launch report: B=%d T=%d NH=%d hs=%d, %s; blocks per SM %s, %d SMs\n", B, T, NH, hs, ATTENTION_KERNELS_NAME,
            measured ? "from the occupancy API" : "from the recorded ptxas figures (sm_90 occupancy rules; predicted)", sms);
     for (int i = 0; i < n; i++) {
         int per_sm = 0;
         if (measured) {
-            const size_t dyn = l[i].fn == (const void*)attention_mma_backward_dkv_kernel<HS> ? l[i].smem : 0;
-            if (dyn) CUDA_CHECK(cudaFuncSetAttribute(l[i].fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l[i].fn, l[i].threads, dyn));
+            per_sm = occupancy_blocks_per_sm(l[i], l[i].dynamic_smem, &sms);
         } else if (l[i].regs) {
             per_sm = att_sm90_blocks_per_sm(l[i].regs, l[i].threads, l[i].smem);
         }
