@@ -57,7 +57,8 @@
  * kernels of attention_tc.cuh (same algorithm, WMMA tile products) for the
  * others; ATTENTION=tc (-DATTENTION_TC) uses the WMMA kernels for every head
  * size. FP32 builds, and any build with ATTENTION=simt (-DATTENTION_SIMT),
- * use the CUDA-core kernels below.
+ * use the CUDA-core kernels below. attention_family is this rule in code,
+ * the one every caller follows (docs/attention_kernels.md).
  *
  * Status: compiles, unverified on GPU.
  */
