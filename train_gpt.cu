@@ -82,7 +82,6 @@ typedef struct {
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
     float* att_rowsum;      /* (B,NH,T) attention backward's D */
-    float* att_dq_partials; /* the mma attention backward's dQ partial sums (llmc/plan.h), or NULL */
     float* column_partials; /* bias / LayerNorm parameter gradient partial sums */
     float* norm_partials;   /* gradient norm partial sums */
     int* token_buckets;     /* positions grouped by token, for the wte gradient */
@@ -193,7 +192,6 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     TRAINER_CARVE_ARENA(m, plan, floatX, float);
     m->master = plan->spec.master_weights ? (float*)(m->arena + plan->off_master) : NULL;
     m->att_rowsum = (float*)(m->arena + plan->off_att_rowsum);
-    m->att_dq_partials = plan_att_mma_backward(&plan->spec) ? (float*)(m->arena + plan->off_att_dq_partials) : NULL;
     m->column_partials = (float*)(m->arena + plan->off_column_partials);
     m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
     m->token_buckets = (int*)(m->arena + plan->off_token_buckets);
@@ -331,7 +329,7 @@ static void gpu_block_backward(GpuModel* m, int l) {
     gpu_matmul_backward_input(mm, datty, dbranch, w.attprojw, N, C, C, s);
     gpu_matmul_backward_weight(mm, dw.attprojw, dw.attprojb, part, dbranch, gact(m, l, ACT_ATTY), N, C, C, s);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
-    gpu_attention_backward(dqkv, m->att_rowsum, m->att_dq_partials, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE),
+    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE),
                            B, T, C, NH, &att_drop, s);
     prof_end(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_matmul_backward_input(mm, dln, dqkv, w.qkvw, N, C, 3 * C, s);

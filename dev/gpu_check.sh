@@ -10,7 +10,8 @@
 #   2a. compute-sanitizer (memcheck with the plan's NVTX regions, racecheck,
 #      synccheck, initcheck) on test_gpt --quick, the smallest cases
 #   2b. the attention kernels alone (dev/bench/bench_attention.cu): tensor
-#      cores against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s
+#      cores against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s,
+#      and their launch report (attention_launch.log: grids, blocks per SM)
 #   2c. the memory-bound kernels alone (dev/bench/bench_memory.cu): 16-byte
 #      vector paths against scalar paths at GPT-2 124M shapes, ms and GB/s
 #   3. short training runs on the synthetic dataset in BF16 and FP16 (dynamic
@@ -161,6 +162,9 @@ done
 ATT_MD="$LOGDIR/bench_attention.md"
 rm -f "$ATT_MD"
 if [[ -x build/bench_attention_bf16 ]]; then
+    for shape in "16 1024 12 64" "4 8192 16 128" "1 131072 16 128"; do  # the launch report (runs nothing): grids, blocks per SM
+        build/bench_attention_bf16 --launch $shape >> "$LOGDIR/attention_launch.log" 2>&1
+    done
     stage bench_attention 120 build/bench_attention_bf16
     rc=$?
     grep '^|' "$LOGDIR/bench_attention.log" > "$ATT_MD"

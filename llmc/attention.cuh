@@ -57,7 +57,8 @@
  * kernels of attention_tc.cuh (same algorithm, WMMA tile products) for the
  * others; ATTENTION=tc (-DATTENTION_TC) uses the WMMA kernels for every head
  * size. FP32 builds, and any build with ATTENTION=simt (-DATTENTION_SIMT),
- * use the CUDA-core kernels below.
+ * use the CUDA-core kernels below. attention_family is this rule in code,
+ * the one every caller follows (docs/attention_kernels.md).
  *
  * Status: see the status table in README.md.
  */
@@ -417,16 +418,30 @@ static inline dim3 attention_grid(int B, int T, int NH, int rows_per_block) {
     return dim3((unsigned)ceil_div((size_t)T, rows_per_block), (unsigned)(B * NH));
 }
 
-/* The mma kernels take head sizes 64 and 128 exactly (no padded channels)
- * and 16-byte aligned rows (cp.async); anything else runs the WMMA kernels. */
-static inline bool attention_mma_fits(int HS, int hs, const void* a, const void* b, const void* c) {
-    return ATTENTION_TENSOR_CORES && HS == hs && (hs == 64 || hs == 128) && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0);
+/* The kernel family that runs for head size hs when `kind` is asked for
+ * (the trainer asks for ATTENTION_KIND): the one statement of the dispatch
+ * described in the header, which the launchers, the start-up note and
+ * bench_attention's launch report all follow. CUDA cores where the build
+ * has no tensor-core kernels (fp32, ATTENTION=simt) or simt is asked for;
+ * the mma kernels for head sizes 64 and 128 exactly (no padded channels)
+ * when asked for; the WMMA kernels otherwise. (The mma launch also needs
+ * 16-byte aligned rows for cp.async: attention_mma_fits.) */
+static inline int attention_family(int kind, int hs) {
+    if (!ATTENTION_TENSOR_CORES || kind == ATT_KIND_SIMT) return ATT_KIND_SIMT;
+    if (kind == ATT_KIND_MMA && (hs == 64 || hs == 128)) return ATT_KIND_MMA;
+    return ATT_KIND_TC;
+}
+
+/* The mma kernels run: attention_family says so, the template is the head
+ * size itself, and the rows are 16-byte aligned; else the WMMA kernels. */
+static inline bool attention_mma_fits(int kind, int HS, int hs, const void* a, const void* b, const void* c) {
+    return attention_family(kind, hs) == ATT_KIND_MMA && HS == hs && (((uintptr_t)a | (uintptr_t)b | (uintptr_t)c) % 16 == 0);
 }
 
 /* What the build's kernels do with head size hs: "" or the one-line note a
  * trainer prints at start-up when the mma build falls back to WMMA. */
 static inline const char* attention_kernels_note(int hs) {
-    if (ATTENTION_KIND == ATT_KIND_MMA && hs != 64 && hs != 128)
+    if (ATTENTION_KIND == ATT_KIND_MMA && attention_family(ATTENTION_KIND, hs) != ATT_KIND_MMA)
         return "attention: head size is neither 64 nor 128: the WMMA (tc) kernels run instead of the mma ones";
     return "";
 }
@@ -444,8 +459,8 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
+        if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
+            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -470,17 +485,16 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
 }
 
 template <int HS, bool DROPOUT>
-static void attention_backward_launch_as(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                          const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
                                          cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
-    (void)dq_partials; /* the mma kernels' alone */
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (kind == ATT_KIND_MMA && attention_mma_fits(HS, hs, dqkv, dout, qkv) && attention_mma_fits(HS, hs, out, out, out)) {
+        if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
-            attention_mma_backward_launch<HS>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, scale, drop, stream);
+            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, scale, drop, stream);
             return;
         }
     }
@@ -503,12 +517,78 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, float* dq_
 }
 
 template <int HS>
-static void attention_backward_launch(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
                                       cudaStream_t stream) {
-    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
-    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
 }
+
+/* One kernel launch of the attention forward or backward, as the launchers
+ * make it for kind's family (attention_family) without dropout: for the
+ * launch report (bench_attention --launch), which prints it without running
+ * it. smem: static plus dynamic shared memory bytes; regs: the recorded
+ * ptxas figure (attention_mma.cuh's table), 0 where none is recorded (a GPU's
+ * cudaFuncGetAttributes knows it). */
+typedef struct {
+    const char* name;
+    const void* fn;
+    dim3 grid;
+    int threads;
+    size_t smem;
+    bool dynamic_smem; /* smem is the launch's dynamic shared memory (else static) */
+    int regs;
+} AttLaunch;
+
+/* Fills l[0..] with the forward's launches then the backward's for head size
+ * hs (template HS: its bucket), in launch order; returns how many (at most
+ * 4); *forward = how many are the forward's. */
+template <int HS>
+static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, int hs, int kind) {
+    const int family = attention_family(kind, hs);
+    int n = 0;
+#if ATTENTION_TENSOR_CORES
+    if constexpr (HS == 64 || HS == 128) {
+        if (family == ATT_KIND_MMA) {
+            typedef AttMmaResources<HS> R;
+            const dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
+            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
+            *forward = n;
+            l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
+                               dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
+            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS>, grid, ATT_MMA_THREADS,
+                               R::DKV_SMEM, true, R::DKV_REGS};
+            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS>, grid, ATT_MMA_THREADS,
+                               R::DQ_SMEM, false, R::DQ_REGS};
+            return n;
+        }
+    }
+    if (family == ATT_KIND_TC) {
+        const dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
+        l[n++] = AttLaunch{"attention_tc_forward_kernel", (const void*)attention_tc_forward_kernel<HS, false>, grid, ATT_TC_THREADS,
+                           AttTcForwardSmem<HS>::BYTES, false, 0};
+        *forward = n;
+        l[n++] = AttLaunch{"attention_tc_backward_dq_kernel", (const void*)attention_tc_backward_dq_kernel<HS, false>, grid, ATT_TC_THREADS,
+                           AttTcDqSmem<HS>::BYTES, false, 0};
+        l[n++] = AttLaunch{"attention_tc_backward_dkv_kernel", (const void*)attention_tc_backward_dkv_kernel<HS, false>, grid, ATT_TC_THREADS,
+                           AttTcDkvSmem<HS>::BYTES, false, 0};
+        return n;
+    }
+#endif
+    (void)family;
+    const dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
+    const size_t tile = (size_t)ATT_TILE * HS * sizeof(float);
+    l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
+    *forward = n;
+    l[n++] = AttLaunch{"attention_backward_dq_kernel", (const void*)attention_backward_dq_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
+    l[n++] = AttLaunch{"attention_backward_dkv_kernel", (const void*)attention_backward_dkv_kernel<HS, false>, grid, AttConfig<HS>::THREADS,
+                       2 * tile + 2 * ATT_TILE * sizeof(float), false, 0};
+    return n;
+}
+
+/* Device scratch of the attention backward, every family: D (rowsum), one
+ * fp32 per (b, h, t). */
+static inline size_t attention_scratch_bytes(int B, int T, int NH) { return (size_t)B * T * NH * sizeof(float); }
 
 /* A site that drops nothing: what callers without dropout pass. */
 static inline DropoutSite attention_no_dropout(void) {
@@ -532,19 +612,18 @@ static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* 
     }
 }
 
-/* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch;
- * dq_partials: attention_dq_partials_bytes (llmc/plan.h) of fp32 scratch for
- * the mma kernels (unused by the others; NULL where plan_att_mma_backward
- * says they do not run); drop: the forward's site, so the same mask is drawn again. */
-static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
+/* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch
+ * (the only scratch of every kernel family); drop: the forward's site, so
+ * the same mask is drawn again. */
+static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                           const floatX* out, const float* lse, int B, int T, int C, int NH, const DropoutSite* drop,
                                           cudaStream_t stream) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dq_partials, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
     default: attention_check_shape(C, NH);
     }
 }

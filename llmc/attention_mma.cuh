@@ -10,10 +10,9 @@
  * tile staged from global memory.
  *
  * Work split: a block of ATT_MMA_WARPS warps owns ATT_MMA_ROWS rows of one
- * (b, h) (queries in the forward, keys in the backward, several key tiles in
- * turn); warp w owns 16 of them (the forward keeps its Q rows as mma A
- * fragments in registers; the backward reads its K and V rows from shared
- * memory, where dQ = dS K needs K anyway). The other side streams
+ * (b, h) (queries in the forward and the backward's dQ kernel, keys in its
+ * dK/dV kernel); warp w owns 16 of them (query rows as mma A fragments in
+ * registers; the dK/dV kernel reads its K and V rows from shared memory). The other side streams
  * through shared memory BC rows at a time, double-buffered: tile j+1's
  * cp.async copies are in flight while tile j is multiplied. Scores S, the
  * probabilities P (and dP, dS in the backward) never leave registers: the
@@ -25,11 +24,11 @@
  *
  * Per warp and key tile, forward: S = Q K^T (HS/16 x BC/8 mma), online
  * softmax in fp32 (row max and sum over the four lanes of a row group with
- * two shuffles), O = diag(corr) O + P V. The backward does FlashAttention-2's
- * 5 tile products per tile pair (S^T, dP^T, dV, dK, dQ) with a deterministic
- * dQ instead of its fp32 atomics: per-segment fp32 partial sums and a fixed-
- * order final pass (see "backward" below and attention_dq_segments in
- * llmc/plan.h).
+ * two shuffles), O = diag(corr) O + P V. The backward splits FlashAttention-2's
+ * 5 tile products per tile pair into a dK/dV kernel over key tiles (S^T,
+ * dP^T, dV, dK) and a dQ kernel over query tiles (S, dP, dQ): 7 products,
+ * no atomics, no partial sums, and B*NH*ceil(T/64) blocks in each (see
+ * "backward" below for the counts behind the choice).
  *
  * Attention dropout (dropout.h): with drop.threshold > 0 the forward
  * multiplies P by the mask's factors (0 or 1/keep) before P V, its lse
@@ -37,19 +36,25 @@
  * (dropped P) and dS = P (factor dP - D). One Philox call per lane per 16x16
  * block in every kernel (att_mma_drop_rows, att_mma_drop_cols).
  *
- * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0, BF16 build), every
- * kernel with 0 bytes of stack and no spills (registers / shared memory bytes):
- *   forward  (ATT_MMA_THREADS)  hs64 128 / 36864 static    hs128 160 / 34816 static
- *   backward (ATT_MMA_THREADS)  hs64 249 / 65536 dynamic   hs128 247 / 75264 dynamic
- *   rowsum (256)  32 / 0;  dq_sum (256)  22 / 0
- * AttMmaResources at the end of the file holds the attention kernels'
- * figures; static_asserts check them against the launch configuration (the
- * recorded shared memory must be what the layout computes; registers times
- * threads within an SM's 64K registers, and the backward's two blocks per SM
- * that llmc/plan.h's ATT_DQ_TARGET_BLOCKS counts on), so a layout change must
- * update the table. At these figures an H100/H200 SM holds 4 forward blocks at
- * hs64, 3 at hs128, and 2 backward blocks (registers); the occupancy and
- * every speed figure are predicted.
+ * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 build), every
+ * kernel with 0 bytes of stack, 0 bytes of spill stores and loads
+ * (registers / shared memory bytes; blocks per sm_90 SM):
+ *   forward      (ATT_MMA_THREADS)  hs64 253 / 36864 static (2)   hs128 168 / 34816 static (3)
+ *   backward dkv (ATT_MMA_THREADS)  hs64 240 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
+ *   backward dq  (ATT_MMA_THREADS)  hs64 246 / 36864 static (2)   hs128 242 / 34816 static (2)
+ *   rowsum (256)  32 / 0
+ * AttMmaResources at the end of the file holds these figures; static_asserts
+ * check them against the layouts (the recorded shared memory must be what
+ * the layout computes) and the blocks per SM they give by the occupancy
+ * rules (att_sm90_blocks_per_sm), so a layout change must update the table.
+ * The forward at hs64 gives each warp two M-tiles (32 query rows): 253
+ * registers and 2 blocks (8 warps, 256 rows) per SM, against 128 registers
+ * and 4 blocks of one M-tile (16 warps, the same 256 rows) with half the
+ * shared-memory bytes per FLOP. At hs128 two M-tiles hold Q fragments (64
+ * registers), O accumulators (128) and scores (32) live at once, 224 before
+ * addresses, masks and softmax state, against the 255 limit, so hs128 keeps
+ * one M-tile (counted, not compiled: its 128 Q rows would also need both
+ * staging buffers). The occupancy and every speed figure are predicted.
  *
  * Status: see the status table in README.md.
  */
@@ -60,7 +65,6 @@
 #include "attention_tc.cuh"
 #include "ptx.cuh"
 #include "dropout.h"
-#include "plan.h"
 
 #define ATT_MMA_WARPS 4
 #define ATT_MMA_ROWS (16 * ATT_MMA_WARPS) /* rows owned by a block */
@@ -77,7 +81,11 @@ template <int HS> struct AttMma {
     static constexpr size_t STAGE_BYTES = 2 * TILE_BYTES;        /* one buffer: two tiles (K and V, or Q and dO) */
     static constexpr size_t ROWS_BYTES = (size_t)ATT_MMA_ROWS * LD * sizeof(floatX);
     static constexpr size_t SMEM_BYTES = 2 * STAGE_BYTES;        /* double buffer */
-    static_assert(ROWS_BYTES <= STAGE_BYTES, "the block's own rows are staged in the second buffer");
+    /* forward: M-tiles of 16 query rows per warp (2 where the registers allow: hs 64), rows per block */
+    static constexpr int FWD_MT = HS == 64 ? 2 : 1;
+    static constexpr int FWD_ROWS = 16 * FWD_MT * ATT_MMA_WARPS;
+    static_assert(ROWS_BYTES <= STAGE_BYTES && (size_t)FWD_ROWS * LD * sizeof(floatX) <= STAGE_BYTES,
+                  "the block's own rows are staged in the second buffer");
     static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory above 48 KiB");
     static_assert(sizeof(floatX) == 2, "mma attention is for 16-bit floatX");
 };
@@ -109,14 +117,19 @@ template <int HS> __device__ __forceinline__ void att_mma_load_a(uint32_t a[][4]
     for (int ks = 0; ks < AttMma<HS>::KS; ks++) ptx_ldmatrix<4, false>(a[ks], p + ks * 16);
 }
 
-/* s[nt] = a (16 x HS) times tile^T, tile rows (BC of them, stride LD) as columns: s is 16 x BC. */
-template <int HS> __device__ __forceinline__ void att_mma_scores(float s[][4], const uint32_t a[][4], const floatX* tile) {
+/* s[mt][nt] = a[mt] (16 x HS) times tile^T, tile rows (BC of them, stride
+ * LD) as columns: s[mt] is 16 x BC, for MT M-tiles of 16 rows; each B
+ * fragment read from shared memory feeds all MT of them. */
+template <int HS, int MT>
+__device__ __forceinline__ void att_mma_scores(float s[][AttMma<HS>::NT][4], uint32_t a[][AttMma<HS>::KS][4], const floatX* tile) {
     typedef AttMma<HS> Cfg;
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int nt = 0; nt < Cfg::NT; nt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) s[nt][i] = 0.0f;
+        for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) s[mt][nt][i] = 0.0f;
     /* ldmatrix.x4: matrices (rows +0..7 | +8..15) x (channels +0..7 | +8..15) give the B fragments of two column blocks */
     const floatX* p = tile + ((lane & 7) + (lane >> 4) * 8) * Cfg::LD + ((lane >> 3) & 1) * 8;
 #pragma unroll
@@ -125,8 +138,11 @@ template <int HS> __device__ __forceinline__ void att_mma_scores(float s[][4], c
         for (int n2 = 0; n2 < Cfg::NT / 2; n2++) {
             uint32_t b[4];
             ptx_ldmatrix<4, false>(b, p + n2 * 16 * Cfg::LD + ks * 16);
-            ptx_mma_m16n8k16(s[2 * n2], a[ks], b, s[2 * n2]);
-            ptx_mma_m16n8k16(s[2 * n2 + 1], a[ks], b + 2, s[2 * n2 + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                ptx_mma_m16n8k16(s[mt][2 * n2], a[mt][ks], b, s[mt][2 * n2]);
+                ptx_mma_m16n8k16(s[mt][2 * n2 + 1], a[mt][ks], b + 2, s[mt][2 * n2 + 1]);
+            }
         }
 }
 
@@ -141,8 +157,10 @@ template <int HS> __device__ __forceinline__ void att_mma_to_a(uint32_t pa[][4],
     }
 }
 
-/* acc (16 x HS) += pa (16 x BC) times tile (BC rows x HS channels, stride LD), tile read transposed. */
-template <int HS> __device__ __forceinline__ void att_mma_accumulate(float acc[][4], const uint32_t pa[][4], const floatX* tile) {
+/* acc[mt] (16 x HS) += pa[mt] (16 x BC) times tile (BC rows x HS channels,
+ * stride LD), tile read transposed, for MT M-tiles: each B fragment feeds all MT. */
+template <int HS, int MT>
+__device__ __forceinline__ void att_mma_accumulate(float acc[][AttMma<HS>::OT][4], uint32_t pa[][AttMma<HS>::BC / 16][4], const floatX* tile) {
     typedef AttMma<HS> Cfg;
     const int lane = threadIdx.x & 31;
     /* ldmatrix.x4.trans: matrices (rows +0..7 | +8..15) x (channels +0..7 | +8..15) */
@@ -153,8 +171,11 @@ template <int HS> __device__ __forceinline__ void att_mma_accumulate(float acc[]
         for (int o2 = 0; o2 < Cfg::OT / 2; o2++) {
             uint32_t b[4];
             ptx_ldmatrix<4, true>(b, p + kk * 16 * Cfg::LD + o2 * 16);
-            ptx_mma_m16n8k16(acc[2 * o2], pa[kk], b, acc[2 * o2]);
-            ptx_mma_m16n8k16(acc[2 * o2 + 1], pa[kk], b + 2, acc[2 * o2 + 1]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                ptx_mma_m16n8k16(acc[mt][2 * o2], pa[mt][kk], b, acc[mt][2 * o2]);
+                ptx_mma_m16n8k16(acc[mt][2 * o2 + 1], pa[mt][kk], b + 2, acc[mt][2 * o2 + 1]);
+            }
         }
 }
 
@@ -252,38 +273,52 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
 }
 
 /* ---- forward ----
- * grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS; query blocks last-first.
- * ptxas (sm_90): docs/cuda.md records the figures. */
+ * grid (ceil(T/FWD_ROWS), B*NH), block ATT_MMA_THREADS; query blocks
+ * last-first. Warp w owns FWD_MT M-tiles of 16 query rows, rows r0 .. r0 +
+ * 16 FWD_MT - 1: every K and V fragment read from shared memory feeds all
+ * of them (FWD_MT = 2 halves the shared-memory bytes per FLOP). An M-tile
+ * whose rows all precede a key tile its warp still needs computes it as
+ * fully masked, an exact no-op (corr = 1, P = 0), so each row's result is
+ * the same whatever FWD_MT. ptxas (sm_90): AttMmaResources below. */
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
+    constexpr int MT = Cfg::FWD_MT;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    const AttMmaThread at = att_mma_thread(NH, true);
-    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq;
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * Cfg::FWD_ROWS, r0 = q0 + 16 * MT * warp;
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const int kend = min(q0 + ATT_MMA_ROWS, T);
+    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * HS;
+    const int kend = min(q0 + Cfg::FWD_ROWS, T);
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, T); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, Cfg::FWD_ROWS, T); /* Q into the second buffer */
     ptx_cp_async_commit();
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
-    uint32_t q[Cfg::KS][4];
-    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
+    uint32_t q[MT][Cfg::KS][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) att_mma_load_a<HS>(q[mt], att_mma_buffer<HS>(smem, 1) + (r0 - q0 + 16 * mt) * Cfg::LD);
     __syncthreads(); /* the second buffer is free for tile 1 */
 
-    float o[Cfg::OT][4];
+    float o[MT][Cfg::OT][4];
 #pragma unroll
-    for (int ot = 0; ot < Cfg::OT; ot++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) o[ot][i] = 0.0f;
-    /* per row half (rows r0+g, r0+g+8): running max of the raw scores, this lane's part of the sum */
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) o[mt][ot][i] = 0.0f;
+    /* per M-tile and row half (rows r0+16mt+g, +8): running max of the raw scores, this lane's part of the sum */
+    float m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
     const float scale_log2 = scale * 1.4426950408889634f;
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
@@ -295,87 +330,115 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
         const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 15) { /* else every key of the tile is after every query of this warp */
+        if (k0 <= r0 + 16 * MT - 1) { /* else every key of the tile is after every query of this warp */
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
-            float s[Cfg::NT][4];
-            att_mma_scores<HS>(s, q, Ks);
-            float mx[2] = {-INFINITY, -INFINITY};
+            float s[MT][Cfg::NT][4];
+            att_mma_scores<HS, MT>(s, q, Ks);
+            uint32_t pa[MT][Cfg::BC / 16][4];
 #pragma unroll
-            for (int nt = 0; nt < Cfg::NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * (i >> 1);
-                    if (!(key <= t && key < T)) s[nt][i] = -INFINITY;
-                    mx[i >> 1] = fmaxf(mx[i >> 1], s[nt][i]);
-                }
-            float corr[2], ref[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const float mnew = fmaxf(m[hf], att_mma_quad_max(mx[hf]));
-                ref[hf] = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp2 away from inf - inf */
-                corr[hf] = exp2f((m[hf] - ref[hf]) * scale_log2);
-                m[hf] = mnew;
-                l[hf] *= corr[hf];
-            }
-#pragma unroll
-            for (int nt = 0; nt < Cfg::NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    s[nt][i] = exp2f((s[nt][i] - ref[i >> 1]) * scale_log2);
-                    l[i >> 1] += s[nt][i];
-                }
-#pragma unroll
-            for (int ot = 0; ot < Cfg::OT; ot++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) o[ot][i] *= corr[i >> 1];
-            if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
-                float f[Cfg::NT][4];
-                att_mma_drop_rows<HS>(f, drop, at.b * NH + at.h, T, r0, k0);
+            for (int mt = 0; mt < MT; mt++) {
+                const int rm = r0 + 16 * mt;
+                float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
                 for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++) s[nt][i] *= f[nt][i];
+                    for (int i = 0; i < 4; i++) {
+                        const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = rm + g + 8 * (i >> 1);
+                        if (!(key <= t && key < T)) s[mt][nt][i] = -INFINITY;
+                        mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][nt][i]);
+                    }
+                float corr[2], ref[2];
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const float mnew = fmaxf(m[mt][hf], att_mma_quad_max(mx[hf]));
+                    ref[hf] = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp2 away from inf - inf */
+                    corr[hf] = exp2f((m[mt][hf] - ref[hf]) * scale_log2);
+                    m[mt][hf] = mnew;
+                    l[mt][hf] *= corr[hf];
+                }
+#pragma unroll
+                for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        s[mt][nt][i] = exp2f((s[mt][nt][i] - ref[i >> 1]) * scale_log2);
+                        l[mt][i >> 1] += s[mt][nt][i];
+                    }
+#pragma unroll
+                for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
+                if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
+                    float f[Cfg::NT][4];
+                    att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
+#pragma unroll
+                    for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++) s[mt][nt][i] *= f[nt][i];
+                }
+                att_mma_to_a<HS>(pa[mt], s[mt]);
             }
-            uint32_t pa[Cfg::BC / 16][4];
-            att_mma_to_a<HS>(pa, s);
-            att_mma_accumulate<HS>(o, pa, Vs);
+            att_mma_accumulate<HS, MT>(o, pa, Vs);
         }
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
-    float inv[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-        const float sum = att_mma_quad_sum(l[hf]);
-        inv[hf] = 1.0f / sum;
-        const int t = r0 + g + 8 * hf;
-        if (tq == 0 && t < T) lse[((size_t)at.b * NH + at.h) * T + t] = m[hf] * scale + logf(sum);
+    for (int mt = 0; mt < MT; mt++) {
+        float inv[2];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const float sum = att_mma_quad_sum(l[mt][hf]);
+            inv[hf] = 1.0f / sum;
+            const int t = r0 + 16 * mt + g + 8 * hf;
+            if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+        }
+        att_mma_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
     }
-    att_mma_store_rows<HS>(out + (size_t)at.b * T * C + (size_t)at.h * HS, C, r0, T, o, inv);
 }
 
 /* ---- backward ----
- * Three kernels, 5 tile products per (key tile, query tile) pair:
+ * Three kernels, nothing summed across blocks and no scratch but D:
  *  1. attention_mma_rowsum_kernel: D_t = dout_t . out_t (fp32) of every row.
- *  2. attention_mma_backward_kernel: grid (S, B*NH), S = attention_dq_segments
- *     (llmc/plan.h); block (seg, bh) takes its head's key tiles j = seg,
- *     seg + S, ... of ATT_MMA_ROWS keys in order. K_j and V_j stay in shared
- *     memory, warp w owning keys 16w..16w+15; query tiles of BC rows from
- *     the first at or after key 64j stream through the double buffer (Q, dO,
- *     their lse and D). Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T,
- *     P from the forward's logsumexp, dV += P^T dO and dK += dS^T Q with P^T
- *     and dS^T as A fragments straight from the accumulators; dS^T goes to
- *     shared memory, and after a barrier each warp computes a 16 x 64 piece
- *     of the tile's dQ = dS K (the fifth product) and adds it into the
- *     segment's fp32 slice of the dQ partial sums, in key-tile order (the
- *     segment's first key tile stores instead: it covers every row the
- *     segment ever touches, all t >= 64 seg). The same warp owns the same
- *     piece of every tile, so no two threads touch one partial sum.
- *  3. attention_mma_dq_sum_kernel: dQ = the S slices summed in segment order
- *     (slice s holds rows t >= 64 s), rounded to floatX into dqkv.
- * No atomics and no waits between blocks: every sum has one fixed order
- * whatever order the blocks run in, so every recompute setting is bitwise
- * equal. */
+ *  2. attention_mma_backward_dkv_kernel: grid (ceil(T/64), B*NH), key tiles
+ *     first-first (the longest first); block (j, bh) owns key tile j,
+ *     ATT_MMA_ROWS keys, K_j and V_j in shared memory, warp w keys
+ *     16w..16w+15; the query tiles of BC rows from the first at or after
+ *     key 64j stream through the double buffer (Q, dO, their lse and D).
+ *     Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T, P from the
+ *     forward's logsumexp, dV += P^T dO and dK += dS^T Q, P^T and dS^T as A
+ *     fragments straight from the accumulators (4 tile products).
+ *  3. attention_mma_backward_dq_kernel: grid (ceil(T/64), B*NH), query
+ *     blocks last-first, the forward's arrangement: warp w owns 16 query
+ *     rows, Q and dO as A fragments in registers, lse and D of its rows in
+ *     registers; key tiles of BC rows (K, V) stream through the double
+ *     buffer up to the diagonal. Per key tile: S = Q K^T, dP = dO V^T,
+ *     dS = P (dP - D) scale, dQ += dS K (3 tile products).
+ * Each output element is one thread's, accumulated in a fixed order (query
+ * tiles ascending for dK, dV; key tiles ascending for dQ): deterministic
+ * without atomics, so every recompute setting is bitwise equal.
+ *
+ * Why this split (the 7-product split) and not FlashAttention-2's fused 5
+ * products with dQ summed across key tiles: counts per (64-key, 64-query)
+ * pair of tiles, head size HS, bytes loaded by a block from global memory
+ * (L2 or HBM):
+ *   fused: 5 x 2*64*64*HS = 40960 HS FLOPs; Q, dO 2*64*HS*2 = 256 HS bytes
+ *          plus the dQ partial sums read and written in fp32, 2*64*HS*4 =
+ *          512 HS: 768 HS bytes. Blocks B*NH*S, scratch S*4*B*T*C bytes for
+ *          S key-tile segments (no atomics).
+ *   split: dK/dV 4 products, 32768 HS FLOPs, Q and dO 256 HS bytes; dQ 3
+ *          products, 24576 HS FLOPs, K and V 256 HS bytes: 57344 HS FLOPs
+ *          (1.4x), 512 HS bytes (2/3), no scratch, B*NH*ceil(T/64) blocks
+ *          in each kernel.
+ * At B=1, NH=16, T=131072 the fused layout has 16 S blocks: 264 blocks in
+ * flight (2 per SM on an H200's 132) need S >= 17, 68*B*T*C bytes of
+ * scratch against the layer's Q, K, V of 6*B*T*C; the split has 32768
+ * blocks per kernel. Where B*NH alone fills the GPU (S = 1), the fused
+ * pair's 512 HS bytes of partials go to HBM once 4*B*T*C passes L2 (50 MB:
+ * B*T*C above 12.5M, e.g. 4 x 2048 x 1536), and at H200 rates (989 TFLOP/s
+ * dense 16-bit, 4.8 TB/s) a pair at HS=128 costs >= 13.7 ns of HBM against
+ * the split's 7.4 ns of tensor-core time at peak for its 7.3 MFLOP: the
+ * split is not predicted slower there either, so every shape runs it (one
+ * route, nothing for the plan to choose). Predicted, not measured. */
 
 /* D_t of every row: thread per (b, t, h), 16-byte loads, fp32 products summed in channel order.
  * grid ceil(B*T*NH / 256), block 256. */
@@ -397,246 +460,234 @@ __global__ void __launch_bounds__(256) attention_mma_rowsum_kernel(float* rowsum
     rowsum[(b * NH + h) * T + t] = acc;
 }
 
-/* Shared memory of the backward kernel (dynamic: above the 48 KiB static limit):
+/* Shared memory of the dK/dV kernel (dynamic: above the 48 KiB static limit):
  * the Q/dO double buffer (AttMma::SMEM_BYTES), the key tile's K and V rows,
- * dS^T (ATT_MMA_ROWS keys x BC queries, stride LDS), and per buffer the query
- * rows' lse and D. */
+ * and per buffer the query rows' lse (log2 units) and D. */
 template <int HS> struct AttMmaBwd {
     typedef AttMma<HS> Cfg;
-    static constexpr int LDS = Cfg::BC + 8;                     /* dS^T row stride: rows 16 bytes apart mod 128 */
-    static constexpr int QB = Cfg::BC / 16;                     /* 16-row blocks of a query tile */
-    static constexpr int CB = HS / 64;                          /* 64-channel blocks: the warps split dQ's tile QB x CB */
     static constexpr size_t KV_OFF = Cfg::SMEM_BYTES;
-    static constexpr size_t DS_OFF = KV_OFF + 2 * Cfg::ROWS_BYTES;
-    static constexpr size_t STATS_OFF = DS_OFF + (size_t)ATT_MMA_ROWS * LDS * sizeof(floatX);
+    static constexpr size_t STATS_OFF = KV_OFF + 2 * Cfg::ROWS_BYTES;
     static constexpr size_t SMEM_BYTES = STATS_OFF + 2 * 2 * Cfg::BC * sizeof(float);
-    static_assert(QB * CB == ATT_MMA_WARPS, "one 16 x 64 piece of a dQ tile per warp");
-    static_assert(ATT_MMA_ROWS == ATT_DQ_KEY_ROWS, "the plan's key tile (llmc/plan.h) is the kernel's");
-    static_assert(DS_OFF % 16 == 0 && STATS_OFF % 16 == 0 && (LDS * sizeof(floatX)) % 16 == 0, "ldmatrix rows are 16-byte aligned");
+    static_assert(STATS_OFF % 16 == 0, "ldmatrix rows are 16-byte aligned");
     static_assert(SMEM_BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
-/* A (16 queries x 16 keys) fragments of dS from dS^T in shared memory (keys as rows), read transposed. */
-template <int HS> __device__ __forceinline__ void att_mma_ds_a(uint32_t a[4], const floatX* dst, int key0, int q0) {
-    const int lane = threadIdx.x & 31;
-    ptx_ldmatrix<4, true>(a, dst + (key0 + (lane & 7) + (lane >> 4) * 8) * AttMmaBwd<HS>::LDS + q0 + ((lane >> 3) & 1) * 8);
-}
-
-/* A warp's 16 x 64 piece of dQ = dS K: queries q0.. of the tile, channels c0..; K rows (keys) in shared memory. */
-template <int HS> __device__ __forceinline__ void att_mma_dq_piece(float dq[8][4], const floatX* dst, const floatX* Ks, int q0, int c0) {
-    typedef AttMma<HS> Cfg;
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int ot = 0; ot < 8; ot++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
-    const floatX* p = Ks + ((lane & 7) + ((lane >> 3) & 1) * 8) * Cfg::LD + c0 + (lane >> 4) * 8;
-#pragma unroll
-    for (int kk = 0; kk < ATT_MMA_ROWS / 16; kk++) {
-        uint32_t a[4];
-        att_mma_ds_a<HS>(a, dst, 16 * kk, q0);
-#pragma unroll
-        for (int o2 = 0; o2 < 4; o2++) {
-            uint32_t b[4];
-            ptx_ldmatrix<4, true>(b, p + kk * 16 * Cfg::LD + o2 * 16);
-            ptx_mma_m16n8k16(dq[2 * o2], a, b, dq[2 * o2]);
-            ptx_mma_m16n8k16(dq[2 * o2 + 1], a, b + 2, dq[2 * o2 + 1]);
-        }
-    }
-}
-
-/* dS^T of a warp (16 keys x BC queries, A-fragment registers) into shared memory rows 16w.. */
-template <int HS> __device__ __forceinline__ void att_mma_store_ds(floatX* dst, const uint32_t dsa[][4], int warp) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int kk = 0; kk < AttMma<HS>::BC / 16; kk++)
-#pragma unroll
-        for (int x = 0; x < 4; x++) /* register x: row g + 8 (x & 1), columns 16kk + 8 (x >> 1) + 2tq, +1 */
-            *reinterpret_cast<uint32_t*>(dst + (16 * warp + g + 8 * (x & 1)) * AttMmaBwd<HS>::LDS + 16 * kk + 8 * (x >> 1) + 2 * tq) = dsa[kk][x];
-}
-
-/* part (a (T, C) fp32 slice, this head's channel 0) rows t0.., channels c0..: += dq, or = dq when first. */
-__device__ __forceinline__ void att_mma_add_dq(float* part, int C, int t0, int c0, int T, const float dq[8][4], bool first) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int half = 0; half < 2; half++) {
-        const int t = t0 + g + 8 * half;
-        if (t >= T) continue;
-        float* row = part + (size_t)t * C + c0 + 2 * tq;
-#pragma unroll
-        for (int ot = 0; ot < 8; ot++) {
-            float2* q = reinterpret_cast<float2*>(row + 8 * ot);
-            float2 v = make_float2(dq[ot][2 * half], dq[ot][2 * half + 1]);
-            if (!first) {
-                const float2 old = *q;
-                v.x += old.x;
-                v.y += old.y;
-            }
-            *q = v;
-        }
-    }
-}
-
 template <int HS>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
-attention_mma_backward_kernel(floatX* dqkv, float* dq_partials, const float* rowsum, const floatX* dout, const floatX* qkv,
-                              const float* lse, int T, int C, int NH, float scale, const DropoutSite drop) {
+attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
+                                  int NH, float scale, const DropoutSite drop) {
     typedef AttMma<HS> Cfg;
     typedef AttMmaBwd<HS> Bwd;
     extern __shared__ __align__(128) unsigned char smem[];
     floatX* Ks = (floatX*)(smem + Bwd::KV_OFF);
     floatX* Vs = (floatX*)(smem + Bwd::KV_OFF + Cfg::ROWS_BYTES);
-    floatX* dst = (floatX*)(smem + Bwd::DS_OFF);
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
-    const int seg = blockIdx.x, nseg = gridDim.x, bh = blockIdx.y, B = gridDim.y / NH, b = bh / NH, h = bh % NH;
+    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const size_t ld = 3 * (size_t)C;
     const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * HS;
     const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
     const size_t stat0 = (size_t)bh * T;
-    float* part = dq_partials + ((size_t)seg * B + b) * T * C + (size_t)h * HS; /* slice seg, batch b, head h */
     const float scale_log2 = scale * 1.4426950408889634f;
-    const int qb = warp % Bwd::QB, c0 = 64 * (warp / Bwd::QB); /* this warp's piece of each dQ tile */
-    const int nkt = (T + ATT_MMA_ROWS - 1) / ATT_MMA_ROWS;
-    for (int j = seg; j < nkt; j += nseg) {
-        const int s0 = j * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
-        const int nq = (T - s0 + Cfg::BC - 1) / Cfg::BC;
-        /* query tile i: rows s0 + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
-        auto stage = [&](int i) {
-            const int t0 = s0 + i * Cfg::BC;
-            floatX* nb = att_mma_buffer<HS>(smem, i);
-            att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
-            float* st = stats + (i & 1) * 2 * Cfg::BC;
-            for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
-                const int t = t0 + k;
-                st[k] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
-                st[Cfg::BC + k] = t < T ? rowsum[stat0 + t] : 0.0f;
-            }
-        };
-        att_mma_stage<HS>(Ks, base + C, ld, s0, ATT_MMA_ROWS, T);
-        att_mma_stage<HS>(Vs, base + 2 * C, ld, s0, ATT_MMA_ROWS, T);
-        stage(0);
-        ptx_cp_async_commit();
-        float dk[Cfg::OT][4], dv[Cfg::OT][4];
+    const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
+    const int nq = (T - s0 + Cfg::BC - 1) / Cfg::BC;
+    /* query tile i: rows s0 + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
+    auto stage = [&](int i) {
+        const int t0 = s0 + i * Cfg::BC;
+        floatX* nb = att_mma_buffer<HS>(smem, i);
+        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
+        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
+        float* st = stats + (i & 1) * 2 * Cfg::BC;
+        for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
+            const int t = t0 + k;
+            st[k] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
+            st[Cfg::BC + k] = t < T ? rowsum[stat0 + t] : 0.0f;
+        }
+    };
+    att_mma_stage<HS>(Ks, base + C, ld, s0, ATT_MMA_ROWS, T);
+    att_mma_stage<HS>(Vs, base + 2 * C, ld, s0, ATT_MMA_ROWS, T);
+    stage(0);
+    ptx_cp_async_commit();
+    float dk[Cfg::OT][4], dv[Cfg::OT][4];
 #pragma unroll
-        for (int ot = 0; ot < Cfg::OT; ot++)
+    for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
-        for (int i = 0; i < nq; i++) {
-            if (i + 1 < nq) stage(i + 1);
-            ptx_cp_async_commit(); /* possibly empty: one group per tile */
-            ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
-            __syncthreads();
-            const int t0 = s0 + i * Cfg::BC;
+        for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
+    for (int i = 0; i < nq; i++) {
+        if (i + 1 < nq) stage(i + 1);
+        ptx_cp_async_commit(); /* possibly empty: one group per tile */
+        ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
+        __syncthreads();
+        const int t0 = s0 + i * Cfg::BC;
+        if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp: nothing to add */
             const floatX* Qs = att_mma_buffer<HS>(smem, i);
             const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
-            uint32_t dsa[Cfg::BC / 16][4];
-            if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp: dS = 0 */
-                const float* lse_s = stats + (i & 1) * 2 * Cfg::BC;
-                const float* d_s = lse_s + Cfg::BC;
-                float st[Cfg::NT][4], dpt[Cfg::NT][4];
-                {
-                    uint32_t ka[Cfg::KS][4];
-                    att_mma_load_a<HS>(ka, Ks + 16 * warp * Cfg::LD);
-                    att_mma_scores<HS>(st, ka, Qs);
-                    att_mma_load_a<HS>(ka, Vs + 16 * warp * Cfg::LD);
-                    att_mma_scores<HS>(dpt, ka, dOs);
-                }
-                float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
-                if (drop.threshold) att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
+            const float* lse_s = stats + (i & 1) * 2 * Cfg::BC;
+            const float* d_s = lse_s + Cfg::BC;
+            float st[Cfg::NT][4], dpt[Cfg::NT][4];
+            {
+                uint32_t ka[Cfg::KS][4];
+                att_mma_load_a<HS>(ka, Ks + 16 * warp * Cfg::LD);
+                att_mma_scores<HS, 1>(&st, &ka, Qs);
+                att_mma_load_a<HS>(ka, Vs + 16 * warp * Cfg::LD);
+                att_mma_scores<HS, 1>(&dpt, &ka, dOs);
+            }
+            float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
+            if (drop.threshold) att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
 #pragma unroll
-                for (int nt = 0; nt < Cfg::NT; nt++)
+            for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const int c = nt * 8 + 2 * tq + (k & 1), t = t0 + c, s = r0 + g + 8 * (k >> 1);
-                        const float p = (t >= s && t < T) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
-                        if (drop.threshold) {
-                            st[nt][k] = p * f[nt][k];
-                            dpt[nt][k] = p * (f[nt][k] * dpt[nt][k] - d_s[c]) * scale;
-                        } else {
-                            st[nt][k] = p;
-                            dpt[nt][k] = p * (dpt[nt][k] - d_s[c]) * scale;
-                        }
+                for (int k = 0; k < 4; k++) {
+                    const int c = nt * 8 + 2 * tq + (k & 1), t = t0 + c, s = r0 + g + 8 * (k >> 1);
+                    const float p = (t >= s && t < T) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
+                    if (drop.threshold) {
+                        st[nt][k] = p * f[nt][k];
+                        dpt[nt][k] = p * (f[nt][k] * dpt[nt][k] - d_s[c]) * scale;
+                    } else {
+                        st[nt][k] = p;
+                        dpt[nt][k] = p * (dpt[nt][k] - d_s[c]) * scale;
                     }
-                uint32_t pa[Cfg::BC / 16][4];
-                att_mma_to_a<HS>(pa, st);
-                att_mma_accumulate<HS>(dv, pa, dOs);
-                att_mma_to_a<HS>(dsa, dpt);
-                att_mma_accumulate<HS>(dk, dsa, Qs);
-            } else {
-#pragma unroll
-                for (int kk = 0; kk < Cfg::BC / 16; kk++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++) dsa[kk][x] = 0u;
-            }
-            att_mma_store_ds<HS>(dst, dsa, warp);
-            __syncthreads(); /* dS^T of every warp is in shared memory */
-            if (t0 + 16 * qb < T) {
-                float dq[8][4];
-                att_mma_dq_piece<HS>(dq, dst, Ks, 16 * qb, c0);
-                att_mma_add_dq(part, C, t0 + 16 * qb, c0, T, dq, j == seg);
-            }
-            /* no barrier here: tile i + 2's copies into buffer i & 1 (and its stats) are issued after
-             * this tile's second barrier, and the next dS^T is written after the next tile's first */
+                }
+            uint32_t pa[Cfg::BC / 16][4];
+            att_mma_to_a<HS>(pa, st);
+            att_mma_accumulate<HS, 1>(&dv, &pa, dOs);
+            att_mma_to_a<HS>(pa, dpt);
+            att_mma_accumulate<HS, 1>(&dk, &pa, Qs);
         }
-        const float one[2] = {1.0f, 1.0f};
-        floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
-        att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
-        att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
-        __syncthreads(); /* K is no longer read (dQ pieces): the next key tile's copies go there */
+        __syncthreads(); /* buffer i & 1 and its stats are no longer read: tile i + 2 goes there */
     }
+    const float one[2] = {1.0f, 1.0f};
+    floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
+    att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
+    att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
 }
 
-/* dqkv's q part = the S slices of dq_partials summed in segment order (slice s: rows t >= 64 s).
- * Thread per 4 channels; grid ceil(B*T*C/4 / 256), block 256. */
-__global__ void __launch_bounds__(256) attention_mma_dq_sum_kernel(floatX* dqkv, const float* dq_partials, int nseg, int B, int T, int C) {
-    const size_t i = ((size_t)blockIdx.x * 256 + threadIdx.x) * 4, n = (size_t)B * T * C;
-    if (i >= n) return;
-    const size_t bt = i / C;
-    const int t = (int)(bt % T), c = (int)(i % C);
-    Vec<float, 4> acc = vload<4>(dq_partials + i);
-    for (int s = 1; s < nseg && s * ATT_MMA_ROWS <= t; s++) {
-        const Vec<float, 4> x = vload<4>(dq_partials + (size_t)s * n + i);
-#pragma unroll
-        for (int k = 0; k < 4; k++) acc.v[k] += x.v[k];
-    }
-    Vec<floatX, 4> o;
-#pragma unroll
-    for (int k = 0; k < 4; k++) o.v[k] = from_f32<floatX>(acc.v[k]);
-    vstore<4>(dqkv + bt * 3 * C + c, o);
-}
-
-/* The backward's three launches; dq_partials: attention_dq_partials_bytes (llmc/plan.h). */
+/* grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS, static shared memory:
+ * the forward's double buffer of K, V tiles (Q and dO staged through it
+ * first); query blocks last-first. */
 template <int HS>
-static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, float* dq_partials, const floatX* dout, const floatX* qkv,
-                                          const floatX* out, const float* lse, int B, int T, int C, int NH, float scale,
-                                          const DropoutSite& drop, cudaStream_t stream) {
-    if (!dq_partials) fail("internal: the mma attention backward needs its dQ partial sums (attention_dq_partials)");
+__global__ void __launch_bounds__(ATT_MMA_THREADS)
+attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
+                                 int NH, float scale, const DropoutSite drop) {
+    typedef AttMma<HS> Cfg;
+    __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
+    const AttMmaThread at = att_mma_thread(NH, true);
+    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * NH + at.h;
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
+    const int kend = min(q0 + ATT_MMA_ROWS, T);
+    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
+    const float scale_log2 = scale * 1.4426950408889634f;
+
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, T); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), dout + (size_t)at.b * T * C + (size_t)at.h * HS, C, q0, ATT_MMA_ROWS, T); /* dO, the first */
+    ptx_cp_async_commit();
+    float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int t = r0 + g + 8 * hf;
+        lse_log2[hf] = t < T ? lse[(size_t)bh * T + t] * 1.4426950408889634f : 0.0f;
+        d_row[hf] = t < T ? rowsum[(size_t)bh * T + t] : 0.0f;
+    }
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+    uint32_t q[Cfg::KS][4], dO[Cfg::KS][4];
+    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
+    att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
+    __syncthreads(); /* both buffers are free for key tiles */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
+    ptx_cp_async_commit();
+
+    float dq[Cfg::OT][4];
+#pragma unroll
+    for (int ot = 0; ot < Cfg::OT; ot++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
+    for (int j = 0; j < ntiles; j++) {
+        if (j + 1 < ntiles) {
+            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
+            att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
+        }
+        ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
+        ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
+        __syncthreads();        /* ... and every thread's */
+        const int k0 = j * Cfg::BC;
+        if (k0 <= r0 + 15) { /* else every key of the tile is after every query of this warp */
+            const floatX* Ks = att_mma_buffer<HS>(smem, j);
+            const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
+            float s[Cfg::NT][4], dp[Cfg::NT][4];
+            att_mma_scores<HS, 1>(&s, &q, Ks);
+            att_mma_scores<HS, 1>(&dp, &dO, Vs);
+            float f[Cfg::NT][4]; /* dropout factors: dS = P (f dP' - D) */
+            if (drop.threshold) att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
+#pragma unroll
+            for (int nt = 0; nt < Cfg::NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int hf = i >> 1, key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * hf;
+                    const float p = (key <= t && key < T) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
+                    const float dpf = drop.threshold ? f[nt][i] * dp[nt][i] : dp[nt][i];
+                    s[nt][i] = p * (dpf - d_row[hf]) * scale;
+                }
+            uint32_t dsa[Cfg::BC / 16][4];
+            att_mma_to_a<HS>(dsa, s);
+            att_mma_accumulate<HS, 1>(&dq, &dsa, Ks);
+        }
+        __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
+    }
+    const float one[2] = {1.0f, 1.0f};
+    att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
+}
+
+/* The backward's three launches. */
+template <int HS>
+static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                                          int B, int T, int C, int NH, float scale, const DropoutSite& drop, cudaStream_t stream) {
     const size_t rows = (size_t)B * T * NH;
     attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, NH);
     CUDA_CHECK_LAUNCH();
-    const int nseg = attention_dq_segments(B, T, NH);
+    const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NH));
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
-    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_mma_backward_kernel<HS><<<dim3((unsigned)nseg, (unsigned)(B * NH)), ATT_MMA_THREADS, smem, stream>>>(
-        dqkv, dq_partials, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
     CUDA_CHECK_LAUNCH();
-    attention_mma_dq_sum_kernel<<<(unsigned)ceil_div((size_t)B * T * C / 4, 256), 256, 0, stream>>>(dqkv, dq_partials, nseg, B, T, C);
+    attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
     CUDA_CHECK_LAUNCH();
 }
 
+/* Blocks of one kernel an sm_90 SM holds (the occupancy calculator's rules):
+ * registers allocated per warp in units of 256 (8 a thread) from 64K, shared
+ * memory plus 1 KiB reserved per block from 228 KiB, at most 64 warps and 32
+ * blocks. What the launch report (bench_attention --launch) prints where no
+ * GPU answers the occupancy API. */
+constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
+    const int warps = (threads + 31) / 32;
+    const int by_regs = 65536 / (warps * ((regs * 32 + 255) / 256 * 256));
+    const int by_smem = (int)((size_t)228 * 1024 / (smem + 1024));
+    const int by_warps = 64 / warps;
+    int n = by_regs < by_smem ? by_regs : by_smem;
+    if (by_warps < n) n = by_warps;
+    return n < 32 ? n : 32;
+}
+
+/* Blocks per SM the backward's kernels must reach: at B = 1 and NH = 16 a
+ * 64-row tile per block gives 16 ceil(T/64) blocks, 264 (two per SM of an
+ * H200) from T = 1024 on, if two fit an SM. */
+#define ATT_MMA_BWD_MIN_BLOCKS_PER_SM 2
+
 /* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
 template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 128 : 160, BWD_REGS = HS == 64 ? 249 : 247;
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, BWD_SMEM = HS == 64 ? 65536 : 75264;
-    static constexpr int BWD_BLOCKS_PER_SM = 2; /* what ATT_DQ_TARGET_BLOCKS (llmc/plan.h) counts on 132 SMs */
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && BWD_SMEM == AttMmaBwd<HS>::SMEM_BYTES, "recorded shared memory is stale");
-    static_assert(FWD_REGS <= 255 && BWD_REGS <= 255, "above the 255-register limit");
-    static_assert(FWD_REGS * ATT_MMA_THREADS <= 65536, "a forward block must fit one SM's 64K registers");
-    static_assert((BWD_REGS + 7) / 8 * 8 * ATT_MMA_THREADS * BWD_BLOCKS_PER_SM <= 65536 &&
-                  BWD_BLOCKS_PER_SM * (BWD_SMEM + 1024) <= 228 * 1024 && ATT_DQ_TARGET_BLOCKS == 132 * BWD_BLOCKS_PER_SM,
-                  "the backward's blocks per SM (registers in units of 8 per thread, shared memory plus 1 KiB reserved per block)");
+    static constexpr int FWD_REGS = HS == 64 ? 253 : 168, DKV_REGS = HS == 64 ? 240 : 242, DQ_REGS = HS == 64 ? 246 : 242, ROWSUM_REGS = 32;
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
+                  "recorded shared memory is stale");
+    static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
+    static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2, "the forward's 2 (hs64) or 3 (hs128) blocks per SM (header)");
+    static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
+                      att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
+                  "the backward's blocks per SM");
 };
 template struct AttMmaResources<64>;
 template struct AttMmaResources<128>;

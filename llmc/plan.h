@@ -138,7 +138,6 @@ typedef struct {
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
-    size_t off_att_dq_partials; /* GPU only, where the mma attention backward runs (attention_dq_partials_bytes) */
     size_t off_ring_kv, off_ring_dkv; /* context parallelism: two K/V blocks in flight, two dK/dV blocks */
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
     size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
@@ -282,49 +281,6 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
 #define PLAN_GPU_COLUMN_SPLITS 32
 #define PLAN_GPU_NORM_BLOCKS 512
 
-/* The mma attention backward (llmc/attention_mma.cuh; 16-bit builds, head
- * sizes 64 and 128, unless built with ATTENTION=tc or simt) cuts each head's
- * key tiles of ATT_DQ_KEY_ROWS rows into S segments (tile j in segment j mod
- * S) and runs one thread block per (batch, head, segment); a block sums its
- * dQ contributions in fp32 into rows only it touches, a (B,T,C) slice of
- * its segment's own, and a last pass adds the S slices in segment order:
- * deterministic without atomics. S is a function of the shape alone, so the
- * plan is: enough segments that B*NH*S reaches ATT_DQ_TARGET_BLOCKS (two
- * resident blocks on each of an H200's 132 SMs), at most one per key tile,
- * and at most ATT_DQ_MAX_SEGMENTS: each segment costs B*T*C floats of
- * scratch (shared by all layers) and one more fp32 read per dQ element in
- * the last pass, while past two waves of blocks more segments buy little
- * balance (at B*NH = 64, e.g. 4x8192x16x128, S = 4 gives 256 blocks and
- * 4 B T C floats, 1 GiB at C = 2048). */
-#define ATT_DQ_KEY_ROWS 64
-#define ATT_DQ_TARGET_BLOCKS 264
-#define ATT_DQ_MAX_SEGMENTS 4
-
-static inline int attention_dq_segments(int B, int T, int NH) {
-    long long heads = (long long)B * NH, tiles = ((long long)T + ATT_DQ_KEY_ROWS - 1) / ATT_DQ_KEY_ROWS;
-    long long seg = (ATT_DQ_TARGET_BLOCKS + heads - 1) / heads;
-    if (seg > ATT_DQ_MAX_SEGMENTS) seg = ATT_DQ_MAX_SEGMENTS;
-    if (seg > tiles) seg = tiles;
-    return seg < 1 ? 1 : (int)seg;
-}
-
-/* Bytes of the dQ partial sums: S slices of B*T*C floats. */
-static inline size_t attention_dq_partials_bytes(int B, int T, int C, int NH) {
-    return size_mul_sat(size_mul_sat((size_t)attention_dq_segments(B, T, NH) * 4, (size_t)B * (size_t)T), (size_t)C);
-}
-
-/* Whether a GPU plan needs them: what attention.cuh's launcher decides, from
- * the shape and the build (16-bit storage, head size 64 or 128, ATTENTION=mma). */
-static inline int plan_att_mma_backward(const PlanSpec* s) {
-#if defined(ATTENTION_SIMT) || defined(ATTENTION_TC)
-    (void)s;
-    return 0;
-#else
-    int hs = s->cfg.channels / s->cfg.num_heads;
-    return s->backend == BACKEND_GPU && s->elem_bytes == 2 && (hs == 64 || hs == 128) && hs * s->cfg.num_heads == s->cfg.channels;
-#endif
-}
-
 static inline void plan_add_other_buffers(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     size_t BT = (size_t)s->B * (size_t)plan_local_T(s), C = (size_t)s->cfg.channels, E = (size_t)s->elem_bytes;
@@ -352,9 +308,6 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         p->off_column_partials = plan_add(p, "column_partials", SEC_SCRATCH, -1, (size_t)PLAN_GPU_COLUMN_SPLITS * 4 * C * 4);
         p->off_norm_partials = plan_add(p, "grad_norm_partials", SEC_SCRATCH, -1, ((size_t)PLAN_GPU_NORM_BLOCKS + 1) * 4);
         p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 12), 4));
-        if (plan_att_mma_backward(s))
-            p->off_att_dq_partials = plan_add(p, "attention_dq_partials", SEC_SCRATCH, -1,
-                                              attention_dq_partials_bytes(s->B, plan_local_T(s), s->cfg.channels, s->cfg.num_heads));
     }
     if (plan_context_parallel(s) > 1) { /* double buffers: one block computed on while the next arrives */
         p->off_ring_kv = plan_add(p, "ring.kv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_kv_bytes(s)));

@@ -23,9 +23,11 @@
 #if __has_include(<emu/ptx.h>)
 #include <emu/ptx.h>
 #define PTX_SITE , emu::CallSite where = {__builtin_LINE(), __builtin_FILE()}
+#define PTX_SITE_ONLY emu::CallSite where = {__builtin_LINE(), __builtin_FILE()}
 #define PTX_EMULATED 1
 #else
 #define PTX_SITE
+#define PTX_SITE_ONLY
 #define PTX_EMULATED 0
 #endif
 
@@ -114,9 +116,9 @@ __device__ __forceinline__ void ptx_cp_async_commit() {
 }
 
 /* Waits until at most N of this thread's committed groups are pending. */
-template <int N> __device__ __forceinline__ void ptx_cp_async_wait() {
+template <int N> __device__ __forceinline__ void ptx_cp_async_wait(PTX_SITE_ONLY) {
 #if PTX_EMULATED
-    emu::ptx::wait_group(N);
+    emu::ptx::wait_group(N, where);
 #elif defined(__CUDA_ARCH__)
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif

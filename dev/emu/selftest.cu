@@ -1046,7 +1046,7 @@ __global__ void ptx_ldmatrix_mma_kernel(const uint16_t* A, const uint16_t* Bt, c
     ptx_copy_rows(sbt, Bt, 8, 16, 24, l);
     ptx_copy_rows(sb, B, 16, 8, 16, l);
     emu::ptx::commit_group();
-    emu::ptx::wait_group(0);
+    emu::ptx::wait_group(0, emu::CallSite{__LINE__, __FILE__});
     __syncthreads();
     uint32_t a[4], b[2], b2[2];
     const emu::CallSite w{__LINE__, __FILE__};
@@ -1074,9 +1074,9 @@ __global__ void ptx_cp_async_kernel(const uint32_t* src, uint32_t* out) {
     emu::ptx::cp_async(s2 + 4 * l, src + 128 + 4 * l, w);
     emu::ptx::commit_group();
     out[4 * l] = s1[4 * l] + 1000 * s2[4 * l];
-    emu::ptx::wait_group(1);
+    emu::ptx::wait_group(1, w);
     out[4 * l + 1] = s1[4 * l] + 1000 * s2[4 * l];
-    emu::ptx::wait_group(0);
+    emu::ptx::wait_group(0, w);
     out[4 * l + 2] = s1[4 * l] + 1000 * s2[4 * l];
     out[4 * l + 3] = s2[4 * l + 3];
 }

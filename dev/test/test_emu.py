@@ -592,6 +592,48 @@ def test_train_emulated_learns_resumes_and_recomputes_bitwise(default_jobs, prec
         assert got == dropped, f"dropout, {flags}: {got} != -r 0: {dropped}"
 
 
+# One long sequence (B=1) through the attention kernels alone, with and without dropout: the mma backward's
+# dK/dV and dQ kernels, one block per 64-row tile, across 16 (hs64, T=1000) and 11 (hs128, T=700) tiles of
+# each side, T a multiple of no tile; check_attention compares the boundary rows of every tile on their own.
+LONG_CASES = ["long:hs64:64:1:300:1000", "long:hs128:128:1:300:700", "longdrop:hs64:64:1:300:1000", "longdrop:hs128:128:1:300:700"]
+
+
+def test_attention_one_long_sequence_emulated(emu_build):
+    res = emu_run([OUT / "emu_test_gpt_bf16", *LONG_CASES], timeout=1800, EMU_PROFILE="1")
+    assert res.returncode == 0, explain(res)
+    for case in LONG_CASES:
+        kind, name, _, _, _, T = case.split(":")
+        what = "attention alone" if kind == "long" else "attention alone with dropout 0.1"
+        assert re.search(rf"^PASS: {what}, {name} B=1 T={T}$", res.stdout, re.M), f"{case} missing\n" + res.stdout[-3000:]
+    assert len(re.findall(r"boundary rows, worst error/tolerance [0-9.]+ .*ok$", res.stdout, re.M)) == 3 * len(LONG_CASES), res.stdout
+    launched = res.stdout + res.stderr  # EMU_PROFILE's table names every kernel run
+    assert "attention_mma_backward_dkv_kernel" in launched and "attention_mma_backward_dq_kernel" in launched, launched[-3000:]
+    assert "FAIL" not in res.stdout
+
+
+def test_attention_launch_report_emulated(emu_build):
+    """bench_attention --launch at B=1, T=131072, NH=16, hs=128 (issue 25's shape): one line per kernel, from the
+    recorded sm_90 figures under the emulator; the backward's kernels keep 264 blocks (2 per SM of 132) in flight.
+    The expected grids are written out from the tiling (64 rows a block, 256 threads a rowsum block)."""
+    exe = OUT / "emu_bench_attention_bf16"
+    res = emu_run([exe, "--launch", 1, 131072, 16, 128], timeout=120)
+    assert res.returncode == 0, explain(res)
+    lines = re.findall(r"^(fwd|bwd) kernel=(\w+) grid=(\d+),(\d+),(\d+) threads=(\d+) smem=(\d+) blocks_per_sm=(\w+) resident=(\w+)$",
+                       res.stdout, re.M)
+    got = {name: (side, int(x), int(y), int(z), int(th), int(sm), bps, r) for side, name, x, y, z, th, sm, bps, r in lines}
+    assert list(got) == ["attention_mma_forward_kernel", "attention_mma_rowsum_kernel", "attention_mma_backward_dkv_kernel",
+                         "attention_mma_backward_dq_kernel"], res.stdout
+    assert got["attention_mma_forward_kernel"][:5] == ("fwd", 2048, 16, 1, 128), res.stdout
+    assert got["attention_mma_rowsum_kernel"][:5] == ("bwd", 131072 * 16 // 256, 1, 1, 256), res.stdout
+    for k in ("attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
+        side, x, y, z, th, smem, bps, resident = got[k]
+        assert (side, x, y, z, th) == ("bwd", 2048, 16, 1, 128) and int(bps) >= 2 and int(resident) >= 264, res.stdout
+    assert re.search(r"^scratch: %d bytes" % (131072 * 16 * 4), res.stdout, re.M), res.stdout
+    assert "recorded ptxas figures" in res.stdout
+    bad = emu_run([exe, "--launch", 1, 2, 3])
+    assert bad.returncode == 1 and "--launch takes one shape" in bad.stderr, explain(bad)
+
+
 def test_bench_attention_emulated(emu_build):
     """dev/bench/bench_attention.cu runs all three kernel families, and the tensor-core ones agree with the CUDA-core ones,
     with and without attention dropout (a mask drawn differently by two families moves whole values).

@@ -15,6 +15,11 @@ stops such mutants of the current kernels with a message naming the hazard:
     "racecheck: ... hazard", except the barriers listed in REDUNDANT, whose
     deletion is no race (another barrier orders the same accesses), which
     must then pass;
+  - every cp.async wait (ptx_cp_async_wait) in llmc/*.cuh, deleted one at a
+    time the same way, fails the kernel's emulated test: the copies land
+    late (stale operands: a result off the CPU reference, or a hazard) or
+    never (the emulator stops a thread whose copies pile up or outlive
+    its block);
   - a mutated copy of the sources (a real deletion, a write moved one
     element past a buffer, and LayerNorm's parameter-gradient blocks skipping
     the partial sums of row slices they have no rows for), built in a
@@ -35,7 +40,8 @@ GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
 # The binary and case that run each file's kernels: tensor-core attention in
 # the 16-bit builds, CUDA-core attention in fp32, the rest in every build.
 # The mma kernels (head sizes 64 and 128; others fall back to tc) need T=333: six key tiles, so the
-# double buffer is reused (a barrier before tile j + 2's copy is only needed from the third tile on).
+# double buffer is reused (a barrier before tile j + 2's copy is only needed from the third tile on),
+# and six query blocks of the backward's dQ kernel and key blocks of its dK/dV kernel.
 RUNS = {"llmc/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/attention.cuh": ("fp32", ATTENTION_CASE),
         "llmc/attention_mma.cuh": ("bf16", "attention:hs64:64:1:300:333")}
 DEFAULT_RUN = ("bf16", GPT_CASE)
@@ -54,14 +60,15 @@ REDUNDANT = {
 }
 
 SYNC_RE = re.compile(r"\b(__syncthreads|__syncwarp)\s*\(\s*\)")
+WAIT_RE = re.compile(r"\bptx_cp_async_wait\s*<\s*\d+\s*>\s*\(\s*\)")
 
 
 def code_only(line):
     return line.split("//")[0].split("/*")[0]
 
 
-def sync_sites():
-    """(file, line, function, index in function) of every barrier call in llmc/*.cuh."""
+def call_sites(pattern):
+    """(file, line, function, index in function) of every call matching pattern in llmc/*.cuh."""
     sites = []
     for path in sorted((REPO / "llmc").glob("*.cuh")):
         rel = f"llmc/{path.name}"
@@ -71,17 +78,20 @@ def sync_sites():
                 names = [n for n in re.findall(r"([A-Za-z_]\w*)\s*\(", line) if n not in ("__launch_bounds__", "__align__")]
                 if names:
                     func = names[0]
-            if SYNC_RE.search(code_only(line)):
+            if pattern.search(code_only(line)):
                 k = count.get(func, 0)
                 count[func] = k + 1
                 sites.append((rel, no, func, k))
     return sites
 
 
-SITES = sync_sites()
+SITES = call_sites(SYNC_RE)
+WAIT_SITES = call_sites(WAIT_RE)
 
 
 def test_the_sweep_sees_the_barriers():
+    assert {(f, fn) for f, _, fn, _ in WAIT_SITES} >= {("llmc/attention_mma.cuh", k) for k in (
+        "attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")}, WAIT_SITES
     files = {s[0] for s in SITES}
     assert {"llmc/attention_tc.cuh", "llmc/attention.cuh", "llmc/layernorm.cuh", "llmc/cuda_common.cuh"} <= files, files
     listed = {(f, fn, k) for f, _, fn, k in SITES}
@@ -103,6 +113,18 @@ def test_deleting_a_barrier_is_caught(emu_build, site):
     assert "in kernel " in res.stderr, explain(res)
 
 
+@pytest.mark.parametrize("site", WAIT_SITES, ids=[f"{f}:{n}" for f, n, _, _ in WAIT_SITES])
+def test_deleting_a_cp_async_wait_is_caught(emu_build, site):
+    rel, line, func, _ = site
+    precision, case = RUNS.get(rel, DEFAULT_RUN)
+    res = emu_run([OUT / f"emu_test_gpt_{precision}", case], timeout=600, EMU_DELETE_SYNC=f"{rel}:{line}")
+    assert res.returncode != 0, f"deleting the cp.async wait at {rel}:{line} ({func}) went unnoticed\n" + explain(res)
+    late = re.search(r"^FAIL: attention alone", res.stdout, re.M) or "racecheck: " in res.stderr
+    never = re.search(r"cp\.async \(\S*llmc/attention_mma\.cuh:\d+\): (more than 64 copies pending in one thread|thread \d+ has \d+ "
+                      r"copies pending from an earlier block)", res.stderr)
+    assert late or never, explain(res)
+
+
 def test_delete_sync_needs_file_and_line(emu_build):
     res = emu_run([OUT / "emu_selftest"], EMU_DELETE_SYNC="llmc/attention_tc.cuh")
     assert res.returncode != 0 and "EMU_DELETE_SYNC=llmc/attention_tc.cuh: expected FILE:LINE" in res.stderr, explain(res)
@@ -113,7 +135,6 @@ def test_delete_sync_needs_file_and_line(emu_build):
 FORWARD_SYNC = "        att_tc_scores<HS>(Sw, q, Ks);\n        __syncwarp();\n"
 ENCODER_WRITE = "    vstore<VEC>(x + i, o);\n"
 LN_PARTIALS_ROWS = "    const int r0 = blockIdx.y * rps, r1 = min(N, r0 + rps);\n"
-MMA_BACKWARD_WAIT = "            ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */\n"
 
 
 def mutant_tree(tmp, edits):
@@ -139,22 +160,15 @@ def mutant_tree(tmp, edits):
 
 def test_source_mutants_are_caught(emu_build, tmp_path):
     """The issue's race (the forward kernel's __syncwarp between the WMMA store of the scores and the lanes' reads, deleted),
-    a write one element past the embedding output, a read of partial sums nobody wrote, and the mma backward's
-    cp.async wait deleted, in one mutated build."""
+    a write one element past the embedding output and a read of partial sums nobody wrote, in one mutated build
+    (the cp.async waits: test_deleting_a_cp_async_wait_is_caught)."""
     exe = mutant_tree(tmp_path, {
         "llmc/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
         "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x + i", "x + i + VEC")),  # one (vector) element past
         # an early exit for the row slices beyond N (11 rows in 32 slices here): their partial sums are never written, and
         # column_finish_kernel adds them up. On a GPU that reads stale data; the emulator's NaN bytes show only in the result.
         "llmc/layernorm.cuh": (LN_PARTIALS_ROWS, LN_PARTIALS_ROWS + "    if (r0 >= N) return;\n"),
-        "llmc/attention_mma.cuh": (MMA_BACKWARD_WAIT, ""),
     })
-    no_wait = emu_run([exe, RUNS["llmc/attention_mma.cuh"][1]], timeout=600)
-    assert no_wait.returncode != 0, explain(no_wait)
-    # the copies never land: the thread's pending copies pile up (or outlive the block)
-    assert re.search(r"cp\.async \(\S*llmc/attention_mma\.cuh:\d+\): (more than 64 copies pending in one thread|thread \d+ has \d+ "
-                     r"copies pending from an earlier block)", no_wait.stderr), explain(no_wait)
-    assert "in kernel attention_mma_backward_kernel" in no_wait.stderr, explain(no_wait)
     race = emu_run([exe, ATTENTION_CASE], timeout=600)
     assert race.returncode != 0, explain(race)
     assert re.search(r"racecheck: read-after-write hazard on shared memory .*every lane of warp \d+ \(a WMMA operation\) wrote it at "

@@ -15,6 +15,8 @@
  *                                              nonfinite:NAME:C:NH:V:T[,T...]  check_nonfinite
  *                                              attention:NAME:C:NH:V:T[,T...]  check_attention
  *                                              dropout:NAME:C:NH:V:T[,T...]    check_attention with attention dropout 0.1
+ *                                              long:NAME:C:NH:V:T[,T...]       check_attention at B=1, T up to 4096
+ *                                              longdrop:NAME:C:NH:V:T[,T...]   the same with attention dropout 0.1
  *                                              dropmodel:NAME:C:NH:V:T[,T...]  run_case with model_dropout()
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
@@ -37,7 +39,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|dropmodel:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -61,7 +63,7 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, MODEL_DROPOUT, ACCUM };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM };
     struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -76,6 +78,12 @@ int main(int argc, char** argv) {
         } else if (a.rfind("dropout:", 0) == 0) {
             kind = ATTENTION_DROPOUT;
             a = a.substr(8);
+        } else if (a.rfind("long:", 0) == 0) {
+            kind = LONG;
+            a = a.substr(5);
+        } else if (a.rfind("longdrop:", 0) == 0) {
+            kind = LONG_DROPOUT;
+            a = a.substr(9);
         } else if (a.rfind("dropmodel:", 0) == 0) {
             kind = MODEL_DROPOUT;
             a = a.substr(10);
@@ -103,8 +111,9 @@ int main(int argc, char** argv) {
             p = q + 1;
         }
         if (c.C <= 0 || c.NH <= 0 || c.V <= 0 || c.C % c.NH) return usage();
+        const int max_T = kind == LONG || kind == LONG_DROPOUT ? 4096 : 1024; /* one sequence at B=1: many tiles */
         for (int T : c.Ts)
-            if (T <= 0 || T > 1024) return usage();
+            if (T <= 0 || T > max_T) return usage();
         cases.push_back(c);
     }
     banner();
@@ -113,8 +122,10 @@ int main(int argc, char** argv) {
         Shape sh = {c.name.c_str(), c.C, c.NH, c.V};
         for (int T : c.Ts) {
             if (c.kind == NONFINITE) check_nonfinite(&sh, T);
-            else if (c.kind == ATTENTION) check_attention(&sh, T, 0);
-            else if (c.kind == ATTENTION_DROPOUT) check_attention(&sh, T, 0.1f);
+            else if (c.kind == ATTENTION) check_attention(&sh, TEST_B, T, 0);
+            else if (c.kind == ATTENTION_DROPOUT) check_attention(&sh, TEST_B, T, 0.1f);
+            else if (c.kind == LONG) check_attention(&sh, 1, T, 0);
+            else if (c.kind == LONG_DROPOUT) check_attention(&sh, 1, T, 0.1f);
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
             else if (c.kind == MODEL_DROPOUT) {
                 const DropoutState drop = model_dropout();

@@ -92,7 +92,7 @@ struct Settings {
     bool profile = false;
     int order = 0; /* 0 forward, 1 reverse, 2 shuffle */
     uint64_t seed = 1;
-    std::string deleted_file; /* EMU_DELETE_SYNC=FILE:LINE: that barrier is skipped, as if deleted */
+    std::string deleted_file; /* EMU_DELETE_SYNC=FILE:LINE: that barrier (or cp.async wait) is skipped, as if deleted */
     int deleted_line = -1;
 };
 
@@ -132,7 +132,7 @@ Settings& settings() {
             char* end = nullptr;
             if (colon) s.deleted_line = (int)strtol(colon + 1, &end, 10);
             if (!colon || colon == v || !end || *end || s.deleted_line <= 0)
-                fatal("EMU_DELETE_SYNC=%s: expected FILE:LINE of a __syncthreads() or __syncwarp() call", v);
+                fatal("EMU_DELETE_SYNC=%s: expected FILE:LINE of a __syncthreads(), __syncwarp() or ptx_cp_async_wait call", v);
             s.deleted_file.assign(v, colon);
         }
     }
@@ -668,6 +668,8 @@ double now_ms() {
 }
 
 }  // namespace
+
+bool call_deleted(const char* file, int line) { return sync_deleted(file, line); }
 
 /* ------------------------------------------------------------------------ */
 /* emu:: API                                                                  */

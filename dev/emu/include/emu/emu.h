@@ -118,6 +118,9 @@ struct CallSite {
     int line;
     const char* file;
 };
+/* Is the call at file:line the one EMU_DELETE_SYNC=FILE:LINE deletes (a
+ * barrier, or a cp.async wait: include/emu/ptx.h)? */
+bool call_deleted(const char* file, int line);
 /* p .. p+bytes must lie in memory a kernel addresses: one cudaMalloc or
  * cudaMallocHost block, or this block's shared memory (static or dynamic);
  * otherwise fatal, naming api and its call site. */

@@ -238,8 +238,10 @@ static inline void commit_group() {
     c.committed++;
 }
 
-/* Lands every copy of a group committed before the newest `allowed_pending` groups. */
-static inline void wait_group(int allowed_pending) {
+/* Lands every copy of a group committed before the newest `allowed_pending`
+ * groups; nothing where EMU_DELETE_SYNC names the call (as if deleted). */
+static inline void wait_group(int allowed_pending, const CallSite& where) {
+    if (call_deleted(where.file, where.line)) return;
     ThreadCopies& c = my_copies();
     if (!c.n || !same_block(c)) return;
     int keep = 0;
