@@ -289,14 +289,17 @@ void finish_task(Task& t) {
     t.from.clear();
 }
 
+/* "ncclAllReduce", or "the NCCL group of 12 calls (ncclAllReduce x12)" */
 std::string describe(const Batch& b) {
+    if (b.tasks.size() == 1) return kind_name(b.tasks[0].kind);
     std::string s;
-    for (const Task& t : b.tasks) {
-        if (!s.empty()) s += ", ";
-        if (s.size() > 200) { s += "..."; break; }
-        s += kind_name(t.kind);
+    for (size_t i = 0; i < b.tasks.size();) {
+        size_t j = i;
+        while (j < b.tasks.size() && b.tasks[j].kind == b.tasks[i].kind) j++;
+        s += std::string(s.empty() ? "" : ", ") + kind_name(b.tasks[i].kind) + (j - i > 1 ? " x" + std::to_string(j - i) : "");
+        i = j;
     }
-    return b.tasks.size() > 1 ? "the NCCL group (" + s + ")" : s;
+    return "the NCCL group of " + std::to_string(b.tasks.size()) + " calls (" + s + ")";
 }
 
 void enqueue_batch(std::shared_ptr<Batch> b) {
