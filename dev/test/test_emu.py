@@ -363,6 +363,13 @@ def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start i
                      "byte 512 of the 4000-byte cudaMalloc block", "in kernel wmma_misuse_kernel")),
     ("ptx_cp_async_uninit", ("initcheck: uninitialised read of 16 bytes", "by cp.async (global source) at",
                              "byte 0 of the 4000-byte cudaMalloc block", "in kernel ptx_misuse_kernel")),
+    # streamcheck: accesses of two streams that no event wait, implicit synchronisation or host wait orders
+    ("stream_no_wait", ("stream hazard: kernel region_kernel launched at", "on the legacy default stream reads byte 20 of the "
+                        "4000-byte cudaMalloc block", "which cudaMemsetAsync on stream 1 (created cudaStreamNonBlocking, priority 0) wrote")),
+    ("stream_stale_record", ("stream hazard: kernel region_kernel", "on the legacy default stream reads byte 20",
+                             "which kernel region_kernel", "on stream 1 (created cudaStreamNonBlocking, priority 0) wrote")),
+    ("stream_write_after_read", ("stream hazard: cudaMemsetAsync on the legacy default stream writes byte 20",
+                                 "which kernel region_kernel", "on stream 1 (created cudaStreamNonBlocking, priority 0) read")),
     # inline PTX (emu/ptx.h)
     ("ptx_ldmatrix_misaligned", ("ldmatrix", "lane 3's row address", "is not 16-byte aligned")),
     ("ptx_mma_divergent", ("mma.sync.aligned.m16n8k16", "reached by 16 of 32 lanes")),
