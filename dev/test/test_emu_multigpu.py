@@ -14,7 +14,8 @@ What is compared with what, and why the bounds:
   significant bits, 2^-9 relative) before the sum, and AdamW's update,
   m / sqrt(v), normalises away the size of small gradients, so a rounding
   change can move an update by up to lr; after 4 steps at lr 1e-3 the losses
-  agree to 2e-3 absolute (measured differences: see the test).
+  agree to 1e-3 absolute (measured: 0, 5.6e-5, 6.2e-5, 6.2e-5; FP32: 0 at
+  the 6 printed decimals).
 - one emulated rank through NCCL (mpirun -np 1) against the plain trainer:
   an all-reduce over one rank is the identity, so the runs are bitwise equal.
 - ZeRO-1 against ZeRO-0, per-layer overlap against the sum after the
@@ -102,7 +103,7 @@ def model_without_run_id(path):
     return data[:4 * 240] + data[4 * 242:]  # header slots 240-241: each run's own id
 
 
-@pytest.mark.parametrize("precision, bound", [("fp32", 1e-5), ("bf16", 2e-3)])
+@pytest.mark.parametrize("precision, bound", [("fp32", 1e-5), ("bf16", 1e-3)])
 def test_two_ranks_match_one_rank_with_twice_the_batch(bins, data, precision, bound):
     one = steps(train(bins, data, 0, precision, "-b", "4", "-x", "4"))
     two_res = train(bins, data, 2, precision, "-b", "2", "-x", "4")
