@@ -764,3 +764,15 @@ def test_train_emulated_samples_a_prompt_and_evaluates_by_position(emu_build, tm
     logged = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     train = [e for e in logged if "loss" in e]
     assert [e["tokens"] for e in train] == [64, 128] and all(e["memory_mib"] > 0 for e in train)
+
+
+@slow
+def test_gpu_check_sanitizer_cases_emulated(emu_build):
+    """What dev/gpu_check.sh's compute-sanitizer stages run (test_gpt --sanitize: head sizes 16, 64 and 128 at T=77, the
+    default attention alone and in the model, with and without dropout) under the emulator's own racecheck, synccheck,
+    initcheck and memcheck: every check passes and nothing is stopped (about 5 minutes on a loaded 2-core machine)."""
+    res = emu_run([OUT / "emu_test_gpt_bf16", "--sanitize"], timeout=1800)
+    assert res.returncode == 0, explain(res)
+    for name in ["attention alone, hs64 T=77", "attention alone with dropout 0.1, hs64 T=77", "attention alone, hs128 T=77",
+                 "attention alone with dropout 0.1, hs128 T=77", "hs64 T=77", "hs64 T=77, dropout embedding 0.1"]:
+        assert re.search(rf"^PASS: {re.escape(name)}", res.stdout, re.M), name + "\n" + explain(res)
