@@ -217,3 +217,23 @@ def test_the_unmutated_run_has_no_hazard_in_any_stream_order(bins, data):
     """The control of the mutants: the same run without a deletion, in the order that delays the collective stream most."""
     res = train(bins, data, 2, "bf16", "-b", "2", "-x", "2", "-z", "1", EMU_STREAM_ORDER="latest")
     assert len(steps(res)) == 2 and "stream hazard" not in res.stderr
+
+
+@pytest.mark.parametrize("ranks", [3, 1])
+def test_emulated_nccl_selftest(bins, ranks):
+    """dev/emu/nccl_selftest.cu: every collective in place and out of place, fp32/bf16/fp16/int32, sum/max/avg, reduce and
+    broadcast from every root, a grouped send/recv ring on a second stream, a nonblocking communicator, version and error
+    strings, against values computed on the host (3 ranks: sums where the association matters)."""
+    res = subprocess.run(["mpirun", "-np", str(ranks), str(bins / "emu_nccl_selftest")], capture_output=True, text=True, timeout=300,
+                         env=env(EMU_DEVICE_COUNT=str(ranks)), cwd=REPO)
+    assert res.returncode == 0 and f"nccl selftest ({ranks} ranks): PASS" in res.stdout, explain(res)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("overlap", "ncclAllReduce: sendbuff (200 bytes at"),
+    ("before_ready", "ncclAllReduce: the communicator's nonblocking initialisation has not completed"),
+])
+def test_emulated_nccl_stops_misuse(bins, case, message):
+    res = subprocess.run(["mpirun", "-np", "2", str(bins / "emu_nccl_selftest"), f"fail:{case}"], capture_output=True, text=True,
+                         timeout=300, env=env(), cwd=REPO)
+    assert res.returncode != 0 and "NOT STOPPED" not in res.stdout and message in res.stderr, explain(res)
