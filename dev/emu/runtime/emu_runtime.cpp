@@ -19,10 +19,12 @@
  *     that reading memory nobody wrote shows; freed blocks stay inaccessible.
  *     Copies and memsets are range-checked; kernel pointer arguments must
  *     point into device or pinned memory.
- *   - streams: kernels, async copies, memsets and matmuls are queued and run
- *     at the next synchronisation point, in order (one queue for all
- *     streams); copies involving pageable host memory follow the documented
- *     synchronisation rules (H2D staged at the call, D2H synchronous).
+ *   - streams: kernels, async copies, memsets, matmuls and NCCL calls are
+ *     queued per stream and run at the next synchronisation point, each
+ *     stream in order, streams interleaved as their events allow
+ *     (EMU_STREAM_ORDER), with vector clocks for streamcheck; copies involving
+ *     pageable host memory follow the documented synchronisation rules (H2D
+ *     staged at the call, D2H synchronous).
  *   - a SIGSEGV/SIGBUS handler that names the kernel, block and thread, and
  *     whether the address was a guard page, a freed block or a stack guard.
  */
@@ -1088,8 +1090,6 @@ void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> 
     push(s, std::move(op));
     if (settings().sync) flush();
 }
-
-void enqueue(cudaStream_t stream, std::function<void()> op) { enqueue_named(stream, "an operation", std::move(op)); }
 
 void enqueue_async(cudaStream_t stream, std::string what, std::function<void()> start, std::function<bool()> poll) {
     Stream* s = find_stream("enqueue", stream);

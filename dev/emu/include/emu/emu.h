@@ -88,11 +88,11 @@ extern dim3 cur_block_dim, cur_grid_dim;
  * EMU_ORDER), each block's threads as coroutines. body() is one thread. */
 void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()>& body);
 
-/* Launch checks and deferral: everything on a stream runs in order at the next
- * synchronisation point (cudaStreamSynchronize, cudaDeviceSynchronize,
- * cudaMemcpy, ...), as on a GPU, so host code reading results early fails. */
+/* Launch checks and deferral: everything on a stream runs in its order at the
+ * next synchronisation point (cudaStreamSynchronize, cudaDeviceSynchronize,
+ * cudaMemcpy, ...), as on a GPU, so host code reading results early fails;
+ * `what` names the operation in streamcheck's messages. */
 void check_launch(const Site& site, const void* kernel, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream);
-void enqueue(cudaStream_t stream, std::function<void()> op);
 void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> run);
 /* true once a second stream exists: operations then carry descriptions for streamcheck */
 bool stream_check_on(void);
