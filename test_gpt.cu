@@ -1363,10 +1363,29 @@ static void quick_cases(void) {
     check_memory_kernels();
 }
 
+/* The default attention for compute-sanitizer (dev/gpu_check.sh): the
+ * inline-PTX kernels at head sizes 64 and 128 (one head each, so C is the
+ * head size), an odd T (the masked edge tiles), forward and backward alone
+ * with and without attention dropout, then the whole model at head size 64
+ * with and without dropout at every site. After the quick cases. */
+static void sanitizer_cases(void) {
+    quick_cases();
+    const Shape hs[] = {{"hs64", 64, 1, 300}, {"hs128", 128, 1, 300}};
+    for (int i = 0; i < 2; i++) {
+        check_attention(&hs[i], 77, 0);
+        check_attention(&hs[i], 77, 0.1f);
+    }
+    const DropoutState drop = model_dropout();
+    run_case(&hs[0], 77, &dropout_off);
+    run_case(&hs[0], 77, &drop);
+}
+
 int main(int argc, char** argv) {
     int quick = argc == 2 && strcmp(argv[1], "--quick") == 0;
-    if (argc > 1 && !quick) {
-        fprintf(stderr, "usage: test_gpt [--quick]   (--quick: the smallest cases, for compute-sanitizer)\n");
+    int sanitize = argc == 2 && strcmp(argv[1], "--sanitize") == 0;
+    if (argc > 1 && !quick && !sanitize) {
+        fprintf(stderr, "usage: test_gpt [--quick|--sanitize]   (--quick: the smallest cases; --sanitize: those and the default "
+                        "attention at head sizes 64 and 128, T=77, with and without dropout; both for compute-sanitizer)\n");
         return 2;
     }
     /* line-buffered even into a file: a stage killed by its time limit (or a
@@ -1390,8 +1409,9 @@ int main(int argc, char** argv) {
     printf(" with %d OpenMP threads", omp_get_max_threads());
 #endif
     printf("\n");
-    if (quick) {
-        quick_cases();
+    if (quick || sanitize) {
+        if (sanitize) sanitizer_cases();
+        else quick_cases();
         return test_gpt_verdict();
     }
     /* head sizes 16 and 64 (the GPT-2 size) at every T; 32, 48 (a padded

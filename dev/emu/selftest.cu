@@ -1168,6 +1168,42 @@ __global__ void ptx_misuse_kernel(float* d, int mode) {
     else emu::ptx::cp_async(sm + l * 8, d, w); /* 16 bytes per lane, none shared (that would be a race) */
 }
 
+/* Streams (streamcheck): work ordered by an event wait, by the legacy default
+ * stream's implicit synchronisation with a blocking stream, and by the host,
+ * runs without a hazard and gives the values in stream order; the unordered
+ * forms are fail:stream_* below. */
+__global__ void add_one_kernel(float* d, int n) {
+    if (threadIdx.x < (unsigned)n) d[threadIdx.x] += 1.0f;
+}
+
+static void test_streams(void) {
+    float* d;
+    CK(cudaMalloc(&d, 64 * sizeof(float)));
+    cudaStream_t side, blocking;
+    cudaEvent_t e;
+    CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&blocking, cudaStreamDefault));
+    CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    CK(cudaMemsetAsync(d, 0, 64 * sizeof(float), side));
+    add_one_kernel<<<1, 64, 0, side>>>(d, 64);           /* 1 */
+    CK(cudaEventRecord(e, side));
+    CK(cudaStreamWaitEvent(0, e, 0));
+    add_one_kernel<<<1, 64>>>(d, 64);                    /* 2: after the side stream's work (event) */
+    add_one_kernel<<<1, 64, 0, blocking>>>(d, 64);       /* 3: after the default stream's (implicit) */
+    add_one_kernel<<<1, 64>>>(d, 64);                    /* 4: after the blocking stream's (implicit) */
+    CK(cudaStreamSynchronize(0));
+    add_one_kernel<<<1, 64, 0, side>>>(d, 64);           /* 5: after the host saw the default stream done */
+    float h[64];
+    CK(cudaMemcpyAsync(h, d, sizeof(h), cudaMemcpyDeviceToHost, side));
+    int bad = 0;
+    for (int i = 0; i < 64; i++) bad += h[i] != 5.0f;
+    CHECK(bad == 0, "streams: %d of 64 values are not 5 after five ordered additions on three streams", bad);
+    CK(cudaEventDestroy(e));
+    CK(cudaStreamDestroy(side));
+    CK(cudaStreamDestroy(blocking));
+    CK(cudaFree(d));
+}
+
 static int run_fail(const char* name) {
     float* d;
     CK(cudaMalloc(&d, 1000 * sizeof(float)));
@@ -1196,6 +1232,27 @@ static int run_fail(const char* name) {
     else if (n == "region_write") { register_regions(d); region_kernel<<<1, 1>>>(d, 100, 1); }
     else if (n == "region_read") { register_regions(d); region_kernel<<<1, 1>>>(d + 200, 100, 0); }
     else if (n == "region_memset") { register_regions(d); cudaMemset(d + 50, 0, 51 * sizeof(float)); }
+    else if (n.rfind("stream_", 0) == 0) {
+        cudaStream_t side;
+        cudaEvent_t e;
+        cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking);
+        cudaEventCreate(&e);
+        cudaMemsetAsync(d, 0, 1000 * sizeof(float), side);
+        if (n == "stream_no_wait") region_kernel<<<1, 1>>>(d, 5, 0); /* reads what the side stream's memset writes */
+        else if (n == "stream_stale_record") {
+            cudaEventRecord(e, side);
+            region_kernel<<<1, 1, 0, side>>>(d, 5, 1); /* after the record: the wait below does not cover it */
+            cudaStreamWaitEvent(0, e, 0);
+            region_kernel<<<1, 1>>>(d, 5, 0);
+        } else if (n == "stream_write_after_read") {
+            cudaStreamSynchronize(side);
+            region_kernel<<<1, 1, 0, side>>>(d, 5, 0); /* reads d[5] */
+            cudaMemsetAsync(d + 5, 0, 4, 0);            /* the default stream overwrites it, unordered */
+        } else {
+            fprintf(stderr, "unknown failure case %s\n", name);
+            return 2;
+        }
+    }
     else if (n == "ptx_ldmatrix_misaligned") ptx_misuse_kernel<<<1, 32>>>(d, 0);
     else if (n == "ptx_mma_divergent") ptx_misuse_kernel<<<1, 32>>>(d, 1);
     else if (n == "ptx_cp_async_never_waited") { cudaMemset(d, 0, 32 * 16); ptx_misuse_kernel<<<2, 32>>>(d, 2); }
@@ -1269,6 +1326,7 @@ int main(int argc, char** argv) {
     test_cublaslt();
     test_wmma();
     test_ptx();
+    test_streams();
     if (g_fail) {
         printf("emu selftest: %d check%s FAILED\n", g_fail, g_fail == 1 ? "" : "s");
         return 1;

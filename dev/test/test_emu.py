@@ -363,6 +363,13 @@ def test_emulator_selftest(default_jobs):  # default_jobs: the long runs start i
                      "byte 512 of the 4000-byte cudaMalloc block", "in kernel wmma_misuse_kernel")),
     ("ptx_cp_async_uninit", ("initcheck: uninitialised read of 16 bytes", "by cp.async (global source) at",
                              "byte 0 of the 4000-byte cudaMalloc block", "in kernel ptx_misuse_kernel")),
+    # streamcheck: accesses of two streams that no event wait, implicit synchronisation or host wait orders
+    ("stream_no_wait", ("stream hazard: kernel region_kernel launched at", "on the legacy default stream reads byte 20 of the "
+                        "4000-byte cudaMalloc block", "which cudaMemsetAsync on stream 1 (created cudaStreamNonBlocking, priority 0) wrote")),
+    ("stream_stale_record", ("stream hazard: kernel region_kernel", "on the legacy default stream reads byte 20",
+                             "which kernel region_kernel", "on stream 1 (created cudaStreamNonBlocking, priority 0) wrote")),
+    ("stream_write_after_read", ("stream hazard: cudaMemsetAsync on the legacy default stream writes byte 20",
+                                 "which kernel region_kernel", "on stream 1 (created cudaStreamNonBlocking, priority 0) read")),
     # inline PTX (emu/ptx.h)
     ("ptx_ldmatrix_misaligned", ("ldmatrix", "lane 3's row address", "is not 16-byte aligned")),
     ("ptx_mma_divergent", ("mma.sync.aligned.m16n8k16", "reached by 16 of 32 lanes")),
@@ -799,3 +806,15 @@ def test_train_emulated_samples_a_prompt_and_evaluates_by_position(emu_build, tm
     logged = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     train = [e for e in logged if "loss" in e]
     assert [e["tokens"] for e in train] == [64, 128] and all(e["memory_mib"] > 0 for e in train)
+
+
+@slow
+def test_gpu_check_sanitizer_cases_emulated(emu_build):
+    """What dev/gpu_check.sh's compute-sanitizer stages run (test_gpt --sanitize: head sizes 16, 64 and 128 at T=77, the
+    default attention alone and in the model, with and without dropout) under the emulator's own racecheck, synccheck,
+    initcheck and memcheck: every check passes and nothing is stopped (about 5 minutes on a loaded 2-core machine)."""
+    res = emu_run([OUT / "emu_test_gpt_bf16", "--sanitize"], timeout=1800)
+    assert res.returncode == 0, explain(res)
+    for name in ["attention alone, hs64 T=77", "attention alone with dropout 0.1, hs64 T=77", "attention alone, hs128 T=77",
+                 "attention alone with dropout 0.1, hs128 T=77", "hs64 T=77", "hs64 T=77, dropout embedding 0.1"]:
+        assert re.search(rf"^PASS: {re.escape(name)}", res.stdout, re.M), name + "\n" + explain(res)

@@ -23,6 +23,8 @@
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
  *        emu_test_gpt_PREC kernels       check_memory_kernels (the memory-bound kernels' vector and scalar paths)
  *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
+ *        emu_test_gpt_PREC --quick       test_gpt's own main with --quick (what dev/gpu_check.sh's sanitizers ran before)
+ *        emu_test_gpt_PREC --sanitize    test_gpt's own main with --sanitize (what they run: the default attention too)
  * Exit status: 0 all passed, 1 a check failed, 2 bad usage; the emulator
  * aborts (SIGABRT) on undefined behaviour it detects, with a message.
  */
@@ -43,15 +45,17 @@ static int usage(void) {
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
-                    "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n");
+                    "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n"
+                    "       emu_test_gpt --quick|--sanitize   (test_gpt's own main with that flag: dev/gpu_check.sh's sanitizer cases)\n");
     return 2;
 }
 
 int main(int argc, char** argv) {
-    if (argc == 2 && strcmp(argv[1], "--full") == 0) {
+    if (argc == 2 && (strcmp(argv[1], "--full") == 0 || strcmp(argv[1], "--quick") == 0 || strcmp(argv[1], "--sanitize") == 0)) {
         banner();
-        char* own_argv[] = {argv[0], NULL};
-        int rc = test_gpt_main(1, own_argv);
+        int full = strcmp(argv[1], "--full") == 0;
+        char* own_argv[] = {argv[0], full ? NULL : argv[1], NULL};
+        int rc = test_gpt_main(full ? 1 : 2, own_argv);
         printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
         return rc;
     }

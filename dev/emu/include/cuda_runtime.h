@@ -110,9 +110,13 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority);
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest);
-/* One in-order queue serves every stream, so waiting on an event orders nothing more. */
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags = 0);
-/* Queries run the queue first (work progresses on a GPU too), then report completion. */
+/* Every stream has its own queue (runtime/emu_runtime.cpp): the wait holds
+ * `stream` until the event's latest record has run. A macro, so that the call
+ * site reaches EMU_DELETE_SYNC=FILE:LINE (that wait skipped: a mutant without
+ * a rebuild). */
+cudaError_t emu_stream_wait_event(cudaStream_t stream, cudaEvent_t event, unsigned int flags, const char* file, int line);
+#define cudaStreamWaitEvent(stream, event, flags) emu_stream_wait_event((stream), (event), (flags), __FILE__, __LINE__)
+/* Queries run what can run first (work progresses on a GPU too), then report completion. */
 cudaError_t cudaStreamQuery(cudaStream_t stream);
 
 cudaError_t cudaEventCreate(cudaEvent_t* event);

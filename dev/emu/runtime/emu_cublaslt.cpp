@@ -489,8 +489,14 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         if (overlap(D, dn, bias, bb)) fatal("%s: D overlaps the bias", what.c_str());
     }
     if (workspace_bytes) emu::check_device_range(what.c_str(), "the workspace", workspace, workspace_bytes);
-    emu::enqueue(stream, [p, order, al, be, A, B, C, D, bias, what]() {
+    size_t bias_bytes = bias ? p.m * type_size(api, p.bias_type) : 0;
+    emu::enqueue_named(stream, what, [p, order, al, be, A, B, C, D, an, bn, cn, dn, bias, bias_bytes, what]() {
         emu::set_activity(what.c_str());
+        emu::stream_access(A, an, false); /* the spans (columns at ld): the operands' bytes and what lies between */
+        emu::stream_access(B, bn, false);
+        if (be != 0.0f) emu::stream_access(C, cn, false);
+        if (bias) emu::stream_access(bias, bias_bytes, false);
+        emu::stream_access(D, dn, true);
         check_matrix_written(what, "A", A, p.a);
         check_matrix_written(what, "B", B, p.b);
         if (be != 0.0f) check_matrix_written(what, "C", C, p.c);

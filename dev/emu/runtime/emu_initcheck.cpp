@@ -44,9 +44,10 @@ uintptr_t g_dev_next = 0;
 
 void reserve(void) {
     if (g_dev_lo) return;
-    /* the device range and its shadow, inaccessible until a block is mapped */
-    void* m = mmap(nullptr, 2 * DEVICE_SPACE_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) fatal("initcheck: cannot reserve %zu bytes of address space for device memory and its shadow", 2 * DEVICE_SPACE_BYTES);
+    /* the device range, its shadow and the stream shadow (emu_streamcheck.cpp), inaccessible until a block is mapped */
+    size_t total = 2 * DEVICE_SPACE_BYTES + stream_shadow_bytes(DEVICE_SPACE_BYTES);
+    void* m = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) fatal("initcheck: cannot reserve %zu bytes of address space for device memory and its shadows", total);
     g_dev_lo = g_dev_next = (uintptr_t)m;
     g_dev_len = DEVICE_SPACE_BYTES;
     if (const char* v = getenv("EMU_INITCHECK")) {
@@ -69,12 +70,14 @@ char* device_map(size_t len) {
     g_dev_next += len;
     map_fixed(at, len, PROT_READ | PROT_WRITE);
     map_fixed(at + g_dev_len, len, PROT_READ | PROT_WRITE); /* zero: nothing written yet */
+    map_fixed(stream_shadow_at(at), stream_shadow_bytes(len), PROT_READ | PROT_WRITE); /* zero: no stream touched it */
     return (char*)at;
 }
 
 void device_unmap(char* map, size_t len) {
     map_fixed((uintptr_t)map, len, PROT_NONE);
     map_fixed((uintptr_t)map + g_dev_len, len, PROT_NONE);
+    map_fixed(stream_shadow_at((uintptr_t)map), stream_shadow_bytes(len), PROT_NONE);
 }
 
 void init_set(const void* p, size_t n, bool written) {
@@ -102,6 +105,8 @@ void init_check(const char* reader, const void* p, size_t n) {
 void init_copy(const char* api, void* dst, const void* src, size_t n) {
     bool from_device = is_device_address((uintptr_t)src), to_device = is_device_address((uintptr_t)dst);
     if (from_device && !to_device) init_check(api, src, n);
+    stream_access(src, n, false);
+    stream_access(dst, n, true);
     memcpy(dst, src, n);
     if (to_device && g_initcheck) {
         if (from_device) memcpy(init_shadow((uintptr_t)dst), init_shadow((uintptr_t)src), n);
@@ -129,6 +134,7 @@ void init_warp_access(uintptr_t a, size_t rows, size_t row_bytes, size_t stride_
 
 /* cp.async's global source (include/emu/ptx.h) */
 void emu::init_read(const char* api, const CallSite& where, const void* p, size_t n) {
+    stream_access(p, n, false);
     if (const void* u = init_first_unwritten(p, n))
         init_fail(std::string(api) + " at " + where.file + ":" + std::to_string(where.line), p, n, u);
 }

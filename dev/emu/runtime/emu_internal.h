@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include <string>
+#include <vector>
+#include <functional>
 
 #include "cuda_runtime.h"
 
@@ -101,6 +103,23 @@ inline void init_kernel_access(uintptr_t a, size_t n, bool write, void* pc) {
     else if (!all_written(s, n)) init_kernel_fault(a, n, pc);
 }
 
+/* Streamcheck (emu_streamcheck.cpp): hazards between streams. g_stream_check
+ * is set once a second stream exists. The runtime brackets each operation a
+ * stream runs with stream_op_begin (its stream, epoch, the stream's vector
+ * clock, a description; returns the op's id) or stream_op_resume (an NCCL
+ * call finishing) and stream_op_end; stream_access checks and records a
+ * device range the running operation reads or writes. The shadow of device
+ * address a (8 bytes per byte) lies at stream_shadow_at(a). */
+extern bool g_stream_check;
+inline size_t stream_shadow_bytes(size_t device_bytes) { return 8 * device_bytes; }
+inline uintptr_t stream_shadow_at(uintptr_t a) { return g_dev_lo + 2 * g_dev_len + 8 * (a - g_dev_lo); }
+uint32_t stream_op_begin(int stream, uint32_t epoch, const std::vector<uint32_t>* clock, std::string what);
+void stream_op_resume(uint32_t id, int stream, const std::vector<uint32_t>* clock);
+void stream_op_end(void);
+void stream_access(const void* p, size_t n, bool write);
+/* "the legacy default stream", "stream 2 (cudaStreamNonBlocking, priority -5)" (emu_runtime.cpp) */
+std::string stream_name(int stream);
+
 /* p .. p+bytes must lie inside one cudaMalloc allocation; otherwise fatal,
  * naming the API and operand. */
 void check_device_range(const char* api, const char* operand, const void* p, size_t bytes);
@@ -109,8 +128,21 @@ void check_stream(const char* api, cudaStream_t stream);
 /* Called after every queued operation: writes into the slack after an
  * allocation's end (up to its 256-byte rounding) are reported here. */
 void check_canaries(const char* after_what);
-/* Runs everything queued (all streams: the emulator keeps one in-order queue). */
+/* Runs everything queued on every stream (waiting for peers' NCCL calls if
+ * one is pending). */
 void flush(void);
+/* Runs what can run without waiting for another process; true if anything
+ * is still queued. */
+bool progress(void);
+/* An operation that finishes later (an NCCL call): start() runs when it
+ * reaches the head of its stream, then poll() until it returns true; the
+ * stream runs nothing else meanwhile. Accesses go through stream_access in
+ * both (the op is resumed around poll). */
+void enqueue_async(cudaStream_t stream, std::string what, std::function<void()> start, std::function<bool()> poll);
+/* enqueue with a description for streamcheck's messages */
+void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> run);
+/* The index of a stream handle (0: the legacy default stream). */
+int stream_index(const char* api, cudaStream_t stream);
 /* What is running now, for messages ("kernel X launched at f:l", "cublasLtMatmul"). */
 void set_activity(const char* what);
 

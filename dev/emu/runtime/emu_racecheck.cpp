@@ -188,6 +188,7 @@ inline void hook(const void* p, size_t n, bool write, void* pc) {
         break;
     }
     if (g_initcheck) init_kernel_access(a, n, write, pc);
+    if (g_stream_check) stream_access(p, n, write);
 }
 
 }  // namespace
@@ -222,6 +223,7 @@ void race_warp_access(const void* p, size_t rows, size_t row_bytes, size_t strid
     uintptr_t a = (uintptr_t)p;
     if (is_device_address(a)) {
         init_warp_access(a, rows, row_bytes, stride_bytes, write, where);
+        for (size_t r = 0; r < rows && g_stream_check; r++) stream_access((const void*)(a + r * stride_bytes), row_bytes, write);
         return;
     }
     if (a - g_lo >= g_len || g_cur < 0) return;

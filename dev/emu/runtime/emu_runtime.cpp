@@ -19,10 +19,12 @@
  *     that reading memory nobody wrote shows; freed blocks stay inaccessible.
  *     Copies and memsets are range-checked; kernel pointer arguments must
  *     point into device or pinned memory.
- *   - streams: kernels, async copies, memsets and matmuls are queued and run
- *     at the next synchronisation point, in order (one queue for all
- *     streams); copies involving pageable host memory follow the documented
- *     synchronisation rules (H2D staged at the call, D2H synchronous).
+ *   - streams: kernels, async copies, memsets, matmuls and NCCL calls are
+ *     queued per stream and run at the next synchronisation point, each
+ *     stream in order, streams interleaved as their events allow
+ *     (EMU_STREAM_ORDER), with vector clocks for streamcheck; copies involving
+ *     pageable host memory follow the documented synchronisation rules (H2D
+ *     staged at the call, D2H synchronous).
  *   - a SIGSEGV/SIGBUS handler that names the kernel, block and thread, and
  *     whether the address was a guard page, a freed block or a stack guard.
  */
@@ -36,6 +38,7 @@
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -92,7 +95,9 @@ struct Settings {
     bool profile = false;
     int order = 0; /* 0 forward, 1 reverse, 2 shuffle */
     uint64_t seed = 1;
-    std::string deleted_file; /* EMU_DELETE_SYNC=FILE:LINE: that barrier (or cp.async wait) is skipped, as if deleted */
+    int stream_order = 0; /* EMU_STREAM_ORDER: 0 earliest, 1 latest, 2 shuffle */
+    uint64_t stream_seed = 1;
+    std::string deleted_file; /* EMU_DELETE_SYNC=FILE:LINE: that barrier, cp.async wait or stream wait is skipped, as if deleted */
     int deleted_line = -1;
 };
 
@@ -118,6 +123,15 @@ Settings& settings() {
         if (const char* v = getenv("EMU_DEVICE_MEMORY")) s.device_memory = parse_bytes(v);
         if (const char* v = getenv("EMU_SYNC")) s.sync = atoi(v) != 0;
         if (const char* v = getenv("EMU_PROFILE")) s.profile = atoi(v) != 0;
+        if (const char* v = getenv("EMU_STREAM_ORDER")) {
+            std::string o = v;
+            if (o == "earliest") s.stream_order = 0;
+            else if (o == "latest") s.stream_order = 1;
+            else if (o.rfind("shuffle", 0) == 0) {
+                s.stream_order = 2;
+                if (o.size() > 8 && o[7] == ':') s.stream_seed = strtoull(o.c_str() + 8, nullptr, 10);
+            } else fatal("EMU_STREAM_ORDER=%s: expected earliest, latest or shuffle[:seed]", v);
+        }
         if (const char* v = getenv("EMU_ORDER")) {
             std::string o = v;
             if (o == "forward") s.order = 0;
@@ -132,7 +146,7 @@ Settings& settings() {
             char* end = nullptr;
             if (colon) s.deleted_line = (int)strtol(colon + 1, &end, 10);
             if (!colon || colon == v || !end || *end || s.deleted_line <= 0)
-                fatal("EMU_DELETE_SYNC=%s: expected FILE:LINE of a __syncthreads(), __syncwarp() or ptx_cp_async_wait call", v);
+                fatal("EMU_DELETE_SYNC=%s: expected FILE:LINE of a __syncthreads(), __syncwarp(), ptx_cp_async_wait or cudaStreamWaitEvent() call", v);
             s.deleted_file.assign(v, colon);
         }
     }
@@ -226,9 +240,56 @@ void guarded_free(const char* api, void* p, int kind) {
     g_freed.push_back(Freed{(uintptr_t)a.base, (uintptr_t)a.base + a.size, kind, a.size});
 }
 
-/* ---- the queue ---- */
-std::deque<std::function<void()>> g_queue;
-std::vector<cudaStream_t> g_streams;
+/* ---- streams ----
+ * Every stream has its own queue. At a synchronisation point the scheduler
+ * runs, one at a time, operations at the head of a queue that nothing holds
+ * back (a stream wait whose event record has not run, an NCCL call still in
+ * flight), choosing among them by EMU_STREAM_ORDER: the one issued earliest
+ * (as one in-order queue would), the one issued latest (every stream as far
+ * behind the others as its waits allow), or at random. Each stream carries a
+ * vector clock (emu_streamcheck.cpp): its entry for stream s is the latest
+ * epoch of s it is ordered after; an event record copies its stream's
+ * clock, a wait joins it, the host's clock (joined by synchronisations)
+ * is joined into every operation issued after. */
+typedef std::vector<uint32_t> Clock;
+
+void join(Clock& into, const Clock& from) {
+    if (into.size() < from.size()) into.resize(from.size(), 0);
+    for (size_t i = 0; i < from.size(); i++) into[i] = std::max(into[i], from[i]);
+}
+
+struct Recorded { /* one cudaEventRecord */
+    Clock clock;
+    double ms = 0;
+    bool done = false;
+};
+
+struct Op {
+    uint64_t seq;                          /* issue order */
+    std::string what;                      /* for messages */
+    std::function<void()> run;             /* the work (start, for an async op) */
+    std::function<bool()> poll;            /* async (NCCL): done when it returns true */
+    std::shared_ptr<Recorded> wait_for;    /* cudaStreamWaitEvent */
+    std::shared_ptr<Recorded> record;      /* cudaEventRecord */
+    Clock host;                            /* the host's clock at issue */
+};
+
+struct Stream {
+    cudaStream_t handle;
+    int index;
+    bool blocking;    /* synchronises with the legacy default stream */
+    bool alive = true;
+    std::string name;
+    std::deque<Op> queue;
+    Clock clock;
+    bool in_flight = false; /* the head is an async op that started */
+    uint32_t op_id = 0;     /* its streamcheck id */
+};
+
+std::vector<Stream*> g_streams; /* by index; 0 the legacy default stream; destroyed ones stay (not alive) */
+Clock g_host_clock;
+uint64_t g_issued = 0;
+uint64_t g_stream_rng = 0;
 cudaError_t g_last_error = cudaSuccess;
 
 cudaError_t set_error(cudaError_t e) {
@@ -809,10 +870,19 @@ std::string describe_shared(uintptr_t a) {
     return "shared memory of an earlier launch";
 }
 
-void check_stream(const char* api, cudaStream_t stream) {
-    if (stream && std::find(g_streams.begin(), g_streams.end(), stream) == g_streams.end())
-        fatal("%s: stream %p was not created by cudaStreamCreate (or was destroyed)", api, (void*)stream);
+Stream* find_stream(const char* api, cudaStream_t stream) {
+    if (g_streams.empty()) g_streams.push_back(new Stream{nullptr, 0, true, true, "the legacy default stream", {}, {}, false, 0});
+    if (!stream) return g_streams[0];
+    for (Stream* s : g_streams)
+        if (s->handle == stream && s->alive) return s;
+    fatal("%s: stream %p was not created by cudaStreamCreate (or was destroyed)", api, (void*)stream);
 }
+
+void check_stream(const char* api, cudaStream_t stream) { find_stream(api, stream); }
+
+int stream_index(const char* api, cudaStream_t stream) { return find_stream(api, stream)->index; }
+
+std::string stream_name(int stream) { return g_streams[stream]->name; }
 
 /* Per kernel: the dynamic shared memory limit raised by cudaFuncSetAttribute (48 KiB otherwise). */
 static std::map<const void*, size_t>& dyn_smem_limits() {
@@ -878,19 +948,170 @@ void check_canaries(const char* after_what) {
     }
 }
 
-void enqueue(cudaStream_t stream, std::function<void()> op) {
-    check_stream("enqueue", stream);
-    if (settings().sync) op();
-    else g_queue.push_back(std::move(op));
+namespace {
+
+void push(Stream* s, Op op) {
+    op.seq = ++g_issued;
+    op.host = g_host_clock;
+    s->queue.push_back(std::move(op));
 }
 
-void flush(void) {
-    while (!g_queue.empty()) {
-        std::function<void()> op = std::move(g_queue.front());
-        g_queue.pop_front();
-        op();
+/* The legacy default stream waits for the work issued before on every
+ * blocking stream, and such a stream for the default stream's (CUDA's
+ * implicit synchronisation): an internal record and wait. */
+void legacy_sync(Stream* s) {
+    auto link = [](Stream* from, Stream* to) {
+        if (from->queue.empty() && from->clock.empty()) return; /* never used */
+        auto rec = std::make_shared<Recorded>();
+        Op r;
+        r.what = "the implicit synchronisation with the legacy default stream";
+        r.record = rec;
+        push(from, std::move(r));
+        Op w;
+        w.what = r.what;
+        w.wait_for = rec;
+        push(to, std::move(w));
+    };
+    if (s->index == 0) {
+        for (Stream* t : g_streams)
+            if (t->index && t->alive && t->blocking) link(t, s);
+    } else if (s->blocking) {
+        link(g_streams[0], s);
     }
 }
+
+bool runnable(Stream* s) {
+    if (s->queue.empty()) return false;
+    if (s->in_flight) return true; /* to be polled */
+    const Op& op = s->queue.front();
+    return !op.wait_for || op.wait_for->done;
+}
+
+void finish_head(Stream* s) {
+    Op& op = s->queue.front();
+    if (op.record) {
+        op.record->clock = s->clock;
+        op.record->ms = now_ms();
+        op.record->done = true;
+    }
+    s->queue.pop_front();
+    s->in_flight = false;
+}
+
+/* Starts or polls the head of s; false if it is an async op still in flight. */
+bool step(Stream* s) {
+    Op& op = s->queue.front();
+    if (s->in_flight) {
+        stream_op_resume(s->op_id, s->index, &s->clock);
+        bool done = op.poll();
+        stream_op_end();
+        if (done) finish_head(s);
+        return done;
+    }
+    join(s->clock, op.host);
+    if (op.wait_for) join(s->clock, op.wait_for->clock);
+    if (op.run) {
+        if (s->clock.size() <= (size_t)s->index) s->clock.resize(s->index + 1, 0);
+        uint32_t epoch = ++s->clock[s->index];
+        s->op_id = stream_op_begin(s->index, epoch, &s->clock, std::move(op.what));
+        op.run();
+        stream_op_end();
+        if (op.poll) {
+            s->in_flight = true;
+            return step(s);
+        }
+    }
+    finish_head(s);
+    return true;
+}
+
+/* Completes the NCCL calls in flight that can, else runs one operation
+ * chosen by EMU_STREAM_ORDER; false if nothing could. */
+bool step_any(void) {
+    bool any = false;
+    for (Stream* s : g_streams)
+        if (s->in_flight && step(s)) any = true;
+    if (any) return true;
+    Stream* pick = nullptr;
+    int n = 0, order = settings().stream_order;
+    for (Stream* s : g_streams) {
+        if (s->in_flight || !runnable(s)) continue;
+        n++;
+        uint64_t seq = s->queue.front().seq;
+        if (!pick) pick = s;
+        else if (order == 0 && seq < pick->queue.front().seq) pick = s;
+        else if (order == 1 && seq > pick->queue.front().seq) pick = s;
+        else if (order == 2) {
+            g_stream_rng = g_stream_rng * 6364136223846793005ull + settings().stream_seed * 2 + 1;
+            if ((g_stream_rng >> 33) % (uint64_t)n == 0) pick = s; /* reservoir choice: each runnable stream equally likely */
+        }
+    }
+    if (!pick) return false;
+    step(pick);
+    return true;
+}
+
+bool anything_queued(void) {
+    for (Stream* s : g_streams)
+        if (!s->queue.empty()) return true;
+    return false;
+}
+
+/* Runs until done() holds; when only NCCL calls waiting for other processes are left, polls them. */
+void run_until(const std::function<bool()>& done) {
+    while (!done()) {
+        if (step_any()) continue;
+        bool waiting = false;
+        for (Stream* s : g_streams) waiting = waiting || s->in_flight;
+        if (!waiting) {
+            std::string heads;
+            for (Stream* s : g_streams)
+                if (!s->queue.empty()) heads += "\n  " + s->name + ": " + s->queue.front().what;
+            fatal("streams deadlocked: nothing can run (waits on event records that cannot run):%s", heads.c_str());
+        }
+        usleep(50);
+    }
+}
+
+/* After the host waited for s: everything s ran is ordered before what the host issues next. */
+void host_waited(Stream* s) { join(g_host_clock, s->clock); }
+
+void device_sync(void) {
+    flush();
+    for (Stream* s : g_streams) host_waited(s);
+}
+
+}  // namespace
+
+void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> run) {
+    Stream* s = find_stream("enqueue", stream);
+    legacy_sync(s);
+    Op op;
+    op.what = std::move(what);
+    op.run = std::move(run);
+    push(s, std::move(op));
+    if (settings().sync) flush();
+}
+
+void enqueue_async(cudaStream_t stream, std::string what, std::function<void()> start, std::function<bool()> poll) {
+    Stream* s = find_stream("enqueue", stream);
+    legacy_sync(s);
+    Op op;
+    op.what = std::move(what);
+    op.run = std::move(start);
+    op.poll = std::move(poll);
+    push(s, std::move(op));
+    if (settings().sync) flush();
+}
+
+bool stream_check_on(void) { return g_stream_check; }
+
+bool progress(void) {
+    while (step_any()) {}
+    return anything_queued();
+}
+
+void flush(void) { run_until([]() { return !anything_queued(); }); }
 
 void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()>& body) {
     g_site = &site;
@@ -1053,8 +1274,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize(void) { flush(); return cudaSuccess; }
-cudaError_t cudaDeviceReset(void) { flush(); return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { device_sync(); return cudaSuccess; }
+cudaError_t cudaDeviceReset(void) { device_sync(); return cudaSuccess; }
 
 cudaError_t cudaRuntimeGetVersion(int* version) {
     *version = 0;
@@ -1082,7 +1303,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
 
 cudaError_t cudaFree(void* ptr) {
     if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
-    flush(); /* cudaFree synchronises the device */
+    device_sync(); /* cudaFree synchronises the device */
     if (ptr) guarded_free("cudaFree", ptr, DEVICE);
     return cudaSuccess;
 }
@@ -1096,7 +1317,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
 }
 
 cudaError_t cudaFreeHost(void* ptr) {
-    flush();
+    device_sync();
     if (ptr) guarded_free("cudaFreeHost", ptr, PINNED);
     return cudaSuccess;
 }
@@ -1164,8 +1385,11 @@ cudaMemcpyKind check_copy(const char* api, void* dst, const void* src, size_t n,
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
     kind = check_copy("cudaMemcpy", dst, src, n, kind);
-    flush(); /* synchronous: everything before it has run */
-    if (n) init_copy(copy_name("cudaMemcpy", kind), dst, src, n);
+    if (!n) return cudaSuccess;
+    /* on the legacy default stream; returns once it is done (pageable host memory is read or written at the call) */
+    const char* api = copy_name("cudaMemcpy", kind);
+    enqueue_named(0, api, [api, dst, src, n]() { init_copy(api, dst, src, n); });
+    cudaStreamSynchronize(0);
     return cudaSuccess;
 }
 
@@ -1173,16 +1397,17 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     kind = check_copy("cudaMemcpyAsync", dst, src, n, kind);
     check_stream("cudaMemcpyAsync", stream);
     if (!n) return cudaSuccess;
+    const char* api = copy_name("cudaMemcpyAsync", kind);
     if (kind == cudaMemcpyHostToDevice && !is_pinned_range(src, n)) {
         /* pageable source: staged now (the caller may reuse it at once), copied in stream order */
         std::vector<char> staged((const char*)src, (const char*)src + n);
-        enqueue(stream, [dst, staged = std::move(staged)]() { init_copy("cudaMemcpyAsync", dst, staged.data(), staged.size()); });
+        enqueue_named(stream, api, [api, dst, staged = std::move(staged)]() { init_copy(api, dst, staged.data(), staged.size()); });
     } else if ((kind == cudaMemcpyDeviceToHost && !is_pinned_range(dst, n)) || kind == cudaMemcpyHostToHost) {
-        flush(); /* to pageable memory: returns once the copy is done */
-        init_copy(copy_name("cudaMemcpyAsync", kind), dst, src, n);
+        /* to pageable memory: returns once the copy is done */
+        enqueue_named(stream, api, [api, dst, src, n]() { init_copy(api, dst, src, n); });
+        cudaStreamSynchronize(stream);
     } else {
-        const char* api = copy_name("cudaMemcpyAsync", kind);
-        enqueue(stream, [api, dst, src, n]() { init_copy(api, dst, src, n); });
+        enqueue_named(stream, api, [api, dst, src, n]() { init_copy(api, dst, src, n); });
     }
     return cudaSuccess;
 }
@@ -1192,7 +1417,8 @@ cudaError_t cudaMemset(void* dst, int value, size_t n) { return cudaMemsetAsync(
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
     check_device_range("cudaMemset", "the destination", dst, n);
     check_stream("cudaMemsetAsync", stream);
-    if (n) enqueue(stream, [dst, value, n]() {
+    if (n) enqueue_named(stream, "cudaMemsetAsync", [dst, value, n]() {
+        stream_access(dst, n, true);
         memset(dst, value, n);
         init_set(dst, n, true);
     });
@@ -1201,31 +1427,42 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream)
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+namespace {
+cudaError_t create_stream(cudaStream_t* stream, unsigned int flags, int priority) {
     if (flags & ~1u) fatal("cudaStreamCreateWithFlags: flags 0x%x are not emulated", flags);
+    find_stream("cudaStreamCreate", 0); /* the default stream exists first */
     static uintptr_t next = 0x1000;
     *stream = (cudaStream_t)(next += 16);
-    g_streams.push_back(*stream);
+    int index = (int)g_streams.size();
+    char name[160];
+    snprintf(name, sizeof(name), "stream %d (created %s%s, priority %d)", index, flags ? "cudaStreamNonBlocking" : "blocking",
+             flags ? "" : ": synchronises with the legacy default stream", priority);
+    g_streams.push_back(new Stream{*stream, index, !(flags & cudaStreamNonBlocking), true, name, {}, {}, false, 0});
+    g_stream_check = true; /* from now on accesses are checked across streams */
     return cudaSuccess;
 }
+}  // namespace
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) { return create_stream(stream, flags, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
-    check_stream("cudaStreamDestroy", stream);
+    Stream* s = find_stream("cudaStreamDestroy", stream);
     if (!stream) fatal("cudaStreamDestroy of the default stream");
-    flush();
-    g_streams.erase(std::find(g_streams.begin(), g_streams.end(), stream));
+    run_until([s]() { return s->queue.empty(); }); /* its work completes; the host is not synchronised */
+    s->alive = false;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-    check_stream("cudaStreamSynchronize", stream);
-    flush();
+    Stream* s = find_stream("cudaStreamSynchronize", stream);
+    run_until([s]() { return s->queue.empty(); });
+    host_waited(s);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* stream, unsigned int flags, int priority) {
     if (priority > 0 || priority < -5) fatal("cudaStreamCreateWithPriority: priority %d outside the range [-5, 0]", priority);
-    return cudaStreamCreateWithFlags(stream, flags);
+    return create_stream(stream, flags, priority);
 }
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -1235,14 +1472,16 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
-    check_stream("cudaStreamQuery", stream);
-    flush();
+    Stream* s = find_stream("cudaStreamQuery", stream);
+    progress();
+    if (!s->queue.empty()) return cudaErrorNotReady;
+    host_waited(s);
     return cudaSuccess;
 }
 
 struct cudaEvent_st {
-    double ms;
-    bool recorded, done, timing;
+    std::shared_ptr<Recorded> last; /* the latest cudaEventRecord, null before the first */
+    bool timing;
 };
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
@@ -1250,43 +1489,62 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlag
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     if (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming))
         fatal("cudaEventCreateWithFlags: flags 0x%x are not emulated", flags);
-    *event = new cudaEvent_st{0, false, false, !(flags & cudaEventDisableTiming)};
+    *event = new cudaEvent_st{nullptr, !(flags & cudaEventDisableTiming)};
     return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {
-    flush();
-    (void)event;
+    if (!event) fatal("cudaEventQuery: NULL event");
+    if (!event->last) return cudaSuccess; /* never recorded */
+    progress();
+    if (!event->last->done) return cudaErrorNotReady;
+    join(g_host_clock, event->last->clock);
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-    check_stream("cudaStreamWaitEvent", stream);
+cudaError_t emu_stream_wait_event(cudaStream_t stream, cudaEvent_t event, unsigned int flags, const char* file, int line) {
+    Stream* s = find_stream("cudaStreamWaitEvent", stream);
+    if (sync_deleted(file, line)) return cudaSuccess; /* EMU_DELETE_SYNC: as if the line were deleted */
     if (!event) fatal("cudaStreamWaitEvent: NULL event");
     if (flags) fatal("cudaStreamWaitEvent: flags 0x%x are not emulated", flags);
+    if (!event->last) return cudaSuccess; /* an event never recorded: the wait is a no-op */
+    legacy_sync(s);
+    Op w;
+    w.what = "cudaStreamWaitEvent";
+    w.wait_for = event->last; /* the record issued last, not any later one */
+    push(s, std::move(w));
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
-    flush();
-    delete event;
+    if (!event) fatal("cudaEventDestroy: NULL event");
+    delete event; /* waits already issued keep their record */
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-    event->recorded = true;
-    event->done = false;
-    enqueue(stream, [event]() { event->ms = now_ms(); event->done = true; });
+    Stream* s = find_stream("cudaEventRecord", stream);
+    if (!event) fatal("cudaEventRecord: NULL event");
+    event->last = std::make_shared<Recorded>();
+    legacy_sync(s);
+    Op r;
+    r.what = "cudaEventRecord";
+    r.record = event->last;
+    push(s, std::move(r));
+    if (settings().sync) flush();
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-    if (!event->recorded) return cudaSuccess;
-    flush();
+    if (!event) fatal("cudaEventSynchronize: NULL event");
+    if (!event->last) return cudaSuccess;
+    std::shared_ptr<Recorded> rec = event->last;
+    run_until([rec]() { return rec->done; });
+    join(g_host_clock, rec->clock);
     return cudaSuccess;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     if (!start->timing || !end->timing) return set_error(cudaErrorInvalidResourceHandle); /* created with cudaEventDisableTiming */
-    if (!start->recorded || !end->recorded) return set_error(cudaErrorInvalidResourceHandle);
-    if (!start->done || !end->done) return set_error(cudaErrorNotReady);
-    *ms = (float)(end->ms - start->ms);
+    if (!start->last || !end->last) return set_error(cudaErrorInvalidResourceHandle);
+    if (!start->last->done || !end->last->done) return set_error(cudaErrorNotReady);
+    *ms = (float)(end->last->ms - start->last->ms);
     return cudaSuccess;
 }
 

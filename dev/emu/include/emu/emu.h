@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include <functional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -87,11 +88,14 @@ extern dim3 cur_block_dim, cur_grid_dim;
  * EMU_ORDER), each block's threads as coroutines. body() is one thread. */
 void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()>& body);
 
-/* Launch checks and deferral: everything on a stream runs in order at the next
- * synchronisation point (cudaStreamSynchronize, cudaDeviceSynchronize,
- * cudaMemcpy, ...), as on a GPU, so host code reading results early fails. */
+/* Launch checks and deferral: everything on a stream runs in its order at the
+ * next synchronisation point (cudaStreamSynchronize, cudaDeviceSynchronize,
+ * cudaMemcpy, ...), as on a GPU, so host code reading results early fails;
+ * `what` names the operation in streamcheck's messages. */
 void check_launch(const Site& site, const void* kernel, dim3 grid, dim3 block, size_t dyn_smem, cudaStream_t stream);
-void enqueue(cudaStream_t stream, std::function<void()> op);
+void enqueue_named(cudaStream_t stream, std::string what, std::function<void()> run);
+/* true once a second stream exists: operations then carry descriptions for streamcheck */
+bool stream_check_on(void);
 /* p (a kernel argument) must be NULL or point into device or pinned memory. */
 void check_kernel_pointer(const Site& site, int arg_index, const void* p);
 
@@ -263,7 +267,9 @@ static inline void emu_launch(const emu::Site& site, dim3 grid, dim3 block, size
         (emu::check_arg(site, i++, v), ...);
     }, params);
     emu::Site s = site;
-    emu::enqueue(stream, [s, grid, block, smem, kernel, params]() {
+    std::string what;
+    if (emu::stream_check_on()) what = std::string("kernel ") + site.kernel + " launched at " + site.file + ":" + std::to_string(site.line);
+    emu::enqueue_named(stream, std::move(what), [s, grid, block, smem, kernel, params]() {
         emu::run_grid(s, grid, block, smem, [&kernel, &params]() { std::apply(kernel, params); });
     });
 }

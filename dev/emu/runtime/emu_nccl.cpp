@@ -1,0 +1,566 @@
+/*
+ * emu_nccl.cpp: NCCL for remat's CPU emulator of CUDA (dev/emu; NOT NCCL,
+ * not a GPU), over MPI: every emulated rank is one process started by
+ * mpirun, and communicator rank r is MPI_COMM_WORLD rank r.
+ *
+ * Why it exists: llmc/multigpu.cuh (gradients summed per layer on a
+ * collective stream during the backward, ZeRO-1's reduce and all-gather,
+ * the nonblocking communicator behind --collective-timeout) runs nowhere
+ * without GPUs; here `mpirun -np 2 emu_train_gpt_mpi_bf16 ...` runs it.
+ *
+ * Semantics (NCCL's documentation): a call only checks its arguments and
+ * enqueues one operation on its stream (inside ncclGroupStart/End, the calls
+ * of the group become one operation, posted together, so that grouped sends
+ * and receives cannot deadlock each other). The operation runs in the
+ * stream's order (emu_runtime.cpp): when it reaches the head it reads its
+ * inputs (through streamcheck), posts nonblocking MPI sends and receives on
+ * the communicator's own MPI communicator, and holds its stream until they
+ * complete; then it writes its outputs. In place is sendbuff == recvbuff
+ * (all-gather: sendbuff == recvbuff + rank * sendcount; reduce-scatter:
+ * recvbuff == sendbuff + rank * recvcount); any other overlap stops the run.
+ * Reductions combine the ranks' values in rank order 0, 1, ..., n-1 on every
+ * rank, each step in float (double for 64-bit types) rounded to the element
+ * type, so every rank gets the same bits (README: how that differs from
+ * NCCL). A communicator created with blocking = 0 answers ncclInProgress
+ * from ncclCommInitRankConfig until its MPI communicator exists
+ * (MPI_Comm_idup), which ncclCommGetAsyncError polls; ncclCommAbort ends
+ * the communicator's pending operations without their results.
+ *
+ * Progress: a process runs its streams only at synchronisation points, so a
+ * process blocked in a host MPI call could leave its peers' NCCL operations
+ * waiting for data it has not sent, and they would never reach that call.
+ * The blocking and polling MPI calls the trainer makes (MPI_Allreduce,
+ * MPI_Bcast, MPI_Barrier, MPI_Test, MPI_Testall, MPI_Finalize) are therefore
+ * wrapped here (the MPI profiling interface) to first run whatever device
+ * work can run without waiting.
+ */
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "emu_internal.h"
+#include "nccl.h"
+
+struct ncclComm {
+    MPI_Comm mpi = MPI_COMM_NULL;
+    MPI_Request init = MPI_REQUEST_NULL; /* the pending MPI_Comm_idup of a nonblocking communicator */
+    int rank = 0, nranks = 0;
+    bool blocking = true, ready = false, aborted = false;
+};
+
+namespace {
+
+const char ID_MAGIC[] = "remat-emu-nccl";
+const int TAG_COLLECTIVE = 7001, TAG_P2P = 7002;
+std::string g_last_error;
+
+ncclResult_t error(ncclResult_t r, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+ncclResult_t error(ncclResult_t r, const char* fmt, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    g_last_error = buf;
+    return r;
+}
+
+size_t type_bytes(ncclDataType_t t) {
+    switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+    }
+}
+
+const char* type_name(ncclDataType_t t) {
+    static const char* names[] = {"ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64",
+                                  "ncclUint64", "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16"};
+    return (unsigned)t < ncclNumTypes ? names[t] : "an unknown ncclDataType_t";
+}
+
+/* ---- reductions in rank order ---- */
+
+template <typename T, typename A>
+void combine_as(void* acc, const void* x, size_t n, ncclRedOp_t op) {
+    T* a = (T*)acc;
+    const T* b = (const T*)x;
+    for (size_t i = 0; i < n; i++) {
+        A u = (A)a[i], v = (A)b[i], r;
+        switch (op) {
+        case ncclProd: r = u * v; break;
+        case ncclMax: r = u > v ? u : v; break;
+        case ncclMin: r = u < v ? u : v; break;
+        default: r = u + v; break; /* ncclSum, ncclAvg (divided at the end) */
+        }
+        a[i] = (T)r;
+    }
+}
+
+template <typename T, float (*TO)(T), T (*FROM)(float)>
+void combine_16(void* acc, const void* x, size_t n, ncclRedOp_t op) {
+    T* a = (T*)acc;
+    const T* b = (const T*)x;
+    for (size_t i = 0; i < n; i++) {
+        float u = TO(a[i]), v = TO(b[i]), r;
+        switch (op) {
+        case ncclProd: r = u * v; break;
+        case ncclMax: r = u > v ? u : v; break;
+        case ncclMin: r = u < v ? u : v; break;
+        default: r = u + v; break;
+        }
+        a[i] = FROM(r); /* rounded to nearest even after every step */
+    }
+}
+
+void combine(ncclDataType_t t, void* acc, const void* x, size_t n, ncclRedOp_t op) {
+    switch (t) {
+    case ncclInt8: combine_as<int8_t, int64_t>(acc, x, n, op); break;
+    case ncclUint8: combine_as<uint8_t, uint64_t>(acc, x, n, op); break;
+    case ncclInt32: combine_as<int32_t, int64_t>(acc, x, n, op); break;
+    case ncclUint32: combine_as<uint32_t, uint64_t>(acc, x, n, op); break;
+    case ncclInt64: combine_as<int64_t, int64_t>(acc, x, n, op); break;
+    case ncclUint64: combine_as<uint64_t, uint64_t>(acc, x, n, op); break;
+    case ncclFloat32: combine_as<float, float>(acc, x, n, op); break;
+    case ncclFloat64: combine_as<double, double>(acc, x, n, op); break;
+    case ncclFloat16: combine_16<__half, __half2float, __float2half>(acc, x, n, op); break;
+    case ncclBfloat16: combine_16<__nv_bfloat16, __bfloat162float, __float2bfloat16>(acc, x, n, op); break;
+    default: emu::fatal("NCCL: %s is not emulated", type_name(t));
+    }
+}
+
+/* ncclAvg: the rank-order sum, divided by the count of ranks (in float, rounded to the type) */
+void average(ncclDataType_t t, void* acc, size_t n, int nranks) {
+    switch (t) {
+    case ncclFloat32: for (size_t i = 0; i < n; i++) ((float*)acc)[i] /= (float)nranks; break;
+    case ncclFloat64: for (size_t i = 0; i < n; i++) ((double*)acc)[i] /= (double)nranks; break;
+    case ncclFloat16: for (size_t i = 0; i < n; i++) ((__half*)acc)[i] = __float2half(__half2float(((__half*)acc)[i]) / nranks); break;
+    case ncclBfloat16:
+        for (size_t i = 0; i < n; i++) ((__nv_bfloat16*)acc)[i] = __float2bfloat16(__bfloat162float(((__nv_bfloat16*)acc)[i]) / nranks);
+        break;
+    default: emu::fatal("NCCL: ncclAvg on %s is not emulated (NCCL: floating-point types)", type_name(t));
+    }
+}
+
+/* ---- operations ---- */
+
+enum Kind { ALL_REDUCE, REDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, SEND, RECV };
+const char* kind_name(Kind k) {
+    static const char* names[] = {"ncclAllReduce", "ncclReduce", "ncclReduceScatter", "ncclAllGather", "ncclBroadcast", "ncclSend", "ncclRecv"};
+    return names[k];
+}
+
+struct Task {
+    Kind kind;
+    const void* send;
+    void* recv;
+    size_t count; /* per rank: recvcount (reduce-scatter), sendcount (all-gather), else the buffer's */
+    ncclDataType_t type;
+    ncclRedOp_t op;
+    int root_or_peer;
+    ncclComm_t comm;
+    cudaStream_t stream;
+    /* while it runs */
+    std::vector<char> staged;                 /* this rank's input, read when the operation starts */
+    std::vector<std::vector<char>> from;      /* [rank]: what each peer sent */
+};
+
+/* One stream operation: a call, or the calls of a group. */
+struct Batch {
+    std::vector<Task> tasks;
+    std::vector<MPI_Request> requests;
+    ncclComm_t comm;
+};
+
+int mpi_count(size_t bytes) {
+    if (bytes > (size_t)INT32_MAX) emu::fatal("NCCL: a message of %zu bytes (more than 2 GiB) is not emulated", bytes);
+    return (int)bytes;
+}
+
+void post_send(Batch& b, const void* p, size_t bytes, int to, int tag) {
+    b.requests.emplace_back();
+    MPI_Request* r = &b.requests.back();
+    PMPI_Isend(p, mpi_count(bytes), MPI_BYTE, to, tag, b.comm->mpi, r);
+}
+
+void post_recv(Batch& b, std::vector<char>& into, size_t bytes, int from, int tag) {
+    into.resize(bytes);
+    b.requests.emplace_back();
+    PMPI_Irecv(into.data(), mpi_count(bytes), MPI_BYTE, from, tag, b.comm->mpi, &b.requests.back());
+}
+
+void stage(Task& t, const void* p, size_t bytes) {
+    emu::stream_access(p, bytes, false);
+    emu::init_check(kind_name(t.kind), p, bytes);
+    t.staged.assign((const char*)p, (const char*)p + bytes);
+}
+
+/* Reads the inputs and posts the transfers of one task. Requests are
+ * reserved up front so that pointers into the vector stay valid. */
+void start_task(Batch& b, Task& t) {
+    int n = t.comm->nranks, me = t.comm->rank;
+    size_t bytes = t.count * type_bytes(t.type);
+    t.from.assign(n, {});
+    switch (t.kind) {
+    case ALL_REDUCE:
+    case ALL_GATHER:
+        stage(t, t.send, bytes);
+        for (int p = 0; p < n; p++)
+            if (p != me) post_send(b, t.staged.data(), bytes, p, TAG_COLLECTIVE);
+        for (int p = 0; p < n; p++)
+            if (p != me) post_recv(b, t.from[p], bytes, p, TAG_COLLECTIVE);
+        break;
+    case REDUCE:
+        stage(t, t.send, bytes);
+        if (me != t.root_or_peer) post_send(b, t.staged.data(), bytes, t.root_or_peer, TAG_COLLECTIVE);
+        else
+            for (int p = 0; p < n; p++)
+                if (p != me) post_recv(b, t.from[p], bytes, p, TAG_COLLECTIVE);
+        break;
+    case REDUCE_SCATTER:
+        stage(t, t.send, bytes * n);
+        for (int p = 0; p < n; p++)
+            if (p != me) post_send(b, t.staged.data() + p * bytes, bytes, p, TAG_COLLECTIVE);
+        for (int p = 0; p < n; p++)
+            if (p != me) post_recv(b, t.from[p], bytes, p, TAG_COLLECTIVE);
+        break;
+    case BROADCAST:
+        if (me == t.root_or_peer) {
+            stage(t, t.send, bytes);
+            for (int p = 0; p < n; p++)
+                if (p != me) post_send(b, t.staged.data(), bytes, p, TAG_COLLECTIVE);
+        } else {
+            post_recv(b, t.from[t.root_or_peer], bytes, t.root_or_peer, TAG_COLLECTIVE);
+        }
+        break;
+    case SEND:
+        stage(t, t.send, bytes);
+        post_send(b, t.staged.data(), bytes, t.root_or_peer, TAG_P2P);
+        break;
+    case RECV: post_recv(b, t.from[t.root_or_peer], bytes, t.root_or_peer, TAG_P2P); break;
+    }
+}
+
+void write_out(void* dst, const void* src, size_t bytes) {
+    emu::stream_access(dst, bytes, true);
+    memcpy(dst, src, bytes);
+    emu::init_set(dst, bytes, true);
+}
+
+/* The rank-order reduction of the chunk each rank contributed: own is this rank's. */
+std::vector<char> reduce_in_rank_order(Task& t, const char* own) {
+    size_t bytes = t.count * type_bytes(t.type);
+    int n = t.comm->nranks, me = t.comm->rank;
+    auto part = [&](int r) { return r == me ? own : t.from[r].data(); };
+    std::vector<char> acc(part(0), part(0) + bytes);
+    for (int r = 1; r < n; r++) combine(t.type, acc.data(), part(r), t.count, t.op);
+    if (t.op == ncclAvg) average(t.type, acc.data(), t.count, n);
+    return acc;
+}
+
+void finish_task(Task& t) {
+    int n = t.comm->nranks, me = t.comm->rank;
+    size_t bytes = t.count * type_bytes(t.type);
+    switch (t.kind) {
+    case ALL_REDUCE: write_out(t.recv, reduce_in_rank_order(t, t.staged.data()).data(), bytes); break;
+    case REDUCE:
+        if (me == t.root_or_peer) write_out(t.recv, reduce_in_rank_order(t, t.staged.data()).data(), bytes);
+        break;
+    case REDUCE_SCATTER: write_out(t.recv, reduce_in_rank_order(t, t.staged.data() + me * bytes).data(), bytes); break;
+    case ALL_GATHER:
+        for (int p = 0; p < n; p++) write_out((char*)t.recv + p * bytes, p == me ? t.staged.data() : t.from[p].data(), bytes);
+        break;
+    case BROADCAST: write_out(t.recv, me == t.root_or_peer ? t.staged.data() : t.from[t.root_or_peer].data(), bytes); break;
+    case SEND: break;
+    case RECV: write_out(t.recv, t.from[t.root_or_peer].data(), bytes); break;
+    }
+    t.staged.clear();
+    t.from.clear();
+}
+
+/* "ncclAllReduce", or "the NCCL group of 12 calls (ncclAllReduce x12)" */
+std::string describe(const Batch& b) {
+    if (b.tasks.size() == 1) return kind_name(b.tasks[0].kind);
+    std::string s;
+    for (size_t i = 0; i < b.tasks.size();) {
+        size_t j = i;
+        while (j < b.tasks.size() && b.tasks[j].kind == b.tasks[i].kind) j++;
+        s += std::string(s.empty() ? "" : ", ") + kind_name(b.tasks[i].kind) + (j - i > 1 ? " x" + std::to_string(j - i) : "");
+        i = j;
+    }
+    return "the NCCL group of " + std::to_string(b.tasks.size()) + " calls (" + s + ")";
+}
+
+void enqueue_batch(std::shared_ptr<Batch> b) {
+    cudaStream_t stream = b->tasks[0].stream;
+    emu::enqueue_async(
+        stream, describe(*b),
+        [b]() {
+            if (b->comm->aborted) return;
+            size_t most = 0;
+            for (const Task& t : b->tasks) most += 2 * (size_t)t.comm->nranks;
+            b->requests.reserve(most); /* post_send/post_recv keep pointers into it */
+            for (Task& t : b->tasks) start_task(*b, t);
+        },
+        [b]() {
+            if (b->comm->aborted) return true; /* NCCL ends an aborted communicator's work; its results are undefined */
+            int done = 0;
+            if (!b->requests.empty()) PMPI_Testall((int)b->requests.size(), b->requests.data(), &done, MPI_STATUSES_IGNORE);
+            else done = 1;
+            if (!done) return false;
+            for (Task& t : b->tasks) finish_task(t);
+            return true;
+        });
+}
+
+/* ---- groups ---- */
+int g_group_depth = 0;
+std::shared_ptr<Batch> g_group;
+
+ncclResult_t submit(Task t) {
+    if (g_group_depth > 0) {
+        if (!g_group) {
+            g_group = std::make_shared<Batch>();
+            g_group->comm = t.comm;
+        }
+        if (g_group->comm != t.comm || (!g_group->tasks.empty() && g_group->tasks[0].stream != t.stream))
+            emu::fatal("NCCL: a group with calls on several communicators or streams is not emulated");
+        g_group->tasks.push_back(std::move(t));
+        return ncclSuccess;
+    }
+    auto b = std::make_shared<Batch>();
+    b->comm = t.comm;
+    b->tasks.push_back(std::move(t));
+    enqueue_batch(b);
+    return ncclSuccess;
+}
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+    return (uintptr_t)a < (uintptr_t)b + bn && (uintptr_t)b < (uintptr_t)a + an;
+}
+
+ncclResult_t check_comm(const char* api, ncclComm_t comm) {
+    if (!comm) return error(ncclInvalidArgument, "%s: comm is NULL", api);
+    if (comm->aborted) emu::fatal("%s: the communicator was aborted (ncclCommAbort)", api);
+    if (!comm->ready)
+        emu::fatal("%s: the communicator's nonblocking initialisation has not completed (ncclCommGetAsyncError answers ncclInProgress)", api);
+    return ncclSuccess;
+}
+
+/* Arguments of a collective: device buffers of the right size, the documented in-place forms only. */
+ncclResult_t make_task(Kind kind, const void* send, size_t send_count, void* recv, size_t recv_count, size_t count, ncclDataType_t type,
+                       ncclRedOp_t op, int root_or_peer, ncclComm_t comm, cudaStream_t stream, const void* in_place_send) {
+    const char* api = kind_name(kind);
+    if (ncclResult_t r = check_comm(api, comm)) return r;
+    size_t es = type_bytes(type);
+    if (!es) return error(ncclInvalidArgument, "%s: datatype %d is not an ncclDataType_t", api, (int)type);
+    if ((unsigned)op >= ncclNumOps) return error(ncclInvalidArgument, "%s: op %d is not an ncclRedOp_t", api, (int)op);
+    if (root_or_peer < 0 || root_or_peer >= comm->nranks)
+        return error(ncclInvalidArgument, "%s: root or peer %d outside 0..%d", api, root_or_peer, comm->nranks - 1);
+    emu::stream_index(api, stream);
+    if (count == 0) return ncclSuccess;
+    size_t sb = send_count * es, rb = recv_count * es;
+    if (sb) emu::check_device_range(api, "sendbuff", send, sb);
+    if (rb) emu::check_device_range(api, "recvbuff", recv, rb);
+    if (sb && rb && send != in_place_send && overlaps(send, sb, recv, rb))
+        emu::fatal("%s: sendbuff (%zu bytes at %p) and recvbuff (%zu bytes at %p) overlap without being the in-place form", api, sb, send, rb,
+                   recv);
+    return submit(Task{kind, send, recv, count, type, op, root_or_peer, comm, stream, {}, {}});
+}
+
+}  // namespace
+
+/* ---- the API ---- */
+
+ncclResult_t ncclGetVersion(int* version) {
+    if (!version) return error(ncclInvalidArgument, "ncclGetVersion: version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+    if (!id) return error(ncclInvalidArgument, "ncclGetUniqueId: uniqueId is NULL");
+    memset(id, 0, sizeof(*id));
+    snprintf(id->internal, sizeof(id->internal), "%s %d %ld", ID_MAGIC, (int)getpid(), (long)time(NULL));
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank, ncclConfig_t* config) {
+    const char* api = "ncclCommInitRank";
+    if (!comm) return error(ncclInvalidArgument, "%s: comm is NULL", api);
+    int initialized = 0, world = 0, me = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) emu::fatal("%s: the emulated NCCL runs over MPI: call MPI_Init first (and start the ranks with mpirun)", api);
+    if (strncmp(id.internal, ID_MAGIC, strlen(ID_MAGIC)) != 0)
+        return error(ncclInvalidArgument, "%s: the ncclUniqueId did not come from ncclGetUniqueId (was it broadcast?)", api);
+    PMPI_Comm_size(MPI_COMM_WORLD, &world);
+    PMPI_Comm_rank(MPI_COMM_WORLD, &me);
+    if (nranks != world || rank != me)
+        emu::fatal("%s(nranks %d, rank %d): the emulated NCCL maps rank r to MPI_COMM_WORLD rank r of a %d-process job (this is rank %d)",
+                   api, nranks, rank, world, me);
+    ncclComm* c = new ncclComm;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
+    PMPI_Comm_idup(MPI_COMM_WORLD, &c->mpi, &c->init);
+    *comm = c;
+    if (c->blocking) {
+        PMPI_Wait(&c->init, MPI_STATUS_IGNORE);
+        c->ready = true;
+        return ncclSuccess;
+    }
+    return ncclInProgress;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+    return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {
+    if (!comm || !async) return error(ncclInvalidArgument, "ncclCommGetAsyncError: comm or asyncError is NULL");
+    if (!comm->ready && !comm->aborted) {
+        int done = 0;
+        PMPI_Test(&comm->init, &done, MPI_STATUS_IGNORE);
+        comm->ready = done != 0;
+    }
+    *async = comm->ready || comm->aborted ? ncclSuccess : ncclInProgress;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+    if (ncclResult_t r = check_comm("ncclCommFinalize", comm)) return r;
+    emu::flush(); /* its operations complete (every stream: the emulator does not track which carry this communicator) */
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    if (!comm) return ncclSuccess;
+    if (comm->mpi != MPI_COMM_NULL && comm->ready && !comm->aborted) PMPI_Comm_free(&comm->mpi);
+    delete comm;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    if (!comm) return ncclSuccess;
+    comm->aborted = true; /* pending operations end at their next poll; the MPI communicator is left to MPI_Finalize or MPI_Abort */
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
+    if (!comm || !count) return error(ncclInvalidArgument, "ncclCommCount: NULL argument");
+    *count = comm->nranks;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
+    if (!comm || !rank) return error(ncclInvalidArgument, "ncclCommUserRank: NULL argument");
+    *rank = comm->rank;
+    return ncclSuccess;
+}
+
+const char* ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+    }
+}
+
+const char* ncclGetLastError(ncclComm_t) { return g_last_error.c_str(); }
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                           cudaStream_t stream) {
+    return make_task(ALL_REDUCE, send, count, recv, count, count, type, op, 0, comm, stream, recv);
+}
+
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root, ncclComm_t comm,
+                        cudaStream_t stream) {
+    bool root_here = comm && comm->rank == root;
+    return make_task(REDUCE, send, count, recv, root_here ? count : 0, count, type, op, root, comm, stream, recv);
+}
+
+ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t recvcount, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
+                               cudaStream_t stream) {
+    int n = comm ? comm->nranks : 1, me = comm ? comm->rank : 0;
+    const void* in_place = (const char*)recv - (size_t)me * recvcount * type_bytes(type);
+    return make_task(REDUCE_SCATTER, send, recvcount * n, recv, recvcount, recvcount, type, op, 0, comm, stream, in_place);
+}
+
+ncclResult_t ncclAllGather(const void* send, void* recv, size_t sendcount, ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
+    int n = comm ? comm->nranks : 1, me = comm ? comm->rank : 0;
+    const void* in_place = (const char*)recv + (size_t)me * sendcount * type_bytes(type);
+    return make_task(ALL_GATHER, send, sendcount, recv, sendcount * n, sendcount, type, ncclSum, 0, comm, stream, in_place);
+}
+
+ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,
+                           cudaStream_t stream) {
+    bool root_here = comm && comm->rank == root;
+    return make_task(BROADCAST, send, root_here ? count : 0, recv, count, count, type, ncclSum, root, comm, stream, recv);
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return make_task(SEND, send, count, nullptr, 0, count, type, ncclSum, peer, comm, stream, nullptr);
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return make_task(RECV, nullptr, 0, recv, count, count, type, ncclSum, peer, comm, stream, nullptr);
+}
+
+ncclResult_t ncclGroupStart(void) {
+    g_group_depth++;
+    return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (g_group_depth == 0) return error(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--g_group_depth > 0 || !g_group) return ncclSuccess;
+    std::shared_ptr<Batch> b = std::move(g_group);
+    g_group = nullptr;
+    enqueue_batch(b);
+    return ncclSuccess;
+}
+
+/* ---- host MPI calls run the device's runnable work first (see the top) ---- */
+extern "C" {
+int MPI_Allreduce(const void* s, void* r, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c) {
+    emu::progress();
+    return PMPI_Allreduce(s, r, n, t, op, c);
+}
+int MPI_Bcast(void* b, int n, MPI_Datatype t, int root, MPI_Comm c) {
+    emu::progress();
+    return PMPI_Bcast(b, n, t, root, c);
+}
+int MPI_Barrier(MPI_Comm c) {
+    emu::progress();
+    return PMPI_Barrier(c);
+}
+int MPI_Test(MPI_Request* r, int* flag, MPI_Status* st) {
+    emu::progress();
+    return PMPI_Test(r, flag, st);
+}
+int MPI_Testall(int n, MPI_Request rs[], int* flag, MPI_Status sts[]) {
+    emu::progress();
+    return PMPI_Testall(n, rs, flag, sts);
+}
+int MPI_Finalize(void) {
+    emu::progress();
+    return PMPI_Finalize();
+}
+}
