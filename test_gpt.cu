@@ -1372,8 +1372,8 @@ static void sanitizer_cases(void) {
     quick_cases();
     const Shape hs[] = {{"hs64", 64, 1, 300}, {"hs128", 128, 1, 300}};
     for (int i = 0; i < 2; i++) {
-        check_attention(&hs[i], 77, 0);
-        check_attention(&hs[i], 77, 0.1f);
+        check_attention(&hs[i], TEST_B, 77, 0);
+        check_attention(&hs[i], TEST_B, 77, 0.1f);
     }
     const DropoutState drop = model_dropout();
     run_case(&hs[0], 77, &dropout_off);
