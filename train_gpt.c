@@ -511,6 +511,7 @@ typedef struct {
     ModelConfig cfg;
     const MemoryPlan* plan;
     char* arena;
+    char* host_pool;             /* offloaded checkpoints (plan.h): a second allocation, standing in for pinned memory */
     real* params;
     real* grads;
     float* adam_m;
@@ -556,6 +557,8 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
         plan_oom_report(plan, available_host_memory(), "host");
         fail("out of host memory: the plan needs %.1f MiB", mib(plan->total_bytes));
     }
+    if (plan->host_total_bytes && posix_memalign((void**)&m->host_pool, PLAN_ALIGN, plan->host_total_bytes) != 0)
+        fail("out of host memory: offloaded checkpoints need %.1f MiB", mib(plan->host_total_bytes));
     TRAINER_CARVE_ARENA(m, plan, real, real);
     memset(m->grads, 0, plan->num_params * sizeof(real));
     memset(m->adam_m, 0, plan->shard_params * sizeof(float));
@@ -658,14 +661,53 @@ static void block_backward(CpuModel* m, int l) {
                        lp(m->p, m, P_LN1W, l), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), N, C);
 }
 
+/* ------------------------------------------------------------------------ */
+/* offloaded checkpoints (plan.h): the GPU's copies, done in place here, so  */
+/* that the plan's staging ring and host pool are exercised bit for bit      */
+
+/* Bytes of layer activation `a` for the current call's B*T tokens. */
+static size_t act_call_bytes(const CpuModel* m, int a) {
+    int is_stat;
+    return (size_t)m->B * m->T * layer_act_per_token(a, &m->cfg, &is_stat) * sizeof(real);
+}
+
+/* Copies layer l's offloaded tensors between its staging slot and the host
+ * pool. A slot released (after the copy out, or after the layer's backward)
+ * is filled with NaN, as a GPU slot would hold another layer's tensors: a
+ * read without its prefetch poisons the result instead of passing. */
+static void offload_copy(CpuModel* m, int l, int to_host) {
+    int mode = m->plan->spec.layer_mode[l], off = m->plan->spec.layer_offload[l];
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        if (!layer_offloads(mode, off, a)) continue;
+        char* slot = m->arena + m->plan->layer_act[l][a];
+        char* host = m->host_pool + m->plan->host_act[l][a];
+        memcpy(to_host ? host : slot, to_host ? slot : host, act_call_bytes(m, a));
+    }
+}
+
+static void offload_release(CpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], off = m->plan->spec.layer_offload[l];
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        if (!layer_offloads(mode, off, a)) continue;
+        real* slot = (real*)(m->arena + m->plan->layer_act[l][a]);
+        size_t n = act_call_bytes(m, a) / sizeof(real);
+        for (size_t i = 0; i < n; i++) slot[i] = (real)NAN;
+    }
+}
+
 /* Embeddings (dropped: layer 0's x holds the dropped sum), all blocks, final
- * LayerNorm, for the B*T tokens in inputs. */
+ * LayerNorm, for the B*T tokens in inputs. An offloaded layer's tensors go
+ * to the host pool right after its block. */
 static void model_forward(CpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     encoder_forward(act(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C);
     if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), (size_t)N * C, &embd);
-    for (int l = 0; l < L; l++) block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
+    for (int l = 0; l < L; l++) {
+        block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
+        offload_copy(m, l, 1);
+        offload_release(m, l);
+    }
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C);
 }
 
@@ -718,9 +760,13 @@ static void model_backward(CpuModel* m) {
     memset(dres, 0, (size_t)N * C * sizeof(real));
     layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->grad_act[GRAD_DLN], m->final_res, m->p[P_LNFW],
                        m->lnf_mean, m->lnf_rstd, N, C);
-    for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
+    int L = m->cfg.num_layers;
+    if (L > 0) offload_copy(m, L - 1, 0);
+    for (int l = L - 1; l >= 0; l--) {
+        if (l > 0) offload_copy(m, l - 1, 0); /* the GPU's prefetch, during layer l's work */
         block_recompute(m, l);
         block_backward(m, l);
+        offload_release(m, l);
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) dropout_mask(dres, dres, (size_t)N * C, &embd);
@@ -926,6 +972,7 @@ static Backend cpu_backend(CpuModel* m) {
 
 static void cpu_model_free(CpuModel* m) {
     free(m->arena);
+    free(m->host_pool);
     memset(m, 0, sizeof(*m));
 }
 
@@ -945,6 +992,7 @@ int main(int argc, char** argv) {
     cpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);
+    free(run.layer_offload);
     proc_finalize();
     return 0;
 }

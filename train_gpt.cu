@@ -838,6 +838,7 @@ int main(int argc, char** argv) {
     gpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);
+    free(run.layer_offload);
     proc_finalize();
     return 0;
 }

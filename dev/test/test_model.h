@@ -16,7 +16,8 @@ static ModelConfig test_config(int L, int NH, int C, int V, int maxT) {
     return c;
 }
 
-static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes) {
+/* offload: per layer, the -r 1 or -r 3 layer's kept tensors in the host pool (NULL: none). */
+static void test_model_create_offload(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes, const unsigned char* offload) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
@@ -27,10 +28,15 @@ static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, cons
     s.stat_bytes = (int)sizeof(real);
     s.world_size = 1;
     s.layer_mode = modes;
+    s.layer_offload = offload;
     s.logits_chunk_rows = 3; /* several chunks, one partial, even in tiny tests */
     s.io_chunk_floats = 1024;
     plan_build(&tm->plan, &s);
     cpu_model_create(&tm->m, &tm->plan);
+}
+
+static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes) {
+    test_model_create_offload(tm, cfg, B, T, modes, NULL);
 }
 
 /* Init as the trainer does, then perturb every parameter (LayerNorm weights
