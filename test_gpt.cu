@@ -354,11 +354,23 @@ static double norm_rel_error(const float* a, const float* b, size_t n) {
     return b2 > 0 ? sqrt(d2 / b2) : sqrt(d2);
 }
 
+/* Forward and backward of micro-step `micro` of `num` on the tokens the test
+ * wrote into the model's own buffers (h_inputs/h_targets, inputs/targets). */
+static float gpu_train_micro(GpuModel* m, int micro, int num, float dloss_mean) {
+    MicroBatch mb = {m->h_inputs, m->h_targets, micro, num};
+    return gpu_forward_backward(m, &mb, dloss_mean);
+}
+
+static float cpu_train_micro(CpuModel* m, int micro, int num, float dloss_mean) {
+    MicroBatch mb = {m->inputs, m->targets, micro, num};
+    return cpu_forward_backward(m, &mb, dloss_mean);
+}
+
 /* Gradients of the current tokens with dloss = scale, unscaled, into out
  * (leaves them in the model's gradient buffer; the caller zeroes it). */
 static void gpu_grads_at_scale(GpuModel* m, float scale, float* out, size_t P) {
     gpu_zero_grads(m);
-    gpu_forward_backward(m, scale);
+    gpu_train_micro(m, 0, 1, scale);
     gpu_fetch_grads(out, m, P, scale);
 }
 
@@ -440,7 +452,7 @@ static DropoutState step_dropout(const Case* c, int step) {
  * under loss scaling; r gets the losses and the unscaled gradients and norm. */
 static void gpu_step_gradients(GpuModel* gm, StepRecord* r, const Case* c) {
     gpu_zero_grads(gm);
-    r->loss = gpu_forward_backward(gm, TEST_LOSS_SCALE);
+    r->loss = gpu_train_micro(gm, 0, 1, TEST_LOSS_SCALE);
     memcpy(r->losses, gm->h_losses, (size_t)c->N * sizeof(float));
     gpu_fetch_grads(r->grads, gm, c->P, TEST_LOSS_SCALE);
     r->norm = gpu_grad_norm(gm) / TEST_LOSS_SCALE;
@@ -466,7 +478,7 @@ static void compare_gradients(Case* c, GpuModel* gm, const StepRecord* r, int st
     step_tokens(cm->inputs, cm->targets, c->N, c->cfg.vocab_size, step);
     cm->train_dropout = step_dropout(c, step);
     cpu_zero_grads(cm);
-    float cpu_loss = cpu_forward_backward(cm, 1.0f);
+    float cpu_loss = cpu_train_micro(cm, 0, 1, 1.0f);
     check("loss (mean)", step + 1, &r->loss, &cpu_loss, 1, TOL_LOSS, verbose, worst);
     check("losses (per token)", step + 1, r->losses, cm->losses, (size_t)c->N, TOL_LOSS, verbose, worst);
     for (int l = 1; l <= TEST_L; l++) {
@@ -556,11 +568,11 @@ static void compare_eval_paths(Case* c, GpuModel* gm) {
     int V = c->cfg.vocab_size;
     step_tokens(gm->h_inputs, gm->h_targets, c->N, V, 99);
     step_tokens(c->cm.inputs, c->cm.targets, c->N, V, 99);
-    float lg = gpu_forward_loss(gm), lc = cpu_forward_loss(&c->cm);
+    float lg = gpu_forward_loss(gm, gm->h_inputs, gm->h_targets), lc = cpu_forward_loss(&c->cm, c->cm.inputs, c->cm.targets);
     check("forward_loss", TEST_STEPS, &lg, &lc, 1, TOL_LOSS, 1, NULL);
     if (dropout_active(&gm->train_dropout)) { /* set for training, not used by evaluation */
         gm->train_dropout = dropout_off;
-        float undropped = gpu_forward_loss(gm);
+        float undropped = gpu_forward_loss(gm, gm->h_inputs, gm->h_targets);
         expect(same_bits(&lg, &undropped, 1), "forward_loss with dropout set: bitwise the loss without", lg - undropped);
     }
     int len = c->T < 37 ? c->T : 37;
@@ -673,7 +685,7 @@ static void gpu_accumulated_grads(const Case* c, int fp32_sums, float* out) {
     gpu_zero_grads(&gm);
     for (int k = 0; k < ACCUM_MICRO_STEPS; k++) {
         step_tokens(gm.h_inputs, gm.h_targets, c->N, c->cfg.vocab_size, 500 + k);
-        gpu_forward_backward(&gm, TEST_LOSS_SCALE / ACCUM_MICRO_STEPS);
+        gpu_train_micro(&gm, k, ACCUM_MICRO_STEPS, TEST_LOSS_SCALE / ACCUM_MICRO_STEPS);
     }
     gpu_fetch_grads(out, &gm, c->P, TEST_LOSS_SCALE);
     gpu_model_free(&gm);
@@ -689,7 +701,7 @@ static void check_grad_accumulation(const Shape* sh, int T) {
     cpu_zero_grads(&c.cm);
     for (int k = 0; k < ACCUM_MICRO_STEPS; k++) {
         step_tokens(c.cm.inputs, c.cm.targets, c.N, c.cfg.vocab_size, 500 + k);
-        cpu_forward_backward(&c.cm, 1.0f / ACCUM_MICRO_STEPS);
+        cpu_train_micro(&c.cm, k, ACCUM_MICRO_STEPS, 1.0f / ACCUM_MICRO_STEPS);
     }
     const float* ref = c.cm.grads;
     size_t wte = c.pl.count[P_WTE], rest = c.P - wte;
@@ -1085,7 +1097,7 @@ static void check_nonfinite(const Shape* sh, int T) {
            (double)TEST_LOSS_SCALE);
     step_tokens(gm.h_inputs, gm.h_targets, N, V, 0);
     gpu_zero_grads(&gm);
-    float loss0 = gpu_forward_backward(&gm, TEST_LOSS_SCALE);
+    float loss0 = gpu_train_micro(&gm, 0, 1, TEST_LOSS_SCALE);
     gpu_fetch(g0, gm.grads, P);
     float norm0 = gpu_grad_norm(&gm);
     expect(isfinite(loss0) && isfinite(norm0) && norm0 > 0, "clean gradients: finite, positive norm (scaled)", norm0);
@@ -1138,7 +1150,7 @@ static void check_nonfinite(const Shape* sh, int T) {
         /* a loss scale the gradients overflow at: dlogits of the target is
          * about -1e9 / N, beyond fp16's range; the forward pass is unchanged */
         gpu_zero_grads(&gm);
-        float loss_big = gpu_forward_backward(&gm, 1e9f);
+        float loss_big = gpu_train_micro(&gm, 0, 1, 1e9f);
         float norm_big = gpu_grad_norm(&gm);
         expect(same_bits(&loss_big, &loss0, 1), "dloss 1e9: loss bitwise the clean one (forward unaffected)", loss_big);
         expect(!isfinite(norm_big), "dloss 1e9: gradients overflow, norm non-finite", norm_big);
@@ -1151,7 +1163,7 @@ static void check_nonfinite(const Shape* sh, int T) {
 #endif
     /* nothing left behind: a clean pass reproduces the first one bitwise */
     gpu_zero_grads(&gm);
-    float loss1 = gpu_forward_backward(&gm, TEST_LOSS_SCALE);
+    float loss1 = gpu_train_micro(&gm, 0, 1, TEST_LOSS_SCALE);
     gpu_fetch(g1, gm.grads, P);
     float norm1 = gpu_grad_norm(&gm);
     expect(same_bits(&loss1, &loss0, 1) && same_bits(g1, g0, P) && same_bits(&norm1, &norm0, 1),

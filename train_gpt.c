@@ -507,6 +507,9 @@ static void residual_add(real* out, const real* branch, const real* res, size_t 
 /* ------------------------------------------------------------------------ */
 /* the model                                                                  */
 
+typedef PARAM_TENSORS(real) ParamTensors;
+typedef BLOCK_TENSORS(real) BlockTensors;
+
 typedef struct {
     ModelConfig cfg;
     const MemoryPlan* plan;
@@ -516,10 +519,10 @@ typedef struct {
     real* grads;
     float* adam_m;
     float* adam_v;
-    real* p[NUM_PARAM_TENSORS];  /* views into params */
+    ParamTensors p;              /* the parameters by name, views into params */
+    ParamTensors g;              /* their gradients, views into grads */
     size_t layer_stride[NUM_PARAM_TENSORS]; /* elements per layer of a stacked tensor */
-    real* g[NUM_PARAM_TENSORS];  /* views into grads */
-    int* inputs;
+    int* inputs;                 /* (B, T) the data loader's token buffers (Backend.inputs) */
     int* targets;
     real* losses;                /* (N) per-token loss */
     real* final_res;             /* (N,C) output of the last block */
@@ -543,9 +546,17 @@ static inline real* act(const CpuModel* m, int layer, int a) {
     return (real*)(m->arena + m->plan->layer_act[layer][a]);
 }
 
-/* Parameter (or gradient) tensor `t` of layer l: per-layer tensors are stacked on L. */
-static inline real* lp(real* const* base, const CpuModel* m, int t, int l) {
-    return base[t] + (size_t)l * m->layer_stride[t];
+/* Layer l's parameters, and their gradients, by name. */
+static inline BlockTensors layer_params(const CpuModel* m, int l) {
+    BlockTensors w;
+    BLOCK_TENSORS_OF_LAYER(w, m->p, m->layer_stride, l);
+    return w;
+}
+
+static inline BlockTensors layer_grads(const CpuModel* m, int l) {
+    BlockTensors dw;
+    BLOCK_TENSORS_OF_LAYER(dw, m->g, m->layer_stride, l);
+    return dw;
 }
 
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
@@ -573,10 +584,10 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
 /* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
 static void block_forward_qkv(CpuModel* m, int l) {
     int C = m->cfg.channels, N = m->B * m->T;
+    BlockTensors w = layer_params(m, l);
     real* ln1 = act(m, l, ACT_LN1);
-    layernorm_forward(ln1, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), act(m, l, ACT_X), lp(m->p, m, P_LN1W, l),
-                      lp(m->p, m, P_LN1B, l), N, C);
-    matmul_forward(act(m, l, ACT_QKV), ln1, lp(m->p, m, P_QKVW, l), lp(m->p, m, P_QKVB, l), N, C, 3 * C);
+    layernorm_forward(ln1, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), act(m, l, ACT_X), w.ln1w, w.ln1b, N, C);
+    matmul_forward(act(m, l, ACT_QKV), ln1, w.qkvw, w.qkvb, N, C, 3 * C);
 }
 
 /* Block l after attention, from x and the attention output: projection,
@@ -586,19 +597,20 @@ static void block_forward_qkv(CpuModel* m, int l) {
  * branch is dropped before its residual add (GPT-2's resid_pdrop). */
 static void block_forward_mlp(CpuModel* m, int l, real* out) {
     int C = m->cfg.channels, N = m->B * m->T;
+    BlockTensors w = layer_params(m, l);
     real* x = act(m, l, ACT_X);
     real* res2 = act(m, l, ACT_RES2);
     real* ln2 = act(m, l, ACT_LN2);
     real* fch = act(m, l, ACT_FCH);
     real* fch_gelu = act(m, l, ACT_FCH_GELU);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    matmul_forward(res2, act(m, l, ACT_ATTY), lp(m->p, m, P_ATTPROJW, l), lp(m->p, m, P_ATTPROJB, l), N, C, C);
+    matmul_forward(res2, act(m, l, ACT_ATTY), w.attprojw, w.attprojb, N, C, C);
     residual_add(res2, res2, x, (size_t)N * C, &resid_attn);
-    layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, lp(m->p, m, P_LN2W, l), lp(m->p, m, P_LN2B, l), N, C);
-    matmul_forward(fch, ln2, lp(m->p, m, P_FCW, l), lp(m->p, m, P_FCB, l), N, C, 4 * C);
+    layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C);
+    matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
     gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
     if (!out) return;
-    matmul_forward(out, fch_gelu, lp(m->p, m, P_FCPROJW, l), lp(m->p, m, P_FCPROJB, l), N, 4 * C, C);
+    matmul_forward(out, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
     residual_add(out, out, res2, (size_t)N * C, &resid_mlp);
 }
 
@@ -616,10 +628,11 @@ static void block_recompute(CpuModel* m, int l) {
     if (mode == RECOMPUTE_FULL) { block_forward(m, l, NULL); return; }
     if (mode == RECOMPUTE_KEEP_ATTENTION) { block_forward_qkv(m, l); block_forward_mlp(m, l, NULL); return; }
     if (mode != RECOMPUTE_SELECTIVE) return;
+    BlockTensors w = layer_params(m, l);
     layernorm_apply(act(m, l, ACT_LN1), act(m, l, ACT_X), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD),
-                    lp(m->p, m, P_LN1W, l), lp(m->p, m, P_LN1B, l), N, C);
+                    w.ln1w, w.ln1b, N, C);
     layernorm_apply(act(m, l, ACT_LN2), act(m, l, ACT_RES2), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD),
-                    lp(m->p, m, P_LN2W, l), lp(m->p, m, P_LN2B, l), N, C);
+                    w.ln2w, w.ln2b, N, C);
     gelu_forward(act(m, l, ACT_FCH_GELU), act(m, l, ACT_FCH), (size_t)N * 4 * C);
 }
 
@@ -635,6 +648,7 @@ static const real* branch_grad(CpuModel* m, const DropoutSite* s) {
 /* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
 static void block_backward(CpuModel* m, int l) {
     int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
     real* dres = m->grad_act[GRAD_DRES];
     real* dln = m->grad_act[GRAD_DLN];
     /* written over activations whose last reader is done (plan.h) */
@@ -644,21 +658,21 @@ static void block_backward(CpuModel* m, int l) {
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
     const real* dbranch = branch_grad(m, &resid_mlp);
-    matmul_backward_weight(lp(m->g, m, P_FCPROJW, l), lp(m->g, m, P_FCPROJB, l), dbranch, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
-    matmul_backward_input(dfch, dbranch, lp(m->p, m, P_FCPROJW, l), N, 4 * C, C);
+    matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
+    matmul_backward_input(dfch, dbranch, w.fcprojw, N, 4 * C, C);
     gelu_backward(dfch, act(m, l, ACT_FCH), (size_t)N * 4 * C);
-    matmul_backward_input(dln, dfch, lp(m->p, m, P_FCW, l), N, C, 4 * C);
-    matmul_backward_weight(lp(m->g, m, P_FCW, l), lp(m->g, m, P_FCB, l), dfch, act(m, l, ACT_LN2), N, C, 4 * C);
-    layernorm_backward(dres, lp(m->g, m, P_LN2W, l), lp(m->g, m, P_LN2B, l), dln, act(m, l, ACT_RES2),
-                       lp(m->p, m, P_LN2W, l), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), N, C);
+    matmul_backward_input(dln, dfch, w.fcw, N, C, 4 * C);
+    matmul_backward_weight(dw.fcw, dw.fcb, dfch, act(m, l, ACT_LN2), N, C, 4 * C);
+    layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act(m, l, ACT_RES2),
+                       w.ln2w, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), N, C);
     dbranch = branch_grad(m, &resid_attn);
-    matmul_backward_input(datty, dbranch, lp(m->p, m, P_ATTPROJW, l), N, C, C);
-    matmul_backward_weight(lp(m->g, m, P_ATTPROJW, l), lp(m->g, m, P_ATTPROJB, l), dbranch, act(m, l, ACT_ATTY), N, C, C);
+    matmul_backward_input(datty, dbranch, w.attprojw, N, C, C);
+    matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act(m, l, ACT_ATTY), N, C, C);
     attention_backward(dqkv, datty, act(m, l, ACT_QKV), act(m, l, ACT_ATTY), act(m, l, ACT_ATT_LSE), B, T, C, NH, &att);
-    matmul_backward_input(dln, dqkv, lp(m->p, m, P_QKVW, l), N, C, 3 * C);
-    matmul_backward_weight(lp(m->g, m, P_QKVW, l), lp(m->g, m, P_QKVB, l), dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
-    layernorm_backward(dres, lp(m->g, m, P_LN1W, l), lp(m->g, m, P_LN1B, l), dln, act(m, l, ACT_X),
-                       lp(m->p, m, P_LN1W, l), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), N, C);
+    matmul_backward_input(dln, dqkv, w.qkvw, N, C, 3 * C);
+    matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
+    layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act(m, l, ACT_X),
+                       w.ln1w, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), N, C);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -698,17 +712,17 @@ static void offload_release(CpuModel* m, int l) {
 /* Embeddings (dropped: layer 0's x holds the dropped sum), all blocks, final
  * LayerNorm, for the B*T tokens in inputs. An offloaded layer's tensors go
  * to the host pool right after its block. */
-static void model_forward(CpuModel* m) {
+static void model_forward(CpuModel* m, const int* inputs) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
-    encoder_forward(act(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C);
+    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, m->T, C);
     if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), (size_t)N * C, &embd);
     for (int l = 0; l < L; l++) {
         block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
         offload_copy(m, l, 1);
         offload_release(m, l);
     }
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C);
+    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C);
 }
 
 /* Softmax over the first V logits of one row (in place, padded entries left
@@ -725,16 +739,16 @@ static real softmax_row(real* row, int V) {
 /* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
  * chunk of rows at a time: logits (rows,Vp) = lnf @ wte^T, never all of
  * (N,Vp) at once. Writes per-token losses; dlnf goes to the dln buffer. */
-static void classifier(CpuModel* m, real dloss_per_token) {
+static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const real* lnf = m->lnf + (size_t)r0 * C;
-        matmul_forward(m->logits, lnf, m->p[P_WTE], NULL, rows, C, Vp);
+        matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp);
         #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; r++) {
             real* row = m->logits + (size_t)r * Vp;
-            int target = m->targets[r0 + r];
+            int target = targets[r0 + r];
             real target_logit = row[target];
             m->losses[r0 + r] = softmax_row(row, V) - target_logit;
             if (dloss_per_token == 0) continue;
@@ -742,8 +756,8 @@ static void classifier(CpuModel* m, real dloss_per_token) {
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
-        matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p[P_WTE], rows, C, Vp);
-        matmul_backward_weight(m->g[P_WTE], NULL, m->logits, lnf, rows, C, Vp);
+        matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp);
+        matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp);
     }
 }
 
@@ -754,11 +768,11 @@ static real mean_loss(const CpuModel* m) {
     return (real)(sum / N);
 }
 
-static void model_backward(CpuModel* m) {
+static void model_backward(CpuModel* m, const int* inputs) {
     int C = m->cfg.channels, N = m->B * m->T;
     real* dres = m->grad_act[GRAD_DRES];
     memset(dres, 0, (size_t)N * C * sizeof(real));
-    layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->grad_act[GRAD_DLN], m->final_res, m->p[P_LNFW],
+    layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->grad_act[GRAD_DLN], m->final_res, m->p.lnfw,
                        m->lnf_mean, m->lnf_rstd, N, C);
     int L = m->cfg.num_layers;
     if (L > 0) offload_copy(m, L - 1, 0);
@@ -770,7 +784,7 @@ static void model_backward(CpuModel* m) {
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) dropout_mask(dres, dres, (size_t)N * C, &embd);
-    encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->inputs, m->B, m->T, C);
+    encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, m->T, C);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -882,26 +896,26 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
 /* ------------------------------------------------------------------------ */
 /* backend                                                                    */
 
-static float cpu_forward_backward(void* ctx, float dloss_mean) {
+static float cpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_mean) {
     CpuModel* m = (CpuModel*)ctx;
     m->drop = &m->train_dropout;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
-    model_forward(m);
-    classifier(m, (real)dloss_mean / (real)(m->B * m->T));
-    model_backward(m);
+    model_forward(m, mb->inputs);
+    classifier(m, mb->targets, (real)dloss_mean / (real)(m->B * m->T));
+    model_backward(m, mb->inputs);
     return (float)mean_loss(m);
 }
 
 static void cpu_set_dropout(void* ctx, const DropoutState* d) { ((CpuModel*)ctx)->train_dropout = *d; }
 
-static float cpu_forward_loss(void* ctx) {
+static float cpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     CpuModel* m = (CpuModel*)ctx;
     m->drop = &dropout_off;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
-    model_forward(m);
-    classifier(m, 0);
+    model_forward(m, inputs);
+    classifier(m, targets, 0);
     return (float)mean_loss(m);
 }
 
@@ -919,8 +933,8 @@ static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     m->drop = &dropout_off;
     m->B = 1;
     m->T = len;
-    model_forward(m);
-    matmul_forward(m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, 1, C, Vp);
+    model_forward(m, m->inputs);
+    matmul_forward(m->logits, m->lnf + (size_t)(len - 1) * C, m->p.wte, NULL, 1, C, Vp);
     softmax_row(m->logits, V);
     for (int v = 0; v < V; v++) probs[v] = (float)m->logits[v];
 }

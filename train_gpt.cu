@@ -52,6 +52,9 @@
 /* ------------------------------------------------------------------------ */
 /* the model                                                                  */
 
+typedef PARAM_TENSORS(floatX) GpuParamTensors;
+typedef BLOCK_TENSORS(floatX) GpuBlockTensors;
+
 typedef struct {
     ModelConfig cfg;
     const MemoryPlan* plan;
@@ -61,13 +64,12 @@ typedef struct {
     float* grads_fp32;        /* fp32 gradient sums of parameters [0, grads_fp32_count) (grad_accum.cuh), or NULL */
     size_t grads_fp32_count;
     int wte_grad_fp32;        /* the token table's gradient goes straight into grads_fp32 */
-    int micro_step;           /* micro-steps run since the gradients were zeroed */
     int last_micro_step;      /* the running backward is the step's last micro-step */
     float* master; /* NULL without master weights */
     float* adam_m;
     float* adam_v;
-    floatX* p[NUM_PARAM_TENSORS]; /* views into params */
-    floatX* g[NUM_PARAM_TENSORS]; /* views into grads */
+    GpuParamTensors p; /* the parameters by name, views into params */
+    GpuParamTensors g; /* their gradients, views into grads */
     size_t layer_stride[NUM_PARAM_TENSORS];
     int* inputs; /* device (N) */
     int* targets;
@@ -124,8 +126,18 @@ static inline float* gstat(const GpuModel* m, int layer, int a) { return (float*
  * communicator for asynchronous errors meanwhile (multigpu_wait). */
 static inline void gpu_wait(GpuModel* m) { multigpu_wait(m->mg, m->stream); }
 
-/* Parameter (or gradient) tensor `t` of layer l: per-layer tensors are stacked on L. */
-static inline floatX* glp(floatX* const* base, const GpuModel* m, int t, int l) { return base[t] + (size_t)l * m->layer_stride[t]; }
+/* Layer l's parameters, and their gradients, by name. */
+static inline GpuBlockTensors gpu_layer_params(const GpuModel* m, int l) {
+    GpuBlockTensors w;
+    BLOCK_TENSORS_OF_LAYER(w, m->p, m->layer_stride, l);
+    return w;
+}
+
+static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) {
+    GpuBlockTensors dw;
+    BLOCK_TENSORS_OF_LAYER(dw, m->g, m->layer_stride, l);
+    return dw;
+}
 
 static inline size_t gpu_used_memory(void) {
     size_t free_b = 0, total_b = 0;
@@ -222,10 +234,11 @@ static void gpu_model_free(GpuModel* m) {
 /* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
 static void gpu_block_forward_qkv(GpuModel* m, int l) {
     int C = m->cfg.channels, N = m->B * m->T;
+    GpuBlockTensors w = gpu_layer_params(m, l);
     floatX* ln1 = gact(m, l, ACT_LN1);
-    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X), glp(m->p, m, P_LN1W, l),
-                          glp(m->p, m, P_LN1B, l), N, C, m->stream);
-    gpu_matmul_forward(&m->mm, gact(m, l, ACT_QKV), ln1, glp(m->p, m, P_QKVW, l), glp(m->p, m, P_QKVB, l), NULL, N, C, 3 * C, m->stream);
+    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X), w.ln1w,
+                          w.ln1b, N, C, m->stream);
+    gpu_matmul_forward(&m->mm, gact(m, l, ACT_QKV), ln1, w.qkvw, w.qkvb, NULL, N, C, 3 * C, m->stream);
 }
 
 /* Block l after attention, from x and the attention output: projection,
@@ -236,20 +249,21 @@ static void gpu_block_forward_qkv(GpuModel* m, int l) {
  * dropped first, by a kernel of its own that adds the residual. */
 static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
     int C = m->cfg.channels, N = m->B * m->T;
+    GpuBlockTensors w = gpu_layer_params(m, l);
     cudaStream_t s = m->stream;
     floatX* res2 = gact(m, l, ACT_RES2);
     floatX* ln2 = gact(m, l, ACT_LN2);
     floatX* fch = gact(m, l, ACT_FCH);
     floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
-    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), glp(m->p, m, P_ATTPROJW, l), glp(m->p, m, P_ATTPROJB, l),
+    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), w.attprojw, w.attprojb,
                        resid_attn.threshold ? NULL : gact(m, l, ACT_X), N, C, C, s);
     if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), (size_t)N * C, &resid_attn, s);
-    gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, s);
-    gpu_matmul_forward(&m->mm, fch, ln2, glp(m->p, m, P_FCW, l), glp(m->p, m, P_FCB, l), NULL, N, C, 4 * C, s);
+    gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C, s);
+    gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, N, C, 4 * C, s);
     gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
     if (!out) return;
-    gpu_matmul_forward(&m->mm, out, fch_gelu, glp(m->p, m, P_FCPROJW, l), glp(m->p, m, P_FCPROJB, l), resid_mlp.threshold ? NULL : res2,
+    gpu_matmul_forward(&m->mm, out, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2,
                        N, 4 * C, C, s);
     if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, (size_t)N * C, &resid_mlp, s);
 }
@@ -273,10 +287,11 @@ static void gpu_block_recompute(GpuModel* m, int l) {
     if (mode == RECOMPUTE_FULL) { gpu_block_forward(m, l, NULL); return; }
     if (mode == RECOMPUTE_KEEP_ATTENTION) { gpu_block_forward_qkv(m, l); gpu_block_forward_mlp(m, l, NULL); return; }
     if (mode != RECOMPUTE_SELECTIVE) return;
+    GpuBlockTensors w = gpu_layer_params(m, l);
     gpu_layernorm_apply(gact(m, l, ACT_LN1), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X),
-                        glp(m->p, m, P_LN1W, l), glp(m->p, m, P_LN1B, l), N, C, m->stream);
+                        w.ln1w, w.ln1b, N, C, m->stream);
     gpu_layernorm_apply(gact(m, l, ACT_LN2), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), gact(m, l, ACT_RES2),
-                        glp(m->p, m, P_LN2W, l), glp(m->p, m, P_LN2B, l), N, C, m->stream);
+                        w.ln2w, w.ln2b, N, C, m->stream);
     gpu_gelu_forward(gact(m, l, ACT_FCH_GELU), gact(m, l, ACT_FCH), (size_t)N * 4 * C, m->stream);
 }
 
@@ -292,6 +307,7 @@ static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s) {
 /* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
     int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    GpuBlockTensors w = gpu_layer_params(m, l), dw = gpu_layer_grads(m, l);
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->mm;
     float* part = m->column_partials;
@@ -304,24 +320,24 @@ static void gpu_block_backward(GpuModel* m, int l) {
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
     DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
     const floatX* dbranch = gpu_branch_grad(m, &resid_mlp);
-    gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCPROJW, l), glp(m->g, m, P_FCPROJB, l), part, dbranch, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
-    gpu_matmul_backward_input(mm, dfch, dbranch, glp(m->p, m, P_FCPROJW, l), N, 4 * C, C, s);
+    gpu_matmul_backward_weight(mm, dw.fcprojw, dw.fcprojb, part, dbranch, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
+    gpu_matmul_backward_input(mm, dfch, dbranch, w.fcprojw, N, 4 * C, C, s);
     gpu_gelu_backward(dfch, gact(m, l, ACT_FCH), (size_t)N * 4 * C, s);
-    gpu_matmul_backward_input(mm, dln, dfch, glp(m->p, m, P_FCW, l), N, C, 4 * C, s);
-    gpu_matmul_backward_weight(mm, glp(m->g, m, P_FCW, l), glp(m->g, m, P_FCB, l), part, dfch, gact(m, l, ACT_LN2), N, C, 4 * C, s);
-    gpu_layernorm_backward(dres, glp(m->g, m, P_LN2W, l), glp(m->g, m, P_LN2B, l), part, dln, gact(m, l, ACT_RES2),
-                           glp(m->p, m, P_LN2W, l), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), N, C, s);
+    gpu_matmul_backward_input(mm, dln, dfch, w.fcw, N, C, 4 * C, s);
+    gpu_matmul_backward_weight(mm, dw.fcw, dw.fcb, part, dfch, gact(m, l, ACT_LN2), N, C, 4 * C, s);
+    gpu_layernorm_backward(dres, dw.ln2w, dw.ln2b, part, dln, gact(m, l, ACT_RES2),
+                           w.ln2w, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), N, C, s);
     dbranch = gpu_branch_grad(m, &resid_attn);
-    gpu_matmul_backward_input(mm, datty, dbranch, glp(m->p, m, P_ATTPROJW, l), N, C, C, s);
-    gpu_matmul_backward_weight(mm, glp(m->g, m, P_ATTPROJW, l), glp(m->g, m, P_ATTPROJB, l), part, dbranch, gact(m, l, ACT_ATTY), N, C, C, s);
+    gpu_matmul_backward_input(mm, datty, dbranch, w.attprojw, N, C, C, s);
+    gpu_matmul_backward_weight(mm, dw.attprojw, dw.attprojb, part, dbranch, gact(m, l, ACT_ATTY), N, C, C, s);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_attention_backward(dqkv, m->att_rowsum, m->att_dq_partials, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE),
                            B, T, C, NH, &att_drop, s);
     prof_end(&m->prof, PROF_ATT_BACKWARD, s);
-    gpu_matmul_backward_input(mm, dln, dqkv, glp(m->p, m, P_QKVW, l), N, C, 3 * C, s);
-    gpu_matmul_backward_weight(mm, glp(m->g, m, P_QKVW, l), glp(m->g, m, P_QKVB, l), part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
-    gpu_layernorm_backward(dres, glp(m->g, m, P_LN1W, l), glp(m->g, m, P_LN1B, l), part, dln, gact(m, l, ACT_X),
-                           glp(m->p, m, P_LN1W, l), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), N, C, s);
+    gpu_matmul_backward_input(mm, dln, dqkv, w.qkvw, N, C, 3 * C, s);
+    gpu_matmul_backward_weight(mm, dw.qkvw, dw.qkvb, part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
+    gpu_layernorm_backward(dres, dw.ln1w, dw.ln1b, part, dln, gact(m, l, ACT_X),
+                           w.ln1w, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), N, C, s);
 }
 
 /* Embeddings (dropped in place: layer 0's x holds the dropped sum), all
@@ -331,10 +347,10 @@ static void gpu_model_forward(GpuModel* m) {
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
-    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p[P_WTE], m->p[P_WPE], m->B, m->T, C, m->stream);
+    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, m->T, C, m->stream);
     if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), (size_t)N * C, &embd, m->stream);
     for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
-    gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p[P_LNFW], m->p[P_LNFB], N, C, m->stream);
+    gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C, m->stream);
     prof_end(&m->prof, PROF_FORWARD, m->stream);
 }
 
@@ -347,12 +363,12 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const floatX* lnf = m->lnf + (size_t)r0 * C;
-        gpu_matmul_forward(&m->mm, m->logits, lnf, m->p[P_WTE], NULL, NULL, rows, C, Vp, m->stream);
+        gpu_matmul_forward(&m->mm, m->logits, lnf, m->p.wte, NULL, NULL, rows, C, Vp, m->stream);
         gpu_classifier_fused(m->logits, m->losses + r0, m->targets + r0, rows, V, Vp, dloss_per_token, m->stream);
         if (dloss_per_token == 0.0f) continue;
-        gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p[P_WTE], rows, C, Vp, m->stream);
+        gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp, m->stream);
         if (m->wte_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->grads_fp32, m->logits, lnf, rows, C, Vp, m->stream);
-        else gpu_matmul_backward_weight(&m->mm, m->g[P_WTE], NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
+        else gpu_matmul_backward_weight(&m->mm, m->g.wte, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
     }
     prof_end(&m->prof, PROF_CLASSIFIER, m->stream);
 }
@@ -384,8 +400,8 @@ static void gpu_model_backward(GpuModel* m) {
     floatX* dres = m->grad_act[GRAD_DRES];
     prof_begin(&m->prof, PROF_BACKWARD, m->stream);
     CUDA_CHECK(cudaMemsetAsync(dres, 0, (size_t)N * C * sizeof(floatX), m->stream));
-    gpu_layernorm_backward(dres, m->g[P_LNFW], m->g[P_LNFB], m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
-                           m->p[P_LNFW], m->lnf_mean, m->lnf_rstd, N, C, m->stream);
+    gpu_layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
+                           m->p.lnfw, m->lnf_mean, m->lnf_rstd, N, C, m->stream);
     for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
         int recomputed = m->plan->spec.layer_mode[l] != RECOMPUTE_NONE;
         if (recomputed) prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
@@ -399,18 +415,21 @@ static void gpu_model_backward(GpuModel* m) {
     if (embd.threshold) gpu_dropout_mask(dres, dres, (size_t)N * C, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
     if (m->wte_grad_fp32)
-        gpu_encoder_backward(m->grads_fp32, m->g[P_WPE], dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
-    else gpu_encoder_backward(m->g[P_WTE], m->g[P_WPE], dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
+        gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
+    else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
     gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
     prof_end(&m->prof, PROF_BACKWARD, m->stream);
 }
 
-/* Copies the host tokens of the current call to the device. */
-static void gpu_upload_tokens(GpuModel* m, int with_targets) {
+/* Copies the (B, T) host tokens of the current call to the device (targets
+ * may be NULL: sampling has none). The host buffers are the Backend's pinned
+ * inputs/targets, or anything the caller keeps alive until the stream has
+ * read them. */
+static void gpu_upload_tokens(GpuModel* m, const int* inputs, const int* targets) {
     size_t bytes = (size_t)m->B * m->T * sizeof(int);
-    CUDA_CHECK(cudaMemcpyAsync(m->inputs, m->h_inputs, bytes, cudaMemcpyHostToDevice, m->stream));
-    if (with_targets) CUDA_CHECK(cudaMemcpyAsync(m->targets, m->h_targets, bytes, cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, bytes, cudaMemcpyHostToDevice, m->stream));
+    if (targets) CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, bytes, cudaMemcpyHostToDevice, m->stream));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -454,18 +473,16 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
 /* ------------------------------------------------------------------------ */
 /* backend                                                                    */
 
-static float gpu_forward_backward(void* ctx, float dloss_mean) {
+static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_mean) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &m->train_dropout;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
     int N = m->B * m->T;
-    multigpu_micro_step(m->mg); /* the last one reduces gradients during its backward */
-    int micro_steps = m->plan->spec.micro_steps > 1 ? m->plan->spec.micro_steps : 1;
-    m->micro_step++;
-    m->last_micro_step = m->micro_step % micro_steps == 0;
-    gpu_upload_tokens(m, 1);
-    m->buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, m->h_inputs, N, m->cfg.vocab_size);
+    m->last_micro_step = mb->micro_step == mb->num_micro_steps - 1;
+    multigpu_micro_step(m->mg, m->last_micro_step); /* the last one reduces gradients during its backward */
+    gpu_upload_tokens(m, mb->inputs, mb->targets);
+    m->buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, mb->inputs, N, m->cfg.vocab_size);
     CUDA_CHECK(cudaMemcpyAsync(m->token_buckets, m->h_buckets, (size_t)m->buckets.ints * sizeof(int),
                                cudaMemcpyHostToDevice, m->stream));
     gpu_model_forward(m);
@@ -478,12 +495,12 @@ static float gpu_forward_backward(void* ctx, float dloss_mean) {
 
 static void gpu_set_dropout(void* ctx, const DropoutState* d) { ((GpuModel*)ctx)->train_dropout = *d; }
 
-static float gpu_forward_loss(void* ctx) {
+static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &dropout_off;
     m->B = m->plan->spec.B;
     m->T = m->plan->spec.T;
-    gpu_upload_tokens(m, 1);
+    gpu_upload_tokens(m, inputs, targets);
     gpu_model_forward(m);
     gpu_classifier(m, 0.0f);
     return gpu_mean_loss(m);
@@ -524,9 +541,9 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     m->drop = &dropout_off;
     m->B = 1;
     m->T = T;
-    gpu_upload_tokens(m, 0);
+    gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
-    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p[P_WTE], NULL, NULL, 1, C, Vp, m->stream);
+    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p.wte, NULL, NULL, 1, C, Vp, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
     gpu_wait(m);
     float mx = host_floatX_load(m->h_logits, 0);
@@ -542,7 +559,6 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     multigpu_new_step(m->mg);
-    m->micro_step = 0;
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
     if (m->grads_fp32) CUDA_CHECK(cudaMemsetAsync(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float), m->stream));
 }
@@ -818,7 +834,7 @@ int main(int argc, char** argv) {
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);
-    if (mg) multigpu_configure(mg, &run.plan, run.grad_accum);
+    if (mg) multigpu_configure(mg, &run.plan);
     GpuModel m;
     gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
     m.mg = mg;

@@ -48,11 +48,8 @@ static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0};
         (m)->adam_v = (float*)(carve_base_ + carve_plan_->off_adam_v);                                   \
         ParamLayout carve_pl_;                                                                           \
         param_layout(&carve_plan_->spec.cfg, &carve_pl_);                                                \
-        for (int carve_t_ = 0; carve_t_ < NUM_PARAM_TENSORS; carve_t_++) {                               \
-            (m)->p[carve_t_] = (m)->params + carve_pl_.offset[carve_t_];                                 \
-            (m)->g[carve_t_] = (m)->grads + carve_pl_.offset[carve_t_];                                  \
-            (m)->layer_stride[carve_t_] = carve_pl_.count[carve_t_] / (size_t)carve_plan_->spec.cfg.num_layers; \
-        }                                                                                                \
+        PARAM_TENSORS_POINT((m)->p, (m)->layer_stride, (m)->params, &carve_pl_, carve_plan_->spec.cfg.num_layers); \
+        PARAM_TENSORS_POINT((m)->g, (m)->layer_stride, (m)->grads, &carve_pl_, carve_plan_->spec.cfg.num_layers);  \
         (m)->inputs = (int*)(carve_base_ + carve_plan_->off_inputs);                                     \
         (m)->targets = (int*)(carve_base_ + carve_plan_->off_targets);                                   \
         (m)->losses = (STAT*)(carve_base_ + carve_plan_->off_losses);                                    \
@@ -92,21 +89,33 @@ static inline int shard_slice(const ParamLayout* pl, int t, size_t lo, size_t hi
     return *begin < *end;
 }
 
+/* One micro-batch as the driver hands it to forward_backward. */
+typedef struct {
+    const int* inputs;   /* (B, T) token ids, host memory (the Backend's inputs) */
+    const int* targets;  /* (B, T) the token that follows each input */
+    int micro_step;      /* 0 .. num_micro_steps-1 within the optimizer step */
+    int num_micro_steps; /* micro-steps whose gradients one update sums (-d) */
+} MicroBatch;
+
 typedef struct {
     void* ctx;
-    int* inputs;            /* B*T host tokens the driver fills before each call */
+    int* inputs;            /* B*T host tokens the data loader fills (pinned on the GPU) */
     int* targets;
     int model_file_version; /* 3 (fp32) or 5 (bf16) when writing checkpoints */
     int loss_scaling;       /* 1: dynamic loss scaling (FP16 builds) */
     DeviceRecord device;    /* what it computes on, recorded in checkpoints */
     float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
     uint16_t* window;       /* host B*T+1 tokens for the dataloader */
-    /* forward and backward of one micro-batch; gradients accumulate; returns the mean loss */
-    float (*forward_backward)(void* ctx, float dloss_mean);
+    /* forward and backward of one micro-batch; gradients accumulate (the
+     * last micro-step finishes them: fp32 sums, the overlapped reduction);
+     * dloss_mean scales the gradient of the micro-batch's mean loss; returns
+     * that mean loss */
+    float (*forward_backward)(void* ctx, const MicroBatch* mb, float dloss_mean);
     /* the dropout of the forward_backward calls that follow (their step and
      * micro-step fix the masks); forward_loss and next_token_probs never drop */
     void (*set_dropout)(void* ctx, const DropoutState* d);
-    float (*forward_loss)(void* ctx);
+    /* the mean loss of a (B, T) batch, without gradients */
+    float (*forward_loss)(void* ctx, const int* inputs, const int* targets);
     /* after forward_loss: its B*T per-token losses, row-major (b, t), to host */
     void (*token_losses)(void* ctx, float* out);
     /* memory in use for the log (device memory on the GPU); NULL: peak resident memory */

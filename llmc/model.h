@@ -32,6 +32,60 @@ enum {
     P_LN2W, P_LN2B, P_FCW, P_FCB, P_FCPROJW, P_FCPROJB, P_LNFW, P_LNFB
 };
 
+/* The 12 tensors of a transformer block are P_LN1W .. P_FCPROJB, stacked on L. */
+#define FIRST_BLOCK_TENSOR P_LN1W
+#define NUM_BLOCK_TENSORS 12
+
+/* The parameter tensors (or their gradients) by name: pointers of element
+ * type T into one buffer, in the order above. A macro because each trainer
+ * stores its own type (real on the CPU, floatX on the GPU). Shapes: */
+#define PARAM_TENSORS(T)                                                                  \
+    union {                                                                               \
+        T* tensor[NUM_PARAM_TENSORS]; /* by index P_WTE .. P_LNFB */                      \
+        struct {                                                                          \
+            T* wte;      /* (Vp, C) token embeddings; the classifier's weights too */     \
+            T* wpe;      /* (maxT, C) position embeddings */                              \
+            T* ln1w;     /* (L, C) */                                                     \
+            T* ln1b;     /* (L, C) */                                                     \
+            T* qkvw;     /* (L, 3C, C) */                                                 \
+            T* qkvb;     /* (L, 3C) */                                                    \
+            T* attprojw; /* (L, C, C) */                                                  \
+            T* attprojb; /* (L, C) */                                                     \
+            T* ln2w;     /* (L, C) */                                                     \
+            T* ln2b;     /* (L, C) */                                                     \
+            T* fcw;      /* (L, 4C, C) */                                                 \
+            T* fcb;      /* (L, 4C) */                                                    \
+            T* fcprojw;  /* (L, C, 4C) */                                                 \
+            T* fcprojb;  /* (L, C) */                                                     \
+            T* lnfw;     /* (C) final LayerNorm */                                        \
+            T* lnfb;     /* (C) */                                                        \
+        };                                                                                \
+    }
+
+/* One layer's slice of the block tensors, by name (shapes as above without L). */
+#define BLOCK_TENSORS(T)                                                                  \
+    union {                                                                               \
+        T* tensor[NUM_BLOCK_TENSORS]; /* by index, from FIRST_BLOCK_TENSOR */             \
+        struct {                                                                          \
+            T* ln1w; T* ln1b; T* qkvw; T* qkvb; T* attprojw; T* attprojb;                 \
+            T* ln2w; T* ln2b; T* fcw; T* fcb; T* fcprojw; T* fcprojb;                     \
+        };                                                                                \
+    }
+
+/* Points `all` (a PARAM_TENSORS) at a buffer `base` laid out by `pl`, and
+ * `layer_stride[t]` at the elements per layer of tensor t. */
+#define PARAM_TENSORS_POINT(all, layer_stride, base, pl, num_layers)                      \
+    for (int pt_ = 0; pt_ < NUM_PARAM_TENSORS; pt_++) {                                   \
+        (all).tensor[pt_] = (base) + (pl)->offset[pt_];                                   \
+        (layer_stride)[pt_] = (pl)->count[pt_] / (size_t)(num_layers);                    \
+    }
+
+/* Sets `block` (a BLOCK_TENSORS) to layer l's slice of `all`. */
+#define BLOCK_TENSORS_OF_LAYER(block, all, layer_stride, l)                               \
+    for (int bt_ = 0; bt_ < NUM_BLOCK_TENSORS; bt_++)                                     \
+        (block).tensor[bt_] = (all).tensor[FIRST_BLOCK_TENSOR + bt_] +                    \
+                              (size_t)(l) * (layer_stride)[FIRST_BLOCK_TENSOR + bt_]
+
 static const char* const param_tensor_names[NUM_PARAM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};

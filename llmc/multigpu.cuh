@@ -107,8 +107,6 @@ typedef struct MultiGpu {
     size_t num_params; /* P */
     int num_layers;
     ParamLayout layout;
-    int grad_accum;    /* micro-steps per step */
-    int micro;         /* micro-steps started in this step */
     int armed;         /* the running backward is the last micro-step's */
     int issued;        /* gradient groups handed to NCCL in this step */
     size_t device_bytes; /* device memory NCCL holds (communicator, connection buffers) */
@@ -341,13 +339,12 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
 }
 
 /* The plan's part: which gradients go where. After multigpu_connect. */
-static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
+static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
     mg->zero = plan->spec.zero_stage == 1;
     mg->num_params = plan->num_params;
     mg->num_layers = plan->spec.cfg.num_layers;
     param_layout(&plan->spec.cfg, &mg->layout);
     if (mg->layout.total != mg->num_params) fail("internal: parameter layout and plan disagree");
-    mg->grad_accum = grad_accum;
     const char* ov = getenv("REMAT_NCCL_OVERLAP");
     mg->overlap = !(ov && strcmp(ov, "0") == 0);
     proc_broadcast(&mg->overlap, sizeof(mg->overlap), "the REMAT_NCCL_OVERLAP broadcast"); /* the same collectives on every rank */
@@ -419,17 +416,15 @@ static inline const char* multigpu_reduction_name(const MultiGpu* mg) {
 /* Start of each step (the driver zeroes the gradients first). */
 static inline void multigpu_new_step(MultiGpu* mg) {
     if (!mg) return;
-    mg->micro = 0;
     mg->armed = 0;
     mg->issued = 0;
 }
 
 /* Start of each micro-step's forward and backward: arms the per-layer hook
- * for the last one. */
-static inline void multigpu_micro_step(MultiGpu* mg) {
+ * for the step's last one. */
+static inline void multigpu_micro_step(MultiGpu* mg, int last_micro_step) {
     if (!mg) return;
-    mg->micro++;
-    mg->armed = mg->overlap && mg->grad_accum > 0 && mg->micro == mg->grad_accum;
+    mg->armed = mg->overlap && last_micro_step;
 }
 
 /* In the armed backward: the gradients of `layer` (0..L-1), or with layer -1
@@ -489,10 +484,9 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     (void)mg;
     return NULL;
 }
-static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan, int grad_accum) {
+static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
     (void)mg;
     (void)plan;
-    (void)grad_accum;
 }
 static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
 static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
@@ -500,7 +494,7 @@ static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 static inline void multigpu_new_step(MultiGpu* mg) { (void)mg; }
-static inline void multigpu_micro_step(MultiGpu* mg) { (void)mg; }
+static inline void multigpu_micro_step(MultiGpu* mg, int last_micro_step) { (void)mg; (void)last_micro_step; }
 static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, cudaStream_t compute) {
     (void)mg;
     (void)grads;

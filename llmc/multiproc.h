@@ -311,7 +311,7 @@ static inline void proc_set_step(int step) {
 
 /* REMAT_TEST_STALL=R:S (tests of --collective-timeout only): rank R stops
  * itself (SIGSTOP) as step S begins, like a process the system stopped. */
-static inline void proc_test_stall(int step) {
+static inline void test_hook_stall(int step) {
     static int rank = -2, at_step = -1;
     if (rank == -2) {
         const char* v = getenv("REMAT_TEST_STALL");

@@ -87,8 +87,8 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
     for (int i = 0; i < pl->n; i++) pl->loss_sum[i] = pl->tokens[i] = 0.0;
     double sum = 0.0;
     for (int i = 0; i < n; i++) {
-        dataloader_next(val);
-        sum += be->forward_loss(be->ctx);
+        dataloader_next(val); /* fills be->inputs, be->targets */
+        sum += be->forward_loss(be->ctx, be->inputs, be->targets);
         if (pl->n) position_losses_add(pl, be, run->opt.B, run->opt.T);
     }
     for (int i = 0; i < pl->n; i++) {

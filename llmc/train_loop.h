@@ -35,10 +35,11 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
     DropoutState drop = run->dropout; /* the masks depend on the step and micro-step, never on what ran before */
     drop.step = (uint32_t)step;
     for (int micro = 0; micro < run->grad_accum; micro++) {
-        dataloader_next(train);
+        dataloader_next(train); /* fills be->inputs, be->targets */
+        MicroBatch mb = {be->inputs, be->targets, micro, run->grad_accum};
         drop.micro_step = (uint32_t)micro;
         be->set_dropout(be->ctx, &drop);
-        loss += be->forward_backward(be->ctx, dloss_mean);
+        loss += be->forward_backward(be->ctx, &mb, dloss_mean);
     }
     if (be->sync_grads) be->sync_grads(be->ctx);
     r.loss = (float)proc_mean(loss / run->grad_accum, "the training loss mean");
@@ -202,7 +203,7 @@ static inline void train(Run* run, Backend* be) {
         between_steps(run, be, &ls, step, start, step == steps);
         if (step == steps) break;
         proc_set_step(step + 1);
-        proc_test_stall(step + 1);
+        test_hook_stall(step + 1); /* REMAT_TEST_STALL: a test hook, nothing unless set */
         if (be->step_begin) be->step_begin(be->ctx, step + 1);
         double t0 = now_ms();
         StepResult r = train_step(run, be, &ls.train, step + 1, steps);

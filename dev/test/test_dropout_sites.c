@@ -50,11 +50,11 @@ static void check_model_sites(void) {
     size_t n = (size_t)B * T * 32;
     real* x0 = (real*)malloc_check(n * sizeof(real), "test");
     m->drop = &dropout_off;
-    model_forward(m);
+    model_forward(m, m->inputs);
     memcpy(x0, act(m, 0, ACT_X), n * sizeof(real));
     DropoutState drop = {{P_TEST, P_TEST, P_TEST, P_TEST}, 21, 0, 9, 2};
     m->drop = &drop;
-    model_forward(m);
+    model_forward(m, m->inputs);
     DropoutSite embd = dropout_site(&drop, DROPOUT_EMBEDDING, 0);
     size_t dropped = 0, misplaced = 0, wrong_value = 0;
     for (size_t e = 0; e < n; e++) {
@@ -121,14 +121,15 @@ static void check_evaluation_never_drops(void) {
     test_model_tokens(&tm, 7);
     CpuModel* m = &tm.m;
     float probs_off[50], probs_on[50];
-    float loss_off = cpu_forward_loss(m);
+    float loss_off = cpu_forward_loss(m, m->inputs, m->targets);
     cpu_next_token_probs(m, m->targets, 9, probs_off);
     DropoutState drop = {{0.5f, 0.5f, 0.5f, 0.5f}, 1, 0, 1, 0};
     cpu_set_dropout(m, &drop);
     cpu_zero_grads(m);
     test_model_tokens(&tm, 7);
-    float loss_train = cpu_forward_backward(m, 1.0f);
-    float loss_on = cpu_forward_loss(m);
+    MicroBatch mb = {m->inputs, m->targets, 0, 1};
+    float loss_train = cpu_forward_backward(m, &mb, 1.0f);
+    float loss_on = cpu_forward_loss(m, m->inputs, m->targets);
     cpu_next_token_probs(m, m->targets, 9, probs_on);
     int ok = loss_on == loss_off && memcmp(probs_on, probs_off, sizeof(probs_on)) == 0 && loss_train != loss_off;
     printf("evaluation loss %.6f without dropout, %.6f with dropout set (training forward %.6f); sampling probabilities %s  %s\n",

@@ -19,8 +19,8 @@
  * with the dropout forward_backward ran with. */
 static double loss_at(TestModel* tm) {
     tm->m.drop = &tm->m.train_dropout;
-    model_forward(&tm->m);
-    classifier(&tm->m, 0);
+    model_forward(&tm->m, tm->m.inputs);
+    classifier(&tm->m, tm->m.targets, 0);
     return (double)mean_loss(&tm->m);
 }
 
@@ -35,7 +35,8 @@ static int check_gradients(const DropoutState* drop, double* loss_out) {
     CpuModel* m = &tm.m;
     m->train_dropout = *drop;
     cpu_zero_grads(m);
-    double loss = cpu_forward_backward(m, 1.0f);
+    MicroBatch mb = {m->inputs, m->targets, 0, 1};
+    double loss = cpu_forward_backward(m, &mb, 1.0f);
     *loss_out = loss;
     printf("\n%s: loss %.12f (uniform would be %.6f)\n", dropout_active(drop) ? "dropout 0.3 at every site" : "no dropout",
            loss, log(37.0));

@@ -78,13 +78,13 @@ ncclResult_t ncclBroadcast(const void* s, void* r, size_t n, ncclDataType_t, int
 static std::vector<Call> simulate(ModelConfig cfg, int world, int rank, int zero, int overlap, int accum) {
     calls.clear();
     MultiGpu mg; memset(&mg, 0, sizeof(mg));
-    mg.rank = rank; mg.world = world; mg.zero = zero; mg.overlap = overlap; mg.grad_accum = accum;
+    mg.rank = rank; mg.world = world; mg.zero = zero; mg.overlap = overlap;
     param_layout(&cfg, &mg.layout); mg.num_params = mg.layout.total; mg.num_layers = cfg.num_layers;
     base = (floatX*)0x100000; // never dereferenced
     for (int step = 0; step < 2; step++) {
         multigpu_new_step(&mg);
         for (int a = 0; a < accum; a++) {
-            multigpu_micro_step(&mg);
+            multigpu_micro_step(&mg, a == accum - 1);
             for (int l = cfg.num_layers - 1; l >= 0; l--) multigpu_grads_ready(&mg, base, l, 0);
             multigpu_grads_ready(&mg, base, -1, 0);
         }

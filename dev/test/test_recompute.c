@@ -33,7 +33,8 @@ static void run_setting(const Setting* s, const DropoutState* drop, float* losse
             tm.m.train_dropout = *drop;
             tm.m.train_dropout.step = (uint32_t)step + 1;
             tm.m.train_dropout.micro_step = (uint32_t)micro;
-            losses[step] += cpu_forward_backward(&tm.m, 1.0f);
+            MicroBatch mb = {tm.m.inputs, tm.m.targets, micro, micro_steps};
+            losses[step] += cpu_forward_backward(&tm.m, &mb, 1.0f);
         }
         memcpy(grads + (size_t)step * np, tm.m.grads, np * sizeof(real));
         AdamWStep a = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 1.0f, .t = step + 1};
