@@ -1,0 +1,169 @@
+"""Offloaded checkpoints through the CPU trainer's command line: a copy to a
+host pool and back, so model files, state files and logs are byte-identical
+to the same run without it (and to -r 0); the plan's device and host bytes
+against a count written out here; -r auto within both budgets; bad input."""
+import json
+import re
+
+import pytest
+
+from conftest import binary, run
+from test_plan_cli import SHAPES, a256, independent_total
+
+# five layers: the staging ring's three slots wrap around
+MODEL = ["-e", "d6", "--layers", "5", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
+
+
+def train(tiny_shards, out, *extra):
+    return run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin",
+                "-b", "2", "-t", "32", "-v", "2", "-m", "2", "-s", "0", "-l", "1e-3", "-x", "4", "-n", "2", "-o", out, *extra],
+               check=True)
+
+
+def files(out):
+    """Every checkpoint file's bytes, each run's own id (in the headers and the
+    DONE markers, llmc/checkpoint.h) zeroed."""
+    run_id = int(next(out.glob("DONE_*")).read_text().split()[1], 16)
+    raw, text = run_id.to_bytes(8, "little"), f"{run_id:016x}".encode()
+    return {p.name: p.read_bytes().replace(raw, bytes(8)).replace(text, b"0" * 16)
+            for p in sorted(out.iterdir()) if p.name != "log.jsonl"}
+
+
+def losses(out):
+    return [(e["step"], e.get("loss"), e.get("val_loss")) for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+            if "loss" in e or "val_loss" in e]
+
+
+@pytest.mark.parametrize("plain,offloaded", [
+    (["-r", "1"], ["-r", "1", "--offload-checkpoints"]),
+    (["-r", "3"], ["-r", "3", "--offload-checkpoints"]),
+    (["-r", "1:0,2/3:1,4/2:3"], ["-r", "1o:0,2/3o:1,4/2:3"]),
+    (["-r", "3:0-2/1:3-4"], ["-r", "3o:0,2/3:1/1o:4/1:3"]),
+    (["-r", "1", "--recompute-layers", "every:2"], ["-r", "1", "--recompute-layers", "every:2", "--offload-checkpoints"]),
+])
+@pytest.mark.parametrize("dropout", [[], ["--dropout", "0.2", "-d", "128"]], ids=["plain", "dropout+2micro"])
+def test_offloaded_runs_write_identical_files(tiny_shards, tmp_path, plain, offloaded, dropout):
+    outs = {}
+    for name, flags in (("r0", []), ("plain", plain), ("offloaded", offloaded)):
+        outs[name] = tmp_path / name
+        res = train(tiny_shards, outs[name], *flags, *dropout)
+        if name == "offloaded":
+            assert re.search(r"host memory, offloaded checkpoints: [0-9.]+ MiB \(a second allocation\), device staging ring 3 slots",
+                             res.stdout), res.stdout
+    ref = files(outs["r0"])
+    assert any(n.startswith("model_") for n in ref) and any(n.startswith("state_") for n in ref)
+    assert files(outs["plain"]) == ref and files(outs["offloaded"]) == ref
+    assert losses(outs["offloaded"]) == losses(outs["r0"]) and len(losses(outs["r0"])) >= 4
+
+
+def offloaded_total(s, B, T, modes, offload):
+    """Device and host bytes of the CPU trainer's plan: an offloaded layer keeps
+    nothing on the device, its tensors in the host pool, and three (at most L)
+    staging slots hold x, plus attention's output and logsumexp when some -r 3
+    layer offloads."""
+    C, NH, N = s["C"], s["NH"], B * T
+    hosted = {1: [C], 3: [C, C, NH]}
+    device = independent_total(s, B, T, modes)
+    host = 0
+    for m, o in zip(modes, offload):
+        if o:
+            layer = sum(a256(4 * N * k) for k in hosted[m])
+            device -= layer
+            host += layer
+    if any(offload):
+        slot = hosted[3] if any(o and m == 3 for m, o in zip(modes, offload)) else hosted[1]
+        device += min(3, s["L"]) * sum(a256(4 * N * k) for k in slot)
+    return device, host
+
+
+def plan_json(*args):
+    res = run([binary("train_gpt_cpu"), *map(str, args), "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("flag,modes,offload", [
+    ("1o:all", [1] * 12, [1] * 12),
+    ("3o:all", [3] * 12, [1] * 12),
+    ("1o:0-3/3:4-6/3o:7/2:8-9", [1, 1, 1, 1, 3, 3, 3, 3, 2, 2, 0, 0], [1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0]),
+    ("1o:11", [0] * 11 + [1], [0] * 11 + [1]),
+])
+def test_plan_device_and_host_bytes(flag, modes, offload):
+    flags, s = SHAPES["d12"]
+    d = plan_json(*flags, "-b", 2, "-t", 512, "-r", flag)
+    assert d["layer_modes"] == modes and d["layer_offload"] == offload
+    device, host = offloaded_total(s, 2, 512, modes, offload)
+    assert d["total_bytes"] == device and sum(d["components"].values()) == device
+    assert d["host_total_bytes"] == host == sum(a256(b["bytes"]) for b in d["host_buffers"])
+    assert d["staging_slots"] == 3
+    again = plan_json(*flags, "-b", 2, "-t", 512, "-r", d["recompute"])
+    assert (again["layer_modes"], again["layer_offload"], again["total_bytes"]) == (modes, offload, device)
+
+
+def test_offload_flag_is_the_mix_with_every_recomputed_layer_offloaded():
+    flags, _ = SHAPES["d12"]
+    a = plan_json(*flags, "-b", 1, "-t", 256, "-r", "3", "--recompute-layers", "0,5-7", "--offload-checkpoints")
+    b = plan_json(*flags, "-b", 1, "-t", 256, "-r", "3o:0,5-7")
+    assert a["recompute"] == "3o:0,5-7" and a["total_bytes"] == b["total_bytes"] and a["host_total_bytes"] == b["host_total_bytes"]
+
+
+AUTO_NOTE = re.compile(r"^recompute auto: fits .* with [0-9.]+ MiB: -r (\S+); predicted", re.M)
+HOST_NOTE = re.compile(r"^recompute auto: host memory ([0-9.]+) MiB of ([0-9.]+) MiB \(--host-mem-budget\)", re.M)
+
+
+def auto(budget, *extra):
+    flags, _ = SHAPES["24x2048"]
+    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *extra])
+
+
+def test_auto_offloads_where_nothing_else_fits():
+    """Below -r 1's total nothing fits without offloading; with it -r auto
+    finds a mix within both budgets, and its printed flag reproduces it."""
+    flags, s = SHAPES["24x2048"]
+    r1 = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1")["total_bytes"]
+    budget = r1 - 8 * a256(4 * 4096 * 2048)
+    assert auto(budget).returncode == 1
+    res = auto(budget, "--offload-checkpoints", "--host-mem-budget", "4GiB")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["total_bytes"] <= budget and 0 < d["host_total_bytes"] <= 4 << 30 and any(d["layer_offload"])
+    note = AUTO_NOTE.search(res.stderr)
+    assert note and "o:" in note.group(1), res.stderr
+    host = HOST_NOTE.search(res.stderr)
+    assert host and abs(float(host.group(1)) * 2**20 - d["host_total_bytes"]) < 0.1 * 2**20
+    again = plan_json(*flags, "-b", 1, "-t", 4096, "-r", note.group(1))
+    assert (again["layer_modes"], again["layer_offload"], again["total_bytes"]) == \
+        (d["layer_modes"], d["layer_offload"], d["total_bytes"])
+
+
+def test_auto_keeps_within_the_host_budget():
+    """A host budget for 3 offloaded layers' inputs: at most 3 offload, and a
+    budget for none leaves auto with nothing that fits below -r 1's total."""
+    flags, _ = SHAPES["24x2048"]
+    x = a256(4 * 4096 * 2048)
+    r1 = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1")["total_bytes"]
+    d = json.loads(auto(r1, "--offload-checkpoints", "--host-mem-budget", 3 * x).stdout)
+    assert sum(d["layer_offload"]) <= 3 and d["host_total_bytes"] <= 3 * x
+    assert auto(r1 - 4 * x, "--offload-checkpoints", "--host-mem-budget", 2 * x).returncode == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-r", "2o:all"], "only -r 1 and -r 3 layers offload"),
+    (["-r", "0o:0"], "only -r 1 and -r 3 layers offload"),
+    (["-r", "1x:0"], "each group is MODE:LAYERS"),
+    (["-r", "2", "--offload-checkpoints"], "no layer recomputes with -r 1 or -r 3"),
+    (["-r", "1o:all", "--offload-checkpoints"], "mark offloaded groups in the mix instead"),
+    (["--host-link", "pcie9", "-r", "1"], "flag --host-link: 'pcie9' is not pcie4, pcie5, nvlink-c2c nor a positive rate"),
+    (["--host-mem-budget", "lots", "-r", "1", "--offload-checkpoints"], "flag --host-mem-budget: 'lots' is not a positive size"),
+])
+def test_bad_offload_flags_are_refused(args, message):
+    res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", *args, "--plan"])
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_run_refuses_a_host_pool_over_the_host_budget(tiny_shards, tmp_path):
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-b", "2", "-t", "32", "-x", "1",
+               "-r", "1", "--offload-checkpoints", "--host-mem-budget", "1KiB"])
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1].startswith("error: offloaded checkpoints: the host pool needs"), res.stderr
