@@ -6,7 +6,14 @@
 CC ?= gcc
 # -fno-math-errno (and no other fast-math flag): math functions need not set
 # errno, so AdamW's sqrtf vectorises; every result is unchanged.
-CFLAGS_BASE = -O3 -std=gnu11 -fno-math-errno -Wall -Wextra -Werror
+CFLAGS_BASE = -O3 -std=gnu11 -fno-math-errno -Wall -Wextra -Werror $(FMA_CHAINS)
+# GCC tuned for AMD Zen (-march=native there) splits the multiply-adds of a
+# single accumulator chain into a multiply and an add ("avoid FMA chains"),
+# but not those of the register tiles: the scalar and vector tails of the CPU
+# matmuls would then round twice where the tiles round once, and an element's
+# bits would depend on where it falls (dev/test/test_matmul_order.c). Keep
+# every contraction, where the compiler knows the parameter.
+FMA_CHAINS := $(shell $(CC) --param=avoid-fma-max-bits=0 -Werror -E -x c /dev/null >/dev/null 2>&1 && echo --param=avoid-fma-max-bits=0)
 CPU_ARCH ?= -march=native
 OPENMP ?= -fopenmp
 CFLAGS = $(CFLAGS_BASE) $(CPU_ARCH) $(OPENMP)
