@@ -26,6 +26,15 @@
  * forward, and again from the prefetch during layer l+1's backward to the end
  * of its own. Three slots let block l+1 run while layer l's copy out is in
  * flight and block l+2 write into the third; the backward needs two.
+ *
+ * Token tiles (--tile-tokens K): the LayerNorms, the QKV, projection and MLP
+ * matmuls, GELU and the residual adds treat tokens independently, so every
+ * layer runs them over tiles of K of the B*T rows; the shared recompute set's
+ * token-wise tensors (ln1, res2, ln2, fch, fch_gelu and the LayerNorm
+ * statistics) then hold one tile, K rows, and only attention's tensors (qkv,
+ * atty, att_lse) stay whole in it. The backward then needs the gradients of
+ * attention's output and of qkv whole: backward.datty (C) and backward.dqkv
+ * (3C) instead of the aliases over res2 and fch.
  */
 #ifndef REMAT_PLAN_H
 #define REMAT_PLAN_H
@@ -124,6 +133,7 @@ typedef struct {
     int logits_chunk_rows;  /* rows of (B*T, Vp) logits materialised at once */
     int micro_steps;        /* gradient accumulation: micro-steps per optimizer step (0 counts as 1) */
     int fp32_grad_sums;     /* low-precision storage: sum gradients added to more than once in fp32 (grads_fp32) */
+    int tile_tokens;        /* rows per token tile (0: untiled; more than B*T counts as B*T) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
 } PlanSpec;
@@ -145,6 +155,7 @@ typedef struct {
     size_t (*layer_act)[NUM_LAYER_ACTS]; /* [L][act]: arena offset each layer uses */
     size_t layer_stored_bytes_max;       /* largest per-layer kept bytes */
     size_t grad_act[NUM_GRAD_ACTS];      /* arena offsets of backward buffers */
+    size_t off_tile_datty, off_tile_dqkv; /* token tiles only: whole-sequence gradients of atty and qkv */
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
@@ -229,6 +240,25 @@ static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
     int is_stat;
     size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
     return plan_tokens_bytes(s, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
+}
+
+/* Rows of a token tile: K, at most B*T; 0 untiled. */
+static inline size_t plan_tile_rows(const PlanSpec* s) {
+    size_t N = (size_t)s->B * (size_t)s->T;
+    return s->tile_tokens <= 0 ? 0 : (size_t)s->tile_tokens < N ? (size_t)s->tile_tokens : N;
+}
+
+/* Whether activation `act` is computed token by token (and so tiles). */
+static inline int act_is_tokenwise(int act) { return act != ACT_X && act != ACT_QKV && act != ACT_ATTY && act != ACT_ATT_LSE; }
+
+/* Bytes of the shared recompute set's buffer for `act`: a tile of it with
+ * token tiles, else B*T tokens. */
+static inline size_t plan_shared_act_bytes(const PlanSpec* s, int act) {
+    size_t rows = plan_tile_rows(s);
+    if (!rows || !act_is_tokenwise(act)) return plan_act_bytes(s, act);
+    int is_stat;
+    size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
+    return size_mul_sat(rows, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
 }
 
 /* Bytes per token that one layer keeps under `mode` (the DESIGN.md table). */
@@ -329,7 +359,7 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
         if (!needs_shared[a]) continue;
         snprintf(name, sizeof(name), "recompute.%s", layer_act_names[a]);
-        size_t off = plan_add(p, name, SEC_SCRATCH, -1, plan_act_bytes(s, a));
+        size_t off = plan_add(p, name, SEC_SCRATCH, -1, plan_shared_act_bytes(s, a));
         for (int l = 0; l < L; l++)
             if (!layer_keeps(plan_layer_mode(s, l), a)) p->layer_act[l][a] = off;
     }
@@ -400,6 +430,10 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         snprintf(name, sizeof(name), "backward.%s", grad_act_names[g]);
         p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, plan_tokens_bytes(s, C * grad_act_width[g] * E));
     }
+    if (plan_tile_rows(s)) {
+        p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, C * E));
+        p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, 3 * C * E));
+    }
     size_t chunk_rows = (size_t)s->logits_chunk_rows < BT ? (size_t)s->logits_chunk_rows : BT;
     p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, size_mul_sat(chunk_rows, (size_t)s->cfg.padded_vocab_size * E));
     if (s->backend == BACKEND_CPU) { /* on a GPU these live in host memory, outside the device plan */
@@ -425,6 +459,7 @@ static inline void plan_validate_spec(const PlanSpec* s) {
     if (s->logits_chunk_rows < 1) fail("logits chunk must have at least one row");
     if (s->world_size < 1) fail("world size %d must be positive", s->world_size);
     if (s->zero_stage != 0 && s->zero_stage != 1) fail("ZeRO stage -z %d unsupported (0 or 1)", s->zero_stage);
+    if (s->tile_tokens < 0) fail("token tile --tile-tokens %d must not be negative", s->tile_tokens);
 }
 
 static inline void plan_build(MemoryPlan* p, const PlanSpec* spec) {

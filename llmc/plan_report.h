@@ -282,7 +282,7 @@ static inline size_t plan_shared_set_bytes(const PlanSpec* s, unsigned present) 
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
         int needed = 0;
         for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) needed |= (present >> m & 1) && !layer_keeps(m, a);
-        if (needed) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+        if (needed) b += ceil_div(plan_shared_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
     }
     return b;
 }
@@ -368,7 +368,7 @@ static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, si
         secs[PLAN_CODE_OFFLOAD + m] = secs[m] + offload_seconds(spec, &cm, m);
     }
     size_t fixed = plan_total_for(spec, RECOMPUTE_NONE, spec->B, spec->T) - (size_t)L * kept[0];
-    AutoChoice best, c;
+    AutoChoice best = {{0}, 0.0, 0}, c;
     int found = 0;
     for (int n1 = 0; n1 <= L; n1++)
         for (int n3 = 0; n1 + n3 <= L; n3++)
