@@ -45,6 +45,8 @@ typedef struct {
     const char* mem_budget;
     const char* cost_model;
     int offload_checkpoints;
+    const char* tile_tokens_flag; /* --tile-tokens as typed: 0, K or auto */
+    int tile_tokens;              /* resolved rows per token tile (0: untiled); a hyperparameter of the state */
     const char* host_mem_budget;
     const char* host_link;
     int zero_stage, master_weights;
@@ -116,6 +118,7 @@ static const FlagSpec flag_table[] = {
     {"--plan-processes", FLAG_INT, OPT(plan_processes), 0, 65536, FOR_BOTH, "--plan, --plan-json: plan for this many processes (per-process bytes; with -z 1 the optimizer state is sharded; 0: the processes running)"},
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
     {"--offload-checkpoints", FLAG_SWITCH, OPT(offload_checkpoints), 0, 1, FOR_BOTH, "keep what -r 1 and -r 3 layers keep (their input; -r 3 also attention's output) in host memory, copied out after the layer's forward and back during the backward; with -r auto: let it choose which layers offload"},
+    {"--tile-tokens", FLAG_STRING, OPT(tile_tokens_flag), 0, 0, FOR_CPU, "token tiles: LayerNorms, matmuls, GELU and residual adds over K of the B*T rows at a time, so the recompute set's token-wise tensors hold K rows (0: off; auto: off if the plan fits --mem-budget, else the largest power of two that fits)"},
     {"--host-mem-budget", FLAG_STRING, OPT(host_mem_budget), 0, 0, FOR_BOTH, "host memory for offloaded checkpoints (--plan, -r auto, and a run's check), e.g. 120GiB; default: available host memory within cgroup and ulimit -v limits"},
     {"--host-link", FLAG_STRING, OPT(host_link), 0, 0, FOR_BOTH, "device-host link of the time model, for offloading: pcie4|pcie5|nvlink-c2c or bytes/s per direction like 40e9 (default: the cost model's)"},
     {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200|gh200 or a calibration file (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
@@ -168,6 +171,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->mem_budget = "";
     o->cost_model = "";
     o->host_mem_budget = "";
+    o->tile_tokens_flag = "0";
     o->host_link = "";
     o->master_weights = 1;
     o->dropout = o->attn_dropout = o->resid_dropout = o->embd_dropout = -1.0f;
@@ -250,6 +254,14 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
     if (o->resume && o->supersede) fail("flags -y 1 and --supersede contradict each other (resume the checkpoints, or delete them)");
+    if (strcmp(o->tile_tokens_flag, "auto") != 0) {
+        char* end = NULL;
+        errno = 0;
+        long k = strtol(o->tile_tokens_flag, &end, 10);
+        if (end == o->tile_tokens_flag || *end || errno == ERANGE || k < 0 || k > INT_MAX)
+            fail("flag --tile-tokens: '%s' is not 0, a positive number of tokens, or auto", o->tile_tokens_flag);
+        o->tile_tokens = (int)k;
+    }
     if (o->offload_checkpoints && recompute_is_mix(o->recompute))
         fail("flags --offload-checkpoints and the mix -r %s: mark offloaded groups in the mix instead (like 1o:0-3)", o->recompute);
     if (o->plan_processes && !o->plan_only && !o->plan_json)

@@ -535,8 +535,8 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"layer_offload\": [");
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_offload[l]);
-    fprintf(out, "], \"host_total_bytes\": %zu, \"host_budget_bytes\": %zu, \"staging_slots\": %d, \"staging_bytes\": %zu, \"host_buffers\": [",
-            p->host_total_bytes, host_budget, p->staging_slots, p->staging_bytes);
+    fprintf(out, "], \"tile_tokens\": %d, \"host_total_bytes\": %zu, \"host_budget_bytes\": %zu, \"staging_slots\": %d, \"staging_bytes\": %zu, \"host_buffers\": [",
+            s->tile_tokens, p->host_total_bytes, host_budget, p->staging_slots, p->staging_bytes);
     for (int i = 0; i < p->num_host_entries; i++)
         fprintf(out, "%s{\"name\": \"%s\", \"bytes\": %zu}", i ? ", " : "", p->host_entries[i].name, p->host_entries[i].bytes);
     fprintf(out, "], \"total_bytes\": %zu, \"components\": {", p->total_bytes);

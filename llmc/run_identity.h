@@ -42,6 +42,8 @@ static const HparamSpec hparam_table[] = {
     /* appended later: a state saved before them has zeros here, which is what it ran with (no dropout) */
     {"--embd-dropout", HP_FLOAT, HP_OPT(embd_dropout)}, {"--attn-dropout", HP_FLOAT, HP_OPT(attn_dropout)},
     {"--resid-dropout", HP_FLOAT, HP_OPT(resid_dropout)},
+    /* a state saved before it has 0 here: untiled */
+    {"--tile-tokens", HP_INT, HP_OPT(tile_tokens)},
 };
 #define HPARAMS_BEFORE_DROPOUT 12
 #undef HP_OPT

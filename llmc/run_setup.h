@@ -188,6 +188,34 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
         fprintf(out, "recompute auto: host memory %.1f MiB of %.1f MiB (%s) for offloaded checkpoints\n", mib(host), mib(host_budget), host_source);
 }
 
+/* --tile-tokens auto: untiled when the plan (with -r auto, its choice)
+ * fits the budget, else the largest power-of-two tile that makes it fit, at
+ * least 64 rows (the smallest tried, also when none fits). */
+static inline int plan_fits_budget(const Run* run, PlanSpec* spec, size_t budget) {
+    if (strcmp(run->opt.recompute, "auto") != 0) return plan_total_for(spec, -1, spec->B, spec->T) <= budget;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)spec->cfg.num_layers, "tiles");
+    int fits = recompute_auto(spec, budget, modes) == 0;
+    free(modes);
+    return fits;
+}
+
+static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source);
+    int N = spec->B * spec->T, k = 0;
+    spec->tile_tokens = 0;
+    if (!plan_fits_budget(run, spec, budget)) {
+        for (k = 1; 2 * k <= N; k *= 2) {}
+        for (; k > 64; k /= 2) {
+            spec->tile_tokens = k;
+            if (plan_fits_budget(run, spec, budget)) break;
+        }
+    }
+    run->opt.tile_tokens = k;
+    fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n", k ? "on" : "off, the untiled plan fits", mib(budget), source);
+    if (k) fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d\n", k);
+}
+
 /* The host pool of offloaded checkpoints must fit the host budget: pinned
  * memory that does not fit would take the machine's memory from under it. */
 static inline void check_host_budget(const Run* run) {
@@ -265,6 +293,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     plan_validate_spec(&spec);
+    if (strcmp(run->opt.tile_tokens_flag, "auto") == 0) resolve_auto_tiles(run, &spec);
+    spec.tile_tokens = run->opt.tile_tokens;
     if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
     plan_build(&run->plan, &spec);
     if (run->plan.overflow)
