@@ -167,3 +167,84 @@ def test_run_refuses_a_host_pool_over_the_host_budget(tiny_shards, tmp_path):
                "-r", "1", "--offload-checkpoints", "--host-mem-budget", "1KiB"])
     assert res.returncode != 0
     assert res.stderr.strip().splitlines()[-1].startswith("error: offloaded checkpoints: the host pool needs"), res.stderr
+
+
+# ---- token tiles ----
+
+def model_files(out):
+    return {n: b for n, b in files(out).items() if n.startswith("model_")}
+
+
+@pytest.mark.parametrize("tile", ["5", "16"])
+def test_tiled_runs_write_identical_files(tiny_shards, tmp_path, tile):
+    """At a fixed tile size every -r setting, offloaded or not, writes the same
+    files (the state records the tile size); the model files equal the
+    untiled run's: on the CPU a tile changes no sum's order."""
+    drop = ["--dropout", "0.2", "-d", "128"]
+    untiled = tmp_path / "untiled"
+    train(tiny_shards, untiled, *drop)
+    got = {}
+    for name, flags in (("r0", ["-r", "0"]), ("r1", ["-r", "1"]), ("r3o", ["-r", "3o:all"]), ("mix", ["-r", "1o:0,2/2:1/3:3-4"])):
+        res = train(tiny_shards, tmp_path / name, *drop, "--tile-tokens", tile, *flags)
+        assert f"token tiles: {tile} of the 64 rows at a time (--tile-tokens {tile})" in res.stdout, res.stdout
+        got[name] = files(tmp_path / name)
+    for name in got:
+        assert got[name] == got["r0"], name
+    assert model_files(tmp_path / "r0") == model_files(untiled) and len(model_files(untiled)) >= 2
+    assert losses(tmp_path / "r1") == losses(untiled)
+
+
+def test_resume_with_another_tile_size_is_refused(tiny_shards, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_shards, out, "--tile-tokens", "5")
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin", "-b", "2",
+               "-t", "32", "-v", "2", "-m", "2", "-s", "0", "-l", "1e-3", "-x", "6", "-n", "2", "-o", out, "-y", "1", "--tile-tokens", "8"])
+    assert res.returncode != 0 and "--tile-tokens" in res.stderr.strip().splitlines()[-1], res.stderr
+
+
+def test_tiled_plan_holds_one_tile_of_the_token_wise_tensors():
+    flags, s = SHAPES["d12"]
+    C, NH, N, K = s["C"], s["NH"], 2 * 512, 100
+    d = plan_json(*flags, "-b", 2, "-t", 512, "-r", "1", "--tile-tokens", K)
+    sizes = {b["name"]: b["bytes"] for b in d["buffers"]}
+    assert d["tile_tokens"] == K
+    for name, width in (("ln1", C), ("ln1_mean", 1), ("res2", C), ("ln2", C), ("fch", 4 * C), ("fch_gelu", 4 * C)):
+        assert sizes[f"recompute.{name}"] == 4 * K * width, name
+    for name, width in (("qkv", 3 * C), ("atty", C), ("att_lse", NH)):
+        assert sizes[f"recompute.{name}"] == 4 * N * width, name
+    assert sizes["backward.datty"] == 4 * N * C and sizes["backward.dqkv"] == 4 * N * 3 * C
+    untiled = plan_json(*flags, "-b", 2, "-t", 512, "-r", "1")
+    saved = sum(a256(4 * N * k) - a256(4 * K * k) for k in (C, 1, 1, C, C, 1, 1, 4 * C, 4 * C)) - a256(4 * N * C) - a256(12 * N * C)
+    assert untiled["total_bytes"] - d["total_bytes"] == saved
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
+def test_bad_tile_flag_is_refused(bad):
+    res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", "--tile-tokens", bad, "--plan"])
+    assert res.returncode != 0 and "flag --tile-tokens" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+RSS = re.compile(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB\)")
+
+
+def test_tiles_lower_peak_rss_as_planned(tmp_path):
+    """-r 1 with many short sequences (attention is cheap, the token-wise
+    recompute set large): the tiled run's peak RSS is lower than the untiled
+    run's by most of what the plan saves, and each stays near its plan."""
+    import numpy as np
+    import datafile
+    data = tmp_path / "train.bin"
+    datafile.write_shard(data, np.random.default_rng(1).integers(0, 64, 200000))
+    shape = ["-e", "d6", "--layers", "1", "--channels", "64", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "64"]
+    got = {}
+    for tile in ("0", "256"):
+        res = run([binary("train_gpt_cpu"), *shape, "-i", data, "-j", "", "-b", "1024", "-t", "64", "-x", "1", "-s", "0", "-r", "1",
+                   "--tile-tokens", tile], check=True)
+        rss, planned = map(float, RSS.search(res.stdout).groups())
+        got[tile] = rss, planned
+    saved_plan = got["0"][1] - got["256"][1]
+    saved_rss = got["0"][0] - got["256"][0]
+    assert saved_plan > 90, got  # MiB: the token-wise set (11C+4 floats a token) less datty and dqkv (4C)
+    assert saved_rss > 0.75 * saved_plan, got
+    for rss, planned in got.values():
+        assert rss < planned + 80, got  # the program, libraries and the dataloader's shard beyond the plan
