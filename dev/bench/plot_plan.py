@@ -5,10 +5,11 @@
         [--seq-lens 1024,2048,4096,8192,16384,32768] [-o plan.png] [-- FLAGS...]
 
 For every sequence length and each recompute mode (-r 0 keep all, -r 2
-selective, -r 1 full) one bar, stacked from the plan's components:
+selective, -r 1 full, -r 1 with its checkpoints offloaded) one bar, stacked from the plan's components:
 parameters, gradients, optimizer state (AdamW m and v, plus the fp32 master
 weights of low-precision builds), activations, and scratch (the logits chunk,
-gradient buffers, staging; with the cuBLAS workspace). Horizontal lines mark 80
+gradient buffers, staging; with the cuBLAS workspace), then, hatched, the host
+memory of offloaded checkpoints (not on the device). Horizontal lines mark 80
 GB and 141 GB, the memory of an H100 and an H200. Every run of the trainer uses
 --max-seq-len = the longest sequence, so the parameters are the same in every
 bar. Flags after `--` go to the trainer (e.g. --layers 24 --channels 2048
@@ -27,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "dev"))
 from plot_log import LogError, pyplot, save_figure  # noqa: E402
-MODES = (("0", "-r 0"), ("2", "-r 2"), ("1", "-r 1"))
+MODES = (("0", "-r 0"), ("2", "-r 2"), ("1", "-r 1"), ("1o:all", "-r 1o"))
 # (label, plan components summed into it, colour)
 STACK = (("parameters", ("parameters",), "tab:blue"), ("gradients", ("gradients",), "tab:orange"),
          ("optimizer state", ("optimizer", "master_weights"), "tab:green"),
@@ -59,16 +60,21 @@ def draw(plans: dict, args, out: Path) -> None:
     plt = pyplot()
     seq_lens = sorted({T for T, _ in plans})
     fig, ax = plt.subplots(figsize=(max(8, 1.9 * len(seq_lens)), 6))
-    width = 0.27
+    width = 0.2
     for g, T in enumerate(seq_lens):
         for k, (mode, mode_label) in enumerate(MODES):
             p = plans[(T, mode)]
-            x = g + (k - 1) * width
+            x = g + (k - (len(MODES) - 1) / 2) * width
             bottom = 0.0
             for label, parts, color in STACK:
                 gb = sum(p["components"].get(c, 0) for c in parts) / 1e9
                 ax.bar(x, gb, width * 0.95, bottom=bottom, color=color, label=label if g == 0 and k == 0 else None)
                 bottom += gb
+            host = p.get("host_total_bytes", 0) / 1e9
+            if host:
+                ax.bar(x, host, width * 0.95, bottom=bottom, color="white", edgecolor="tab:purple", hatch="//",
+                       label="host memory (offloaded)" if g == 0 else None)
+                bottom += host
             ax.text(x, bottom, mode_label, ha="center", va="bottom", fontsize=7, rotation=90)
     for gb, label in LINES_GB:
         ax.axhline(gb, color="black", ls="--", lw=1)
@@ -76,7 +82,7 @@ def draw(plans: dict, args, out: Path) -> None:
     cfg = next(iter(plans.values()))["config"]
     elem = next(iter(plans.values()))["elem_bytes"]
     ax.set_xticks(range(len(seq_lens)), [str(T) for T in seq_lens])
-    ax.set_xlabel("sequence length T (bars: -r 0 keep all, -r 2 selective, -r 1 full recompute)")
+    ax.set_xlabel("sequence length T (bars: -r 0 keep all, -r 2 selective, -r 1 full recompute, -r 1 offloaded)")
     ax.set_ylabel("planned memory, GB (1e9 bytes)")
     ax.set_title(f"{' '.join(['-e', args.model, *args.extra])}: L={cfg['num_layers']} C={cfg['channels']} NH={cfg['num_heads']}, "
                  f"{cfg['num_parameters'] / 1e6:.0f}M parameters, B={args.b}, {elem}-byte storage "
