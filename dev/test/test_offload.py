@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import binary, run
+from conftest import REPO, binary, run
 from test_plan_cli import SHAPES, a256, independent_total
 
 # five layers: the staging ring's three slots wrap around
@@ -248,3 +248,36 @@ def test_tiles_lower_peak_rss_as_planned(tmp_path):
     assert saved_rss > 0.75 * saved_plan, got
     for rss, planned in got.values():
         assert rss < planned + 80, got  # the program, libraries and the dataloader's shard beyond the plan
+
+
+# ---- the numbers of docs/offload-and-tiles.md ----
+
+NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| ([0-9.]+) \|$", re.M)
+
+
+def test_docs_numbers_are_the_programs():
+    """Every row of the table: the plan at its T fits both budgets with the
+    device and host bytes and the -r choice printed, and at T+1 it does not
+    (unless T is --max-seq-len's limit)."""
+    exe = REPO / "train_gpt"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (make train_gpt needs nvcc); the table needs the GPU trainer's plan")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
+    lt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lt)
+    rows = NUMBERS_ROW.findall((REPO / "docs" / "offload-and-tiles.md").read_text())
+    assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
+    host = 120 << 30
+    for model, card, tech, T, limit, dev_gib, host_gib, flag, _ in rows:
+        cost_model, mib = lt.CARDS[card]
+        budget, T = (mib - lt.HEADROOM_MIB) << 20, int(T)
+        args = (lt.MODELS[model], lt.TECHNIQUES[tech])
+        d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
+        assert lt.fits(d, budget, host), (model, card, tech, T)
+        assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib
+        assert d["recompute"] == flag
+        if limit:
+            assert T == lt.MAX_T
+        else:
+            assert not lt.fits(lt.plan(str(exe), args[0], T + 1, args[1], budget, host, cost_model), budget, host), (model, card, tech, T)
