@@ -521,6 +521,7 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
     plan_print_chosen_time(p, out);
 }
 
+/* host_budget 0: not asked for (no offloading in sight), printed as null. */
 static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t host_budget, FILE* out) {
     const PlanSpec* s = &p->spec;
     const ModelConfig* c = &s->cfg;
@@ -535,8 +536,10 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"layer_offload\": [");
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_offload[l]);
-    fprintf(out, "], \"tile_tokens\": %d, \"host_total_bytes\": %zu, \"host_budget_bytes\": %zu, \"staging_slots\": %d, \"staging_bytes\": %zu, \"host_buffers\": [",
-            s->tile_tokens, p->host_total_bytes, host_budget, p->staging_slots, p->staging_bytes);
+    fprintf(out, "], \"tile_tokens\": %d, \"host_total_bytes\": %zu, \"host_budget_bytes\": ", s->tile_tokens, p->host_total_bytes);
+    if (host_budget) fprintf(out, "%zu", host_budget);
+    else fprintf(out, "null");
+    fprintf(out, ", \"staging_slots\": %d, \"staging_bytes\": %zu, \"host_buffers\": [", p->staging_slots, p->staging_bytes);
     for (int i = 0; i < p->num_host_entries; i++)
         fprintf(out, "%s{\"name\": \"%s\", \"bytes\": %zu}", i ? ", " : "", p->host_entries[i].name, p->host_entries[i].bytes);
     fprintf(out, "], \"total_bytes\": %zu, \"components\": {", p->total_bytes);

@@ -233,7 +233,9 @@ static inline void maybe_print_plan_and_exit(const Run* run) {
     const char* source = "";
     const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
-    size_t host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
+    /* the host budget where it matters (it varies with the machine's free memory) */
+    int host_matters = run->plan.host_total_bytes || run->opt.offload_checkpoints || run->opt.host_mem_budget[0];
+    size_t host_budget = host_matters ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (run->opt.plan_json) {
         plan_print_json(&run->plan, budget, host_budget, stdout);
     } else {
