@@ -880,7 +880,7 @@ static void check_dropout_kernels(size_t n, int shift) {
     float *x = rand_rounded(n, 5200, 1.0f, 0), *res = rand_rounded(n, 5201, 1.0f, 0), *want = alloc_floats(n), *got = alloc_floats(n);
     floatX *bx, *br;
     floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_res = gpu_put_shifted(res, n, shift, &br);
-    dropout_mask(want, x, n, &site);
+    dropout_mask(want, x, 0, n, &site);
     gpu_dropout_mask(d_x, d_x, n, &site, 0);
     gpu_fetch(got, d_x, n);
     size_t zeros_differ = 0;
@@ -890,7 +890,7 @@ static void check_dropout_kernels(size_t n, int shift) {
     expect(zeros_differ == 0, "  the CPU's elements dropped, no other", (double)zeros_differ);
     CUDA_CHECK(cudaFree(bx));
     d_x = gpu_put_shifted(x, n, shift, &bx);
-    residual_add(want, x, res, n, &site);
+    residual_add(want, x, res, 0, n, &site);
     gpu_dropout_residual(d_x, d_x, d_res, n, &site, 0);
     gpu_fetch(got, d_x, n);
     check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
