@@ -367,7 +367,7 @@ static inline void parse_recompute(const char* r, const char* layers, int L, uns
         if (p[0] < '0' || p[0] > '3' || p[1 + off] != ':')
             fail("flag -r: '%s': each group is MODE:LAYERS with MODE 0-3 (1o, 3o: offloaded), groups separated by / (like 1:0-3/3:4-11)", r);
         unsigned char mode = (unsigned char)(p[0] - '0');
-        if (off && mode != RECOMPUTE_FULL && mode != RECOMPUTE_KEEP_ATTENTION)
+        if (off && mode != 1 && mode != 3) /* plan.h's mode_can_offload: full recompute, and full with attention kept */
             fail("flag -r: '%s': only -r 1 and -r 3 layers offload (%do: the layer keeps its activations on the device)", r, mode);
         p += 2 + off;
         memset(group, 0, (size_t)L);
