@@ -881,7 +881,7 @@ static void check_dropout_kernels(size_t n, int shift) {
     floatX *bx, *br;
     floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_res = gpu_put_shifted(res, n, shift, &br);
     TokenLayout flat = {1, 0, 1}; /* the n values as one row: element e is e */
-    dropout_mask(want, x, 1, (int)n, &flat, &site);
+    dropout_mask(want, x, 0, 1, (int)n, &flat, &site);
     gpu_dropout_mask(d_x, d_x, n, &site, 0);
     gpu_fetch(got, d_x, n);
     size_t zeros_differ = 0;
@@ -891,7 +891,7 @@ static void check_dropout_kernels(size_t n, int shift) {
     expect(zeros_differ == 0, "  the CPU's elements dropped, no other", (double)zeros_differ);
     CUDA_CHECK(cudaFree(bx));
     d_x = gpu_put_shifted(x, n, shift, &bx);
-    residual_add(want, x, res, 1, (int)n, &flat, &site);
+    residual_add(want, x, res, 0, 1, (int)n, &flat, &site);
     gpu_dropout_residual(d_x, d_x, d_res, n, &site, 0);
     gpu_fetch(got, d_x, n);
     check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);

@@ -367,7 +367,7 @@ static void layernorm_backward(real* dx, real* dw, real* db, const real* dout, c
         real gw = dw[c], gb = db[c];
         for (int n = 0; n < N; n++) {
             real dv = dout[(size_t)n * C + c];
-            gw += dv * (x[(size_t)n * C + c] - mean[n]) * rstd[n];
+            gw = madd(gw, dv * (x[(size_t)n * C + c] - mean[n]), rstd[n]);
             gb += dv;
         }
         dw[c] = gw;
@@ -560,65 +560,57 @@ static inline real dropout_value(const DropoutSite* s, const uint32_t* words, si
     return dropout_keeps(s, words, (int)(e & 7)) ? v * (real)s->scale : 0;
 }
 
-/* dst = src with site s's mask and scale (in place when dst == src), over
- * `rows` token rows of C: element c of row n is element token_global_row(n)
- * * C + c of the whole batch, so a rank holding some of a sequence's tokens
- * draws the bits one process holding all of them draws. Whole sequences
- * (parts 1) take the flat loop, element e being e: one generator call per 8
- * elements, and the arithmetic (so the bits) of every run before context
- * parallelism. */
-static void dropout_mask(real* dst, const real* src, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
-    size_t n = rows * (size_t)C;
-    if (lay->parts == 1) {
-        #pragma omp parallel for schedule(static)
-        for (size_t g = 0; g < (n + 7) / 8; g++) {
-            uint32_t w[4];
-            dropout_draws(s, g, w);
-            for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) dst[e] = dropout_value(s, w, e, src[e]);
-        }
-        return;
-    }
-    #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < rows; r++) {
-        size_t e0 = token_global_row(lay, r) * (size_t)C;
-        uint32_t w[4];
-        for (int c = 0; c < C; c++) {
-            size_t e = e0 + (size_t)c, i = r * (size_t)C + (size_t)c;
-            if (c == 0 || (e & 7) == 0) dropout_draws(s, e >> 3, w);
-            dst[i] = dropout_value(s, w, e, src[i]);
-        }
-    }
+/* The mask of site s on `rows` token rows of C from local row r0 (a token
+ * tile's, or all of them): element c of local row r is element
+ * token_global_row(r) * C + c of the whole batch, so a rank holding some of
+ * a sequence's tokens (context parallelism) draws the bits one process
+ * holding all of them draws. Whole sequences (parts 1) number elements
+ * contiguously from e0 = r0 C: one generator call per 8 elements. BODY
+ * handles local element i (from the first row given), global element e,
+ * with the call's words w. */
+#define DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, BODY)                                              \
+    do {                                                                                               \
+        if ((lay)->parts == 1) {                                                                       \
+            size_t e0_ = (r0) * (size_t)(C), n_ = (rows) * (size_t)(C);                                \
+            _Pragma("omp parallel for schedule(static)")                                               \
+            for (size_t g = e0_ / 8; g < (e0_ + n_ + 7) / 8; g++) {                                    \
+                uint32_t w[4];                                                                         \
+                dropout_draws((s), g, w);                                                              \
+                size_t lo = g * 8 > e0_ ? g * 8 : e0_, hi = g * 8 + 8 < e0_ + n_ ? g * 8 + 8 : e0_ + n_; \
+                for (size_t e = lo; e < hi; e++) { size_t i = e - e0_; BODY; }                         \
+            }                                                                                          \
+        } else {                                                                                       \
+            _Pragma("omp parallel for schedule(static)")                                               \
+            for (size_t r = 0; r < (rows); r++) {                                                      \
+                size_t ge0 = token_global_row((lay), (r0) + r) * (size_t)(C);                          \
+                uint32_t w[4];                                                                         \
+                for (int c = 0; c < (C); c++) {                                                        \
+                    size_t e = ge0 + (size_t)c, i = r * (size_t)(C) + (size_t)c;                       \
+                    if (c == 0 || (e & 7) == 0) dropout_draws((s), e >> 3, w);                         \
+                    BODY;                                                                              \
+                }                                                                                      \
+            }                                                                                          \
+        }                                                                                              \
+    } while (0)
+
+/* dst = src with site s's mask and scale (in place when dst == src), rows
+ * [r0, r0+rows) of C (dst and src point at the first of them). */
+static void dropout_mask(real* dst, const real* src, size_t r0, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
+    DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, dst[i] = dropout_value(s, w, e, src[i]));
 }
 
-/* out = branch + res over rows x C, the branch dropped at site s first (out
- * may be branch; elements numbered as in dropout_mask): a residual add;
- * without dropout the plain sum, so results are bitwise those of a model
- * that has no dropout. */
-static void residual_add(real* out, const real* branch, const real* res, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
+/* out = branch + res, the branch dropped at site s first (out may be branch),
+ * rows [r0, r0+rows) of C as in dropout_mask: a residual add; without
+ * dropout the plain sum, so results are bitwise those of a model that has no
+ * dropout. */
+static void residual_add(real* out, const real* branch, const real* res, size_t r0, size_t rows, int C, const TokenLayout* lay,
+                         const DropoutSite* s) {
     size_t n = rows * (size_t)C;
     if (!s->threshold) {
         for (size_t i = 0; i < n; i++) out[i] = branch[i] + res[i];
         return;
     }
-    if (lay->parts == 1) {
-        #pragma omp parallel for schedule(static)
-        for (size_t g = 0; g < (n + 7) / 8; g++) {
-            uint32_t w[4];
-            dropout_draws(s, g, w);
-            for (size_t e = g * 8; e < n && e < g * 8 + 8; e++) out[e] = dropout_value(s, w, e, branch[e]) + res[e];
-        }
-        return;
-    }
-    #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < rows; r++) {
-        size_t e0 = token_global_row(lay, r) * (size_t)C;
-        uint32_t w[4];
-        for (int c = 0; c < C; c++) {
-            size_t e = e0 + (size_t)c, i = r * (size_t)C + (size_t)c;
-            if (c == 0 || (e & 7) == 0) dropout_draws(s, e >> 3, w);
-            out[i] = dropout_value(s, w, e, branch[i]) + res[i];
-        }
-    }
+    DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, out[i] = dropout_value(s, w, e, branch[i]) + res[i]);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -631,6 +623,7 @@ typedef struct {
     ModelConfig cfg;
     const MemoryPlan* plan;
     char* arena;
+    char* host_pool;             /* offloaded checkpoints (plan.h): a second allocation, standing in for pinned memory */
     real* params;
     real* grads;
     float* adam_m;
@@ -648,6 +641,9 @@ typedef struct {
     real* logits;                /* (chunk rows, Vp) */
     int logits_rows;
     real* grad_act[NUM_GRAD_ACTS];
+    int tile_rows;               /* token tiles: rows per tile (0: untiled, one tile of B*T rows) */
+    real* tile_datty;            /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
+    real* tile_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
     ContextGroups cp;            /* context parallelism: this rank's place in its group (degree 1: off) */
@@ -700,7 +696,14 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
         plan_oom_report(plan, available_host_memory(), "host");
         fail("out of host memory: the plan needs %.1f MiB", mib(plan->total_bytes));
     }
+    if (plan->host_total_bytes && posix_memalign((void**)&m->host_pool, PLAN_ALIGN, plan->host_total_bytes) != 0)
+        fail("out of host memory: offloaded checkpoints need %.1f MiB", mib(plan->host_total_bytes));
     TRAINER_CARVE_ARENA(m, plan, real, real);
+    m->tile_rows = (int)plan_tile_rows(&plan->spec);
+    if (m->tile_rows) {
+        m->tile_datty = (real*)(m->arena + plan->off_tile_datty);
+        m->tile_dqkv = (real*)(m->arena + plan->off_tile_dqkv);
+    }
     memset(m->grads, 0, plan->num_params * sizeof(real));
     memset(m->adam_m, 0, plan->shard_params * sizeof(float));
     memset(m->adam_v, 0, plan->shard_params * sizeof(float));
@@ -822,108 +825,213 @@ static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real*
     else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop);
 }
 
-/* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
-static void block_forward_qkv(CpuModel* m, int l) {
-    int C = m->cfg.channels, N = m->B * m->T;
-    BlockTensors w = layer_params(m, l);
-    real* ln1 = act(m, l, ACT_LN1);
-    layernorm_forward(ln1, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), act(m, l, ACT_X), w.ln1w, w.ln1b, N, C);
-    matmul_forward(act(m, l, ACT_QKV), ln1, w.qkvw, w.qkvb, N, C, 3 * C);
+/* Rows [r0, ...) of layer l's activation a: with token tiles, a tensor the
+ * layer does not keep and that is computed token by token lives in a buffer
+ * of one tile, which holds the current tile's rows from its start. */
+static inline real* act_rows(const CpuModel* m, int l, int a, int r0) {
+    int is_stat;
+    size_t width = layer_act_per_token(a, &m->cfg, &is_stat);
+    int one_tile = m->tile_rows && act_is_tokenwise(a) && !layer_keeps(m->plan->spec.layer_mode[l], a);
+    return act(m, l, a) + (one_tile ? 0 : (size_t)r0 * width);
 }
 
-/* Block l after attention, from x and the attention output: projection,
- * residual, LN2, FC and GELU; `out` (the next layer's x) receives the block
- * output, or with out == NULL it stops after the GELU: that is the
- * recomputation for backward, which needs nothing later than that. Each
- * branch is dropped before its residual add (GPT-2's resid_pdrop). */
-static void block_forward_mlp(CpuModel* m, int l, real* out) {
-    int C = m->cfg.channels, N = m->B * m->T;
+/* The tiles of the current call: rows per tile, all B*T rows untiled. */
+static inline int tile_rows(const CpuModel* m) {
+    int N = m->B * m->T;
+    return m->tile_rows && m->tile_rows < N ? m->tile_rows : N;
+}
+#define FOR_TILES(m, r0, n) for (int r0 = 0, n = 0, N_ = (m)->B * (m)->T; r0 < N_ && (n = r0 + tile_rows(m) < N_ ? tile_rows(m) : N_ - r0, 1); r0 += n)
+
+/* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
+static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
+    int C = m->cfg.channels;
     BlockTensors w = layer_params(m, l);
-    real* x = act(m, l, ACT_X);
-    real* res2 = act(m, l, ACT_RES2);
-    real* ln2 = act(m, l, ACT_LN2);
-    real* fch = act(m, l, ACT_FCH);
-    real* fch_gelu = act(m, l, ACT_FCH_GELU);
+    real* ln1 = act_rows(m, l, ACT_LN1, r0);
+    layernorm_forward(ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w,
+                      w.ln1b, n, C);
+    matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C);
+}
+
+/* Block l after attention, rows [r0, r0+n), from x and the attention
+ * output: projection, residual, LN2, FC and GELU; `out` (the next layer's x,
+ * all rows) receives the block output, or with out == NULL it stops after
+ * the GELU: that is the recomputation for backward, which needs nothing
+ * later than that. Each branch is dropped before its residual add (GPT-2's
+ * resid_pdrop). */
+static void block_forward_mlp(CpuModel* m, int l, int r0, int n, real* out) {
+    int C = m->cfg.channels;
+    size_t e0 = (size_t)r0 * C;
+    BlockTensors w = layer_params(m, l);
+    real* x = act_rows(m, l, ACT_X, r0);
+    real* res2 = act_rows(m, l, ACT_RES2, r0);
+    real* ln2 = act_rows(m, l, ACT_LN2, r0);
+    real* fch = act_rows(m, l, ACT_FCH, r0);
+    real* fch_gelu = act_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    matmul_forward(res2, act(m, l, ACT_ATTY), w.attprojw, w.attprojb, N, C, C);
-    residual_add(res2, res2, x, (size_t)N, C, &m->layout, &resid_attn);
-    layernorm_forward(ln2, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C);
-    matmul_forward(fch, ln2, w.fcw, w.fcb, N, C, 4 * C);
-    gelu_forward(fch_gelu, fch, (size_t)N * 4 * C);
+    matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C);
+    residual_add(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn);
+    layernorm_forward(ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C);
+    matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C);
+    gelu_forward(fch_gelu, fch, (size_t)n * 4 * C);
     if (!out) return;
-    matmul_forward(out, fch_gelu, w.fcprojw, w.fcprojb, N, 4 * C, C);
-    residual_add(out, out, res2, (size_t)N, C, &m->layout, &resid_mlp);
+    matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C);
+    residual_add(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp);
 }
 
-/* Block l forward from its stored input x; out as in block_forward_mlp. */
-static void block_forward(CpuModel* m, int l, real* out) {
+static void block_attention_forward(CpuModel* m, int l) {
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    block_forward_qkv(m, l);
     layer_attention_forward(m, l, &att);
-    block_forward_mlp(m, l, out);
 }
 
-/* Refills what layer l did not keep, from what it did (docs/DESIGN.md, -r 1, 2, 3). */
-static void block_recompute(CpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
-    if (mode == RECOMPUTE_FULL) { block_forward(m, l, NULL); return; }
-    if (mode == RECOMPUTE_KEEP_ATTENTION) { block_forward_qkv(m, l); block_forward_mlp(m, l, NULL); return; }
-    if (mode != RECOMPUTE_SELECTIVE) return;
-    BlockTensors w = layer_params(m, l);
-    layernorm_apply(act(m, l, ACT_LN1), act(m, l, ACT_X), act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD),
-                    w.ln1w, w.ln1b, N, C);
-    layernorm_apply(act(m, l, ACT_LN2), act(m, l, ACT_RES2), act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD),
-                    w.ln2w, w.ln2b, N, C);
-    gelu_forward(act(m, l, ACT_FCH_GELU), act(m, l, ACT_FCH), (size_t)N * 4 * C);
+/* Block l forward from its stored input x, tile by tile but for attention. */
+static void block_forward(CpuModel* m, int l, real* out) {
+    FOR_TILES(m, r0, n) block_forward_qkv(m, l, r0, n);
+    block_attention_forward(m, l);
+    FOR_TILES(m, r0, n) block_forward_mlp(m, l, r0, n, out);
 }
 
-/* The gradient a dropped residual branch receives: dres itself without
- * dropout, else dres masked and scaled into dln, which is free then. */
-static const real* branch_grad(CpuModel* m, const DropoutSite* s) {
-    real* dres = m->grad_act[GRAD_DRES];
+/* The gradient a dropped residual branch receives, rows [r0, r0+n): dres
+ * itself without dropout, else dres masked and scaled into dln, which is
+ * free then. */
+static const real* branch_grad(CpuModel* m, const DropoutSite* s, int r0, int n) {
+    size_t e0 = (size_t)r0 * m->cfg.channels;
+    real* dres = m->grad_act[GRAD_DRES] + e0;
     if (!s->threshold) return dres;
-    dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T, m->cfg.channels, &m->layout, s);
-    return m->grad_act[GRAD_DLN];
+    dropout_mask(m->grad_act[GRAD_DLN] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s);
+    return m->grad_act[GRAD_DLN] + e0;
 }
 
-/* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
-static void block_backward(CpuModel* m, int l) {
-    int C = m->cfg.channels, N = m->B * m->T;
+/* What layer l did not keep of rows [r0, r0+n) after attention (-r 1, 3:
+ * the block from the projection to the GELU; -r 2: LN2 and GELU). */
+static void block_recompute_mlp(CpuModel* m, int l, int r0, int n) {
+    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    BlockTensors w = layer_params(m, l);
+    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) { block_forward_mlp(m, l, r0, n, NULL); return; }
+    if (mode != RECOMPUTE_SELECTIVE) return;
+    layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
+                    act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
+    gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
+}
+
+/* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
+ * the kept statistics; -r 1 and 3 again from x when another tile has been
+ * through the buffer since (else it still holds these rows). */
+static void block_recompute_ln1(CpuModel* m, int l, int r0, int n, int tiles) {
+    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    BlockTensors w = layer_params(m, l);
+    real *ln1 = act_rows(m, l, ACT_LN1, r0), *x = act_rows(m, l, ACT_X, r0);
+    real *mean = act_rows(m, l, ACT_LN1_MEAN, r0), *rstd = act_rows(m, l, ACT_LN1_RSTD, r0);
+    if (mode == RECOMPUTE_SELECTIVE) layernorm_apply(ln1, x, mean, rstd, w.ln1w, w.ln1b, n, C);
+    else if (mode != RECOMPUTE_NONE && tiles > 1) layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C);
+}
+
+/* Rows [r0, r0+n) of the block's backward after its output (with what it
+ * did not keep of them recomputed first): the MLP, LN2 and the attention
+ * projection, down to the gradient of attention's output; dres (N,C) rows
+ * go from the gradient w.r.t. the block output to that w.r.t. the
+ * attention residual. */
+static void block_backward_mlp(CpuModel* m, int l, int r0, int n, real* datty) {
+    int C = m->cfg.channels;
     BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
-    real* dres = m->grad_act[GRAD_DRES];
-    real* dln = m->grad_act[GRAD_DLN];
-    /* written over activations whose last reader is done (plan.h) */
-    real* dfch = act(m, l, ACT_FCH_GELU);
-    real* datty = act(m, l, ACT_RES2);
-    real* dqkv = act(m, l, ACT_FCH);
+    real* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
+    real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
+    real* dfch = act_rows(m, l, ACT_FCH_GELU, r0); /* over the GELU output, once its weight gradient has read it */
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
+    block_recompute_mlp(m, l, r0, n);
+    const real* dbranch = branch_grad(m, &resid_mlp, r0, n);
+    matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C);
+    matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C);
+    gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
+    matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C);
+    matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C);
+    layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
+                       act_rows(m, l, ACT_LN2_RSTD, r0), n, C);
+    dbranch = branch_grad(m, &resid_attn, r0, n);
+    matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C);
+    matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C);
+}
+
+/* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
+ * and LN1; dres rows become the gradient w.r.t. the block input x. */
+static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, const real* dqkv) {
+    int C = m->cfg.channels;
+    BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
+    real* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
+    real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
+    dqkv += (size_t)r0 * 3 * C;
+    block_recompute_ln1(m, l, r0, n, tiles);
+    matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C);
+    matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C);
+    layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
+                       act_rows(m, l, ACT_LN1_RSTD, r0), n, C);
+}
+
+/* Layer l's recompute and backward: attention's inputs whole (qkv, with -r 1
+ * attention's output too), then tile by tile the MLP down to the gradient of
+ * attention's output, attention's backward, and tile by tile QKV and LN1;
+ * weight gradients add up over the tiles in row order, as in one pass.
+ * Untiled, the gradients of attention's output and of qkv go over the
+ * layer's res2 and fch (plan.h), whose last readers are done by then.
+ * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
+static void block_backward(CpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, tiles = (N + tile_rows(m) - 1) / tile_rows(m);
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    const real* dbranch = branch_grad(m, &resid_mlp);
-    matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act(m, l, ACT_FCH_GELU), N, 4 * C, C);
-    matmul_backward_input(dfch, dbranch, w.fcprojw, N, 4 * C, C);
-    gelu_backward(dfch, act(m, l, ACT_FCH), (size_t)N * 4 * C);
-    matmul_backward_input(dln, dfch, w.fcw, N, C, 4 * C);
-    matmul_backward_weight(dw.fcw, dw.fcb, dfch, act(m, l, ACT_LN2), N, C, 4 * C);
-    layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act(m, l, ACT_RES2),
-                       w.ln2w, act(m, l, ACT_LN2_MEAN), act(m, l, ACT_LN2_RSTD), N, C);
-    dbranch = branch_grad(m, &resid_attn);
-    matmul_backward_input(datty, dbranch, w.attprojw, N, C, C);
-    matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act(m, l, ACT_ATTY), N, C, C);
+    real* datty = m->tile_rows ? m->tile_datty : act(m, l, ACT_RES2);
+    real* dqkv = m->tile_rows ? m->tile_dqkv : act(m, l, ACT_FCH);
+    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) FOR_TILES(m, r0, n) block_forward_qkv(m, l, r0, n);
+    if (mode == RECOMPUTE_FULL) block_attention_forward(m, l);
+    FOR_TILES(m, r0, n) block_backward_mlp(m, l, r0, n, datty);
     layer_attention_backward(m, l, dqkv, datty, &att);
-    matmul_backward_input(dln, dqkv, w.qkvw, N, C, 3 * C);
-    matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act(m, l, ACT_LN1), N, C, 3 * C);
-    layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act(m, l, ACT_X),
-                       w.ln1w, act(m, l, ACT_LN1_MEAN), act(m, l, ACT_LN1_RSTD), N, C);
+    FOR_TILES(m, r0, n) block_backward_qkv(m, l, r0, n, tiles, dqkv);
+}
+
+/* ------------------------------------------------------------------------ */
+/* offloaded checkpoints (plan.h): the GPU's copies, done in place here, so  */
+/* that the plan's staging ring and host pool are exercised bit for bit      */
+
+/* Bytes of layer activation `a` for the current call's B*T tokens. */
+static size_t act_call_bytes(const CpuModel* m, int a) {
+    int is_stat;
+    return (size_t)m->B * m->T * layer_act_per_token(a, &m->cfg, &is_stat) * sizeof(real);
+}
+
+/* Copies layer l's offloaded tensors between its staging slot and the host
+ * pool. A slot released (after the copy out, or after the layer's backward)
+ * is filled with NaN, as a GPU slot would hold another layer's tensors: a
+ * read without its prefetch poisons the result instead of passing. */
+static void offload_copy(CpuModel* m, int l, int to_host) {
+    int mode = m->plan->spec.layer_mode[l], off = m->plan->spec.layer_offload[l];
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        if (!layer_offloads(mode, off, a)) continue;
+        char* slot = m->arena + m->plan->layer_act[l][a];
+        char* host = m->host_pool + m->plan->host_act[l][a];
+        memcpy(to_host ? host : slot, to_host ? slot : host, act_call_bytes(m, a));
+    }
+}
+
+static void offload_release(CpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], off = m->plan->spec.layer_offload[l];
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        if (!layer_offloads(mode, off, a)) continue;
+        real* slot = (real*)(m->arena + m->plan->layer_act[l][a]);
+        size_t n = act_call_bytes(m, a) / sizeof(real);
+        for (size_t i = 0; i < n; i++) slot[i] = (real)NAN;
+    }
 }
 
 /* Embeddings (dropped: layer 0's x holds the dropped sum), all blocks, final
- * LayerNorm, for the B*T tokens in inputs. */
+ * LayerNorm, for the B*T tokens in inputs. An offloaded layer's tensors go
+ * to the host pool right after its block. */
 static void model_forward(CpuModel* m, const int* inputs) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout);
-    if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), (size_t)N, C, &m->layout, &embd);
-    for (int l = 0; l < L; l++) block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
+    if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd);
+    for (int l = 0; l < L; l++) {
+        block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
+        offload_copy(m, l, 1);
+        offload_release(m, l);
+    }
     layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C);
 }
 
@@ -976,12 +1084,15 @@ static void model_backward(CpuModel* m, const int* inputs) {
     memset(dres, 0, (size_t)N * C * sizeof(real));
     layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->grad_act[GRAD_DLN], m->final_res, m->p.lnfw,
                        m->lnf_mean, m->lnf_rstd, N, C);
-    for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
-        block_recompute(m, l);
+    int L = m->cfg.num_layers;
+    if (L > 0) offload_copy(m, L - 1, 0);
+    for (int l = L - 1; l >= 0; l--) {
+        if (l > 0) offload_copy(m, l - 1, 0); /* the GPU's prefetch, during layer l's work */
         block_backward(m, l);
+        offload_release(m, l);
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
-    if (embd.threshold) dropout_mask(dres, dres, (size_t)N, C, &m->layout, &embd);
+    if (embd.threshold) dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd);
     encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, C, &m->layout);
 }
 
@@ -1208,6 +1319,7 @@ static void cpu_model_free(CpuModel* m) {
     ring_free(&m->ring);
 #endif
     free(m->arena);
+    free(m->host_pool);
     memset(m, 0, sizeof(*m));
 }
 
@@ -1227,6 +1339,7 @@ int main(int argc, char** argv) {
     cpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);
+    free(run.layer_offload);
     proc_finalize();
     return 0;
 }

@@ -37,6 +37,7 @@
 #include "llmc/grad_accum.cuh"
 #include "llmc/profile.cuh"
 #include "llmc/nvtx_regions.cuh"
+#include "llmc/offload.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -113,6 +114,7 @@ typedef struct {
     Profiler prof; /* REMAT_PROFILE (profile.cuh); inactive unless main sets it up */
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
+    Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
 } GpuModel;
 
 /* Site `kind` of layer l in the running pass (threshold 0: no dropout). */
@@ -185,6 +187,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     }
     m->used_arena = gpu_used_memory();
     nvtx_register_plan(plan, m->arena);
+    offload_create(&m->off, plan, m->arena, m->stream);
     size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
     m->mm.workspace = ws_bytes ? m->arena + ws_off : NULL;
     m->mm.workspace_bytes = ws_bytes;
@@ -222,6 +225,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
 static void gpu_model_free(GpuModel* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
     gpu_matmul_destroy(&m->mm);
+    offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
     void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits};
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) CUDA_CHECK(cudaFreeHost(pinned[i]));
@@ -339,15 +343,22 @@ static void gpu_block_backward(GpuModel* m, int l) {
 }
 
 /* Embeddings (dropped in place: layer 0's x holds the dropped sum), all
- * blocks, final LayerNorm, for the B*T tokens in inputs. */
+ * blocks, final LayerNorm, for the B*T tokens in inputs. An offloaded
+ * layer's tensors go to the host on the copy stream after its block, and a
+ * staging slot is written only once its last copy out is done. */
 static void gpu_model_forward(GpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
+    offload_acquire(&m->off, 0);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, m->T, C, m->stream);
     if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), (size_t)N * C, &embd, m->stream);
-    for (int l = 0; l < L; l++) gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
+    for (int l = 0; l < L; l++) {
+        if (l + 1 < L) offload_acquire(&m->off, l + 1);
+        gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
+        offload_forward_done(&m->off, l, m->B, m->T);
+    }
     gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C, m->stream);
     prof_end(&m->prof, PROF_FORWARD, m->stream);
 }
@@ -400,12 +411,17 @@ static void gpu_model_backward(GpuModel* m) {
     CUDA_CHECK(cudaMemsetAsync(dres, 0, (size_t)N * C * sizeof(floatX), m->stream));
     gpu_layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
                            m->p.lnfw, m->lnf_mean, m->lnf_rstd, N, C, m->stream);
-    for (int l = m->cfg.num_layers - 1; l >= 0; l--) {
+    int L = m->cfg.num_layers;
+    offload_prefetch(&m->off, L - 1, m->B, m->T);
+    for (int l = L - 1; l >= 0; l--) {
         int recomputed = m->plan->spec.layer_mode[l] != RECOMPUTE_NONE;
+        if (l > 0) offload_prefetch(&m->off, l - 1, m->B, m->T); /* under layer l's recompute and backward */
+        offload_ready(&m->off, l);
         if (recomputed) prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_recompute(m, l);
         if (recomputed) prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_backward(m, l);
+        offload_release(&m->off, l, m->B, m->T);
         gpu_fold_grads(m, l);
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
@@ -417,6 +433,7 @@ static void gpu_model_backward(GpuModel* m) {
     else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
     gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
+    offload_finish(&m->off);
     prof_end(&m->prof, PROF_BACKWARD, m->stream);
 }
 
@@ -500,6 +517,7 @@ static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) 
     m->T = m->plan->spec.T;
     gpu_upload_tokens(m, inputs, targets);
     gpu_model_forward(m);
+    offload_finish(&m->off);
     gpu_classifier(m, 0.0f);
     return gpu_mean_loss(m);
 }
@@ -541,6 +559,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     m->T = T;
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
+    offload_finish(&m->off);
     gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p.wte, NULL, NULL, 1, C, Vp, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
     gpu_wait(m);
@@ -858,6 +877,7 @@ int main(int argc, char** argv) {
     gpu_model_free(&m);
     plan_free(&run.plan);
     free(run.layer_mode);
+    free(run.layer_offload);
     proc_finalize();
     return 0;
 }

@@ -148,6 +148,7 @@ typedef struct {
     ContextGroups cp;         /* context parallelism: groups of cp.degree ranks share each sequence */
     int grad_accum;
     unsigned char* layer_mode;
+    unsigned char* layer_offload; /* per layer: kept tensors in host memory (plan.h) */
     MemoryPlan plan;
     size_t io_chunk_floats;   /* size of Backend.io_chunk */
     LossScaler scaler;

@@ -46,6 +46,11 @@ typedef struct {
     int plan_only, plan_json, plan_processes;
     const char* mem_budget;
     const char* cost_model;
+    int offload_checkpoints;
+    const char* tile_tokens_flag; /* --tile-tokens as typed: 0, K or auto */
+    int tile_tokens;              /* resolved rows per token tile (0: untiled); a hyperparameter of the state */
+    const char* host_mem_budget;
+    const char* host_link;
     int zero_stage, master_weights;
     int context_parallel; /* N: processes that share each sequence (1: off) */
     const char* ring_link; /* the time model's link for the ring: nvlink|infiniband|mpi ("": the trainer's default) */
@@ -113,13 +118,17 @@ static const FlagSpec flag_table[] = {
     {"--temperature", FLAG_FLOAT, OPT(temperature), 0, 100, FOR_BOTH, "sampling temperature (0: always the most probable token)"},
     {"--top-k", FLAG_INT, OPT(top_k), 0, 65536, FOR_BOTH, "sample only among the K most probable tokens (0: all)"},
     {"--eval-by-position", FLAG_INT, OPT(eval_by_position), 0, 1048576, FOR_BOTH, "also report validation loss per position bucket [0,W), [W,2W), [2W,4W), ... for width W (1024: 0-1k, 1k-2k, 2k-4k; 0: off)"},
-    {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, 3 full but attention kept, auto (fastest predicted that fits --mem-budget), or per layer MODE:LAYERS/... like 1:0-3/3:4-11 (layers not named: 0)"},
+    {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, 3 full but attention kept, auto (fastest predicted that fits --mem-budget), or per layer MODE:LAYERS/... like 1:0-3/3:4-11 (layers not named: 0); MODEo (1o, 3o) offloads that group's kept tensors to host memory"},
     {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 or -r 3 applies to (the others keep everything): all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
     {"--plan-json", FLAG_SWITCH, OPT(plan_json), 0, 1, FOR_BOTH, "print the memory plan as one JSON object, then exit"},
     {"--plan-processes", FLAG_INT, OPT(plan_processes), 0, 65536, FOR_BOTH, "--plan, --plan-json: plan for this many processes (per-process bytes; with -z 1 the optimizer state is sharded; 0: the processes running)"},
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
-    {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200 or a calibration file (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
+    {"--offload-checkpoints", FLAG_SWITCH, OPT(offload_checkpoints), 0, 1, FOR_BOTH, "keep what -r 1 and -r 3 layers keep (their input; -r 3 also attention's output) in host memory, copied out after the layer's forward and back during the backward; with -r auto: let it choose which layers offload"},
+    {"--tile-tokens", FLAG_STRING, OPT(tile_tokens_flag), 0, 0, FOR_CPU, "token tiles: LayerNorms, matmuls, GELU and residual adds over K of the B*T rows at a time, so the recompute set's token-wise tensors hold K rows (0: off; auto: off if the plan fits --mem-budget, else the largest power of two that fits)"},
+    {"--host-mem-budget", FLAG_STRING, OPT(host_mem_budget), 0, 0, FOR_BOTH, "host memory for offloaded checkpoints (--plan, -r auto, and a run's check), e.g. 120GiB; default: available host memory within cgroup and ulimit -v limits"},
+    {"--host-link", FLAG_STRING, OPT(host_link), 0, 0, FOR_BOTH, "device-host link of the time model, for offloading: pcie4|pcie5|nvlink-c2c or bytes/s per direction like 40e9 (default: the cost model's)"},
+    {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200|gh200 or a calibration file (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
     {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},
     {"--context-parallel", FLAG_INT, OPT(context_parallel), 1, 65536, FOR_BOTH, "processes that share each sequence (context parallelism: each holds 2 of its 2N chunks, attention runs as a ring); T must be divisible by 2N, N must divide the processes, -b counts sequences per group of N"},
     {"--ring-link", FLAG_STRING, OPT(ring_link), 0, 0, FOR_BOTH, "link the time model prices the context-parallel ring on: nvlink|infiniband|mpi (default: mpi for train_gpt_cpu, nvlink for train_gpt)"},
@@ -182,6 +191,9 @@ static inline void options_defaults(TrainOptions* o) {
     o->recompute_layers = "all";
     o->mem_budget = "";
     o->cost_model = "";
+    o->host_mem_budget = "";
+    o->tile_tokens_flag = "0";
+    o->host_link = "";
     o->master_weights = 1;
     o->context_parallel = 1;
     o->ring_link = "";
@@ -287,6 +299,16 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");
     if (o->resume && o->supersede) fail("flags -y 1 and --supersede contradict each other (resume the checkpoints, or delete them)");
+    if (strcmp(o->tile_tokens_flag, "auto") != 0) {
+        char* end = NULL;
+        errno = 0;
+        long k = strtol(o->tile_tokens_flag, &end, 10);
+        if (end == o->tile_tokens_flag || *end || errno == ERANGE || k < 0 || k > INT_MAX)
+            fail("flag --tile-tokens: '%s' is not 0, a positive number of tokens, or auto", o->tile_tokens_flag);
+        o->tile_tokens = (int)k;
+    }
+    if (o->offload_checkpoints && recompute_is_mix(o->recompute))
+        fail("flags --offload-checkpoints and the mix -r %s: mark offloaded groups in the mix instead (like 1o:0-3)", o->recompute);
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");
     check_flag_combinations(o);
@@ -366,13 +388,15 @@ static inline void parse_layer_set(const char* spec, int L, unsigned char* mask)
     parse_layer_list("--recompute-layers", spec, spec, '\0', L, mask);
 }
 
-/* Per-layer recompute modes (0..3) from -r and --recompute-layers: one mode
- * for every layer (-r 1 and -r 3 only on --recompute-layers' layers, the
- * others keep everything), or a mix MODE:LAYERS/MODE:LAYERS/... with the
- * layers in list form (0,2,5-7) or all; layers it does not name keep
+/* Per-layer recompute modes (0..3) and offload flags from -r and
+ * --recompute-layers: one mode for every layer (-r 1 and -r 3 only on
+ * --recompute-layers' layers, the others keep everything), or a mix
+ * MODE:LAYERS/MODE:LAYERS/... with the layers in list form (0,2,5-7) or all,
+ * MODE 1o or 3o offloading the group; layers it does not name keep
  * everything (-r 0). -r auto leaves every layer at 0 for the planner. */
-static inline void parse_recompute(const char* r, const char* layers, int L, unsigned char* modes) {
+static inline void parse_recompute(const char* r, const char* layers, int L, unsigned char* modes, unsigned char* offload) {
     memset(modes, 0, (size_t)L);
+    memset(offload, 0, (size_t)L);
     if (strcmp(r, "auto") == 0 || strcmp(r, "0") == 0) return;
     if (strcmp(r, "2") == 0) { memset(modes, 2, (size_t)L); return; }
     if (!recompute_is_mix(r)) { /* 1 or 3, checked by parse_args */
@@ -385,10 +409,13 @@ static inline void parse_recompute(const char* r, const char* layers, int L, uns
     unsigned char* named = (unsigned char*)calloc_check((size_t)L, 1, "recompute modes");
     unsigned char* group = (unsigned char*)malloc_check((size_t)L, "recompute modes");
     for (const char* p = r; *p;) {
-        if (p[0] < '0' || p[0] > '3' || p[1] != ':')
-            fail("flag -r: '%s': each group is MODE:LAYERS with MODE 0-3, groups separated by / (like 1:0-3/3:4-11)", r);
+        int off = p[0] != '\0' && p[1] == 'o';
+        if (p[0] < '0' || p[0] > '3' || p[1 + off] != ':')
+            fail("flag -r: '%s': each group is MODE:LAYERS with MODE 0-3 (1o, 3o: offloaded), groups separated by / (like 1:0-3/3:4-11)", r);
         unsigned char mode = (unsigned char)(p[0] - '0');
-        p += 2;
+        if (off && mode != 1 && mode != 3) /* plan.h's mode_can_offload: full recompute, and full with attention kept */
+            fail("flag -r: '%s': only -r 1 and -r 3 layers offload (%do: the layer keeps its activations on the device)", r, mode);
+        p += 2 + off;
         memset(group, 0, (size_t)L);
         if (strncmp(p, "all", 3) == 0 && (p[3] == '\0' || p[3] == '/')) { memset(group, 1, (size_t)L); p += 3; }
         else p = parse_layer_list("-r", r, p, '/', L, group);
@@ -397,6 +424,7 @@ static inline void parse_recompute(const char* r, const char* layers, int L, uns
             if (named[l]) fail("flag -r: '%s' names layer %d twice", r, l);
             named[l] = 1;
             modes[l] = mode;
+            offload[l] = (unsigned char)off;
         }
         if (*p == '/' && *++p == '\0') fail("flag -r: '%s' ends with /", r);
     }

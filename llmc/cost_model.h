@@ -46,6 +46,17 @@
  * would save the backward's K/V transfers for (N-1) kv bytes per layer: the
  * plan prints that alternative, the trainers circulate.
  *
+ * Offloaded checkpoints (plan.h) add a fourth rate, the device-host link's
+ * bytes per second in one direction. A layer's kept tensors go out after its
+ * forward, under the next block's forward, and come back during the backward
+ * of the layer above, under its recompute and backward; a copy longer than
+ * the compute it hides under costs its excess:
+ *   offload          max(0, copy - block forward) + max(0, copy - (block
+ *                    backward + recompute)), copy = kept bytes / link rate
+ * Link defaults, achievable per direction: PCIe 4.0 x16 25 GB/s (A100), PCIe
+ * 5.0 x16 50 GB/s (H100, H200), NVLink-C2C 360 GB/s (GH200: 450 GB/s peak
+ * each way); --host-link picks one or a rate.
+ *
  * Defaults are assumed achievable rates in BF16, not peaks; a calibration
  * file (cost_model_write, from a REMAT_PROFILE run) replaces them with
  * measured ones. --cost-model names a default or a file.
@@ -68,14 +79,19 @@ static const RingLink ring_links[] = {
     {"mpi", 5.0e9, 2.0e-6},
 };
 #define NUM_RING_LINKS ((int)(sizeof(ring_links) / sizeof(ring_links[0])))
+#define HOST_LINK_PCIE4 2.5e10
+#define HOST_LINK_PCIE5 5.0e10
+#define HOST_LINK_NVLINK_C2C 3.6e11
 
 static const CostModel cost_model_defaults[] = {
-    /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz */
-    {"cpu", 2.0e10, 4.0e9, 8.0e9},
-    {"a100", 2.2e14, 1.2e14, 1.6e12},
-    {"h100", 6.0e14, 3.0e14, 2.8e12},
-    {"h200", 6.5e14, 3.2e14, 4.0e12},
+    /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz; "offloading" is a memcpy */
+    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9},
+    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4},
+    {"h100", 6.0e14, 3.0e14, 2.8e12, HOST_LINK_PCIE5},
+    {"h200", 6.5e14, 3.2e14, 4.0e12, HOST_LINK_PCIE5},
+    {"gh200", 6.5e14, 3.2e14, 4.0e12, HOST_LINK_NVLINK_C2C},
 };
+enum { COST_MODEL_CPU, COST_MODEL_A100, COST_MODEL_H100 }; /* indices of the table above */
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
 
 /* --ring-link's link ("": MPI on the CPU trainer, NVLink on the GPU's). */
@@ -194,8 +210,32 @@ static inline double ring_step_seconds(const PlanSpec* s, const CostModel* cm, c
     return spec_grad_accum(s) * total;
 }
 
-static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes) {
-    return work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
+/* Bytes one offloaded layer in `mode` copies each way per micro-step. */
+static inline double offload_bytes(const PlanSpec* s, int mode) {
+    double b = 0.0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++)
+        if (layer_offloads(mode, 1, a)) b += (double)plan_act_bytes(s, a);
+    return b;
+}
+
+/* Time per optimizer step an offloaded layer in `mode` adds: the part of
+ * each copy its compute does not hide (0 for modes that do not offload). */
+static inline double offload_seconds(const PlanSpec* s, const CostModel* cm, int mode) {
+    if (!mode_can_offload(mode)) return 0.0;
+    double copy = offload_bytes(s, mode) / cm->host_link_bytes_per_s;
+    double fwd = work_seconds(layer_work(s, 0), cm), bwd = work_seconds(work_add(layer_work(s, 1), recompute_work(s, mode), 1.0), cm);
+    double excess = (copy > fwd ? copy - fwd : 0.0) + (copy > bwd ? copy - bwd : 0.0);
+    return spec_grad_accum(s) * excess;
+}
+
+/* Modes and offload flags per layer (NULL: -r 0, no offloading): the work,
+ * the ring's exposed transfers and the offloaded copies' excess. */
+static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes,
+                                            const unsigned char* offload) {
+    double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
+    for (int l = 0; modes && offload && l < s->cfg.num_layers; l++)
+        if (offload[l]) t += offload_seconds(s, cm, modes[l]);
+    return t;
 }
 
 /* Extra time per optimizer step of one layer in `mode`, over -r 0: -r 1 runs the ring again. */
@@ -218,15 +258,27 @@ static inline int cost_model_for_device(const char* device, CostModel* out) {
     return name ? cost_model_default(name, out) : -1;
 }
 
+/* --host-link: pcie4, pcie5, nvlink-c2c or a positive rate in bytes/s. */
+static inline double host_link_parse(const char* v, const char* what) {
+    if (strcmp(v, "pcie4") == 0) return HOST_LINK_PCIE4;
+    if (strcmp(v, "pcie5") == 0) return HOST_LINK_PCIE5;
+    if (strcmp(v, "nvlink-c2c") == 0) return HOST_LINK_NVLINK_C2C;
+    char* end = NULL;
+    double r = strtod(v, &end);
+    if (end == v || *end != '\0' || !isfinite(r) || r <= 0) fail("%s: '%s' is not pcie4, pcie5, nvlink-c2c nor a positive rate in bytes/s", what, v);
+    return r;
+}
+
 /* A calibration file: '#' comments and lines `key = value` with the keys
- * name (free text) and the three rates, each given once. */
+ * name (free text) and the three rates, each given once, and optionally
+ * host_link_bytes_per_s (else PCIe 5's). */
 static inline void cost_model_read(const char* path, CostModel* out) {
     FILE* f = fopen(path, "r");
-    if (!f) fail("--cost-model %s: not cpu, a100, h100, h200 nor a readable file (%s)", path, strerror(errno));
+    if (!f) fail("--cost-model %s: not cpu, a100, h100, h200, gh200 nor a readable file (%s)", path, strerror(errno));
     memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "%s", path);
-    double* rates[3] = {&out->matmul_flops_per_s, &out->attention_flops_per_s, &out->memory_bytes_per_s};
-    static const char* const keys[3] = {"matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s"};
+    double* rates[4] = {&out->matmul_flops_per_s, &out->attention_flops_per_s, &out->memory_bytes_per_s, &out->host_link_bytes_per_s};
+    static const char* const keys[4] = {"matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s", "host_link_bytes_per_s"};
     char line[512];
     for (int n = 1; fgets(line, sizeof(line), f); n++) {
         size_t len = strlen(line);
@@ -241,8 +293,8 @@ static inline void cost_model_read(const char* path, CostModel* out) {
         const char* val = eq + 1 + strspn(eq + 1, " \t");
         if (klen == 4 && strncmp(p, "name", 4) == 0) { snprintf(out->name, sizeof(out->name), "%s", val); continue; }
         int k = 0;
-        while (k < 3 && !(strlen(keys[k]) == klen && strncmp(p, keys[k], klen) == 0)) k++;
-        if (k == 3) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
+        while (k < 4 && !(strlen(keys[k]) == klen && strncmp(p, keys[k], klen) == 0)) k++;
+        if (k == 4) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
         char* end = NULL;
         double v = strtod(val, &end);
         if (end == val || *end != '\0' || !isfinite(v) || v <= 0) fail("--cost-model %s: line %d: %s must be a positive number", path, n, keys[k]);
@@ -252,14 +304,15 @@ static inline void cost_model_read(const char* path, CostModel* out) {
     fclose(f);
     for (int k = 0; k < 3; k++)
         if (*rates[k] == 0) fail("--cost-model %s: %s missing", path, keys[k]);
+    if (out->host_link_bytes_per_s == 0) out->host_link_bytes_per_s = HOST_LINK_PCIE5;
 }
 
 static inline void cost_model_write(const CostModel* cm, const char* path, const char* how) {
     FILE* f = fopen(path, "w");
     if (!f) fail("%s: cannot write the cost model (%s)", path, strerror(errno));
     fprintf(f, "# remat cost model (llmc/cost_model.h), read by --cost-model %s\n# %s\n", path, how);
-    fprintf(f, "name = %s\nmatmul_flops_per_s = %.6g\nattention_flops_per_s = %.6g\nmemory_bytes_per_s = %.6g\n", cm->name,
-            cm->matmul_flops_per_s, cm->attention_flops_per_s, cm->memory_bytes_per_s);
+    fprintf(f, "name = %s\nmatmul_flops_per_s = %.6g\nattention_flops_per_s = %.6g\nmemory_bytes_per_s = %.6g\nhost_link_bytes_per_s = %.6g\n",
+            cm->name, cm->matmul_flops_per_s, cm->attention_flops_per_s, cm->memory_bytes_per_s, cm->host_link_bytes_per_s);
     if (fclose(f) != 0) fail("%s: write failed", path);
 }
 
@@ -277,6 +330,8 @@ typedef struct {
 static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, CostModel* out, char* why, size_t n) {
     Work all = step_work(s, s->layer_mode), upd = update_work(s);
     Work compute = work_add(all, upd, -1.0);
+    /* the profile times no copies: the link rate stays the spec's (a file can set it) */
+    out->host_link_bytes_per_s = s->cost_model.host_link_bytes_per_s > 0 ? s->cost_model.host_link_bytes_per_s : HOST_LINK_PCIE5;
     if (!(t->update_ms > 0) || !(t->attention_ms > 0)) { snprintf(why, n, "the profile has no update or attention time"); return -1; }
     out->memory_bytes_per_s = upd.memory_bytes / (t->update_ms * 1e-3);
     out->attention_flops_per_s = compute.attention_flops / (t->attention_ms * 1e-3);
@@ -294,6 +349,7 @@ static inline void cost_model_resolve(const char* flag, const char* device, Cost
         if (cost_model_default(flag, out) != 0) cost_model_read(flag, out);
         return;
     }
+    if (device && strstr(device, "GH200")) { cost_model_default("gh200", out); return; }
     if (!device) { cost_model_default("cpu", out); return; }
     if (cost_model_for_device(device, out) == 0) return;
     cost_model_default("h100", out);

@@ -18,6 +18,26 @@
  * Under context parallelism (--context-parallel N) every per-token buffer
  * holds this rank's B x T/N tokens, and the ring adds two K/V blocks and two
  * dK/dV blocks (scratch; plan_ring_kv_bytes).
+ *
+ * Offloaded checkpoints (--offload-checkpoints, or MODEo in a -r mix): what
+ * a -r 1 or -r 3 layer keeps (x; -r 3 also its attention output and
+ * logsumexp) lives in a host pool instead (pinned memory on a GPU, a second
+ * allocation on the CPU reference), outside total_bytes: host_total_bytes.
+ * On the device such a layer uses one slot of a ring of OFFLOAD_STAGING_SLOTS
+ * staging slots (slot l mod R), which holds its tensors from when they are
+ * written (x by the block before, or the encoder) to the copy out after its
+ * forward, and again from the prefetch during layer l+1's backward to the end
+ * of its own. Three slots let block l+1 run while layer l's copy out is in
+ * flight and block l+2 write into the third; the backward needs two.
+ *
+ * Token tiles (--tile-tokens K): the LayerNorms, the QKV, projection and MLP
+ * matmuls, GELU and the residual adds treat tokens independently, so every
+ * layer runs them over tiles of K of the B*T rows; the shared recompute set's
+ * token-wise tensors (ln1, res2, ln2, fch, fch_gelu and the LayerNorm
+ * statistics) then hold one tile, K rows, and only attention's tensors (qkv,
+ * atty, att_lse) stay whole in it. The backward then needs the gradients of
+ * attention's output and of qkv whole: backward.datty (C) and backward.dqkv
+ * (3C) instead of the aliases over res2 and fch.
  */
 #ifndef REMAT_PLAN_H
 #define REMAT_PLAN_H
@@ -67,6 +87,15 @@ static inline int layer_keeps(int mode, int act) {
     return act != ACT_LN1 && act != ACT_LN2 && act != ACT_FCH_GELU;
 }
 
+/* Whether a layer under `mode` with the offload property keeps `act` in the
+ * host pool: offloading applies to what -r 1 and -r 3 layers keep. */
+static inline int mode_can_offload(int mode) { return mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION; }
+static inline int layer_offloads(int mode, int offload, int act) {
+    return offload && mode_can_offload(mode) && layer_keeps(mode, act);
+}
+
+#define OFFLOAD_STAGING_SLOTS 3
+
 /* Backward-pass gradient buffers, shared by all layers (scratch): the
  * residual stream's gradient and the LayerNorm outputs' (also the final
  * LayerNorm's, from the classifier). The block's other gradients have no
@@ -89,6 +118,7 @@ typedef enum { BACKEND_CPU = 0, BACKEND_GPU = 1 } PlanBackend;
 typedef struct {
     char name[200];
     double matmul_flops_per_s, attention_flops_per_s, memory_bytes_per_s;
+    double host_link_bytes_per_s; /* one direction of the device-host link (offloaded checkpoints) */
 } CostModel;
 
 /* The link the context-parallel ring runs on, for the time model: one
@@ -110,10 +140,12 @@ typedef struct {
     RingLink ring_link;     /* zero: the backend's default (cost_model.h) */
     int grad_accum;         /* micro-steps per optimizer step, for the time model (0: 1) */
     const unsigned char* layer_mode; /* L recompute modes; NULL means all RECOMPUTE_NONE */
+    const unsigned char* layer_offload; /* L flags: the layer's kept tensors in the host pool; NULL: none */
     CostModel cost_model;   /* for predicted step times; zero rates: the backend's default */
     int logits_chunk_rows;  /* rows of (B*T, Vp) logits materialised at once */
     int micro_steps;        /* gradient accumulation: micro-steps per optimizer step (0 counts as 1) */
     int fp32_grad_sums;     /* low-precision storage: sum gradients added to more than once in fp32 (grads_fp32) */
+    int tile_tokens;        /* rows per token tile (0: untiled; more than B*T counts as B*T) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
 } PlanSpec;
@@ -135,6 +167,7 @@ typedef struct {
     size_t (*layer_act)[NUM_LAYER_ACTS]; /* [L][act]: arena offset each layer uses */
     size_t layer_stored_bytes_max;       /* largest per-layer kept bytes */
     size_t grad_act[NUM_GRAD_ACTS];      /* arena offsets of backward buffers */
+    size_t off_tile_datty, off_tile_dqkv; /* token tiles only: whole-sequence gradients of atty and qkv */
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
@@ -143,6 +176,13 @@ typedef struct {
     size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
     int overflow;                       /* some size exceeded 64 bits: total_bytes is SIZE_MAX */
+    /* the host pool of offloaded checkpoints: its own entries and offsets */
+    PlanEntry* host_entries;
+    int num_host_entries, cap_host_entries;
+    size_t host_total_bytes;
+    size_t (*host_act)[NUM_LAYER_ACTS]; /* [L][act]: host pool offset, where layer_offloads */
+    int staging_slots;                  /* slots of the device ring (0: no layer offloads) */
+    size_t staging_bytes;               /* device bytes of the ring */
 } MemoryPlan;
 
 #define PLAN_ALIGN 256
@@ -154,23 +194,43 @@ typedef struct {
 #define PLAN_GUARD_BYTES 0
 #endif
 
-static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int layer, size_t bytes) {
-    if (p->num_entries == p->cap_entries) {
-        p->cap_entries = p->cap_entries ? 2 * p->cap_entries : 64;
-        p->entries = (PlanEntry*)realloc(p->entries, (size_t)p->cap_entries * sizeof(PlanEntry));
-        if (!p->entries) fail("out of host memory for the memory plan");
+/* A new entry at offset `offset` of a pool's list. */
+static inline PlanEntry* plan_push_entry(PlanEntry** list, int* num, int* cap, const char* name, int section, int layer,
+                                         size_t bytes, size_t offset) {
+    if (*num == *cap) {
+        *cap = *cap ? 2 * *cap : 64;
+        *list = (PlanEntry*)realloc(*list, (size_t)*cap * sizeof(PlanEntry));
+        if (!*list) fail("out of host memory for the memory plan");
     }
-    PlanEntry* e = &p->entries[p->num_entries++];
+    PlanEntry* e = &(*list)[(*num)++];
     snprintf(e->name, sizeof(e->name), "%s", name);
     e->section = section;
     e->layer = layer;
     e->bytes = bytes;
-    e->offset = p->total_bytes;
-    size_t guarded = size_add_sat(bytes, PLAN_GUARD_BYTES);
-    size_t aligned = guarded > SIZE_MAX - PLAN_ALIGN ? SIZE_MAX : ceil_div(guarded, PLAN_ALIGN) * PLAN_ALIGN;
+    e->offset = offset;
+    return e;
+}
+
+/* bytes rounded up to PLAN_ALIGN (saturating). */
+static inline size_t plan_aligned(size_t bytes) {
+    return bytes > SIZE_MAX - PLAN_ALIGN ? SIZE_MAX : ceil_div(bytes, PLAN_ALIGN) * PLAN_ALIGN;
+}
+
+static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int layer, size_t bytes) {
+    PlanEntry* e = plan_push_entry(&p->entries, &p->num_entries, &p->cap_entries, name, section, layer, bytes, p->total_bytes);
+    size_t aligned = plan_aligned(size_add_sat(bytes, PLAN_GUARD_BYTES));
     p->total_bytes = size_add_sat(p->total_bytes, aligned);
     p->section_bytes[section] = size_add_sat(p->section_bytes[section], aligned);
     if (p->total_bytes == SIZE_MAX) p->overflow = 1;
+    return e->offset;
+}
+
+/* An entry of the host pool (offloaded checkpoints; section activations). */
+static inline size_t plan_add_host(MemoryPlan* p, const char* name, int layer, size_t bytes) {
+    PlanEntry* e = plan_push_entry(&p->host_entries, &p->num_host_entries, &p->cap_host_entries, name, SEC_ACTIVATIONS, layer,
+                                   bytes, p->host_total_bytes);
+    p->host_total_bytes = size_add_sat(p->host_total_bytes, plan_aligned(bytes));
+    if (p->host_total_bytes == SIZE_MAX) p->overflow = 1;
     return e->offset;
 }
 
@@ -182,6 +242,10 @@ static inline int plan_context_parallel(const PlanSpec* s) { return s->context_p
 
 /* Tokens of each row one rank holds: T, or T / N under context parallelism. */
 static inline int plan_local_T(const PlanSpec* s) { return s->T / plan_context_parallel(s); }
+
+static inline int plan_layer_offload(const PlanSpec* s, int layer) {
+    return s->layer_offload && s->layer_offload[layer] && mode_can_offload(plan_layer_mode(s, layer));
+}
 
 /* Bytes of this rank's B*T/N tokens of `bytes_per_token` each (saturating: see size_mul_sat). */
 static inline size_t plan_tokens_bytes(const PlanSpec* s, size_t bytes_per_token) {
@@ -202,6 +266,25 @@ static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
     int is_stat;
     size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
     return plan_tokens_bytes(s, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
+}
+
+/* Rows of a token tile: K, at most B*T; 0 untiled. */
+static inline size_t plan_tile_rows(const PlanSpec* s) {
+    size_t N = (size_t)s->B * (size_t)plan_local_T(s);
+    return s->tile_tokens <= 0 ? 0 : (size_t)s->tile_tokens < N ? (size_t)s->tile_tokens : N;
+}
+
+/* Whether activation `act` is computed token by token (and so tiles). */
+static inline int act_is_tokenwise(int act) { return act != ACT_X && act != ACT_QKV && act != ACT_ATTY && act != ACT_ATT_LSE; }
+
+/* Bytes of the shared recompute set's buffer for `act`: a tile of it with
+ * token tiles, else B*T tokens. */
+static inline size_t plan_shared_act_bytes(const PlanSpec* s, int act) {
+    size_t rows = plan_tile_rows(s);
+    if (!rows || !act_is_tokenwise(act)) return plan_act_bytes(s, act);
+    int is_stat;
+    size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
+    return size_mul_sat(rows, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
 }
 
 /* Bytes per token that one layer keeps under `mode` (the docs/DESIGN.md table). */
@@ -248,19 +331,51 @@ static inline void plan_add_model_state(MemoryPlan* p) {
     p->off_adam_v = plan_add(p, "adam_v", SEC_OPTIMIZER, -1, p->shard_params * 4);
 }
 
-/* Per-layer kept tensors, then the shared recompute set for everything some
- * layer does not keep. */
+/* The staging ring of offloaded layers: R slots of each tensor some
+ * offloaded layer keeps (scratch), and layer l's device address = slot
+ * l mod R. R is at most the number of layers. */
+static inline void plan_add_staging(MemoryPlan* p, const int offloaded[NUM_LAYER_ACTS]) {
+    const PlanSpec* s = &p->spec;
+    int L = s->cfg.num_layers, R = L < OFFLOAD_STAGING_SLOTS ? L : OFFLOAD_STAGING_SLOTS;
+    size_t slot[OFFLOAD_STAGING_SLOTS][NUM_LAYER_ACTS];
+    char name[40];
+    int any = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) any |= offloaded[a];
+    if (!any) return;
+    p->staging_slots = R;
+    size_t before = p->total_bytes;
+    for (int r = 0; r < R; r++)
+        for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+            if (!offloaded[a]) continue;
+            snprintf(name, sizeof(name), "offload_staging%d.%s", r, layer_act_names[a]);
+            slot[r][a] = plan_add(p, name, SEC_SCRATCH, -1, plan_act_bytes(s, a));
+        }
+    p->staging_bytes = p->total_bytes - before;
+    for (int l = 0; l < L; l++)
+        for (int a = 0; a < NUM_LAYER_ACTS; a++)
+            if (layer_offloads(plan_layer_mode(s, l), plan_layer_offload(s, l), a)) p->layer_act[l][a] = slot[l % R][a];
+}
+
+/* Per-layer kept tensors (offloaded ones in the host pool), the shared
+ * recompute set for everything some layer does not keep, and the staging
+ * ring of offloaded layers. */
 static inline void plan_add_layer_activations(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     int L = s->cfg.num_layers;
-    int needs_shared[NUM_LAYER_ACTS] = {0};
+    int needs_shared[NUM_LAYER_ACTS] = {0}, offloaded[NUM_LAYER_ACTS] = {0};
     char name[40];
     p->layer_stored_bytes_max = 0;
     for (int l = 0; l < L; l++) {
-        int mode = plan_layer_mode(s, l);
+        int mode = plan_layer_mode(s, l), off = plan_layer_offload(s, l);
         size_t stored = 0;
         for (int a = 0; a < NUM_LAYER_ACTS; a++) {
             if (!layer_keeps(mode, a)) { needs_shared[a] = 1; continue; }
+            if (layer_offloads(mode, off, a)) {
+                snprintf(name, sizeof(name), "layer%d.%s", l, layer_act_names[a]);
+                p->host_act[l][a] = plan_add_host(p, name, l, plan_act_bytes(s, a));
+                offloaded[a] = 1;
+                continue;
+            }
             snprintf(name, sizeof(name), "layer%d.%s", l, layer_act_names[a]);
             p->layer_act[l][a] = plan_add(p, name, SEC_ACTIVATIONS, l, plan_act_bytes(s, a));
             stored = size_add_sat(stored, plan_act_bytes(s, a));
@@ -270,10 +385,11 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
         if (!needs_shared[a]) continue;
         snprintf(name, sizeof(name), "recompute.%s", layer_act_names[a]);
-        size_t off = plan_add(p, name, SEC_SCRATCH, -1, plan_act_bytes(s, a));
+        size_t off = plan_add(p, name, SEC_SCRATCH, -1, plan_shared_act_bytes(s, a));
         for (int l = 0; l < L; l++)
             if (!layer_keeps(plan_layer_mode(s, l), a)) p->layer_act[l][a] = off;
     }
+    plan_add_staging(p, offloaded);
 }
 
 /* GPU scratch sizes: row slices of the deterministic column sums (bias and
@@ -296,6 +412,10 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         char name[40];
         snprintf(name, sizeof(name), "backward.%s", grad_act_names[g]);
         p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, plan_tokens_bytes(s, C * grad_act_width[g] * E));
+    }
+    if (plan_tile_rows(s)) {
+        p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, C * E));
+        p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, 3 * C * E));
     }
     size_t chunk_rows = (size_t)s->logits_chunk_rows < BT ? (size_t)s->logits_chunk_rows : BT;
     p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, size_mul_sat(chunk_rows, (size_t)s->cfg.padded_vocab_size * E));
@@ -323,18 +443,24 @@ static inline void plan_validate_spec(const PlanSpec* s) {
     if (s->logits_chunk_rows < 1) fail("logits chunk must have at least one row");
     if (s->world_size < 1) fail("world size %d must be positive", s->world_size);
     if (s->zero_stage != 0 && s->zero_stage != 1) fail("ZeRO stage -z %d unsupported (0 or 1)", s->zero_stage);
+    if (s->tile_tokens < 0) fail("token tile --tile-tokens %d must not be negative", s->tile_tokens);
 }
 
 static inline void plan_build(MemoryPlan* p, const PlanSpec* spec) {
     plan_validate_spec(spec);
     memset(p, 0, sizeof(*p));
     p->spec = *spec;
-    p->spec.layer_mode = NULL; /* the caller's array may not outlive the plan; copied below */
+    p->spec.layer_mode = NULL; /* the caller's arrays may not outlive the plan; copied below */
+    p->spec.layer_offload = NULL;
     int L = spec->cfg.num_layers;
     p->layer_act = (size_t(*)[NUM_LAYER_ACTS])calloc_check((size_t)L, sizeof(*p->layer_act), "memory plan");
+    p->host_act = (size_t(*)[NUM_LAYER_ACTS])calloc_check((size_t)L, sizeof(*p->host_act), "memory plan");
     unsigned char* modes = (unsigned char*)calloc_check((size_t)L, 1, "memory plan");
+    unsigned char* offload = (unsigned char*)calloc_check((size_t)L, 1, "memory plan");
     if (spec->layer_mode) memcpy(modes, spec->layer_mode, (size_t)L);
     p->spec.layer_mode = modes;
+    for (int l = 0; l < L; l++) offload[l] = (unsigned char)plan_layer_offload(spec, l);
+    p->spec.layer_offload = offload;
     plan_add_model_state(p);
     plan_add_layer_activations(p);
     plan_add_other_buffers(p);
@@ -342,8 +468,11 @@ static inline void plan_build(MemoryPlan* p, const PlanSpec* spec) {
 
 static inline void plan_free(MemoryPlan* p) {
     free(p->entries);
+    free(p->host_entries);
     free(p->layer_act);
+    free(p->host_act);
     free((void*)p->spec.layer_mode);
+    free((void*)p->spec.layer_offload);
     memset(p, 0, sizeof(*p));
 }
 
@@ -397,23 +526,29 @@ static inline int plan_layers_with_mode(const MemoryPlan* p, int mode, char* buf
     return format_layers_with_mode(p->spec.layer_mode, p->spec.cfg.num_layers, mode, buf, n);
 }
 
-/* The -r value that reproduces modes[L]: one digit when every layer has the
- * same mode, else the mix MODE:LAYERS/... of the layers that recompute
- * (the others keep everything). Fails rather than truncate. */
-static inline void format_recompute_flag(const unsigned char* modes, int L, char* buf, size_t n) {
+/* The -r value that reproduces modes[L] and offload[L] (NULL: none): one
+ * digit when every layer has the same mode and none offloads, else the mix
+ * MODE:LAYERS/... of the layers that recompute (the others keep everything),
+ * MODEo for offloaded groups. Fails rather than truncate. */
+static inline void format_recompute_flag(const unsigned char* modes, const unsigned char* offload, int L, char* buf, size_t n) {
+    unsigned char* codes = (unsigned char*)calloc_check((size_t)L + 1, 1, "recompute flag"); /* mode, +4 offloaded */
     int uniform = 1;
-    for (int l = 1; l < L; l++) uniform &= modes[l] == modes[0];
-    if (uniform) { snprintf(buf, n, "%d", modes[0]); return; }
+    for (int l = 0; l < L; l++) {
+        codes[l] = (unsigned char)(modes[l] + (offload && offload[l] && mode_can_offload(modes[l]) ? 4 : 0));
+        uniform &= codes[l] == codes[0];
+    }
+    if (uniform && codes[0] < 4) { snprintf(buf, n, "%d", modes[0]); free(codes); return; }
     size_t used = 0;
     buf[0] = '\0';
     char* layers = (char*)malloc_check(n, "recompute flag");
-    for (int mode = 1; mode < NUM_RECOMPUTE_MODES; mode++) {
-        if (!format_layers_with_mode(modes, L, mode, layers, n)) continue;
-        int w = snprintf(buf + used, n - used, "%s%d:%s", used ? "/" : "", mode, layers);
+    for (int code = 1; code < 2 * NUM_RECOMPUTE_MODES; code++) {
+        if (code == 4 || !format_layers_with_mode(codes, L, code, layers, n)) continue;
+        int w = snprintf(buf + used, n - used, "%s%d%s:%s", used ? "/" : "", code & 3, code >= 4 ? "o" : "", uniform ? "all" : layers);
         if (w < 0 || (size_t)w >= n - used) fail("internal: the -r flag of this layer mix is longer than %zu characters", n);
         used += (size_t)w;
     }
     free(layers);
+    free(codes);
 }
 
 /* The startup printout: the four components plus scratch and workspace, in
@@ -439,5 +574,12 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
                 (double)plan_layer_bytes_per_token(&p->spec, mode) / p->spec.cfg.channels,
                 count, count == 1 ? "" : "s", layers);
     }
+    if (plan_tile_rows(&p->spec))
+        fprintf(out, "  token tiles: %zu of the %d rows at a time (--tile-tokens %d)\n", plan_tile_rows(&p->spec), p->spec.B * p->spec.T,
+                p->spec.tile_tokens);
+    if (p->host_total_bytes)
+        fprintf(out, "  host memory, offloaded checkpoints: %.1f MiB (%s), device staging ring %d slots, %.1f MiB\n",
+                mib(p->host_total_bytes), p->spec.backend == BACKEND_GPU ? "pinned" : "a second allocation", p->staging_slots,
+                mib(p->staging_bytes));
 }
 #endif

@@ -177,34 +177,64 @@ static inline size_t memory_budget(const char* flag_value, const char** source) 
     return avail > program ? avail - program : 0;
 }
 
-/* The plan of `base` with every layer in `mode` (or base's own modes when
- * mode < 0), batch B and sequence length T. */
-static inline size_t plan_total_for(const PlanSpec* base, int mode, int B, int T) {
+/* --host-mem-budget if given, else available host memory (cgroup and
+ * ulimit -v limits included): the room for the host pool of offloaded
+ * checkpoints. */
+static inline size_t host_memory_budget(const char* flag_value, const char** source) {
+    size_t b = parse_bytes("--host-mem-budget", flag_value);
+    if (b) { *source = "--host-mem-budget"; return b; }
+    return available_host_memory_why(source);
+}
+
+/* A per-layer choice as one code: the mode, plus PLAN_CODE_OFFLOAD when the
+ * layer offloads (modes 1 and 3 only). */
+#define PLAN_CODE_OFFLOAD 4
+
+/* The plan of `base` with every layer in `code` (or base's own modes and
+ * offload flags when code < 0), batch B and sequence length T: device bytes,
+ * and host bytes in *host (may be NULL). */
+static inline size_t plan_totals_for(const PlanSpec* base, int code, int B, int T, size_t* host) {
     PlanSpec s = *base;
-    unsigned char* modes = (unsigned char*)malloc_check((size_t)s.cfg.num_layers, "plan");
-    for (int l = 0; l < s.cfg.num_layers; l++) modes[l] = (unsigned char)(mode < 0 ? plan_layer_mode(base, l) : mode);
+    int L = s.cfg.num_layers;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    unsigned char* offload = (unsigned char*)malloc_check((size_t)L, "plan");
+    for (int l = 0; l < L; l++) {
+        modes[l] = (unsigned char)(code < 0 ? plan_layer_mode(base, l) : code % PLAN_CODE_OFFLOAD);
+        offload[l] = (unsigned char)(code < 0 ? plan_layer_offload(base, l) : code >= PLAN_CODE_OFFLOAD);
+    }
     s.layer_mode = modes;
+    s.layer_offload = offload;
     s.B = B;
     s.T = T;
     MemoryPlan p;
     plan_build(&p, &s);
     size_t total = p.total_bytes;
+    if (host) *host = p.host_total_bytes;
     plan_free(&p);
     free(modes);
+    free(offload);
     return total;
 }
 
-/* Largest value in [1, hi] for which total(value) fits, by bisection (the
- * plan grows monotonically with B and with T); 0 when even 1 does not fit. */
-static inline int plan_max_fitting(const PlanSpec* base, int mode, int vary_T, int hi, size_t budget) {
+static inline size_t plan_total_for(const PlanSpec* base, int code, int B, int T) { return plan_totals_for(base, code, B, T, NULL); }
+
+/* Largest value in [1, hi] for which the plan with every layer in `code`
+ * fits both budgets, by bisection (the plan grows monotonically with B and
+ * with T); 0 when even 1 does not fit. */
+static inline int plan_max_fitting_host(const PlanSpec* base, int code, int vary_T, int hi, size_t budget, size_t host_budget) {
     int lo = 0;
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
-        size_t t = vary_T ? plan_total_for(base, mode, base->B, mid) : plan_total_for(base, mode, mid, base->T);
-        if (t <= budget) lo = mid;
+        size_t host = 0;
+        size_t t = vary_T ? plan_totals_for(base, code, base->B, mid, &host) : plan_totals_for(base, code, mid, base->T, &host);
+        if (t <= budget && host <= host_budget) lo = mid;
         else hi = mid - 1;
     }
     return lo;
+}
+
+static inline int plan_max_fitting(const PlanSpec* base, int mode, int vary_T, int hi, size_t budget) {
+    return plan_max_fitting_host(base, mode, vary_T, hi, budget, SIZE_MAX);
 }
 
 #define PLAN_MAX_BATCH (1 << 16)
@@ -212,18 +242,27 @@ static inline int plan_max_fitting(const PlanSpec* base, int mode, int vary_T, i
 /* The spec's cost model, or the default of its backend when none was set. */
 static inline CostModel spec_cost_model(const PlanSpec* s) {
     CostModel cm = s->cost_model;
-    if (cm.matmul_flops_per_s > 0) return cm;
-    cost_model_default(s->backend == BACKEND_CPU ? "cpu" : "h100", &cm);
+    const CostModel* fallback = &cost_model_defaults[s->backend == BACKEND_CPU ? COST_MODEL_CPU : COST_MODEL_H100];
+    if (!(cm.matmul_flops_per_s > 0)) cm = *fallback;
+    if (!(cm.host_link_bytes_per_s > 0)) cm.host_link_bytes_per_s = fallback->host_link_bytes_per_s;
     return cm;
 }
 
-/* Predicted time of a step with modes (NULL: the spec's), and the extra
- * time over -r 0 as a fraction of -r 0's. */
-static inline double plan_predicted_seconds(const PlanSpec* s, const unsigned char* modes, double* extra_fraction) {
+/* Predicted time of a step with modes and offload flags (modes NULL: the
+ * spec's own, offload included), and the extra time over -r 0 as a fraction
+ * of -r 0's. */
+static inline double plan_predicted_seconds_offload(const PlanSpec* s, const unsigned char* modes, const unsigned char* offload,
+                                                    double* extra_fraction) {
     CostModel cm = spec_cost_model(s);
-    double t = predicted_step_seconds(s, &cm, modes ? modes : s->layer_mode), base = predicted_step_seconds(s, &cm, NULL);
+    if (!modes) { modes = s->layer_mode; offload = s->layer_offload; }
+    double t = predicted_step_seconds(s, &cm, modes, offload), base = predicted_step_seconds(s, &cm, NULL, NULL);
     if (extra_fraction) *extra_fraction = (t - base) / base;
     return t;
+}
+
+/* The same without offloading when modes are given. */
+static inline double plan_predicted_seconds(const PlanSpec* s, const unsigned char* modes, double* extra_fraction) {
+    return plan_predicted_seconds_offload(s, modes, NULL, extra_fraction);
 }
 
 /* All layers in one mode, from most memory to least. */
@@ -267,58 +306,124 @@ static inline size_t plan_shared_set_bytes(const PlanSpec* s, unsigned present) 
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
         int needed = 0;
         for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) needed |= (present >> m & 1) && !layer_keeps(m, a);
-        if (needed) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+        if (needed) b += ceil_div(plan_shared_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
     }
     return b;
 }
 
-/* Chooses per-layer modes for spec (B, T fixed) that fit budget with the
- * least predicted step time. Every layer has the same shape, so a choice is
- * how many layers take each mode: the plan's total is a constant, plus each
- * layer's kept bytes, plus the shared recompute set of the modes present; the
- * time is -r 0's plus each layer's recompute time. For each count of -r 1
- * and -r 3 layers the fewest -r 2 layers that fit is the fastest (-r 2 costs
- * time and saves memory over -r 0), so the search is exact in O(L^2).
- * Ties go to less memory. Layers get -r 1 first, then -r 3, -r 2, -r 0, from
- * layer 0 up. Returns 0 and fills modes, or -1 when nothing fits. */
-static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned char* modes) {
+/* Aligned bytes one offloaded layer in `mode` keeps in the host pool, and
+ * the staging ring's device bytes for o1 offloaded -r 1 and o3 -r 3 layers. */
+static inline size_t plan_offloaded_aligned_bytes(const PlanSpec* s, int mode) {
+    size_t b = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++)
+        if (layer_offloads(mode, 1, a)) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+    return b;
+}
+
+static inline size_t plan_staging_bytes(const PlanSpec* s, int o1, int o3) {
+    if (!o1 && !o3) return 0;
+    int L = s->cfg.num_layers, R = L < OFFLOAD_STAGING_SLOTS ? L : OFFLOAD_STAGING_SLOTS;
+    return (size_t)R * plan_offloaded_aligned_bytes(s, o3 ? RECOMPUTE_KEEP_ATTENTION : RECOMPUTE_FULL);
+}
+
+/* One -r auto candidate: layers per code (mode + PLAN_CODE_OFFLOAD when offloaded). */
+typedef struct {
+    int count[2 * NUM_RECOMPUTE_MODES];
+    double secs;
+    size_t bytes;
+} AutoChoice;
+
+/* The candidate with n1 -r 1 layers (o1 of them offloaded), n3 -r 3 (o3),
+ * and the fewest -r 2 layers that make it fit (with2: at least one, or
+ * none): 0, or -1 when it does not fit. */
+static inline int auto_candidate(const PlanSpec* spec, size_t budget, size_t fixed, const size_t kept[NUM_RECOMPUTE_MODES],
+                                 const double secs[2 * NUM_RECOMPUTE_MODES], int n1, int o1, int n3, int o3, int with2, AutoChoice* c) {
+    int L = spec->cfg.num_layers, rest = L - n1 - n3; /* layers in -r 0 or -r 2 */
+    if (with2 && !rest) return -1;
+    unsigned present = (n1 ? 1u << RECOMPUTE_FULL : 0) | (n3 ? 1u << RECOMPUTE_KEEP_ATTENTION : 0) | (with2 ? 1u << RECOMPUTE_SELECTIVE : 0);
+    size_t all_zero = fixed + (size_t)(n1 - o1) * kept[1] + (size_t)(n3 - o3) * kept[3] + (size_t)rest * kept[0] +
+                      plan_staging_bytes(spec, o1, o3) + plan_shared_set_bytes(spec, present);
+    size_t saving2 = kept[0] - kept[2];
+    int n2 = 0; /* with n2 >= 1 layers in -r 2 the total is all_zero - n2 * saving2 */
+    if (with2) n2 = all_zero > budget ? (int)ceil_div(all_zero - budget, saving2) : 1;
+    if (n2 > rest) return -1;
+    size_t bytes = all_zero - (size_t)n2 * saving2;
+    if (bytes > budget) return -1;
+    memset(c, 0, sizeof(*c));
+    c->count[RECOMPUTE_NONE] = rest - n2;
+    c->count[RECOMPUTE_SELECTIVE] = n2;
+    c->count[RECOMPUTE_FULL] = n1 - o1;
+    c->count[RECOMPUTE_KEEP_ATTENTION] = n3 - o3;
+    c->count[PLAN_CODE_OFFLOAD + RECOMPUTE_FULL] = o1;
+    c->count[PLAN_CODE_OFFLOAD + RECOMPUTE_KEEP_ATTENTION] = o3;
+    c->secs = 0.0;
+    for (int k = 0; k < 2 * NUM_RECOMPUTE_MODES; k++) c->secs += c->count[k] * secs[k];
+    c->bytes = bytes;
+    return 0;
+}
+
+/* Chooses per-layer modes and offload flags for spec (B, T fixed) that fit
+ * the device budget and the host budget (0: no offloading; offload may then
+ * be NULL) with the least predicted step time. Every layer has the same
+ * shape, so a choice is how many layers take each mode, offloaded or not:
+ * the device total is a constant, plus each layer's kept bytes (none for an
+ * offloaded one), plus the shared recompute set of the modes present, plus
+ * the staging ring when some layer offloads; the host total is the
+ * offloaded layers' kept bytes; the time is -r 0's plus each layer's
+ * recompute time plus each offloaded layer's unhidden copy time. For each
+ * count of -r 1 and -r 3 layers, offloaded or not, the fewest -r 2 layers
+ * that fit is the fastest (-r 2 costs time and saves memory over -r 0), so
+ * the search is exact, in O(L^4) with offloading (O(L^2) without). Ties go
+ * to less device memory. Layers get 1o first, then 1, 3o, 3, 2, 0, from
+ * layer 0 up. Returns 0 and fills modes (and offload), or -1 when nothing fits. */
+static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, size_t host_budget, unsigned char* modes,
+                                         unsigned char* offload) {
     int L = spec->cfg.num_layers;
     memset(modes, RECOMPUTE_NONE, (size_t)L);
+    if (offload) memset(offload, 0, (size_t)L);
+    else host_budget = 0;
     CostModel cm = spec_cost_model(spec);
-    size_t kept[NUM_RECOMPUTE_MODES];
-    double secs[NUM_RECOMPUTE_MODES];
-    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) { kept[m] = plan_kept_aligned_bytes(spec, m); secs[m] = recompute_seconds(spec, &cm, m); }
+    size_t kept[NUM_RECOMPUTE_MODES], hosted[NUM_RECOMPUTE_MODES];
+    double secs[2 * NUM_RECOMPUTE_MODES];
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+        kept[m] = plan_kept_aligned_bytes(spec, m);
+        hosted[m] = plan_offloaded_aligned_bytes(spec, m);
+        secs[m] = recompute_seconds(spec, &cm, m);
+        secs[PLAN_CODE_OFFLOAD + m] = secs[m] + offload_seconds(spec, &cm, m);
+    }
     size_t fixed = plan_total_for(spec, RECOMPUTE_NONE, spec->B, spec->T) - (size_t)L * kept[0];
-    int best[NUM_RECOMPUTE_MODES] = {-1, 0, 0, 0};
-    double best_secs = 0.0;
-    size_t best_bytes = 0, saving2 = kept[0] - kept[2];
+    AutoChoice best = {{0}, 0.0, 0}, c;
+    int found = 0;
     for (int n1 = 0; n1 <= L; n1++)
-        for (int n3 = 0; n1 + n3 <= L; n3++) {
-            int rest = L - n1 - n3; /* layers in -r 0 or -r 2 */
-            unsigned present = (n1 ? 1u << RECOMPUTE_FULL : 0) | (n3 ? 1u << RECOMPUTE_KEEP_ATTENTION : 0);
-            size_t base = fixed + (size_t)n1 * kept[1] + (size_t)n3 * kept[3] + (size_t)rest * kept[0];
-            for (int with2 = 0; with2 <= (rest > 0); with2++) {
-                /* with n2 >= 1 layers in -r 2 the total is all_zero - n2 * saving2 */
-                size_t all_zero = base + plan_shared_set_bytes(spec, present | (with2 ? 1u << RECOMPUTE_SELECTIVE : 0));
-                int n2 = 0;
-                if (with2) n2 = all_zero > budget ? (int)ceil_div(all_zero - budget, saving2) : 1;
-                if (n2 > rest) continue;
-                size_t bytes = all_zero - (size_t)n2 * saving2;
-                if (bytes > budget) continue;
-                double t = n1 * secs[1] + n3 * secs[3] + n2 * secs[2];
-                if (best[0] < 0 || t < best_secs || (t == best_secs && bytes < best_bytes)) {
-                    best[0] = rest - n2; best[1] = n1; best[2] = n2; best[3] = n3;
-                    best_secs = t;
-                    best_bytes = bytes;
+        for (int n3 = 0; n1 + n3 <= L; n3++)
+            for (int o1 = 0; o1 <= (host_budget ? n1 : 0); o1++)
+                for (int o3 = 0; o3 <= (host_budget ? n3 : 0); o3++) {
+                    if (o1 || o3) {
+                        size_t host = size_add_sat(size_mul_sat((size_t)o1, hosted[1]), size_mul_sat((size_t)o3, hosted[3]));
+                        if (host > host_budget) break;
+                    }
+                    for (int with2 = 0; with2 <= 1; with2++) {
+                        if (auto_candidate(spec, budget, fixed, kept, secs, n1, o1, n3, o3, with2, &c) != 0) continue;
+                        if (!found || c.secs < best.secs || (c.secs == best.secs && c.bytes < best.bytes)) best = c;
+                        found = 1;
+                    }
                 }
-            }
-        }
-    if (best[0] < 0) return -1;
-    static const int fill_order[NUM_RECOMPUTE_MODES] = {RECOMPUTE_FULL, RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_SELECTIVE, RECOMPUTE_NONE};
+    if (!found) return -1;
+    static const int fill_order[2 * NUM_RECOMPUTE_MODES - 2] = {PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, RECOMPUTE_FULL,
+                                                                PLAN_CODE_OFFLOAD + RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_KEEP_ATTENTION,
+                                                                RECOMPUTE_SELECTIVE, RECOMPUTE_NONE};
     int l = 0;
-    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++)
-        for (int k = 0; k < best[fill_order[i]]; k++) modes[l++] = (unsigned char)fill_order[i];
+    for (int i = 0; i < 2 * NUM_RECOMPUTE_MODES - 2; i++)
+        for (int k = 0; k < best.count[fill_order[i]]; k++, l++) {
+            modes[l] = (unsigned char)(fill_order[i] % PLAN_CODE_OFFLOAD);
+            if (offload) offload[l] = (unsigned char)(fill_order[i] >= PLAN_CODE_OFFLOAD);
+        }
     return 0;
+}
+
+/* Without offloading. */
+static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned char* modes) {
+    return recompute_auto_offload(spec, budget, 0, modes, NULL);
 }
 
 /* The -r auto choice of spec under budget as a flag value and its predicted
@@ -328,7 +433,7 @@ static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, s
     unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
     int rc = recompute_auto(spec, budget, modes);
     if (rc == 0) {
-        format_recompute_flag(modes, L, flag, n);
+        format_recompute_flag(modes, NULL, L, flag, n);
         plan_predicted_seconds(spec, modes, extra);
     }
     free(modes);
@@ -443,18 +548,22 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     CostModel cm = spec_cost_model(s);
     char flag[8192];
     double extra = 0.0;
-    format_recompute_flag(s->layer_mode, s->cfg.num_layers, flag, sizeof(flag));
+    format_recompute_flag(s->layer_mode, s->layer_offload, s->cfg.num_layers, flag, sizeof(flag));
     double t = plan_predicted_seconds(s, NULL, &extra);
     fprintf(out, "this run, -r %s: predicted %.1f ms per step (%d micro-step%s), +%.1f%% over -r 0\n", flag, 1e3 * t,
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
-    fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s\n", cm.name,
-            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+    fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
+            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
     if (plan_context_parallel(s) > 1) plan_print_ring(p, &cm, out);
 }
 
-static inline void plan_print_table(const MemoryPlan* p, size_t budget, const char* budget_source, FILE* out) {
+static inline void plan_print_table(const MemoryPlan* p, size_t budget, const char* budget_source, size_t host_budget,
+                                    const char* host_source, FILE* out) {
     const PlanSpec* s = &p->spec;
     plan_print_summary(p, out);
+    if (p->host_total_bytes)
+        fprintf(out, "host memory for offloaded checkpoints: %.1f MiB of %.1f MiB (%s): %s\n", mib(p->host_total_bytes), mib(host_budget),
+                host_source, p->host_total_bytes <= host_budget ? "fits" : "does not fit");
     size_t by_act[NUM_LAYER_ACTS];
     plan_activation_by_tensor(p, by_act);
     fprintf(out, "activations by tensor (all layers):\n");
@@ -482,7 +591,8 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
     plan_print_chosen_time(p, out);
 }
 
-static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out) {
+/* host_budget 0: not asked for (no offloading in sight), printed as null. */
+static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t host_budget, FILE* out) {
     const PlanSpec* s = &p->spec;
     const ModelConfig* c = &s->cfg;
     fprintf(out, "{\"config\": {\"num_layers\": %d, \"num_heads\": %d, \"channels\": %d, \"vocab_size\": %d, "
@@ -491,9 +601,17 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
     fprintf(out, "\"batch\": %d, \"seq_len\": %d, \"elem_bytes\": %d, \"world_size\": %d, \"zero_stage\": %d, \"grad_accum\": %d, ",
             s->B, s->T, s->elem_bytes, s->world_size, s->zero_stage, spec_grad_accum(s));
     char flag[8192];
-    format_recompute_flag(s->layer_mode, c->num_layers, flag, sizeof(flag));
+    format_recompute_flag(s->layer_mode, s->layer_offload, c->num_layers, flag, sizeof(flag));
     fprintf(out, "\"recompute\": \"%s\", \"layer_modes\": [", flag);
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
+    fprintf(out, "], \"layer_offload\": [");
+    for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_offload[l]);
+    fprintf(out, "], \"tile_tokens\": %d, \"host_total_bytes\": %zu, \"host_budget_bytes\": ", s->tile_tokens, p->host_total_bytes);
+    if (host_budget) fprintf(out, "%zu", host_budget);
+    else fprintf(out, "null");
+    fprintf(out, ", \"staging_slots\": %d, \"staging_bytes\": %zu, \"host_buffers\": [", p->staging_slots, p->staging_bytes);
+    for (int i = 0; i < p->num_host_entries; i++)
+        fprintf(out, "%s{\"name\": \"%s\", \"bytes\": %zu}", i ? ", " : "", p->host_entries[i].name, p->host_entries[i].bytes);
     fprintf(out, "], \"total_bytes\": %zu, \"components\": {", p->total_bytes);
     for (int i = 0; i < NUM_SECTIONS; i++) fprintf(out, "%s\"%s\": %zu", i ? ", " : "", plan_section_names[i], p->section_bytes[i]);
     size_t by_act[NUM_LAYER_ACTS];
@@ -512,8 +630,8 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, FILE* out
     double extra = 0.0, secs = plan_predicted_seconds(s, NULL, &extra);
     fprintf(out, "], \"cost_model\": {\"name\": \"");
     for (const char* q = cm.name; *q; q++) fprintf(out, *q == '"' || *q == '\\' ? "\\%c" : "%c", *q);
-    fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g}, ",
-            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+    fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g, \"host_link_bytes_per_s\": %.6g}, ",
+            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
     RingLink link = spec_ring_link(s);
     fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_forward_seconds_per_layer\": %.9g, "

@@ -63,6 +63,8 @@ static const HparamSpec hparam_table[] = {
     {"--resid-dropout", HP_FLOAT, HP_OPT(resid_dropout)},
     /* appended with state version 3 (a version 2 state: not compared) */
     {"-x", HP_STEPS, 0},
+    /* a state saved before it has 0 here: untiled */
+    {"--tile-tokens", HP_INT, HP_OPT(tile_tokens)},
 };
 #define HPARAMS_BEFORE_DROPOUT 12
 #define HPARAMS_BEFORE_STEPS 15

@@ -163,11 +163,20 @@ static inline void resolve_model(Run* run) {
              shape_flags ? " with shape flags" : "", o->seed);
 }
 
-/* Per-layer recompute modes from -r and --recompute-layers. */
+/* Per-layer recompute modes and offload flags from -r, --recompute-layers
+ * and --offload-checkpoints (which under -r auto lets the planner choose). */
 static inline void resolve_recompute(Run* run) {
     int L = run->cfg.num_layers;
     run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
-    parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode);
+    run->layer_offload = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
+    parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode, run->layer_offload);
+    if (!run->opt.offload_checkpoints || strcmp(run->opt.recompute, "auto") == 0) return;
+    int any = 0;
+    for (int l = 0; l < L; l++) {
+        run->layer_offload[l] = (unsigned char)mode_can_offload(run->layer_mode[l]);
+        any |= run->layer_offload[l];
+    }
+    if (!any) fail("flag --offload-checkpoints: no layer recomputes with -r 1 or -r 3 (-r %s), so none keeps checkpoints to offload", run->opt.recompute);
 }
 
 /* --context-parallel N: groups of N processes, each sequence in 2N equal chunks. */
@@ -208,11 +217,13 @@ static inline void resolve_batch(Run* run) {
  * fit and a non-zero exit. */
 static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
     const char* source = "";
+    const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
+    size_t host_budget = run->opt.offload_checkpoints ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
     char have[32];
     format_size(budget, have, sizeof(have));
-    if (recompute_auto(spec, budget, run->layer_mode) != 0) {
+    if (recompute_auto_offload(spec, budget, host_budget, run->layer_mode, run->layer_offload) != 0) {
         fflush(stdout);
         fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %s (%s)\n",
                 mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
@@ -220,12 +231,53 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
         fail("-r auto: nothing fits in %s", have);
     }
     char flag[8192];
-    format_recompute_flag(run->layer_mode, run->cfg.num_layers, flag, sizeof(flag));
+    format_recompute_flag(run->layer_mode, run->layer_offload, run->cfg.num_layers, flag, sizeof(flag));
     double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
     FILE* out = setup_notes(&run->opt);
+    size_t host = 0, device = plan_totals_for(spec, -1, spec->B, spec->T, &host);
     fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
-            have, source, mib(plan_total_for(spec, -1, spec->B, spec->T)), flag, 1e3 * secs, 100.0 * extra,
-            spec_cost_model(spec).name);
+            have, source, mib(device), flag, 1e3 * secs, 100.0 * extra, spec_cost_model(spec).name);
+    if (run->opt.offload_checkpoints)
+        fprintf(out, "recompute auto: host memory %.1f MiB of %.1f MiB (%s) for offloaded checkpoints\n", mib(host), mib(host_budget), host_source);
+}
+
+/* --tile-tokens auto: untiled when the plan (with -r auto, its choice)
+ * fits the budget, else the largest power-of-two tile that makes it fit, at
+ * least 64 rows (the smallest tried, also when none fits). */
+static inline int plan_fits_budget(const Run* run, PlanSpec* spec, size_t budget) {
+    if (strcmp(run->opt.recompute, "auto") != 0) return plan_total_for(spec, -1, spec->B, spec->T) <= budget;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)spec->cfg.num_layers, "tiles");
+    int fits = recompute_auto(spec, budget, modes) == 0;
+    free(modes);
+    return fits;
+}
+
+static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source);
+    int N = spec->B * plan_local_T(spec), k = 0;
+    spec->tile_tokens = 0;
+    if (!plan_fits_budget(run, spec, budget)) {
+        for (k = 1; 2 * k <= N; k *= 2) {}
+        for (; k > 64; k /= 2) {
+            spec->tile_tokens = k;
+            if (plan_fits_budget(run, spec, budget)) break;
+        }
+    }
+    run->opt.tile_tokens = k;
+    fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n", k ? "on" : "off, the untiled plan fits", mib(budget), source);
+    if (k) fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d\n", k);
+}
+
+/* The host pool of offloaded checkpoints must fit the host budget: pinned
+ * memory that does not fit would take the machine's memory from under it. */
+static inline void check_host_budget(const Run* run) {
+    if (!run->plan.host_total_bytes || run->opt.plan_only || run->opt.plan_json) return;
+    const char* source = "";
+    size_t host_budget = host_memory_budget(run->opt.host_mem_budget, &source);
+    if (run->plan.host_total_bytes > host_budget)
+        fail("offloaded checkpoints: the host pool needs %.1f MiB, more than %.1f MiB (%s): fewer offloaded layers, or --host-mem-budget",
+             mib(run->plan.host_total_bytes), mib(host_budget), source);
 }
 
 /* --mem-budget with a fixed -r is a limit the plan must keep: a plan over
@@ -248,12 +300,16 @@ static inline void check_fixed_plan_budget(const Run* run, const PlanSpec* spec)
 static inline void maybe_print_plan_and_exit(const Run* run) {
     if (!run->opt.plan_only && !run->opt.plan_json) return;
     const char* source = "";
+    const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
+    /* the host budget where it matters (it varies with the machine's free memory) */
+    int host_matters = run->plan.host_total_bytes || run->opt.offload_checkpoints || run->opt.host_mem_budget[0];
+    size_t host_budget = host_matters ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (run->opt.plan_json) {
-        plan_print_json(&run->plan, budget, stdout);
+        plan_print_json(&run->plan, budget, host_budget, stdout);
     } else {
         printf("model: %s\n", run->model_desc);
-        plan_print_table(&run->plan, budget, source, stdout);
+        plan_print_table(&run->plan, budget, source, host_budget, host_source, stdout);
     }
     exit(0);
 }
@@ -302,15 +358,19 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.context_parallel = run->cp.degree;
     spec.zero_stage = run->opt.zero_stage;
     spec.layer_mode = run->layer_mode;
+    spec.layer_offload = run->layer_offload;
     spec.grad_accum = run->grad_accum;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, &spec.cost_model);
     spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
+    if (run->opt.host_link[0]) spec.cost_model.host_link_bytes_per_s = host_link_parse(run->opt.host_link, "flag --host-link");
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     plan_validate_spec(&spec);
+    if (strcmp(run->opt.tile_tokens_flag, "auto") == 0) resolve_auto_tiles(run, &spec);
+    spec.tile_tokens = run->opt.tile_tokens;
     if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
     plan_build(&run->plan, &spec);
     if (run->plan.overflow)
@@ -319,6 +379,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     run->io_chunk_floats = spec.io_chunk_floats;
     check_fixed_plan_budget(run, &spec);
     maybe_print_plan_and_exit(run);
+    check_host_budget(run);
     check_default_data(&run->opt);
 #ifdef USE_MPI
     proc_context_init(&run->cp);

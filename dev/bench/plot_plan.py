@@ -5,17 +5,19 @@
         [--seq-lens 1024,2048,4096,8192,16384,32768] [-o plan.png] [-- FLAGS...]
 
 For every sequence length and each recompute mode (-r 0 keep all, -r 2
-selective, -r 3 full but attention kept, -r 1 full) one bar, stacked from the
-plan's components: parameters, gradients, optimizer state (AdamW m and v, plus
-the fp32 master weights of low-precision builds), activations, and scratch (the
-logits chunk, gradient buffers, staging; with the cuBLAS workspace). The y axis
-fits the bars; dashed lines mark 80 GB and 141 GB, the memory of an H100 and an
-H200, where they fall within it. Every run of the trainer uses --max-seq-len =
-the longest sequence, so the parameters are the same in every bar. Flags after
-`--` go to the trainer (e.g. --layers 24 --channels 2048 --heads 16), except
-those this script sets itself (-e, -b, -t, -r, --max-seq-len, --plan-json,
---plan), which are refused. Nothing is allocated: --plan-json only plans (no
-GPU needed). The format of -o follows its extension. Needs matplotlib.
+selective, -r 3 full but attention kept, -r 1 full, -r 1 with its checkpoints
+offloaded) one bar, stacked from the plan's components: parameters, gradients,
+optimizer state (AdamW m and v, plus the fp32 master weights of low-precision
+builds), activations, and scratch (the logits chunk, gradient buffers, staging;
+with the cuBLAS workspace), then, hatched, the host memory of offloaded
+checkpoints (not on the device). The y axis fits the bars; dashed lines mark 80
+GB and 141 GB, the memory of an H100 and an H200, where they fall within it.
+Every run of the trainer uses --max-seq-len = the longest sequence, so the
+parameters are the same in every bar. Flags after `--` go to the trainer (e.g.
+--layers 24 --channels 2048 --heads 16), except those this script sets itself
+(-e, -b, -t, -r, --max-seq-len, --plan-json, --plan), which are refused.
+Nothing is allocated: --plan-json only plans (no GPU needed). The format of -o
+follows its extension. Needs matplotlib.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "dev"))
 from plot_log import LogError, figure_format, pyplot, run_main, save_figure  # noqa: E402
 
-MODES = (("0", "-r 0"), ("2", "-r 2"), ("3", "-r 3"), ("1", "-r 1"))
+MODES = (("0", "-r 0"), ("2", "-r 2"), ("3", "-r 3"), ("1", "-r 1"), ("1o:all", "-r 1o"))
 # the trainer flags each bar's command line sets (plan_json); one after `--` would override them all
 OWN_FLAGS = ("-e", "--max-seq-len", "-b", "-t", "-r", "--plan-json", "--plan")
 # (label, plan components summed into it, colour)
@@ -80,7 +82,7 @@ def draw(plans: dict, args, out: Path) -> None:
     plt = pyplot()
     seq_lens = sorted({T for T, _ in plans})
     fig, ax = plt.subplots(figsize=(max(8, 2.4 * len(seq_lens)), 6))
-    totals = {key: sum(sum(p["components"].get(c, 0) for c in parts) for _, parts, _ in STACK)
+    totals = {key: sum(sum(p["components"].get(c, 0) for c in parts) for _, parts, _ in STACK) + p.get("host_total_bytes", 0)
               for key, p in plans.items()}
     scale, unit = unit_for(max(totals.values()))
     width = 0.8 / len(MODES)
@@ -93,6 +95,11 @@ def draw(plans: dict, args, out: Path) -> None:
                 height = sum(p["components"].get(c, 0) for c in parts) / scale
                 ax.bar(x, height, width * 0.95, bottom=bottom, color=color, label=label if g == 0 and k == 0 else None)
                 bottom += height
+            host = p.get("host_total_bytes", 0) / scale
+            if host:
+                ax.bar(x, host, width * 0.95, bottom=bottom, color="white", edgecolor="tab:purple", hatch="//",
+                       label="host memory (offloaded)" if g == 0 else None)
+                bottom += host
             ax.text(x, bottom, mode_label, ha="center", va="bottom", fontsize=7, rotation=90)
     top = max(totals.values()) / scale * 1.15  # room above the tallest bar for its label
     ax.set_ylim(0, top)
@@ -105,7 +112,7 @@ def draw(plans: dict, args, out: Path) -> None:
     ax.set_xticks(range(len(seq_lens)), [str(T) for T in seq_lens])
     ax.set_xlim(-0.5, len(seq_lens) - 0.5)
     ax.set_xlabel("sequence length T\nbars, left to right: -r 0 keep all, -r 2 selective, -r 3 full but attention kept, "
-                  "-r 1 full", fontsize=9)
+                  "-r 1 full, -r 1 offloaded", fontsize=9)
     ax.set_ylabel(f"planned memory, {unit}")
     title = (f"{' '.join(['-e', args.model, *args.extra])}: L={cfg['num_layers']} C={cfg['channels']} "
              f"NH={cfg['num_heads']}, {cfg['num_parameters'] / 1e6:.3g}M parameters, B={args.b}, {elem}-byte storage "

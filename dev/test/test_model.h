@@ -16,7 +16,10 @@ static ModelConfig test_config(int L, int NH, int C, int V, int maxT) {
     return c;
 }
 
-static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes) {
+/* offload: per layer, the -r 1 or -r 3 layer's kept tensors in the host pool
+ * (NULL: none); tile: rows per token tile (0: untiled). */
+static void test_model_create_tiled(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes, const unsigned char* offload,
+                                    int tile) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
@@ -27,10 +30,16 @@ static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, cons
     s.stat_bytes = (int)sizeof(real);
     s.world_size = 1;
     s.layer_mode = modes;
+    s.layer_offload = offload;
+    s.tile_tokens = tile;
     s.logits_chunk_rows = 3; /* several chunks, one partial, even in tiny tests */
     s.io_chunk_floats = 1024;
     plan_build(&tm->plan, &s);
     cpu_model_create(&tm->m, &tm->plan);
+}
+
+static void test_model_create(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes) {
+    test_model_create_tiled(tm, cfg, B, T, modes, NULL, 0);
 }
 
 /* Init as the trainer does, then perturb every parameter (LayerNorm weights

@@ -92,7 +92,7 @@ static void check_allocation(void) {
  * choice fits and its predicted time equals the least of the ones that fit
  * (to rounding), or both find nothing. */
 static void check_auto_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9};
     int checked = 0;
     for (int L = 1; L <= 5; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -143,6 +143,72 @@ static void check_auto_against_exhaustive(void) {
     printf("auto against exhaustive search: %d (L, cost model, budget) cases\n", checked);
 }
 
+/* -r auto with offloading against an exhaustive search over all 6^L
+ * per-layer choices (modes 0-3, 1o, 3o; L <= 4), each planned by plan_build
+ * (device and host bytes) and timed by the time model, at device budgets
+ * across the range and host budgets none, half the most any choice needs,
+ * and unbounded; the links include a slow one, whose copies do not hide. */
+static void check_auto_offload_against_exhaustive(void) {
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8};
+    int checked = 0;
+    for (int L = 1; L <= 4; L++)
+        for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
+            PlanSpec s;
+            memset(&s, 0, sizeof(s));
+            s.cfg = test_config(L, 4, 64, 50, 256);
+            s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+            s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
+            s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : slow_link;
+            static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
+            int n = 1;
+            for (int l = 0; l < L; l++) n *= 6;
+            size_t* totals = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
+            size_t* hosts = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
+            double* secs = (double*)malloc_check((size_t)n * sizeof(double), "test");
+            unsigned char modes[4], offload[4], chosen[4], chosen_off[4];
+            size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
+            for (int code = 0; code < n; code++) {
+                for (int l = 0, k = code; l < L; l++, k /= 6) { modes[l] = (unsigned char)choice_mode[k % 6]; offload[l] = (unsigned char)choice_off[k % 6]; }
+                s.layer_mode = modes;
+                s.layer_offload = offload;
+                totals[code] = plan_totals_for(&s, -1, s.B, s.T, &hosts[code]);
+                secs[code] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                if (totals[code] < lo) lo = totals[code];
+                if (totals[code] > hi) hi = totals[code];
+                if (hosts[code] > host_hi) host_hi = hosts[code];
+            }
+            size_t host_budgets[3] = {0, host_hi / 2, SIZE_MAX};
+            for (int h = 0; h < 3; h++)
+                for (int step = 0; step <= 40; step++) {
+                    size_t budget = lo - 1 + (hi + 1 - lo) / 40 * (size_t)step + (step == 40 ? 1 : 0);
+                    double best = -1.0;
+                    for (int code = 0; code < n; code++)
+                        if (totals[code] <= budget && hosts[code] <= host_budgets[h] && (best < 0 || secs[code] < best)) best = secs[code];
+                    s.layer_mode = NULL;
+                    s.layer_offload = NULL;
+                    int rc = recompute_auto_offload(&s, budget, host_budgets[h], chosen, chosen_off);
+                    checked++;
+                    if (best < 0) {
+                        if (rc == 0) { printf("  FAIL auto offload L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", L, s.cost_model.name, budget); failures++; }
+                        continue;
+                    }
+                    s.layer_mode = chosen;
+                    s.layer_offload = chosen_off;
+                    size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                    double secs_auto = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                    if (rc != 0 || t > budget || host > host_budgets[h] || secs_auto > best * (1 + 1e-12)) {
+                        printf("  FAIL auto offload L=%d %s budget %zu host %zu: rc %d, %zu bytes, host %zu, %.9g s; exhaustive best %.9g s\n", L,
+                               s.cost_model.name, budget, host_budgets[h], rc, t, host, secs_auto, best);
+                        failures++;
+                    }
+                }
+            free(totals);
+            free(hosts);
+            free(secs);
+        }
+    printf("auto with offloading against exhaustive search: %d (L, cost model, budget, host budget) cases\n", checked);
+}
+
 /* Phase times made from known rates calibrate back to those rates, and a
  * written calibration file reads back equal (to its 6 significant digits). */
 static void check_calibration_round_trip(void) {
@@ -153,7 +219,7 @@ static void check_calibration_round_trip(void) {
     memset(&s, 0, sizeof(s));
     s.cfg = d12; s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
     s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes;
-    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12};
+    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10};
     /* independent of the model's split: the attention FLOPs counted here */
     double att = 0.0;
     for (int l = 0; l < 12; l++) att += (modes[l] == 1 ? 4.5 : 3.5) * 2.0 * 4 * 1024.0 * 1025.0 * 768;
@@ -253,6 +319,7 @@ int main(void) {
     check("d12 fp32 mixed 2/3", d12, 2, 512, 4, 1, 0, sel_keep_att);
     check_allocation();
     check_auto_against_exhaustive();
+    check_auto_offload_against_exhaustive();
     check_calibration_round_trip();
     check_suggestions();
     printf("%s: memory plan, %d check(s) failed\n", failures ? "FAIL" : "PASS", failures);

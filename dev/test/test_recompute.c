@@ -5,6 +5,12 @@
  * trades time for memory and nothing else). Then all again with dropout at
  * every site and two micro-steps per step: every recompute must draw the
  * masks its forward drew (the same step, micro-step, layer and site).
+ * Offloaded checkpoints (1o, 3o) are in the same comparison: their tensors
+ * go through the host pool and a staging ring of 3 slots, which 4 layers
+ * wrap around, and a released slot holds NaN, so a missing copy shows.
+ * And token tiles (the last number: rows per tile of the B*T = 32; 0
+ * untiled): the token-wise work in tiles, weight gradients added up over
+ * them in row order, so the same bits as untiled on the CPU.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
@@ -13,13 +19,13 @@
 #define L_TEST 4
 #define STEPS 4
 
-typedef struct { const char* name; unsigned char modes[L_TEST]; } Setting;
+typedef struct { const char* name; unsigned char modes[L_TEST], offload[L_TEST]; int tile; } Setting;
 
 /* Runs STEPS steps (with dropout, of two micro-steps each); records each
  * step's loss and gradients, and the final parameters. */
 static void run_setting(const Setting* s, const DropoutState* drop, float* losses, real* grads, real* params, size_t np) {
     TestModel tm;
-    test_model_create(&tm, test_config(L_TEST, 2, 32, 50, 16), 2, 16, s->modes);
+    test_model_create_tiled(&tm, test_config(L_TEST, 2, 32, 50, 16), 2, 16, s->modes, s->offload, s->tile);
     test_model_randomize(&tm, 5);
     int micro_steps = dropout_active(drop) ? 2 : 1;
     for (int step = 0; step < STEPS; step++) {
@@ -45,17 +51,30 @@ static void run_setting(const Setting* s, const DropoutState* drop, float* losse
 /* Every setting against -r 0 under one dropout state; returns the failures. */
 static int compare_settings(const DropoutState* drop) {
     const Setting settings[] = {
-        {"-r 0", {0, 0, 0, 0}},
-        {"-r 1 all layers", {1, 1, 1, 1}},
-        {"-r 1 first layer", {1, 0, 0, 0}},
-        {"-r 1 every:2", {1, 0, 1, 0}},
-        {"-r 1 last layer", {0, 0, 0, 1}},
-        {"-r 2", {2, 2, 2, 2}},
-        {"mixed 0/1/2", {2, 1, 0, 1}},
-        {"-r 3", {3, 3, 3, 3}},
-        {"-r 3 last layers", {0, 0, 3, 3}},
-        {"mixed 0/1/2/3", {3, 1, 0, 2}},
-        {"mixed 3/1", {1, 3, 1, 3}},
+        {"-r 0", {0, 0, 0, 0}, {0}, 0},
+        {"-r 1 all layers", {1, 1, 1, 1}, {0}, 0},
+        {"-r 1 first layer", {1, 0, 0, 0}, {0}, 0},
+        {"-r 1 every:2", {1, 0, 1, 0}, {0}, 0},
+        {"-r 1 last layer", {0, 0, 0, 1}, {0}, 0},
+        {"-r 2", {2, 2, 2, 2}, {0}, 0},
+        {"mixed 0/1/2", {2, 1, 0, 1}, {0}, 0},
+        {"-r 3", {3, 3, 3, 3}, {0}, 0},
+        {"-r 3 last layers", {0, 0, 3, 3}, {0}, 0},
+        {"mixed 0/1/2/3", {3, 1, 0, 2}, {0}, 0},
+        {"mixed 3/1", {1, 3, 1, 3}, {0}, 0},
+        {"-r 1 offloaded", {1, 1, 1, 1}, {1, 1, 1, 1}, 0},
+        {"-r 3 offloaded", {3, 3, 3, 3}, {1, 1, 1, 1}, 0},
+        {"mixed 1o/3/3o/0", {1, 3, 3, 0}, {1, 0, 1, 0}, 0},
+        {"mixed 2/1o/0/3o", {2, 1, 0, 3}, {0, 1, 0, 1}, 0},
+        {"1o last layer", {0, 0, 0, 1}, {0, 0, 0, 1}, 0},
+        {"3o/1/3o/1o", {3, 1, 3, 1}, {1, 0, 1, 1}, 0},
+        {"-r 0 tiles of 5", {0, 0, 0, 0}, {0}, 5},
+        {"-r 1 tiles of 5", {1, 1, 1, 1}, {0}, 5},
+        {"-r 2 tiles of 7", {2, 2, 2, 2}, {0}, 7},
+        {"-r 3 tiles of 16", {3, 3, 3, 3}, {0}, 16},
+        {"mix tiles of 1", {3, 1, 0, 2}, {0}, 1},
+        {"1o/3o tiles of 32", {1, 3, 1, 3}, {1, 1, 0, 1}, 32},
+        {"2/1o/0/3o tiles 9", {2, 1, 0, 3}, {0, 1, 0, 1}, 9},
     };
     int n_settings = (int)(sizeof(settings) / sizeof(settings[0]));
     ParamLayout pl;

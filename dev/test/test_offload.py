@@ -1,0 +1,283 @@
+"""Offloaded checkpoints through the CPU trainer's command line: a copy to a
+host pool and back, so model files, state files and logs are byte-identical
+to the same run without it (and to -r 0); the plan's device and host bytes
+against a count written out here; -r auto within both budgets; bad input."""
+import json
+import re
+
+import pytest
+
+from conftest import REPO, binary, run
+from test_plan_cli import SHAPES, a256, independent_total
+
+# five layers: the staging ring's three slots wrap around
+MODEL = ["-e", "d6", "--layers", "5", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
+
+
+def train(tiny_shards, out, *extra):
+    return run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin",
+                "-b", "2", "-t", "32", "-v", "2", "-m", "2", "-s", "0", "-l", "1e-3", "-x", "4", "-n", "2", "-o", out, *extra],
+               check=True)
+
+
+def files(out):
+    """Every checkpoint file's bytes, each run's own id (in the headers and the
+    DONE markers, llmc/checkpoint.h) zeroed."""
+    run_id = int(next(out.glob("DONE_*")).read_text().split()[1], 16)
+    raw, text = run_id.to_bytes(8, "little"), f"{run_id:016x}".encode()
+    return {p.name: p.read_bytes().replace(raw, bytes(8)).replace(text, b"0" * 16)
+            for p in sorted(out.iterdir()) if p.name != "log.jsonl"}
+
+
+def losses(out):
+    return [(e["step"], e.get("loss"), e.get("val_loss")) for e in map(json.loads, (out / "log.jsonl").read_text().splitlines())
+            if "loss" in e or "val_loss" in e]
+
+
+@pytest.mark.parametrize("plain,offloaded", [
+    (["-r", "1"], ["-r", "1", "--offload-checkpoints"]),
+    (["-r", "3"], ["-r", "3", "--offload-checkpoints"]),
+    (["-r", "1:0,2/3:1,4/2:3"], ["-r", "1o:0,2/3o:1,4/2:3"]),
+    (["-r", "3:0-2/1:3-4"], ["-r", "3o:0,2/3:1/1o:4/1:3"]),
+    (["-r", "1", "--recompute-layers", "every:2"], ["-r", "1", "--recompute-layers", "every:2", "--offload-checkpoints"]),
+])
+@pytest.mark.parametrize("dropout", [[], ["--dropout", "0.2", "-d", "128"]], ids=["plain", "dropout+2micro"])
+def test_offloaded_runs_write_identical_files(tiny_shards, tmp_path, plain, offloaded, dropout):
+    outs = {}
+    for name, flags in (("r0", []), ("plain", plain), ("offloaded", offloaded)):
+        outs[name] = tmp_path / name
+        res = train(tiny_shards, outs[name], *flags, *dropout)
+        if name == "offloaded":
+            assert re.search(r"host memory, offloaded checkpoints: [0-9.]+ MiB \(a second allocation\), device staging ring 3 slots",
+                             res.stdout), res.stdout
+    ref = files(outs["r0"])
+    assert any(n.startswith("model_") for n in ref) and any(n.startswith("state_") for n in ref)
+    assert files(outs["plain"]) == ref and files(outs["offloaded"]) == ref
+    assert losses(outs["offloaded"]) == losses(outs["r0"]) and len(losses(outs["r0"])) >= 4
+
+
+def offloaded_total(s, B, T, modes, offload):
+    """Device and host bytes of the CPU trainer's plan: an offloaded layer keeps
+    nothing on the device, its tensors in the host pool, and three (at most L)
+    staging slots hold x, plus attention's output and logsumexp when some -r 3
+    layer offloads."""
+    C, NH, N = s["C"], s["NH"], B * T
+    hosted = {1: [C], 3: [C, C, NH]}
+    device = independent_total(s, B, T, modes)
+    host = 0
+    for m, o in zip(modes, offload):
+        if o:
+            layer = sum(a256(4 * N * k) for k in hosted[m])
+            device -= layer
+            host += layer
+    if any(offload):
+        slot = hosted[3] if any(o and m == 3 for m, o in zip(modes, offload)) else hosted[1]
+        device += min(3, s["L"]) * sum(a256(4 * N * k) for k in slot)
+    return device, host
+
+
+def plan_json(*args):
+    res = run([binary("train_gpt_cpu"), *map(str, args), "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("flag,modes,offload", [
+    ("1o:all", [1] * 12, [1] * 12),
+    ("3o:all", [3] * 12, [1] * 12),
+    ("1o:0-3/3:4-6/3o:7/2:8-9", [1, 1, 1, 1, 3, 3, 3, 3, 2, 2, 0, 0], [1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0]),
+    ("1o:11", [0] * 11 + [1], [0] * 11 + [1]),
+])
+def test_plan_device_and_host_bytes(flag, modes, offload):
+    flags, s = SHAPES["d12"]
+    d = plan_json(*flags, "-b", 2, "-t", 512, "-r", flag)
+    assert d["layer_modes"] == modes and d["layer_offload"] == offload
+    device, host = offloaded_total(s, 2, 512, modes, offload)
+    assert d["total_bytes"] == device and sum(d["components"].values()) == device
+    assert d["host_total_bytes"] == host == sum(a256(b["bytes"]) for b in d["host_buffers"])
+    assert d["staging_slots"] == 3
+    again = plan_json(*flags, "-b", 2, "-t", 512, "-r", d["recompute"])
+    assert (again["layer_modes"], again["layer_offload"], again["total_bytes"]) == (modes, offload, device)
+
+
+def test_offload_flag_is_the_mix_with_every_recomputed_layer_offloaded():
+    flags, _ = SHAPES["d12"]
+    a = plan_json(*flags, "-b", 1, "-t", 256, "-r", "3", "--recompute-layers", "0,5-7", "--offload-checkpoints")
+    b = plan_json(*flags, "-b", 1, "-t", 256, "-r", "3o:0,5-7")
+    assert a["recompute"] == "3o:0,5-7" and a["total_bytes"] == b["total_bytes"] and a["host_total_bytes"] == b["host_total_bytes"]
+
+
+AUTO_NOTE = re.compile(r"^recompute auto: fits .* with [0-9.]+ MiB: -r (\S+); predicted", re.M)
+HOST_NOTE = re.compile(r"^recompute auto: host memory ([0-9.]+) MiB of ([0-9.]+) MiB \(--host-mem-budget\)", re.M)
+
+
+def auto(budget, *extra):
+    flags, _ = SHAPES["24x2048"]
+    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *extra])
+
+
+def test_auto_offloads_where_nothing_else_fits():
+    """Below -r 1's total nothing fits without offloading; with it -r auto
+    finds a mix within both budgets, and its printed flag reproduces it."""
+    flags, s = SHAPES["24x2048"]
+    r1 = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1")["total_bytes"]
+    budget = r1 - 8 * a256(4 * 4096 * 2048)
+    assert auto(budget).returncode == 1
+    res = auto(budget, "--offload-checkpoints", "--host-mem-budget", "4GiB")
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["total_bytes"] <= budget and 0 < d["host_total_bytes"] <= 4 << 30 and any(d["layer_offload"])
+    note = AUTO_NOTE.search(res.stderr)
+    assert note and "o:" in note.group(1), res.stderr
+    host = HOST_NOTE.search(res.stderr)
+    assert host and abs(float(host.group(1)) * 2**20 - d["host_total_bytes"]) < 0.1 * 2**20
+    again = plan_json(*flags, "-b", 1, "-t", 4096, "-r", note.group(1))
+    assert (again["layer_modes"], again["layer_offload"], again["total_bytes"]) == \
+        (d["layer_modes"], d["layer_offload"], d["total_bytes"])
+
+
+def test_auto_keeps_within_the_host_budget():
+    """A host budget for 3 offloaded layers' inputs: at most 3 offload, and a
+    budget for none leaves auto with nothing that fits below -r 1's total."""
+    flags, _ = SHAPES["24x2048"]
+    x = a256(4 * 4096 * 2048)
+    r1 = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1")["total_bytes"]
+    d = json.loads(auto(r1, "--offload-checkpoints", "--host-mem-budget", 3 * x).stdout)
+    assert sum(d["layer_offload"]) <= 3 and d["host_total_bytes"] <= 3 * x
+    assert auto(r1 - 4 * x, "--offload-checkpoints", "--host-mem-budget", 2 * x).returncode == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["-r", "2o:all"], "only -r 1 and -r 3 layers offload"),
+    (["-r", "0o:0"], "only -r 1 and -r 3 layers offload"),
+    (["-r", "1x:0"], "each group is MODE:LAYERS"),
+    (["-r", "2", "--offload-checkpoints"], "no layer recomputes with -r 1 or -r 3"),
+    (["-r", "1o:all", "--offload-checkpoints"], "mark offloaded groups in the mix instead"),
+    (["--host-link", "pcie9", "-r", "1"], "flag --host-link: 'pcie9' is not pcie4, pcie5, nvlink-c2c nor a positive rate"),
+    (["--host-mem-budget", "lots", "-r", "1", "--offload-checkpoints"], "flag --host-mem-budget: 'lots' is not a positive size"),
+])
+def test_bad_offload_flags_are_refused(args, message):
+    res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", *args, "--plan"])
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_run_refuses_a_host_pool_over_the_host_budget(tiny_shards, tmp_path):
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-b", "2", "-t", "32", "-x", "1",
+               "-r", "1", "--offload-checkpoints", "--host-mem-budget", "1KiB"])
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1].startswith("error: offloaded checkpoints: the host pool needs"), res.stderr
+
+
+# ---- token tiles ----
+
+def model_files(out):
+    return {n: b for n, b in files(out).items() if n.startswith("model_")}
+
+
+@pytest.mark.parametrize("tile", ["5", "16"])
+def test_tiled_runs_write_identical_files(tiny_shards, tmp_path, tile):
+    """At a fixed tile size every -r setting, offloaded or not, writes the same
+    files (the state records the tile size); the model files equal the
+    untiled run's: on the CPU a tile changes no sum's order."""
+    drop = ["--dropout", "0.2", "-d", "128"]
+    untiled = tmp_path / "untiled"
+    train(tiny_shards, untiled, *drop)
+    got = {}
+    for name, flags in (("r0", ["-r", "0"]), ("r1", ["-r", "1"]), ("r3o", ["-r", "3o:all"]), ("mix", ["-r", "1o:0,2/2:1/3:3-4"])):
+        res = train(tiny_shards, tmp_path / name, *drop, "--tile-tokens", tile, *flags)
+        assert f"token tiles: {tile} of the 64 rows at a time (--tile-tokens {tile})" in res.stdout, res.stdout
+        got[name] = files(tmp_path / name)
+    for name in got:
+        assert got[name] == got["r0"], name
+    assert model_files(tmp_path / "r0") == model_files(untiled) and len(model_files(untiled)) >= 2
+    assert losses(tmp_path / "r1") == losses(untiled)
+
+
+def test_resume_with_another_tile_size_is_refused(tiny_shards, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_shards, out, "--tile-tokens", "5")
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin", "-b", "2",
+               "-t", "32", "-v", "2", "-m", "2", "-s", "0", "-l", "1e-3", "-x", "6", "-n", "2", "-o", out, "-y", "1", "--tile-tokens", "8"])
+    assert res.returncode != 0 and "--tile-tokens" in res.stderr.strip().splitlines()[-1], res.stderr
+
+
+def test_tiled_plan_holds_one_tile_of_the_token_wise_tensors():
+    flags, s = SHAPES["d12"]
+    C, NH, N, K = s["C"], s["NH"], 2 * 512, 100
+    d = plan_json(*flags, "-b", 2, "-t", 512, "-r", "1", "--tile-tokens", K)
+    sizes = {b["name"]: b["bytes"] for b in d["buffers"]}
+    assert d["tile_tokens"] == K
+    for name, width in (("ln1", C), ("ln1_mean", 1), ("res2", C), ("ln2", C), ("fch", 4 * C), ("fch_gelu", 4 * C)):
+        assert sizes[f"recompute.{name}"] == 4 * K * width, name
+    for name, width in (("qkv", 3 * C), ("atty", C), ("att_lse", NH)):
+        assert sizes[f"recompute.{name}"] == 4 * N * width, name
+    assert sizes["backward.datty"] == 4 * N * C and sizes["backward.dqkv"] == 4 * N * 3 * C
+    untiled = plan_json(*flags, "-b", 2, "-t", 512, "-r", "1")
+    saved = sum(a256(4 * N * k) - a256(4 * K * k) for k in (C, 1, 1, C, C, 1, 1, 4 * C, 4 * C)) - a256(4 * N * C) - a256(12 * N * C)
+    assert untiled["total_bytes"] - d["total_bytes"] == saved
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
+def test_bad_tile_flag_is_refused(bad):
+    res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", "--tile-tokens", bad, "--plan"])
+    assert res.returncode != 0 and "flag --tile-tokens" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+RSS = re.compile(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB\)")
+
+
+def test_tiles_lower_peak_rss_as_planned(tmp_path):
+    """-r 1 with many short sequences (attention is cheap, the token-wise
+    recompute set large): the tiled run's peak RSS is lower than the untiled
+    run's by most of what the plan saves, and each stays near its plan."""
+    import numpy as np
+    import datafile
+    data = tmp_path / "train.bin"
+    datafile.write_shard(data, np.random.default_rng(1).integers(0, 64, 200000))
+    shape = ["-e", "d6", "--layers", "1", "--channels", "64", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "64"]
+    got = {}
+    for tile in ("0", "256"):
+        res = run([binary("train_gpt_cpu"), *shape, "-i", data, "-j", "", "-b", "1024", "-t", "64", "-x", "1", "-s", "0", "-r", "1",
+                   "--tile-tokens", tile], check=True)
+        rss, planned = map(float, RSS.search(res.stdout).groups())
+        got[tile] = rss, planned
+    saved_plan = got["0"][1] - got["256"][1]
+    saved_rss = got["0"][0] - got["256"][0]
+    assert saved_plan > 90, got  # MiB: the token-wise set (11C+4 floats a token) less datty and dqkv (4C)
+    assert saved_rss > 0.75 * saved_plan, got
+    for rss, planned in got.values():
+        assert rss < planned + 80, got  # the program, libraries and the dataloader's shard beyond the plan
+
+
+# ---- the numbers of docs/offload-and-tiles.md ----
+
+NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| ([0-9.]+) \|$", re.M)
+
+
+def test_docs_numbers_are_the_programs():
+    """Every row of the table: the plan at its T fits both budgets with the
+    device and host bytes and the -r choice printed, and at T+1 it does not
+    (unless T is --max-seq-len's limit)."""
+    exe = REPO / "train_gpt"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (make train_gpt needs nvcc); the table needs the GPU trainer's plan")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
+    lt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lt)
+    rows = NUMBERS_ROW.findall((REPO / "docs" / "offload-and-tiles.md").read_text())
+    assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
+    host = 120 << 30
+    for model, card, tech, T, limit, dev_gib, host_gib, flag, _ in rows:
+        cost_model, mib = lt.CARDS[card]
+        budget, T = (mib - lt.HEADROOM_MIB) << 20, int(T)
+        args = (lt.MODELS[model], lt.TECHNIQUES[tech])
+        d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
+        assert lt.fits(d, budget, host), (model, card, tech, T)
+        assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib
+        assert d["recompute"] == flag
+        if limit:
+            assert T == lt.MAX_T
+        else:
+            assert not lt.fits(lt.plan(str(exe), args[0], T + 1, args[1], budget, host, cost_model), budget, host), (model, card, tech, T)

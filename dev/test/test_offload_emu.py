@@ -1,0 +1,101 @@
+"""Offloaded checkpoints in train_gpt under the CPU emulator of CUDA (dev/emu):
+model and state files byte-identical to the same run without offloading and
+to -r 0, with dropout and micro-steps; and mutants that drop the main
+stream's wait on a prefetch, or on a copy out before a staging slot is
+written again, change the results (llmc/offload.cuh: the emulator issues the
+copy stream's work as late as its events allow, and released slots hold NaN).
+The copy stream's own waits on the main stream are left to dev/emu's
+cross-stream hazard check."""
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO
+from test_emu import EMU, OUT, emu_run, explain, platform_problem
+from test_offload import files
+
+# four layers: the ring's three slots wrap around
+MODEL = ["-e", "d6", "--layers", "4", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
+DROPOUT = ["--dropout", "0.1", "-d", "128"]  # every site, two micro-steps per step
+SETTINGS = {
+    "r0": ["-r", "0"],
+    "r1": ["-r", "1"],
+    "r1o": ["-r", "1", "--offload-checkpoints"],
+    "r3o": ["-r", "3o:all"],
+    "mix": ["-r", "1o:0,2/3:1/3o:3"],
+}
+
+
+def build(repo, out, precisions):
+    exes = [out / f"emu_train_gpt_{p}" for p in precisions]
+    res = subprocess.run(["make", "-s", "-C", str(repo / "dev" / "emu"), *map(str, exes)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return exes
+
+
+@pytest.fixture(scope="module")
+def train_exes():
+    why = platform_problem()
+    if why:
+        pytest.skip(why)
+    return dict(zip(["bf16", "fp32"], build(REPO, OUT, ["bf16", "fp32"])))
+
+
+def train(exe, tiny_shards, out, *flags):
+    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2",
+                   "-s", "0", "-l", "1e-3", *DROPOUT, "-o", out, *flags])
+    assert res.returncode == 0, explain(res)
+    return res
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_emulated_offload_writes_identical_files(train_exes, tiny_shards, tmp_path, precision):
+    got = {}
+    for name, flags in SETTINGS.items():
+        res = train(train_exes[precision], tiny_shards, tmp_path / name, *flags)
+        if name.endswith("o") or name == "mix":
+            assert "host memory, offloaded checkpoints:" in res.stdout and "(pinned)" in res.stdout, res.stdout[-2000:]
+        got[name] = files(tmp_path / name)
+    assert any(n.startswith("model_") for n in got["r0"])
+    for name in SETTINGS:
+        assert got[name] == got["r0"], f"{name} differs from -r 0"
+
+
+READY = "    if (offload_layer(o, l)) offload_main_waits(o, o->in_done[offload_slot(o, l)]);\n"
+ACQUIRE = "    offload_main_waits(o, o->out_done[s]);\n"
+
+
+def mutant(tmp, old, new):
+    """train_gpt with one edit of llmc/offload.cuh, built in a copy of the sources."""
+    for f in REPO.iterdir():
+        if f.is_file() and f.suffix in (".c", ".cu", ".h"):
+            shutil.copy2(f, tmp / f.name)
+    shutil.copytree(REPO / "llmc", tmp / "llmc")
+    shutil.copytree(EMU, tmp / "dev" / "emu")
+    (tmp / "build" / "emu" / "obj").mkdir(parents=True)
+    for obj in (OUT / "obj").glob("emu_*.o"):
+        if not obj.name.startswith(("emu_test_gpt", "emu_train_gpt", "emu_bench")):
+            shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)  # the runtime: not rebuilt
+    path = tmp / "llmc" / "offload.cuh"
+    text = path.read_text()
+    assert text.count(old) == 1, "the text to mutate is not there once (offload.cuh changed: update the mutant)"
+    path.write_text(text.replace(old, new))
+    return build(tmp, tmp / "build" / "emu", ["bf16"])[0]
+
+
+@pytest.mark.parametrize("what,old,new", [
+    ("no wait for the prefetch before a layer's recompute", READY, "    (void)o; (void)l;\n"),
+    ("no wait for the copy out before a slot is written again", ACQUIRE, ""),
+])
+def test_emulated_offload_mutants_change_the_results(train_exes, tiny_shards, tmp_path, what, old, new):
+    (tmp_path / "src").mkdir()
+    exe = mutant(tmp_path / "src", old, new)
+    train(train_exes["bf16"], tiny_shards, tmp_path / "ref", *SETTINGS["r1o"])
+    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2",
+                   "-s", "0", "-l", "1e-3", *DROPOUT, "-o", tmp_path / "mut", *SETTINGS["r1o"]])
+    # the poisoned slot read: a NaN gradient norm stops the run; an overwritten one: other files
+    if res.returncode != 0:
+        assert "gradient norm nan: training diverged" in res.stderr, explain(res)
+    else:
+        assert files(tmp_path / "mut") != files(tmp_path / "ref"), what
