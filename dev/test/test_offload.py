@@ -224,7 +224,7 @@ def test_bad_tile_flag_is_refused(bad):
     assert res.returncode != 0 and "flag --tile-tokens" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
-RSS = re.compile(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB\)")
+RSS = re.compile(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB[,)]")
 
 
 def test_tiles_lower_peak_rss_as_planned(tmp_path):
