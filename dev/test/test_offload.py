@@ -266,7 +266,7 @@ def test_docs_numbers_are_the_programs():
     spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
     lt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lt)
-    rows = NUMBERS_ROW.findall((REPO / "docs" / "offload-and-tiles.md").read_text())
+    rows = NUMBERS_ROW.findall((REPO / "docs/offload-and-tiles.md").read_text())
     assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
     host = 120 << 30
     for model, card, tech, T, limit, dev_gib, host_gib, flag, _ in rows:

@@ -167,8 +167,9 @@ def test_plot_plan_refuses_the_flags_it_sets_itself(tmp_path, flags):
 
 
 def test_plot_plan_scale_modes_and_title_fit_the_plan(tmp_path, monkeypatch):
-    """Bars for all four recompute modes, each as tall as the trainer's plan for
-    it; a y axis fitted to the tallest bar; a long -e path wrapped, not cut."""
+    """Bars for all four recompute modes and -r 1 offloaded, each as tall as
+    the trainer's plan for it (device bytes, then the host pool's); a y axis
+    fitted to the tallest bar; a long -e path wrapped, not cut."""
     plot_plan = load(REPO / "dev" / "bench" / "plot_plan.py", "plot_plan_drawn")
     model = tmp_path / ("a_directory_with_a_long_name_" * 4) / "model.bin"
     model.parent.mkdir()
@@ -182,13 +183,13 @@ def test_plot_plan_scale_modes_and_title_fit_the_plan(tmp_path, monkeypatch):
     plans = plot_plan.collect(args)
     fig = drawn_figure(plot_plan, monkeypatch, plot_plan.draw, plans, args, tmp_path / "plan.png")
     ax = fig.axes[0]
-    assert sorted({t.get_text() for t in ax.texts if t.get_text().startswith("-r ")}) == ["-r 0", "-r 1", "-r 2", "-r 3"]
+    assert sorted({t.get_text() for t in ax.texts if t.get_text().startswith("-r ")}) == ["-r 0", "-r 1", "-r 1o", "-r 2", "-r 3"]
     expected = {}  # total bytes of each bar, from the trainer's own plan (run here, not through plot_plan)
     for T in (64, 128):
-        for mode in "0123":
+        for mode in ("0", "1", "2", "3", "1o:all"):
             plan = json.loads(run([binary("train_gpt_cpu"), "-e", model, "--max-seq-len", 128, "-b", 2, "-t", T, "-r",
                                    mode, "--plan-json"], check=True).stdout)
-            expected[(T, mode)] = sum(plan["components"].values())
+            expected[(T, mode)] = sum(plan["components"].values()) + plan["host_total_bytes"]
     stacks = {}  # the top of each stacked bar, by its x position
     for p in ax.patches:
         x = round(p.get_x(), 6)

@@ -213,18 +213,18 @@ def test_resume_with_more_steps_is_refused_where_the_schedule_decays_over_them(d
 
 def test_a_version_2_state_still_resumes(data, tmp_path):
     """State version 2 (before the data record and -x): slots 24-27 and
-    64-127 zero, 15 hyperparameters. It resumes as the same state in version
+    64-127 zero, 15 hyperparameters (no -x, no --tile-tokens). It resumes as the same state in version
     3 does, and says the data is not compared."""
     trainer(data, "-x", "2", "-o", tmp_path / "v3", check=True)
     shutil.copytree(tmp_path / "v3", tmp_path / "v2")
     state = tmp_path / "v2" / "state_00000002_00000.bin"
     h = np.frombuffer(state.read_bytes()[:1024], dtype=np.int32).copy()
-    assert h[1] == 3 and h[32] == 16 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x last
+    assert h[1] == 3 and h[32] == 17 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x
     h[1] = 2
     h[24:28] = 0
     h[64:128] = 0
     h[32] = 15
-    h[32 + 16] = 0
+    h[32 + 16] = h[32 + 17] = 0
     state.write_bytes(h.tobytes() + state.read_bytes()[1024:])
     a = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v3", check=True)
     b = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v2", check=True)
