@@ -37,27 +37,10 @@ from conftest import REPO, binary, run
 if shutil.which("mpirun") is None:
     pytest.skip("mpirun not found (install OpenMPI: apt-get install openmpi-bin libopenmpi-dev)", allow_module_level=True)
 
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-MODEL = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--max-seq-len", "32"]
-STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr \S+ \| norm ([0-9.]+)", re.M)
+# the launch, model and output parsing of the data-parallel tests, shared
+from test_multiprocess import MODEL, MPI_ENV, STEP_RE, losses, train, val_losses  # noqa: E402,F401
+
 REL = 1e-5  # the bound of the module docstring
-
-
-def train(np_, data, *flags, check=True, timeout=300):
-    out, meta = data
-    args = ["mpirun", "-np", str(np_), str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]),
-            "-i", out / "synthetic_train.bin", "-j", out / "synthetic_val.bin", "-t", "32", "-s", "0", "-l", "2e-3",
-            "-c", "0.1", *flags]
-    return run(args, env=MPI_ENV, check=check, timeout=timeout)
-
-
-def losses(stdout):
-    return [(int(m.group(1)), float(m.group(2))) for m in STEP_RE.finditer(stdout)]
-
-
-def val_losses(stdout):
-    return [float(v) for v in re.findall(r"val loss ([0-9.]+)", stdout)]
 
 
 def assert_close(a, b, rel=REL):
