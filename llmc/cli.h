@@ -162,6 +162,13 @@ static inline int option_given(const TrainOptions* o, const char* name) {
     return 0;
 }
 
+/* Whether `trainer` (FOR_CPU or FOR_GPU) has flag `name`. */
+static inline int flag_for_trainer(const char* name, int trainer) {
+    for (int i = 0; i < NUM_FLAGS; i++)
+        if (strcmp(flag_table[i].name, name) == 0) return (flag_table[i].trainers & trainer) != 0;
+    return 0;
+}
+
 static inline void options_defaults(TrainOptions* o) {
     memset(o, 0, sizeof(*o));
     o->model = "d12";

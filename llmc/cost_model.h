@@ -57,16 +57,46 @@
  * 5.0 x16 50 GB/s (H100, H200), NVLink-C2C 360 GB/s (GH200: 450 GB/s peak
  * each way); --host-link picks one or a rate.
  *
+ * Token tiles (--tile-tokens K, plan.h) run a layer's token-wise work over
+ * n = ceil(B T / K) tiles. Two more numbers of a machine price them:
+ *   o  seconds of fixed cost per pass of a layer's token-wise work over one
+ *      tile (the kernel launches or parallel-loop start-ups of the pass, and
+ *      the synchronisation between them), whatever K is
+ *   h  rows at which a matmul reaches half its large-M rate: a matmul of M
+ *      rows runs at rate M / (M + h), so F FLOPs over tiles of K rows take
+ *      F / rate + (F / K) h / rate
+ * A layer passes over its tiles twice in the forward (before and after
+ * attention), twice in the backward (the MLP down to attention's output
+ * gradient; QKV and LN1), and -r 1 and -r 3 once more to recompute
+ * attention's inputs, so tiling adds over the untiled layer (one tile):
+ *   forward          2 (n-1) o + (24 N C^2 / K) h / matmul rate
+ *   backward         2 (n-1) o + (48 N C^2 / K) h / matmul rate
+ *   recompute -r 1/3 (n-1) o + (16 N C^2 / K) h / matmul rate, and with n > 1
+ *                    LN1 again from x in the QKV pass: 2 N C E bytes
+ * The untiled matmuls (M = B T rows) and the classifier's are taken at the
+ * large-M rate the calibration measures. The tile is one size for the run:
+ * the shared recompute set that a tile shrinks is one buffer for all layers.
+ *
  * Defaults are assumed achievable rates in BF16, not peaks; a calibration
  * file (cost_model_write, from a REMAT_PROFILE run) replaces them with
  * measured ones. --cost-model names a default or a file.
+ *
+ * Links are calibrated from the run's own transfers (link_fit): the host
+ * link as the bytes the offload copies moved over the seconds they took,
+ * the ring's link by a least-squares fit of t = latency + bytes / bandwidth
+ * to its timed messages (when they come in one size only, the latency stays
+ * the assumed one and the bandwidth is fitted).
  */
 #ifndef REMAT_COST_MODEL_H
 #define REMAT_COST_MODEL_H
 
+#include <stddef.h>
 #include "plan.h"
 
-typedef struct { double matmul_flops, attention_flops, memory_bytes; } Work;
+/* Work of a span of the step; the last two price token tiles: the tiled
+ * matmuls' FLOPs over their tile's rows (F / K, times h / rate), and the
+ * passes over tiles beyond one per untiled pass (times o). */
+typedef struct { double matmul_flops, attention_flops, memory_bytes, tile_matmul_flops_per_row, tile_passes; } Work;
 
 /* Links the ring may run on: one direction's achievable bytes per second
  * between neighbours, and the latency of one message. NVLink 4 (H100, H200:
@@ -83,13 +113,23 @@ static const RingLink ring_links[] = {
 #define HOST_LINK_PCIE5 5.0e10
 #define HOST_LINK_NVLINK_C2C 3.6e11
 
+/* Token tiles, assumed: on a GPU a pass is about six kernel launches at
+ * 5 us each, and a BF16 tensor-core matmul of a GPT-2 layer's widths runs at
+ * about half its rate at 256 rows; on the CPU a pass is about ten OpenMP
+ * loops' start and join, and its matmuls' register tiles of 4 to 8 rows
+ * fill at 16. */
+#define TILE_PASS_S_GPU 3.0e-5
+#define TILE_PASS_S_CPU 5.0e-5
+#define MATMUL_HALF_ROWS_GPU 256.0
+#define MATMUL_HALF_ROWS_CPU 16.0
+
 static const CostModel cost_model_defaults[] = {
     /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz; "offloading" is a memcpy */
-    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9},
-    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4},
-    {"h100", 6.0e14, 3.0e14, 2.8e12, HOST_LINK_PCIE5},
-    {"h200", 6.5e14, 3.2e14, 4.0e12, HOST_LINK_PCIE5},
-    {"gh200", 6.5e14, 3.2e14, 4.0e12, HOST_LINK_NVLINK_C2C},
+    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0},
+    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
+    {"h100", 6.0e14, 3.0e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
+    {"h200", 6.5e14, 3.2e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
+    {"gh200", 6.5e14, 3.2e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
 };
 enum { COST_MODEL_CPU, COST_MODEL_A100, COST_MODEL_H100 }; /* indices of the table above */
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
@@ -103,20 +143,33 @@ static inline RingLink ring_link_resolve(const char* name, int backend) {
     return ring_links[0]; /* not reached */
 }
 
+/* The spec's cost model, or the default of its backend when none was set. */
+static inline CostModel spec_cost_model(const PlanSpec* s) {
+    CostModel cm = s->cost_model;
+    const CostModel* fallback = &cost_model_defaults[s->backend == BACKEND_CPU ? COST_MODEL_CPU : COST_MODEL_H100];
+    if (!(cm.matmul_flops_per_s > 0)) cm = *fallback;
+    if (!(cm.host_link_bytes_per_s > 0)) cm.host_link_bytes_per_s = fallback->host_link_bytes_per_s;
+    if (!(cm.tile_pass_s > 0)) cm.tile_pass_s = fallback->tile_pass_s;
+    if (!(cm.matmul_half_rows > 0)) cm.matmul_half_rows = fallback->matmul_half_rows;
+    return cm;
+}
+
 /* The spec's link, or its backend's default when none was set. */
 static inline RingLink spec_ring_link(const PlanSpec* s) {
     return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_resolve("", s->backend);
 }
 
 static inline double work_seconds(Work w, const CostModel* cm) {
-    return w.matmul_flops / cm->matmul_flops_per_s + w.attention_flops / cm->attention_flops_per_s +
-           w.memory_bytes / cm->memory_bytes_per_s;
+    return (w.matmul_flops + w.tile_matmul_flops_per_row * cm->matmul_half_rows) / cm->matmul_flops_per_s +
+           w.attention_flops / cm->attention_flops_per_s + w.memory_bytes / cm->memory_bytes_per_s + w.tile_passes * cm->tile_pass_s;
 }
 
 static inline Work work_add(Work a, Work b, double k) {
     a.matmul_flops += k * b.matmul_flops;
     a.attention_flops += k * b.attention_flops;
     a.memory_bytes += k * b.memory_bytes;
+    a.tile_matmul_flops_per_row += k * b.tile_matmul_flops_per_row;
+    a.tile_passes += k * b.tile_passes;
     return a;
 }
 
@@ -129,20 +182,40 @@ static inline double attention_forward_flops(const PlanSpec* s) {
 /* This rank's tokens of a micro-step: B*T, or B*T/N under context parallelism. */
 static inline double spec_local_tokens(const PlanSpec* s) { return (double)s->B * plan_local_T(s); }
 
+/* Token tiles of this rank's rows: ceil(B T / K), 1 untiled. */
+static inline double spec_tiles(const PlanSpec* s) {
+    size_t K = plan_tile_rows(s);
+    return K ? ceil(spec_local_tokens(s) / (double)K) : 1.0;
+}
+
+/* What tiling adds to work whose block matmuls are w.matmul_flops, made in
+ * `passes` passes over the tiles (see the top). */
+static inline Work tile_cost(const PlanSpec* s, Work w, double passes) {
+    size_t K = plan_tile_rows(s);
+    if (!K) return w;
+    w.tile_matmul_flops_per_row = w.matmul_flops / (double)K;
+    w.tile_passes = passes * (spec_tiles(s) - 1.0);
+    return w;
+}
+
 /* Work of one layer's forward (backward = 0) or backward (backward = 1). */
 static inline Work layer_work(const PlanSpec* s, int backward) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = {24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E};
+    Work w = {24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E, 0.0, 0.0};
     if (backward) { w.matmul_flops *= 2.0; w.attention_flops *= 2.5; w.memory_bytes = 20.0 * N * C * E; }
-    return w;
+    return tile_cost(s, w, 2.0);
 }
 
 /* Extra work in one layer's backward pass under `mode`. */
 static inline Work recompute_work(const PlanSpec* s, int mode) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = {0.0, 0.0, 12.0 * N * C * E};
+    Work w = {0.0, 0.0, 12.0 * N * C * E, 0.0, 0.0};
     if (mode == RECOMPUTE_NONE) w.memory_bytes = 0.0;
-    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) w.matmul_flops = 16.0 * N * C * C;
+    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
+        w.matmul_flops = 16.0 * N * C * C;
+        if (spec_tiles(s) > 1.0) w.memory_bytes += 2.0 * N * C * E; /* LN1 again, in the QKV pass */
+        w = tile_cost(s, w, 1.0);
+    }
     if (mode == RECOMPUTE_FULL) w.attention_flops = attention_forward_flops(s);
     return w;
 }
@@ -150,7 +223,7 @@ static inline Work recompute_work(const PlanSpec* s, int mode) {
 /* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
 static inline Work head_work(const PlanSpec* s) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
-    Work w = {6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E};
+    Work w = {6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0, 0.0};
     return w;
 }
 
@@ -159,7 +232,7 @@ static inline Work update_work(const PlanSpec* s) {
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
     double P = (double)pl.total, shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes;
-    Work w = {0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0))};
+    Work w = {0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0)), 0.0, 0.0};
     return w;
 }
 
@@ -173,7 +246,7 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
         micro = work_add(micro, layer_work(s, 1), 1.0);
         micro = work_add(micro, recompute_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE), 1.0);
     }
-    Work zero = {0.0, 0.0, 0.0};
+    Work zero = {0.0, 0.0, 0.0, 0.0, 0.0};
     return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);
 }
 
@@ -269,16 +342,32 @@ static inline double host_link_parse(const char* v, const char* what) {
     return r;
 }
 
-/* A calibration file: '#' comments and lines `key = value` with the keys
- * name (free text) and the three rates, each given once, and optionally
- * host_link_bytes_per_s (else PCIe 5's). */
+/* The keys of a calibration file, the CostModel field each sets, and
+ * whether the file must give it (an optional one left out reads 0: the
+ * default of the backend or of the flag, spec_cost_model). */
+typedef struct { const char* key; size_t offset; int required; } CostModelKey;
+static const CostModelKey cost_model_keys[] = {
+    {"matmul_flops_per_s", offsetof(CostModel, matmul_flops_per_s), 1},
+    {"attention_flops_per_s", offsetof(CostModel, attention_flops_per_s), 1},
+    {"memory_bytes_per_s", offsetof(CostModel, memory_bytes_per_s), 1},
+    {"host_link_bytes_per_s", offsetof(CostModel, host_link_bytes_per_s), 0},
+    {"tile_pass_s", offsetof(CostModel, tile_pass_s), 0},
+    {"matmul_half_rows", offsetof(CostModel, matmul_half_rows), 0},
+    {"ring_link_bytes_per_s", offsetof(CostModel, ring_bytes_per_s), 0},
+    {"ring_link_latency_s", offsetof(CostModel, ring_latency_s), 0},
+};
+#define NUM_COST_MODEL_KEYS ((int)(sizeof(cost_model_keys) / sizeof(cost_model_keys[0])))
+
+static inline double* cost_model_field(CostModel* cm, int k) { return (double*)((char*)cm + cost_model_keys[k].offset); }
+
+/* A calibration file: '#' comments and lines `key = value`, name (free
+ * text) and the rates of cost_model_keys, each given at most once. The
+ * ring's bandwidth and latency come together. */
 static inline void cost_model_read(const char* path, CostModel* out) {
     FILE* f = fopen(path, "r");
     if (!f) fail("--cost-model %s: not cpu, a100, h100, h200, gh200 nor a readable file (%s)", path, strerror(errno));
     memset(out, 0, sizeof(*out));
     snprintf(out->name, sizeof(out->name), "%s", path);
-    double* rates[4] = {&out->matmul_flops_per_s, &out->attention_flops_per_s, &out->memory_bytes_per_s, &out->host_link_bytes_per_s};
-    static const char* const keys[4] = {"matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s", "host_link_bytes_per_s"};
     char line[512];
     for (int n = 1; fgets(line, sizeof(line), f); n++) {
         size_t len = strlen(line);
@@ -293,27 +382,63 @@ static inline void cost_model_read(const char* path, CostModel* out) {
         const char* val = eq + 1 + strspn(eq + 1, " \t");
         if (klen == 4 && strncmp(p, "name", 4) == 0) { snprintf(out->name, sizeof(out->name), "%s", val); continue; }
         int k = 0;
-        while (k < 4 && !(strlen(keys[k]) == klen && strncmp(p, keys[k], klen) == 0)) k++;
-        if (k == 4) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
+        while (k < NUM_COST_MODEL_KEYS && !(strlen(cost_model_keys[k].key) == klen && strncmp(p, cost_model_keys[k].key, klen) == 0)) k++;
+        if (k == NUM_COST_MODEL_KEYS) fail("--cost-model %s: line %d: unknown key '%.*s'", path, n, (int)klen, p);
         char* end = NULL;
         double v = strtod(val, &end);
-        if (end == val || *end != '\0' || !isfinite(v) || v <= 0) fail("--cost-model %s: line %d: %s must be a positive number", path, n, keys[k]);
-        if (*rates[k] != 0) fail("--cost-model %s: line %d: %s given twice", path, n, keys[k]);
-        *rates[k] = v;
+        if (end == val || *end != '\0' || !isfinite(v) || v <= 0)
+            fail("--cost-model %s: line %d: %s must be a positive number", path, n, cost_model_keys[k].key);
+        if (*cost_model_field(out, k) != 0) fail("--cost-model %s: line %d: %s given twice", path, n, cost_model_keys[k].key);
+        *cost_model_field(out, k) = v;
     }
     fclose(f);
-    for (int k = 0; k < 3; k++)
-        if (*rates[k] == 0) fail("--cost-model %s: %s missing", path, keys[k]);
-    if (out->host_link_bytes_per_s == 0) out->host_link_bytes_per_s = HOST_LINK_PCIE5;
+    for (int k = 0; k < NUM_COST_MODEL_KEYS; k++)
+        if (cost_model_keys[k].required && *cost_model_field(out, k) == 0) fail("--cost-model %s: %s missing", path, cost_model_keys[k].key);
+    if ((out->ring_bytes_per_s == 0) != (out->ring_latency_s == 0))
+        fail("--cost-model %s: ring_link_bytes_per_s and ring_link_latency_s go together", path);
 }
 
+/* Every rate that is set (positive), in cost_model_keys' order. */
 static inline void cost_model_write(const CostModel* cm, const char* path, const char* how) {
     FILE* f = fopen(path, "w");
     if (!f) fail("%s: cannot write the cost model (%s)", path, strerror(errno));
-    fprintf(f, "# remat cost model (llmc/cost_model.h), read by --cost-model %s\n# %s\n", path, how);
-    fprintf(f, "name = %s\nmatmul_flops_per_s = %.6g\nattention_flops_per_s = %.6g\nmemory_bytes_per_s = %.6g\nhost_link_bytes_per_s = %.6g\n",
-            cm->name, cm->matmul_flops_per_s, cm->attention_flops_per_s, cm->memory_bytes_per_s, cm->host_link_bytes_per_s);
+    fprintf(f, "# remat cost model (llmc/cost_model.h), read by --cost-model %s\n# %s\nname = %s\n", path, how, cm->name);
+    CostModel copy = *cm;
+    for (int k = 0; k < NUM_COST_MODEL_KEYS; k++)
+        if (*cost_model_field(&copy, k) > 0) fprintf(f, "%s = %.6g\n", cost_model_keys[k].key, *cost_model_field(&copy, k));
     if (fclose(f) != 0) fail("%s: write failed", path);
+}
+
+/* Transfers a trainer timed on one link: sums for link_fit. */
+typedef struct { double count, bytes, seconds, bytes_sq, bytes_seconds; } LinkTimes;
+
+static inline void link_times_add(LinkTimes* t, double bytes, double seconds) {
+    t->count += 1.0;
+    t->bytes += bytes;
+    t->seconds += seconds;
+    t->bytes_sq += bytes * bytes;
+    t->bytes_seconds += bytes * seconds;
+}
+
+/* The least-squares line t = latency + bytes / bandwidth through the timed
+ * transfers. When they do not tell latency from bandwidth (one size, or a
+ * fit with a negative latency or no positive slope), the latency is
+ * `assumed_latency_s`, at most half the mean transfer's time, and the
+ * bandwidth the bytes over the time the latencies leave. Returns 0, or -1 with nothing
+ * timed. */
+static inline int link_fit(const LinkTimes* t, double assumed_latency_s, double* bytes_per_s, double* latency_s) {
+    if (!(t->count > 0) || !(t->bytes > 0) || !(t->seconds > 0)) return -1;
+    double spread = t->count * t->bytes_sq - t->bytes * t->bytes;
+    if (spread > 1e-9 * t->count * t->bytes_sq) {
+        double slope = (t->count * t->bytes_seconds - t->bytes * t->seconds) / spread;
+        double lat = (t->seconds - slope * t->bytes) / t->count;
+        if (slope > 0 && lat >= 0) { *bytes_per_s = 1.0 / slope; *latency_s = lat; return 0; }
+    }
+    double lat = assumed_latency_s;
+    if (t->seconds - t->count * lat <= 0.5 * t->seconds) lat = 0.5 * t->seconds / t->count;
+    *latency_s = lat;
+    *bytes_per_s = t->bytes / (t->seconds - t->count * lat);
+    return 0;
 }
 
 /* Measured times of one step's phases (profile.cuh's kinds), in ms. */
@@ -330,16 +455,36 @@ typedef struct {
 static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, CostModel* out, char* why, size_t n) {
     Work all = step_work(s, s->layer_mode), upd = update_work(s);
     Work compute = work_add(all, upd, -1.0);
-    /* the profile times no copies: the link rate stays the spec's (a file can set it) */
-    out->host_link_bytes_per_s = s->cost_model.host_link_bytes_per_s > 0 ? s->cost_model.host_link_bytes_per_s : HOST_LINK_PCIE5;
+    /* the profile times no copies and no tiles on their own: links and tile
+     * costs stay the spec's (cost_model_add_links measures the links) */
+    CostModel spec_cm = spec_cost_model(s);
+    const CostModel* given = &spec_cm;
+    out->host_link_bytes_per_s = given->host_link_bytes_per_s;
+    out->tile_pass_s = given->tile_pass_s;
+    out->matmul_half_rows = given->matmul_half_rows;
+    out->ring_bytes_per_s = given->ring_bytes_per_s;
+    out->ring_latency_s = given->ring_latency_s;
     if (!(t->update_ms > 0) || !(t->attention_ms > 0)) { snprintf(why, n, "the profile has no update or attention time"); return -1; }
     out->memory_bytes_per_s = upd.memory_bytes / (t->update_ms * 1e-3);
     out->attention_flops_per_s = compute.attention_flops / (t->attention_ms * 1e-3);
     double matmul_s = (t->forward_ms + t->classifier_ms + t->backward_ms - t->attention_ms) * 1e-3 -
-                      compute.memory_bytes / out->memory_bytes_per_s;
+                      compute.memory_bytes / out->memory_bytes_per_s - compute.tile_passes * given->tile_pass_s;
     if (!(matmul_s > 0)) { snprintf(why, n, "forward, classifier and backward take no longer than attention and the memory-bound work"); return -1; }
-    out->matmul_flops_per_s = compute.matmul_flops / matmul_s;
+    /* tiled matmuls take (F + (F / K) h) / rate */
+    out->matmul_flops_per_s = (compute.matmul_flops + compute.tile_matmul_flops_per_row * given->matmul_half_rows) / matmul_s;
     return 0;
+}
+
+/* The links measured from a run's own transfers into `cm`: the host link
+ * from the offload copies (bytes over seconds: the model has no latency
+ * there), the ring's link by link_fit around the assumed latency of the
+ * spec's link. A link without transfers keeps its rate. Returns how many
+ * links were measured. */
+static inline int cost_model_add_links(const PlanSpec* s, const LinkTimes* host, const LinkTimes* ring, CostModel* cm) {
+    int measured = 0;
+    if (host->bytes > 0 && host->seconds > 0) { cm->host_link_bytes_per_s = host->bytes / host->seconds; measured++; }
+    if (link_fit(ring, spec_ring_link(s).latency_s, &cm->ring_bytes_per_s, &cm->ring_latency_s) == 0) measured++;
+    return measured;
 }
 
 /* --cost-model: a default's name or a file; "" picks the default for the

@@ -119,6 +119,9 @@ typedef struct {
     char name[200];
     double matmul_flops_per_s, attention_flops_per_s, memory_bytes_per_s;
     double host_link_bytes_per_s; /* one direction of the device-host link (offloaded checkpoints) */
+    double tile_pass_s;       /* fixed cost of one pass of a layer's token-wise work over one token tile */
+    double matmul_half_rows;  /* rows M at which a matmul reaches half its large-M rate (token tiles) */
+    double ring_bytes_per_s, ring_latency_s; /* the ring's link when a file measured it (0: --ring-link's) */
 } CostModel;
 
 /* The link the context-parallel ring runs on, for the time model: one

@@ -239,23 +239,16 @@ static inline int plan_max_fitting(const PlanSpec* base, int mode, int vary_T, i
 
 #define PLAN_MAX_BATCH (1 << 16)
 
-/* The spec's cost model, or the default of its backend when none was set. */
-static inline CostModel spec_cost_model(const PlanSpec* s) {
-    CostModel cm = s->cost_model;
-    const CostModel* fallback = &cost_model_defaults[s->backend == BACKEND_CPU ? COST_MODEL_CPU : COST_MODEL_H100];
-    if (!(cm.matmul_flops_per_s > 0)) cm = *fallback;
-    if (!(cm.host_link_bytes_per_s > 0)) cm.host_link_bytes_per_s = fallback->host_link_bytes_per_s;
-    return cm;
-}
-
 /* Predicted time of a step with modes and offload flags (modes NULL: the
- * spec's own, offload included), and the extra time over -r 0 as a fraction
- * of -r 0's. */
+ * spec's own, offload included), and the extra time over untiled -r 0 as a
+ * fraction of its time. */
 static inline double plan_predicted_seconds_offload(const PlanSpec* s, const unsigned char* modes, const unsigned char* offload,
                                                     double* extra_fraction) {
     CostModel cm = spec_cost_model(s);
     if (!modes) { modes = s->layer_mode; offload = s->layer_offload; }
-    double t = predicted_step_seconds(s, &cm, modes, offload), base = predicted_step_seconds(s, &cm, NULL, NULL);
+    PlanSpec untiled = *s;
+    untiled.tile_tokens = 0;
+    double t = predicted_step_seconds(s, &cm, modes, offload), base = predicted_step_seconds(&untiled, &cm, NULL, NULL);
     if (extra_fraction) *extra_fraction = (t - base) / base;
     return t;
 }
@@ -421,6 +414,80 @@ static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, si
     return 0;
 }
 
+/* ---- token tiles: -r auto and --tile-tokens auto ---- */
+
+/* The smallest tile tried: below it the passes' fixed costs and the
+ * matmuls' short rows cost more than any memory a tile saves is worth. */
+#define PLAN_TILE_MIN_ROWS 64
+#define PLAN_MAX_TILE_CANDIDATES 40
+
+/* Tile sizes the searches try: untiled (0), then the powers of two below
+ * this rank's B*T/N rows, halving down to PLAN_TILE_MIN_ROWS. */
+static inline int plan_tile_candidates(const PlanSpec* s, int out[PLAN_MAX_TILE_CANDIDATES]) {
+    size_t rows = (size_t)s->B * (size_t)plan_local_T(s), k = 1;
+    int n = 0;
+    out[n++] = 0;
+    while (2 * k < rows) k *= 2;
+    for (; k >= PLAN_TILE_MIN_ROWS && n < PLAN_MAX_TILE_CANDIDATES; k /= 2) out[n++] = (int)k;
+    return n;
+}
+
+/* -r auto with the tile size as a third choice (search_tiles; else at
+ * spec->tile_tokens): for each candidate K the exact per-K choice of
+ * recompute_auto_offload, and of those the least predicted step time, ties
+ * to the earlier candidate (fewer tiles). Exact over modes, offloading and
+ * the candidates: at a fixed K every layer pays the same tile costs in its
+ * forward and backward, so the per-K search's ranking holds, and the
+ * outer minimum compares whole predicted steps. The tile is one size for
+ * the run because the shared recompute set it shrinks is one buffer for
+ * every layer: "per layer" reduces to per run. Sets spec->tile_tokens;
+ * returns 0, or -1 when nothing fits. */
+static inline int recompute_auto_tiles(PlanSpec* spec, size_t budget, size_t host_budget, int search_tiles, unsigned char* modes,
+                                       unsigned char* offload) {
+    int L = spec->cfg.num_layers, cand[PLAN_MAX_TILE_CANDIDATES], n = 1, found = 0;
+    cand[0] = spec->tile_tokens;
+    if (search_tiles) n = plan_tile_candidates(spec, cand);
+    unsigned char* try_modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    unsigned char* try_offload = (unsigned char*)malloc_check((size_t)L, "plan");
+    double best = 0.0;
+    int best_k = cand[0];
+    for (int i = 0; i < n; i++) {
+        PlanSpec s = *spec;
+        s.tile_tokens = cand[i];
+        if (recompute_auto_offload(&s, budget, host_budget, try_modes, offload ? try_offload : NULL) != 0) continue;
+        double t = plan_predicted_seconds_offload(&s, try_modes, offload ? try_offload : NULL, NULL);
+        if (found && !(t < best)) continue;
+        found = 1;
+        best = t;
+        best_k = cand[i];
+        memcpy(modes, try_modes, (size_t)L);
+        if (offload) memcpy(offload, try_offload, (size_t)L);
+    }
+    free(try_modes);
+    free(try_offload);
+    spec->tile_tokens = best_k;
+    return found ? 0 : -1;
+}
+
+/* --tile-tokens auto with the spec's own modes: of the candidates whose
+ * plan fits the device budget, the least predicted time (untiled when it
+ * fits: a tile only adds time); the smallest candidate when none fits. */
+static inline int plan_auto_tile(const PlanSpec* spec, size_t budget) {
+    int cand[PLAN_MAX_TILE_CANDIDATES], n = plan_tile_candidates(spec, cand), best_k = cand[n - 1], found = 0;
+    double best = 0.0;
+    for (int i = 0; i < n; i++) {
+        PlanSpec s = *spec;
+        s.tile_tokens = cand[i];
+        if (plan_total_for(&s, -1, s.B, s.T) > budget) continue;
+        double t = plan_predicted_seconds_offload(&s, NULL, NULL, NULL);
+        if (found && !(t < best)) continue;
+        found = 1;
+        best = t;
+        best_k = cand[i];
+    }
+    return best_k;
+}
+
 /* Without offloading. */
 static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned char* modes) {
     return recompute_auto_offload(spec, budget, 0, modes, NULL);
@@ -550,10 +617,13 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     double extra = 0.0;
     format_recompute_flag(s->layer_mode, s->layer_offload, s->cfg.num_layers, flag, sizeof(flag));
     double t = plan_predicted_seconds(s, NULL, &extra);
-    fprintf(out, "this run, -r %s: predicted %.1f ms per step (%d micro-step%s), +%.1f%% over -r 0\n", flag, 1e3 * t,
+    char tiles[48] = "";
+    if (s->tile_tokens > 0) snprintf(tiles, sizeof(tiles), " --tile-tokens %d", s->tile_tokens);
+    fprintf(out, "this run, -r %s%s: predicted %.1f ms per step (%d micro-step%s), +%.1f%% over -r 0\n", flag, tiles, 1e3 * t,
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
+    fprintf(out, "  token tiles: %.3g s per pass over a tile, matmuls at half rate at %.3g rows\n", cm.tile_pass_s, cm.matmul_half_rows);
     if (plan_context_parallel(s) > 1) plan_print_ring(p, &cm, out);
 }
 
@@ -630,13 +700,15 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     double extra = 0.0, secs = plan_predicted_seconds(s, NULL, &extra);
     fprintf(out, "], \"cost_model\": {\"name\": \"");
     for (const char* q = cm.name; *q; q++) fprintf(out, *q == '"' || *q == '\\' ? "\\%c" : "%c", *q);
-    fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g, \"host_link_bytes_per_s\": %.6g}, ",
-            cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
+    fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g, \"host_link_bytes_per_s\": %.6g, "
+                 "\"tile_pass_s\": %.6g, \"matmul_half_rows\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
+            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows);
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
     RingLink link = spec_ring_link(s);
-    fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_forward_seconds_per_layer\": %.9g, "
-                 "\"ring_backward_seconds_per_layer\": %.9g, \"predicted_ring_seconds\": %.9g, ", plan_context_parallel(s), link.name,
-            ring_forward_seconds(s, &cm), ring_backward_seconds(s, &cm), ring_step_seconds(s, &cm, s->layer_mode));
+    fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_link_bytes_per_s\": %.6g, \"ring_link_latency_s\": %.6g, "
+                 "\"ring_forward_seconds_per_layer\": %.9g, \"ring_backward_seconds_per_layer\": %.9g, \"predicted_ring_seconds\": %.9g, ",
+            plan_context_parallel(s), link.name, link.bytes_per_s, link.latency_s, ring_forward_seconds(s, &cm), ring_backward_seconds(s, &cm),
+            ring_step_seconds(s, &cm, s->layer_mode));
     ModeFit fits[NUM_RECOMPUTE_MODES];
     plan_mode_fits(s, budget, fits);
     fprintf(out, "\"budget_bytes\": %zu, \"modes\": [", budget);

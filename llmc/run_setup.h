@@ -212,61 +212,63 @@ static inline void resolve_batch(Run* run) {
     run->grad_accum = (int)(total / micro_tokens);
 }
 
-/* -r auto: the per-layer choice with the least predicted time that fits the
- * budget, printed as the -r flag that reproduces it; or the flags that would
- * fit and a non-zero exit. */
-static inline void resolve_auto_recompute(Run* run, PlanSpec* spec) {
+/* " --tile-tokens K" when K tiles, else "". */
+static inline const char* tile_flag(int K, char* buf, size_t n) {
+    if (K > 0) snprintf(buf, n, " --tile-tokens %d", K);
+    else buf[0] = '\0';
+    return buf;
+}
+
+/* -r auto: the per-layer choice (and with search_tiles the tile size) with
+ * the least predicted time that fits the budgets, printed as the flags that
+ * reproduce it; or the flags that would fit and a non-zero exit. */
+static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_tiles) {
     const char* source = "";
     const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     size_t host_budget = run->opt.offload_checkpoints ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
-    char have[32];
+    char have[32], tiles[48];
     format_size(budget, have, sizeof(have));
-    if (recompute_auto_offload(spec, budget, host_budget, run->layer_mode, run->layer_offload) != 0) {
+    if (recompute_auto_tiles(spec, budget, host_budget, search_tiles, run->layer_mode, run->layer_offload) != 0) {
         fflush(stdout);
-        fprintf(stderr, "-r auto: even full recompute on every layer (%.1f MiB) does not fit %s (%s)\n",
-                mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
+        int least[PLAN_MAX_TILE_CANDIDATES];
+        if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
+        fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
+                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
         plan_print_suggestions(spec, budget, stderr);
         fail("-r auto: nothing fits in %s", have);
     }
+    run->opt.tile_tokens = spec->tile_tokens;
     char flag[8192];
     format_recompute_flag(run->layer_mode, run->layer_offload, run->cfg.num_layers, flag, sizeof(flag));
     double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
     FILE* out = setup_notes(&run->opt);
     size_t host = 0, device = plan_totals_for(spec, -1, spec->B, spec->T, &host);
-    fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
-            have, source, mib(device), flag, 1e3 * secs, 100.0 * extra, spec_cost_model(spec).name);
+    fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s%s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
+            have, source, mib(device), flag, tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), 1e3 * secs, 100.0 * extra,
+            spec_cost_model(spec).name);
     if (run->opt.offload_checkpoints)
         fprintf(out, "recompute auto: host memory %.1f MiB of %.1f MiB (%s) for offloaded checkpoints\n", mib(host), mib(host_budget), host_source);
 }
 
-/* --tile-tokens auto: untiled when the plan (with -r auto, its choice)
- * fits the budget, else the largest power-of-two tile that makes it fit, at
- * least 64 rows (the smallest tried, also when none fits). */
-static inline int plan_fits_budget(const Run* run, PlanSpec* spec, size_t budget) {
-    if (strcmp(run->opt.recompute, "auto") != 0) return plan_total_for(spec, -1, spec->B, spec->T) <= budget;
-    unsigned char* modes = (unsigned char*)malloc_check((size_t)spec->cfg.num_layers, "tiles");
-    int fits = recompute_auto(spec, budget, modes) == 0;
-    free(modes);
-    return fits;
-}
-
+/* --tile-tokens auto with a fixed -r: the fastest predicted tile size that
+ * fits (plan_auto_tile). With -r auto the tile is part of its search. */
 static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
     const char* source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
-    int N = spec->B * plan_local_T(spec), k = 0;
-    spec->tile_tokens = 0;
-    if (!plan_fits_budget(run, spec, budget)) {
-        for (k = 1; 2 * k <= N; k *= 2) {}
-        for (; k > 64; k /= 2) {
-            spec->tile_tokens = k;
-            if (plan_fits_budget(run, spec, budget)) break;
-        }
-    }
-    run->opt.tile_tokens = k;
-    fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n", k ? "on" : "off, the untiled plan fits", mib(budget), source);
+    int k = plan_auto_tile(spec, budget);
+    spec->tile_tokens = run->opt.tile_tokens = k;
+    fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n",
+            k ? "on" : plan_total_for(spec, -1, spec->B, spec->T) <= budget ? "off, the untiled plan fits" : "off, no tile fits", mib(budget), source);
     if (k) fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d\n", k);
+}
+
+/* Whether the planner chooses the tile size: --tile-tokens auto, or -r auto
+ * where the trainer has tiles and --tile-tokens is not given a size. */
+static inline int tiles_chosen_by_planner(const Run* run, int trainer) {
+    if (strcmp(run->opt.tile_tokens_flag, "auto") == 0) return 1;
+    return strcmp(run->opt.recompute, "auto") == 0 && !option_given(&run->opt, "--tile-tokens") && flag_for_trainer("--tile-tokens", trainer);
 }
 
 /* The host pool of offloaded checkpoints must fit the host budget: pinned
@@ -362,6 +364,10 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.grad_accum = run->grad_accum;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, &spec.cost_model);
     spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
+    if (!run->opt.ring_link[0] && spec.cost_model.ring_bytes_per_s > 0) { /* measured, in the --cost-model file */
+        RingLink measured = {"measured", spec.cost_model.ring_bytes_per_s, spec.cost_model.ring_latency_s};
+        spec.ring_link = measured;
+    }
     if (run->opt.host_link[0]) spec.cost_model.host_link_bytes_per_s = host_link_parse(run->opt.host_link, "flag --host-link");
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
@@ -369,9 +375,10 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     plan_validate_spec(&spec);
-    if (strcmp(run->opt.tile_tokens_flag, "auto") == 0) resolve_auto_tiles(run, &spec);
     spec.tile_tokens = run->opt.tile_tokens;
-    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec);
+    int choose_tiles = tiles_chosen_by_planner(run, trainer);
+    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec, choose_tiles);
+    else if (choose_tiles) resolve_auto_tiles(run, &spec);
     plan_build(&run->plan, &spec);
     if (run->plan.overflow)
         fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",
