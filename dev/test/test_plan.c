@@ -92,7 +92,7 @@ static void check_allocation(void) {
  * choice fits and its predicted time equals the least of the ones that fit
  * (to rounding), or both find nothing. */
 static void check_auto_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0};
     int checked = 0;
     for (int L = 1; L <= 5; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -149,7 +149,7 @@ static void check_auto_against_exhaustive(void) {
  * across the range and host budgets none, half the most any choice needs,
  * and unbounded; the links include a slow one, whose copies do not hide. */
 static void check_auto_offload_against_exhaustive(void) {
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0};
     int checked = 0;
     for (int L = 1; L <= 4; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -209,8 +209,149 @@ static void check_auto_offload_against_exhaustive(void) {
     printf("auto with offloading against exhaustive search: %d (L, cost model, budget, host budget) cases\n", checked);
 }
 
-/* Phase times made from known rates calibrate back to those rates, and a
- * written calibration file reads back equal (to its 6 significant digits). */
+/* -r auto choosing the tile size too, against an exhaustive search over
+ * every per-layer choice (modes 0-3, and 1o, 3o with a host budget) at
+ * every tile size it may take (untiled, 256, 128, 64 of 512 rows), each
+ * planned by plan_build and timed by the time model: at device budgets
+ * across the range of all of them, auto's choice fits both budgets and its
+ * predicted time is the least, or both find nothing. The cost models
+ * include one whose tiles are dear and one whose tiles are nearly free. */
+static void check_auto_tiles_against_exhaustive(void) {
+    CostModel cheap_tiles = {"cheap tiles", 1e14, 5e13, 1e12, 1e9, 1e-9, 1.0, 0, 0};
+    CostModel dear_tiles = {"dear tiles", 1e14, 5e13, 1e12, 1e11, 1e-3, 4096.0, 0, 0};
+    static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
+    static const int tiles[4] = {0, 256, 128, 64};
+    int checked = 0, tiled_choices = 0;
+    for (int L = 1; L <= 3; L++)
+        for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
+            for (int with_offload = 0; with_offload <= 1; with_offload++) {
+                PlanSpec s;
+                memset(&s, 0, sizeof(s));
+                s.cfg = test_config(L, 4, 64, 50, 256);
+                s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+                s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
+                s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? cheap_tiles : dear_tiles;
+                int choices = with_offload ? 6 : 4, n = 1;
+                for (int l = 0; l < L; l++) n *= choices;
+                int all = 4 * n;
+                size_t* totals = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
+                size_t* hosts = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
+                double* secs = (double*)malloc_check((size_t)all * sizeof(double), "test");
+                unsigned char modes[3], offload[3], chosen[3], chosen_off[3];
+                size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
+                for (int k = 0; k < 4; k++)
+                    for (int code = 0; code < n; code++) {
+                        int i = k * n + code;
+                        for (int l = 0, r = code; l < L; l++, r /= choices) {
+                            modes[l] = (unsigned char)choice_mode[r % choices];
+                            offload[l] = (unsigned char)choice_off[r % choices];
+                        }
+                        s.layer_mode = modes; s.layer_offload = offload; s.tile_tokens = tiles[k];
+                        totals[i] = plan_totals_for(&s, -1, s.B, s.T, &hosts[i]);
+                        secs[i] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                        if (totals[i] < lo) lo = totals[i];
+                        if (totals[i] > hi) hi = totals[i];
+                        if (hosts[i] > host_hi) host_hi = hosts[i];
+                    }
+                size_t host_budget = with_offload ? host_hi / 2 : 0;
+                for (int step = 0; step <= 40; step++) {
+                    size_t budget = lo - 1 + (hi + 1 - lo) / 40 * (size_t)step + (step == 40 ? 1 : 0);
+                    double best = -1.0;
+                    for (int i = 0; i < all; i++)
+                        if (totals[i] <= budget && hosts[i] <= host_budget && (best < 0 || secs[i] < best)) best = secs[i];
+                    s.layer_mode = NULL; s.layer_offload = NULL; s.tile_tokens = 0;
+                    int rc = recompute_auto_tiles(&s, budget, host_budget, 1, chosen, with_offload ? chosen_off : NULL);
+                    if (!with_offload) memset(chosen_off, 0, sizeof(chosen_off));
+                    checked++;
+                    if (best < 0) {
+                        if (rc == 0) { printf("  FAIL auto tiles L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", L, s.cost_model.name, budget); failures++; }
+                        continue;
+                    }
+                    s.layer_mode = chosen; s.layer_offload = chosen_off;
+                    size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                    double secs_auto = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                    tiled_choices += rc == 0 && s.tile_tokens > 0;
+                    if (rc != 0 || t > budget || host > host_budget || secs_auto > best * (1 + 1e-12)) {
+                        printf("  FAIL auto tiles L=%d %s offload %d budget %zu: rc %d, K %d, %zu bytes, host %zu, %.9g s; exhaustive best %.9g s\n", L,
+                               s.cost_model.name, with_offload, budget, rc, s.tile_tokens, t, host, secs_auto, best);
+                        failures++;
+                    }
+                }
+                free(totals);
+                free(hosts);
+                free(secs);
+            }
+    if (tiled_choices == 0) { printf("  FAIL auto tiles: no case chose a tile, so the tile dimension went untested\n"); failures++; }
+    printf("auto with tiles against exhaustive search: %d (L, cost model, offloading, budget) cases, %d chose tiles\n", checked, tiled_choices);
+}
+
+/* The tile costs against the formula of llmc/cost_model.h written out
+ * here: -r 0 and -r 1 at K rows over untiled, per micro-step and layer,
+ * 4 (n-1) passes (-r 1: 5) and the block matmuls' 72 N C^2 (-r 1: 88)
+ * FLOPs at h / K of the matmul rate more, and -r 1's LN1 again (2 N C E). */
+static void check_tile_cost_formula(void) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = test_config(3, 4, 64, 50, 256);
+    s.B = 2; s.T = 250; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.world_size = 1;
+    s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 3;
+    s.cost_model = cost_model_defaults[COST_MODEL_H100];
+    const CostModel* cm = &s.cost_model;
+    double N = 500, C = 64, E = 2, L = 3, K = 64, n = 8; /* ceil(500 / 64) */
+    unsigned char r1[3] = {1, 1, 1};
+    double untiled0 = plan_predicted_seconds(&s, NULL, NULL), untiled1 = plan_predicted_seconds(&s, r1, NULL);
+    s.tile_tokens = 64;
+    double tiled0 = plan_predicted_seconds(&s, NULL, NULL), tiled1 = plan_predicted_seconds(&s, r1, NULL);
+    double want0 = 3 * L * (4 * (n - 1) * cm->tile_pass_s + 72 * N * C * C / K * cm->matmul_half_rows / cm->matmul_flops_per_s);
+    double want1 = 3 * L * (5 * (n - 1) * cm->tile_pass_s + 88 * N * C * C / K * cm->matmul_half_rows / cm->matmul_flops_per_s +
+                            2 * N * C * E / cm->memory_bytes_per_s);
+    if (fabs((tiled0 - untiled0) - want0) > 1e-9 * want0 || fabs((tiled1 - untiled1) - want1) > 1e-9 * want1) {
+        printf("  FAIL tile cost: -r 0 %.9g s (formula %.9g), -r 1 %.9g s (formula %.9g)\n", tiled0 - untiled0, want0, tiled1 - untiled1, want1);
+        failures++;
+    }
+    printf("tile costs: -r 0 and -r 1 at 64 of 500 rows equal the formula\n");
+}
+
+/* Timed transfers from a known link fit back to it: two sizes give
+ * bandwidth and latency, one size the bandwidth around the assumed
+ * latency; the host link is bytes over seconds. */
+static void check_link_calibration(void) {
+    double bw = 3.3e9, lat = 7e-6, got_bw = 0, got_lat = 0;
+    LinkTimes two = {0}, one = {0}, none = {0};
+    for (int i = 0; i < 6; i++) {
+        double b = i % 2 ? 4.0e6 : 8.0e6;
+        link_times_add(&two, b, lat + b / bw);
+        link_times_add(&one, 4.0e6, lat + 4.0e6 / bw);
+    }
+    if (link_fit(&two, 1e-3, &got_bw, &got_lat) != 0 || fabs(got_bw - bw) > 1e-9 * bw || fabs(got_lat - lat) > 1e-9 * lat) {
+        printf("  FAIL ring link from two sizes: %.9g B/s %.9g s, want %.9g %.9g\n", got_bw, got_lat, bw, lat);
+        failures++;
+    }
+    if (link_fit(&one, lat, &got_bw, &got_lat) != 0 || fabs(got_bw - bw) > 1e-9 * bw || got_lat != lat) {
+        printf("  FAIL ring link from one size: %.9g B/s %.9g s\n", got_bw, got_lat);
+        failures++;
+    }
+    if (link_fit(&none, lat, &got_bw, &got_lat) == 0) { printf("  FAIL ring link fitted from no transfers\n"); failures++; }
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.backend = BACKEND_CPU;
+    LinkTimes host = {0};
+    link_times_add(&host, 3.0e6, 3.0e6 / 2.5e9);
+    link_times_add(&host, 5.0e5, 5.0e5 / 2.5e9);
+    CostModel cm = cost_model_defaults[COST_MODEL_CPU];
+    int measured = cost_model_add_links(&s, &host, &two, &cm);
+    if (measured != 2 || fabs(cm.host_link_bytes_per_s - 2.5e9) > 1e-9 * 2.5e9 || fabs(cm.ring_bytes_per_s - bw) > 1e-9 * bw) {
+        printf("  FAIL links into the cost model: %d measured, host %.9g B/s, ring %.9g B/s\n", measured, cm.host_link_bytes_per_s,
+               cm.ring_bytes_per_s);
+        failures++;
+    }
+    printf("link calibration: bandwidth and latency recovered from synthetic transfer times\n");
+}
+
+/* Phase times made from known rates calibrate back to those rates (a
+ * tiled run: the tiles' costs, at the spec's tile rates, come out before
+ * the matmul rate), and a written calibration file reads back equal (to its
+ * 6 significant digits) in every rate, the links' and tiles' included. */
 static void check_calibration_round_trip(void) {
     ModelConfig d12;
     config_from_descriptor("d12", &d12);
@@ -218,8 +359,9 @@ static void check_calibration_round_trip(void) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
     s.cfg = d12; s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
-    s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes;
-    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10};
+    s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes; s.tile_tokens = 1024;
+    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10, 2e-5, 300.0, 4e9, 3e-6};
+    s.cost_model = truth;
     /* independent of the model's split: the attention FLOPs counted here */
     double att = 0.0;
     for (int l = 0; l < 12; l++) att += (modes[l] == 1 ? 4.5 : 3.5) * 2.0 * 4 * 1024.0 * 1025.0 * 768;
@@ -248,9 +390,10 @@ static void check_calibration_round_trip(void) {
     CostModel back;
     cost_model_read(path, &back);
     unlink(path);
-    double read[3] = {back.matmul_flops_per_s, back.attention_flops_per_s, back.memory_bytes_per_s};
-    for (int k = 0; k < 3; k++)
-        if (fabs(read[k] - have[k]) > 1e-5 * have[k]) { printf("  FAIL file round trip rate %d\n", k); failures++; }
+    for (int k = 0; k < NUM_COST_MODEL_KEYS; k++) {
+        double r = *cost_model_field(&back, k), w = *cost_model_field(&got, k);
+        if (!(w > 0) || fabs(r - w) > 1e-5 * w) { printf("  FAIL file round trip %s: %.9g, wrote %.9g\n", cost_model_keys[k].key, r, w); failures++; }
+    }
     if (strcmp(back.name, "round trip") != 0) { printf("  FAIL file round trip name '%s'\n", back.name); failures++; }
     t.forward_ms = t.classifier_ms = t.backward_ms = 0.2 * t.attention_ms;
     if (cost_model_calibrate(&s, &t, &got, why, sizeof(why)) == 0) { printf("  FAIL calibrate accepted times with no room for matmuls\n"); failures++; }
@@ -320,6 +463,9 @@ int main(void) {
     check_allocation();
     check_auto_against_exhaustive();
     check_auto_offload_against_exhaustive();
+    check_auto_tiles_against_exhaustive();
+    check_tile_cost_formula();
+    check_link_calibration();
     check_calibration_round_trip();
     check_suggestions();
     printf("%s: memory plan, %d check(s) failed\n", failures ? "FAIL" : "PASS", failures);
