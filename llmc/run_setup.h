@@ -259,8 +259,9 @@ static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     int k = plan_auto_tile(spec, budget);
     spec->tile_tokens = run->opt.tile_tokens = k;
+    int fits = plan_total_for(spec, -1, spec->B, spec->T) <= budget;
     fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n",
-            k ? "on" : plan_total_for(spec, -1, spec->B, spec->T) <= budget ? "off, the untiled plan fits" : "off, no tile fits", mib(budget), source);
+            !fits ? "no tile fits, the smallest tried" : k ? "on, the fastest predicted that fits" : "off, the untiled plan fits", mib(budget), source);
     if (k) fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d\n", k);
 }
 

@@ -107,13 +107,15 @@ def test_offload_flag_is_the_mix_with_every_recomputed_layer_offloaded():
     assert a["recompute"] == "3o:0,5-7" and a["total_bytes"] == b["total_bytes"] and a["host_total_bytes"] == b["host_total_bytes"]
 
 
-AUTO_NOTE = re.compile(r"^recompute auto: fits .* with [0-9.]+ MiB: -r (\S+); predicted", re.M)
+AUTO_NOTE = re.compile(r"^recompute auto: fits .* with [0-9.]+ MiB: -r (\S+)( --tile-tokens \d+)?; predicted", re.M)
 HOST_NOTE = re.compile(r"^recompute auto: host memory ([0-9.]+) MiB of ([0-9.]+) MiB \(--host-mem-budget\)", re.M)
 
 
-def auto(budget, *extra):
+def auto(budget, *extra, tiles=("--tile-tokens", "0")):
+    """-r auto on the 24-layer model; untiled unless `tiles` says otherwise
+    (a tile would fit budgets these tests mean for offloading alone)."""
     flags, _ = SHAPES["24x2048"]
-    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *extra])
+    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *tiles, *extra])
 
 
 def test_auto_offloads_where_nothing_else_fits():
@@ -216,6 +218,58 @@ def test_tiled_plan_holds_one_tile_of_the_token_wise_tensors():
     untiled = plan_json(*flags, "-b", 2, "-t", 512, "-r", "1")
     saved = sum(a256(4 * N * k) - a256(4 * K * k) for k in (C, 1, 1, C, C, 1, 1, 4 * C, 4 * C)) - a256(4 * N * C) - a256(12 * N * C)
     assert untiled["total_bytes"] - d["total_bytes"] == saved
+
+
+def reproduced(d, flags_printed, *base):
+    """The plan of the printed flags equals the one -r auto chose."""
+    again = plan_json(*base, *flags_printed.split())
+    keys = ("recompute", "layer_modes", "layer_offload", "tile_tokens", "total_bytes", "host_total_bytes", "predicted_step_seconds")
+    return {k: again[k] for k in keys} == {k: d[k] for k in keys}
+
+
+def test_auto_chooses_a_tile_where_untiled_does_not_fit():
+    """Below the untiled -r 1 total -r auto (no offloading) still fits, with a
+    tile; -r auto --tile-tokens auto chooses the same; the printed flags
+    reproduce the plan; --tile-tokens 0 pins it untiled, where nothing fits."""
+    flags, _ = SHAPES["24x2048"]
+    r1 = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1")["total_bytes"]
+    budget = (r1 + plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1", "--tile-tokens", 64)["total_bytes"]) // 2
+    assert auto(budget).returncode == 1
+    res = auto(budget, tiles=())
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    note = AUTO_NOTE.search(res.stderr)
+    assert note and note.group(2), res.stderr
+    K = int(note.group(2).split()[-1])
+    assert d["tile_tokens"] == K and K & (K - 1) == 0 and 64 <= K < 4096 and d["total_bytes"] <= budget
+    assert reproduced(d, f"-r {note.group(1)}{note.group(2)}", *flags, "-b", 1, "-t", 4096)
+    same = json.loads(auto(budget, tiles=("--tile-tokens", "auto")).stdout)
+    assert (same["recompute"], same["tile_tokens"]) == (d["recompute"], K)
+
+
+def test_auto_tile_is_the_fastest_that_fits():
+    """-r auto's choice against every (uniform -r, tile) plan the program
+    gives: none that fits is predicted faster; a fixed -r with --tile-tokens
+    auto takes the fastest tile that fits among untiled and the powers of two
+    from 2048 down to 64."""
+    flags, _ = SHAPES["24x2048"]
+    tiles = [0, 2048, 1024, 512, 256, 128, 64]
+    r1_tiled = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1", "--tile-tokens", 64)["total_bytes"]
+    r3 = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "3")["total_bytes"]
+    plans = [plan_json(*flags, "-b", 1, "-t", 4096, "-r", r, "--tile-tokens", k) for r in "0123" for k in tiles]
+    for budget in (r1_tiled + (1 << 20), (r1_tiled + r3) // 2, r3):
+        fitting = [p for p in plans if p["total_bytes"] <= budget]
+        d = json.loads(auto(budget, tiles=()).stdout)
+        assert d["total_bytes"] <= budget and d["predicted_step_seconds"] <= min(p["predicted_step_seconds"] for p in fitting) * (1 + 1e-9)
+        for r in "13":
+            mine = [p for p in fitting if p["recompute"] == r]
+            res = run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", r, "--mem-budget", budget, "--tile-tokens", "auto", "--plan-json"])
+            got = json.loads(res.stdout)
+            if mine:
+                fastest = min(mine, key=lambda p: (p["predicted_step_seconds"], -p["tile_tokens"] if p["tile_tokens"] else -1e9))
+                assert got["tile_tokens"] == fastest["tile_tokens"], (r, budget)
+            else:
+                assert got["tile_tokens"] == 64 and "no tile fits" in res.stderr
 
 
 @pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
