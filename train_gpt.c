@@ -619,6 +619,17 @@ static void residual_add(real* out, const real* branch, const real* res, size_t 
 typedef PARAM_TENSORS(real) ParamTensors;
 typedef BLOCK_TENSORS(real) BlockTensors;
 
+/* REMAT_PROFILE=N with REMAT_PROFILE_COST_MODEL=FILE: during step N every
+ * offload copy is timed, after it the ring's messages (cpu_time_ring), and
+ * the links measured from them (cost_model_add_links) go into FILE with the
+ * rest of the cost model the run planned with (the CPU trainer does not
+ * profile its compute). */
+typedef struct {
+    int step, active;
+    const char* path;
+    LinkTimes host, ring;
+} CpuLinkProfile;
+
 typedef struct {
     ModelConfig cfg;
     const MemoryPlan* plan;
@@ -654,6 +665,7 @@ typedef struct {
     RingTransfer ring;
 #endif
     size_t shard_start, shard_count; /* parameters this rank updates */
+    CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose transfers are timed */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
 } CpuModel;
@@ -754,6 +766,24 @@ static int ring_block(const CpuModel* m, int origin, int qc, int kc, AttentionBl
     AttentionBlock b = {m->B, m->cfg.channels, m->cfg.num_heads, N * m->T, m->T, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc};
     *a = b;
     return 1;
+}
+
+/* The ring's link timed on its own buffers after the profiled step: K/V
+ * blocks of the run's size and of a sixteenth of it (for the latency), three
+ * times each, every one after a one-byte exchange that lines the
+ * neighbours up. The step's own waits are not timed: they hold whatever the
+ * neighbour's attention was late, which on a loaded machine is most of them. */
+static void cpu_time_ring(CpuModel* m) {
+    size_t kv = plan_ring_kv_bytes(&m->plan->spec);
+    for (int i = 0; i < 6; i++) {
+        size_t bytes = i % 2 ? kv : (kv + 15) / 16;
+        ring_post(&m->ring, &m->cp, m->ring_kv[0], m->ring_kv[1], 1, RING_TAG_KV);
+        ring_wait(&m->ring, &m->cp, "the ring's link timing");
+        double t0 = now_ms();
+        ring_post(&m->ring, &m->cp, m->ring_kv[0], m->ring_kv[1], bytes, RING_TAG_KV);
+        ring_wait(&m->ring, &m->cp, "the ring's link timing");
+        link_times_add(&m->links.ring, (double)bytes, 1e-3 * (now_ms() - t0));
+    }
 }
 
 static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real* qkv, const DropoutSite* drop) {
@@ -1005,7 +1035,9 @@ static void offload_copy(CpuModel* m, int l, int to_host) {
         if (!layer_offloads(mode, off, a)) continue;
         char* slot = m->arena + m->plan->layer_act[l][a];
         char* host = m->host_pool + m->plan->host_act[l][a];
+        double t0 = m->links.active ? now_ms() : 0.0;
         memcpy(to_host ? host : slot, to_host ? slot : host, act_call_bytes(m, a));
+        if (m->links.active) link_times_add(&m->links.host, (double)act_call_bytes(m, a), 1e-3 * (now_ms() - t0));
     }
 }
 
@@ -1291,6 +1323,33 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
     else memcpy(dst, host, n * sizeof(float));
 }
 
+static void cpu_step_begin(void* ctx, int step) {
+    CpuModel* m = (CpuModel*)ctx;
+    m->links.active = m->links.path && step == m->links.step;
+}
+
+static void cpu_step_end(void* ctx, int step) {
+    CpuModel* m = (CpuModel*)ctx;
+    if (!m->links.active) return;
+    m->links.active = 0;
+#ifdef USE_MPI
+    if (m->cp.degree > 1) cpu_time_ring(m);
+#endif
+    if (m->rank != 0) return;
+    const PlanSpec* s = &m->plan->spec;
+    CostModel cm = spec_cost_model(s);
+    cm.ring_bytes_per_s = cm.ring_latency_s = 0.0; /* only what this run measures */
+    int measured = cost_model_add_links(s, &m->links.host, &m->links.ring, &cm);
+    size_t used = strlen(cm.name);
+    snprintf(cm.name + used, sizeof(cm.name) - used, ", links measured at B=%d T=%d", s->B, s->T);
+    char how[200];
+    snprintf(how, sizeof(how), "links timed in step %d (REMAT_PROFILE) of train_gpt_cpu; compute rates as planned, not measured", step);
+    cost_model_write(&cm, m->links.path, how);
+    printf("cost model: %d link%s measured in step %d, written to %s: host link %.3g B/s (%.0f copies), ring %.3g B/s and %.3g s a message (%.0f waits)\n",
+           measured, measured == 1 ? "" : "s", step, m->links.path, cm.host_link_bytes_per_s, m->links.host.count, cm.ring_bytes_per_s,
+           cm.ring_latency_s, m->links.ring.count);
+}
+
 static Backend cpu_backend(CpuModel* m) {
     Backend be;
     memset(&be, 0, sizeof(be));
@@ -1311,6 +1370,9 @@ static Backend cpu_backend(CpuModel* m) {
     be.grad_norm = cpu_grad_norm;
     be.update = cpu_update;
     be.transfer = cpu_transfer;
+    be.step_begin = cpu_step_begin;
+    be.step_end = cpu_step_end;
+    m->links.path = cost_model_profile_request(&m->links.step);
     return be;
 }
 

@@ -487,6 +487,22 @@ static inline int cost_model_add_links(const PlanSpec* s, const LinkTimes* host,
     return measured;
 }
 
+/* REMAT_PROFILE=N with REMAT_PROFILE_COST_MODEL=FILE: the step whose
+ * measurements calibrate the time model, and the file it goes to; NULL
+ * (and step 0) when not asked for. */
+static inline const char* cost_model_profile_request(int* step) {
+    const char* path = getenv("REMAT_PROFILE_COST_MODEL");
+    const char* n = getenv("REMAT_PROFILE");
+    *step = 0;
+    if (!path || !path[0]) return NULL;
+    char* end = NULL;
+    long v = n && n[0] ? strtol(n, &end, 10) : 0;
+    if (!n || !n[0] || *end != '\0' || v < 1 || v > INT_MAX)
+        fail("REMAT_PROFILE_COST_MODEL needs REMAT_PROFILE=N: the step whose profile calibrates it");
+    *step = (int)v;
+    return path;
+}
+
 /* --cost-model: a default's name or a file; "" picks the default for the
  * device (`device`, NULL on the CPU trainer; "" when no GPU is found). */
 static inline void cost_model_resolve(const char* flag, const char* device, CostModel* out) {

@@ -59,6 +59,7 @@ def files(tmp_path_factory):
     (d / "cm_negative.txt").write_text(rates.replace("= 1e11", "= -1e11"))
     (d / "cm_twice.txt").write_text(rates + "matmul_flops_per_s = 2e12\n")
     (d / "cm_noeq.txt").write_text("matmul_flops_per_s 1e12\n")
+    (d / "cm_half_ring.txt").write_text(rates + "ring_link_bytes_per_s = 5e9\n")
     return d
 
 
@@ -105,6 +106,8 @@ def cases(d):
         "cost model negative": ([*MODEL, *base, "--cost-model", d / "cm_negative.txt"], ["cm_negative.txt", "line 3", "positive"]),
         "cost model key twice": ([*MODEL, *base, "--cost-model", d / "cm_twice.txt"], ["cm_twice.txt", "given twice"]),
         "cost model no =": ([*MODEL, *base, "--cost-model", d / "cm_noeq.txt"], ["cm_noeq.txt", "key = value"]),
+        "cost model ring link half given": ([*MODEL, *base, "--cost-model", d / "cm_half_ring.txt"],
+                                            ["cm_half_ring.txt", "ring_link_bytes_per_s and ring_link_latency_s go together"]),
         "bad layer list": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0,x"], ["--recompute-layers"]),
         "layer out of range": ([*MODEL, *base, "-r", "1", "--recompute-layers", "0-5"], ["--recompute-layers", "out of range"]),
         "bad descriptor": (["-e", "d7", *base], ["d7", "unknown model descriptor"]),

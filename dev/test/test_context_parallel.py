@@ -201,6 +201,26 @@ def test_plan_divides_activations_and_names_ring_buffers():
         assert eight["components"][k] == one["components"][k]
 
 
+def test_profiled_step_measures_the_ring_link(synthetic, tmp_path):
+    """REMAT_PROFILE_COST_MODEL under N = 2: after step 2 the ring's link is
+    timed on its own buffers (six messages), fitted, and written; --cost-model
+    reads it back as the ring's link unless --ring-link names one."""
+    out, meta = synthetic
+    cm = tmp_path / "cm.txt"
+    res = run(["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
+               out / "synthetic_train.bin", "-j", "", "-t", "32", "-b", "2", "-s", "0", "-x", "3", "--context-parallel", "2"],
+              env={**MPI_ENV, "REMAT_PROFILE": "2", "REMAT_PROFILE_COST_MODEL": str(cm)}, check=True, timeout=300)
+    line = re.search(r"^cost model: 1 link measured in step 2, written to \S+: .* \(0 copies\), ring \S+ B/s and \S+ s a message "
+                     r"\(6 waits\)$", res.stdout, re.M)
+    assert line, res.stdout
+    rates = {k.strip(): float(v) for k, v in (l.split("=", 1) for l in cm.read_text().splitlines() if "_per_s" in l or "_s =" in l)}
+    assert rates["ring_link_bytes_per_s"] > 0 and rates["ring_link_latency_s"] > 0
+    d = plan_json("--plan-processes", "2", "--context-parallel", "2", "--cost-model", str(cm))
+    assert (d["ring_link"], d["ring_link_bytes_per_s"], d["ring_link_latency_s"]) == \
+        ("measured", rates["ring_link_bytes_per_s"], rates["ring_link_latency_s"])
+    assert plan_json("--plan-processes", "2", "--context-parallel", "2", "--cost-model", str(cm), "--ring-link", "nvlink")["ring_link"] == "nvlink"
+
+
 def test_plan_time_model_prices_the_ring_in_recompute():
     """-r 1 pays the forward ring again; -r 3 does not: on a slow link their
     predicted gap grows by exactly the forward ring's time per layer (the

@@ -304,6 +304,34 @@ def test_tiles_lower_peak_rss_as_planned(tmp_path):
         assert rss < planned + 80, got  # the program, libraries and the dataloader's shard beyond the plan
 
 
+# ---- the links measured for the time model ----
+
+COST_LINE = re.compile(r"^cost model: (\d) links? measured in step 2, written to (\S+): host link (\S+) B/s \((\d+) copies\), "
+                       r"ring (\S+) B/s and (\S+) s a message \((\d+) waits\)$", re.M)
+
+
+def cost_file(path):
+    return {k.strip(): v.strip() for k, v in (line.split("=", 1) for line in path.read_text().splitlines()
+                                              if line.strip() and not line.startswith("#"))}
+
+
+def test_profiled_step_measures_the_host_link(tiny_shards, tmp_path):
+    """REMAT_PROFILE_COST_MODEL: step 2's offload copies timed (5 layers, each
+    x out and back, one micro-step: 10 copies) into the file's
+    host_link_bytes_per_s, which --cost-model reads back into the plan."""
+    cm = tmp_path / "cm.txt"
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-s", "0",
+               "-x", "3", "-r", "1", "--offload-checkpoints"], env={"REMAT_PROFILE": "2", "REMAT_PROFILE_COST_MODEL": str(cm)}, check=True)
+    line = COST_LINE.search(res.stdout)
+    assert line and line.group(1) == "1" and line.group(4) == "10" and line.group(7) == "0", res.stdout
+    rates = cost_file(cm)
+    assert float(rates["host_link_bytes_per_s"]) > 0 and "ring_link_bytes_per_s" not in rates
+    assert rates["name"].endswith("links measured at B=2 T=32")
+    d = plan_json(*MODEL, "-b", "2", "-t", "32", "-r", "1", "--offload-checkpoints", "--cost-model", cm)
+    assert d["cost_model"]["host_link_bytes_per_s"] == float(rates["host_link_bytes_per_s"])
+    assert d["cost_model"]["matmul_flops_per_s"] == float(rates["matmul_flops_per_s"])
+
+
 # ---- the numbers of docs/offload-and-tiles.md ----
 
 NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| ([0-9.]+) \|$", re.M)
