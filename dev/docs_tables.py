@@ -131,6 +131,12 @@ def block_auto_wide():
     return "\n".join(["```", "$ ./train_gpt_cpu ... -b 4 -t 8192 -r auto --mem-budget 78GiB --cost-model h100 --plan", line, "```"])
 
 
+def block_auto_tiles_wide():
+    args = [a if a != "78GiB" else "30GiB" for a in WIDE_8K]
+    line = next(l for l in program("cpu", [*args, "-r", "auto", "--plan"]).splitlines() if l.startswith("recompute auto:"))
+    return "\n".join(["```", "$ ./train_gpt_cpu ... -b 4 -t 8192 -r auto --mem-budget 30GiB --cost-model h100 --plan", line, "```"])
+
+
 def mode_cells(p):
     modes = {m["recompute"]: m for m in p["modes"]}
     sizes = " / ".join(gib(modes[r]["total_bytes"]) for r in MODES)
@@ -217,6 +223,7 @@ BLOCKS = {
     "plan_d12": block_plan_d12,
     "fit_wide": block_fit_wide,
     "auto_wide": block_auto_wide,
+    "auto_tiles_wide": block_auto_tiles_wide,
     "modes_gpu": table_modes_gpu,
     "d12_8k_gpu": table_d12_8k_gpu,
     "max_t_gpu": table_max_t_gpu,
