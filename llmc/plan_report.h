@@ -528,7 +528,9 @@ static inline int plan_fitting_batch_keeping_tokens(const PlanSpec* spec, int wo
  * more processes (only where this build runs several). */
 static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, FILE* out) {
     char size[32];
-    fprintf(out, "what would fit in %s:\n", format_size(budget, size, sizeof(size)));
+    fprintf(out, "what would fit in %s", format_size(budget, size, sizeof(size)));
+    if (spec->tile_tokens > 0) fprintf(out, " (each with --tile-tokens %d)", spec->tile_tokens);
+    fprintf(out, ":\n");
     char flag[8192];
     double extra = 0.0;
     int fits = auto_choice(spec, budget, flag, sizeof(flag), &extra) == 0;

@@ -232,10 +232,11 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     format_size(budget, have, sizeof(have));
     if (recompute_auto_tiles(spec, budget, host_budget, search_tiles, run->layer_mode, run->layer_offload) != 0) {
         fflush(stdout);
-        int least[PLAN_MAX_TILE_CANDIDATES];
+        int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens;
         if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
         fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
                 tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
+        spec->tile_tokens = given; /* the suggestions: flags that fit as they are */
         plan_print_suggestions(spec, budget, stderr);
         fail("-r auto: nothing fits in %s", have);
     }
