@@ -242,10 +242,11 @@ def plan_total(*extra):
 
 def test_smaller_batch_suggestions_keep_the_tokens_per_step():
     """-b 8 -t 256 -d 2048: a budget where -r 1 fits up to -b 7, but only
-    -b 1, 2, 4 (and 8) keep 2048 tokens per step."""
+    -b 1, 2, 4 (and 8) keep 2048 tokens per step (untiled: a token tile
+    would let -b 8 fit)."""
     b7 = plan_total("-b", "7", "-t", "256", "-r", "1")
     res = run([binary("train_gpt_cpu"), "-e", "d12", "-i", "x", "-b", "8", "-t", "256", "-d", "2048", "-r", "auto",
-               "--mem-budget", str(b7), "--plan"])
+               "--tile-tokens", "0", "--mem-budget", str(b7), "--plan"])
     assert res.returncode == 1
     m = re.search(r"^  -r 1 -b (\d+) -d (\d+) ", res.stderr, re.M)
     assert m and (int(m.group(1)), int(m.group(2))) == (4, 2048), res.stderr
