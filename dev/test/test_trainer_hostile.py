@@ -15,12 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD, REPO, binary, datafile, run
+from conftest import BUILD, ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer
 
-MODEL = ["-e", "d6", "--layers", "2", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
-N_PARAMS = 8896  # of MODEL: Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C with Vp 128, C 16, L 2, maxT 16
-STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+N_PARAMS = 8896  # of MODEL (conftest.TINY_MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +39,8 @@ def write_tokenizer(path, vocab):
     path.write_bytes(header.tobytes() + body)
 
 
-def trainer(data, *extra, exe="train_gpt_cpu", env=None, **kw):
-    return run([binary(exe), *MODEL, "-i", data / "train.bin", "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", *extra],
-               env={**ONE_THREAD, **(env or {})}, **kw)
-
-
-def steps(stdout):
-    return [m.groups() for m in STEP_RE.finditer(stdout)]
-
-
-def one_error(res):
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
-    return lines[0]
+def trainer(data, *extra, **kw):
+    return tiny_trainer(data / "train.bin", *extra, **kw)
 
 
 def snapshot(d):
@@ -448,3 +434,41 @@ def test_stop_signal_without_output_exits_with_the_signal_status(data):
     out = proc.stdout.read()
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
     assert re.search(r"stopped by SIGTERM after step \d+: no -o, nothing saved", out), out[-500:]
+
+
+LOGGER_PROBE = r"""
+#include "llmc/logger.h"
+int main(int argc, char** argv) {
+    (void)argc;
+    Logger lg;
+    logger_open(&lg, argv[1], -1);
+    logger_train(&lg, 1, NAN, 1e-3f, INFINITY, 1.0, 2.0, 16, 3.0);
+    logger_val(&lg, 1, -INFINITY);
+    int begin[2] = {0, 8}, end[2] = {8, 16};
+    float loss[2] = {2.5f, NAN};
+    double tokens[2] = {8, 8};
+    logger_val_by_position(&lg, 1, 2, begin, end, loss, tokens);
+    logger_train(&lg, 2, 2.25f, 1e-3f, 0.5f, 1.0, 2.0, 32, 3.0);
+    logger_close(&lg);
+    return 0;
+}
+"""
+
+
+def test_log_lines_are_strict_json_with_non_finite_values(tmp_path):
+    """A non-finite loss, norm or validation loss is written as null: every line
+    parses as strict JSON (no NaN or Infinity tokens), the finite values intact."""
+    src = tmp_path / "probe.c"
+    src.write_text(LOGGER_PROBE)
+    exe = tmp_path / "probe"
+    run(["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-I", REPO, "-o", exe, src, "-lm"], check=True)
+    run([exe, tmp_path], check=True)
+
+    def refuse(token):
+        raise ValueError(f"non-JSON constant {token}")
+
+    lines = [json.loads(line, parse_constant=refuse) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert lines[0]["loss"] is None and lines[0]["norm"] is None and lines[0]["lr"] == pytest.approx(1e-3, rel=1e-7)
+    assert lines[1] == {"step": 1, "val_loss": None}
+    assert [b["loss"] for b in lines[2]["val_loss_by_position"]] == [2.5, None]
+    assert lines[3]["loss"] == 2.25 and lines[3]["norm"] == 0.5
