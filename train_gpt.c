@@ -1279,6 +1279,29 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
     else memcpy(dst, host, n * sizeof(float));
 }
 
+/* matmul_half_rows timed after the profiled step: layer 0's MLP matmul
+ * (C -> 4C) from its ln2 rows into its fch, at the rows those buffers hold
+ * (B*T, or a tile), a half, a quarter and an eighth, three times each
+ * after one untimed call. The
+ * time is a line in M, (M + h) 8 C^2 / rate (cost_model.h), so with FLOPs
+ * as the bytes link_fit's intercept over its slope is h in rows; when the
+ * times do not tell (link_fit returns 1), h stays `planned`. Nothing reads
+ * these buffers before the next step writes them. */
+static double cpu_time_matmul_half_rows(CpuModel* m, double planned) {
+    int C = m->cfg.channels, rows = m->B * m->T;
+    if (m->tile_rows && m->tile_rows < rows) rows = m->tile_rows;
+    BlockTensors w = layer_params(m, 0);
+    double per_row = 8.0 * C * C, rate = 0.0, intercept = 0.0;
+    LinkTimes t = {0};
+    for (int i = -1; i < 12; i++) { /* i = -1: untimed, to warm the caches */
+        int M = rows >> (i < 0 ? 0 : i % 4) > 0 ? rows >> (i < 0 ? 0 : i % 4) : 1;
+        double t0 = now_ms();
+        matmul_forward(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, M, C, 4 * C);
+        if (i >= 0) link_times_add(&t, M * per_row, 1e-3 * (now_ms() - t0));
+    }
+    return link_fit(&t, 0.0, &rate, &intercept) == 0 ? intercept * rate / per_row : planned;
+}
+
 static void cpu_step_begin(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     m->links.active = m->links.path && step == m->links.step;
@@ -1296,14 +1319,15 @@ static void cpu_step_end(void* ctx, int step) {
     CostModel cm = spec_cost_model(s);
     cm.ring_bytes_per_s = cm.ring_latency_s = 0.0; /* only what this run measures */
     int measured = cost_model_add_links(s, &m->links.host, &m->links.ring, &cm);
+    cm.matmul_half_rows = cpu_time_matmul_half_rows(m, cm.matmul_half_rows);
     size_t used = strlen(cm.name);
     snprintf(cm.name + used, sizeof(cm.name) - used, ", links measured at B=%d T=%d", s->B, s->T);
     char how[200];
-    snprintf(how, sizeof(how), "links timed in step %d (REMAT_PROFILE) of train_gpt_cpu; compute rates as planned, not measured", step);
+    snprintf(how, sizeof(how), "links and matmul_half_rows timed in step %d (REMAT_PROFILE) of train_gpt_cpu; the other rates as planned", step);
     cost_model_write(&cm, m->links.path, how);
-    printf("cost model: %d link%s measured in step %d, written to %s: host link %.3g B/s (%.0f copies), ring %.3g B/s and %.3g s a message (%.0f waits)\n",
-           measured, measured == 1 ? "" : "s", step, m->links.path, cm.host_link_bytes_per_s, m->links.host.count, cm.ring_bytes_per_s,
-           cm.ring_latency_s, m->links.ring.count);
+    printf("cost model: %d link%s measured in step %d, written to %s: host link %.3g B/s (%.0f copies), ring %.3g B/s and %.3g s a message (%.0f waits); "
+           "matmuls at half rate at %.3g rows\n", measured, measured == 1 ? "" : "s", step, m->links.path, cm.host_link_bytes_per_s,
+           m->links.host.count, cm.ring_bytes_per_s, cm.ring_latency_s, m->links.ring.count, cm.matmul_half_rows);
 }
 
 static Backend cpu_backend(CpuModel* m) {

@@ -421,11 +421,11 @@ static inline void link_times_add(LinkTimes* t, double bytes, double seconds) {
 }
 
 /* The least-squares line t = latency + bytes / bandwidth through the timed
- * transfers. When they do not tell latency from bandwidth (one size, or a
- * fit with a negative latency or no positive slope), the latency is
- * `assumed_latency_s`, at most half the mean transfer's time, and the
- * bandwidth the bytes over the time the latencies leave. Returns 0, or -1 with nothing
- * timed. */
+ * transfers; returns 0. When they do not tell latency from bandwidth (one
+ * size, or a fit with a negative latency or no positive slope), the latency
+ * is `assumed_latency_s`, at most half the mean transfer's time, and the
+ * bandwidth the bytes over the time the latencies leave; returns 1. Returns
+ * -1 with nothing timed. */
 static inline int link_fit(const LinkTimes* t, double assumed_latency_s, double* bytes_per_s, double* latency_s) {
     if (!(t->count > 0) || !(t->bytes > 0) || !(t->seconds > 0)) return -1;
     double spread = t->count * t->bytes_sq - t->bytes * t->bytes;
@@ -438,7 +438,7 @@ static inline int link_fit(const LinkTimes* t, double assumed_latency_s, double*
     if (t->seconds - t->count * lat <= 0.5 * t->seconds) lat = 0.5 * t->seconds / t->count;
     *latency_s = lat;
     *bytes_per_s = t->bytes / (t->seconds - t->count * lat);
-    return 0;
+    return 1;
 }
 
 /* Measured times of one step's phases (profile.cuh's kinds), in ms. */
@@ -483,7 +483,7 @@ static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, C
 static inline int cost_model_add_links(const PlanSpec* s, const LinkTimes* host, const LinkTimes* ring, CostModel* cm) {
     int measured = 0;
     if (host->bytes > 0 && host->seconds > 0) { cm->host_link_bytes_per_s = host->bytes / host->seconds; measured++; }
-    if (link_fit(ring, spec_ring_link(s).latency_s, &cm->ring_bytes_per_s, &cm->ring_latency_s) == 0) measured++;
+    if (link_fit(ring, spec_ring_link(s).latency_s, &cm->ring_bytes_per_s, &cm->ring_latency_s) >= 0) measured++;
     return measured;
 }
 
