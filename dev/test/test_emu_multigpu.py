@@ -222,7 +222,8 @@ def test_the_unmutated_run_has_no_hazard_in_any_stream_order(bins, data):
 @pytest.mark.parametrize("ranks", [3, 1])
 def test_emulated_nccl_selftest(bins, ranks):
     """dev/emu/nccl_selftest.cu: every collective in place and out of place, fp32/bf16/fp16/int32, sum/max/avg, reduce and
-    broadcast from every root, a grouped send/recv ring on a second stream, a nonblocking communicator, version and error
+    broadcast from every root, a grouped send/recv ring on a second stream, ncclCommSplit (pairs keyed in reverse, an all-reduce
+    and a ring inside each, NCCL_SPLIT_NOCOLOR), a nonblocking communicator, version and error
     strings, against values computed on the host (3 ranks: sums where the association matters)."""
     res = subprocess.run(["mpirun", "-np", str(ranks), str(bins / "emu_nccl_selftest")], capture_output=True, text=True, timeout=300,
                          env=env(EMU_DEVICE_COUNT=str(ranks)), cwd=REPO)
