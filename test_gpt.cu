@@ -920,51 +920,53 @@ static void check_bias_kernel(int N, int OC, int shift) {
 }
 
 /* B*T = 160 positions, 120 of them token 7: wte_segment_positions(160) = 32,
- * so token 7 is cut into 3 segments (32, 32, 56 positions). */
-static void check_encoder_kernels(int C) {
-    const int B = 4, T = 40, N = B * T, V = 50;
+ * so token 7 is cut into 3 segments (32, 32, 56 positions). The rows are
+ * laid out by lay (T = 40): whole sequences, or a context-parallel rank's two
+ * chunks, whose positions index a table of T * parts rows. */
+static void check_encoder_kernels(int C, TokenLayout lay) {
+    const int B = 4, T = 40, N = B * T, V = 50, P = T * lay.parts;
     char what[96];
     int* tokens = (int*)malloc_check(N * sizeof(int), "test");
     for (int i = 0; i < N; i++) tokens[i] = i % 4 ? 7 : (int)(rand_uniform(TEST_SEED, 5300, i) * V) % V;
-    float *wte = rand_rounded((size_t)V * C, 5301, 1.0f, 0), *wpe = rand_rounded((size_t)T * C, 5302, 1.0f, 0);
+    float *wte = rand_rounded((size_t)V * C, 5301, 1.0f, 0), *wpe = rand_rounded((size_t)P * C, 5302, 1.0f, 0);
     float *dx = rand_rounded((size_t)N * C, 5303, 1.0f, 0), *dwte = rand_rounded((size_t)V * C, 5304, 0.5f, 0);
-    float *dwpe = rand_rounded((size_t)T * C, 5305, 0.5f, 0), *x = alloc_floats((size_t)N * C), *got = alloc_floats((size_t)N * C);
-    float *want_wte = alloc_floats((size_t)V * C), *want_wpe = alloc_floats((size_t)T * C);
+    float *dwpe = rand_rounded((size_t)P * C, 5305, 0.5f, 0), *x = alloc_floats((size_t)N * C), *got = alloc_floats((size_t)N * C);
+    float *want_wte = alloc_floats((size_t)V * C), *want_wpe = alloc_floats((size_t)P * C);
     int *h_buckets = (int*)malloc_check((3 * N + 1) * sizeof(int), "test"), *count = (int*)malloc_check(V * sizeof(int), "test");
     TokenBuckets tb = encoder_build_buckets(h_buckets, count, tokens, N, V);
-    snprintf(what, sizeof(what), "encoder C=%d: the hot token split into 3 segments", C);
+    snprintf(what, sizeof(what), "encoder C=%d, part %d of %d: the hot token split into 3 segments", C, lay.part, lay.parts);
     expect(tb.splits == 1 && tb.segments == 3 && tb.ints <= 3 * N + 1, what, tb.segments);
     int *d_tokens = NULL, *d_buckets = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_tokens, N * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&d_buckets, (3 * N + 1) * sizeof(int)));
     CUDA_CHECK(cudaMemcpy(d_tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_buckets, h_buckets, (size_t)tb.ints * sizeof(int), cudaMemcpyHostToDevice));
-    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_wpe = gpu_put(wpe, (size_t)T * C), *d_dx = gpu_put(dx, (size_t)N * C);
+    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_wpe = gpu_put(wpe, (size_t)P * C), *d_dx = gpu_put(dx, (size_t)N * C);
     floatX *bxx, *d_x = gpu_poisoned((size_t)N * C, 0, &bxx);
     float* d_scratch = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_scratch, (size_t)WTE_MAX_SEGMENTS * C * sizeof(float)));
-    TokenLayout whole = {T, 0, 1}; /* whole sequences: position t of each row */
-    encoder_forward(x, tokens, wte, wpe, B, C, &whole);
-    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, T, C, 0);
+    lay.T = T;
+    encoder_forward(x, tokens, wte, wpe, B, C, &lay);
+    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, C, &lay, 0);
     gpu_fetch(got, d_x, (size_t)N * C);
     check("  forward", 0, got, x, (size_t)N * C, TOL_KERNEL, 1, NULL);
     memcpy(want_wte, dwte, (size_t)V * C * sizeof(float));
-    memcpy(want_wpe, dwpe, (size_t)T * C * sizeof(float));
-    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &whole);
+    memcpy(want_wpe, dwpe, (size_t)P * C * sizeof(float));
+    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &lay);
     for (int fp32_sum = 0; fp32_sum <= 1; fp32_sum++) {
         floatX* d_dwte = gpu_put(dwte, (size_t)V * C);
-        floatX* d_dwpe = gpu_put(dwpe, (size_t)T * C);
+        floatX* d_dwpe = gpu_put(dwpe, (size_t)P * C);
         float* d_dwte32 = gpu_put_f32(dwte, (size_t)V * C);
         if (fp32_sum) {
-            gpu_encoder_backward(d_dwte32, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, T, C, 0);
+            gpu_encoder_backward(d_dwte32, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, C, &lay, 0);
             gpu_fetch_f32(got, d_dwte32, (size_t)V * C);
         } else {
-            gpu_encoder_backward(d_dwte, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, T, C, 0);
+            gpu_encoder_backward(d_dwte, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, C, &lay, 0);
             gpu_fetch(got, d_dwte, (size_t)V * C);
         }
         check(fp32_sum ? "  dwte (fp32 sum)" : "  dwte", 0, got, want_wte, (size_t)V * C, TOL_KERNEL, 1, NULL);
-        gpu_fetch(got, d_dwpe, (size_t)T * C);
-        check("  dwpe", 0, got, want_wpe, (size_t)T * C, TOL_KERNEL, 1, NULL);
+        gpu_fetch(got, d_dwpe, (size_t)P * C);
+        check("  dwpe", 0, got, want_wpe, (size_t)P * C, TOL_KERNEL, 1, NULL);
         CUDA_CHECK(cudaFree(d_dwte)); CUDA_CHECK(cudaFree(d_dwpe)); CUDA_CHECK(cudaFree(d_dwte32));
     }
     void* dev[] = {d_tokens, d_buckets, d_wte, d_wpe, d_dx, d_x, d_scratch};
@@ -1061,8 +1063,11 @@ static void check_memory_kernels(void) {
     const int oc[] = {20, 44, 64, 300, 520};
     for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
     check_bias_kernel(77, 64, 1);
-    check_encoder_kernels(20);
-    check_encoder_kernels(64);
+    TokenLayout whole_rows = {0, 0, 1}, member1_of3 = {0, 1, 3}, member0_of2 = {0, 0, 2}; /* T set by the check */
+    check_encoder_kernels(20, whole_rows);
+    check_encoder_kernels(64, whole_rows);
+    check_encoder_kernels(20, member1_of3); /* context parallelism: chunks 1 and 4 of 6, wpe rows 20-39 and 80-99 */
+    check_encoder_kernels(64, member0_of2);
     check_classifier_kernel(5, 300, 384);
     check_classifier_kernel(5, 300, 301);
     check_classifier_kernel(3, 4999, 5120); /* more groups than threads: the two-loads-in-flight loop, V in its last group */
