@@ -168,6 +168,15 @@ static void* pinned_alloc(size_t bytes, const char* what) {
     return p;
 }
 
+/* The shape of the next pass: B rows of T tokens on this rank (under
+ * context parallelism its two chunks of each sequence, N T long). */
+static void gpu_set_shape(GpuModel* m, int B, int T) {
+    m->B = B;
+    m->T = T;
+    TokenLayout lay = {T, m->cp.member, m->cp.degree};
+    m->layout = lay;
+}
+
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
     memset(m, 0, sizeof(*m));
     m->cfg = plan->spec.cfg;
@@ -236,15 +245,6 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     if (m->shard_count > plan->shard_params) fail("internal: shard of %zu parameters exceeds the plan's %zu", m->shard_count, plan->shard_params);
 }
 
-/* The shape of the next pass: B rows of T tokens on this rank (under
- * context parallelism its two chunks of each sequence, N T long). */
-static void gpu_set_shape(GpuModel* m, int B, int T) {
-    m->B = B;
-    m->T = T;
-    TokenLayout lay = {T, m->cp.member, m->cp.degree};
-    m->layout = lay;
-}
-
 static void gpu_model_free(GpuModel* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
     gpu_matmul_destroy(&m->mm);
@@ -283,14 +283,14 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
     gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), w.attprojw, w.attprojb,
                        resid_attn.threshold ? NULL : gact(m, l, ACT_X), N, C, C, s);
-    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), (size_t)N * C, &resid_attn, s);
+    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), 0, (size_t)N, C, &m->layout, &resid_attn, s);
     gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C, s);
     gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, N, C, 4 * C, s);
     gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
     if (!out) return;
     gpu_matmul_forward(&m->mm, out, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2,
                        N, 4 * C, C, s);
-    if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, (size_t)N * C, &resid_mlp, s);
+    if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, 0, (size_t)N, C, &m->layout, &resid_mlp, s);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -424,7 +424,7 @@ static void gpu_block_recompute(GpuModel* m, int l) {
 static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s) {
     floatX* dres = m->grad_act[GRAD_DRES];
     if (!s->threshold) return dres;
-    gpu_dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T * m->cfg.channels, s, m->stream);
+    gpu_dropout_mask(m->grad_act[GRAD_DLN], dres, 0, (size_t)m->B * m->T, m->cfg.channels, &m->layout, s, m->stream);
     return m->grad_act[GRAD_DLN];
 }
 
@@ -474,7 +474,7 @@ static void gpu_model_forward(GpuModel* m) {
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     offload_acquire(&m->off, 0);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, m->stream);
-    if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), (size_t)N * C, &embd, m->stream);
+    if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd, m->stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) offload_acquire(&m->off, l + 1);
         gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
@@ -547,7 +547,7 @@ static void gpu_model_backward(GpuModel* m) {
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
-    if (embd.threshold) gpu_dropout_mask(dres, dres, (size_t)N * C, &embd, m->stream);
+    if (embd.threshold) gpu_dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
     if (m->wte_grad_fp32)
         gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream);
