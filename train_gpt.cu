@@ -300,10 +300,11 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
  * member r - s (the chunk pairs of token_layout.h's context_chunk_block, in
  * the CPU's order) while the ring stream sends that block on to r + 1 and
  * receives the next from r - 1 into the other buffer (llmc/multigpu.cuh).
- * Two events order the streams: before a step's transfers, "ring fork"
- * makes them wait for the compute issued so far (the block sent is packed or
- * has arrived; the buffer received into was last read by the step before);
- * after them, "ring join" makes the compute issued next wait for them. The
+ * Two events order each transfer: one recorded on compute before it makes
+ * it wait for the compute issued so far (the block sent is packed or has
+ * arrived; the buffer received into was last read by the step before), and
+ * multigpu_ring_join makes the compute issued next wait for the one recorded
+ * after it. The
  * blocks are summed in fp32 (ring_acc; dK/dV in ring_dkv) and stored as
  * floatX once, after the ring. */
 
@@ -327,10 +328,7 @@ static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, con
     cudaStream_t s = m->stream;
     gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
     for (int step = 0; step < N; step++) {
-        if (step + 1 < N) {
-            multigpu_ring_fork(m->mg, s);
-            multigpu_ring_pass(m->mg, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], bytes, "the ring attention forward");
-        }
+        if (step + 1 < N) multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], bytes, "the ring attention forward");
         int ld;
         const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
         int origin = (m->cp.member - step + N) % N;
@@ -356,10 +354,8 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
     CUDA_CHECK(cudaMemsetAsync(m->ring_dkv[0], 0, dkv_bytes, s));
     gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
     for (int step = 0; step < N; step++) {
-        if (step + 1 < N) {
-            multigpu_ring_fork(m->mg, s);
-            multigpu_ring_pass(m->mg, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], kv_bytes, "the ring attention backward");
-        }
+        if (step + 1 < N)
+            multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], kv_bytes, "the ring attention backward");
         int ld;
         const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
         float* dkv = m->ring_dkv[step % 2];
@@ -371,8 +367,7 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
                     gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &a, drop, s);
             }
         /* the sums go on to the next member; the last step's reach their owner */
-        multigpu_ring_fork(m->mg, s);
-        multigpu_ring_pass(m->mg, dkv, m->ring_dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
+        multigpu_ring_pass(m->mg, s, dkv, m->ring_dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
         multigpu_ring_join(m->mg, s);
     }
     gpu_attention_ring_store_dqkv(dqkv, m->ring_acc, m->ring_dkv[N % 2], rows, C, s);

@@ -52,15 +52,17 @@
  * the first (ncclCommSplit, color the group, key the member), and a ring
  * stream of its own; attention's K/V blocks and dK/dV sums go to member r+1
  * and come from r-1 as grouped ncclSend/ncclRecv pairs on it
- * (multigpu_ring_pass). The trainer orders the ring stream against compute
- * with two events only: "ring fork" (the transfers issued next wait for the
- * compute work issued so far: the block they send is written, the buffer
- * they receive into is no longer read) and "ring join" (compute issued next
- * waits for every transfer issued so far). Gradients are still summed over
- * all ranks on the first communicator. --collective-timeout: a host wait
- * during which the GPU waits on the ring alone (its fork is done, its stream
- * is not) past the deadline aborts both communicators and names the two
- * neighbours.
+ * (multigpu_ring_pass). Each transfer is ordered against compute by two
+ * events of a small pool: "ready", recorded on compute before it (the
+ * transfer waits for the compute work issued so far: the block it sends is
+ * written, the buffer it receives into is no longer read), and "sent",
+ * recorded on the ring stream after it, which multigpu_ring_join makes the
+ * compute issued next wait for. Gradients are still summed over all ranks on
+ * the first communicator. --collective-timeout: a host wait during which the
+ * oldest unfinished transfer has had its inputs ready (the GPU waits on the
+ * ring, not on compute) past the deadline aborts both communicators and
+ * names the two neighbours; the pool bounds how far the host issues ahead
+ * (it waits for the ring stream when every pair is in use).
  *
  * Built without MULTI_GPU, the device choice and check remain and the rest
  * is absent: the trainer's MultiGpu pointer is NULL and every call is a no-op.
@@ -113,6 +115,8 @@ static inline void nccl_check_impl(ncclResult_t r, const char* call, const char*
 #else
 #define MULTIGPU_HAS_NONBLOCKING 0
 #endif
+/* ring transfers the host may issue before their predecessors finish */
+#define MULTIGPU_RING_EVENTS 64
 #endif /* MULTI_GPU */
 
 typedef struct MultiGpu {
@@ -137,9 +141,10 @@ typedef struct MultiGpu {
     int ring_degree, ring_member, ring_prev, ring_next; /* N, place, and the neighbours' world ranks */
     ncclComm_t ring_comm;
     cudaStream_t ring_stream;
-    cudaEvent_t ring_fork;  /* compute -> ring */
-    cudaEvent_t ring_join;  /* ring -> compute */
-    const char* ring_what;  /* the ring phase issued last, for a timeout's line */
+    cudaEvent_t ring_ready[MULTIGPU_RING_EVENTS]; /* compute -> ring, before transfer k (slot k % MULTIGPU_RING_EVENTS) */
+    cudaEvent_t ring_sent[MULTIGPU_RING_EVENTS];  /* ring -> compute, after it */
+    const char* ring_what[MULTIGPU_RING_EVENTS];  /* the phase each transfer belongs to, for a timeout's line */
+    long long ring_issued, ring_done;              /* transfers issued; those known finished (in order) */
 #endif
 } MultiGpu;
 
@@ -258,7 +263,7 @@ static inline void multigpu_fail_ring_timeout(MultiGpu* mg) {
     if (mg->ring_prev == mg->ring_next) snprintf(whom, sizeof(whom), "rank %d, the other member of this rank's context-parallel ring", mg->ring_prev);
     else snprintf(whom, sizeof(whom), "rank %d or rank %d, the previous and the next of this rank's context-parallel ring", mg->ring_prev, mg->ring_next);
     fail("waited more than %d s in %s (step %d) for %s: it is stuck, stopped or gone; communicators aborted, stopping the job "
-         "(--collective-timeout)", proc_timeout_s, mg->ring_what ? mg->ring_what : "the ring attention", proc_step, whom);
+         "(--collective-timeout)", proc_timeout_s, mg->ring_what[mg->ring_done % MULTIGPU_RING_EVENTS], proc_step, whom);
 }
 
 /* A call on a nonblocking communicator that answered ncclInProgress: polled
@@ -289,6 +294,22 @@ static inline int multigpu_waits_on(cudaEvent_t fork, cudaStream_t stream) {
     return 1;
 }
 
+/* The GPU waits on the ring: the oldest unfinished transfer (ring_done
+ * moves past the finished ones) has its inputs ready. */
+static inline int multigpu_waits_on_ring(MultiGpu* mg) {
+    while (mg->ring_done < mg->ring_issued) {
+        cudaError_t e = cudaEventQuery(mg->ring_sent[mg->ring_done % MULTIGPU_RING_EVENTS]);
+        if (e == cudaErrorNotReady) break;
+        CUDA_CHECK(e);
+        mg->ring_done++;
+    }
+    if (mg->ring_done == mg->ring_issued) return 0;
+    cudaError_t ready = cudaEventQuery(mg->ring_ready[mg->ring_done % MULTIGPU_RING_EVENTS]);
+    if (ready == cudaErrorNotReady) return 0;
+    CUDA_CHECK(ready);
+    return 1;
+}
+
 static inline void multigpu_check_async(MultiGpu* mg, ncclComm_t comm) {
     ncclResult_t async = ncclSuccess;
     NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
@@ -306,6 +327,7 @@ static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
         return;
     }
     double on_nccl_since = 0.0, on_ring_since = 0.0, last = proc_clock_s();
+    long long ring_waited = -1; /* the transfer on_ring_since times */
     for (;;) {
         cudaError_t e = cudaStreamQuery(stream);
         if (e == cudaSuccess) return;
@@ -319,8 +341,8 @@ static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
             else if (on_nccl_since == 0.0) on_nccl_since = now;
             else if (now - on_nccl_since > proc_timeout_s)
                 multigpu_fail_timeout(mg, "this GPU waited on NCCL all that time (a peer stopped inside the collective, or the network failed); communicator aborted");
-            if (resumed || !mg->ring_comm || !multigpu_waits_on(mg->ring_fork, mg->ring_stream)) on_ring_since = 0.0;
-            else if (on_ring_since == 0.0) on_ring_since = now;
+            if (resumed || !mg->ring_comm || !multigpu_waits_on_ring(mg)) on_ring_since = 0.0;
+            else if (on_ring_since == 0.0 || ring_waited != mg->ring_done) { on_ring_since = now; ring_waited = mg->ring_done; }
             else if (now - on_ring_since > proc_timeout_s) multigpu_fail_ring_timeout(mg);
             last = now;
         }
@@ -406,8 +428,10 @@ static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
     int least = 0, greatest = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&mg->ring_stream, cudaStreamNonBlocking, greatest));
-    CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_fork, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_join, cudaEventDisableTiming));
+    for (int i = 0; i < MULTIGPU_RING_EVENTS; i++) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_ready[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_sent[i], cudaEventDisableTiming));
+    }
 }
 
 /* The plan's part: which gradients go where, and the ring. After multigpu_connect. */
@@ -442,8 +466,10 @@ static inline void multigpu_free(MultiGpu* mg) {
         if (mg->nonblocking) MG_RING_CHECK(mg, ncclCommFinalize(mg->ring_comm));
 #endif
         NCCL_CHECK(ncclCommDestroy(mg->ring_comm));
-        CUDA_CHECK(cudaEventDestroy(mg->ring_fork));
-        CUDA_CHECK(cudaEventDestroy(mg->ring_join));
+        for (int i = 0; i < MULTIGPU_RING_EVENTS; i++) {
+            CUDA_CHECK(cudaEventDestroy(mg->ring_ready[i]));
+            CUDA_CHECK(cudaEventDestroy(mg->ring_sent[i]));
+        }
         CUDA_CHECK(cudaStreamDestroy(mg->ring_stream));
     }
 #if MULTIGPU_HAS_NONBLOCKING
@@ -545,29 +571,32 @@ static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t
 
 /* ---- the context-parallel ring ---- */
 
-/* Transfers issued next wait for the compute work issued so far. */
-static inline void multigpu_ring_fork(MultiGpu* mg, cudaStream_t compute) {
-    CUDA_CHECK(cudaEventRecord(mg->ring_fork, compute));
-    CUDA_CHECK(cudaStreamWaitEvent(mg->ring_stream, mg->ring_fork, 0));
-}
-
-/* Compute issued next waits for every transfer issued so far. */
-static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) {
-    CUDA_CHECK(cudaEventRecord(mg->ring_join, mg->ring_stream));
-    CUDA_CHECK(cudaStreamWaitEvent(compute, mg->ring_join, 0));
-}
-
 /* `bytes` of send to member r+1 and as many from member r-1 into recv, one
  * group (posted together: every member sends and receives at once, so none
- * waits in its send), on the ring stream. `what` names the phase for a
- * timeout. */
-static inline void multigpu_ring_pass(MultiGpu* mg, const void* send, void* recv, size_t bytes, const char* what) {
-    mg->ring_what = what;
+ * waits in its send), on the ring stream, after the compute work issued so
+ * far on `compute`. `what` names the phase for a timeout. */
+static inline void multigpu_ring_pass(MultiGpu* mg, cudaStream_t compute, const void* send, void* recv, size_t bytes, const char* what) {
+    if (mg->ring_issued - mg->ring_done == MULTIGPU_RING_EVENTS) { /* every event pair in use: the oldest transfer must finish */
+        multigpu_wait(mg, mg->ring_stream);
+        mg->ring_done = mg->ring_issued;
+    }
+    int k = (int)(mg->ring_issued % MULTIGPU_RING_EVENTS);
+    CUDA_CHECK(cudaEventRecord(mg->ring_ready[k], compute));
+    CUDA_CHECK(cudaStreamWaitEvent(mg->ring_stream, mg->ring_ready[k], 0));
     int next = (mg->ring_member + 1) % mg->ring_degree, prev = (mg->ring_member + mg->ring_degree - 1) % mg->ring_degree;
     NCCL_CHECK(ncclGroupStart());
     MG_RING_CHECK(mg, ncclSend(send, bytes, ncclUint8, next, mg->ring_comm, mg->ring_stream));
     MG_RING_CHECK(mg, ncclRecv(recv, bytes, ncclUint8, prev, mg->ring_comm, mg->ring_stream));
     MG_RING_CHECK(mg, ncclGroupEnd());
+    CUDA_CHECK(cudaEventRecord(mg->ring_sent[k], mg->ring_stream));
+    mg->ring_what[k] = what;
+    mg->ring_issued++;
+}
+
+/* Compute issued next waits for every transfer issued so far. */
+static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) {
+    if (mg->ring_issued == 0) return;
+    CUDA_CHECK(cudaStreamWaitEvent(compute, mg->ring_sent[(mg->ring_issued - 1) % MULTIGPU_RING_EVENTS], 0));
 }
 
 /* ---- parameters (ZeRO-1) ---- */
@@ -625,19 +654,18 @@ static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStre
     (void)params;
     (void)compute;
 }
-/* context parallelism runs with several processes only (run_setup refuses N > 1 here) */
-static inline void multigpu_ring_fork(MultiGpu* mg, cudaStream_t compute) {
+/* context parallelism needs N > 1 processes, which a build without MULTI_GPU refuses (multigpu_check_device) */
+static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) {
     (void)mg;
     (void)compute;
     fail("internal: the context-parallel ring needs a MULTI_GPU build");
 }
-static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) { multigpu_ring_fork(mg, compute); }
-static inline void multigpu_ring_pass(MultiGpu* mg, const void* send, void* recv, size_t bytes, const char* what) {
+static inline void multigpu_ring_pass(MultiGpu* mg, cudaStream_t compute, const void* send, void* recv, size_t bytes, const char* what) {
     (void)send;
     (void)recv;
     (void)bytes;
     (void)what;
-    multigpu_ring_fork(mg, 0);
+    multigpu_ring_join(mg, compute);
 }
 
 #endif /* MULTI_GPU */
