@@ -1339,6 +1339,8 @@ static int attention_block_sets(BlockSet* s, int Tc) {
         {"full block", 1, 1, {Tc}, {Tc + 11}, {2 * Tc + 27}, {5}, {2}, {Tc + 3}},
         {"band (q0 - k0 = 10)", 1, 1, {Tc}, {Tc}, {Tc + 19}, {Tc + 9}, {13}, {Tc + 1}},
         {"first 9 rows masked (q0 - k0 = -9)", 1, 1, {Tc}, {Tc}, {40}, {49}, {0}, {Tc + 16}},
+        /* q0, k0 multiples of 16: the kernels' dropout draws a Philox call per 16x16 block (else per element) */
+        {"band at q0, k0 multiples of 16", 1, 1, {Tc}, {Tc}, {64}, {32}, {1}, {Tc + 3}},
         /* a diagonal of 5 keys first (it covers every row), then the keys before it in two blocks, then
          * the keys after it (query i sees key j <= i - 5: the first five rows take nothing from it) */
         {"four blocks merged", 4, 1, {Tc, Tc, Tc, Tc}, {5, Tc + 7, Tc + 2, Tc - 5}, {2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9},
