@@ -1341,6 +1341,7 @@ static int attention_block_sets(BlockSet* s, int Tc) {
         {"first 9 rows masked (q0 - k0 = -9)", 1, 1, {Tc}, {Tc}, {40}, {49}, {0}, {Tc + 16}},
         /* q0, k0 multiples of 16: the kernels' dropout draws a Philox call per 16x16 block (else per element) */
         {"band at q0, k0 multiples of 16", 1, 1, {Tc}, {Tc}, {64}, {32}, {1}, {Tc + 3}},
+        {"band at q0 a multiple of 16, k0 not", 1, 1, {Tc}, {Tc}, {96}, {83}, {Tc + 2}, {4}},
         /* a diagonal of 5 keys first (it covers every row), then the keys before it in two blocks, then
          * the keys after it (query i sees key j <= i - 5: the first five rows take nothing from it) */
         {"four blocks merged", 4, 1, {Tc, Tc, Tc, Tc}, {5, Tc + 7, Tc + 2, Tc - 5}, {2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9},
