@@ -100,6 +100,7 @@ typedef struct {
     MatmulContext mm;
     cudaStream_t stream;
     int B, T; /* shape of the current call; at most the plan's */
+    TokenLayout layout; /* where the current call's token rows sit in their sequences (token_layout.h) */
     uint64_t seed;
     /* reporting */
     double flops_per_step, peak_flops;
@@ -161,6 +162,14 @@ static void* pinned_alloc(size_t bytes, const char* what) {
     cudaError_t err = cudaMallocHost(&p, bytes ? bytes : 1);
     if (err != cudaSuccess) fail("cannot allocate %zu bytes of pinned host memory for %s: %s", bytes, what, cudaGetErrorString(err));
     return p;
+}
+
+/* The shape of the next pass: B rows of T tokens, whole sequences. */
+static void gpu_set_shape(GpuModel* m, int B, int T) {
+    m->B = B;
+    m->T = T;
+    TokenLayout lay = {T, 0, 1};
+    m->layout = lay;
 }
 
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
@@ -260,14 +269,14 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
     gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), w.attprojw, w.attprojb,
                        resid_attn.threshold ? NULL : gact(m, l, ACT_X), N, C, C, s);
-    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), (size_t)N * C, &resid_attn, s);
+    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), 0, (size_t)N, C, &m->layout, &resid_attn, s);
     gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C, s);
     gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, N, C, 4 * C, s);
     gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
     if (!out) return;
     gpu_matmul_forward(&m->mm, out, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2,
                        N, 4 * C, C, s);
-    if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, (size_t)N * C, &resid_mlp, s);
+    if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, 0, (size_t)N, C, &m->layout, &resid_mlp, s);
 }
 
 /* Block l forward from its stored input x; out as in gpu_block_forward_mlp. */
@@ -302,7 +311,7 @@ static void gpu_block_recompute(GpuModel* m, int l) {
 static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s) {
     floatX* dres = m->grad_act[GRAD_DRES];
     if (!s->threshold) return dres;
-    gpu_dropout_mask(m->grad_act[GRAD_DLN], dres, (size_t)m->B * m->T * m->cfg.channels, s, m->stream);
+    gpu_dropout_mask(m->grad_act[GRAD_DLN], dres, 0, (size_t)m->B * m->T, m->cfg.channels, &m->layout, s, m->stream);
     return m->grad_act[GRAD_DLN];
 }
 
@@ -353,7 +362,7 @@ static void gpu_model_forward(GpuModel* m) {
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     offload_acquire(&m->off, 0);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, m->T, C, m->stream);
-    if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), (size_t)N * C, &embd, m->stream);
+    if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd, m->stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) offload_acquire(&m->off, l + 1);
         gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
@@ -426,7 +435,7 @@ static void gpu_model_backward(GpuModel* m) {
         multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
     }
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
-    if (embd.threshold) gpu_dropout_mask(dres, dres, (size_t)N * C, &embd, m->stream);
+    if (embd.threshold) gpu_dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
     if (m->wte_grad_fp32)
         gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
@@ -491,8 +500,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
 static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_mean) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &m->train_dropout;
-    m->B = m->plan->spec.B;
-    m->T = m->plan->spec.T;
+    gpu_set_shape(m, m->plan->spec.B, m->plan->spec.T);
     int N = m->B * m->T;
     m->last_micro_step = mb->micro_step == mb->num_micro_steps - 1;
     multigpu_micro_step(m->mg, m->last_micro_step); /* the last one reduces gradients during its backward */
@@ -513,8 +521,7 @@ static void gpu_set_dropout(void* ctx, const DropoutState* d) { ((GpuModel*)ctx)
 static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &dropout_off;
-    m->B = m->plan->spec.B;
-    m->T = m->plan->spec.T;
+    gpu_set_shape(m, m->plan->spec.B, m->plan->spec.T);
     gpu_upload_tokens(m, inputs, targets);
     gpu_model_forward(m);
     offload_finish(&m->off);
@@ -555,8 +562,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     memcpy(m->h_inputs, tokens, (size_t)len * sizeof(int));
     for (int t = len; t < T; t++) m->h_inputs[t] = 0;
     m->drop = &dropout_off;
-    m->B = 1;
-    m->T = T;
+    gpu_set_shape(m, 1, T);
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
     offload_finish(&m->off);
