@@ -803,7 +803,12 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
  *   dq_acc (B,Tl,C), dkv_acc (B,Tl,2C; dK at 0, dV at C) fp32;
  *   qkv (B,Tl,3C), kv (B,Tl,kv_ld; K at 0, V at C), dout, out (B,Tl,C) floatX.
  * A block whose causal mask is empty (k0 > q0 + Tq - 1) launches nothing;
- * rows (queries or keys) a block's mask empties are left untouched. */
+ * rows (queries or keys) a block's mask empties are left untouched.
+ * Families: the mma family runs its kernels' BLOCK instantiations
+ * (attention_mma.cuh) where attention_block_mma_fits; every other case, the
+ * tc family included (head sizes other than 64 and 128 in the 16-bit
+ * builds, or ATTENTION=tc), runs the simt kernels' (CUDA cores, fp32 math):
+ * the WMMA kernels have no block variant yet (docs/attention_kernels.md). */
 
 /* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
  * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
