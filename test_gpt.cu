@@ -46,6 +46,9 @@
  * Attention alone (check_attention): the attention kernels against the CPU
  * reference's on random q, k, v large enough for a sharp softmax, which the
  * models above (at initialisation, near-uniform attention) do not exercise.
+ * Attention blocks (check_attention_blocks): context parallelism's block
+ * kernels against the CPU reference's attention_block_forward/_backward on
+ * the same blocks, and a two-member ring against whole-sequence attention.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
@@ -1693,6 +1696,12 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0.1f);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0.1f);
+    /* attention blocks (context parallelism's ring): chunks of 70 rows (ragged) and 48 (q0, k0 multiples of 16) */
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) {
+        check_attention_blocks(&main_shapes[s], TEST_B, 70, 0);
+        check_attention_blocks(&main_shapes[s], TEST_B, 48, 0.1f);
+    }
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention_blocks(&odd_shapes[s], TEST_B, 37, 0.1f);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

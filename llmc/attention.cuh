@@ -380,8 +380,9 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     if constexpr (BLOCK) {
         const bool seen = t < sp.nq && t + sp.diag >= 0; /* else the block leaves the row alone */
         float* l_row = lse + sp.stat + min(t, sp.nq - 1);
-        const float lpart = m + logf(l), old = (seen && !blk.first) ? *l_row : 0.0f;
-        __syncwarp(); /* every thread of the row has read its lse before g == 0 writes it */
+        /* the row's lse is read and written by its thread g == 0 alone; the others get it by a shuffle */
+        const float lpart = m + logf(l);
+        const float old = __shfl_sync(0xffffffffu, (g == 0 && seen && !blk.first) ? *l_row : 0.0f, (threadIdx.x & 31) & ~(G - 1));
         if (seen) {
             const float merged = blk.first ? lpart : att_merged_lse(old, lpart);
             const float w0 = blk.first ? 0.0f : expf(old - merged), w1 = blk.first ? 1.0f : expf(lpart - merged);

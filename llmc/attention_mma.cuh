@@ -322,8 +322,9 @@ __device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0,
  * halves): each row some key of the block reaches (r0 + ... < nq, t + diag
  * >= 0) gets its normalised output and lse written (first) or merged into
  * out_acc (rows: row 0, this head's channel 0; stride C) and lse (row 0's
- * statistic) by log-sum-exp, as the CPU's attention_merge. The four lanes
- * of a row read its lse before the one of them (tq 0) writes it. */
+ * statistic) by log-sum-exp, as the CPU's attention_merge. A row's lse is
+ * read and written by lane tq 0 of its four alone; the others get the old
+ * value by a shuffle. */
 template <int HS>
 __device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* lse, int r0, int nq, int diag, int first, const float o[][4],
                                                    const float m[2], const float l[2], float scale) {
@@ -333,9 +334,8 @@ __device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* ls
     for (int half = 0; half < 2; half++) {
         const int t = r0 + g + 8 * half;
         sum[half] = att_mma_quad_sum(l[half]);
-        old[half] = (!first && t < nq && t + diag >= 0) ? lse[t] : 0.0f;
+        old[half] = __shfl_sync(0xffffffffu, (tq == 0 && !first && t < nq && t + diag >= 0) ? lse[t] : 0.0f, lane & ~3);
     }
-    __syncwarp();
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int t = r0 + g + 8 * half;
@@ -499,17 +499,17 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
         if constexpr (BLOCK) {
             att_mma_merge_rows<HS>(blk.acc + sp.qrow * C + (size_t)h * HS, C, lse + sp.stat, r0 + 16 * mt, sp.nq, sp.diag, blk.first, o[mt],
                                    m[mt], l[mt], scale);
-            continue;
-        }
-        float inv[2];
+        } else {
+            float inv[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const float sum = att_mma_quad_sum(l[mt][hf]);
-            inv[hf] = 1.0f / sum;
-            const int t = r0 + 16 * mt + g + 8 * hf;
-            if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+            for (int hf = 0; hf < 2; hf++) {
+                const float sum = att_mma_quad_sum(l[mt][hf]);
+                inv[hf] = 1.0f / sum;
+                const int t = r0 + 16 * mt + g + 8 * hf;
+                if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+            }
+            att_mma_store_rows<HS>(out + sp.qrow * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
         }
-        att_mma_store_rows<HS>(out + sp.qrow * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
     }
 }
 
