@@ -46,6 +46,9 @@
  * Attention alone (check_attention): the attention kernels against the CPU
  * reference's on random q, k, v large enough for a sharp softmax, which the
  * models above (at initialisation, near-uniform attention) do not exercise.
+ * Attention blocks (check_attention_blocks): context parallelism's block
+ * kernels against the CPU reference's attention_block_forward/_backward on
+ * the same blocks, and a two-member ring against whole-sequence attention.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
@@ -1354,6 +1357,9 @@ static int attention_block_sets(BlockSet* s, int Tc) {
         {"full block", 1, 1, {Tc}, {Tc + 11}, {2 * Tc + 27}, {5}, {2}, {Tc + 3}},
         {"band (q0 - k0 = 10)", 1, 1, {Tc}, {Tc}, {Tc + 19}, {Tc + 9}, {13}, {Tc + 1}},
         {"first 9 rows masked (q0 - k0 = -9)", 1, 1, {Tc}, {Tc}, {40}, {49}, {0}, {Tc + 16}},
+        /* q0, k0 multiples of 16: the kernels' dropout draws a Philox call per 16x16 block (else per element) */
+        {"band at q0, k0 multiples of 16", 1, 1, {Tc}, {Tc}, {64}, {32}, {1}, {Tc + 3}},
+        {"band at q0 a multiple of 16, k0 not", 1, 1, {Tc}, {Tc}, {96}, {83}, {Tc + 2}, {4}},
         /* a diagonal of 5 keys first (it covers every row), then the keys before it in two blocks, then
          * the keys after it (query i sees key j <= i - 5: the first five rows take nothing from it) */
         {"four blocks merged", 4, 1, {Tc, Tc, Tc, Tc}, {5, Tc + 7, Tc + 2, Tc - 5}, {2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9},
@@ -1695,6 +1701,12 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0.1f);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0.1f);
+    /* attention blocks (context parallelism's ring): chunks of 70 rows (ragged) and 48 (q0, k0 multiples of 16) */
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) {
+        check_attention_blocks(&main_shapes[s], TEST_B, 70, 0);
+        check_attention_blocks(&main_shapes[s], TEST_B, 48, 0.1f);
+    }
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention_blocks(&odd_shapes[s], TEST_B, 37, 0.1f);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

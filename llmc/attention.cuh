@@ -328,19 +328,26 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
+    /* where the rows are: an attention block's (AttSpan), or the whole
+     * sequence's in the expressions whose code the BLOCK = false
+     * instantiation keeps (its registers and speed stay the same) */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
     float q[CH], o[CH];
-    att_load_row<HS>(q, sp.q + (size_t)min(t, sp.nq - 1) * sp.q_ld, hs, g, t < sp.nq);
+    att_load_row<HS>(q, base + (size_t)min(t, nqr - 1) * ld, hs, g, t < nqr);
 #pragma unroll
     for (int e = 0; e < CH; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS + sp.diag, sp.nk);
+    const int kend = min(q0 + ATT_ROWS + diag, nkr);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, sp.nk, hs);
+        att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
             unsigned keep = ~0u;
@@ -352,7 +359,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             for (int u = 0; u < ATT_SUB; u++) {
                 const int key = k0 + j0 + u;
                 float d = group_sum<G>(att_dot_smem<HS>(q, ks[j0 + u], g));
-                s[u] = (key <= t + sp.diag && key < sp.nk) ? d * scale : -INFINITY;
+                s[u] = (key <= t + diag && key < nkr) ? d * scale : -INFINITY;
                 mx = fmaxf(mx, s[u]);
             }
             const float mnew = fmaxf(m, mx);
@@ -373,12 +380,13 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     if constexpr (BLOCK) {
         const bool seen = t < sp.nq && t + sp.diag >= 0; /* else the block leaves the row alone */
         float* l_row = lse + sp.stat + min(t, sp.nq - 1);
-        const float lpart = m + logf(l), old = (seen && !blk.first) ? *l_row : 0.0f;
-        __syncwarp(); /* every thread of the row has read its lse before g == 0 writes it */
+        /* the row's lse is read and written by its thread g == 0 alone; the others get it by a shuffle */
+        const float lpart = m + logf(l);
+        const float old = __shfl_sync(0xffffffffu, (g == 0 && seen && !blk.first) ? *l_row : 0.0f, (threadIdx.x & 31) & ~(G - 1));
         if (seen) {
             const float merged = blk.first ? lpart : att_merged_lse(old, lpart);
             const float w0 = blk.first ? 0.0f : expf(old - merged), w1 = blk.first ? 1.0f : expf(lpart - merged);
-            float* row = blk.acc + (sp.qrow + t) * C + (size_t)(blockIdx.y % NH) * hs;
+            float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
                 const int c = att_channel<G>(e, g);
@@ -387,8 +395,8 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             if (g == 0) *l_row = merged;
         }
     } else if (t < T) {
-        att_store_row<HS>(out + (sp.qrow + t) * C + (size_t)(blockIdx.y % NH) * hs, o, 1.0f / l, hs, g);
-        if (g == 0) lse[sp.stat + t] = m + logf(l);
+        att_store_row<HS>(out + ((size_t)b * T + t) * C + (size_t)h * hs, o, 1.0f / l, hs, g);
+        if (g == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
     }
 }
 
@@ -406,19 +414,24 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
-    const int h = blockIdx.y % NH;
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
-    const bool valid = t < sp.nq;
-    const int tc = min(t, sp.nq - 1);
-    const size_t orow = (sp.qrow + tc) * C + (size_t)h * hs;
+    /* where the rows are: as in the forward */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const bool valid = t < nqr;
+    const int tc = min(t, nqr - 1);
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const size_t orow = BLOCK ? (sp.qrow + tc) * C + (size_t)h * hs : ((size_t)b * T + tc) * C + (size_t)h * hs;
     float q[CH], dO[CH], dq[CH];
-    att_load_row<HS>(q, sp.q + (size_t)tc * sp.q_ld, hs, g, valid);
+    att_load_row<HS>(q, base + (size_t)tc * ld, hs, g, valid);
     att_load_row<HS>(dO, dout + orow, hs, g, valid);
+    const size_t srow = BLOCK ? sp.stat + tc : ((size_t)b * NH + h) * T + tc;
     float D;
     if constexpr (BLOCK) {
-        D = valid ? rowsum[sp.stat + tc] : 0.0f;
+        D = valid ? rowsum[srow] : 0.0f;
     } else {
         float o[CH];
         att_load_row<HS>(o, out + orow, hs, g, valid);
@@ -426,16 +439,16 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
 #pragma unroll
         for (int e = 0; e < CH; e++) acc += dO[e] * o[e];
         D = group_sum<G>(acc);
-        if (valid && g == 0) rowsum[sp.stat + tc] = D;
+        if (valid && g == 0) rowsum[srow] = D;
     }
-    const float row_lse = valid ? lse[sp.stat + tc] : 0.0f;
+    const float row_lse = valid ? lse[srow] : 0.0f;
 #pragma unroll
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS + sp.diag, sp.nk);
+    const int kend = min(q0 + ATT_ROWS + diag, nkr);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, sp.nk, hs);
+        att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
         unsigned keep = ~0u;
         if constexpr (DROPOUT && BLOCK)
@@ -447,13 +460,13 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
             const int key = k0 + j;
             const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(dO, vs[j], g));
-            const float p = (key <= t + sp.diag && key < sp.nk) ? expf(s * scale - row_lse) : 0.0f;
+            const float p = (key <= t + diag && key < nkr) ? expf(s * scale - row_lse) : 0.0f;
             const float ds = p * (att_drop_factor(keep, j, keep_scale) * dp - D) * scale;
             att_axpy_smem<HS>(dq, ds, ks[j], g);
         }
     }
     if constexpr (BLOCK) {
-        if (valid && t + sp.diag >= 0) {
+        if (valid && t + diag >= 0) {
             float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
@@ -462,7 +475,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
             }
         }
     } else if (valid) {
-        att_store_row<HS>(dqkv + (sp.qrow + t) * sp.q_ld + (size_t)h * hs, dq, 1.0f, hs, g);
+        att_store_row<HS>(dqkv + ((size_t)b * T + t) * ld + (size_t)h * hs, dq, 1.0f, hs, g);
     }
 }
 
@@ -483,32 +496,37 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
     __shared__ __align__(16) float qs[ATT_TILE][HS];
     __shared__ __align__(16) float dos[ATT_TILE][HS];
     __shared__ float lse_s[ATT_TILE], d_s[ATT_TILE];
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
-    const int h = blockIdx.y % NH;
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int s0 = blockIdx.x * ATT_ROWS;
     const int g = threadIdx.x % G, s = s0 + threadIdx.x / G;
-    const bool valid = s < sp.nk;
-    const int sc = min(s, sp.nk - 1);
-    const floatX* obase = dout + sp.qrow * C + (size_t)h * hs;
+    /* where the rows are: as in the forward */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const bool valid = s < nkr;
+    const int sc = min(s, nkr - 1);
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const floatX* obase = BLOCK ? dout + sp.qrow * C + (size_t)h * hs : dout + (size_t)b * T * C + (size_t)h * hs;
+    const size_t stat0 = BLOCK ? sp.stat : ((size_t)b * NH + h) * T;
     float k[CH], v[CH], dk[CH], dv[CH];
-    att_load_row<HS>(k, sp.k + (size_t)sc * sp.kv_ld, hs, g, valid);
-    att_load_row<HS>(v, sp.v + (size_t)sc * sp.kv_ld, hs, g, valid);
+    att_load_row<HS>(k, BLOCK ? sp.k + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + C, hs, g, valid);
+    att_load_row<HS>(v, BLOCK ? sp.v + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + 2 * C, hs, g, valid);
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    for (int t0 = max(s0 - sp.diag, 0); t0 < sp.nq; t0 += ATT_TILE) {
+    for (int t0 = BLOCK ? max(s0 - diag, 0) : s0; t0 < nqr; t0 += ATT_TILE) {
         __syncthreads();
         /* q rows have stride 3C, dout rows stride C: stage them separately */
         for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
             int j = idx / HS, c = idx % HS, r = t0 + j;
-            bool ok = r < sp.nq && c < hs;
-            qs[j][c] = ok ? to_f32(sp.q[(size_t)r * sp.q_ld + c]) : 0.0f;
+            bool ok = r < nqr && c < hs;
+            qs[j][c] = ok ? to_f32(base[(size_t)r * ld + c]) : 0.0f;
             dos[j][c] = ok ? to_f32(obase[(size_t)r * C + c]) : 0.0f;
         }
         for (int j = threadIdx.x; j < ATT_TILE; j += blockDim.x) {
             int r = t0 + j;
-            lse_s[j] = r < sp.nq ? lse[sp.stat + r] : 0.0f;
-            d_s[j] = r < sp.nq ? rowsum[sp.stat + r] : 0.0f;
+            lse_s[j] = r < nqr ? lse[stat0 + r] : 0.0f;
+            d_s[j] = r < nqr ? rowsum[stat0 + r] : 0.0f;
         }
         __syncthreads();
         unsigned keep = ~0u;
@@ -521,7 +539,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             const int t = t0 + j;
             const float score = group_sum<G>(att_dot_smem<HS>(k, qs[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[j], g));
-            const float p = (t + sp.diag >= s && t < sp.nq) ? expf(score * scale - lse_s[j]) : 0.0f;
+            const float p = (t + diag >= s && t < nqr) ? expf(score * scale - lse_s[j]) : 0.0f;
             const float f = att_drop_factor(keep, j, keep_scale);
             const float ds = p * (f * dp - d_s[j]) * scale;
             att_axpy_smem<HS>(dv, p * f, dos[j], g);
@@ -529,7 +547,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
         }
     }
     if constexpr (BLOCK) {
-        if (valid && s <= sp.nq - 1 + sp.diag) {
+        if (valid && s <= nqr - 1 + diag) {
             float* row = blk.acc + (sp.krow + s) * 2 * C + (size_t)h * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
@@ -541,7 +559,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             }
         }
     } else if (valid) {
-        floatX* drow = dqkv + (sp.krow + s) * sp.q_ld + (size_t)h * hs;
+        floatX* drow = dqkv + ((size_t)b * T + s) * ld + (size_t)h * hs;
         att_store_row<HS>(drow + C, dk, 1.0f, hs, g);
         att_store_row<HS>(drow + 2 * C, dv, 1.0f, hs, g);
     }
@@ -604,7 +622,8 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
+            attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
+                                                                                                                         scale, drop, AttBlockArgs{});
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -699,13 +718,13 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
         if (family == ATT_KIND_MMA) {
             typedef AttMmaResources<HS> R;
             const dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
-            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
+            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
                                dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS>, grid, ATT_MMA_THREADS,
+            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>, grid, ATT_MMA_THREADS,
                                R::DKV_SMEM, true, R::DKV_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS>, grid, ATT_MMA_THREADS,
+            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>, grid, ATT_MMA_THREADS,
                                R::DQ_SMEM, false, R::DQ_REGS};
             return n;
         }
@@ -785,7 +804,12 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
  *   dq_acc (B,Tl,C), dkv_acc (B,Tl,2C; dK at 0, dV at C) fp32;
  *   qkv (B,Tl,3C), kv (B,Tl,kv_ld; K at 0, V at C), dout, out (B,Tl,C) floatX.
  * A block whose causal mask is empty (k0 > q0 + Tq - 1) launches nothing;
- * rows (queries or keys) a block's mask empties are left untouched. */
+ * rows (queries or keys) a block's mask empties are left untouched.
+ * Families: the mma family runs its kernels' BLOCK instantiations
+ * (attention_mma.cuh) where attention_block_mma_fits; every other case, the
+ * tc family included (head sizes other than 64 and 128 in the 16-bit
+ * builds, or ATTENTION=tc), runs the simt kernels' (CUDA cores, fp32 math):
+ * the WMMA kernels have no block variant yet (docs/attention_kernels.md). */
 
 /* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
  * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
@@ -822,6 +846,14 @@ static inline unsigned attention_elementwise_blocks(size_t n) {
     return (unsigned)ceil_div(n, 256);
 }
 
+/* The mma block kernels run: attention_mma_fits for the block's head size
+ * (the family, 16-byte aligned rows for cp.async: kv_ld a multiple of 8
+ * elements too) and 8-byte aligned fp32 accumulators (float2 accesses). */
+static inline bool attention_block_mma_fits(int HS, const AttentionBlock* a, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
+                                            const float* acc1) {
+    return attention_mma_fits(ATTENTION_KIND, HS, a->C / a->NH, qkv, kv, kv) && kv_ld % 8 == 0 && (((uintptr_t)acc0 | (uintptr_t)acc1) % 8 == 0);
+}
+
 /* The block's mask keeps no (query, key) pair: nothing to launch. */
 static inline bool attention_block_empty(const AttentionBlock* a) {
     return a->Tq <= 0 || a->Tk <= 0 || a->k0 > a->q0 + a->Tq - 1;
@@ -841,6 +873,14 @@ static void attention_block_forward_as(float* out_acc, float* lse, const floatX*
 template <int HS>
 static void attention_block_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
                                            int first, const DropoutSite& drop, cudaStream_t stream) {
+#if ATTENTION_TENSOR_CORES
+    if constexpr (HS == 64 || HS == 128) {
+        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
+            attention_mma_block_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
+            return;
+        }
+    }
+#endif
     if (drop.threshold) attention_block_forward_as<HS, true>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
     else attention_block_forward_as<HS, false>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
 }
@@ -864,6 +904,14 @@ template <int HS>
 static void attention_block_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
                                             const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite& drop,
                                             cudaStream_t stream) {
+#if ATTENTION_TENSOR_CORES
+    if constexpr (HS == 64 || HS == 128) {
+        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) && attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
+            attention_mma_block_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
+            return;
+        }
+    }
+#endif
     if (drop.threshold) attention_block_backward_as<HS, true>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
     else attention_block_backward_as<HS, false>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
 }
