@@ -46,6 +46,9 @@
  * Attention alone (check_attention): the attention kernels against the CPU
  * reference's on random q, k, v large enough for a sharp softmax, which the
  * models above (at initialisation, near-uniform attention) do not exercise.
+ * Attention blocks (check_attention_blocks): context parallelism's block
+ * kernels against the CPU reference's attention_block_forward/_backward on
+ * the same blocks, and a two-member ring against whole-sequence attention.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
@@ -923,51 +926,53 @@ static void check_bias_kernel(int N, int OC, int shift) {
 }
 
 /* B*T = 160 positions, 120 of them token 7: wte_segment_positions(160) = 32,
- * so token 7 is cut into 3 segments (32, 32, 56 positions). */
-static void check_encoder_kernels(int C) {
-    const int B = 4, T = 40, N = B * T, V = 50;
+ * so token 7 is cut into 3 segments (32, 32, 56 positions). The rows are
+ * laid out by lay (T = 40): whole sequences, or a context-parallel rank's two
+ * chunks, whose positions index a table of T * parts rows. */
+static void check_encoder_kernels(int C, TokenLayout lay) {
+    const int B = 4, T = 40, N = B * T, V = 50, P = T * lay.parts;
     char what[96];
     int* tokens = (int*)malloc_check(N * sizeof(int), "test");
     for (int i = 0; i < N; i++) tokens[i] = i % 4 ? 7 : (int)(rand_uniform(TEST_SEED, 5300, i) * V) % V;
-    float *wte = rand_rounded((size_t)V * C, 5301, 1.0f, 0), *wpe = rand_rounded((size_t)T * C, 5302, 1.0f, 0);
+    float *wte = rand_rounded((size_t)V * C, 5301, 1.0f, 0), *wpe = rand_rounded((size_t)P * C, 5302, 1.0f, 0);
     float *dx = rand_rounded((size_t)N * C, 5303, 1.0f, 0), *dwte = rand_rounded((size_t)V * C, 5304, 0.5f, 0);
-    float *dwpe = rand_rounded((size_t)T * C, 5305, 0.5f, 0), *x = alloc_floats((size_t)N * C), *got = alloc_floats((size_t)N * C);
-    float *want_wte = alloc_floats((size_t)V * C), *want_wpe = alloc_floats((size_t)T * C);
+    float *dwpe = rand_rounded((size_t)P * C, 5305, 0.5f, 0), *x = alloc_floats((size_t)N * C), *got = alloc_floats((size_t)N * C);
+    float *want_wte = alloc_floats((size_t)V * C), *want_wpe = alloc_floats((size_t)P * C);
     int *h_buckets = (int*)malloc_check((3 * N + 1) * sizeof(int), "test"), *count = (int*)malloc_check(V * sizeof(int), "test");
     TokenBuckets tb = encoder_build_buckets(h_buckets, count, tokens, N, V);
-    snprintf(what, sizeof(what), "encoder C=%d: the hot token split into 3 segments", C);
+    snprintf(what, sizeof(what), "encoder C=%d, part %d of %d: the hot token split into 3 segments", C, lay.part, lay.parts);
     expect(tb.splits == 1 && tb.segments == 3 && tb.ints <= 3 * N + 1, what, tb.segments);
     int *d_tokens = NULL, *d_buckets = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_tokens, N * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&d_buckets, (3 * N + 1) * sizeof(int)));
     CUDA_CHECK(cudaMemcpy(d_tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_buckets, h_buckets, (size_t)tb.ints * sizeof(int), cudaMemcpyHostToDevice));
-    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_wpe = gpu_put(wpe, (size_t)T * C), *d_dx = gpu_put(dx, (size_t)N * C);
+    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_wpe = gpu_put(wpe, (size_t)P * C), *d_dx = gpu_put(dx, (size_t)N * C);
     floatX *bxx, *d_x = gpu_poisoned((size_t)N * C, 0, &bxx);
     float* d_scratch = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_scratch, (size_t)WTE_MAX_SEGMENTS * C * sizeof(float)));
-    TokenLayout whole = {T, 0, 1}; /* whole sequences: position t of each row */
-    encoder_forward(x, tokens, wte, wpe, B, C, &whole);
-    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, T, C, 0);
+    lay.T = T;
+    encoder_forward(x, tokens, wte, wpe, B, C, &lay);
+    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, C, &lay, 0);
     gpu_fetch(got, d_x, (size_t)N * C);
     check("  forward", 0, got, x, (size_t)N * C, TOL_KERNEL, 1, NULL);
     memcpy(want_wte, dwte, (size_t)V * C * sizeof(float));
-    memcpy(want_wpe, dwpe, (size_t)T * C * sizeof(float));
-    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &whole);
+    memcpy(want_wpe, dwpe, (size_t)P * C * sizeof(float));
+    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &lay);
     for (int fp32_sum = 0; fp32_sum <= 1; fp32_sum++) {
         floatX* d_dwte = gpu_put(dwte, (size_t)V * C);
-        floatX* d_dwpe = gpu_put(dwpe, (size_t)T * C);
+        floatX* d_dwpe = gpu_put(dwpe, (size_t)P * C);
         float* d_dwte32 = gpu_put_f32(dwte, (size_t)V * C);
         if (fp32_sum) {
-            gpu_encoder_backward(d_dwte32, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, T, C, 0);
+            gpu_encoder_backward(d_dwte32, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, C, &lay, 0);
             gpu_fetch_f32(got, d_dwte32, (size_t)V * C);
         } else {
-            gpu_encoder_backward(d_dwte, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, T, C, 0);
+            gpu_encoder_backward(d_dwte, d_dwpe, d_dx, d_buckets, &tb, d_scratch, B, C, &lay, 0);
             gpu_fetch(got, d_dwte, (size_t)V * C);
         }
         check(fp32_sum ? "  dwte (fp32 sum)" : "  dwte", 0, got, want_wte, (size_t)V * C, TOL_KERNEL, 1, NULL);
-        gpu_fetch(got, d_dwpe, (size_t)T * C);
-        check("  dwpe", 0, got, want_wpe, (size_t)T * C, TOL_KERNEL, 1, NULL);
+        gpu_fetch(got, d_dwpe, (size_t)P * C);
+        check("  dwpe", 0, got, want_wpe, (size_t)P * C, TOL_KERNEL, 1, NULL);
         CUDA_CHECK(cudaFree(d_dwte)); CUDA_CHECK(cudaFree(d_dwpe)); CUDA_CHECK(cudaFree(d_dwte32));
     }
     void* dev[] = {d_tokens, d_buckets, d_wte, d_wpe, d_dx, d_x, d_scratch};
@@ -1071,8 +1076,11 @@ static void check_memory_kernels(void) {
     const int oc[] = {20, 44, 64, 300, 520};
     for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
     check_bias_kernel(77, 64, 1);
-    check_encoder_kernels(20);
-    check_encoder_kernels(64);
+    TokenLayout whole_rows = {0, 0, 1}, member1_of3 = {0, 1, 3}, member0_of2 = {0, 0, 2}; /* T set by the check */
+    check_encoder_kernels(20, whole_rows);
+    check_encoder_kernels(64, whole_rows);
+    check_encoder_kernels(20, member1_of3); /* context parallelism: chunks 1 and 4 of 6, wpe rows 20-39 and 80-99 */
+    check_encoder_kernels(64, member0_of2);
     check_classifier_kernel(5, 300, 384);
     check_classifier_kernel(5, 300, 301);
     check_classifier_kernel(3, 4999, 5120); /* more groups than threads: the two-loads-in-flight loop, V in its last group */
@@ -1207,24 +1215,26 @@ static int att_boundary_row(int t, int T) { return t % 16 == 0 || t % 16 == 15 |
 
 /* a and b, `rows` rows of `row_len` values each (row r is token r % T of a
  * (B,T,...) tensor), compared slice by slice (slice_len values: one head of
- * one part) on the boundary rows alone, each slice against tol on its own:
+ * one part) on the boundary rows alone (every_row: on all rows), each slice
+ * against tol on its own:
  * a wrong term in one row of one head (a diagonal key dropped at row 64 s)
  * moves that slice by the term's whole size, which a tensor-wide norm dilutes
  * below its tolerance. A slice whose reference is near zero (row 0 of dQ:
  * one key, p = 1 and dP = D, so dS = 0 up to rounding) is measured against
  * 1/16 of the root-mean-square slice norm instead: its rounding is no
  * relative error. One line: the slices compared and the worst ratio. */
-static void check_boundary_rows(const char* what, const float* a, const float* b, size_t rows, int T, int row_len, int slice_len, Tol tol) {
+static void check_row_slices(const char* what, const float* a, const float* b, size_t rows, int T, int row_len, int slice_len, Tol tol,
+                             int every_row) {
     size_t slices = 0, bad = 0;
     double worst = 0, sum2 = 0;
     size_t worst_row = 0;
     for (size_t r = 0; r < rows; r++)
-        for (int i = 0; i < row_len && att_boundary_row((int)(r % (size_t)T), T); i++) sum2 += (double)b[r * row_len + i] * b[r * row_len + i];
-    for (size_t r = 0; r < rows; r++) slices += att_boundary_row((int)(r % (size_t)T), T) ? (size_t)(row_len / slice_len) : 0;
+        for (int i = 0; i < row_len && (every_row || att_boundary_row((int)(r % (size_t)T), T)); i++) sum2 += (double)b[r * row_len + i] * b[r * row_len + i];
+    for (size_t r = 0; r < rows; r++) slices += (every_row || att_boundary_row((int)(r % (size_t)T), T)) ? (size_t)(row_len / slice_len) : 0;
     const double floor = slices ? sqrt(sum2 / (double)slices) / 16 : 0;
     slices = 0;
     for (size_t r = 0; r < rows; r++) {
-        if (!att_boundary_row((int)(r % (size_t)T), T)) continue;
+        if (!(every_row || att_boundary_row((int)(r % (size_t)T), T))) continue;
         for (int s0 = 0; s0 < row_len; s0 += slice_len) {
             const float *x = a + r * row_len + s0, *y = b + r * row_len + s0;
             double d2 = 0, y2 = 0, max_abs = 0, max_y = 0;
@@ -1246,9 +1256,14 @@ static void check_boundary_rows(const char* what, const float* a, const float* b
             slices++;
         }
     }
-    printf("  %-26s %zu slices of boundary rows, worst error/tolerance %.3f (row %zu, t=%d)   %s\n", what, slices, worst, worst_row,
+    printf("  %-26s %zu slices of %s, worst error/tolerance %.3f (row %zu, t=%d)   %s\n", what, slices,
+           every_row ? "every row" : "boundary rows", worst, worst_row,
            (int)(worst_row % (size_t)T), bad ? "FAIL" : "ok");
     if (bad) g_failures++;
+}
+
+static void check_boundary_rows(const char* what, const float* a, const float* b, size_t rows, int T, int row_len, int slice_len, Tol tol) {
+    check_row_slices(what, a, b, rows, T, row_len, slice_len, tol, 0);
 }
 
 /* The attention kernels alone against the CPU reference, at batch B; with
@@ -1314,6 +1329,252 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     free(lse_gpu);
     free(dqkv_cpu);
     free(dqkv_gpu);
+}
+
+/* ---- attention blocks (context parallelism), against the CPU reference ----
+ * gpu_attention_block_forward / _rowsum / _backward / ring_store_* on the
+ * blocks the ring runs, with the sharp softmax above, against train_gpt.c's
+ * attention_block_forward / attention_block_backward run on the same blocks
+ * in the same order. Chunks of Tc rows (Tc a multiple of no tile: 37, 70),
+ * local offsets qi, ki and global positions q0, k0 that are multiples of
+ * neither 16 nor 64. Each set's accumulators start from the same random
+ * values on both sides (out_acc, lse, dq_acc, dkv_acc), so an element a
+ * block must leave alone (a row its mask empties, a row of no block) is
+ * compared too, and the backward's += shows. Every (row, head) slice is
+ * compared on its own (check_row_slices): one key too many or too few on a
+ * diagonal moves one slice by a whole term. */
+typedef struct {
+    const char* name;
+    int n, packed; /* blocks; K/V from a packed (B,Tl,2C) tensor, else qkv itself (kv = qkv + C, ld 3C) */
+    int Tq[4], Tk[4], q0[4], k0[4], qi[4], ki[4];
+} BlockSet;
+
+/* The blocks of check_attention_blocks for chunks of Tc rows, in local rows of Tl = 2 Tc + 16. */
+static int attention_block_sets(BlockSet* s, int Tc) {
+    const BlockSet sets[] = {
+        {"diagonal", 1, 0, {Tc}, {Tc}, {Tc + 5}, {Tc + 5}, {3}, {3}},
+        {"diagonal, keys in other rows", 1, 1, {Tc}, {Tc}, {21}, {21}, {Tc + 9}, {7}},
+        {"full block", 1, 1, {Tc}, {Tc + 11}, {2 * Tc + 27}, {5}, {2}, {Tc + 3}},
+        {"band (q0 - k0 = 10)", 1, 1, {Tc}, {Tc}, {Tc + 19}, {Tc + 9}, {13}, {Tc + 1}},
+        {"first 9 rows masked (q0 - k0 = -9)", 1, 1, {Tc}, {Tc}, {40}, {49}, {0}, {Tc + 16}},
+        /* q0, k0 multiples of 16: the kernels' dropout draws a Philox call per 16x16 block (else per element) */
+        {"band at q0, k0 multiples of 16", 1, 1, {Tc}, {Tc}, {64}, {32}, {1}, {Tc + 3}},
+        {"band at q0 a multiple of 16, k0 not", 1, 1, {Tc}, {Tc}, {96}, {83}, {Tc + 2}, {4}},
+        /* a diagonal of 5 keys first (it covers every row), then the keys before it in two blocks, then
+         * the keys after it (query i sees key j <= i - 5: the first five rows take nothing from it) */
+        {"four blocks merged", 4, 1, {Tc, Tc, Tc, Tc}, {5, Tc + 7, Tc + 2, Tc - 5}, {2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9, 2 * Tc + 9},
+         {2 * Tc + 9, 0, Tc + 7, 2 * Tc + 14}, {Tc + 5, Tc + 5, Tc + 5, Tc + 5}, {Tc + 5, 0, Tc + 7, 3}},
+    };
+    memcpy(s, sets, sizeof(sets));
+    return (int)(sizeof(sets) / sizeof(sets[0]));
+}
+
+static AttentionBlock set_block(const BlockSet* s, int k, int B, int C, int NH, int T, int Tl) {
+    AttentionBlock a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k]};
+    return a;
+}
+
+static float* gpu_zeros_f32(size_t n) {
+    float* d = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(float)));
+    return d;
+}
+
+/* One set of blocks through the forward and the backward, GPU against CPU. */
+static void check_block_set(const BlockSet* set, const Shape* sh, int B, int Tc, const DropoutSite* drop) {
+    const int C = sh->C, NH = sh->NH, Tl = 2 * Tc + 16, T = 4 * Tc + 32, hs = C / NH;
+    const size_t rows = (size_t)B * Tl, n_qkv = rows * 3 * C, n_kv = rows * 2 * C, n_out = rows * C, n_stat = rows * NH;
+    float* qkv = rand_rounded(n_qkv, 3100, ATT_TEST_STD, 0.0f);
+    float* kvp = rand_rounded(n_kv, 3101, ATT_TEST_STD, 0.0f);
+    float* dout = rand_rounded(n_out, 3102, 1.0f, 0.0f);
+    float* out_cpu = rand_rounded(n_out, 3103, 1.0f, 0.0f);
+    float* lse_cpu = rand_rounded(n_stat, 3104, 1.0f, 0.0f);
+    float* dq_init = rand_rounded(n_out, 3105, 1.0f, 0.0f);
+    float* dkv_cpu = rand_rounded(n_kv, 3106, 1.0f, 0.0f);
+    float* out_gpu = alloc_floats(n_out);
+    float* lse_gpu = alloc_floats(n_stat);
+    float* outx = alloc_floats(n_out);
+    float* dqkv_cpu = alloc_floats(n_qkv);
+    float* dq_cpu = alloc_floats(n_out);
+    float* dq_gpu = alloc_floats(n_out);
+    float* dkv_gpu = alloc_floats(n_kv);
+    float* dqkv_gpu = alloc_floats(n_qkv);
+    floatX* d_qkv = gpu_put(qkv, n_qkv);
+    floatX* d_kvp = gpu_put(kvp, n_kv);
+    floatX* d_dout = gpu_put(dout, n_out);
+    float* d_out_acc = gpu_put_f32(out_cpu, n_out);
+    float* d_lse = gpu_put_f32(lse_cpu, n_stat);
+    float* d_dq = gpu_put_f32(dq_init, n_out);
+    float* d_dkv = gpu_put_f32(dkv_cpu, n_kv);
+    float* d_rowsum = gpu_zeros_f32(n_stat);
+    floatX *d_out = NULL, *d_dqkv = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_out, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_dqkv, n_qkv * sizeof(floatX)));
+    const floatX* d_kv = set->packed ? d_kvp : d_qkv + C;
+    const float* kv = set->packed ? kvp : qkv + C;
+    const int ld = set->packed ? 2 * C : 3 * C;
+    printf("  %s: %d block%s\n", set->name, set->n, set->n == 1 ? "" : "s");
+    for (int k = 0; k < set->n; k++) {
+        const AttentionBlock a = set_block(set, k, B, C, NH, T, Tl);
+        gpu_attention_block_forward(d_out_acc, d_lse, d_qkv, d_kv, ld, &a, k == 0, drop, 0);
+        attention_block_forward(out_cpu, lse_cpu, qkv, kv, ld, &a, k == 0, drop);
+    }
+    gpu_fetch_f32(out_gpu, d_out_acc, n_out);
+    gpu_fetch_f32(lse_gpu, d_lse, n_stat);
+    check("block out_acc", 0, out_gpu, out_cpu, n_out, TOL_ACT, 1, NULL);
+    check("block lse", 0, lse_gpu, lse_cpu, n_stat, TOL_LSE, 1, NULL);
+    check_row_slices("out_acc, every row", out_gpu, out_cpu, rows, Tl, C, hs, TOL_ACT, 1);
+    check_row_slices("lse, every row", lse_gpu, lse_cpu, n_stat, Tl, 1, 1, TOL_LSE, 1);
+
+    /* the layer's rounded output, its rowsum, then the blocks' backward in the same order */
+    gpu_attention_ring_store_out(d_out, d_out_acc, rows, C, 0);
+    gpu_fetch(outx, d_out, n_out);
+    for (size_t i = 0; i < n_out; i++) out_cpu[i] = host_round_floatX(out_gpu[i]);
+    expect(same_bits(outx, out_cpu, n_out), "ring_store_out: out is out_acc rounded", 0.0f);
+    gpu_attention_block_rowsum(d_rowsum, d_dout, d_out, B, Tl, C, NH, 0);
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < 3 * C; c++) dqkv_cpu[r * 3 * C + c] = c < C ? dq_init[r * C + c] : 0.0f;
+    for (int k = 0; k < set->n; k++) {
+        const AttentionBlock a = set_block(set, k, B, C, NH, T, Tl);
+        gpu_attention_block_backward(d_dq, d_dkv, d_rowsum, d_dout, d_qkv, d_kv, ld, d_lse, &a, drop, 0);
+        attention_block_backward(dqkv_cpu, dkv_cpu, 2 * C, dout, qkv, kv, ld, outx, lse_gpu, &a, drop);
+    }
+    for (size_t r = 0; r < rows; r++) memcpy(dq_cpu + r * C, dqkv_cpu + r * 3 * C, (size_t)C * sizeof(float));
+    gpu_fetch_f32(dq_gpu, d_dq, n_out);
+    gpu_fetch_f32(dkv_gpu, d_dkv, n_kv);
+    check("block dq_acc", 0, dq_gpu, dq_cpu, n_out, TOL_GRAD, 1, NULL);
+    check("block dkv_acc", 0, dkv_gpu, dkv_cpu, n_kv, TOL_GRAD, 1, NULL);
+    check_row_slices("dq_acc, every row", dq_gpu, dq_cpu, rows, Tl, C, hs, TOL_GRAD, 1);
+    check_row_slices("dkv_acc, every row", dkv_gpu, dkv_cpu, rows, Tl, 2 * C, hs, TOL_GRAD, 1);
+
+    gpu_attention_ring_store_dqkv(d_dqkv, d_dq, d_dkv, rows, C, 0);
+    gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
+    for (size_t r = 0; r < rows; r++)
+        for (int c = 0; c < 3 * C; c++)
+            dqkv_cpu[r * 3 * C + c] = host_round_floatX(c < C ? dq_gpu[r * C + c] : dkv_gpu[r * 2 * C + c - C]);
+    expect(same_bits(dqkv_gpu, dqkv_cpu, n_qkv), "ring_store_dqkv: dqkv is dq_acc | dkv_acc rounded", 0.0f);
+
+    floatX* dx[] = {d_qkv, d_kvp, d_dout, d_out, d_dqkv};
+    for (size_t i = 0; i < sizeof(dx) / sizeof(dx[0]); i++) CUDA_CHECK(cudaFree(dx[i]));
+    float* df[] = {d_out_acc, d_lse, d_dq, d_dkv, d_rowsum};
+    for (size_t i = 0; i < sizeof(df) / sizeof(df[0]); i++) CUDA_CHECK(cudaFree(df[i]));
+    float* h[] = {qkv, kvp, dout, out_cpu, lse_cpu, dq_init, dkv_cpu, out_gpu, lse_gpu, outx, dqkv_cpu, dq_cpu, dq_gpu, dkv_gpu, dqkv_gpu};
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) free(h[i]);
+}
+
+/* One process playing both members of a context-parallel group of 2: each
+ * sequence of T = 4 Tc tokens cut in four chunks, member r holding chunks r
+ * and 3 - r (Tl = 2 Tc local rows); the ring's blocks (context_chunk_block)
+ * in its order (step s: member r's queries against member (r - s) mod 2's
+ * K/V; first at step 0, key chunk 0), then the rounded output, and the
+ * backward's dQ per member and dK/dV summed into the keys' owner, against
+ * the CPU reference's whole-sequence attention_forward / _backward. */
+static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutSite* drop) {
+    const int C = sh->C, NH = sh->NH, N = 2, Tl = 2 * Tc, T = N * Tl, hs = C / NH;
+    const size_t grows = (size_t)B * T, lrows = (size_t)B * Tl;
+    float* qkv = rand_rounded(grows * 3 * C, 3110, ATT_TEST_STD, 0.0f);
+    float* dout = rand_rounded(grows * C, 3111, 1.0f, 0.0f);
+    float* out_cpu = alloc_floats(grows * C);
+    float* lse_cpu = alloc_floats(grows * NH);
+    float* dqkv_cpu = alloc_floats(grows * 3 * C);
+    float* out_gpu = alloc_floats(grows * C);
+    float* lse_gpu = alloc_floats(grows * NH);
+    float* dqkv_gpu = alloc_floats(grows * 3 * C);
+    float* tmp = alloc_floats(lrows * 3 * C);
+    floatX *d_qkv[2], *d_kv[2], *d_dout[2], *d_out[2], *d_dqkv[2];
+    float *d_acc[2], *d_lse[2], *d_rowsum[2], *d_dq[2], *d_dkv[2];
+    /* local row n of member r: token n % Tl of sequence n / Tl, global row gr(r, n) */
+#define RING2_ROW(r, n) ((n) / Tl * (size_t)T + (size_t)context_position((int)((n) % Tl), Tl, (r), N))
+    for (int r = 0; r < N; r++) {
+        for (size_t n = 0; n < lrows; n++) memcpy(tmp + n * 3 * C, qkv + RING2_ROW(r, n) * 3 * C, 3 * (size_t)C * sizeof(float));
+        d_qkv[r] = gpu_put(tmp, lrows * 3 * C);
+        for (size_t n = 0; n < lrows; n++) memcpy(tmp + n * 2 * C, qkv + RING2_ROW(r, n) * 3 * C + C, 2 * (size_t)C * sizeof(float));
+        d_kv[r] = gpu_put(tmp, lrows * 2 * C);
+        for (size_t n = 0; n < lrows; n++) memcpy(tmp + n * C, dout + RING2_ROW(r, n) * C, (size_t)C * sizeof(float));
+        d_dout[r] = gpu_put(tmp, lrows * C);
+        CUDA_CHECK(cudaMalloc((void**)&d_out[r], lrows * C * sizeof(floatX)));
+        CUDA_CHECK(cudaMalloc((void**)&d_dqkv[r], lrows * 3 * C * sizeof(floatX)));
+        d_acc[r] = gpu_zeros_f32(lrows * C);
+        d_lse[r] = gpu_zeros_f32(lrows * NH);
+        d_rowsum[r] = gpu_zeros_f32(lrows * NH);
+        d_dq[r] = gpu_zeros_f32(lrows * C);
+        d_dkv[r] = gpu_zeros_f32(lrows * 2 * C);
+    }
+    for (int s = 0; s < N; s++)
+        for (int r = 0; r < N; r++) {
+            const int origin = (r - s + N) % N;
+            for (int qc = 0; qc < 2; qc++)
+                for (int kc = 0; kc < 2; kc++) {
+                    AttentionBlock a;
+                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a))
+                        gpu_attention_block_forward(d_acc[r], d_lse[r], d_qkv[r], d_kv[origin], 2 * C, &a, s == 0 && kc == 0, drop, 0);
+                }
+        }
+    for (int r = 0; r < N; r++) {
+        gpu_attention_ring_store_out(d_out[r], d_acc[r], lrows, C, 0);
+        gpu_fetch(tmp, d_out[r], lrows * C);
+        for (size_t n = 0; n < lrows; n++) memcpy(out_gpu + RING2_ROW(r, n) * C, tmp + n * C, (size_t)C * sizeof(float));
+        gpu_fetch_f32(tmp, d_lse[r], lrows * NH);
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++)
+                for (int i = 0; i < Tl; i++)
+                    lse_gpu[((size_t)b * NH + h) * T + context_position(i, Tl, r, N)] = tmp[((size_t)b * NH + h) * Tl + i];
+    }
+    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, drop);
+    check("ring out", 0, out_gpu, out_cpu, grows * C, TOL_ACT, 1, NULL);
+    check("ring lse", 0, lse_gpu, lse_cpu, grows * NH, TOL_LSE, 1, NULL);
+    check_row_slices("ring out, every row", out_gpu, out_cpu, grows, T, C, hs, TOL_ACT, 1);
+    check_row_slices("ring lse, every row", lse_gpu, lse_cpu, grows * NH, T, 1, 1, TOL_LSE, 1);
+
+    for (int r = 0; r < N; r++) gpu_attention_block_rowsum(d_rowsum[r], d_dout[r], d_out[r], B, Tl, C, NH, 0);
+    for (int s = 0; s < N; s++)
+        for (int r = 0; r < N; r++) {
+            const int origin = (r - s + N) % N;
+            for (int qc = 0; qc < 2; qc++)
+                for (int kc = 0; kc < 2; kc++) {
+                    AttentionBlock a;
+                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a))
+                        gpu_attention_block_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], 2 * C, d_lse[r],
+                                                     &a, drop, 0);
+                }
+        }
+    for (int r = 0; r < N; r++) {
+        gpu_attention_ring_store_dqkv(d_dqkv[r], d_dq[r], d_dkv[r], lrows, C, 0);
+        gpu_fetch(tmp, d_dqkv[r], lrows * 3 * C);
+        for (size_t n = 0; n < lrows; n++) memcpy(dqkv_gpu + RING2_ROW(r, n) * 3 * C, tmp + n * 3 * C, 3 * (size_t)C * sizeof(float));
+    }
+#undef RING2_ROW
+    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, drop);
+    check("ring dqkv", 0, dqkv_gpu, dqkv_cpu, grows * 3 * C, TOL_GRAD, 1, NULL);
+    check_row_slices("ring dqkv, every row", dqkv_gpu, dqkv_cpu, grows, T, 3 * C, hs, TOL_GRAD, 1);
+
+    for (int r = 0; r < N; r++) {
+        floatX* dx[] = {d_qkv[r], d_kv[r], d_dout[r], d_out[r], d_dqkv[r]};
+        for (size_t i = 0; i < sizeof(dx) / sizeof(dx[0]); i++) CUDA_CHECK(cudaFree(dx[i]));
+        float* df[] = {d_acc[r], d_lse[r], d_rowsum[r], d_dq[r], d_dkv[r]};
+        for (size_t i = 0; i < sizeof(df) / sizeof(df[0]); i++) CUDA_CHECK(cudaFree(df[i]));
+    }
+    float* h[] = {qkv, dout, out_cpu, lse_cpu, dqkv_cpu, out_gpu, lse_gpu, dqkv_gpu, tmp};
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) free(h[i]);
+}
+
+/* Every block set, then the two-member ring, at chunk length Tc; with
+ * dropout_p > 0 at the attention site (masks keyed by global position). */
+static void check_attention_blocks(const Shape* sh, int B, int Tc, float dropout_p) {
+    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1};
+    drop_state.p[DROPOUT_ATTENTION] = dropout_p;
+    const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
+    char what[64] = "attention blocks";
+    if (dropout_p > 0) snprintf(what, sizeof(what), "attention blocks with dropout %g", dropout_p);
+    printf("\n%s, %s (C=%d, NH=%d, hs=%d), B=%d Tc=%d, q/k/v std %.1f\n", what, sh->name, sh->C, sh->NH, sh->C / sh->NH, B, Tc, ATT_TEST_STD);
+    const int fails_before = g_failures;
+    BlockSet sets[8];
+    const int n = attention_block_sets(sets, Tc);
+    for (int i = 0; i < n; i++) check_block_set(&sets[i], sh, B, Tc, &drop);
+    printf("  two-member ring against whole-sequence attention (T=%d)\n", 4 * Tc);
+    check_attention_ring2(sh, B, Tc, &drop);
+    printf("%s: %s, %s Tc=%d\n", g_failures == fails_before ? "PASS" : "FAIL", what, sh->name, Tc);
 }
 
 /* ---- when "no GPU" is a skip and when it is a failure (cuda_common.cuh) ----
@@ -1440,6 +1701,12 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0.1f);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0.1f);
+    /* attention blocks (context parallelism's ring): chunks of 70 rows (ragged) and 48 (q0, k0 multiples of 16) */
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) {
+        check_attention_blocks(&main_shapes[s], TEST_B, 70, 0);
+        check_attention_blocks(&main_shapes[s], TEST_B, 48, 0.1f);
+    }
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention_blocks(&odd_shapes[s], TEST_B, 37, 0.1f);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

@@ -99,8 +99,12 @@ typedef struct {
     TokenBuckets buckets; /* counts of h_buckets' lists */
     MatmulContext mm;
     cudaStream_t stream;
-    int B, T; /* shape of the current call; at most the plan's */
-    TokenLayout layout; /* where the current call's token rows sit in their sequences (token_layout.h) */
+    int B, T; /* shape of the current call; at most the plan's (under context parallelism: this rank's tokens of each row) */
+    ContextGroups cp;     /* context parallelism: this rank's place in its group (degree 1: off) */
+    TokenLayout layout;   /* where the current call's token rows sit in their sequences */
+    floatX* ring_kv[2];   /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
+    float* ring_dkv[2];   /* (B,T,2C) fp32 dK/dV sums of those blocks, travelling back to their owner */
+    float* ring_acc;      /* (B,T,C) fp32: the forward's merged output, then the backward's dQ */
     uint64_t seed;
     /* reporting */
     double flops_per_step, peak_flops;
@@ -164,11 +168,12 @@ static void* pinned_alloc(size_t bytes, const char* what) {
     return p;
 }
 
-/* The shape of the next pass: B rows of T tokens, whole sequences. */
+/* The shape of the next pass: B rows of T tokens on this rank (under
+ * context parallelism its two chunks of each sequence, N T long). */
 static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    TokenLayout lay = {T, 0, 1};
+    TokenLayout lay = {T, m->cp.member, m->cp.degree};
     m->layout = lay;
 }
 
@@ -225,6 +230,15 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_xfer = pinned_alloc(io * sizeof(floatX), "parameter staging");
     m->h_logits = pinned_alloc((size_t)m->cfg.padded_vocab_size * sizeof(floatX), "logits row");
     m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
+    m->cp = context_groups(plan_context_parallel(&plan->spec), remat_proc.rank, plan->spec.world_size);
+    if (m->cp.degree > 1) {
+        size_t block = plan_ring_kv_bytes(&plan->spec);
+        m->ring_kv[0] = (floatX*)(m->arena + plan->off_ring_kv);
+        m->ring_kv[1] = (floatX*)(m->arena + plan->off_ring_kv + block);
+        m->ring_dkv[0] = (float*)(m->arena + plan->off_ring_dkv);
+        m->ring_dkv[1] = (float*)(m->arena + plan->off_ring_dkv + plan_ring_dkv_bytes(&plan->spec));
+        m->ring_acc = (float*)(m->arena + plan->off_ring_acc);
+    }
     m->zero = plan->spec.zero_stage == 1; /* with one rank the shard is everything */
     if (m->zero) shard_range(plan->num_params, plan->spec.world_size, remat_proc.rank, &m->shard_start, &m->shard_count);
     else { m->shard_start = 0; m->shard_count = plan->num_params; }
@@ -279,14 +293,108 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
     if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, 0, (size_t)N, C, &m->layout, &resid_mlp, s);
 }
 
+/* ------------------------------------------------------------------------ */
+/* attention as a ring (context parallelism), step for step train_gpt.c's
+ * ring_attention_forward/backward: member r holds chunks r and 2N-1-r of
+ * each row; at ring step s it computes its queries against the K/V block of
+ * member r - s (the chunk pairs of token_layout.h's context_chunk_block, in
+ * the CPU's order) while the ring stream sends that block on to r + 1 and
+ * receives the next from r - 1 into the other buffer (llmc/multigpu.cuh).
+ * Two events order each transfer: one recorded on compute before it makes
+ * it wait for the compute issued so far (the block sent is packed or has
+ * arrived; the buffer received into was last read by the step before), and
+ * multigpu_ring_join makes the compute issued next wait for the one recorded
+ * after it. The
+ * blocks are summed in fp32 (ring_acc; dK/dV in ring_dkv) and stored as
+ * floatX once, after the ring. */
+
+/* Member r's K/V (B,T,2C), packed out of its qkv (B,T,3C) for sending. */
+static void gpu_ring_pack_kv(floatX* kv, const floatX* qkv, size_t rows, int C, cudaStream_t s) {
+    size_t row = (size_t)C * sizeof(floatX);
+    CUDA_CHECK(cudaMemcpy2DAsync(kv, 2 * row, qkv + C, 3 * row, 2 * row, rows, cudaMemcpyDeviceToDevice, s));
+}
+
+/* The K/V block computed on at ring step `step` and its row stride: step 0
+ * reads this rank's own keys straight out of qkv. */
+static const floatX* gpu_ring_block_kv(const GpuModel* m, const floatX* qkv, int step, int* ld) {
+    *ld = (step == 0 ? 3 : 2) * m->cfg.channels;
+    return step == 0 ? qkv + m->cfg.channels : m->ring_kv[step % 2];
+}
+
+/* out (B,T,C), lse (B,NH,T) of this rank's queries over the whole sequence. */
+static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, const floatX* qkv, const DropoutSite* drop) {
+    int N = m->cp.degree, C = m->cfg.channels;
+    size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(floatX);
+    cudaStream_t s = m->stream;
+    gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
+    for (int step = 0; step < N; step++) {
+        if (step + 1 < N) multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], bytes, "the ring attention forward");
+        int ld;
+        const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
+        int origin = (m->cp.member - step + N) % N;
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                AttentionBlock a;
+                if (context_chunk_block(m->B, C, m->cfg.num_heads, m->T, N, m->cp.member, origin, qc, kc, &a))
+                    gpu_attention_block_forward(m->ring_acc, lse, qkv, kv, ld, &a, step == 0 && kc == 0, drop, s);
+            }
+        if (step + 1 < N) multigpu_ring_join(m->mg, s);
+    }
+    gpu_attention_ring_store_out(out, m->ring_acc, rows, C, s);
+}
+
+/* dqkv (B,T,3C) is overwritten; the forward's lse is reused. */
+static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
+                                        const float* lse, const DropoutSite* drop) {
+    int N = m->cp.degree, C = m->cfg.channels, NH = m->cfg.num_heads;
+    size_t rows = (size_t)m->B * m->T, kv_bytes = rows * 2 * C * sizeof(floatX), dkv_bytes = rows * 2 * C * sizeof(float);
+    cudaStream_t s = m->stream;
+    gpu_attention_block_rowsum(m->att_rowsum, dout, out, m->B, m->T, C, NH, s);
+    CUDA_CHECK(cudaMemsetAsync(m->ring_acc, 0, rows * C * sizeof(float), s));
+    CUDA_CHECK(cudaMemsetAsync(m->ring_dkv[0], 0, dkv_bytes, s));
+    gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
+    for (int step = 0; step < N; step++) {
+        if (step + 1 < N)
+            multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], kv_bytes, "the ring attention backward");
+        int ld;
+        const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
+        float* dkv = m->ring_dkv[step % 2];
+        int origin = (m->cp.member - step + N) % N;
+        for (int qc = 0; qc < 2; qc++)
+            for (int kc = 0; kc < 2; kc++) {
+                AttentionBlock a;
+                if (context_chunk_block(m->B, C, NH, m->T, N, m->cp.member, origin, qc, kc, &a))
+                    gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &a, drop, s);
+            }
+        /* the sums go on to the next member; the last step's reach their owner */
+        multigpu_ring_pass(m->mg, s, dkv, m->ring_dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
+        multigpu_ring_join(m->mg, s);
+    }
+    gpu_attention_ring_store_dqkv(dqkv, m->ring_acc, m->ring_dkv[N % 2], rows, C, s);
+}
+
+/* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
+static void gpu_layer_attention_forward(GpuModel* m, int l, const DropoutSite* drop) {
+    floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
+    float* lse = gstat(m, l, ACT_ATT_LSE);
+    if (m->cp.degree > 1) gpu_ring_attention_forward(m, out, lse, qkv, drop);
+    else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream);
+}
+
+static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty, const DropoutSite* drop) {
+    const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
+    const float* lse = gstat(m, l, ACT_ATT_LSE);
+    if (m->cp.degree > 1) gpu_ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
+    else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream);
+}
+
 /* Block l forward from its stored input x; out as in gpu_block_forward_mlp. */
 static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
     DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
     gpu_block_forward_qkv(m, l);
     prof_begin(&m->prof, att, m->stream);
-    gpu_attention_forward(gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE), gact(m, l, ACT_QKV), m->B, m->T, m->cfg.channels,
-                          m->cfg.num_heads, &att_drop, m->stream);
+    gpu_layer_attention_forward(m, l, &att_drop);
     prof_end(&m->prof, att, m->stream);
     gpu_block_forward_mlp(m, l, out);
 }
@@ -317,7 +425,7 @@ static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s) {
 
 /* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
-    int B = m->B, T = m->T, C = m->cfg.channels, NH = m->cfg.num_heads, N = B * T;
+    int C = m->cfg.channels, N = m->B * m->T;
     GpuBlockTensors w = gpu_layer_params(m, l), dw = gpu_layer_grads(m, l);
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->mm;
@@ -342,8 +450,7 @@ static void gpu_block_backward(GpuModel* m, int l) {
     gpu_matmul_backward_input(mm, datty, dbranch, w.attprojw, N, C, C, s);
     gpu_matmul_backward_weight(mm, dw.attprojw, dw.attprojb, part, dbranch, gact(m, l, ACT_ATTY), N, C, C, s);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
-    gpu_attention_backward(dqkv, m->att_rowsum, datty, gact(m, l, ACT_QKV), gact(m, l, ACT_ATTY), gstat(m, l, ACT_ATT_LSE),
-                           B, T, C, NH, &att_drop, s);
+    gpu_layer_attention_backward(m, l, dqkv, datty, &att_drop);
     prof_end(&m->prof, PROF_ATT_BACKWARD, s);
     gpu_matmul_backward_input(mm, dln, dqkv, w.qkvw, N, C, 3 * C, s);
     gpu_matmul_backward_weight(mm, dw.qkvw, dw.qkvb, part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
@@ -361,7 +468,7 @@ static void gpu_model_forward(GpuModel* m) {
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     offload_acquire(&m->off, 0);
-    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, m->T, C, m->stream);
+    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, m->stream);
     if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd, m->stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) offload_acquire(&m->off, l + 1);
@@ -438,8 +545,8 @@ static void gpu_model_backward(GpuModel* m) {
     if (embd.threshold) gpu_dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
     if (m->wte_grad_fp32)
-        gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
-    else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, m->T, C, m->stream);
+        gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream);
+    else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream);
     gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
     offload_finish(&m->off);
@@ -500,7 +607,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
 static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_mean) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &m->train_dropout;
-    gpu_set_shape(m, m->plan->spec.B, m->plan->spec.T);
+    gpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     int N = m->B * m->T;
     m->last_micro_step = mb->micro_step == mb->num_micro_steps - 1;
     multigpu_micro_step(m->mg, m->last_micro_step); /* the last one reduces gradients during its backward */
@@ -521,7 +628,7 @@ static void gpu_set_dropout(void* ctx, const DropoutState* d) { ((GpuModel*)ctx)
 static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &dropout_off;
-    gpu_set_shape(m, m->plan->spec.B, m->plan->spec.T);
+    gpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     gpu_upload_tokens(m, inputs, targets);
     gpu_model_forward(m);
     offload_finish(&m->off);
@@ -552,21 +659,10 @@ static int sampling_length(int len, int T_max) {
     return t < T_max ? t : T_max;
 }
 
-/* Runs the model on one sequence of len tokens (B=1, a prefix of the planned
- * buffers, padded with token 0 to sampling_length) and returns softmax
- * probabilities at position len-1. */
-static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
-    GpuModel* m = (GpuModel*)ctx;
+/* Softmax over V of the logits of local row `row` of the last forward. */
+static void gpu_row_probs(GpuModel* m, int row, float* probs) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    int T = sampling_length(len, m->plan->spec.T);
-    memcpy(m->h_inputs, tokens, (size_t)len * sizeof(int));
-    for (int t = len; t < T; t++) m->h_inputs[t] = 0;
-    m->drop = &dropout_off;
-    gpu_set_shape(m, 1, T);
-    gpu_upload_tokens(m, m->h_inputs, NULL);
-    gpu_model_forward(m);
-    offload_finish(&m->off);
-    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)(len - 1) * C, m->p.wte, NULL, NULL, 1, C, Vp, m->stream);
+    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)row * C, m->p.wte, NULL, NULL, 1, C, Vp, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
     gpu_wait(m);
     float mx = host_floatX_load(m->h_logits, 0);
@@ -577,6 +673,37 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
         sum += probs[v];
     }
     for (int v = 0; v < V; v++) probs[v] /= sum;
+}
+
+/* Runs the model on one sequence of len tokens (B=1, a prefix of the planned
+ * buffers, padded with token 0 to sampling_length) and returns softmax
+ * probabilities at position len-1. Under context parallelism every member of
+ * the group calls it, as on the CPU: the padded sequence (also a multiple of
+ * 2N tokens, which the plan's T is) is cut into chunks as in training, and
+ * the member holding position len-1 sends the probabilities to the others. */
+static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
+    GpuModel* m = (GpuModel*)ctx;
+    int V = m->cfg.vocab_size, N = m->cp.degree;
+    int T = sampling_length(len, m->plan->spec.T);
+    if (N > 1) T = (T + 2 * N - 1) / (2 * N) * (2 * N);
+    gpu_set_shape(m, 1, T / N);
+    for (int i = 0; i < m->T; i++) {
+        int pos = token_position(&m->layout, (size_t)i);
+        m->h_inputs[i] = pos < len ? tokens[pos] : 0;
+    }
+    int owner = 0, row = len - 1;
+    if (N > 1) {
+        int Tc = m->T / 2, chunk = (len - 1) / Tc;
+        owner = chunk < N ? chunk : 2 * N - 1 - chunk;
+        row = (chunk < N ? 0 : Tc) + (len - 1) % Tc;
+    }
+    m->drop = &dropout_off;
+    gpu_upload_tokens(m, m->h_inputs, NULL);
+    gpu_model_forward(m);
+    offload_finish(&m->off);
+    if (owner == m->cp.member) gpu_row_probs(m, row, probs);
+    else gpu_wait(m);
+    proc_ring_broadcast(probs, (size_t)V * sizeof(float), owner);
 }
 
 static void gpu_zero_grads(void* ctx) {
@@ -855,9 +982,6 @@ int main(int argc, char** argv) {
     /* --plan and --plan-json, which price both, have exited in run_setup */
     if (run.opt.T > (1 << 20))
         fail("flag -t: %d tokens; the GPU trainer is checked up to 1048576 (its kernels' index arithmetic beyond that is not)", run.opt.T);
-    if (run.cp.degree > 1)
-        fail("flag --context-parallel %d: context parallelism is not built on the GPU yet (train_gpt_cpu runs it; --plan prices it here)",
-             run.cp.degree);
     int master_weights = run.plan.spec.master_weights;
     MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
@@ -872,7 +996,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, g->device));
     m.peak_flops = device_peak_flops(prop.name);
-    m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T;
+    /* this rank's tokens: T / N of each row under context parallelism */
+    m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T / run.cp.degree;
     print_device(&m, master_weights);
     Backend be = gpu_backend(&m);
     train(&run, &be);

@@ -13,7 +13,8 @@ with `-Xptxas -v,-warn-spills` and fails, naming the kernel, on
     spill-load count in the -v report;
   - a kernel whose register count differs from what the code asserts:
     llmc/attention_mma.cuh's FWD_REGS/DKV_REGS/DQ_REGS for the forward, dK/dV
-    and dQ kernels at head sizes 64 and 128 (and any
+    and dQ kernels at head sizes 64 and 128 (FWD_BLOCK_REGS, ... for their
+    attention-block instantiations) (and any
     --expect NAME=REGS given, NAME a substring of the demangled kernel name);
   - an asserted kernel that the report does not contain (a renamed kernel
     must not turn the check into a no-op).
@@ -49,16 +50,18 @@ def demangle(names):
 
 
 def source_asserts():
-    """The register counts llmc/attention_mma.cuh records: {demangled-name substring: registers}."""
+    """The register counts llmc/attention_mma.cuh records: {demangled-name substring: registers}, for the
+    whole-sequence instantiations (<HS, false>: FWD_REGS, ...) and the attention blocks' (<HS, true>:
+    FWD_BLOCK_REGS, ...)."""
     text = (REPO / "llmc" / "attention_mma.cuh").read_text()
-    kernels = {"FWD_REGS": "attention_mma_forward_kernel", "DKV_REGS": "attention_mma_backward_dkv_kernel",
-               "DQ_REGS": "attention_mma_backward_dq_kernel"}
+    kernels = {"FWD": "attention_mma_forward_kernel", "DKV": "attention_mma_backward_dkv_kernel", "DQ": "attention_mma_backward_dq_kernel"}
     got = {}
-    for field, kernel in kernels.items():
-        m = re.search(field + r"\s*=\s*HS\s*==\s*64\s*\?\s*(\d+)\s*:\s*(\d+)", text)
-        if not m:
-            sys.exit(f"ptxas_check: llmc/attention_mma.cuh: AttMmaResources' {field} not found (update dev/ptxas_check.py)")
-        got[kernel + "<64"], got[kernel + "<128"] = int(m.group(1)), int(m.group(2))
+    for prefix, kernel in kernels.items():
+        for field, block in ((prefix + "_REGS", "false"), (prefix + "_BLOCK_REGS", "true")):
+            m = re.search(r"\b" + field + r"\s*=\s*HS\s*==\s*64\s*\?\s*(\d+)\s*:\s*(\d+)", text)
+            if not m:
+                sys.exit(f"ptxas_check: llmc/attention_mma.cuh: AttMmaResources' {field} not found (update dev/ptxas_check.py)")
+            got[f"{kernel}<64, {block}>"], got[f"{kernel}<128, {block}>"] = int(m.group(1)), int(m.group(2))
     return got
 
 

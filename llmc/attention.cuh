@@ -67,6 +67,7 @@
 
 #include "cuda_common.cuh"
 #include "dropout.h"
+#include "token_layout.h"
 
 enum AttentionKind { ATT_KIND_SIMT = 0, ATT_KIND_TC = 1, ATT_KIND_MMA = 2 };
 
@@ -119,6 +120,99 @@ __device__ __forceinline__ unsigned att_drop_keep_col16(const DropoutSite& drop,
  * as constants: the factor folds to 1 and the products with it away. */
 __device__ __forceinline__ float att_drop_factor(unsigned keep, int j, float keep_scale) {
     return (keep >> j) & 1u ? keep_scale : 0.0f;
+}
+
+/* att_drop_keep_row16 for any first key u0: an attention block's keys start
+ * at its global k0, which need not be a multiple of 16; then each key draws
+ * on its own (16 calls). */
+__device__ __forceinline__ unsigned att_drop_keep_row16_any(const DropoutSite& drop, int bh, int T, int t, int u0) {
+    if (u0 % 16 == 0) return att_drop_keep_row16(drop, bh, T, t, u0);
+    unsigned bits = 0;
+    for (int j = 0; j < 16; j++) bits |= (unsigned)dropout_keep_attention(&drop, bh, T, t, u0 + j) << j;
+    return bits;
+}
+
+/* att_drop_keep_col16 for any first query t0 (a block's global q0 need not be a multiple of 16). */
+__device__ __forceinline__ unsigned att_drop_keep_col16_any(const DropoutSite& drop, int bh, int T, int t0, int u) {
+    if (t0 % 16 == 0) return att_drop_keep_col16(drop, bh, T, t0, u);
+    unsigned bits = 0;
+    for (int j = 0; j < 16; j++) bits |= (unsigned)dropout_keep_attention(&drop, bh, T, t0 + j, u) << j;
+    return bits;
+}
+
+/* ---- attention blocks (context parallelism) ----
+ * An AttentionBlock (token_layout.h) is Tq query rows from local row qi of
+ * qkv (B,Tl,3C) against Tk key rows from local row ki of kv (B,Tl,kv_ld; K
+ * at channel 0, V at C), key j seen by query i when k0 + j <= q0 + i. The
+ * block launches run each family's kernels with BLOCK = true: the same
+ * loops over query index i and key index j, with key j seen by query i
+ * when j <= i + diag (diag = q0 - k0; 0 for a whole sequence), dropout
+ * drawn at the global positions (q0 + i, k0 + j) of a sequence of T
+ * tokens, and an fp32 epilogue that writes or merges (forward) or adds
+ * (backward) instead of storing floatX. What a block kernel gets besides
+ * the whole-sequence arguments (unused, zero, in those launches): */
+struct AttBlockArgs {
+    AttentionBlock a;
+    const floatX* kv; /* (B,Tl,kv_ld): K at channel 0, V at C */
+    int kv_ld;
+    float* acc;       /* forward: out_acc (B,Tl,C); dQ: dq_acc (B,Tl,C); dK/dV: dkv_acc (B,Tl,2C) */
+    int first;        /* forward: write (1) or merge into (0) out_acc and lse */
+};
+
+/* Merges a block's normalised output (n values of one head row, part[e] at
+ * acc[chan[e]]) and its log-sum-exp lpart into acc and *lse (the CPU's
+ * attention_merge): weights exp(old - merged) and exp(lpart - merged). All
+ * threads sharing the row compute the same weights; the caller has every
+ * one of them read *lse before any writes it. */
+__device__ __forceinline__ float att_merged_lse(float old, float lpart) {
+    const float m = fmaxf(old, lpart);
+    return m + logf(expf(old - m) + expf(lpart - m));
+}
+
+/* Where a CUDA-core kernel's rows are, for one (b, h): queries i in [0, nq)
+ * and keys j in [0, nk), key j seen by query i when j <= i + diag and
+ * j < nk. q, k, v point at row 0 of this head's slices; qrow, krow are the
+ * row indices (in (B,Tl,*) tensors) of query 0 and key 0; stat the index of
+ * query 0 in (B,NH,Tl) statistics; tq0, tk0 the global positions of query
+ * 0 and key 0 in the dropout layout's sequence of T tokens. A whole
+ * sequence: nq = nk = T, diag = tq0 = tk0 = 0, Tl = T. */
+struct AttSpan {
+    const floatX *q, *k, *v;
+    size_t q_ld, kv_ld, qrow, krow, stat;
+    int nq, nk, diag, tq0, tk0, T;
+};
+
+template <bool BLOCK>
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int NH, int hs, const AttBlockArgs& blk) {
+    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    AttSpan sp;
+    if constexpr (BLOCK) {
+        const AttentionBlock& a = blk.a;
+        sp.qrow = (size_t)b * a.Tl + a.qi;
+        sp.krow = (size_t)b * a.Tl + a.ki;
+        sp.stat = (size_t)blockIdx.y * a.Tl + a.qi;
+        sp.q = qkv + sp.qrow * 3 * C + (size_t)h * hs;
+        sp.q_ld = 3 * (size_t)C;
+        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)h * hs;
+        sp.v = sp.k + C;
+        sp.kv_ld = blk.kv_ld;
+        sp.nq = a.Tq;
+        sp.nk = a.Tk;
+        sp.diag = a.q0 - a.k0;
+        sp.tq0 = a.q0;
+        sp.tk0 = a.k0;
+        sp.T = a.T;
+    } else {
+        sp.qrow = sp.krow = (size_t)b * T;
+        sp.stat = (size_t)blockIdx.y * T;
+        sp.q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+        sp.q_ld = sp.kv_ld = 3 * (size_t)C;
+        sp.k = sp.q + C;
+        sp.v = sp.q + 2 * C;
+        sp.nq = sp.nk = sp.T = T;
+        sp.diag = sp.tq0 = sp.tk0 = 0;
+    }
+    return sp;
 }
 
 #if PRECISION_IS_FP32 || defined(ATTENTION_SIMT)
@@ -219,13 +313,17 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
 }
 
 /* ---- forward ----
- * grid (ceil(T/ATT_ROWS), B*NH), block THREADS. Query tiles are visited
+ * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS. Query tiles are visited
  * last-first (the causal mask makes them the longest). Dropout: each
  * 16-key sub-tile draws its row's 16 keep bits once (the G threads of a row
- * draw the same bits); the kept p, scaled, weighs v, while l sums every p. */
-template <int HS, bool DROPOUT>
+ * draw the same bits); the kept p, scaled, weighs v, while l sums every p.
+ * BLOCK: an attention block's rows (AttSpan); the normalised output and
+ * lse of each query that sees a key are written to blk.acc and lse (first)
+ * or merged into them. */
+template <int HS, bool DROPOUT, bool BLOCK>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
-attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
+attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale, DropoutSite drop,
+                         AttBlockArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
@@ -233,28 +331,35 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
+    /* where the rows are: an attention block's (AttSpan), or the whole
+     * sequence's in the expressions whose code the BLOCK = false
+     * instantiation keeps (its registers and speed stay the same) */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
     float q[CH], o[CH];
-    att_load_row<HS>(q, base + (size_t)min(t, T - 1) * ld, hs, g, t < T);
+    att_load_row<HS>(q, base + (size_t)min(t, nqr - 1) * ld, hs, g, t < nqr);
 #pragma unroll
     for (int e = 0; e < CH; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS, T);
+    const int kend = min(q0 + ATT_ROWS + diag, nkr);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
+        att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
-            const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0) : ~0u;
+            unsigned keep = ~0u;
+            if constexpr (DROPOUT && BLOCK) keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
+            else if constexpr (DROPOUT) keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0);
             float s[ATT_SUB];
             float mx = -INFINITY;
 #pragma unroll
             for (int u = 0; u < ATT_SUB; u++) {
                 const int key = k0 + j0 + u;
                 float d = group_sum<G>(att_dot_smem<HS>(q, ks[j0 + u], g));
-                s[u] = (key <= t && key < T) ? d * scale : -INFINITY;
+                s[u] = (key <= t + diag && key < nkr) ? d * scale : -INFINITY;
                 mx = fmaxf(mx, s[u]);
             }
             const float mnew = fmaxf(m, mx);
@@ -272,21 +377,39 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             m = mnew;
         }
     }
-    if (t < T) {
+    if constexpr (BLOCK) {
+        const bool seen = t < sp.nq && t + sp.diag >= 0; /* else the block leaves the row alone */
+        float* l_row = lse + sp.stat + min(t, sp.nq - 1);
+        /* the row's lse is read and written by its thread g == 0 alone; the others get it by a shuffle */
+        const float lpart = m + logf(l);
+        const float old = __shfl_sync(0xffffffffu, (g == 0 && seen && !blk.first) ? *l_row : 0.0f, (threadIdx.x & 31) & ~(G - 1));
+        if (seen) {
+            const float merged = blk.first ? lpart : att_merged_lse(old, lpart);
+            const float w0 = blk.first ? 0.0f : expf(old - merged), w1 = blk.first ? 1.0f : expf(lpart - merged);
+            float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
+#pragma unroll
+            for (int e = 0; e < CH; e++) {
+                const int c = att_channel<G>(e, g);
+                if (c < hs) row[c] = blk.first ? o[e] / l : row[c] * w0 + o[e] / l * w1;
+            }
+            if (g == 0) *l_row = merged;
+        }
+    } else if (t < T) {
         att_store_row<HS>(out + ((size_t)b * T + t) * C + (size_t)h * hs, o, 1.0f / l, hs, g);
         if (g == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
     }
 }
 
 /* ---- backward, pass 1: dq and D ----
- * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one query row per G threads.
+ * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS; one query row per G threads.
  * Dropout: each key tile draws the row's 32 keep bits again (the forward's
  * mask), and only dp is masked and scaled: D = dout.out is already the
- * dropped row sum (header). */
-template <int HS, bool DROPOUT>
+ * dropped row sum (header). BLOCK: D comes from rowsum (the block rowsum
+ * kernel's), and dq is added to blk.acc (rows that see a key). */
+template <int HS, bool DROPOUT, bool BLOCK>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                             const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
+                             const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop, AttBlockArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
@@ -294,59 +417,80 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
-    const bool valid = t < T;
-    const int tc = min(t, T - 1);
+    /* where the rows are: as in the forward */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const bool valid = t < nqr;
+    const int tc = min(t, nqr - 1);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const size_t orow = ((size_t)b * T + tc) * C + (size_t)h * hs;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const size_t orow = BLOCK ? (sp.qrow + tc) * C + (size_t)h * hs : ((size_t)b * T + tc) * C + (size_t)h * hs;
     float q[CH], dO[CH], dq[CH];
     att_load_row<HS>(q, base + (size_t)tc * ld, hs, g, valid);
     att_load_row<HS>(dO, dout + orow, hs, g, valid);
+    const size_t srow = BLOCK ? sp.stat + tc : ((size_t)b * NH + h) * T + tc;
     float D;
-    {
+    if constexpr (BLOCK) {
+        D = valid ? rowsum[srow] : 0.0f;
+    } else {
         float o[CH];
         att_load_row<HS>(o, out + orow, hs, g, valid);
         float acc = 0.0f;
 #pragma unroll
         for (int e = 0; e < CH; e++) acc += dO[e] * o[e];
         D = group_sum<G>(acc);
+        if (valid && g == 0) rowsum[srow] = D;
     }
-    const size_t srow = ((size_t)b * NH + h) * T + tc;
-    if (valid && g == 0) rowsum[srow] = D;
     const float row_lse = valid ? lse[srow] : 0.0f;
 #pragma unroll
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS, T);
+    const int kend = min(q0 + ATT_ROWS + diag, nkr);
     for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, base + C, base + 2 * C, ld, k0, T, hs);
+        att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
-        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0) |
-                                                   att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + 16) << 16
-                                             : ~0u;
+        unsigned keep = ~0u;
+        if constexpr (DROPOUT && BLOCK)
+            keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0) |
+                   att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + 16) << 16;
+        else if constexpr (DROPOUT)
+            keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0) | att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + 16) << 16;
         for (int j = 0; j < ATT_TILE; j++) {
             const int key = k0 + j;
             const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(dO, vs[j], g));
-            const float p = (key <= t && key < T) ? expf(s * scale - row_lse) : 0.0f;
+            const float p = (key <= t + diag && key < nkr) ? expf(s * scale - row_lse) : 0.0f;
             const float ds = p * (att_drop_factor(keep, j, keep_scale) * dp - D) * scale;
             att_axpy_smem<HS>(dq, ds, ks[j], g);
         }
     }
-    if (valid) att_store_row<HS>(dqkv + ((size_t)b * T + t) * ld + (size_t)h * hs, dq, 1.0f, hs, g);
+    if constexpr (BLOCK) {
+        if (valid && t + diag >= 0) {
+            float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
+#pragma unroll
+            for (int e = 0; e < CH; e++) {
+                const int c = att_channel<G>(e, g);
+                if (c < hs) row[c] += dq[e];
+            }
+        }
+    } else if (valid) {
+        att_store_row<HS>(dqkv + ((size_t)b * T + t) * ld + (size_t)h * hs, dq, 1.0f, hs, g);
+    }
 }
 
 /* ---- backward, pass 2: dk and dv ----
- * grid (ceil(T/ATT_ROWS), B*NH), block THREADS; one key row per G threads;
- * queries t >= the block's first key stream through shared memory. Key tiles
- * are visited first-first (the longest). Dropout: each query tile draws the
- * key's column of 32 keep bits again; dv takes the dropped, scaled p, ds
- * masks dp only (D unchanged, header). */
-template <int HS, bool DROPOUT>
+ * grid (ceil(nk/ATT_ROWS), B*NH), block THREADS; one key row per G threads;
+ * queries that see the block's first key (t >= s0 - diag) stream through
+ * shared memory. Key tiles are visited first-first (the longest). Dropout:
+ * each query tile draws the key's column of 32 keep bits again; dv takes
+ * the dropped, scaled p, ds masks dp only (D unchanged, header). BLOCK: dk
+ * and dv are added to blk.acc (K at channel 0, V at C; keys some query of
+ * the block sees). */
+template <int HS, bool DROPOUT, bool BLOCK>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                              int T, int C, int NH, int hs, float scale, DropoutSite drop) {
+                              int T, int C, int NH, int hs, float scale, DropoutSite drop, AttBlockArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32 && ATT_ROWS % 16 == 0, "a tile's keep bits are two att_drop_keep_col16 (t0 a multiple of 16)");
     __shared__ __align__(16) float qs[ATT_TILE][HS];
@@ -355,48 +499,66 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int s0 = blockIdx.x * ATT_ROWS;
     const int g = threadIdx.x % G, s = s0 + threadIdx.x / G;
-    const bool valid = s < T;
-    const int sc = min(s, T - 1);
+    /* where the rows are: as in the forward */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const bool valid = s < nkr;
+    const int sc = min(s, nkr - 1);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const floatX* obase = dout + (size_t)b * T * C + (size_t)h * hs;
-    const size_t stat0 = ((size_t)b * NH + h) * T;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const floatX* obase = BLOCK ? dout + sp.qrow * C + (size_t)h * hs : dout + (size_t)b * T * C + (size_t)h * hs;
+    const size_t stat0 = BLOCK ? sp.stat : ((size_t)b * NH + h) * T;
     float k[CH], v[CH], dk[CH], dv[CH];
-    att_load_row<HS>(k, base + (size_t)sc * ld + C, hs, g, valid);
-    att_load_row<HS>(v, base + (size_t)sc * ld + 2 * C, hs, g, valid);
+    att_load_row<HS>(k, BLOCK ? sp.k + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + C, hs, g, valid);
+    att_load_row<HS>(v, BLOCK ? sp.v + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + 2 * C, hs, g, valid);
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    for (int t0 = s0; t0 < T; t0 += ATT_TILE) {
+    for (int t0 = BLOCK ? max(s0 - diag, 0) : s0; t0 < nqr; t0 += ATT_TILE) {
         __syncthreads();
         /* q rows have stride 3C, dout rows stride C: stage them separately */
         for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
             int j = idx / HS, c = idx % HS, r = t0 + j;
-            bool ok = r < T && c < hs;
+            bool ok = r < nqr && c < hs;
             qs[j][c] = ok ? to_f32(base[(size_t)r * ld + c]) : 0.0f;
             dos[j][c] = ok ? to_f32(obase[(size_t)r * C + c]) : 0.0f;
         }
         for (int j = threadIdx.x; j < ATT_TILE; j += blockDim.x) {
             int r = t0 + j;
-            lse_s[j] = r < T ? lse[stat0 + r] : 0.0f;
-            d_s[j] = r < T ? rowsum[stat0 + r] : 0.0f;
+            lse_s[j] = r < nqr ? lse[stat0 + r] : 0.0f;
+            d_s[j] = r < nqr ? rowsum[stat0 + r] : 0.0f;
         }
         __syncthreads();
-        const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0, s) |
-                                                   att_drop_keep_col16(drop, blockIdx.y, T, t0 + 16, s) << 16
-                                             : ~0u;
+        unsigned keep = ~0u;
+        if constexpr (DROPOUT && BLOCK)
+            keep = att_drop_keep_col16_any(drop, blockIdx.y, sp.T, sp.tq0 + t0, sp.tk0 + s) |
+                   att_drop_keep_col16_any(drop, blockIdx.y, sp.T, sp.tq0 + t0 + 16, sp.tk0 + s) << 16;
+        else if constexpr (DROPOUT)
+            keep = att_drop_keep_col16(drop, blockIdx.y, T, t0, s) | att_drop_keep_col16(drop, blockIdx.y, T, t0 + 16, s) << 16;
         for (int j = 0; j < ATT_TILE; j++) {
             const int t = t0 + j;
             const float score = group_sum<G>(att_dot_smem<HS>(k, qs[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[j], g));
-            const float p = (t >= s && t < T) ? expf(score * scale - lse_s[j]) : 0.0f;
+            const float p = (t + diag >= s && t < nqr) ? expf(score * scale - lse_s[j]) : 0.0f;
             const float f = att_drop_factor(keep, j, keep_scale);
             const float ds = p * (f * dp - d_s[j]) * scale;
             att_axpy_smem<HS>(dv, p * f, dos[j], g);
             att_axpy_smem<HS>(dk, ds, qs[j], g);
         }
     }
-    if (valid) {
+    if constexpr (BLOCK) {
+        if (valid && s <= nqr - 1 + diag) {
+            float* row = blk.acc + (sp.krow + s) * 2 * C + (size_t)h * hs;
+#pragma unroll
+            for (int e = 0; e < CH; e++) {
+                const int c = att_channel<G>(e, g);
+                if (c < hs) {
+                    row[c] += dk[e];
+                    row[C + c] += dv[e];
+                }
+            }
+        }
+    } else if (valid) {
         floatX* drow = dqkv + ((size_t)b * T + s) * ld + (size_t)h * hs;
         att_store_row<HS>(drow + C, dk, 1.0f, hs, g);
         att_store_row<HS>(drow + 2 * C, dv, 1.0f, hs, g);
@@ -460,7 +622,8 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, scale, drop);
+            attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
+                                                                                                                         scale, drop, AttBlockArgs{});
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -473,7 +636,8 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #else
     (void)kind;
 #endif
-    attention_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
+    attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
+                                                                                                                    AttBlockArgs{});
     CUDA_CHECK_LAUNCH();
 }
 
@@ -510,9 +674,11 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     (void)kind;
 #endif
     dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
-    attention_backward_dq_kernel<HS, DROPOUT><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
+    attention_backward_dq_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
+                                                                                       AttBlockArgs{});
     CUDA_CHECK_LAUNCH();
-    attention_backward_dkv_kernel<HS, DROPOUT><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
+    attention_backward_dkv_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
+                                                                                        AttBlockArgs{});
     CUDA_CHECK_LAUNCH();
 }
 
@@ -552,13 +718,13 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
         if (family == ATT_KIND_MMA) {
             typedef AttMmaResources<HS> R;
             const dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
-            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
+            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
                                dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS>, grid, ATT_MMA_THREADS,
+            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>, grid, ATT_MMA_THREADS,
                                R::DKV_SMEM, true, R::DKV_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS>, grid, ATT_MMA_THREADS,
+            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>, grid, ATT_MMA_THREADS,
                                R::DQ_SMEM, false, R::DQ_REGS};
             return n;
         }
@@ -578,10 +744,10 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     (void)family;
     const dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
     const size_t tile = (size_t)ATT_TILE * HS * sizeof(float);
-    l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
+    l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
     *forward = n;
-    l[n++] = AttLaunch{"attention_backward_dq_kernel", (const void*)attention_backward_dq_kernel<HS, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
-    l[n++] = AttLaunch{"attention_backward_dkv_kernel", (const void*)attention_backward_dkv_kernel<HS, false>, grid, AttConfig<HS>::THREADS,
+    l[n++] = AttLaunch{"attention_backward_dq_kernel", (const void*)attention_backward_dq_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
+    l[n++] = AttLaunch{"attention_backward_dkv_kernel", (const void*)attention_backward_dkv_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS,
                        2 * tile + 2 * ATT_TILE * sizeof(float), false, 0};
     return n;
 }
@@ -626,6 +792,182 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
     case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
     default: attention_check_shape(C, NH);
     }
+}
+
+/* ---- attention blocks (context parallelism's ring attention) ----
+ * The GPU's side of the CPU reference's attention_block_forward,
+ * attention_block_backward and attention_merge (train_gpt.c), for the ring
+ * driver: each ring step runs the blocks of its K/V chunk in a fixed order,
+ * so every result is deterministic (no atomics; one thread owns each
+ * accumulator element, blocks add in launch order on one stream). Tensors:
+ *   out_acc (B,Tl,C), lse (B,NH,Tl), rowsum (B,NH,Tl) fp32;
+ *   dq_acc (B,Tl,C), dkv_acc (B,Tl,2C; dK at 0, dV at C) fp32;
+ *   qkv (B,Tl,3C), kv (B,Tl,kv_ld; K at 0, V at C), dout, out (B,Tl,C) floatX.
+ * A block whose causal mask is empty (k0 > q0 + Tq - 1) launches nothing;
+ * rows (queries or keys) a block's mask empties are left untouched.
+ * Families: the mma family runs its kernels' BLOCK instantiations
+ * (attention_mma.cuh) where attention_block_mma_fits; every other case, the
+ * tc family included (head sizes other than 64 and 128 in the 16-bit
+ * builds, or ATTENTION=tc), runs the simt kernels' (CUDA cores, fp32 math):
+ * the WMMA kernels have no block variant yet (docs/attention_kernels.md). */
+
+/* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
+ * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
+__global__ void __launch_bounds__(256)
+attention_block_rowsum_kernel(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH) {
+    const size_t idx = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (idx >= (size_t)B * Tl * NH) return;
+    const int h = (int)(idx % NH), hs = C / NH;
+    const size_t bt = idx / NH, off = bt * C + (size_t)h * hs;
+    float acc = 0.0f;
+    for (int c = 0; c < hs; c++) acc += to_f32(dout[off + c]) * to_f32(out[off + c]);
+    rowsum[(bt / Tl * NH + h) * Tl + bt % Tl] = acc;
+}
+
+/* out (rows, C) floatX = acc rounded. grid ceil(rows*C / 256), block 256. */
+__global__ void __launch_bounds__(256) attention_ring_store_out_kernel(floatX* out, const float* acc, size_t n) {
+    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (i < n) out[i] = from_f32<floatX>(acc[i]);
+}
+
+/* dqkv (rows, 3C) floatX: channels [0,C) from dq_acc (rows, C), [C,3C) from
+ * dkv_acc (rows, 2C), rounded. grid ceil(rows*3C / 256), block 256. */
+__global__ void __launch_bounds__(256)
+attention_ring_store_dqkv_kernel(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int C) {
+    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (i >= rows * 3 * C) return;
+    const size_t r = i / (3 * (size_t)C);
+    const int c = (int)(i % (3 * (size_t)C));
+    dqkv[i] = from_f32<floatX>(c < C ? dq_acc[r * C + c] : dkv_acc[r * 2 * C + (c - C)]);
+}
+
+static inline unsigned attention_elementwise_blocks(size_t n) {
+    if (ceil_div(n, 256) > 0x7fffffffu) fail("attention: %zu elements exceed one launch's grid", n);
+    return (unsigned)ceil_div(n, 256);
+}
+
+/* The mma block kernels run: attention_mma_fits for the block's head size
+ * (the family, 16-byte aligned rows for cp.async: kv_ld a multiple of 8
+ * elements too) and 8-byte aligned fp32 accumulators (float2 accesses). */
+static inline bool attention_block_mma_fits(int HS, const AttentionBlock* a, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
+                                            const float* acc1) {
+    return attention_mma_fits(ATTENTION_KIND, HS, a->C / a->NH, qkv, kv, kv) && kv_ld % 8 == 0 && (((uintptr_t)acc0 | (uintptr_t)acc1) % 8 == 0);
+}
+
+/* The block's mask keeps no (query, key) pair: nothing to launch. */
+static inline bool attention_block_empty(const AttentionBlock* a) {
+    return a->Tq <= 0 || a->Tk <= 0 || a->k0 > a->q0 + a->Tq - 1;
+}
+
+template <int HS, bool DROPOUT>
+static void attention_block_forward_as(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
+                                       int first, const DropoutSite& drop, cudaStream_t stream) {
+    const int hs = a->C / a->NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    const AttBlockArgs blk = {*a, kv, kv_ld, out_acc, first};
+    attention_forward_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        nullptr, lse, qkv, a->Tl, a->C, a->NH, hs, scale, drop, blk);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+static void attention_block_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
+                                           int first, const DropoutSite& drop, cudaStream_t stream) {
+#if ATTENTION_TENSOR_CORES
+    if constexpr (HS == 64 || HS == 128) {
+        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
+            attention_mma_block_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
+            return;
+        }
+    }
+#endif
+    if (drop.threshold) attention_block_forward_as<HS, true>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
+    else attention_block_forward_as<HS, false>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
+}
+
+template <int HS, bool DROPOUT>
+static void attention_block_backward_as(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                        const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite& drop,
+                                        cudaStream_t stream) {
+    const int hs = a->C / a->NH;
+    const float scale = 1.0f / sqrtf((float)hs);
+    /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
+    attention_backward_dq_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttBlockArgs{*a, kv, kv_ld, dq_acc, 0});
+    CUDA_CHECK_LAUNCH();
+    attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttBlockArgs{*a, kv, kv_ld, dkv_acc, 0});
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int HS>
+static void attention_block_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                            const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite& drop,
+                                            cudaStream_t stream) {
+#if ATTENTION_TENSOR_CORES
+    if constexpr (HS == 64 || HS == 128) {
+        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) && attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
+            attention_mma_block_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
+            return;
+        }
+    }
+#endif
+    if (drop.threshold) attention_block_backward_as<HS, true>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
+    else attention_block_backward_as<HS, false>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
+}
+
+/* out_acc (B,Tl,C) fp32, lse (B,NH,Tl) fp32: first != 0 writes the block's
+ * query rows, else merges into them by log-sum-exp (the CPU's
+ * attention_merge), in launch order: deterministic, no atomics. drop: the
+ * layer's attention site (masks at global positions), or NULL. */
+static inline void gpu_attention_block_forward(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld,
+                                               const AttentionBlock* a, int first, const DropoutSite* drop, cudaStream_t s) {
+    if (attention_block_empty(a)) return;
+    const DropoutSite d = drop ? *drop : attention_no_dropout();
+    switch (attention_head_bucket(a->C / a->NH)) {
+    case 16: attention_block_forward_launch<16>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 32: attention_block_forward_launch<32>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 64: attention_block_forward_launch<64>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 128: attention_block_forward_launch<128>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    default: attention_check_shape(a->C, a->NH);
+    }
+}
+
+/* rowsum (B,NH,Tl) = dout . out per (row, head); out: the merged output as
+ * the layer stores it (floatX (B,Tl,C)). */
+static inline void gpu_attention_block_rowsum(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH, cudaStream_t s) {
+    attention_block_rowsum_kernel<<<attention_elementwise_blocks((size_t)B * Tl * NH), 256, 0, s>>>(rowsum, dout, out, B, Tl, C, NH);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* dq_acc (B,Tl,C) fp32 (the block's query rows) and dkv_acc (B,Tl,2C) fp32
+ * (its key rows; dK at 0, dV at C) accumulate (+=) the block's share; lse:
+ * the merged forward's; drop: the forward's site. */
+static inline void gpu_attention_block_backward(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                                const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite* drop,
+                                                cudaStream_t s) {
+    if (attention_block_empty(a)) return;
+    const DropoutSite d = drop ? *drop : attention_no_dropout();
+    switch (attention_head_bucket(a->C / a->NH)) {
+    case 16: attention_block_backward_launch<16>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 32: attention_block_backward_launch<32>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 64: attention_block_backward_launch<64>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 128: attention_block_backward_launch<128>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    default: attention_check_shape(a->C, a->NH);
+    }
+}
+
+/* out (rows, C) floatX = out_acc rounded. */
+static inline void gpu_attention_ring_store_out(floatX* out, const float* out_acc, size_t rows, int C, cudaStream_t s) {
+    const size_t n = rows * C;
+    attention_ring_store_out_kernel<<<attention_elementwise_blocks(n), 256, 0, s>>>(out, out_acc, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* dqkv (rows, 3C) floatX from dq_acc (rows, C) and dkv_acc (rows, 2C). */
+static inline void gpu_attention_ring_store_dqkv(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int C, cudaStream_t s) {
+    attention_ring_store_dqkv_kernel<<<attention_elementwise_blocks(rows * 3 * C), 256, 0, s>>>(dqkv, dq_acc, dkv_acc, rows, C);
+    CUDA_CHECK_LAUNCH();
 }
 
 #endif

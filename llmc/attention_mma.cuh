@@ -43,6 +43,10 @@
  *   backward dkv (ATT_MMA_THREADS)  hs64 240 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
  *   backward dq  (ATT_MMA_THREADS)  hs64 246 / 36864 static (2)   hs128 242 / 34816 static (2)
  *   rowsum (256)  32 / 0
+ * and their attention-block instantiations (BLOCK = true, for context
+ * parallelism's ring; below): forward hs64 252 (one M-tile per warp),
+ * hs128 252; dkv hs64 252, hs128 250; dq hs64 255, hs128 250 (same shared
+ * memory, 2 blocks per SM; 16 bytes of stack, no spills).
  * AttMmaResources at the end of the file holds these figures; static_asserts
  * check them against the layouts (the recorded shared memory must be what
  * the layout computes) and the blocks per SM they give by the occupancy
@@ -258,6 +262,103 @@ __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int 
     }
 }
 
+/* att_mma_drop_rows at global positions (an attention block's q0, k0): its
+ * one call per 16x16 block where t0 and u0 are multiples of 16, else one
+ * call per element (32 or 16 a lane and tile: the slow path of blocks at
+ * odd offsets). */
+template <int HS>
+__device__ __forceinline__ void att_mma_drop_rows_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+    if (((t0 | u0) & 15) == 0) {
+        att_mma_drop_rows<HS>(f, drop, bh, T, t0, u0);
+        return;
+    }
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < AttMma<HS>::NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[nt][i] = dropout_keep_attention(&drop, bh, T, t0 + g + 8 * (i >> 1), u0 + nt * 8 + 2 * tq + (i & 1)) ? drop.scale : 0.0f;
+}
+
+/* att_mma_drop_cols at global positions (keys u0.. as rows, queries t0.. as columns), as att_mma_drop_rows_at. */
+template <int HS>
+__device__ __forceinline__ void att_mma_drop_cols_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+    if (((t0 | u0) & 15) == 0) {
+        att_mma_drop_cols<HS>(f, drop, bh, T, t0, u0);
+        return;
+    }
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nt = 0; nt < AttMma<HS>::NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[nt][i] = dropout_keep_attention(&drop, bh, T, t0 + nt * 8 + 2 * tq + (i & 1), u0 + g + 8 * (i >> 1)) ? drop.scale : 0.0f;
+}
+
+/* Adds a warp's 16 x HS accumulators to rows r0.. of an fp32 tensor (rows:
+ * row 0, this head's channel 0; stride ld), rows t with lo <= t < hi only:
+ * an attention block's backward epilogue. */
+template <int HS>
+__device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0, int lo, int hi, const float acc[][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = r0 + g + 8 * half;
+        if (t < lo || t >= hi) continue;
+        float* row = rows + (size_t)t * ld + 2 * tq;
+#pragma unroll
+        for (int ot = 0; ot < AttMma<HS>::OT; ot++) {
+            float2* p = reinterpret_cast<float2*>(row + ot * 8);
+            float2 v = *p;
+            v.x += acc[ot][2 * half];
+            v.y += acc[ot][2 * half + 1];
+            *p = v;
+        }
+    }
+}
+
+/* An attention block's forward epilogue for a warp's 16 query rows r0..
+ * (accumulators o, raw-score maxima m and this lane's sums l of the two row
+ * halves): each row some key of the block reaches (r0 + ... < nq, t + diag
+ * >= 0) gets its normalised output and lse written (first) or merged into
+ * out_acc (rows: row 0, this head's channel 0; stride C) and lse (row 0's
+ * statistic) by log-sum-exp, as the CPU's attention_merge. A row's lse is
+ * read and written by lane tq 0 of its four alone; the others get the old
+ * value by a shuffle. */
+template <int HS>
+__device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* lse, int r0, int nq, int diag, int first, const float o[][4],
+                                                   const float m[2], const float l[2], float scale) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    float sum[2], old[2];
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = r0 + g + 8 * half;
+        sum[half] = att_mma_quad_sum(l[half]);
+        old[half] = __shfl_sync(0xffffffffu, (tq == 0 && !first && t < nq && t + diag >= 0) ? lse[t] : 0.0f, lane & ~3);
+    }
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int t = r0 + g + 8 * half;
+        if (t >= nq || t + diag < 0) continue;
+        const float lpart = m[half] * scale + logf(sum[half]), inv = 1.0f / sum[half];
+        const float merged = first ? lpart : att_merged_lse(old[half], lpart);
+        const float w0 = first ? 0.0f : expf(old[half] - merged), w1 = first ? 1.0f : expf(lpart - merged);
+        float* row = rows + (size_t)t * C + 2 * tq;
+#pragma unroll
+        for (int ot = 0; ot < AttMma<HS>::OT; ot++) {
+            float2* p = reinterpret_cast<float2*>(row + ot * 8);
+            const float a = o[ot][2 * half] * inv, b = o[ot][2 * half + 1] * inv;
+            if (first) {
+                *p = make_float2(a, b);
+            } else {
+                const float2 v = *p;
+                *p = make_float2(v.x * w0 + a * w1, v.y * w0 + b * w1);
+            }
+        }
+        if (tq == 0) lse[t] = merged;
+    }
+}
+
 /* Where a thread works: as attention_tc.cuh's (same block of 64 rows and warp
  * split: warp owns rows r0..r0+15 of the block's first row row0, batch b,
  * head h), and lane = 4g + tq holds rows r0+g and r0+g+8 of each
@@ -280,24 +381,34 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
  * whose rows all precede a key tile its warp still needs computes it as
  * fully masked, an exact no-op (corr = 1, P = 0), so each row's result is
  * the same whatever FWD_MT. ptxas (sm_90): AttMmaResources below. */
-template <int HS>
+/* M-tiles per warp and rows per block of the forward: the whole sequence's
+ * FWD_MT; an attention block's one M-tile (the merge epilogue on top of two
+ * M-tiles spills at hs64). */
+template <int HS, bool BLOCK> struct AttMmaForward {
+    static constexpr int MT = BLOCK ? 1 : AttMma<HS>::FWD_MT;
+    static constexpr int ROWS = 16 * MT * ATT_MMA_WARPS;
+};
+
+template <int HS, bool BLOCK>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
-attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop) {
+attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop,
+                             const AttBlockArgs blk) {
     typedef AttMma<HS> Cfg;
-    constexpr int MT = Cfg::FWD_MT;
+    constexpr int MT = AttMmaForward<HS, BLOCK>::MT, ROWS = AttMmaForward<HS, BLOCK>::ROWS;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
-    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * Cfg::FWD_ROWS, r0 = q0 + 16 * MT * warp;
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const int kend = min(q0 + Cfg::FWD_ROWS, T);
+    const int h = blockIdx.y % NH;
+    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
+    const int kend = min(q0 + ROWS + sp.diag, sp.nk);
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
+    if constexpr (BLOCK)
+        if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, Cfg::FWD_ROWS, T); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
     ptx_cp_async_commit();
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, 0, Cfg::BC, sp.nk);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, 0, Cfg::BC, sp.nk);
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
@@ -323,14 +434,14 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
             floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
+            att_mma_stage<HS>(nb, sp.k, sp.kv_ld, (j + 1) * Cfg::BC, Cfg::BC, sp.nk);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, (j + 1) * Cfg::BC, Cfg::BC, sp.nk);
         }
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
         const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 16 * MT - 1) { /* else every key of the tile is after every query of this warp */
+        if (k0 <= r0 + 16 * MT - 1 + sp.diag) { /* else every key of the tile is after every query of this warp */
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[MT][Cfg::NT][4];
@@ -345,7 +456,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = rm + g + 8 * (i >> 1);
-                        if (!(key <= t && key < T)) s[mt][nt][i] = -INFINITY;
+                        if (!(key <= t + sp.diag && key < sp.nk)) s[mt][nt][i] = -INFINITY;
                         mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][nt][i]);
                     }
                 float corr[2], ref[2];
@@ -370,7 +481,8 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                     for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
                 if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
                     float f[Cfg::NT][4];
-                    att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
+                    if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
+                    else att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
 #pragma unroll
                     for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
@@ -384,17 +496,45 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        float inv[2];
+        if constexpr (BLOCK) {
+            att_mma_merge_rows<HS>(blk.acc + sp.qrow * C + (size_t)h * HS, C, lse + sp.stat, r0 + 16 * mt, sp.nq, sp.diag, blk.first, o[mt],
+                                   m[mt], l[mt], scale);
+        } else {
+            float inv[2];
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const float sum = att_mma_quad_sum(l[mt][hf]);
-            inv[hf] = 1.0f / sum;
-            const int t = r0 + 16 * mt + g + 8 * hf;
-            if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+            for (int hf = 0; hf < 2; hf++) {
+                const float sum = att_mma_quad_sum(l[mt][hf]);
+                inv[hf] = 1.0f / sum;
+                const int t = r0 + 16 * mt + g + 8 * hf;
+                if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+            }
+            att_mma_store_rows<HS>(out + sp.qrow * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
         }
-        att_mma_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
     }
 }
+
+/* ---- attention blocks (BLOCK = true) ----
+ * The forward, dK/dV and dQ kernels run an AttentionBlock (attention.cuh's
+ * gpu_attention_block_*): query rows i < Tq from local row qi of qkv, key
+ * rows j < Tk from local row ki of kv (stride kv_ld, K at 0, V at C), key j
+ * seen by query i when j <= i + diag (diag = q0 - k0). Tiles are cut on the
+ * block's local indices, so a tile straddles the diagonal wherever diag is
+ * no multiple of the tile: the tile skip tests (a warp's last query + diag
+ * against the tile's first key, and the reverse) and the per-element mask
+ * take diag. The dK/dV kernel streams the query tiles from the first query
+ * that sees its first key (max(s0 - diag, 0)); a CTA whose rows the mask
+ * empties returns before starting any copy. Dropout draws at the global
+ * positions (q0 + i, k0 + j) of a sequence of T tokens: one Philox call per
+ * lane and 16x16 block where q0 and k0 are multiples of 16 (then every
+ * tile's first row and column are), one per element otherwise
+ * (att_mma_drop_rows_at, att_mma_drop_cols_at). Epilogues in fp32: the
+ * forward writes (first) or merges by log-sum-exp (att_mma_merge_rows) the
+ * normalised output and lse of each row a key reaches; the backward adds dQ
+ * (rows a key reaches) and dK, dV (keys a query reaches) with float2 loads
+ * and stores (att_mma_add_rows). The forward keeps one M-tile per warp
+ * (AttMmaForward): two with the merge epilogue spill at hs64. The
+ * whole-sequence instantiations (BLOCK = false) keep their expressions and
+ * registers (AttMmaResources). */
 
 /* ---- backward ----
  * Three kernels, nothing summed across blocks and no scratch but D:
@@ -472,10 +612,10 @@ template <int HS> struct AttMmaBwd {
     static_assert(SMEM_BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
-template <int HS>
+template <int HS, bool BLOCK>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
-                                  int NH, float scale, const DropoutSite drop) {
+                                  int NH, float scale, const DropoutSite drop, const AttBlockArgs blk) {
     typedef AttMma<HS> Cfg;
     typedef AttMmaBwd<HS> Bwd;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -484,28 +624,35 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    /* where the rows are: an attention block's (AttSpan), or the whole sequence's in the expressions whose
+     * code (and register count, AttMmaResources) the BLOCK = false instantiation keeps */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * HS;
-    const size_t stat0 = (size_t)bh * T;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
+    const floatX* dobase = BLOCK ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS;
+    const size_t stat0 = BLOCK ? sp.stat : (size_t)bh * T;
+    const int nqr = BLOCK ? sp.nq : T, diag = BLOCK ? sp.diag : 0;
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
-    const int nq = (T - s0 + Cfg::BC - 1) / Cfg::BC;
-    /* query tile i: rows s0 + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
+    const int tstart = BLOCK ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
+    const int nq = (nqr - tstart + Cfg::BC - 1) / Cfg::BC;
+    if constexpr (BLOCK)
+        if (tstart >= nqr) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
+    /* query tile i: rows tstart + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
     auto stage = [&](int i) {
-        const int t0 = s0 + i * Cfg::BC;
+        const int t0 = tstart + i * Cfg::BC;
         floatX* nb = att_mma_buffer<HS>(smem, i);
-        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, T);
-        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, T);
+        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, nqr);
+        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, nqr);
         float* st = stats + (i & 1) * 2 * Cfg::BC;
         for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
             const int t = t0 + k;
-            st[k] = t < T ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
-            st[Cfg::BC + k] = t < T ? rowsum[stat0 + t] : 0.0f;
+            st[k] = t < nqr ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
+            st[Cfg::BC + k] = t < nqr ? rowsum[stat0 + t] : 0.0f;
         }
     };
-    att_mma_stage<HS>(Ks, base + C, ld, s0, ATT_MMA_ROWS, T);
-    att_mma_stage<HS>(Vs, base + 2 * C, ld, s0, ATT_MMA_ROWS, T);
+    att_mma_stage<HS>(Ks, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, s0, ATT_MMA_ROWS, BLOCK ? sp.nk : T);
+    att_mma_stage<HS>(Vs, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, s0, ATT_MMA_ROWS, BLOCK ? sp.nk : T);
     stage(0);
     ptx_cp_async_commit();
     float dk[Cfg::OT][4], dv[Cfg::OT][4];
@@ -518,8 +665,8 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         ptx_cp_async_commit(); /* possibly empty: one group per tile */
         ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
         __syncthreads();
-        const int t0 = s0 + i * Cfg::BC;
-        if (t0 + Cfg::BC - 1 >= r0) { /* else every query of the tile is before every key of this warp: nothing to add */
+        const int t0 = tstart + i * Cfg::BC;
+        if (t0 + Cfg::BC - 1 + diag >= r0) { /* else every query of the tile is before every key of this warp: nothing to add */
             const floatX* Qs = att_mma_buffer<HS>(smem, i);
             const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
             const float* lse_s = stats + (i & 1) * 2 * Cfg::BC;
@@ -533,13 +680,16 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
                 att_mma_scores<HS, 1>(&dpt, &ka, dOs);
             }
             float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
-            if (drop.threshold) att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
+            if (drop.threshold) {
+                if constexpr (BLOCK) att_mma_drop_cols_at<HS>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
+                else att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
+            }
 #pragma unroll
             for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const int c = nt * 8 + 2 * tq + (k & 1), t = t0 + c, s = r0 + g + 8 * (k >> 1);
-                    const float p = (t >= s && t < T) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
+                    const float p = (t + diag >= s && t < nqr) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
                     if (drop.threshold) {
                         st[nt][k] = p * f[nt][k];
                         dpt[nt][k] = p * (f[nt][k] * dpt[nt][k] - d_s[c]) * scale;
@@ -556,38 +706,51 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         }
         __syncthreads(); /* buffer i & 1 and its stats are no longer read: tile i + 2 goes there */
     }
-    const float one[2] = {1.0f, 1.0f};
-    floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
-    att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
-    att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
+    if constexpr (BLOCK) { /* keys some query of the block sees: s <= nq - 1 + diag */
+        float* rows = blk.acc + sp.krow * 2 * C + (size_t)h * HS;
+        const int hi = min(sp.nk, sp.nq + sp.diag);
+        att_mma_add_rows<HS>(rows, 2 * (size_t)C, r0, 0, hi, dk);
+        att_mma_add_rows<HS>(rows + C, 2 * (size_t)C, r0, 0, hi, dv);
+    } else {
+        const float one[2] = {1.0f, 1.0f};
+        floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
+        att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
+        att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
+    }
 }
 
 /* grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS, static shared memory:
  * the forward's double buffer of K, V tiles (Q and dO staged through it
  * first); query blocks last-first. */
-template <int HS>
+template <int HS, bool BLOCK>
 __global__ void __launch_bounds__(ATT_MMA_THREADS)
 attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
-                                 int NH, float scale, const DropoutSite drop) {
+                                 int NH, float scale, const DropoutSite drop, const AttBlockArgs blk) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * NH + at.h;
+    /* where the rows are: as in the dK/dV kernel */
+    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const int kend = min(q0 + ATT_MMA_ROWS, T);
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
+    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
+    if constexpr (BLOCK)
+        if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, T); /* Q into the second buffer */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), dout + (size_t)at.b * T * C + (size_t)at.h * HS, C, q0, ATT_MMA_ROWS, T); /* dO, the first */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? dout + sp.qrow * C + (size_t)at.h * HS : dout + (size_t)at.b * T * C + (size_t)at.h * HS,
+                      C, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
     ptx_cp_async_commit();
     float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int t = r0 + g + 8 * hf;
-        lse_log2[hf] = t < T ? lse[(size_t)bh * T + t] * 1.4426950408889634f : 0.0f;
-        d_row[hf] = t < T ? rowsum[(size_t)bh * T + t] : 0.0f;
+        lse_log2[hf] = t < nqr ? lse[BLOCK ? sp.stat + t : (size_t)bh * T + t] * 1.4426950408889634f : 0.0f;
+        d_row[hf] = t < nqr ? rowsum[BLOCK ? sp.stat + t : (size_t)bh * T + t] : 0.0f;
     }
     ptx_cp_async_wait<0>();
     __syncthreads();
@@ -595,8 +758,8 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), base + C, ld, 0, Cfg::BC, T);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, base + 2 * C, ld, 0, Cfg::BC, T);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, 0, Cfg::BC, nkr);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, 0, Cfg::BC, nkr);
     ptx_cp_async_commit();
 
     float dq[Cfg::OT][4];
@@ -607,27 +770,30 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
             floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, base + C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, base + 2 * C, ld, (j + 1) * Cfg::BC, Cfg::BC, T);
+            att_mma_stage<HS>(nb, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, (j + 1) * Cfg::BC, Cfg::BC, nkr);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, (j + 1) * Cfg::BC, Cfg::BC, nkr);
         }
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
         const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 15) { /* else every key of the tile is after every query of this warp */
+        if (k0 <= r0 + 15 + diag) { /* else every key of the tile is after every query of this warp */
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[Cfg::NT][4], dp[Cfg::NT][4];
             att_mma_scores<HS, 1>(&s, &q, Ks);
             att_mma_scores<HS, 1>(&dp, &dO, Vs);
             float f[Cfg::NT][4]; /* dropout factors: dS = P (f dP' - D) */
-            if (drop.threshold) att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
+            if (drop.threshold) {
+                if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
+                else att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
+            }
 #pragma unroll
             for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int hf = i >> 1, key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * hf;
-                    const float p = (key <= t && key < T) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
+                    const float p = (key <= t + diag && key < nkr) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
                     const float dpf = drop.threshold ? f[nt][i] * dp[nt][i] : dp[nt][i];
                     s[nt][i] = p * (dpf - d_row[hf]) * scale;
                 }
@@ -637,8 +803,12 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         }
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
-    const float one[2] = {1.0f, 1.0f};
-    att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
+    if constexpr (BLOCK) { /* query rows that see a key of the block: t + diag >= 0 */
+        att_mma_add_rows<HS>(blk.acc + sp.qrow * C + (size_t)at.h * HS, C, r0, -sp.diag, sp.nq, dq);
+    } else {
+        const float one[2] = {1.0f, 1.0f};
+        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
+    }
 }
 
 /* The backward's three launches. */
@@ -650,10 +820,40 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     CUDA_CHECK_LAUNCH();
     const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NH));
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
-    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_mma_backward_dkv_kernel<HS><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
+    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop,
+                                                                                          AttBlockArgs{});
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop);
+    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop,
+                                                                                      AttBlockArgs{});
+    CUDA_CHECK_LAUNCH();
+}
+
+/* An attention block's forward (attention.cuh's gpu_attention_block_forward): grid (ceil(Tq/64), B*NH). */
+template <int HS>
+static void attention_mma_block_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
+                                               int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
+    const dim3 grid((unsigned)ceil_div((size_t)a->Tq, AttMmaForward<HS, true>::ROWS), (unsigned)(a->B * a->NH));
+    attention_mma_forward_kernel<HS, true><<<grid, ATT_MMA_THREADS, 0, stream>>>(nullptr, lse, qkv, a->Tl, a->C, a->NH, scale, drop,
+                                                                                 AttBlockArgs{*a, kv, kv_ld, out_acc, first});
+    CUDA_CHECK_LAUNCH();
+}
+
+/* An attention block's backward: the dK/dV kernel over the block's key
+ * tiles, grid (ceil(Tk/64), B*NH), then the dQ kernel over its query tiles,
+ * grid (ceil(Tq/64), B*NH); rowsum: gpu_attention_block_rowsum's. */
+template <int HS>
+static void attention_mma_block_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                                const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, float scale,
+                                                const DropoutSite& drop, cudaStream_t stream) {
+    const unsigned bh = (unsigned)(a->B * a->NH);
+    const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
+    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_mma_backward_dkv_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tk, ATT_MMA_ROWS), bh), ATT_MMA_THREADS, smem, stream>>>(
+        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttBlockArgs{*a, kv, kv_ld, dkv_acc, 0});
+    CUDA_CHECK_LAUNCH();
+    attention_mma_backward_dq_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tq, ATT_MMA_ROWS), bh), ATT_MMA_THREADS, 0, stream>>>(
+        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttBlockArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
 
@@ -680,10 +880,16 @@ constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
 /* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
 template <int HS> struct AttMmaResources {
     static constexpr int FWD_REGS = HS == 64 ? 253 : 168, DKV_REGS = HS == 64 ? 240 : 242, DQ_REGS = HS == 64 ? 246 : 242, ROWSUM_REGS = 32;
+    /* the attention-block instantiations (BLOCK = true; gpu_attention_block_forward/backward) */
+    static constexpr int FWD_BLOCK_REGS = HS == 64 ? 252 : 252, DKV_BLOCK_REGS = HS == 64 ? 252 : 250, DQ_BLOCK_REGS = HS == 64 ? 255 : 250;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
     static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
+    static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&
+                      att_sm90_blocks_per_sm(DKV_BLOCK_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
+                      att_sm90_blocks_per_sm(DQ_BLOCK_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
+                  "the attention blocks' blocks per SM");
     static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2, "the forward's 2 (hs64) or 3 (hs128) blocks per SM (header)");
     static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,

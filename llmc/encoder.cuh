@@ -2,7 +2,10 @@
  * Encoder: token + position embedding, forward and backward.
  *
  * Shapes: tokens (B,T) int; wte (Vp,C), wpe (maxT,C), x (B,T,C), all
- * row-major floatX; N = B*T.
+ * row-major floatX; N = B*T. The B x T rows are laid out by a TokenLayout
+ * (token_layout.h): local token t of a row is at global position
+ * token_position(t), t itself for whole sequences, one of this rank's two
+ * chunks under context parallelism; wpe rows are those positions.
  *
  * The backward pass scatters dx rows into wte rows, and a token can occur
  * many times in a batch. Instead of atomics, the host groups the positions by
@@ -10,7 +13,8 @@
  * distinct token's wte row: it sums that token's dx rows in position order in
  * fp32 and adds the sum to the row once; a very frequent token is split into
  * fixed segments summed in a fixed order (below). wpe rows are owned by
- * position t and summed over b in order. Deterministic, no atomics.
+ * local position t (each a distinct global position) and summed over b in
+ * order. Deterministic, no atomics.
  *
  * Access: 16-byte vectors of XVEC elements (8 bf16/fp16, 4 fp32) along C
  * where C is a multiple of XVEC and the pointers are 16-byte aligned, one
@@ -22,29 +26,32 @@
 #define REMAT_ENCODER_CUH
 
 #include "cuda_common.cuh"
+#include "token_layout.h"
 
-/* x[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]. Thread i owns elements
- * [i*VEC, i*VEC + VEC) of x: VEC = XVEC (two 16-byte loads, one store) where
- * C is a multiple of it and the pointers are 16-byte aligned, else 1. */
+/* x[b,t,:] = wte[tokens[b,t],:] + wpe[token_position(t),:]. Thread i owns
+ * elements [i*VEC, i*VEC + VEC) of x: VEC = XVEC (two 16-byte loads, one
+ * store) where C is a multiple of it and the pointers are 16-byte aligned,
+ * else 1. */
 template <int VEC>
-__global__ void encoder_forward_kernel(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int N, int T, int C) {
+__global__ void encoder_forward_kernel(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int N, int C, TokenLayout lay) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= (size_t)N * C) return;
     int bt = (int)(i / C), c = (int)(i % C);
-    int t = bt % T;
+    int t = token_position(&lay, (size_t)bt);
     Vec<floatX, VEC> e = vload<VEC>(wte + (size_t)tokens[bt] * C + c), p = vload<VEC>(wpe + (size_t)t * C + c), o;
 #pragma unroll
     for (int k = 0; k < VEC; k++) o.v[k] = from_f32<floatX>(to_f32(e.v[k]) + to_f32(p.v[k]));
     vstore<VEC>(x + i, o);
 }
 
-static inline void gpu_encoder_forward(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int B, int T, int C,
-                                       cudaStream_t stream) {
-    size_t n = (size_t)B * T * C;
+static inline void gpu_encoder_forward(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int B, int C,
+                                       const TokenLayout* lay, cudaStream_t stream) {
+    int N = B * lay->T;
+    size_t n = (size_t)N * C;
     if (C % XVEC == 0 && all_aligned16(x, wte, wpe))
-        encoder_forward_kernel<XVEC><<<grid_for(n / XVEC, 256), 256, 0, stream>>>(x, tokens, wte, wpe, B * T, T, C);
+        encoder_forward_kernel<XVEC><<<grid_for(n / XVEC, 256), 256, 0, stream>>>(x, tokens, wte, wpe, N, C, *lay);
     else
-        encoder_forward_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(x, tokens, wte, wpe, B * T, T, C);
+        encoder_forward_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(x, tokens, wte, wpe, N, C, *lay);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -221,13 +228,16 @@ __global__ void encoder_backward_wte_segments_kernel(G* dwte, const float* scrat
     grad_store<VEC>(dst, cur);
 }
 
-/* dwpe[t,:] += sum over b (in order) of dx[b,t,:]; thread i owns elements
- * [i*VEC, i*VEC + VEC) of the flat (T,C) table, VEC = XVEC where T*C is a
- * multiple of it and the pointers are aligned, else 1. */
+/* dwpe[token_position(t),:] += sum over b (in order) of dx[b,t,:]; thread i
+ * owns elements [i*VEC, i*VEC + VEC) of the local (T,C) rows, VEC = XVEC
+ * where C is a multiple of it and the pointers are aligned, else 1 (a
+ * vector never straddles two rows, whose table rows need not be adjacent). */
 template <int VEC>
-__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dx, int B, int T, int C) {
+__global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dx, int B, int C, TokenLayout lay) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
+    const int T = lay.T;
     if (i >= (size_t)T * C) return;
+    floatX* row = dwpe + (size_t)token_position(&lay, i / C) * C + i % C;
     float acc[VEC];
 #pragma unroll
     for (int j = 0; j < VEC; j++) acc[j] = 0.0f;
@@ -236,10 +246,10 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dx, int 
 #pragma unroll
         for (int j = 0; j < VEC; j++) acc[j] += to_f32(a.v[j]);
     }
-    Vec<floatX, VEC> g = vload<VEC>(dwpe + i);
+    Vec<floatX, VEC> g = vload<VEC>(row);
 #pragma unroll
     for (int j = 0; j < VEC; j++) g.v[j] = from_f32<floatX>(to_f32(g.v[j]) + acc[j]);
-    vstore<VEC>(dwpe + i, g);
+    vstore<VEC>(row, g);
 }
 
 template <int VEC, typename G>
@@ -261,7 +271,8 @@ static inline void encoder_backward_wte_launch(G* dwte, float* scratch, const fl
  * dwte: floatX* or float* (see the kernel). */
 template <typename G>
 static inline void gpu_encoder_backward(G* dwte, floatX* dwpe, const floatX* dx, const int* d_buckets, const TokenBuckets* tb,
-                                        float* scratch, int B, int T, int C, cudaStream_t stream) {
+                                        float* scratch, int B, int C, const TokenLayout* lay, cudaStream_t stream) {
+    int T = lay->T;
     if (tb->items > 0) {
         if (C % XVEC == 0 && all_aligned16(dwte, dx, scratch))
             encoder_backward_wte_launch<XVEC, G>(dwte, scratch, dx, d_buckets, tb, B * T, C, stream);
@@ -269,10 +280,10 @@ static inline void gpu_encoder_backward(G* dwte, floatX* dwpe, const floatX* dx,
             encoder_backward_wte_launch<1, G>(dwte, scratch, dx, d_buckets, tb, B * T, C, stream);
     }
     size_t n = (size_t)T * C;
-    if (n % XVEC == 0 && all_aligned16(dwpe, dx))
-        encoder_backward_wpe_kernel<XVEC><<<grid_for(n / XVEC, 256), 256, 0, stream>>>(dwpe, dx, B, T, C);
+    if (C % XVEC == 0 && all_aligned16(dwpe, dx))
+        encoder_backward_wpe_kernel<XVEC><<<grid_for(n / XVEC, 256), 256, 0, stream>>>(dwpe, dx, B, C, *lay);
     else
-        encoder_backward_wpe_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(dwpe, dx, B, T, C);
+        encoder_backward_wpe_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(dwpe, dx, B, C, *lay);
     CUDA_CHECK_LAUNCH();
 }
 

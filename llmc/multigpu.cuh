@@ -47,6 +47,23 @@
  * the collectives issued are ready, the collective stream is not done). Past
  * the deadline the communicator is aborted and the job stops with one line.
  *
+ * Context parallelism (--context-parallel N, llmc/multiproc.h's ContextGroups):
+ * each group of N consecutive ranks gets a second communicator, split from
+ * the first (ncclCommSplit, color the group, key the member), and a ring
+ * stream of its own; attention's K/V blocks and dK/dV sums go to member r+1
+ * and come from r-1 as grouped ncclSend/ncclRecv pairs on it
+ * (multigpu_ring_pass). Each transfer is ordered against compute by two
+ * events of a small pool: "ready", recorded on compute before it (the
+ * transfer waits for the compute work issued so far: the block it sends is
+ * written, the buffer it receives into is no longer read), and "sent",
+ * recorded on the ring stream after it, which multigpu_ring_join makes the
+ * compute issued next wait for. Gradients are still summed over all ranks on
+ * the first communicator. --collective-timeout: a host wait during which the
+ * oldest unfinished transfer has had its inputs ready (the GPU waits on the
+ * ring, not on compute) past the deadline aborts both communicators and
+ * names the two neighbours; the pool bounds how far the host issues ahead
+ * (it waits for the ring stream when every pair is in use).
+ *
  * Built without MULTI_GPU, the device choice and check remain and the rest
  * is absent: the trainer's MultiGpu pointer is NULL and every call is a no-op.
  *
@@ -98,6 +115,8 @@ static inline void nccl_check_impl(ncclResult_t r, const char* call, const char*
 #else
 #define MULTIGPU_HAS_NONBLOCKING 0
 #endif
+/* ring transfers the host may issue before their predecessors finish */
+#define MULTIGPU_RING_EVENTS 64
 #endif /* MULTI_GPU */
 
 typedef struct MultiGpu {
@@ -118,6 +137,14 @@ typedef struct MultiGpu {
     cudaStream_t stream; /* collectives */
     cudaEvent_t ready;   /* compute -> collectives */
     cudaEvent_t done;    /* collectives -> compute */
+    /* context parallelism (ring_degree > 1): this rank's group as a ring */
+    int ring_degree, ring_member, ring_prev, ring_next; /* N, place, and the neighbours' world ranks */
+    ncclComm_t ring_comm;
+    cudaStream_t ring_stream;
+    cudaEvent_t ring_ready[MULTIGPU_RING_EVENTS]; /* compute -> ring, before transfer k (slot k % MULTIGPU_RING_EVENTS) */
+    cudaEvent_t ring_sent[MULTIGPU_RING_EVENTS];  /* ring -> compute, after it */
+    const char* ring_what[MULTIGPU_RING_EVENTS];  /* the phase each transfer belongs to, for a timeout's line */
+    long long ring_issued, ring_done;              /* transfers issued; those known finished (in order) */
 #endif
 } MultiGpu;
 
@@ -203,6 +230,14 @@ static inline const char* multigpu_last_error(MultiGpu* mg) {
 #endif
 }
 
+/* Both communicators (their pending work ends), before stopping the job. */
+static inline void multigpu_abort_all(MultiGpu* mg) {
+    if (mg->ring_comm) ncclCommAbort(mg->ring_comm);
+    mg->ring_comm = NULL;
+    if (mg->comm) ncclCommAbort(mg->comm);
+    mg->comm = NULL;
+}
+
 /* An asynchronous error (a peer gone, a network failure): the stream would
  * never finish, so the communicator is aborted (which ends its pending work)
  * and fail() stops every rank (MPI_Abort) with the message. */
@@ -210,43 +245,75 @@ static inline void multigpu_fail_async(MultiGpu* mg, ncclResult_t async) {
     char why[512];
     const char* last = multigpu_last_error(mg);
     snprintf(why, sizeof(why), "%s%s%s", ncclGetErrorString(async), last[0] ? ": " : "", last);
-    ncclCommAbort(mg->comm);
-    mg->comm = NULL;
+    multigpu_abort_all(mg);
     fail("NCCL reported an asynchronous error while rank %d waited for its step: %s (NCCL_DEBUG=INFO tells more)", mg->rank, why);
 }
 
 /* --collective-timeout passed while this rank waited on NCCL. */
 static inline void multigpu_fail_timeout(MultiGpu* mg, const char* why) {
-    ncclCommAbort(mg->comm);
-    mg->comm = NULL;
+    multigpu_abort_all(mg);
     proc_fail_inside(&mg->phase, why);
+}
+
+/* --collective-timeout passed while the GPU waited on the ring: one of the
+ * two neighbours did not send or did not receive (ring_wait's words). */
+static inline void multigpu_fail_ring_timeout(MultiGpu* mg) {
+    multigpu_abort_all(mg);
+    char whom[160];
+    if (mg->ring_prev == mg->ring_next) snprintf(whom, sizeof(whom), "rank %d, the other member of this rank's context-parallel ring", mg->ring_prev);
+    else snprintf(whom, sizeof(whom), "rank %d or rank %d, the previous and the next of this rank's context-parallel ring", mg->ring_prev, mg->ring_next);
+    fail("waited more than %d s in %s (step %d) for %s: it is stuck, stopped or gone; communicators aborted, stopping the job "
+         "(--collective-timeout)", proc_timeout_s, mg->ring_what[mg->ring_done % MULTIGPU_RING_EVENTS], proc_step, whom);
 }
 
 /* A call on a nonblocking communicator that answered ncclInProgress: polled
  * until NCCL settles (another call before that is not allowed), within
  * --collective-timeout. Returns the final result. */
-static inline ncclResult_t multigpu_settle(MultiGpu* mg, ncclResult_t r) {
+static inline ncclResult_t multigpu_settle_on(MultiGpu* mg, ncclComm_t comm, ncclResult_t r) {
     double start = proc_clock_s();
     while (r == ncclInProgress) {
         if (proc_timed() && proc_clock_s() - start > proc_timeout_s)
             multigpu_fail_timeout(mg, "NCCL did not finish posting its work (a peer never joined it, or the network failed); communicator aborted");
         sched_yield();
-        NCCL_CHECK(ncclCommGetAsyncError(mg->comm, &r));
+        NCCL_CHECK(ncclCommGetAsyncError(comm, &r));
     }
     return r;
 }
-#define MG_CHECK(mg, call) nccl_check_impl(multigpu_settle((mg), (call)), #call, __FILE__, __LINE__)
+#define MG_CHECK(mg, call) nccl_check_impl(multigpu_settle_on((mg), (mg)->comm, (call)), #call, __FILE__, __LINE__)
+#define MG_RING_CHECK(mg, call) nccl_check_impl(multigpu_settle_on((mg), (mg)->ring_comm, (call)), #call, __FILE__, __LINE__)
 
-/* The GPU waits on NCCL alone: the inputs of the collectives issued are
- * ready (the last fork's event is done), their stream is not. */
-static inline int multigpu_waits_on_nccl(MultiGpu* mg) {
-    cudaError_t ready = cudaEventQuery(mg->ready);
+/* The GPU waits on NCCL alone on `stream`: the inputs of the work issued
+ * there are ready (its last fork event is done), the stream is not. */
+static inline int multigpu_waits_on(cudaEvent_t fork, cudaStream_t stream) {
+    cudaError_t ready = cudaEventQuery(fork);
     if (ready == cudaErrorNotReady) return 0;
     CUDA_CHECK(ready);
-    cudaError_t busy = cudaStreamQuery(mg->stream);
+    cudaError_t busy = cudaStreamQuery(stream);
     if (busy == cudaSuccess) return 0;
     if (busy != cudaErrorNotReady) CUDA_CHECK(busy);
     return 1;
+}
+
+/* The GPU waits on the ring: the oldest unfinished transfer (ring_done
+ * moves past the finished ones) has its inputs ready. */
+static inline int multigpu_waits_on_ring(MultiGpu* mg) {
+    while (mg->ring_done < mg->ring_issued) {
+        cudaError_t e = cudaEventQuery(mg->ring_sent[mg->ring_done % MULTIGPU_RING_EVENTS]);
+        if (e == cudaErrorNotReady) break;
+        CUDA_CHECK(e);
+        mg->ring_done++;
+    }
+    if (mg->ring_done == mg->ring_issued) return 0;
+    cudaError_t ready = cudaEventQuery(mg->ring_ready[mg->ring_done % MULTIGPU_RING_EVENTS]);
+    if (ready == cudaErrorNotReady) return 0;
+    CUDA_CHECK(ready);
+    return 1;
+}
+
+static inline void multigpu_check_async(MultiGpu* mg, ncclComm_t comm) {
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+    if (async != ncclSuccess && async != ncclInProgress) multigpu_fail_async(mg, async);
 }
 
 /* Waits until `stream` (whose work may wait on the collectives) is done while
@@ -259,20 +326,24 @@ static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
         CUDA_CHECK(cudaStreamSynchronize(stream));
         return;
     }
-    double on_nccl_since = 0.0, last = proc_clock_s();
+    double on_nccl_since = 0.0, on_ring_since = 0.0, last = proc_clock_s();
+    long long ring_waited = -1; /* the transfer on_ring_since times */
     for (;;) {
         cudaError_t e = cudaStreamQuery(stream);
         if (e == cudaSuccess) return;
         if (e != cudaErrorNotReady) CUDA_CHECK(e);
-        ncclResult_t async = ncclSuccess;
-        NCCL_CHECK(ncclCommGetAsyncError(mg->comm, &async));
-        if (async != ncclSuccess && async != ncclInProgress) multigpu_fail_async(mg, async);
+        multigpu_check_async(mg, mg->comm);
+        if (mg->ring_comm) multigpu_check_async(mg, mg->ring_comm);
         if (proc_timed()) {
             double now = proc_clock_s();
-            if (now - last > 0.5 || !multigpu_waits_on_nccl(mg)) on_nccl_since = 0.0;
+            int resumed = now - last > 0.5; /* this process did not run meanwhile: the count restarts */
+            if (resumed || !multigpu_waits_on(mg->ready, mg->stream)) on_nccl_since = 0.0;
             else if (on_nccl_since == 0.0) on_nccl_since = now;
             else if (now - on_nccl_since > proc_timeout_s)
                 multigpu_fail_timeout(mg, "this GPU waited on NCCL all that time (a peer stopped inside the collective, or the network failed); communicator aborted");
+            if (resumed || !mg->ring_comm || !multigpu_waits_on_ring(mg)) on_ring_since = 0.0;
+            else if (on_ring_since == 0.0 || ring_waited != mg->ring_done) { on_ring_since = now; ring_waited = mg->ring_done; }
+            else if (now - on_ring_since > proc_timeout_s) multigpu_fail_ring_timeout(mg);
             last = now;
         }
         sched_yield();
@@ -338,7 +409,32 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     return mg;
 }
 
-/* The plan's part: which gradients go where. After multigpu_connect. */
+/* Context parallelism: this rank's group of N as a ring (collective over all
+ * ranks, N > 1 only). The ring communicator inherits the first one's
+ * configuration (nonblocking with --collective-timeout). */
+static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
+    mg->ring_degree = g->degree;
+    mg->ring_member = g->member;
+    int base = g->group * g->degree;
+    mg->ring_prev = base + (g->member + g->degree - 1) % g->degree;
+    mg->ring_next = base + (g->member + 1) % g->degree;
+    multigpu_phase(mg, "the NCCL ring communicator setup");
+    ncclResult_t r = ncclCommSplit(mg->comm, g->group, g->member, &mg->ring_comm, NULL);
+    MG_RING_CHECK(mg, r); /* a nonblocking split is polled on the new communicator */
+    int n = 0, me = -1;
+    NCCL_CHECK(ncclCommCount(mg->ring_comm, &n));
+    NCCL_CHECK(ncclCommUserRank(mg->ring_comm, &me));
+    if (n != g->degree || me != g->member) fail("internal: the ring communicator has rank %d of %d, not member %d of %d", me, n, g->member, g->degree);
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&mg->ring_stream, cudaStreamNonBlocking, greatest));
+    for (int i = 0; i < MULTIGPU_RING_EVENTS; i++) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_ready[i], cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_sent[i], cudaEventDisableTiming));
+    }
+}
+
+/* The plan's part: which gradients go where, and the ring. After multigpu_connect. */
 static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
     mg->zero = plan->spec.zero_stage == 1;
     mg->num_params = plan->num_params;
@@ -354,11 +450,28 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
            mg->zero ? "ZeRO-1 (optimizer state and master weights sharded, parameters all-gathered)" : "no sharding",
            mg->zero ? "reduced onto their shard's rank" : "all-reduced",
            mg->overlap ? "per layer during the last micro-step's backward" : "after the backward (REMAT_NCCL_OVERLAP=0)");
+    int N = plan_context_parallel(&plan->spec);
+    if (N == 1) return;
+    ContextGroups g = context_groups(N, mg->rank, mg->world);
+    multigpu_ring_connect(mg, &g);
+    printf("context parallel: NCCL ring of %d in each group (a communicator split from the first), its own stream\n", N);
 }
 
 static inline void multigpu_free(MultiGpu* mg) {
     if (!mg) return;
     multigpu_wait(mg, mg->stream);
+    if (mg->ring_comm) {
+        multigpu_wait(mg, mg->ring_stream);
+#if MULTIGPU_HAS_NONBLOCKING
+        if (mg->nonblocking) MG_RING_CHECK(mg, ncclCommFinalize(mg->ring_comm));
+#endif
+        NCCL_CHECK(ncclCommDestroy(mg->ring_comm));
+        for (int i = 0; i < MULTIGPU_RING_EVENTS; i++) {
+            CUDA_CHECK(cudaEventDestroy(mg->ring_ready[i]));
+            CUDA_CHECK(cudaEventDestroy(mg->ring_sent[i]));
+        }
+        CUDA_CHECK(cudaStreamDestroy(mg->ring_stream));
+    }
 #if MULTIGPU_HAS_NONBLOCKING
     if (mg->nonblocking) MG_CHECK(mg, ncclCommFinalize(mg->comm)); /* then destroy frees without blocking */
 #endif
@@ -456,6 +569,36 @@ static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t
     mg->issued = 0;
 }
 
+/* ---- the context-parallel ring ---- */
+
+/* `bytes` of send to member r+1 and as many from member r-1 into recv, one
+ * group (posted together: every member sends and receives at once, so none
+ * waits in its send), on the ring stream, after the compute work issued so
+ * far on `compute`. `what` names the phase for a timeout. */
+static inline void multigpu_ring_pass(MultiGpu* mg, cudaStream_t compute, const void* send, void* recv, size_t bytes, const char* what) {
+    if (mg->ring_issued - mg->ring_done == MULTIGPU_RING_EVENTS) { /* every event pair in use: the oldest transfer must finish */
+        multigpu_wait(mg, mg->ring_stream);
+        mg->ring_done = mg->ring_issued;
+    }
+    int k = (int)(mg->ring_issued % MULTIGPU_RING_EVENTS);
+    CUDA_CHECK(cudaEventRecord(mg->ring_ready[k], compute));
+    CUDA_CHECK(cudaStreamWaitEvent(mg->ring_stream, mg->ring_ready[k], 0));
+    int next = (mg->ring_member + 1) % mg->ring_degree, prev = (mg->ring_member + mg->ring_degree - 1) % mg->ring_degree;
+    NCCL_CHECK(ncclGroupStart());
+    MG_RING_CHECK(mg, ncclSend(send, bytes, ncclUint8, next, mg->ring_comm, mg->ring_stream));
+    MG_RING_CHECK(mg, ncclRecv(recv, bytes, ncclUint8, prev, mg->ring_comm, mg->ring_stream));
+    MG_RING_CHECK(mg, ncclGroupEnd());
+    CUDA_CHECK(cudaEventRecord(mg->ring_sent[k], mg->ring_stream));
+    mg->ring_what[k] = what;
+    mg->ring_issued++;
+}
+
+/* Compute issued next waits for every transfer issued so far. */
+static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) {
+    if (mg->ring_issued == 0) return;
+    CUDA_CHECK(cudaStreamWaitEvent(compute, mg->ring_sent[(mg->ring_issued - 1) % MULTIGPU_RING_EVENTS], 0));
+}
+
 /* ---- parameters (ZeRO-1) ---- */
 
 /* After each rank updated its shard of params: every shard to every rank. */
@@ -510,6 +653,19 @@ static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStre
     (void)mg;
     (void)params;
     (void)compute;
+}
+/* context parallelism needs N > 1 processes, which a build without MULTI_GPU refuses (multigpu_check_device) */
+static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) {
+    (void)mg;
+    (void)compute;
+    fail("internal: the context-parallel ring needs a MULTI_GPU build");
+}
+static inline void multigpu_ring_pass(MultiGpu* mg, cudaStream_t compute, const void* send, void* recv, size_t bytes, const char* what) {
+    (void)send;
+    (void)recv;
+    (void)bytes;
+    (void)what;
+    multigpu_ring_join(mg, compute);
 }
 
 #endif /* MULTI_GPU */

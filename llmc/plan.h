@@ -17,7 +17,9 @@
  * scratch section, which the backward pass refills layer by layer.
  * Under context parallelism (--context-parallel N) every per-token buffer
  * holds this rank's B x T/N tokens, and the ring adds two K/V blocks and two
- * dK/dV blocks (scratch; plan_ring_kv_bytes).
+ * dK/dV blocks (scratch; plan_ring_kv_bytes); on the GPU also one fp32
+ * (B, T/N, C) accumulator, the forward's merged output and then the
+ * backward's dQ (they are never live at once).
  *
  * Offloaded checkpoints (--offload-checkpoints, or MODEo in a -r mix): what
  * a -r 1 or -r 3 layer keeps (x; -r 3 also its attention output and
@@ -175,6 +177,7 @@ typedef struct {
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
     size_t off_ring_kv, off_ring_dkv; /* context parallelism: two K/V blocks in flight, two dK/dV blocks */
+    size_t off_ring_acc;              /* context parallelism on the GPU: fp32 (B,T/N,C), out_acc, then dq_acc */
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
     size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
@@ -435,6 +438,8 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     if (plan_context_parallel(s) > 1) { /* double buffers: one block computed on while the next arrives */
         p->off_ring_kv = plan_add(p, "ring.kv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_kv_bytes(s)));
         p->off_ring_dkv = plan_add(p, "ring.dkv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_dkv_bytes(s)));
+        if (s->backend == BACKEND_GPU) /* the blocks' fp32 sums: output merged by lse (forward), dQ (backward) */
+            p->off_ring_acc = plan_add(p, "ring.acc", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)s->cfg.channels * 4));
     }
     if (s->workspace_bytes) plan_add(p, "library_workspace", SEC_WORKSPACE, -1, s->workspace_bytes);
 }

@@ -29,7 +29,8 @@
 #   CONTEXT_PARALLEL N: processes that share each sequence (--context-parallel;
 #                    default 1). SEQ_LEN must be a multiple of 2N; each process
 #                    holds SEQ_LEN/N tokens of each sequence and its activations.
-#                    train_gpt_cpu only for now: train_gpt refuses N > 1.
+#                    train_gpt runs it too (built with MPI and NCCL; unverified
+#                    on GPUs: docs/context-parallel.md).
 #   PROCESSES        processes to start (default CONTEXT_PARALLEL); more form
 #                    data-parallel groups of CONTEXT_PARALLEL.
 #   LAUNCHER         how to start them (default "mpirun -np PROCESSES" when

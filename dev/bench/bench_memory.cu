@@ -86,15 +86,16 @@ int main(int argc, char** argv) {
     printf("| kernel                       |   MB/call | vec ms   | vec GB/s | scalar ms | GB/s   | ratio |\n");
     printf("|---|---|---|---|---|---|---|\n");
     const double NC = (double)N * C;
+    const TokenLayout whole = {T, 0, 1}; /* whole sequences */
     row("layernorm forward", 2 * NC * X + 8.0 * N, [&](int s) { gpu_layernorm_forward(y + s, mean, rstd, x + s, w + s, bias + s, N, C, 0); });
     row("layernorm backward", 4 * NC * X + 2.0 * COLUMN_SPLITS * C * 8 + 8.0 * N, [&](int s) {
         gpu_layernorm_backward(z + s, w, bias, part, y + s, x + s, w + s, mean, rstd, N, C, 0); });
     row("gelu forward (N x 4C)", 2 * 4 * NC * X, [&](int s) { gpu_gelu_forward(y + s, x + s, (size_t)N * 4 * C, 0); });
     row("gelu backward (N x 4C)", 3 * 4 * NC * X, [&](int s) { gpu_gelu_backward(y + s, x + s, (size_t)N * 4 * C, 0); });
     row("bias gradient (OC = 4C)", 4 * NC * X + COLUMN_SPLITS * 4.0 * C * 8, [&](int s) { gpu_bias_backward(w, part, x + s, N, 4 * C, 0); });
-    row("encoder forward", 3 * NC * X, [&](int s) { gpu_encoder_forward(y + s, tok, wte + s, wpe + s, B, T, C, 0); });
+    row("encoder forward", 3 * NC * X, [&](int s) { gpu_encoder_forward(y + s, tok, wte + s, wpe + s, B, C, &whole, 0); });
     row("encoder backward (hot token)", 2 * NC * X, [&](int s) {
-        gpu_encoder_backward(wte + s, wpe + s, x + s, buckets, &tb, part + (s ? 1 : 0), B, T, C, 0); });
+        gpu_encoder_backward(wte + s, wpe + s, x + s, buckets, &tb, part + (s ? 1 : 0), B, C, &whole, 0); });
     row("classifier (dlogits)", 2.0 * rows * Vp * X, [&](int s) {
         gpu_classifier_fused(logits + s, loss_out, targets, rows, V, Vp + s, 1e-3f, 0); });
     row("adamw (fp32 master)", (double)P * (2 * X + X + 24), [&](int s) {

@@ -10,7 +10,9 @@
  * max and avg), reduce onto each root, reduce-scatter in place and out of
  * place, all-gather in place and out of place, broadcast from each root, a
  * ring of grouped sends and receives on a second stream, the stream order
- * (a collective after a kernel on its stream sees the kernel's output), a
+ * (a collective after a kernel on its stream sees the kernel's output),
+ * ncclCommSplit (ranks of one color, ordered by key; an all-reduce and a
+ * send/receive ring inside each part; NCCL_SPLIT_NOCOLOR gives NULL), a
  * nonblocking communicator (ncclInProgress until ncclCommGetAsyncError says
  * otherwise), version and error strings. Prints "nccl selftest: PASS" on
  * rank 0 when every rank passed; `fail:NAME` runs one misuse that must stop:
@@ -211,6 +213,49 @@ static void ring(ncclComm_t comm) {
     CK(cudaStreamDestroy(s));
 }
 
+/* ncclCommSplit into pairs of consecutive ranks (color rank / 2), keyed in reverse (the higher world rank becomes rank 0
+ * of its pair); in an odd world of 3 or more the last rank passes NCCL_SPLIT_NOCOLOR. Inside a part: the all-reduce sums the members' inputs in the
+ * new rank order, and a grouped send/receive ring reaches the neighbours by new rank. */
+static void split(ncclComm_t comm) {
+    int last_out = g_world >= 3 && g_world % 2 == 1;
+    bool out = last_out && g_rank == g_world - 1;
+    ncclComm_t part = NULL;
+    NC(ncclCommSplit(comm, out ? NCCL_SPLIT_NOCOLOR : g_rank / 2, g_world - g_rank, &part, NULL));
+    if (out) {
+        CHECK(part == NULL, "ncclCommSplit with NCCL_SPLIT_NOCOLOR gave a communicator");
+        return;
+    }
+    std::vector<int> members; /* world ranks, in the part's rank order */
+    for (int r = g_world - 1; r >= 0; r--)
+        if (r / 2 == g_rank / 2 && !(last_out && r == g_world - 1)) members.push_back(r);
+    int n = 0, me = -1;
+    NC(ncclCommCount(part, &n));
+    NC(ncclCommUserRank(part, &me));
+    int want_me = 0;
+    while (members[want_me] != g_rank) want_me++;
+    CHECK(n == (int)members.size() && me == want_me, "ncclCommSplit: rank %d of %d, expected %d of %zu", me, n, want_me, members.size());
+    const size_t k = 300;
+    float* a = device_input<float>(k, g_rank);
+    float* got;
+    CK(cudaMalloc((void**)&got, k * sizeof(float)));
+    NC(ncclAllReduce(a, a, k, ncclFloat32, ncclSum, part, 0));
+    NC(ncclGroupStart());
+    NC(ncclSend(a, k, ncclFloat32, (me + 1) % n, part, 0));
+    NC(ncclRecv(got, k, ncclFloat32, (me + n - 1) % n, part, 0));
+    NC(ncclGroupEnd());
+    std::vector<float> ha = host(a, k), hg = host(got, k);
+    int bad = 0;
+    for (size_t i = 0; i < k; i++) {
+        float sum = input(members[0], i);
+        for (size_t j = 1; j < members.size(); j++) sum += input(members[j], i);
+        bad += ha[i] != sum || hg[i] != sum; /* every member holds the same sum, so the ring delivers it too */
+    }
+    CHECK(bad == 0, "ncclCommSplit part of %d: %d of %zu elements wrong", n, bad, k);
+    CK(cudaFree(a));
+    CK(cudaFree(got));
+    NC(ncclCommDestroy(part));
+}
+
 static void strings_and_version(void) {
     int v = 0;
     NC(ncclGetVersion(&v));
@@ -266,6 +311,7 @@ int main(int argc, char** argv) {
     reduce_and_broadcast(comm);
     scatter_and_gather(comm);
     ring(comm);
+    split(comm);
     ncclComm_t nb = nonblocking_comm(id);
     reductions(nb);
     NC(ncclCommFinalize(nb));

@@ -360,6 +360,22 @@ static void test_kernels(void) {
     CK(cudaMemcpy(&back, d_p, 4, cudaMemcpyDeviceToHost));
     CHECK(back == 3.0f, "pageable H2D source not staged at the call (%g)", back);
 
+    /* a strided copy: 3 rows of 8 bytes from a pitch of 12 floats to a pitch of 2 floats, in stream order */
+    float *d_rows, *d_packed;
+    CK(cudaMalloc(&d_rows, 3 * 12 * sizeof(float)));
+    CK(cudaMalloc(&d_packed, 6 * sizeof(float)));
+    float rows[36], packed[6];
+    for (int i = 0; i < 36; i++) rows[i] = (float)i;
+    CK(cudaMemcpy(d_rows, rows, sizeof(rows), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy2DAsync(d_packed, 2 * sizeof(float), d_rows + 5, 12 * sizeof(float), 2 * sizeof(float), 3, cudaMemcpyDeviceToDevice, st));
+    CK(cudaMemcpyAsync(packed, d_packed, sizeof(packed), cudaMemcpyDeviceToHost, st));
+    int bad2d = 0;
+    for (int r = 0; r < 3; r++)
+        for (int c = 0; c < 2; c++) bad2d += packed[r * 2 + c] != (float)(r * 12 + 5 + c);
+    CHECK(bad2d == 0, "cudaMemcpy2DAsync: %d of 6 values wrong", bad2d);
+    CK(cudaFree(d_rows));
+    CK(cudaFree(d_packed));
+
     int count = 0;
     CK(cudaGetDeviceCount(&count));
     cudaDeviceProp prop;

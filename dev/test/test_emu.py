@@ -91,6 +91,16 @@ ATTENTION_DROPOUT_CASES = [c.replace("attention:", "dropout:", 1) for c in ATTEN
 # The mma kernels with attention dropout in the other block orders (the slow set): the 16-bit builds'
 # head sizes 64 and 128, T a multiple of no tile.
 MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333"], "fp16": ["dropout:hs64:64:1:300:70"], "fp32": []}
+# test_gpt's check_attention_blocks: the ring attention block kernels (llmc/attention.cuh's
+# gpu_attention_block_*) against the CPU reference's attention_block_forward/backward on eight block sets
+# (diagonal, diagonal with keys in other rows, full, a band, the first rows masked, bands at q0 and k0
+# multiples of 16 and at q0 alone one, four blocks merged; the other offsets multiples of neither 16 nor
+# 64; chunks of 37, 48 and 70 rows: ragged tiles), then a two-member ring (the N=2 chunk layout run block
+# by block in ring order) against whole-sequence attention, with and without attention dropout (masks
+# keyed by global position). In the 16-bit builds head sizes 64 and 128 run the mma family's block
+# kernels, the others the simt ones (the tc family has none yet); fp32 the simt ones. About 13 s each.
+BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs128:128:1:300:37", "blocks:hs20:40:2:300:37",
+               "blocksdrop:hs16:64:4:300:37", "blocksdrop:hs64:64:1:300:48", "blocksdrop:hs128:128:1:300:70", "blocksdrop:hs48:96:2:300:37"]
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -416,6 +426,12 @@ def check_gpt_output(res, cases):
     if ACCUM_CASE in cases:
         assert re.search(r"^PASS: gradient sums, hs16 T=64$", out, re.M), out[-3000:]
         cases = [c for c in cases if c != ACCUM_CASE]
+    for case in [c for c in cases if c.startswith(("blocks:", "blocksdrop:"))]:
+        kind, name, _, _, _, Tcs = case.split(":")
+        what = "attention blocks" if kind == "blocks" else "attention blocks with dropout 0.1"
+        for Tc in Tcs.split(","):
+            assert re.search(rf"^PASS: {what}, {name} Tc={Tc}$", out, re.M), f"{what} {name} Tc={Tc} missing\n" + out[-3000:]
+        cases = [c for c in cases if c != case]
     for case in [c for c in cases if c.startswith(("attention:", "dropout:"))]:
         kind, name, _, _, _, Ts = case.split(":")
         what = "attention alone" if kind == "attention" else "attention alone with dropout 0.1"
@@ -465,12 +481,26 @@ def test_gpt_other_attention_kernels_emulated(other_kernel_builds, kind):
     """ATTENTION=tc and ATTENTION=simt stay selectable and correct: the attention cases with and without dropout
     (head sizes 64 and 128 included, which the default build runs on the mma kernels without dropout) and one
     run_case (recompute settings bitwise equal)."""
-    cases = [*ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, "hs64:64:1:300:45"]
+    cases = [*ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, "hs64:64:1:300:45", BLOCK_CASES[1], BLOCK_CASES[-1]]
     res = emu_run([other_kernel_builds[kind], *cases], EMU_PROFILE="1")
     check_gpt_output(res, cases)
     launched = res.stdout + res.stderr  # EMU_PROFILE's table names every kernel run
     assert "attention_mma_" not in launched, launched[-3000:]
     assert ("attention_tc_forward_kernel" in launched) == (kind == "tc"), launched[-3000:]
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_attention_blocks_emulated(emu_build, precision):
+    """The ring attention block kernels (BLOCK_CASES) against the CPU reference, in each precision's default family."""
+    exe = OUT / f"emu_test_gpt_{precision}"
+    if not exe.exists():
+        pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
+    res = emu_run([exe, *BLOCK_CASES], timeout=1800, EMU_PROFILE="1")
+    print(res.stdout[-6000:])
+    assert res.returncode == 0, explain(res)
+    check_gpt_output(res, BLOCK_CASES)
+    slices = re.findall(r"slices of every row, worst error/tolerance [0-9.]+ .*ok$", res.stdout, re.M)
+    assert len(slices) == len(BLOCK_CASES) * (8 * 4 + 3), res.stdout[-3000:]  # eight sets' four slice checks, the ring's three
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):

@@ -32,7 +32,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from test_emu import OUT, emu_build, emu_run, explain, mutant_sources  # noqa: F401 (emu_build is a fixture)
+from test_emu import OUT, emu_build, emu_run, explain, mutant_sources, slow  # noqa: F401 (emu_build is a fixture)
 
 ATTENTION_CASE = "attention:hs32:64:2:300:77"  # the attention kernels alone, forward and backward
 GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
@@ -122,6 +122,30 @@ def test_deleting_a_cp_async_wait_is_caught(emu_build, site):
     never = re.search(r"cp\.async \(\S*llmc/attention_mma\.cuh:\d+\): (more than 64 copies pending in one thread|thread \d+ has \d+ "
                       r"copies pending from an earlier block)", res.stderr)
     assert late or never, explain(res)
+
+
+# The attention kernels' BLOCK instantiations (context parallelism's ring blocks) share every barrier and
+# cp.async wait with the whole-sequence ones; the same deletions under check_attention_blocks' cases must
+# fail too. hs128 (mma, 32-row tiles) and hs32 (simt, 32-row tiles) at Tc=70 give three tiles a side, so
+# the double buffer is reused.
+BLOCK_KERNELS = {"llmc/attention_mma.cuh": (("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel",
+                                             "attention_mma_backward_dq_kernel"), "blocks:hs128:128:1:300:70"),
+                 "llmc/attention.cuh": (("attention_forward_kernel", "attention_backward_dq_kernel", "attention_backward_dkv_kernel"),
+                                        "blocks:hs32:64:2:300:70")}
+BLOCK_SITES = [s for s in SITES + WAIT_SITES if s[0] in BLOCK_KERNELS and s[2] in BLOCK_KERNELS[s[0]][0]]
+
+
+def test_the_block_sweep_sees_the_kernels():
+    assert {(f, fn) for f, _, fn, _ in BLOCK_SITES} == {(f, k) for f, (ks, _) in BLOCK_KERNELS.items() for k in ks}, BLOCK_SITES
+
+
+@slow
+@pytest.mark.parametrize("site", BLOCK_SITES, ids=[f"{f}:{n}" for f, n, _, _ in BLOCK_SITES])
+def test_deleting_a_barrier_or_wait_is_caught_in_attention_blocks(emu_build, site):
+    rel, line, func, _ = site
+    res = emu_run([OUT / "emu_test_gpt_bf16", BLOCK_KERNELS[rel][1]], timeout=900, EMU_DELETE_SYNC=f"{rel}:{line}")
+    assert res.returncode != 0, f"deleting {rel}:{line} ({func}) went unnoticed in the block cases\n" + explain(res)
+    assert re.search(r"^FAIL: attention blocks", res.stdout, re.M) or "racecheck: " in res.stderr or "cp.async (" in res.stderr, explain(res)
 
 
 def test_delete_sync_needs_file_and_line(emu_build):

@@ -64,4 +64,5 @@ def test_the_source_assertions_are_found():
     import ptxas_check
     got = ptxas_check.source_asserts()
     kernels = ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")
-    assert set(got) == {f"{k}<{hs}" for k in kernels for hs in (64, 128)} and all(0 < r <= 255 for r in got.values()), got
+    assert set(got) == {f"{k}<{hs}, {b}>" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
+    assert all(0 < r <= 255 for r in got.values()), got

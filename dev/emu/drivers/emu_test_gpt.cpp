@@ -18,6 +18,8 @@
  *                                              long:NAME:C:NH:V:T[,T...]       check_attention at B=1, T up to 4096
  *                                              longdrop:NAME:C:NH:V:T[,T...]   the same with attention dropout 0.1
  *                                              dropmodel:NAME:C:NH:V:T[,T...]  run_case with model_dropout()
+ *                                              blocks:NAME:C:NH:V:Tc[,Tc...]   check_attention_blocks (chunks of Tc rows)
+ *                                              blocksdrop:NAME:C:NH:V:Tc[,...] the same with attention dropout 0.1
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
@@ -41,7 +43,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|blocks:|blocksdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -67,7 +69,7 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, BLOCKS, BLOCKS_DROPOUT };
     struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -94,6 +96,12 @@ int main(int argc, char** argv) {
         } else if (a.rfind("accum:", 0) == 0) {
             kind = ACCUM;
             a = a.substr(6);
+        } else if (a.rfind("blocks:", 0) == 0) {
+            kind = BLOCKS;
+            a = a.substr(7);
+        } else if (a.rfind("blocksdrop:", 0) == 0) {
+            kind = BLOCKS_DROPOUT;
+            a = a.substr(11);
         }
         std::vector<std::string> f;
         size_t p = 0, q;
@@ -131,6 +139,8 @@ int main(int argc, char** argv) {
             else if (c.kind == LONG) check_attention(&sh, 1, T, 0);
             else if (c.kind == LONG_DROPOUT) check_attention(&sh, 1, T, 0.1f);
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
+            else if (c.kind == BLOCKS) check_attention_blocks(&sh, TEST_B, T, 0);
+            else if (c.kind == BLOCKS_DROPOUT) check_attention_blocks(&sh, TEST_B, T, 0.1f);
             else if (c.kind == MODEL_DROPOUT) {
                 const DropoutState drop = model_dropout();
                 run_case(&sh, T, &drop);

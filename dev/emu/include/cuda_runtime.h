@@ -101,6 +101,10 @@ template <typename T> static inline cudaError_t cudaMallocHost(T** ptr, size_t b
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream = 0);
+/* height rows of width bytes, row i from src + i*spitch to dst + i*dpitch; cudaMemcpyDeviceToDevice (or Default
+ * between device buffers) only */
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream = 0);
 cudaError_t cudaMemset(void* dst, int value, size_t bytes);
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = 0);
 

@@ -1,7 +1,8 @@
 /*
  * emu_nccl.cpp: NCCL for remat's CPU emulator of CUDA (dev/emu; NOT NCCL,
  * not a GPU), over MPI: every emulated rank is one process started by
- * mpirun, and communicator rank r is MPI_COMM_WORLD rank r.
+ * mpirun, and communicator rank r is MPI_COMM_WORLD rank r (ncclCommSplit
+ * makes communicators of some of them, over MPI_Comm_split).
  *
  * Why it exists: llmc/multigpu.cuh (gradients summed per layer on a
  * collective stream during the backward, ZeRO-1's reduce and all-gather,
@@ -425,6 +426,33 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
 
 ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
     return ncclCommInitRankConfig(comm, nranks, id, rank, nullptr);
+}
+
+/* NCCL's documented semantics: collective over every rank of comm; the ranks
+ * passing one color form a communicator, ranked by key and then by their rank
+ * in comm (MPI_Comm_split's order too); NCCL_SPLIT_NOCOLOR gives NULL; a NULL
+ * config inherits comm's (blocking or not). Blocking here: the split is done
+ * when the call returns, which a nonblocking communicator may also answer. */
+ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
+    const char* api = "ncclCommSplit";
+    if (ncclResult_t r = check_comm(api, comm)) return r;
+    if (!newcomm) return error(ncclInvalidArgument, "%s: newcomm is NULL", api);
+    if (color < NCCL_SPLIT_NOCOLOR) return error(ncclInvalidArgument, "%s: color %d is negative and not NCCL_SPLIT_NOCOLOR", api, color);
+    emu::progress(); /* a blocking MPI call: the peers may wait for device work of this process first */
+    MPI_Comm split = MPI_COMM_NULL;
+    PMPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &split);
+    if (split == MPI_COMM_NULL) {
+        *newcomm = nullptr;
+        return ncclSuccess;
+    }
+    ncclComm* c = new ncclComm;
+    PMPI_Comm_rank(split, &c->rank);
+    PMPI_Comm_size(split, &c->nranks);
+    c->mpi = split;
+    c->blocking = config ? config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0 : comm->blocking;
+    c->ready = true;
+    *newcomm = c;
+    return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {

@@ -1412,6 +1412,30 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
     return cudaSuccess;
 }
 
+/* The CUDA documentation's rules: width at most either pitch, the two areas
+ * not overlapping; each area is the span from its first row's start to its
+ * last row's end, which must lie inside one device allocation. */
+cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t stream) {
+    const char* api = "cudaMemcpy2DAsync";
+    check_stream(api, stream);
+    if (width > dpitch || width > spitch) fatal("%s: width %zu exceeds dpitch %zu or spitch %zu", api, width, dpitch, spitch);
+    if (!width || !height) return cudaSuccess;
+    size_t dspan = dpitch * (height - 1) + width, sspan = spitch * (height - 1) + width;
+    bool dd = is_device(dst), sd = is_device(src);
+    if (kind == cudaMemcpyDefault && dd && sd) kind = cudaMemcpyDeviceToDevice;
+    if (kind != cudaMemcpyDeviceToDevice || !dd || !sd)
+        fatal("%s: only device-to-device copies between device buffers are emulated (%s, %p to %p)", api, memcpy_kind_name(kind), src, dst);
+    check_device_range(api, "the destination", dst, dspan);
+    check_device_range(api, "the source", src, sspan);
+    if ((uintptr_t)dst < (uintptr_t)src + sspan && (uintptr_t)src < (uintptr_t)dst + dspan)
+        fatal("%s: source and destination areas overlap (%zu bytes at %p and %zu at %p)", api, sspan, src, dspan, dst);
+    enqueue_named(stream, api, [api, dst, dpitch, src, spitch, width, height]() {
+        for (size_t i = 0; i < height; i++) init_copy(api, (char*)dst + i * dpitch, (const char*)src + i * spitch, width);
+    });
+    return cudaSuccess;
+}
+
 cudaError_t cudaMemset(void* dst, int value, size_t n) { return cudaMemsetAsync(dst, value, n, 0); }
 
 cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
