@@ -134,6 +134,14 @@ static const Tol TOL_KERNEL = {4e-4, 8e-4};
 static const Tol TOL_KERNEL = {3e-3, 6e-3};
 #endif
 static const Tol TOL_UPDATE = {1e-3, 1e-2}, TOL_NORM_KERNEL = {1e-5, 1e-5};
+/* Token tiles against none, both on the GPU (check_tiles_vs_untiled). */
+#if PRECISION_IS_FP32
+static const Tol TOL_TILES = {1e-5, 1e-4};
+#elif PRECISION_IS_FP16
+static const Tol TOL_TILES = {1e-3, 4e-3};
+#else
+static const Tol TOL_TILES = {4e-3, 2e-2};
+#endif
 /* FP16 gradients at loss scales 1024 and 2048, each unscaled: identical except
  * where a scaled value is an fp16 subnormal (below 6.1e-5, absolute spacing
  * 6e-8, i.e. unscaled elements below ~6e-8 against tensor maxima of ~1e-3 to
@@ -250,6 +258,11 @@ static ModelConfig test_shape_config(const Shape* sh) {
     return c;
 }
 
+/* Rows per token tile of the GPU's plans (0: untiled): run_case and
+ * check_tiles_vs_untiled under --tile-tokens K. The CPU reference stays
+ * untiled (on the CPU every K gives the untiled bits). */
+static int g_tile_tokens = 0;
+
 static void make_plan_spec(PlanSpec* out, const ModelConfig* cfg, int T, int gpu, const unsigned char* modes) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
@@ -268,6 +281,7 @@ static void make_plan_spec(PlanSpec* out, const ModelConfig* cfg, int T, int gpu
     s.fp32_grad_sums = gpu && !PRECISION_IS_FP32;
     s.io_chunk_floats = (size_t)1 << 18;
     s.workspace_bytes = gpu ? GPU_WORKSPACE_BYTES : 0;
+    s.tile_tokens = gpu ? g_tile_tokens : 0;
     *out = s;
 }
 
@@ -648,6 +662,54 @@ static void run_case(const Shape* sh, int T, const DropoutState* drop) {
     case_free(&c);
 }
 
+/* One step's gradients of a fresh GPU model (-r 0) at `tiles` rows per token
+ * tile (0: untiled), from the case's initial parameters and step 0's tokens. */
+static void tiled_step(Case* c, int tiles, StepRecord* r) {
+    int saved = g_tile_tokens;
+    g_tile_tokens = tiles;
+    MemoryPlan gplan;
+    make_plan(&gplan, &c->cfg, c->T, 1, settings[0].modes);
+    g_tile_tokens = saved;
+    GpuModel gm;
+    gpu_model_create(&gm, &gplan, TEST_SEED);
+    gpu_state(&gm, TENSOR_PARAMS, c->init, c->P, 0);
+    step_tokens(gm.h_inputs, gm.h_targets, c->N, c->cfg.vocab_size, 0);
+    gm.train_dropout = step_dropout(c, 0);
+    gpu_step_gradients(&gm, r, c);
+    gpu_model_free(&gm);
+    plan_free(&gplan);
+}
+
+/* Token tiles against none, on the GPU, from the same parameters and
+ * tokens: the per-token losses, every gradient tensor and the norm of one
+ * step within TOL_TILES (docs/offload-and-tiles.md: a tile size changes the
+ * order of fp32 sums, hence at most some last bits of floatX values, and
+ * those changes travel through the layers). */
+static void check_tiles_vs_untiled(const Shape* sh, int T, int K, const DropoutState* drop) {
+    Case c;
+    case_init(&c, sh, T);
+    c.drop = *drop;
+    printf("\n== token tiles of %d rows against none: %s C=%d NH=%d V=%d, B=%d T=%d, %s%s\n", K, sh->name, c.cfg.channels, c.cfg.num_heads,
+           c.cfg.vocab_size, TEST_B, T, PRECISION_NAME, dropout_active(drop) ? ", dropout" : "");
+    StepRecord untiled, tiled;
+    record_alloc(&untiled, (size_t)c.N, c.P);
+    record_alloc(&tiled, (size_t)c.N, c.P);
+    tiled_step(&c, 0, &untiled);
+    tiled_step(&c, K, &tiled);
+    int fails_before = g_failures;
+    check("losses (per token)", 1, tiled.losses, untiled.losses, (size_t)c.N, TOL_TILES, 1, NULL);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        char name[40];
+        snprintf(name, sizeof(name), "grad %s", param_tensor_names[t]);
+        check(name, 1, tiled.grads + c.pl.offset[t], untiled.grads + c.pl.offset[t], c.pl.count[t], TOL_TILES, 1, NULL);
+    }
+    check("grad norm", 1, &tiled.norm, &untiled.norm, 1, TOL_TILES, 1, NULL);
+    printf("%s: token tiles of %d rows within TOL_TILES of none, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", K, sh->name, T);
+    record_free(&untiled);
+    record_free(&tiled);
+    case_free(&c);
+}
+
 /* run_case's dropout: 0.1 at every site (embedding, attention probabilities,
  * both residual branches). */
 static DropoutState model_dropout(void) {
@@ -882,7 +944,7 @@ static void check_dropout_kernels(size_t n, int shift) {
     floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_res = gpu_put_shifted(res, n, shift, &br);
     TokenLayout flat = {1, 0, 1}; /* the n values as one row: element e is e */
     dropout_mask(want, x, 0, 1, (int)n, &flat, &site);
-    gpu_dropout_mask(d_x, d_x, n, &site, 0);
+    gpu_dropout_mask(d_x, d_x, 0, 1, (int)n, &flat, &site, 0);
     gpu_fetch(got, d_x, n);
     size_t zeros_differ = 0;
     for (size_t i = 0; i < n; i++) zeros_differ += (got[i] == 0.0f) != (want[i] == 0.0f);
@@ -892,7 +954,37 @@ static void check_dropout_kernels(size_t n, int shift) {
     CUDA_CHECK(cudaFree(bx));
     d_x = gpu_put_shifted(x, n, shift, &bx);
     residual_add(want, x, res, 0, 1, (int)n, &flat, &site);
-    gpu_dropout_residual(d_x, d_x, d_res, n, &site, 0);
+    gpu_dropout_residual(d_x, d_x, d_res, 0, 1, (int)n, &flat, &site, 0);
+    gpu_fetch(got, d_x, n);
+    check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(bx)); CUDA_CHECK(cudaFree(br));
+    free(x); free(res); free(want); free(got);
+}
+
+/* The dropout kernels on a token tile: rows [r0, r0+rows) of C values (the
+ * tile's elements r0*C.. of the tensor, a group of eight cut at the start
+ * where r0*C is no multiple of 8), against the CPU's on the same rows; the
+ * element after the tile is left alone. */
+static void check_dropout_rows(int C, size_t r0, size_t rows) {
+    char what[96];
+    size_t n = rows * (size_t)C;
+    DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2};
+    DropoutSite site = dropout_site(&st, DROPOUT_RESID_ATTN, 1);
+    float *x = rand_rounded(n + 1, 5300, 1.0f, 0), *res = rand_rounded(n, 5301, 1.0f, 0), *want = alloc_floats(n + 1), *got = alloc_floats(n + 1);
+    floatX *bx, *br;
+    floatX *d_x = gpu_put_shifted(x, n + 1, 0, &bx), *d_res = gpu_put_shifted(res, n, 0, &br);
+    TokenLayout lay = {(int)(r0 + rows), 0, 1};
+    memcpy(want, x, (n + 1) * sizeof(float));
+    dropout_mask(want, x, r0, rows, C, &lay, &site);
+    gpu_dropout_mask(d_x, d_x, r0, rows, C, &lay, &site, 0);
+    gpu_fetch(got, d_x, n + 1);
+    snprintf(what, sizeof(what), "dropout rows %zu..%zu of C=%d mask", r0, r0 + rows, C);
+    check(what, 0, got, want, n, TOL_KERNEL, 1, NULL);
+    expect(got[n] == x[n], "  the element after the tile untouched", 0.0);
+    CUDA_CHECK(cudaFree(bx));
+    d_x = gpu_put_shifted(x, n, 0, &bx);
+    residual_add(want, x, res, r0, rows, C, &lay, &site);
+    gpu_dropout_residual(d_x, d_x, d_res, r0, rows, C, &lay, &site, 0);
     gpu_fetch(got, d_x, n);
     check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
     CUDA_CHECK(cudaFree(bx)); CUDA_CHECK(cudaFree(br));
@@ -1058,6 +1150,8 @@ static void check_memory_kernels(void) {
     check_dropout_kernels(1000, 0);
     check_dropout_kernels(1003, 0); /* a partial last group of the eight a generator call covers */
     check_dropout_kernels(1003, 1);
+    check_dropout_rows(20, 3, 5); /* starts at element 60: mid-group, scalar path */
+    check_dropout_rows(64, 2, 7); /* starts on a group: the vector path */
     const int oc[] = {20, 44, 64, 300, 520};
     for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
     check_bias_kernel(77, 64, 1);
