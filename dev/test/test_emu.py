@@ -91,6 +91,16 @@ ATTENTION_DROPOUT_CASES = [c.replace("attention:", "dropout:", 1) for c in ATTEN
 # The mma kernels with attention dropout in the other block orders (the slow set): the 16-bit builds'
 # head sizes 64 and 128, T a multiple of no tile.
 MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333"], "fp16": ["dropout:hs64:64:1:300:70"], "fp32": []}
+# Token tiles (--tile-tokens K) on the GPU side of test_gpt: run_case against the CPU reference and every
+# recompute setting bitwise equal to -r 0 at the same K (K dividing no B*T here: a short last tile; tiles of
+# 5 rows of 64 bf16 channels start at 128-byte offsets in kept tensors and at 256 in one-tile buffers, which
+# cuBLASLt must not tell apart), with dropout too; fp32's C=18 starts tiles at 8-byte offsets. tilebound:
+# the tiled gradients of one step within TOL_TILES of the untiled ones (tiles of 2 rows: summed in floatX
+# instead of fp32 across tiles they are not).
+TILE_CASES = {"bf16": ["tiles5:hs16:64:4:300:33", "tiles7:dropmodel:hs16:64:4:300:33", "tiles2:tilebound:hs16:64:4:300:77",
+                       "tiles5:tilebound:hs16:64:4:300:77"],
+              "fp32": ["tiles5:hs18:18:1:300:37", "tiles2:tilebound:hs16:48:3:300:70"],
+              "fp16": ["tiles5:hs32:32:1:300:45", "tiles2:tilebound:hs16:64:4:300:77"]}
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -185,6 +195,9 @@ def default_jobs(pool, tmp_path_factory):
         if p in built:
             submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, *CASES[p],
                                                    *MODEL_DROPOUT_CASES[p]], DEFAULT_ORDER[p])
+    for p in PRECISIONS:
+        if p in built:
+            submit(pool, ("gpt-tiles", p), gpt_job, p, TILE_CASES[p], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     for p in PRECISIONS:
@@ -451,6 +464,23 @@ def test_gpt_other_attention_kernels_emulated(other_kernel_builds, kind):
     launched = res.stdout + res.stderr  # EMU_PROFILE's table names every kernel run
     assert "attention_mma_" not in launched, launched[-3000:]
     assert ("attention_tc_forward_kernel" in launched) == (kind == "tc"), launched[-3000:]
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_gpt_token_tiles_emulated(default_jobs, precision):
+    """GPU token tiles: against the CPU reference, bitwise across recompute settings at the same tile size
+    (with dropout too), and within TOL_TILES of the untiled gradients."""
+    if precision not in default_jobs:
+        pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
+    res = _futures[("gpt-tiles", precision)].result()
+    print(res.stdout[-6000:])
+    cases = TILE_CASES[precision]
+    bounds = [c for c in cases if ":tilebound:" in c]
+    for case in bounds:
+        k, _, name, _, _, _, T = case.split(":")
+        assert re.search(rf"^PASS: token tiles of {k[5:]} rows within TOL_TILES of none, {name} T={T}$", res.stdout, re.M), \
+            f"{case} missing\n" + res.stdout[-3000:]
+    check_gpt_output(res, [c.split(":", 1)[1] for c in cases if c not in bounds])
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
