@@ -252,12 +252,12 @@ def test_tiles_lower_peak_rss_as_planned(tmp_path):
 
 # ---- the numbers of docs/offload-and-tiles.md ----
 
-NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| ([0-9.]+) \|$", re.M)
+NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| (\d+) \| ([0-9.]+) \|$", re.M)
 
 
 def test_docs_numbers_are_the_programs():
     """Every row of the table: the plan at its T fits both budgets with the
-    device and host bytes and the -r choice printed, and at T+1 it does not
+    device and host bytes, the -r choice and the tile size printed, and at T+1 it does not
     (unless T is --max-seq-len's limit)."""
     exe = REPO / "train_gpt"
     if not exe.exists():
@@ -269,14 +269,14 @@ def test_docs_numbers_are_the_programs():
     rows = NUMBERS_ROW.findall((REPO / "docs/offload-and-tiles.md").read_text())
     assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
     host = 120 << 30
-    for model, card, tech, T, limit, dev_gib, host_gib, flag, _ in rows:
+    for model, card, tech, T, limit, dev_gib, host_gib, flag, tile, _ in rows:
         cost_model, mib = lt.CARDS[card]
         budget, T = (mib - lt.HEADROOM_MIB) << 20, int(T)
         args = (lt.MODELS[model], lt.TECHNIQUES[tech])
         d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
         assert lt.fits(d, budget, host), (model, card, tech, T)
         assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib
-        assert d["recompute"] == flag
+        assert d["recompute"] == flag and d["tile_tokens"] == int(tile)
         if limit:
             assert T == lt.MAX_T
         else:
