@@ -944,57 +944,30 @@ static void check_gelu_kernels(size_t n, int shift) {
     free(x); free(d); free(out); free(got);
 }
 
-/* The dropout kernels against the CPU's dropout_mask and residual_add: the
- * same elements zeroed (one mask bit off is a whole value off), the kept
- * ones scaled alike; in place, as the trainer calls them. */
-static void check_dropout_kernels(size_t n, int shift) {
-    char what[96];
+/* The dropout kernels against the CPU's dropout_mask and residual_add on
+ * rows [r0, r0+rows) of C laid out by lay (a token tile's rows; a context-
+ * parallel rank's chunks): the same elements zeroed (one mask bit off is a
+ * whole value off), the kept ones scaled alike; in place, as the trainer
+ * calls them. */
+static void check_dropout_kernels(size_t r0, size_t rows, int C, TokenLayout lay, int shift) {
+    char what[128];
+    size_t n = rows * (size_t)C;
     DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2};
     DropoutSite site = dropout_site(&st, DROPOUT_RESID_MLP, 5);
     float *x = rand_rounded(n, 5200, 1.0f, 0), *res = rand_rounded(n, 5201, 1.0f, 0), *want = alloc_floats(n), *got = alloc_floats(n);
     floatX *bx, *br;
     floatX *d_x = gpu_put_shifted(x, n, shift, &bx), *d_res = gpu_put_shifted(res, n, shift, &br);
-    TokenLayout flat = {1, 0, 1}; /* the n values as one row: element e is e */
-    dropout_mask(want, x, 0, 1, (int)n, &flat, &site);
-    gpu_dropout_mask(d_x, d_x, 0, 1, (int)n, &flat, &site, 0);
+    dropout_mask(want, x, r0, rows, C, &lay, &site);
+    gpu_dropout_mask(d_x, d_x, r0, rows, C, &lay, &site, 0);
     gpu_fetch(got, d_x, n);
     size_t zeros_differ = 0;
     for (size_t i = 0; i < n; i++) zeros_differ += (got[i] == 0.0f) != (want[i] == 0.0f);
-    snprintf(what, sizeof(what), "dropout n=%zu%s mask", n, shift ? " shifted" : "");
+    snprintf(what, sizeof(what), "dropout rows %zu+%zu of C=%d, part %d of %d (T=%d)%s mask", r0, rows, C, lay.part, lay.parts, lay.T,
+             shift ? " shifted" : "");
     check(what, 0, got, want, n, TOL_KERNEL, 1, NULL);
     expect(zeros_differ == 0, "  the CPU's elements dropped, no other", (double)zeros_differ);
     CUDA_CHECK(cudaFree(bx));
     d_x = gpu_put_shifted(x, n, shift, &bx);
-    residual_add(want, x, res, 0, 1, (int)n, &flat, &site);
-    gpu_dropout_residual(d_x, d_x, d_res, 0, 1, (int)n, &flat, &site, 0);
-    gpu_fetch(got, d_x, n);
-    check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
-    CUDA_CHECK(cudaFree(bx)); CUDA_CHECK(cudaFree(br));
-    free(x); free(res); free(want); free(got);
-}
-
-/* The dropout kernels on a token tile: rows [r0, r0+rows) of C values (the
- * tile's elements r0*C.. of the tensor, a group of eight cut at the start
- * where r0*C is no multiple of 8), against the CPU's on the same rows; the
- * element after the tile is left alone. */
-static void check_dropout_rows(int C, size_t r0, size_t rows) {
-    char what[96];
-    size_t n = rows * (size_t)C;
-    DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2};
-    DropoutSite site = dropout_site(&st, DROPOUT_RESID_ATTN, 1);
-    float *x = rand_rounded(n + 1, 5300, 1.0f, 0), *res = rand_rounded(n, 5301, 1.0f, 0), *want = alloc_floats(n + 1), *got = alloc_floats(n + 1);
-    floatX *bx, *br;
-    floatX *d_x = gpu_put_shifted(x, n + 1, 0, &bx), *d_res = gpu_put_shifted(res, n, 0, &br);
-    TokenLayout lay = {(int)(r0 + rows), 0, 1};
-    memcpy(want, x, (n + 1) * sizeof(float));
-    dropout_mask(want, x, r0, rows, C, &lay, &site);
-    gpu_dropout_mask(d_x, d_x, r0, rows, C, &lay, &site, 0);
-    gpu_fetch(got, d_x, n + 1);
-    snprintf(what, sizeof(what), "dropout rows %zu..%zu of C=%d mask", r0, r0 + rows, C);
-    check(what, 0, got, want, n, TOL_KERNEL, 1, NULL);
-    expect(got[n] == x[n], "  the element after the tile untouched", 0.0);
-    CUDA_CHECK(cudaFree(bx));
-    d_x = gpu_put_shifted(x, n, 0, &bx);
     residual_add(want, x, res, r0, rows, C, &lay, &site);
     gpu_dropout_residual(d_x, d_x, d_res, r0, rows, C, &lay, &site, 0);
     gpu_fetch(got, d_x, n);
@@ -1159,11 +1132,16 @@ static void check_memory_kernels(void) {
     check_gelu_kernels(1000, 0);
     check_gelu_kernels(1003, 0);
     check_gelu_kernels(1003, 1);
-    check_dropout_kernels(1000, 0);
-    check_dropout_kernels(1003, 0); /* a partial last group of the eight a generator call covers */
-    check_dropout_kernels(1003, 1);
-    check_dropout_rows(20, 3, 5); /* starts at element 60: mid-group, scalar path */
-    check_dropout_rows(64, 2, 7); /* starts on a group: the vector path */
+    TokenLayout flat = {1, 0, 1}; /* n values as one row: element e is e */
+    check_dropout_kernels(0, 1, 1000, flat, 0);
+    check_dropout_kernels(0, 1, 1003, flat, 0); /* a partial last group of the eight a generator call covers */
+    check_dropout_kernels(0, 1, 1003, flat, 1);
+    TokenLayout whole = {16, 0, 1}, ring = {8, 1, 2}, ring3 = {8, 2, 3};
+    check_dropout_kernels(5, 7, 36, whole, 0);  /* a token tile starting inside a generator call */
+    check_dropout_kernels(0, 16, 36, ring, 0);  /* a context-parallel rank's two chunks, rows not call-aligned */
+    check_dropout_kernels(0, 16, 64, ring3, 0); /* the vector path, chunks of the last member of three */
+    check_dropout_kernels(3, 9, 20, ring, 1);   /* a tile of a rank's chunks, misaligned pointers */
+    check_dropout_kernels(0, 16, 13, ring, 0);  /* odd C: a row can overlap C/8 + 2 generator calls */
     const int oc[] = {20, 44, 64, 300, 520};
     for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
     check_bias_kernel(77, 64, 1);

@@ -266,20 +266,6 @@ static void matmul_backward_weight(real* dW, real* dbias, const real* dout, cons
 /* ------------------------------------------------------------------------ */
 /* encoder: x (B,T,C) = wte[tokens] + wpe[position]                         */
 
-/* Where this rank's B x T token rows sit in their sequences: row n is token
- * n % T of sequence n / T, at global position context_position(n % T, ...)
- * of a sequence of T * parts tokens (llmc/dataloader.h; parts 1: n % T). */
-typedef struct { int T, part, parts; } TokenLayout;
-
-static inline int token_position(const TokenLayout* lay, size_t n) {
-    return context_position((int)(n % (size_t)lay->T), lay->T, lay->part, lay->parts);
-}
-
-/* The row of the whole (B, T * parts) batch that local row n is. */
-static inline size_t token_global_row(const TokenLayout* lay, size_t n) {
-    return n / (size_t)lay->T * (size_t)lay->T * (size_t)lay->parts + (size_t)token_position(lay, n);
-}
-
 static void encoder_forward(real* x, const int* tokens, const real* wte, const real* wpe, int B, int C, const TokenLayout* lay) {
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * lay->T; bt++) {
@@ -390,25 +376,6 @@ static inline real attention_dropout_factor(const DropoutSite* drop, int bh, int
     return dropout_keep_attention(drop, bh, T, t, u) ? (real)drop->scale : 0;
 }
 
-/* One block of causal attention: the Tq queries of one stretch of a row
- * against the Tk keys of another, each stretch given by its global position
- * (q0, k0) and its local index in the row (qi in this rank's rows, ki in the
- * K/V block's rows); key u is seen by query t when u <= t. A whole sequence
- * is the block q0 = k0 = qi = ki = 0, Tq = Tk = T; under context
- * parallelism (ring_attention_forward) a block is one chunk of queries
- * against one chunk of keys. T is the whole sequence's length (dropout's
- * masks are laid out on it), Tl the tokens of each row the tensors hold. */
-typedef struct {
-    int B, C, NH, T, Tl;
-    int Tq, Tk, q0, k0, qi, ki;
-} AttentionBlock;
-
-/* Keys of the block that query i sees: none, some (the diagonal) or all. */
-static inline int block_keys_seen(const AttentionBlock* a, int i) {
-    int n = a->q0 + i - a->k0 + 1;
-    return n < 0 ? 0 : n < a->Tk ? n : a->Tk;
-}
-
 /* Merges one block's normalised output `part` (hs) and log-sum-exp `l` into
  * the running o (hs) and *lse: both are softmax-weighted means over disjoint
  * key sets, so the union's is their mean weighted by exp(lse - new lse). */
@@ -505,12 +472,6 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
             }
         }
     }
-}
-
-/* The whole sequence on one process: one block. */
-static AttentionBlock whole_sequence(int B, int T, int C, int NH) {
-    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0};
-    return a;
 }
 
 static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const DropoutSite* drop) {
@@ -748,12 +709,7 @@ static void ring_pack_kv(real* kv, const real* qkv, size_t rows, int C) {
 /* The chunk pair (query chunk qc, key chunk kc of the block that started at
  * member `origin`) as an attention block; 0 when the causal mask empties it. */
 static int ring_block(const CpuModel* m, int origin, int qc, int kc, AttentionBlock* a) {
-    int N = m->cp.degree, Tc = m->T / 2;
-    int gq = qc == 0 ? m->cp.member : 2 * N - 1 - m->cp.member, gk = kc == 0 ? origin : 2 * N - 1 - origin;
-    if (gk > gq) return 0;
-    AttentionBlock b = {m->B, m->cfg.channels, m->cfg.num_heads, N * m->T, m->T, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc};
-    *a = b;
-    return 1;
+    return context_chunk_block(m->B, m->cfg.channels, m->cfg.num_heads, m->T, m->cp.degree, m->cp.member, origin, qc, kc, a);
 }
 
 static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real* qkv, const DropoutSite* drop) {

@@ -106,6 +106,7 @@ typedef struct {
     MatmulContext mm;
     cudaStream_t stream;
     int B, T; /* shape of the current call; at most the plan's */
+    TokenLayout layout; /* where the current call's token rows sit in their sequences (token_layout.h) */
     uint64_t seed;
     /* reporting */
     double flops_per_step, peak_flops;
@@ -121,7 +122,6 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
-    int layout;                 /* where the token rows sit in their sequences: whole sequences (interim, until the shared token layout) */
 } GpuModel;
 
 /* Site `kind` of layer l in the running pass (threshold 0: no dropout). */
@@ -190,6 +190,14 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
         sums += pl.count[FIRST_BLOCK_TENSOR + t] / (size_t)m->cfg.num_layers;
     }
     m->mm.align_cap = pointer_alignment((const void*)((size_t)m->tile_rows * m->cfg.channels * sizeof(floatX)));
+}
+
+/* The shape of the next pass: B rows of T tokens, whole sequences. */
+static void gpu_set_shape(GpuModel* m, int B, int T) {
+    m->B = B;
+    m->T = T;
+    TokenLayout lay = {T, 0, 1};
+    m->layout = lay;
 }
 
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
@@ -638,8 +646,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
 static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_mean) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &m->train_dropout;
-    m->B = m->plan->spec.B;
-    m->T = m->plan->spec.T;
+    gpu_set_shape(m, m->plan->spec.B, m->plan->spec.T);
     int N = m->B * m->T;
     m->last_micro_step = mb->micro_step == mb->num_micro_steps - 1;
     multigpu_micro_step(m->mg, m->last_micro_step); /* the last one reduces gradients during its backward */
@@ -660,8 +667,7 @@ static void gpu_set_dropout(void* ctx, const DropoutState* d) { ((GpuModel*)ctx)
 static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     GpuModel* m = (GpuModel*)ctx;
     m->drop = &dropout_off;
-    m->B = m->plan->spec.B;
-    m->T = m->plan->spec.T;
+    gpu_set_shape(m, m->plan->spec.B, m->plan->spec.T);
     gpu_upload_tokens(m, inputs, targets);
     gpu_model_forward(m);
     offload_finish(&m->off);
@@ -702,8 +708,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     memcpy(m->h_inputs, tokens, (size_t)len * sizeof(int));
     for (int t = len; t < T; t++) m->h_inputs[t] = 0;
     m->drop = &dropout_off;
-    m->B = 1;
-    m->T = T;
+    gpu_set_shape(m, 1, T);
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
     offload_finish(&m->off);

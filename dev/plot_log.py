@@ -93,15 +93,32 @@ def readable_log_y(ax) -> None:
     axis.set_minor_formatter(ticker.NullFormatter())
 
 
-# The trainer prints values with printf's %g, which writes a non-finite one as
-# nan, -nan, inf or -inf: not JSON, so they are read as NaN and +-Infinity.
+# The trainer writes a non-finite loss, norm or validation loss as null (JSON
+# has no NaN); logs of earlier versions have printf's nan, -nan, inf or -inf,
+# read as NaN and +-Infinity. Either way a non-finite value plots as a gap.
 NON_FINITE = re.compile(r"(?<=: )(-?nan|-?inf)(?=[,}])")
+NULLABLE = ("loss", "norm", "val_loss")
 JSON_NON_FINITE = {"nan": "NaN", "-nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 TRAIN_NUMBERS = ("loss", "lr", "norm", "ms", "tokens_per_s", "tokens", "memory_mib")
 
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _nulls_as_nan(rec):
+    """The trainer's null for a non-finite loss, norm or validation loss, as NaN."""
+    if not isinstance(rec, dict):
+        return rec
+    for k in NULLABLE:
+        if k in rec and rec[k] is None:
+            rec[k] = float("nan")
+    buckets = rec.get("val_loss_by_position")
+    if isinstance(buckets, list):
+        for b in buckets:
+            if isinstance(b, dict) and "loss" in b and b["loss"] is None:
+                b["loss"] = float("nan")
+    return rec
 
 
 def record_problem(rec: dict):
@@ -139,7 +156,7 @@ def read_log(path: Path) -> dict:
         if not line.strip():
             continue
         try:
-            rec = json.loads(NON_FINITE.sub(lambda m: JSON_NON_FINITE[m.group(1)], line))
+            rec = _nulls_as_nan(json.loads(NON_FINITE.sub(lambda m: JSON_NON_FINITE[m.group(1)], line)))
             step = int(rec["step"])
         except (ValueError, KeyError, TypeError):
             if n == len(lines):

@@ -24,6 +24,7 @@
 #include <glob.h>
 #include "utils.h"
 #include "rand.h"
+#include "token_layout.h" /* context_position */
 
 #define SHARD_MAGIC 20240520
 
@@ -84,14 +85,6 @@ static inline size_t shard_validate(const char* path, int vocab_size, uint16_t* 
     }
     fclose(f);
     return n;
-}
-
-/* Global position of token i (0 <= i < Tl) of a row's part `part` of
- * `parts`, which holds Tl tokens: two chunks of Tl / 2. */
-static inline int context_position(int i, int Tl, int part, int parts) {
-    if (parts == 1) return i;
-    int Tc = Tl / 2;
-    return i < Tc ? part * Tc + i : (2 * parts - 1 - part) * Tc + (i - Tc);
 }
 
 static inline void shuffle_indices_int(int* a, int n, uint64_t seed, uint64_t stream) {

@@ -12,6 +12,7 @@
 #ifndef REMAT_LOGGER_H
 #define REMAT_LOGGER_H
 
+#include <math.h>
 #include "utils.h"
 
 typedef struct {
@@ -88,17 +89,28 @@ static inline void logger_printf(Logger* lg, const char* fmt, ...) {
     if (n > 0 && (size_t)n < sizeof(line)) logger_write_line(lg, line, (size_t)n);
 }
 
+/* v with 9 significant digits, or null where it is not finite: JSON has no
+ * NaN or infinity (printf's nan and inf would make the line unreadable to a
+ * strict parser). The console line shows the value itself. */
+typedef struct { char s[32]; } JsonNumber;
+static inline JsonNumber json_number(double v) {
+    JsonNumber j;
+    if (isfinite(v)) snprintf(j.s, sizeof(j.s), "%.9g", v);
+    else snprintf(j.s, sizeof(j.s), "null");
+    return j;
+}
+
 /* tokens: trained on so far (all processes); memory_mib: device memory in
  * use on the GPU, peak resident memory on the CPU. */
 static inline void logger_train(Logger* lg, int step, float loss, float lr, float norm, double ms, double tokens_per_s,
                                 long long tokens, double memory_mib) {
-    logger_printf(lg, "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"norm\": %.9g, \"ms\": %.3f, \"tokens_per_s\": %.1f, "
-                  "\"tokens\": %lld, \"memory_mib\": %.1f}\n", step, (double)loss, (double)lr, (double)norm, ms, tokens_per_s,
-                  tokens, memory_mib);
+    logger_printf(lg, "{\"step\": %d, \"loss\": %s, \"lr\": %.9g, \"norm\": %s, \"ms\": %.3f, \"tokens_per_s\": %.1f, "
+                  "\"tokens\": %lld, \"memory_mib\": %.1f}\n", step, json_number(loss).s, (double)lr, json_number(norm).s, ms,
+                  tokens_per_s, tokens, memory_mib);
 }
 
 static inline void logger_val(Logger* lg, int step, float val_loss) {
-    logger_printf(lg, "{\"step\": %d, \"val_loss\": %.9g}\n", step, (double)val_loss);
+    logger_printf(lg, "{\"step\": %d, \"val_loss\": %s}\n", step, json_number(val_loss).s);
 }
 
 /* --eval-by-position: bucket i covers positions [begin[i], end[i]). */
@@ -108,8 +120,8 @@ static inline void logger_val_by_position(Logger* lg, int step, int n, const int
     char line[4096];
     size_t used = (size_t)snprintf(line, sizeof(line), "{\"step\": %d, \"val_loss_by_position\": [", step);
     for (int i = 0; i < n && used < sizeof(line); i++)
-        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s{\"begin\": %d, \"end\": %d, \"loss\": %.9g, \"tokens\": %.0f}",
-                                 i ? ", " : "", begin[i], end[i], (double)loss[i], tokens[i]);
+        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s{\"begin\": %d, \"end\": %d, \"loss\": %s, \"tokens\": %.0f}",
+                                 i ? ", " : "", begin[i], end[i], json_number(loss[i]).s, tokens[i]);
     if (used < sizeof(line)) used += (size_t)snprintf(line + used, sizeof(line) - used, "]}\n");
     if (used < sizeof(line)) logger_write_line(lg, line, used); /* a line too long to be whole is not written at all */
 }

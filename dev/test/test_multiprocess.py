@@ -218,6 +218,13 @@ def rank_pids(mpirun_pid, n):
     return pids
 
 
+# Seconds allowed past the 2 s timeout for the waiting ranks to notice, print
+# and for mpirun to take the job down: generous, as a loaded 2-core CI machine
+# can take several seconds to tear the job down; a hang is what the test is
+# for, and it shows as the full wait_s.
+STOP_SLACK_S = 20
+
+
 def stuck_job(np_, data, stop_rank=None, env=None, flags=("--collective-timeout", "2"), wait_s=60):
     """Trains on np_ ranks until they are stuck: rank stop_rank is stopped
     (SIGSTOP) once step 2 is printed, or REMAT_TEST_STALL in env stops one.
@@ -265,7 +272,7 @@ def test_collective_timeout_names_the_stopped_rank(synthetic, stop_rank):
     was last seen) or inside one (two ranks: the only other)."""
     code, err, seconds = stuck_job(2, synthetic, stop_rank=stop_rank)
     waiter = 1 - stop_rank
-    assert code != 0 and seconds < 2 + 8, (code, seconds, err)
+    assert code != 0 and seconds < 2 + STOP_SLACK_S, (code, seconds, err)
     assert re.search(rf"^error: rank {waiter}: waited more than 2 s in the [a-z -]+ \((step \d+|setup)\) for rank {stop_rank}"
                      rf"( \(last seen at [^)]*\)|, which arrived at it but did not finish it): .*\(--collective-timeout\)$",
                      err, re.M), err
@@ -277,7 +284,7 @@ def test_collective_timeout_names_a_stalled_rank_and_where_it_was(synthetic):
     the others wait in step 3's first collective and name rank 2, last seen at
     step 2's last one."""
     code, err, seconds = stuck_job(3, synthetic, env={"REMAT_TEST_STALL": "2:3"})
-    assert code != 0 and seconds < 2 + 8, (code, seconds, err)
+    assert code != 0 and seconds < 2 + STOP_SLACK_S, (code, seconds, err)
     lines = [ln for ln in err.splitlines() if "waited more than" in ln]
     assert lines, err
     for ln in lines:

@@ -205,8 +205,8 @@ def test_plot_plan_scale_modes_and_title_fit_the_plan(tmp_path, monkeypatch):
 
 
 def test_plot_log_reads_the_non_finite_values_the_trainer_prints(tmp_path):
-    """llmc/logger.h prints with %.9g: a non-finite value comes out as nan, -nan,
-    inf or -inf, which is not JSON; such a record is still the trainer's own."""
+    """Logs of earlier versions of llmc/logger.h have printf's nan, -nan, inf or
+    -inf for a non-finite value, which is not JSON; such a record is still read."""
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     train = '{"step": %d, "loss": %s, "lr": 0.001, "norm": %s, "ms": 1.0, "tokens_per_s": 5.0, "tokens": %d, "memory_mib": 2.0}\n'
@@ -216,6 +216,22 @@ def test_plot_log_reads_the_non_finite_values_the_trainer_prints(tmp_path):
     log = plot_log.read_log(run_dir / "log.jsonl")
     assert list(log["train"]) == [1, 2, 3] and log["train"][1]["norm"] == float("inf")
     assert log["train"][2]["loss"] == float("-inf") and np.isnan(log["train"][2]["norm"]) and np.isnan(log["val"][1])
+    res = run([sys.executable, REPO / "dev" / "plot_log.py", run_dir, "-o", tmp_path / "x.png"], check=True)
+    assert "wrote" in res.stdout
+
+
+def test_plot_log_reads_null_for_a_non_finite_value(tmp_path):
+    """The trainer writes a non-finite loss, norm or validation loss as null: read as NaN, a gap."""
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    train = '{"step": %d, "loss": %s, "lr": 0.001, "norm": %s, "ms": 1.0, "tokens_per_s": 5.0, "tokens": %d, "memory_mib": 2.0}\n'
+    (run_dir / "log.jsonl").write_text(train % (1, "5.5", "null", 64) + '{"step": 1, "val_loss": null}\n'
+                                       + '{"step": 1, "val_loss_by_position": [{"begin": 0, "end": 8, "loss": null, "tokens": 8}]}\n'
+                                       + train % (2, "4.5", "1.25", 128))
+    plot_log = load(REPO / "dev" / "plot_log.py", "plot_log_null")
+    log = plot_log.read_log(run_dir / "log.jsonl")
+    assert np.isnan(log["train"][1]["norm"]) and np.isnan(log["val"][1]) and log["train"][2]["norm"] == 1.25
+    assert np.isnan(log["by_pos"][1][0]["loss"])
     res = run([sys.executable, REPO / "dev" / "plot_log.py", run_dir, "-o", tmp_path / "x.png"], check=True)
     assert "wrote" in res.stdout
 

@@ -447,3 +447,41 @@ def test_stop_signal_without_output_exits_with_the_signal_status(data):
     out = proc.stdout.read()
     assert proc.returncode == 128 + signal.SIGTERM, proc.returncode
     assert re.search(r"stopped by SIGTERM after step \d+: no -o, nothing saved", out), out[-500:]
+
+
+LOGGER_PROBE = r"""
+#include "llmc/logger.h"
+int main(int argc, char** argv) {
+    (void)argc;
+    Logger lg;
+    logger_open(&lg, argv[1], -1);
+    logger_train(&lg, 1, NAN, 1e-3f, INFINITY, 1.0, 2.0, 16, 3.0);
+    logger_val(&lg, 1, -INFINITY);
+    int begin[2] = {0, 8}, end[2] = {8, 16};
+    float loss[2] = {2.5f, NAN};
+    double tokens[2] = {8, 8};
+    logger_val_by_position(&lg, 1, 2, begin, end, loss, tokens);
+    logger_train(&lg, 2, 2.25f, 1e-3f, 0.5f, 1.0, 2.0, 32, 3.0);
+    logger_close(&lg);
+    return 0;
+}
+"""
+
+
+def test_log_lines_are_strict_json_with_non_finite_values(tmp_path):
+    """A non-finite loss, norm or validation loss is written as null: every line
+    parses as strict JSON (no NaN or Infinity tokens), the finite values intact."""
+    src = tmp_path / "probe.c"
+    src.write_text(LOGGER_PROBE)
+    exe = tmp_path / "probe"
+    run(["cc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-I", REPO, "-o", exe, src, "-lm"], check=True)
+    run([exe, tmp_path], check=True)
+
+    def refuse(token):
+        raise ValueError(f"non-JSON constant {token}")
+
+    lines = [json.loads(line, parse_constant=refuse) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert lines[0]["loss"] is None and lines[0]["norm"] is None and lines[0]["lr"] == pytest.approx(1e-3, rel=1e-7)
+    assert lines[1] == {"step": 1, "val_loss": None}
+    assert [b["loss"] for b in lines[2]["val_loss_by_position"]] == [2.5, None]
+    assert lines[3]["loss"] == 2.25 and lines[3]["norm"] == 0.5
