@@ -21,8 +21,9 @@ dropout (the CPU's masks, regenerated bitwise by every recompute setting), and
 test_gpt's non-finite gradient checks; the bias
 fallback for shapes without a cuBLASLt bias epilogue; emulated train_gpt runs
 (loss falls on a repeated batch, a checkpoint resume is bitwise identical,
-every recompute mode prints the same steps with gradient accumulation); the
-no-device and out-of-memory paths. The emulated runs go through a pool with one process per core.
+every recompute mode prints the same steps with gradient accumulation); token
+tiles (run_case with tiled GPU plans; tiled gradients within TOL_TILES of the
+untiled ones); the no-device and out-of-memory paths. The emulated runs go through a pool with one process per core.
 Skipped (with the reason) without g++ or off x86-64 Linux.
 The default runs use a different block/warp/lane order per precision
 (forward, reverse, shuffled). Extras: REMAT_EMU_SLOW=1 adds larger shapes,
