@@ -1,5 +1,6 @@
 """Shared fixtures for the test suite: paths, the built binaries, small data."""
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -52,3 +53,30 @@ def tiny_shards(tmp_path_factory):
     datafile.write_shard(out / "tiny_train.bin", rng.integers(0, 64, 20000))
     datafile.write_shard(out / "tiny_val.bin", rng.integers(0, 64, 4000))
     return out
+
+
+# ---- a tiny CPU training run, as the reliability and hostile-input tests use it ----
+
+# 8,896 parameters: Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C with Vp 128, C 16, L 2, maxT 16
+TINY_MODEL = ["-e", "d6", "--layers", "2", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
+STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # a model this small only waits on a second thread
+
+
+def tiny_trainer(train_bin, *extra, exe="train_gpt_cpu", env=None, **kw):
+    """TINY_MODEL on train_bin, 2 x 8 tokens a step, no validation or sampling, one thread."""
+    return run([binary(exe), *TINY_MODEL, "-i", train_bin, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", *extra],
+               env={**ONE_THREAD, **(env or {})}, **kw)
+
+
+def steps(stdout):
+    """(step, loss, lr, norm) strings of every step line."""
+    return [m.groups() for m in STEP_RE.finditer(stdout)]
+
+
+def one_error(res):
+    """The single 'error: ' line of a run that failed with exit status 1."""
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
+    return lines[0]
+

@@ -152,6 +152,26 @@ def explain(res):
     return f"exit {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
 
 
+def mutant_sources(tmp, edits):
+    """A copy of the sources and dev/emu in tmp with edits {file: (old, new)} applied (each old text must be
+    there once), reusing the built runtime objects: newer than the copied runtime sources, so make keeps them.
+    The caller builds the emulated binaries it needs from tmp."""
+    for f in REPO.iterdir():
+        if f.is_file() and f.suffix in (".c", ".cu", ".h"):
+            shutil.copy2(f, tmp / f.name)
+    shutil.copytree(REPO / "llmc", tmp / "llmc")
+    shutil.copytree(EMU, tmp / "dev" / "emu")
+    (tmp / "build" / "emu" / "obj").mkdir(parents=True)
+    for obj in (OUT / "obj").glob("emu_*.o"):
+        if not obj.name.startswith(("emu_test_gpt", "emu_train_gpt", "emu_bench")):
+            shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)
+    for rel, (old, new) in edits.items():
+        text = (tmp / rel).read_text()
+        assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
+        (tmp / rel).write_text(text.replace(old, new))
+    return tmp
+
+
 # ---- build ----
 
 @pytest.fixture(scope="session")

@@ -27,13 +27,12 @@ stops such mutants of the current kernels with a message naming the hazard:
 Skipped like test_emu.py without g++ or off x86-64 Linux. NOT GPU verification.
 """
 import re
-import shutil
 import subprocess
 
 import pytest
 
 from conftest import REPO
-from test_emu import EMU, OUT, emu_build, emu_run, explain  # noqa: F401 (emu_build is a fixture)
+from test_emu import OUT, emu_build, emu_run, explain, mutant_sources  # noqa: F401 (emu_build is a fixture)
 
 ATTENTION_CASE = "attention:hs32:64:2:300:77"  # the attention kernels alone, forward and backward
 GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
@@ -138,20 +137,8 @@ LN_PARTIALS_ROWS = "    const int r0 = blockIdx.y * rps, r1 = min(N, r0 + rps);\
 
 
 def mutant_tree(tmp, edits):
-    """A copy of the sources and dev/emu in tmp with edits {file: (old, new)}, reusing the built runtime objects."""
-    for f in REPO.iterdir():
-        if f.is_file() and f.suffix in (".c", ".cu", ".h"):
-            shutil.copy2(f, tmp / f.name)
-    shutil.copytree(REPO / "llmc", tmp / "llmc")
-    shutil.copytree(EMU, tmp / "dev" / "emu")
-    (tmp / "build" / "emu" / "obj").mkdir(parents=True)
-    for obj in (OUT / "obj").glob("emu_*.o"):
-        if not obj.name.startswith(("emu_test_gpt", "emu_train_gpt", "emu_bench")):
-            shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)  # newer than the copied runtime sources: not rebuilt
-    for rel, (old, new) in edits.items():
-        text = (tmp / rel).read_text()
-        assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
-        (tmp / rel).write_text(text.replace(old, new))
+    """emu_test_gpt_bf16 built from a copy of the sources with edits {file: (old, new)}."""
+    mutant_sources(tmp, edits)
     exe = tmp / "build" / "emu" / "emu_test_gpt_bf16"
     res = subprocess.run(["make", "-s", "-C", str(tmp / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]

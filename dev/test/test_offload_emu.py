@@ -8,13 +8,12 @@ written again, change the results (llmc/offload.cuh: the emulator issues the
 copy stream's work as late as its events allow, and released slots hold NaN).
 The copy stream's own waits on the main stream are left to dev/emu's
 cross-stream hazard check."""
-import shutil
 import subprocess
 
 import pytest
 
 from conftest import REPO
-from test_emu import EMU, OUT, emu_run, explain, platform_problem
+from test_emu import OUT, emu_run, explain, mutant_sources, platform_problem
 from test_offload import files
 
 # four layers: the ring's three slots wrap around
@@ -86,19 +85,7 @@ ACQUIRE = "    offload_main_waits(o, o->out_done[s]);\n"
 
 def mutant(tmp, old, new):
     """train_gpt with one edit of llmc/offload.cuh, built in a copy of the sources."""
-    for f in REPO.iterdir():
-        if f.is_file() and f.suffix in (".c", ".cu", ".h"):
-            shutil.copy2(f, tmp / f.name)
-    shutil.copytree(REPO / "llmc", tmp / "llmc")
-    shutil.copytree(EMU, tmp / "dev" / "emu")
-    (tmp / "build" / "emu" / "obj").mkdir(parents=True)
-    for obj in (OUT / "obj").glob("emu_*.o"):
-        if not obj.name.startswith(("emu_test_gpt", "emu_train_gpt", "emu_bench")):
-            shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)  # the runtime: not rebuilt
-    path = tmp / "llmc" / "offload.cuh"
-    text = path.read_text()
-    assert text.count(old) == 1, "the text to mutate is not there once (offload.cuh changed: update the mutant)"
-    path.write_text(text.replace(old, new))
+    mutant_sources(tmp, {"llmc/offload.cuh": (old, new)})
     return build(tmp, tmp / "build" / "emu", ["bf16"])[0]
 
 

@@ -15,10 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, binary, datafile, run
-
-MODEL = ["-e", "d6", "--layers", "2", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
-STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
+from conftest import ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer as trainer
 
 
 @pytest.fixture(scope="module")
@@ -26,24 +23,6 @@ def shard(tmp_path_factory):
     d = tmp_path_factory.mktemp("rel")
     datafile.write_shard(d / "train.bin", np.random.default_rng(5).integers(0, 64, 20000))
     return d / "train.bin"
-
-
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # a model this small only waits on a second thread
-
-
-def trainer(shard, *extra, exe="train_gpt_cpu", env=None, **kw):
-    return run([binary(exe), *MODEL, "-i", shard, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", *extra],
-               env={**ONE_THREAD, **(env or {})}, **kw)
-
-
-def steps(stdout):
-    return [m.groups() for m in STEP_RE.finditer(stdout)]
-
-
-def one_error(res):
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
-    return lines[0]
 
 
 def log_lines(d):

@@ -15,12 +15,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD, REPO, binary, datafile, run
+from conftest import BUILD, ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer
 
-MODEL = ["-e", "d6", "--layers", "2", "--channels", "16", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "16"]
-N_PARAMS = 8896  # of MODEL: Vp*C + maxT*C + L*(12*C*C + 13*C) + 2*C with Vp 128, C 16, L 2, maxT 16
-STEP_RE = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+N_PARAMS = 8896  # of MODEL (conftest.TINY_MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -42,19 +39,8 @@ def write_tokenizer(path, vocab):
     path.write_bytes(header.tobytes() + body)
 
 
-def trainer(data, *extra, exe="train_gpt_cpu", env=None, **kw):
-    return run([binary(exe), *MODEL, "-i", data / "train.bin", "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", *extra],
-               env={**ONE_THREAD, **(env or {})}, **kw)
-
-
-def steps(stdout):
-    return [m.groups() for m in STEP_RE.finditer(stdout)]
-
-
-def one_error(res):
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
-    return lines[0]
+def trainer(data, *extra, **kw):
+    return tiny_trainer(data / "train.bin", *extra, **kw)
 
 
 def snapshot(d):
