@@ -504,6 +504,35 @@ def test_gpt_token_tiles_emulated(default_jobs, precision):
     check_gpt_output(res, [c.split(":", 1)[1] for c in cases if c not in bounds])
 
 
+# Mutants of GPU token tiles (train_gpt.cu), each with the test_gpt case that must fail: the weight
+# gradients summed in floatX across tiles instead of fp32 (the tile bound), the short last tile's bias
+# partial dropped (the bound), a tile's dqkv rows shifted by one (the CPU comparison), and no alignment
+# cap for cuBLASLt (recompute settings no longer bitwise equal; FP32, whose sums round in any order).
+TILE_MUTANTS = {
+    "floatX sums across tiles": ("bf16", "tiles2:tilebound:hs16:64:4:300:77",
+                                 "const floatX* inp, int n, int IC, int OC) {\n    if (m->tile_rows) {",
+                                 "const floatX* inp, int n, int IC, int OC) {\n    if (0) {"),
+    "last tile's bias partial dropped": ("bf16", "tiles5:tilebound:hs16:64:4:300:77",
+                                         "m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, inp",
+                                         "m->tile_grads.tensor[w], n == m->tile_rows ? m->tile_grads.tensor[b] : NULL, m->column_partials, dout, inp"),
+    "dqkv rows shifted": ("bf16", "tiles5:hs16:64:4:300:33", "    dqkv += (size_t)r0 * 3 * C;",
+                          "    dqkv += (size_t)(r0 > 0 ? r0 - 1 : 0) * 3 * C;"),
+    "no alignment cap": ("fp32", "tiles5:hs18:18:1:300:37", "    m->mm.align_cap = pointer_alignment(", "    m->mm.align_cap = 0 * pointer_alignment("),
+}
+
+
+@slow
+@pytest.mark.parametrize("what", list(TILE_MUTANTS))
+def test_gpt_token_tile_mutants_fail_emulated(emu_build, tmp_path, what):
+    precision, case, old, new = TILE_MUTANTS[what]
+    src = mutant_sources(tmp_path, {"train_gpt.cu": (old, new)})
+    exe = src / "build" / "emu" / f"emu_test_gpt_{precision}"
+    res = subprocess.run(["make", "-s", "-C", str(src / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = emu_run([exe, case])
+    assert res.returncode == 1 and re.search(r"^FAIL", res.stdout, re.M), f"{what}: the mutant passes {case}\n" + explain(res)
+
+
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):
     """Where cuBLASLt has no bias epilogue for a shape, matmul.cuh adds the bias with its own kernel."""
     if "bf16" not in default_jobs:
