@@ -26,6 +26,11 @@
  * must regenerate the forward's masks bit for bit, and evaluation must not
  * drop at all.
  *
+ * Token tiles (g_tile_tokens, --tile-tokens on the GPU side): the same
+ * comparisons with tiled GPU plans, every recompute setting bitwise equal to
+ * tiled -r 0; and check_tiles_vs_untiled, the tiled gradients within
+ * TOL_TILES of the untiled ones.
+ *
  * Loss scaling is in the loop, in every precision, as the driver does it in
  * FP16: the GPU's backward gets dloss = TEST_LOSS_SCALE, its gradients and
  * norm are divided by it before any comparison, and its AdamW step gets
@@ -1511,6 +1516,11 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) run_case(&odd_shapes[s], 333, &dropout_off);
     const DropoutState drop = model_dropout();
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) run_case(&main_shapes[s], 333, &drop);
+    /* token tiles of 100 rows (dividing no 2T here), with dropout; tiles of 5 against none */
+    g_tile_tokens = 100;
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) run_case(&main_shapes[s], 333, &drop);
+    g_tile_tokens = 0;
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_tiles_vs_untiled(&main_shapes[s], 333, 5, &dropout_off);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0.1f);
