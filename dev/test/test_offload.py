@@ -218,6 +218,34 @@ def test_tiled_plan_holds_one_tile_of_the_token_wise_tensors():
     assert untiled["total_bytes"] - d["total_bytes"] == saved
 
 
+def test_gpu_tiled_plan_adds_the_fp32_tile_gradient_sums():
+    """The GPU trainer's plan (BF16, no GPU needed): one tile of the token-wise
+    tensors as on the CPU, in 2-byte storage, and backward.tile_grads, one
+    layer's 12C^2 + 13C parameter gradients in fp32; --plan lists it."""
+    exe = REPO / "build" / "train_gpt_bf16"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (make build/train_gpt_bf16 needs nvcc)")
+    flags, s = SHAPES["d12"]
+    C, N, K = s["C"], 2 * 512, 100
+    env_free = ["--mem-budget", "80GiB", "--cost-model", "h100"]
+    res = run([exe, *flags, "-b", "2", "-t", "512", "-r", "1", "--tile-tokens", str(K), *env_free, "--plan-json"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    sizes = {b["name"]: b["bytes"] for b in d["buffers"]}
+    assert sizes["backward.tile_grads"] == 4 * (12 * C * C + 13 * C)
+    for name, width, E in (("ln1", C, 2), ("ln1_mean", 1, 4), ("res2", C, 2), ("fch", 4 * C, 2), ("fch_gelu", 4 * C, 2)):
+        assert sizes[f"recompute.{name}"] == E * K * width, name
+    assert sizes["backward.datty"] == 2 * N * C and sizes["backward.dqkv"] == 2 * N * 3 * C
+    res = run([exe, *flags, "-b", "2", "-t", "512", "-r", "1", *env_free, "--plan-json"], env={"CUDA_VISIBLE_DEVICES": ""})
+    untiled = json.loads(res.stdout)
+    assert "backward.tile_grads" not in {b["name"] for b in untiled["buffers"]}
+    saved = sum(a256(E * N * k) - a256(E * K * k) for k, E in ((C, 2), (1, 4), (1, 4), (C, 2), (C, 2), (1, 4), (1, 4), (4 * C, 2), (4 * C, 2)))
+    added = a256(2 * N * C) + a256(6 * N * C) + a256(4 * (12 * C * C + 13 * C))
+    assert untiled["total_bytes"] - d["total_bytes"] == saved - added
+    res = run([exe, *flags, "-b", "2", "-t", "512", "-r", "1", "--tile-tokens", str(K), *env_free, "--plan"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert re.search(r"^  backward\.tile_grads +scratch +27\.0 MiB$", res.stdout, re.M), res.stdout[-3000:]
+
+
 @pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
 def test_bad_tile_flag_is_refused(bad):
     res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", "--tile-tokens", bad, "--plan"])
