@@ -26,6 +26,11 @@
  * must regenerate the forward's masks bit for bit, and evaluation must not
  * drop at all.
  *
+ * Token tiles (g_tile_tokens, --tile-tokens on the GPU side): the same
+ * comparisons with tiled GPU plans, every recompute setting bitwise equal to
+ * tiled -r 0; and check_tiles_vs_untiled, the tiled gradients within
+ * TOL_TILES of the untiled ones.
+ *
  * Loss scaling is in the loop, in every precision, as the driver does it in
  * FP16: the GPU's backward gets dloss = TEST_LOSS_SCALE, its gradients and
  * norm are divided by it before any comparison, and its AdamW step gets
@@ -137,6 +142,27 @@ static const Tol TOL_KERNEL = {4e-4, 8e-4};
 static const Tol TOL_KERNEL = {3e-3, 6e-3};
 #endif
 static const Tol TOL_UPDATE = {1e-3, 1e-2}, TOL_NORM_KERNEL = {1e-5, 1e-5};
+/* Token tiles against none, both on the GPU (check_tiles_vs_untiled), one
+ * step from the same state. Only fp32 summation orders differ (a tile's
+ * matmuls have fewer rows, so cuBLASLt may sum in another order; weight
+ * gradients add up tile after tile), and every value is still rounded to
+ * floatX once: an element moves where the two fp32 results round to
+ * neighbouring floatX values, and such moves travel on through the layers.
+ * Bound: per tensor, norm 1.5 u and worst element 5 u relative, u = 2^-8
+ * (bf16), 2^-11 (fp16); in fp32 1e-5 / 1e-4. Measured (emulated, bf16,
+ * C=64, B*T=154, tiles of 2, 5 and 77 rows): at most 3.8e-3 (norm) / 6.5e-3
+ * (element), the same for every tile size; one tile of all rows 3e-6; fp16
+ * (the same shape, tiles of 2) 5.1e-4 / 8.1e-4; fp32 (C=48, tiles of 2 of
+ * 140 rows) 3.5e-7 / 4.6e-7.
+ * Summed in floatX across tiles instead (no fp32 carry), the weight
+ * gradients of tiles of 2 rows are 1.0e-2 to 1.4e-2 off (norm). */
+#if PRECISION_IS_FP32
+static const Tol TOL_TILES = {1e-5, 1e-4};
+#elif PRECISION_IS_FP16
+static const Tol TOL_TILES = {7.3e-4, 2.4e-3};
+#else
+static const Tol TOL_TILES = {5.9e-3, 2e-2};
+#endif
 /* FP16 gradients at loss scales 1024 and 2048, each unscaled: identical except
  * where a scaled value is an fp16 subnormal (below 6.1e-5, absolute spacing
  * 6e-8, i.e. unscaled elements below ~6e-8 against tensor maxima of ~1e-3 to
@@ -253,6 +279,11 @@ static ModelConfig test_shape_config(const Shape* sh) {
     return c;
 }
 
+/* Rows per token tile of the GPU's plans (0: untiled): run_case and
+ * check_tiles_vs_untiled under --tile-tokens K. The CPU reference stays
+ * untiled (on the CPU every K gives the untiled bits). */
+static int g_tile_tokens = 0;
+
 static void make_plan_spec(PlanSpec* out, const ModelConfig* cfg, int T, int gpu, const unsigned char* modes) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
@@ -271,6 +302,7 @@ static void make_plan_spec(PlanSpec* out, const ModelConfig* cfg, int T, int gpu
     s.fp32_grad_sums = gpu && !PRECISION_IS_FP32;
     s.io_chunk_floats = (size_t)1 << 18;
     s.workspace_bytes = gpu ? GPU_WORKSPACE_BYTES : 0;
+    s.tile_tokens = gpu ? g_tile_tokens : 0;
     *out = s;
 }
 
@@ -648,6 +680,54 @@ static void run_case(const Shape* sh, int T, const DropoutState* drop) {
     printf("%s: %s T=%d%s\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T, with);
     for (int s = 0; s < TEST_STEPS; s++) record_free(&ref[s]);
     record_free(&cur);
+    case_free(&c);
+}
+
+/* One step's gradients of a fresh GPU model (-r 0) at `tiles` rows per token
+ * tile (0: untiled), from the case's initial parameters and step 0's tokens. */
+static void tiled_step(Case* c, int tiles, StepRecord* r) {
+    int saved = g_tile_tokens;
+    g_tile_tokens = tiles;
+    MemoryPlan gplan;
+    make_plan(&gplan, &c->cfg, c->T, 1, settings[0].modes);
+    g_tile_tokens = saved;
+    GpuModel gm;
+    gpu_model_create(&gm, &gplan, TEST_SEED);
+    gpu_state(&gm, TENSOR_PARAMS, c->init, c->P, 0);
+    step_tokens(gm.h_inputs, gm.h_targets, c->N, c->cfg.vocab_size, 0);
+    gm.train_dropout = step_dropout(c, 0);
+    gpu_step_gradients(&gm, r, c);
+    gpu_model_free(&gm);
+    plan_free(&gplan);
+}
+
+/* Token tiles against none, on the GPU, from the same parameters and
+ * tokens: the per-token losses, every gradient tensor and the norm of one
+ * step within TOL_TILES (docs/offload-and-tiles.md: a tile size changes the
+ * order of fp32 sums, hence at most some last bits of floatX values, and
+ * those changes travel through the layers). */
+static void check_tiles_vs_untiled(const Shape* sh, int T, int K, const DropoutState* drop) {
+    Case c;
+    case_init(&c, sh, T);
+    c.drop = *drop;
+    printf("\n== token tiles of %d rows against none: %s C=%d NH=%d V=%d, B=%d T=%d, %s%s\n", K, sh->name, c.cfg.channels, c.cfg.num_heads,
+           c.cfg.vocab_size, TEST_B, T, PRECISION_NAME, dropout_active(drop) ? ", dropout" : "");
+    StepRecord untiled, tiled;
+    record_alloc(&untiled, (size_t)c.N, c.P);
+    record_alloc(&tiled, (size_t)c.N, c.P);
+    tiled_step(&c, 0, &untiled);
+    tiled_step(&c, K, &tiled);
+    int fails_before = g_failures;
+    check("losses (per token)", 1, tiled.losses, untiled.losses, (size_t)c.N, TOL_TILES, 1, NULL);
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        char name[40];
+        snprintf(name, sizeof(name), "grad %s", param_tensor_names[t]);
+        check(name, 1, tiled.grads + c.pl.offset[t], untiled.grads + c.pl.offset[t], c.pl.count[t], TOL_TILES, 1, NULL);
+    }
+    check("grad norm", 1, &tiled.norm, &untiled.norm, 1, TOL_TILES, 1, NULL);
+    printf("%s: token tiles of %d rows within TOL_TILES of none, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", K, sh->name, T);
+    record_free(&untiled);
+    record_free(&tiled);
     case_free(&c);
 }
 
@@ -1697,6 +1777,11 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) run_case(&odd_shapes[s], 333, &dropout_off);
     const DropoutState drop = model_dropout();
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) run_case(&main_shapes[s], 333, &drop);
+    /* token tiles of 100 rows (dividing no 2T here), with dropout; tiles of 5 against none */
+    g_tile_tokens = 100;
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) run_case(&main_shapes[s], 333, &drop);
+    g_tile_tokens = 0;
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_tiles_vs_untiled(&main_shapes[s], 333, 5, &dropout_off);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0.1f);

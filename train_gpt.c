@@ -811,22 +811,13 @@ static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real*
     else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop);
 }
 
-/* Rows [r0, ...) of layer l's activation a: with token tiles, a tensor the
- * layer does not keep and that is computed token by token lives in a buffer
- * of one tile, which holds the current tile's rows from its start. */
-static inline real* act_rows(const CpuModel* m, int l, int a, int r0) {
-    int is_stat;
-    size_t width = layer_act_per_token(a, &m->cfg, &is_stat);
-    int one_tile = m->tile_rows && act_is_tokenwise(a) && !layer_keeps(m->plan->spec.layer_mode[l], a);
-    return act(m, l, a) + (one_tile ? 0 : (size_t)r0 * width);
-}
+/* Rows [r0, ...) of layer l's activation a (plan_act_row_offset: a tiled
+ * tensor the layer does not keep holds the current tile from its start). */
+static inline real* act_rows(const CpuModel* m, int l, int a, int r0) { return act(m, l, a) + plan_act_row_offset(m->plan, l, a, r0); }
 
 /* The tiles of the current call: rows per tile, all B*T rows untiled. */
-static inline int tile_rows(const CpuModel* m) {
-    int N = m->B * m->T;
-    return m->tile_rows && m->tile_rows < N ? m->tile_rows : N;
-}
-#define FOR_TILES(m, r0, n) for (int r0 = 0, n = 0, N_ = (m)->B * (m)->T; r0 < N_ && (n = r0 + tile_rows(m) < N_ ? tile_rows(m) : N_ - r0, 1); r0 += n)
+static inline int tile_rows(const CpuModel* m) { return token_tile_rows((size_t)m->tile_rows, m->B * m->T); }
+#define FOR_TILES(m, r0, n) FOR_TOKEN_TILES(r0, n, (m)->B * (m)->T, tile_rows(m))
 
 /* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
 static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {

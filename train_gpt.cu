@@ -6,9 +6,10 @@
  * The same model, flags, files and output as the CPU reference train_gpt.c,
  * through the shared driver in llmc/trainer.h; this file supplies the
  * Backend. It mirrors train_gpt.c function by function (gpu_model_create,
- * gpu_block_forward, gpu_block_recompute, gpu_block_backward,
- * gpu_classifier, gpu_model_backward, gpu_backend, main), so the two read
- * side by side.
+ * gpu_block_forward_qkv/_mlp, gpu_block_forward, gpu_block_backward_mlp/_qkv,
+ * gpu_block_backward, gpu_classifier, gpu_model_backward, gpu_backend,
+ * main), so the two read side by side; both run the token-wise work over
+ * token tiles (--tile-tokens).
  *
  * Storage: floatX (bf16 by default, fp16 or fp32 with PRECISION=FP16|FP32) for parameters,
  * gradients and activations; fp32 for statistics, losses, AdamW moments and
@@ -55,6 +56,7 @@
 
 typedef PARAM_TENSORS(floatX) GpuParamTensors;
 typedef BLOCK_TENSORS(floatX) GpuBlockTensors;
+typedef BLOCK_TENSORS(float) GpuTileGrads; /* one layer's gradients summed over its token tiles in fp32 */
 
 typedef struct {
     ModelConfig cfg;
@@ -82,6 +84,10 @@ typedef struct {
     floatX* logits; /* (chunk rows, Vp) */
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
+    int tile_rows;          /* token tiles: rows per tile (0: untiled, one tile of B*T rows) */
+    floatX* tile_datty;     /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
+    floatX* tile_dqkv;
+    GpuTileGrads tile_grads; /* token tiles: the running layer's parameter gradients in fp32 (plan.h backward.tile_grads) */
     float* att_rowsum;      /* (B,NH,T) attention backward's D */
     float* column_partials; /* bias / LayerNorm parameter gradient partial sums */
     float* norm_partials;   /* gradient norm partial sums */
@@ -168,6 +174,28 @@ static void* pinned_alloc(size_t bytes, const char* what) {
     return p;
 }
 
+/* Token tiles: the whole-sequence gradients of atty and qkv, and the
+ * layer's fp32 gradient sums (its 12 block tensors back to back, zeroed
+ * before each layer's backward). cuBLASLt is told
+ * the alignment every tile's rows share, so a tile's matmul finds the same
+ * algorithm (and sums in the same order) whether its rows lie in a kept
+ * tensor or at the start of a one-tile buffer: -r modes and offloading
+ * then give the same bits. */
+static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
+    m->tile_rows = (int)plan_tile_rows(&plan->spec);
+    if (!m->tile_rows) return;
+    m->tile_datty = (floatX*)(m->arena + plan->off_tile_datty);
+    m->tile_dqkv = (floatX*)(m->arena + plan->off_tile_dqkv);
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    float* sums = (float*)(m->arena + plan->off_tile_grads);
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) {
+        m->tile_grads.tensor[t] = sums;
+        sums += pl.count[FIRST_BLOCK_TENSOR + t] / (size_t)m->cfg.num_layers;
+    }
+    m->mm.align_cap = pointer_alignment((const void*)((size_t)m->tile_rows * m->cfg.channels * sizeof(floatX)));
+}
+
 /* The shape of the next pass: B rows of T tokens on this rank (under
  * context parallelism its two chunks of each sequence, N T long). */
 static void gpu_set_shape(GpuModel* m, int B, int T) {
@@ -214,6 +242,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->token_buckets = (int*)(m->arena + plan->off_token_buckets);
     m->grads_fp32_count = plan->grads_fp32_count;
     m->grads_fp32 = m->grads_fp32_count ? (float*)(m->arena + plan->off_grads_fp32) : NULL;
+    gpu_carve_tiles(m, plan);
     m->wte_grad_fp32 = m->grads_fp32_count >= (size_t)m->cfg.padded_vocab_size * m->cfg.channels; /* wte: parameters [0, Vp*C) */
     CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
     if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
@@ -256,41 +285,51 @@ static void gpu_model_free(GpuModel* m) {
     memset(m, 0, sizeof(*m));
 }
 
-/* Block l up to attention: LN1 and the QKV matmul, from its stored input x. */
-static void gpu_block_forward_qkv(GpuModel* m, int l) {
-    int C = m->cfg.channels, N = m->B * m->T;
+/* Rows [r0, ...) of layer l's activation a (plan_act_row_offset: a tiled
+ * tensor the layer does not keep holds the current tile from its start). */
+static inline floatX* gact_rows(const GpuModel* m, int l, int a, int r0) { return gact(m, l, a) + plan_act_row_offset(m->plan, l, a, r0); }
+static inline float* gstat_rows(const GpuModel* m, int l, int a, int r0) { return gstat(m, l, a) + plan_act_row_offset(m->plan, l, a, r0); }
+
+/* The tiles of the current call: rows per tile, all B*T rows untiled. */
+static inline int gpu_tile_rows(const GpuModel* m) { return token_tile_rows((size_t)m->tile_rows, m->B * m->T); }
+#define GPU_FOR_TILES(m, r0, n) FOR_TOKEN_TILES(r0, n, (m)->B * (m)->T, gpu_tile_rows(m))
+
+/* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
+static void gpu_block_forward_qkv(GpuModel* m, int l, int r0, int n) {
+    int C = m->cfg.channels;
     GpuBlockTensors w = gpu_layer_params(m, l);
-    floatX* ln1 = gact(m, l, ACT_LN1);
-    gpu_layernorm_forward(ln1, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X), w.ln1w,
-                          w.ln1b, N, C, m->stream);
-    gpu_matmul_forward(&m->mm, gact(m, l, ACT_QKV), ln1, w.qkvw, w.qkvb, NULL, N, C, 3 * C, m->stream);
+    floatX* ln1 = gact_rows(m, l, ACT_LN1, r0);
+    gpu_layernorm_forward(ln1, gstat_rows(m, l, ACT_LN1_MEAN, r0), gstat_rows(m, l, ACT_LN1_RSTD, r0), gact_rows(m, l, ACT_X, r0),
+                          w.ln1w, w.ln1b, n, C, m->stream);
+    gpu_matmul_forward(&m->mm, gact_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, NULL, n, C, 3 * C, m->stream);
 }
 
-/* Block l after attention, from x and the attention output: projection,
- * LN2, FC and GELU; `out` (the next layer's x) receives the block output, or
- * with out == NULL it stops after the GELU: that is the recomputation for
- * backward, which needs nothing later than that. The residual adds ride on
- * the matmuls (C = residual, see matmul.cuh); a branch with dropout is
- * dropped first, by a kernel of its own that adds the residual. */
-static void gpu_block_forward_mlp(GpuModel* m, int l, floatX* out) {
-    int C = m->cfg.channels, N = m->B * m->T;
+/* Block l after attention, rows [r0, r0+n), from x and the attention
+ * output: projection, LN2, FC and GELU; `out` (the next layer's x, all
+ * rows) receives the block output, or with out == NULL it stops after the
+ * GELU: that is the recomputation for backward, which needs nothing later
+ * than that. The residual adds ride on the matmuls (C = residual, see
+ * matmul.cuh); a branch with dropout is dropped first, by a kernel of its
+ * own that adds the residual. */
+static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out) {
+    int C = m->cfg.channels;
+    size_t e0 = (size_t)r0 * C;
     GpuBlockTensors w = gpu_layer_params(m, l);
     cudaStream_t s = m->stream;
-    floatX* res2 = gact(m, l, ACT_RES2);
-    floatX* ln2 = gact(m, l, ACT_LN2);
-    floatX* fch = gact(m, l, ACT_FCH);
-    floatX* fch_gelu = gact(m, l, ACT_FCH_GELU);
+    floatX* x = gact_rows(m, l, ACT_X, r0);
+    floatX* res2 = gact_rows(m, l, ACT_RES2, r0);
+    floatX* ln2 = gact_rows(m, l, ACT_LN2, r0);
+    floatX* fch = gact_rows(m, l, ACT_FCH, r0);
+    floatX* fch_gelu = gact_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
-    gpu_matmul_forward(&m->mm, res2, gact(m, l, ACT_ATTY), w.attprojw, w.attprojb,
-                       resid_attn.threshold ? NULL : gact(m, l, ACT_X), N, C, C, s);
-    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, gact(m, l, ACT_X), 0, (size_t)N, C, &m->layout, &resid_attn, s);
-    gpu_layernorm_forward(ln2, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), res2, w.ln2w, w.ln2b, N, C, s);
-    gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, N, C, 4 * C, s);
-    gpu_gelu_forward(fch_gelu, fch, (size_t)N * 4 * C, s);
+    gpu_matmul_forward(&m->mm, res2, gact_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, resid_attn.threshold ? NULL : x, n, C, C, s);
+    if (resid_attn.threshold) gpu_dropout_residual(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn, s);
+    gpu_layernorm_forward(ln2, gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C, s);
+    gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, n, C, 4 * C, s);
+    gpu_gelu_forward(fch_gelu, fch, (size_t)n * 4 * C, s);
     if (!out) return;
-    gpu_matmul_forward(&m->mm, out, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2,
-                       N, 4 * C, C, s);
-    if (resid_mlp.threshold) gpu_dropout_residual(out, out, res2, 0, (size_t)N, C, &m->layout, &resid_mlp, s);
+    gpu_matmul_forward(&m->mm, out + e0, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2, n, 4 * C, C, s);
+    if (resid_mlp.threshold) gpu_dropout_residual(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp, s);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -388,74 +427,184 @@ static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const
     else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream);
 }
 
-/* Block l forward from its stored input x; out as in gpu_block_forward_mlp. */
+/* Block l forward from its stored input x, tile by tile but for attention;
+ * out as in gpu_block_forward_mlp. */
 static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
     DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
-    gpu_block_forward_qkv(m, l);
+    GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, l, r0, n);
     prof_begin(&m->prof, att, m->stream);
     gpu_layer_attention_forward(m, l, &att_drop);
     prof_end(&m->prof, att, m->stream);
-    gpu_block_forward_mlp(m, l, out);
+    GPU_FOR_TILES(m, r0, n) gpu_block_forward_mlp(m, l, r0, n, out);
 }
 
-/* Refills what layer l did not keep, from what it did (docs/DESIGN.md, -r 1, 2, 3),
- * with the forward pass's own kernels and launch configurations. */
-static void gpu_block_recompute(GpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, C = m->cfg.channels;
-    if (mode == RECOMPUTE_FULL) { gpu_block_forward(m, l, NULL); return; }
-    if (mode == RECOMPUTE_KEEP_ATTENTION) { gpu_block_forward_qkv(m, l); gpu_block_forward_mlp(m, l, NULL); return; }
-    if (mode != RECOMPUTE_SELECTIVE) return;
+/* What layer l did not keep of attention's inputs, before its backward
+ * (docs/DESIGN.md, -r 1 and 3: qkv, tile by tile; -r 1: attention's output
+ * too), with the forward pass's own kernels and launch configurations. */
+static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l];
+    if (mode != RECOMPUTE_FULL && mode != RECOMPUTE_KEEP_ATTENTION) return;
+    prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
+    GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, l, r0, n);
+    if (mode == RECOMPUTE_FULL) {
+        DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
+        prof_begin(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
+        gpu_layer_attention_forward(m, l, &att_drop);
+        prof_end(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
+    }
+    prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
+}
+
+/* What layer l did not keep of rows [r0, r0+n) after attention (-r 1, 3:
+ * the block from the projection to the GELU; -r 2: LN2 and GELU). */
+static void gpu_block_recompute_mlp(GpuModel* m, int l, int r0, int n) {
+    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    if (mode == RECOMPUTE_NONE) return;
+    prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
+    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
+        gpu_block_forward_mlp(m, l, r0, n, NULL);
+    } else {
+        GpuBlockTensors w = gpu_layer_params(m, l);
+        gpu_layernorm_apply(gact_rows(m, l, ACT_LN2, r0), gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0),
+                            gact_rows(m, l, ACT_RES2, r0), w.ln2w, w.ln2b, n, C, m->stream);
+        gpu_gelu_forward(gact_rows(m, l, ACT_FCH_GELU, r0), gact_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C, m->stream);
+    }
+    prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
+}
+
+/* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
+ * the kept statistics; -r 1 and 3 again from x when another tile has been
+ * through the buffer since (else it still holds these rows). */
+static void gpu_block_recompute_ln1(GpuModel* m, int l, int r0, int n, int tiles) {
+    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    if (mode == RECOMPUTE_NONE || (mode != RECOMPUTE_SELECTIVE && tiles == 1)) return;
     GpuBlockTensors w = gpu_layer_params(m, l);
-    gpu_layernorm_apply(gact(m, l, ACT_LN1), gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), gact(m, l, ACT_X),
-                        w.ln1w, w.ln1b, N, C, m->stream);
-    gpu_layernorm_apply(gact(m, l, ACT_LN2), gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), gact(m, l, ACT_RES2),
-                        w.ln2w, w.ln2b, N, C, m->stream);
-    gpu_gelu_forward(gact(m, l, ACT_FCH_GELU), gact(m, l, ACT_FCH), (size_t)N * 4 * C, m->stream);
+    floatX *ln1 = gact_rows(m, l, ACT_LN1, r0), *x = gact_rows(m, l, ACT_X, r0);
+    float *mean = gstat_rows(m, l, ACT_LN1_MEAN, r0), *rstd = gstat_rows(m, l, ACT_LN1_RSTD, r0);
+    prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
+    if (mode == RECOMPUTE_SELECTIVE) gpu_layernorm_apply(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
+    else gpu_layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
+    prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 
-/* The gradient a dropped residual branch receives: dres itself without
- * dropout, else dres masked and scaled into dln, which is free then. */
-static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s) {
-    floatX* dres = m->grad_act[GRAD_DRES];
+/* The gradient a dropped residual branch receives, rows [r0, r0+n): dres
+ * itself without dropout, else dres masked and scaled into dln, which is
+ * free then. */
+static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s, int r0, int n) {
+    size_t e0 = (size_t)r0 * m->cfg.channels;
+    floatX* dres = m->grad_act[GRAD_DRES] + e0;
     if (!s->threshold) return dres;
-    gpu_dropout_mask(m->grad_act[GRAD_DLN], dres, 0, (size_t)m->B * m->T, m->cfg.channels, &m->layout, s, m->stream);
-    return m->grad_act[GRAD_DLN];
+    gpu_dropout_mask(m->grad_act[GRAD_DLN] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s, m->stream);
+    return m->grad_act[GRAD_DLN] + e0;
 }
 
-/* dres (N,C): gradient w.r.t. the block output on entry, w.r.t. its input x on exit. */
-static void gpu_block_backward(GpuModel* m, int l) {
-    int C = m->cfg.channels, N = m->B * m->T;
-    GpuBlockTensors w = gpu_layer_params(m, l), dw = gpu_layer_grads(m, l);
+/* Layer l's weight gradient dW += dout^T inp and bias gradient over n rows
+ * (block tensors w and b, indices from FIRST_BLOCK_TENSOR): untiled into
+ * the floatX gradients, each written once per micro-step; with token tiles
+ * into the layer's fp32 sums, tile after tile, rounded once after the
+ * layer (gpu_round_tile_grads). */
+static void gpu_weight_grads(GpuModel* m, int l, int w, int b, const floatX* dout, const floatX* inp, int n, int IC, int OC) {
+    if (m->tile_rows) {
+        gpu_matmul_backward_weight_fp32(&m->mm, m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, inp, n, IC,
+                                        OC, m->stream);
+        return;
+    }
+    GpuBlockTensors dw = gpu_layer_grads(m, l);
+    gpu_matmul_backward_weight(&m->mm, dw.tensor[w], dw.tensor[b], m->column_partials, dout, inp, n, IC, OC, m->stream);
+}
+
+/* LayerNorm backward over n rows: dx += input gradient, and layer l's
+ * parameter gradients (block tensors w and b) as in gpu_weight_grads. */
+static void gpu_layernorm_grads(GpuModel* m, int l, int w, int b, floatX* dx, const floatX* dout, const floatX* x, const floatX* weight,
+                                const float* mean, const float* rstd, int n) {
+    int C = m->cfg.channels;
+    if (m->tile_rows) {
+        gpu_layernorm_backward(dx, m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, x, weight, mean, rstd, n,
+                               C, m->stream);
+        return;
+    }
+    GpuBlockTensors dw = gpu_layer_grads(m, l);
+    gpu_layernorm_backward(dx, dw.tensor[w], dw.tensor[b], m->column_partials, dout, x, weight, mean, rstd, n, C, m->stream);
+}
+#define BT(t) ((t) - FIRST_BLOCK_TENSOR) /* a block tensor's index in GpuBlockTensors */
+
+/* Rows [r0, r0+n) of the block's backward after its output (with what it
+ * did not keep of them recomputed first): the MLP, LN2 and the attention
+ * projection, down to the gradient of attention's output; dres (N,C) rows
+ * go from the gradient w.r.t. the block output to that w.r.t. the
+ * attention residual. */
+static void gpu_block_backward_mlp(GpuModel* m, int l, int r0, int n, floatX* datty) {
+    int C = m->cfg.channels;
+    GpuBlockTensors w = gpu_layer_params(m, l);
     cudaStream_t s = m->stream;
     MatmulContext* mm = &m->mm;
-    float* part = m->column_partials;
-    floatX* dres = m->grad_act[GRAD_DRES];
-    floatX* dln = m->grad_act[GRAD_DLN];
-    /* written over activations whose last reader is done (plan.h) */
-    floatX* dfch = gact(m, l, ACT_FCH_GELU);
-    floatX* datty = gact(m, l, ACT_RES2);
-    floatX* dqkv = gact(m, l, ACT_FCH);
+    floatX* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
+    floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
+    floatX* fch_gelu = gact_rows(m, l, ACT_FCH_GELU, r0);
+    floatX* dfch = fch_gelu; /* over the GELU output, once its weight gradient has read it */
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
+    gpu_block_recompute_mlp(m, l, r0, n);
+    const floatX* dbranch = gpu_branch_grad(m, &resid_mlp, r0, n);
+    gpu_weight_grads(m, l, BT(P_FCPROJW), BT(P_FCPROJB), dbranch, fch_gelu, n, 4 * C, C);
+    gpu_matmul_backward_input(mm, dfch, dbranch, w.fcprojw, n, 4 * C, C, s);
+    gpu_gelu_backward(dfch, gact_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C, s);
+    gpu_matmul_backward_input(mm, dln, dfch, w.fcw, n, C, 4 * C, s);
+    gpu_weight_grads(m, l, BT(P_FCW), BT(P_FCB), dfch, gact_rows(m, l, ACT_LN2, r0), n, C, 4 * C);
+    gpu_layernorm_grads(m, l, BT(P_LN2W), BT(P_LN2B), dres, dln, gact_rows(m, l, ACT_RES2, r0), w.ln2w,
+                        gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0), n);
+    dbranch = gpu_branch_grad(m, &resid_attn, r0, n);
+    gpu_matmul_backward_input(mm, datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C, s);
+    gpu_weight_grads(m, l, BT(P_ATTPROJW), BT(P_ATTPROJB), dbranch, gact_rows(m, l, ACT_ATTY, r0), n, C, C);
+}
+
+/* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
+ * and LN1; dres rows become the gradient w.r.t. the block input x. */
+static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles, const floatX* dqkv) {
+    int C = m->cfg.channels;
+    GpuBlockTensors w = gpu_layer_params(m, l);
+    floatX* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
+    floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
+    dqkv += (size_t)r0 * 3 * C;
+    gpu_block_recompute_ln1(m, l, r0, n, tiles);
+    gpu_matmul_backward_input(&m->mm, dln, dqkv, w.qkvw, n, C, 3 * C, m->stream);
+    gpu_weight_grads(m, l, BT(P_QKVW), BT(P_QKVB), dqkv, gact_rows(m, l, ACT_LN1, r0), n, C, 3 * C);
+    gpu_layernorm_grads(m, l, BT(P_LN1W), BT(P_LN1B), dres, dln, gact_rows(m, l, ACT_X, r0), w.ln1w, gstat_rows(m, l, ACT_LN1_MEAN, r0),
+                        gstat_rows(m, l, ACT_LN1_RSTD, r0), n);
+}
+
+/* Token tiles: layer l's fp32 gradient sums added into its floatX
+ * gradients, one rounding per micro-step (grad_accum.cuh). */
+static void gpu_round_tile_grads(GpuModel* m, int l) {
+    if (!m->tile_rows) return;
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    GradSlices s;
+    s.n = param_group_slices(&pl, m->cfg.num_layers, l, s.offset, s.count);
+    gpu_grad_round_layer(m->grads, m->tile_grads.tensor[0], &s, m->stream);
+}
+
+/* Layer l's recompute and backward: attention's inputs whole (qkv, with -r 1
+ * attention's output too), then tile by tile the MLP down to the gradient of
+ * attention's output, attention's backward, and tile by tile QKV and LN1;
+ * weight gradients add up over the tiles in row order in fp32. Untiled, the
+ * gradients of attention's output and of qkv go over the layer's res2 and
+ * fch (plan.h), whose last readers are done by then.
+ * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
+static void gpu_block_backward(GpuModel* m, int l) {
+    int N = m->B * m->T, tiles = (N + gpu_tile_rows(m) - 1) / gpu_tile_rows(m);
+    floatX* datty = m->tile_rows ? m->tile_datty : gact(m, l, ACT_RES2);
+    floatX* dqkv = m->tile_rows ? m->tile_dqkv : gact(m, l, ACT_FCH);
     DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
-    const floatX* dbranch = gpu_branch_grad(m, &resid_mlp);
-    gpu_matmul_backward_weight(mm, dw.fcprojw, dw.fcprojb, part, dbranch, gact(m, l, ACT_FCH_GELU), N, 4 * C, C, s);
-    gpu_matmul_backward_input(mm, dfch, dbranch, w.fcprojw, N, 4 * C, C, s);
-    gpu_gelu_backward(dfch, gact(m, l, ACT_FCH), (size_t)N * 4 * C, s);
-    gpu_matmul_backward_input(mm, dln, dfch, w.fcw, N, C, 4 * C, s);
-    gpu_matmul_backward_weight(mm, dw.fcw, dw.fcb, part, dfch, gact(m, l, ACT_LN2), N, C, 4 * C, s);
-    gpu_layernorm_backward(dres, dw.ln2w, dw.ln2b, part, dln, gact(m, l, ACT_RES2),
-                           w.ln2w, gstat(m, l, ACT_LN2_MEAN), gstat(m, l, ACT_LN2_RSTD), N, C, s);
-    dbranch = gpu_branch_grad(m, &resid_attn);
-    gpu_matmul_backward_input(mm, datty, dbranch, w.attprojw, N, C, C, s);
-    gpu_matmul_backward_weight(mm, dw.attprojw, dw.attprojb, part, dbranch, gact(m, l, ACT_ATTY), N, C, C, s);
-    prof_begin(&m->prof, PROF_ATT_BACKWARD, s);
+    if (m->tile_rows)
+        CUDA_CHECK(cudaMemsetAsync(m->tile_grads.tensor[0], 0, m->plan->tile_grads_count * sizeof(float), m->stream));
+    gpu_block_recompute_attention_inputs(m, l);
+    GPU_FOR_TILES(m, r0, n) gpu_block_backward_mlp(m, l, r0, n, datty);
+    prof_begin(&m->prof, PROF_ATT_BACKWARD, m->stream);
     gpu_layer_attention_backward(m, l, dqkv, datty, &att_drop);
-    prof_end(&m->prof, PROF_ATT_BACKWARD, s);
-    gpu_matmul_backward_input(mm, dln, dqkv, w.qkvw, N, C, 3 * C, s);
-    gpu_matmul_backward_weight(mm, dw.qkvw, dw.qkvb, part, dqkv, gact(m, l, ACT_LN1), N, C, 3 * C, s);
-    gpu_layernorm_backward(dres, dw.ln1w, dw.ln1b, part, dln, gact(m, l, ACT_X),
-                           w.ln1w, gstat(m, l, ACT_LN1_MEAN), gstat(m, l, ACT_LN1_RSTD), N, C, s);
+    prof_end(&m->prof, PROF_ATT_BACKWARD, m->stream);
+    GPU_FOR_TILES(m, r0, n) gpu_block_backward_qkv(m, l, r0, n, tiles, dqkv);
+    gpu_round_tile_grads(m, l);
 }
 
 /* Embeddings (dropped in place: layer 0's x holds the dropped sum), all
@@ -492,7 +641,7 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
         gpu_classifier_fused(m->logits, m->losses + r0, m->targets + r0, rows, V, Vp, dloss_per_token, m->stream);
         if (dloss_per_token == 0.0f) continue;
         gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp, m->stream);
-        if (m->wte_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->grads_fp32, m->logits, lnf, rows, C, Vp, m->stream);
+        if (m->wte_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->grads_fp32, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
         else gpu_matmul_backward_weight(&m->mm, m->g.wte, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
     }
     prof_end(&m->prof, PROF_CLASSIFIER, m->stream);
@@ -530,12 +679,8 @@ static void gpu_model_backward(GpuModel* m) {
     int L = m->cfg.num_layers;
     offload_prefetch(&m->off, L - 1, m->B, m->T);
     for (int l = L - 1; l >= 0; l--) {
-        int recomputed = m->plan->spec.layer_mode[l] != RECOMPUTE_NONE;
         if (l > 0) offload_prefetch(&m->off, l - 1, m->B, m->T); /* under layer l's recompute and backward */
         offload_ready(&m->off, l);
-        if (recomputed) prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
-        gpu_block_recompute(m, l);
-        if (recomputed) prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
         gpu_block_backward(m, l);
         offload_release(&m->off, l, m->B, m->T);
         gpu_fold_grads(m, l);

@@ -276,17 +276,21 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 
 __host__ __device__ static inline int column_rows_per_split(int N) { return (N + COLUMN_SPLITS - 1) / COLUMN_SPLITS; }
 
-/* grad[c] += sum over s (in order) of partials[s * ncols + c]; one thread per column. */
-__global__ void column_finish_kernel(floatX* grad, const float* partials, int ncols) {
+/* grad[c] += sum over s (in order) of partials[s * ncols + c]; one thread
+ * per column. G is floatX (the gradient itself, rounded once per call) or
+ * float (a token-tiled layer's fp32 sum, plan.h's backward.tile_grads). */
+template <typename G>
+__global__ void column_finish_kernel(G* grad, const float* partials, int ncols) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ncols) return;
     float acc = 0.0f;
     for (int s = 0; s < COLUMN_SPLITS; s++) acc += partials[(size_t)s * ncols + c];
-    grad[c] = from_f32<floatX>(to_f32(grad[c]) + acc);
+    grad[c] = from_f32<G>(to_f32(grad[c]) + acc);
 }
 
-static inline void gpu_column_finish(floatX* grad, const float* partials, int ncols, cudaStream_t stream) {
-    column_finish_kernel<<<grid_for((size_t)ncols, 256), 256, 0, stream>>>(grad, partials, ncols);
+template <typename G>
+static inline void gpu_column_finish(G* grad, const float* partials, int ncols, cudaStream_t stream) {
+    column_finish_kernel<G><<<grid_for((size_t)ncols, 256), 256, 0, stream>>>(grad, partials, ncols);
     CUDA_CHECK_LAUNCH();
 }
 

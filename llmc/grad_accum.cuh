@@ -21,6 +21,12 @@
  * what is recomputed. Layout: sum[i] is parameter i's (the parameter layout
  * of model.h, from 0 to plan->grads_fp32_count).
  *
+ * Token tiles (plan.h's backward.tile_grads): a tiled layer's weight, bias
+ * and LayerNorm gradients are summed over its tiles in one fp32 buffer (the
+ * layer's 12 block tensors back to back, zeroed before the layer's first
+ * tile) and added to the floatX gradients once, after its last tile
+ * (gpu_grad_round_layer); the fold above then runs as without tiles.
+ *
  * Status: see the status table in README.md.
  */
 #ifndef REMAT_GRAD_ACCUM_CUH
@@ -70,6 +76,30 @@ static inline void gpu_grad_fold(float* sum, size_t sum_count, floatX* g, const 
     if (s.n == 0) return;
     dim3 grid(grid_for(longest, 256), (unsigned)s.n);
     grad_fold_kernel<<<grid, 256, 0, stream>>>(sum, g, s, last);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* grid (ceil(max count / 256), n slices); one thread per element: slice s
+ * of g (from its offset) += the fp32 sums packed back to back in `sums`
+ * (slice s from the sum of the counts before it), rounded once. */
+__global__ void grad_round_kernel(floatX* g, const float* sums, GradSlices slices) {
+    int s = blockIdx.y;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= slices.count[s]) return;
+    size_t packed = 0;
+    for (int j = 0; j < s; j++) packed += slices.count[j];
+    size_t k = slices.offset[s] + i;
+    g[k] = from_f32<floatX>(to_f32(g[k]) + sums[packed + i]);
+}
+
+/* Adds a tiled layer's fp32 gradient sums (its slices packed in `sums`, in
+ * slice order) into the floatX gradients. */
+static inline void gpu_grad_round_layer(floatX* g, const float* sums, const GradSlices* s, cudaStream_t stream) {
+    size_t longest = 0;
+    for (int j = 0; j < s->n; j++) longest = s->count[j] > longest ? s->count[j] : longest;
+    if (s->n == 0) return;
+    dim3 grid(grid_for(longest, 256), (unsigned)s->n);
+    grad_round_kernel<<<grid, 256, 0, stream>>>(g, sums, *s);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -270,8 +270,11 @@ __global__ void layernorm_param_partials_kernel(float* partials, const floatX* d
     }
 }
 
-/* dx += input gradient; dw, db += parameter gradients. partials: COLUMN_SPLITS*2*C floats. */
-static inline void gpu_layernorm_backward(floatX* dx, floatX* dw, floatX* db, float* partials, const floatX* dout,
+/* dx += input gradient; dw, db += parameter gradients (floatX, or fp32: a
+ * token tile's share added to its layer's fp32 sums). partials:
+ * COLUMN_SPLITS*2*C floats. */
+template <typename G>
+static inline void gpu_layernorm_backward(floatX* dx, G* dw, G* db, float* partials, const floatX* dout,
                                           const floatX* x, const floatX* w, const float* mean, const float* rstd,
                                           int N, int C, cudaStream_t stream) {
     const int vector_ok = all_aligned16(dx, dout, x, w);

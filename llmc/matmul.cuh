@@ -73,6 +73,7 @@ typedef struct {
     MatmulCacheEntry cache[MATMUL_CACHE_SIZE];
     int cache_used;
     int fallback_noted, cache_full_noted;
+    int align_cap; /* 0, or the most operand alignment cuBLASLt is told of (token tiles: what every tile's rows share) */
 } MatmulContext;
 
 static inline void gpu_matmul_init(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
@@ -93,6 +94,15 @@ static inline int pointer_alignment(const void* p) {
     if (a == 0) return 256;
     uintptr_t low = a & (~a + 1);
     return low >= 256 ? 256 : (int)low;
+}
+
+/* The alignment cuBLASLt is told an operand has: its own, at most the cap.
+ * Rows r0 of a token tile lie at different alignments in a kept tensor and
+ * in a one-tile buffer; the cap (what all tiles' rows share) makes both
+ * find the same algorithm, hence the same summation order and bits. */
+static inline int lt_alignment(const MatmulContext* mc, const void* p) {
+    int a = pointer_alignment(p);
+    return mc->align_cap && a > mc->align_cap ? mc->align_cap : a;
 }
 
 typedef struct {
@@ -176,8 +186,8 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
     key.transa = transa; key.transb = transb; key.m = m; key.n = n; key.k = k;
     key.lda = lda; key.ldb = ldb; key.ldd = ldd;
     key.has_bias = bias != NULL; key.has_c = beta != 0.0f; key.c_is_d = Cin == D; key.d_fp32 = d_fp32;
-    key.align_a = pointer_alignment(A); key.align_b = pointer_alignment(B);
-    key.align_c = pointer_alignment(Cin); key.align_d = pointer_alignment(D);
+    key.align_a = lt_alignment(mc, A); key.align_b = lt_alignment(mc, B);
+    key.align_c = lt_alignment(mc, Cin); key.align_d = lt_alignment(mc, D);
     key.align_bias = bias ? pointer_alignment(bias) : 0;
     MatmulCacheEntry found;
     int hit = 0;
@@ -266,8 +276,11 @@ __global__ void bias_partials_kernel(float* partials, const floatX* dout, int N,
     }
 }
 
-/* dbias (OC) += column sums of dout (N,OC); partials: COLUMN_SPLITS*OC floats of scratch. */
-static inline void gpu_bias_backward(floatX* dbias, float* partials, const floatX* dout, int N, int OC, cudaStream_t stream) {
+/* dbias (OC) += column sums of dout (N,OC); partials: COLUMN_SPLITS*OC floats
+ * of scratch. dbias floatX, or fp32 (a token tile's share added to its
+ * layer's fp32 sum). */
+template <typename G>
+static inline void gpu_bias_backward(G* dbias, float* partials, const floatX* dout, int N, int OC, cudaStream_t stream) {
     dim3 block(32, COLUMN_BLOCK_Y);
     if (OC % XVEC == 0 && aligned16(dout)) {
         dim3 grid((unsigned)ceil_div((size_t)OC, 32 * XVEC), COLUMN_SPLITS);
@@ -288,12 +301,14 @@ static inline void gpu_matmul_backward_weight(MatmulContext* mc, floatX* dW, flo
     if (dbias) gpu_bias_backward(dbias, partials, dout, N, OC, stream);
 }
 
-/* dW (OC,IC) += dout^T @ inp with dW in fp32: a gradient summed over many
- * calls (the token table's over the logits chunks) is rounded to floatX
- * once, at the end, instead of after every call. */
-static inline void gpu_matmul_backward_weight_fp32(MatmulContext* mc, float* dW, const floatX* dout, const floatX* inp, int N,
-                                                   int IC, int OC, cudaStream_t stream) {
+/* dW (OC,IC) += dout^T @ inp with dW in fp32, and dbias (OC) += column sums
+ * of dout in fp32 when dbias is not NULL: a gradient summed over many calls
+ * (the token table's over the logits chunks, a layer's over its token tiles)
+ * is rounded to floatX once, at the end, instead of after every call. */
+static inline void gpu_matmul_backward_weight_fp32(MatmulContext* mc, float* dW, float* dbias, float* partials, const floatX* dout,
+                                                   const floatX* inp, int N, int IC, int OC, cudaStream_t stream) {
     lt_matmul(mc, stream, 0, 1, IC, OC, N, inp, IC, dout, OC, dW, 1.0f, dW, IC, NULL, 1);
+    if (dbias) gpu_bias_backward(dbias, partials, dout, N, OC, stream);
 }
 
 #endif

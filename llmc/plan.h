@@ -39,7 +39,10 @@
  * statistics) then hold one tile, K rows, and only attention's tensors (qkv,
  * atty, att_lse) stay whole in it. The backward then needs the gradients of
  * attention's output and of qkv whole: backward.datty (C) and backward.dqkv
- * (3C) instead of the aliases over res2 and fch.
+ * (3C) instead of the aliases over res2 and fch. On a GPU the layer's weight,
+ * bias and LayerNorm gradients are summed over its tiles in fp32,
+ * backward.tile_grads (one layer's parameters, 12C^2 + 13C floats), and
+ * rounded into the floatX gradients once per layer and micro-step.
  */
 #ifndef REMAT_PLAN_H
 #define REMAT_PLAN_H
@@ -173,6 +176,7 @@ typedef struct {
     size_t layer_stored_bytes_max;       /* largest per-layer kept bytes */
     size_t grad_act[NUM_GRAD_ACTS];      /* arena offsets of backward buffers */
     size_t off_tile_datty, off_tile_dqkv; /* token tiles only: whole-sequence gradients of atty and qkv */
+    size_t off_tile_grads, tile_grads_count; /* token tiles on a GPU: fp32 sums of one layer's parameter gradients; 0: none */
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
@@ -283,6 +287,25 @@ static inline size_t plan_tile_rows(const PlanSpec* s) {
 /* Whether activation `act` is computed token by token (and so tiles). */
 static inline int act_is_tokenwise(int act) { return act != ACT_X && act != ACT_QKV && act != ACT_ATTY && act != ACT_ATT_LSE; }
 
+/* Rows per tile of a call with N rows: the plan's tile rows (0: untiled),
+ * all N when untiled or when the call has fewer rows (sampling). */
+static inline int token_tile_rows(size_t plan_tile, int N) { return plan_tile && plan_tile < (size_t)N ? (int)plan_tile : N; }
+
+/* The tiles of N rows, `rows` each (the last one shorter): r0 the first row
+ * of each, n its row count. Both trainers' block functions run over them. */
+#define FOR_TOKEN_TILES(r0, n, N, rows) \
+    for (int r0 = 0, n = 0, N_ = (N), K_ = (rows); r0 < N_ && (n = r0 + K_ < N_ ? K_ : N_ - r0, 1); r0 += n)
+
+/* Elements from the start of layer l's activation `act` to row r0: with
+ * token tiles, a token-wise tensor the layer does not keep lives in a buffer
+ * of one tile, which holds the current tile's rows from its start (0). */
+static inline size_t plan_act_row_offset(const MemoryPlan* p, int l, int act, int r0) {
+    int is_stat;
+    size_t width = layer_act_per_token(act, &p->spec.cfg, &is_stat);
+    int one_tile = plan_tile_rows(&p->spec) && act_is_tokenwise(act) && !layer_keeps(plan_layer_mode(&p->spec, l), act);
+    return one_tile ? 0 : (size_t)r0 * width;
+}
+
 /* Bytes of the shared recompute set's buffer for `act`: a tile of it with
  * token tiles, else B*T tokens. */
 static inline size_t plan_shared_act_bytes(const PlanSpec* s, int act) {
@@ -314,6 +337,17 @@ static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout*
     if (s->micro_steps > 1) return pl->total;
     size_t rows = (size_t)s->B * (size_t)plan_local_T(s);
     return rows > (size_t)s->logits_chunk_rows ? pl->count[P_WTE] : 0;
+}
+
+/* fp32 sums of one layer's parameter gradients across its token tiles (a
+ * GPU with tiles: cuBLASLt and the column sums add into them, tile after
+ * tile, and the layer's floatX gradients are rounded from them once): the
+ * layer's block tensors one after another, in parameter order. The CPU
+ * carries each gradient in its own fp32 (or fp64) storage already. */
+static inline size_t plan_tile_grads_count(const PlanSpec* s) {
+    if (s->backend != BACKEND_GPU || !plan_tile_rows(s)) return 0;
+    size_t C = (size_t)s->cfg.channels;
+    return 12 * C * C + 13 * C;
 }
 
 /* Parameters whose optimizer state one process holds: all, or a ZeRO-1 shard. */
@@ -422,6 +456,8 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     if (plan_tile_rows(s)) {
         p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, C * E));
         p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, 3 * C * E));
+        p->tile_grads_count = plan_tile_grads_count(s);
+        if (p->tile_grads_count) p->off_tile_grads = plan_add(p, "backward.tile_grads", SEC_SCRATCH, -1, p->tile_grads_count * 4);
     }
     size_t chunk_rows = (size_t)s->logits_chunk_rows < BT ? (size_t)s->logits_chunk_rows : BT;
     p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, size_mul_sat(chunk_rows, (size_t)s->cfg.padded_vocab_size * E));

@@ -12,8 +12,11 @@ offloaded, the host budget, found by bisection (a plan grows with T).
   techniques   none           -r 0
                recompute      -r 1
                offload        -r 1 --offload-checkpoints (every layer's input in host memory)
-               all            -r auto --offload-checkpoints (modes and offloading chosen per layer
-                              for the least predicted time within both budgets)
+               tiles          -r 1 --tile-tokens auto (untiled where that fits, else the largest
+                              power-of-two tile of at least 64 rows that does)
+               all            -r auto --offload-checkpoints --tile-tokens auto (the tile size as for
+                              tiles, then modes and offloading chosen per layer for the least
+                              predicted time within both budgets)
   budgets      a card's memory as nvidia-smi reports it (H100 80GB: 81559 MiB, H200: 143771 MiB)
                less 1 GiB for the CUDA context and libraries; host memory --host-gib (default 120)
 
@@ -33,7 +36,8 @@ TECHNIQUES = {
     "none": ["-r", "0"],
     "recompute": ["-r", "1"],
     "offload": ["-r", "1", "--offload-checkpoints"],
-    "all": ["-r", "auto", "--offload-checkpoints"],
+    "tiles": ["-r", "1", "--tile-tokens", "auto"],
+    "all": ["-r", "auto", "--offload-checkpoints", "--tile-tokens", "auto"],
 }
 MAX_T = 1048576
 HEADROOM_MIB = 1024
@@ -77,17 +81,18 @@ def rows(exe, models, cards, host_gib):
                 T, d = longest(exe, MODELS[name], flags, budget, host, cost_model)
                 yield {"model": name, "card": card, "technique": tech, "longest_T": T, "at_limit": T == MAX_T,
                        "device_bytes": d["total_bytes"] if d else 0, "host_bytes": d["host_total_bytes"] if d else 0,
-                       "recompute": d["recompute"] if d else "", "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
+                       "recompute": d["recompute"] if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
+                       "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
                        "budget_bytes": budget, "host_budget_bytes": host}
 
 
 def markdown(results):
-    out = ["| model | card | technique | longest T | device GiB | host GiB | -r | predicted step s |",
-           "|---|---|---|---:|---:|---:|---|---:|"]
+    out = ["| model | card | technique | longest T | device GiB | host GiB | -r | tile | predicted step s |",
+           "|---|---|---|---:|---:|---:|---|---:|---:|"]
     for r in results:
         t = f"{r['longest_T']}" + (" (limit)" if r["at_limit"] else "")
         out.append(f"| {r['model']} | {r['card']} | {r['technique']} | {t} | {r['device_bytes'] / 2**30:.1f} | "
-                   f"{r['host_bytes'] / 2**30:.1f} | `{r['recompute']}` | {r['predicted_step_seconds']:.1f} |")
+                   f"{r['host_bytes'] / 2**30:.1f} | `{r['recompute']}` | {r['tile_tokens']} | {r['predicted_step_seconds']:.1f} |")
     return "\n".join(out)
 
 

@@ -21,8 +21,9 @@ dropout (the CPU's masks, regenerated bitwise by every recompute setting), and
 test_gpt's non-finite gradient checks; the bias
 fallback for shapes without a cuBLASLt bias epilogue; emulated train_gpt runs
 (loss falls on a repeated batch, a checkpoint resume is bitwise identical,
-every recompute mode prints the same steps with gradient accumulation); the
-no-device and out-of-memory paths. The emulated runs go through a pool with one process per core.
+every recompute mode prints the same steps with gradient accumulation); token
+tiles (run_case with tiled GPU plans; tiled gradients within TOL_TILES of the
+untiled ones); the no-device and out-of-memory paths. The emulated runs go through a pool with one process per core.
 Skipped (with the reason) without g++ or off x86-64 Linux.
 The default runs use a different block/warp/lane order per precision
 (forward, reverse, shuffled). Extras: REMAT_EMU_SLOW=1 adds larger shapes,
@@ -101,6 +102,18 @@ MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333"], "fp16": ["dropout:h
 # kernels, the others the simt ones (the tc family has none yet); fp32 the simt ones. About 13 s each.
 BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs128:128:1:300:37", "blocks:hs20:40:2:300:37",
                "blocksdrop:hs16:64:4:300:37", "blocksdrop:hs64:64:1:300:48", "blocksdrop:hs128:128:1:300:70", "blocksdrop:hs48:96:2:300:37"]
+
+
+# Token tiles (--tile-tokens K) on the GPU side of test_gpt: run_case against the CPU reference and every
+# recompute setting bitwise equal to -r 0 at the same K (K dividing no B*T here: a short last tile; tiles of
+# 5 rows of 64 bf16 channels start at 128-byte offsets in kept tensors and at 256 in one-tile buffers, which
+# cuBLASLt must not tell apart), with dropout too; fp32's C=18 starts tiles at 8-byte offsets. tilebound:
+# the tiled gradients of one step within TOL_TILES of the untiled ones (tiles of 2 rows: summed in floatX
+# instead of fp32 across tiles they are not).
+TILE_CASES = {"bf16": ["tiles5:hs16:64:4:300:33", "tiles7:dropmodel:hs16:64:4:300:33", "tiles2:tilebound:hs16:64:4:300:77",
+                       "tiles5:tilebound:hs16:64:4:300:77"],
+              "fp32": ["tiles5:hs18:18:1:300:37", "tiles2:tilebound:hs16:48:3:300:70"],
+              "fp16": ["tiles5:hs32:32:1:300:45", "tiles2:tilebound:hs16:64:4:300:77"]}
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
@@ -215,6 +228,9 @@ def default_jobs(pool, tmp_path_factory):
         if p in built:
             submit(pool, ("gpt", p), gpt_job, p, [NONFINITE_CASE, ACCUM_CASE, *ATTENTION_CASES, *ATTENTION_DROPOUT_CASES, *CASES[p],
                                                    *MODEL_DROPOUT_CASES[p]], DEFAULT_ORDER[p])
+    for p in PRECISIONS:
+        if p in built:
+            submit(pool, ("gpt-tiles", p), gpt_job, p, TILE_CASES[p], DEFAULT_ORDER[p])
     if "bf16" in built:
         submit(pool, ("gpt-nobias", "bf16"), functools.partial(gpt_job, "bf16", NOBIAS_CASES, EMU_LT_NO_BIAS_EPILOGUE="1"))
     for p in PRECISIONS:
@@ -501,6 +517,51 @@ def test_attention_blocks_emulated(emu_build, precision):
     check_gpt_output(res, BLOCK_CASES)
     slices = re.findall(r"slices of every row, worst error/tolerance [0-9.]+ .*ok$", res.stdout, re.M)
     assert len(slices) == len(BLOCK_CASES) * (8 * 4 + 3), res.stdout[-3000:]  # eight sets' four slice checks, the ring's three
+
+
+def test_gpt_token_tiles_emulated(default_jobs, precision):
+    """GPU token tiles: against the CPU reference, bitwise across recompute settings at the same tile size
+    (with dropout too), and within TOL_TILES of the untiled gradients."""
+    if precision not in default_jobs:
+        pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
+    res = _futures[("gpt-tiles", precision)].result()
+    print(res.stdout[-6000:])
+    cases = TILE_CASES[precision]
+    bounds = [c for c in cases if ":tilebound:" in c]
+    for case in bounds:
+        k, _, name, _, _, _, T = case.split(":")
+        assert re.search(rf"^PASS: token tiles of {k[5:]} rows within TOL_TILES of none, {name} T={T}$", res.stdout, re.M), \
+            f"{case} missing\n" + res.stdout[-3000:]
+    check_gpt_output(res, [c.split(":", 1)[1] for c in cases if c not in bounds])
+
+
+# Mutants of GPU token tiles (train_gpt.cu), each with the test_gpt case that must fail: the weight
+# gradients summed in floatX across tiles instead of fp32 (the tile bound), the short last tile's bias
+# partial dropped (the bound), a tile's dqkv rows shifted by one (the CPU comparison), and no alignment
+# cap for cuBLASLt (recompute settings no longer bitwise equal; FP32, whose sums round in any order).
+TILE_MUTANTS = {
+    "floatX sums across tiles": ("bf16", "tiles2:tilebound:hs16:64:4:300:77",
+                                 "const floatX* inp, int n, int IC, int OC) {\n    if (m->tile_rows) {",
+                                 "const floatX* inp, int n, int IC, int OC) {\n    if (0) {"),
+    "last tile's bias partial dropped": ("bf16", "tiles5:tilebound:hs16:64:4:300:77",
+                                         "m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, inp",
+                                         "m->tile_grads.tensor[w], n == m->tile_rows ? m->tile_grads.tensor[b] : NULL, m->column_partials, dout, inp"),
+    "dqkv rows shifted": ("bf16", "tiles5:hs16:64:4:300:33", "    dqkv += (size_t)r0 * 3 * C;",
+                          "    dqkv += (size_t)(r0 > 0 ? r0 - 1 : 0) * 3 * C;"),
+    "no alignment cap": ("fp32", "tiles5:hs18:18:1:300:37", "    m->mm.align_cap = pointer_alignment(", "    m->mm.align_cap = 0 * pointer_alignment("),
+}
+
+
+@slow
+@pytest.mark.parametrize("what", list(TILE_MUTANTS))
+def test_gpt_token_tile_mutants_fail_emulated(emu_build, tmp_path, what):
+    precision, case, old, new = TILE_MUTANTS[what]
+    src = mutant_sources(tmp_path, {"train_gpt.cu": (old, new)})
+    exe = src / "build" / "emu" / f"emu_test_gpt_{precision}"
+    res = subprocess.run(["make", "-s", "-C", str(src / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = emu_run([exe, case])
+    assert res.returncode == 1 and re.search(r"^FAIL", res.stdout, re.M), f"{what}: the mutant passes {case}\n" + explain(res)
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):

@@ -272,6 +272,34 @@ def test_auto_tile_is_the_fastest_that_fits():
                 assert got["tile_tokens"] == 64 and "no tile fits" in res.stderr
 
 
+def test_gpu_tiled_plan_adds_the_fp32_tile_gradient_sums():
+    """The GPU trainer's plan (BF16, no GPU needed): one tile of the token-wise
+    tensors as on the CPU, in 2-byte storage, and backward.tile_grads, one
+    layer's 12C^2 + 13C parameter gradients in fp32; --plan lists it."""
+    exe = REPO / "build" / "train_gpt_bf16"
+    if not exe.exists():
+        pytest.skip(f"{exe} not built (make build/train_gpt_bf16 needs nvcc)")
+    flags, s = SHAPES["d12"]
+    C, N, K = s["C"], 2 * 512, 100
+    env_free = ["--mem-budget", "80GiB", "--cost-model", "h100"]
+    res = run([exe, *flags, "-b", "2", "-t", "512", "-r", "1", "--tile-tokens", str(K), *env_free, "--plan-json"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    sizes = {b["name"]: b["bytes"] for b in d["buffers"]}
+    assert sizes["backward.tile_grads"] == 4 * (12 * C * C + 13 * C)
+    for name, width, E in (("ln1", C, 2), ("ln1_mean", 1, 4), ("res2", C, 2), ("fch", 4 * C, 2), ("fch_gelu", 4 * C, 2)):
+        assert sizes[f"recompute.{name}"] == E * K * width, name
+    assert sizes["backward.datty"] == 2 * N * C and sizes["backward.dqkv"] == 2 * N * 3 * C
+    res = run([exe, *flags, "-b", "2", "-t", "512", "-r", "1", *env_free, "--plan-json"], env={"CUDA_VISIBLE_DEVICES": ""})
+    untiled = json.loads(res.stdout)
+    assert "backward.tile_grads" not in {b["name"] for b in untiled["buffers"]}
+    saved = sum(a256(E * N * k) - a256(E * K * k) for k, E in ((C, 2), (1, 4), (1, 4), (C, 2), (C, 2), (1, 4), (1, 4), (4 * C, 2), (4 * C, 2)))
+    added = a256(2 * N * C) + a256(6 * N * C) + a256(4 * (12 * C * C + 13 * C))
+    assert untiled["total_bytes"] - d["total_bytes"] == saved - added
+    res = run([exe, *flags, "-b", "2", "-t", "512", "-r", "1", "--tile-tokens", str(K), *env_free, "--plan"], env={"CUDA_VISIBLE_DEVICES": ""})
+    assert re.search(r"^  backward\.tile_grads +scratch +27\.0 MiB$", res.stdout, re.M), res.stdout[-3000:]
+
+
 @pytest.mark.parametrize("bad", ["-1", "x", "1.5"])
 def test_bad_tile_flag_is_refused(bad):
     res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", "--tile-tokens", bad, "--plan"])
@@ -336,12 +364,12 @@ def test_profiled_step_measures_the_host_link(tiny_shards, tmp_path):
 
 # ---- the numbers of docs/offload-and-tiles.md ----
 
-NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| ([0-9.]+) \|$", re.M)
+NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| (\d+) \| ([0-9.]+) \|$", re.M)
 
 
 def test_docs_numbers_are_the_programs():
     """Every row of the table: the plan at its T fits both budgets with the
-    device and host bytes and the -r choice printed, and at T+1 it does not
+    device and host bytes, the -r choice and the tile size printed, and at T+1 it does not
     (unless T is --max-seq-len's limit)."""
     exe = REPO / "train_gpt"
     if not exe.exists():
@@ -353,14 +381,14 @@ def test_docs_numbers_are_the_programs():
     rows = NUMBERS_ROW.findall((REPO / "docs/offload-and-tiles.md").read_text())
     assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
     host = 120 << 30
-    for model, card, tech, T, limit, dev_gib, host_gib, flag, _ in rows:
+    for model, card, tech, T, limit, dev_gib, host_gib, flag, tile, _ in rows:
         cost_model, mib = lt.CARDS[card]
         budget, T = (mib - lt.HEADROOM_MIB) << 20, int(T)
         args = (lt.MODELS[model], lt.TECHNIQUES[tech])
         d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
         assert lt.fits(d, budget, host), (model, card, tech, T)
         assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib
-        assert d["recompute"] == flag
+        assert d["recompute"] == flag and d["tile_tokens"] == int(tile)
         if limit:
             assert T == lt.MAX_T
         else:

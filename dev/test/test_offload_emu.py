@@ -1,6 +1,8 @@
 """Offloaded checkpoints in train_gpt under the CPU emulator of CUDA (dev/emu):
 model and state files byte-identical to the same run without offloading and
-to -r 0, with dropout and micro-steps; and mutants that drop the main
+to -r 0, with dropout and micro-steps, untiled and with token tiles of a size
+that divides no B*T (GPU token tiles are bitwise equal across recompute and
+offload settings at the same size); and mutants that drop the main
 stream's wait on a prefetch, or on a copy out before a staging slot is
 written again, change the results (llmc/offload.cuh: the emulator issues the
 copy stream's work as late as its events allow, and released slots hold NaN).
@@ -24,6 +26,10 @@ SETTINGS = {
     "r3o": ["-r", "3o:all"],
     "mix": ["-r", "1o:0,2/3:1/3o:3"],
 }
+
+
+# tiles of 7 of the 64 rows: nine of 7 and a last one of 1
+TILES = ["--tile-tokens", "7"]
 
 
 def build(repo, out, precisions):
@@ -59,6 +65,18 @@ def test_emulated_offload_writes_identical_files(train_exes, tiny_shards, tmp_pa
     assert any(n.startswith("model_") for n in got["r0"])
     for name in SETTINGS:
         assert got[name] == got["r0"], f"{name} differs from -r 0"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_emulated_tiles_write_identical_files_in_every_setting(train_exes, tiny_shards, tmp_path, precision):
+    got = {}
+    for name, flags in SETTINGS.items():
+        res = train(train_exes[precision], tiny_shards, tmp_path / name, *flags, *TILES)
+        assert "token tiles: 7 of the 64 rows at a time (--tile-tokens 7)" in res.stdout, res.stdout[-2000:]
+        got[name] = files(tmp_path / name)
+    assert any(n.startswith("model_") for n in got["r0"])
+    for name in SETTINGS:
+        assert got[name] == got["r0"], f"tiles of 7, {name} differs from tiles of 7, -r 0"
 
 
 READY = "    if (offload_layer(o, l)) offload_main_waits(o, o->in_done[offload_slot(o, l)]);\n"

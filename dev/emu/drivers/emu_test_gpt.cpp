@@ -21,6 +21,9 @@
  *                                              blocks:NAME:C:NH:V:Tc[,Tc...]   check_attention_blocks (chunks of Tc rows)
  *                                              blocksdrop:NAME:C:NH:V:Tc[,...] the same with attention dropout 0.1
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
+ *                                              tilebound:NAME:C:NH:V:T[,T...]  check_tiles_vs_untiled (needs tilesK:)
+ *        a tilesK: prefix (K rows per token tile) runs the GPU side of run_case, dropmodel: and
+ *        tilebound: with --tile-tokens K, e.g. tiles7:dropmodel:hs16:64:4:300:77
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
  *        emu_test_gpt_PREC kernels       check_memory_kernels (the memory-bound kernels' vector and scalar paths)
@@ -43,7 +46,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|blocks:|blocksdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|blocks:|blocksdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -69,13 +72,24 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, BLOCKS, BLOCKS_DROPOUT };
-    struct Case { Kind kind; std::string name; int C, NH, V; std::vector<int> Ts; };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, TILE_BOUND, BLOCKS, BLOCKS_DROPOUT };
+    struct Case { Kind kind; std::string name; int C, NH, V, tiles; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         Kind kind = RUN_CASE;
-        if (a.rfind("nonfinite:", 0) == 0) {
+        int tiles = 0;
+        if (a.rfind("tiles", 0) == 0 && a.size() > 5 && isdigit((unsigned char)a[5])) {
+            size_t colon = a.find(':');
+            tiles = atoi(a.substr(5, colon - 5).c_str());
+            if (colon == std::string::npos || tiles <= 0) return usage();
+            a = a.substr(colon + 1);
+        }
+        if (a.rfind("tilebound:", 0) == 0) {
+            kind = TILE_BOUND;
+            a = a.substr(10);
+            if (!tiles) return usage();
+        } else if (a.rfind("nonfinite:", 0) == 0) {
             kind = NONFINITE;
             a = a.substr(10);
         } else if (a.rfind("attention:", 0) == 0) {
@@ -110,6 +124,7 @@ int main(int argc, char** argv) {
         if (f.size() != 5) return usage();
         Case c;
         c.kind = kind;
+        c.tiles = tiles;
         c.name = f[0];
         c.C = atoi(f[1].c_str());
         c.NH = atoi(f[2].c_str());
@@ -132,8 +147,10 @@ int main(int argc, char** argv) {
     int runs = 0;
     for (const Case& c : cases) {
         Shape sh = {c.name.c_str(), c.C, c.NH, c.V};
+        g_tile_tokens = c.kind == TILE_BOUND ? 0 : c.tiles;
         for (int T : c.Ts) {
-            if (c.kind == NONFINITE) check_nonfinite(&sh, T);
+            if (c.kind == TILE_BOUND) check_tiles_vs_untiled(&sh, T, c.tiles, &dropout_off);
+            else if (c.kind == NONFINITE) check_nonfinite(&sh, T);
             else if (c.kind == ATTENTION) check_attention(&sh, TEST_B, T, 0);
             else if (c.kind == ATTENTION_DROPOUT) check_attention(&sh, TEST_B, T, 0.1f);
             else if (c.kind == LONG) check_attention(&sh, 1, T, 0);
