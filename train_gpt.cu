@@ -956,13 +956,10 @@ static const char* gpu_device_name(void) { return g_device_name; }
 
 /* REMAT_PROFILE_COST_MODEL=FILE with REMAT_PROFILE=N: the time model's rates
  * calibrated from step N's profile (cost_model_calibrate), written to FILE
- * for --cost-model. */
+ * for --cost-model; NULL when not asked for (cost_model_profile_request). */
 static const char* profile_cost_model_path(void) {
-    const char* path = getenv("REMAT_PROFILE_COST_MODEL");
-    if (!path || !path[0]) return NULL;
-    const char* step = getenv("REMAT_PROFILE");
-    if (!step || !step[0] || strcmp(step, "0") == 0) fail("REMAT_PROFILE_COST_MODEL needs REMAT_PROFILE=N: the step whose profile calibrates it");
-    return path;
+    int step = 0;
+    return cost_model_profile_request(&step);
 }
 
 static void gpu_write_profile_cost_model(const GpuModel* m, int step) {

@@ -33,8 +33,9 @@
 #   8. scripts/check_nccl_one_gpu.sh: the NCCL build with one rank against the
 #      plain build (skipped with 77 when the machine has no NCCL or MPI)
 #   9. with 2 or more GPUs only: NCCL data parallel, 2 ranks x B against one
-#      rank x 2B, ZeRO-1 against ZeRO-0 (context parallelism joins it once it
-#      exists); a row saying why it did not run otherwise
+#      rank x 2B, ZeRO-1 against ZeRO-0; context parallelism, 2 ranks sharing
+#      each sequence (--context-parallel 2) against one rank; a row saying why
+#      they did not run otherwise
 # and prints a compact markdown table last (also written to out/gpu_check/summary.md),
 # also when a stage or the script is killed (a trap prints what has finished).
 # A failing or timed-out stage is recorded in the table; later stages still run.
@@ -446,6 +447,25 @@ PY
     word=$(status_word $(( rc0 | rc1 | crc )))
     (( rc0 == 0 && rc1 == 0 && crc == 0 )) && word="PASS"
     SUMMARY+=("| $label | $word: $cmp |")
+    # context parallelism: the ring over NCCL against one rank holding the whole sequences (same tokens per step)
+    stage cp_one 90 build/train_gpt_bf16 "${DP_ARGS[@]}" -b 8
+    stage cp_two 90 "${MP[@]}" build/train_gpt_bf16 "${DP_ARGS[@]}" -b 8 --context-parallel 2
+    rc2=$?
+    cmp=$(python3 - "$LOGDIR/cp_one.log" "$LOGDIR/cp_two.log" <<'PY' 2>&1
+import re, sys
+rx = re.compile(r"^step +(\d+)/\d+ \| loss ([0-9.]+) \| lr \S+ \| norm ([0-9.]+)", re.M)
+one, two = (rx.findall(open(f).read()) for f in sys.argv[1:3])
+if not one or len(one) != len(two):
+    print("step lines missing"); sys.exit(1)
+worst = max(abs(float(a[1]) - float(b[1])) for a, b in zip(one, two))
+print("worst |loss ring of 2 - loss 1 rank| %.2e over %d steps" % (worst, len(one)))
+sys.exit(0 if worst < 5e-2 else 1)
+PY
+)
+    crc=$?
+    word=$(status_word $(( rc2 | crc )))
+    (( rc2 == 0 && crc == 0 )) && word="PASS"
+    SUMMARY+=("| NCCL context parallel, 2 GPUs: --context-parallel 2 (B=8, T=256) vs 1 rank, d6 4x256 synthetic, 20 steps (bf16) | $word: $cmp |")
 fi
 
 print_summary

@@ -131,3 +131,23 @@ def test_flag_table_lists_exactly_the_parsers_flags():
     text = (REPO / "docs/flags.md").read_text()
     rows = re.findall(r"^\| `(-[-a-z0-9]+)` \|", text, re.M)
     assert len(parser) > 30 and sorted(rows) == sorted(parser)
+
+
+def test_readme_sequence_table_is_the_docs_numbers():
+    """README's "How long a sequence fits" rows are the 1.5B rows of docs/offload-and-tiles.md's longest-T table
+    (none, recompute, all on the 141 GB card) and docs/context-parallel.md's 8-GPU -r 1 -z 1 rows: the same T and
+    GiB (those tables are held to the program by test_offload.py and test_context_parallel.py)."""
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## How long a sequence fits"):readme.index("## Status")]
+    rows = re.findall(r"^\| ([^|]+) \| ([^|]+) \| ([0-9,]+) \|$", section, re.M)
+    assert len(rows) == 5, section
+    longest = {tech: (int(T), lim) for tech, T, lim in re.findall(
+        r"^\| 1\.5B \| 141GB \| (\w+) \| (\d+)( \(limit\))? \|", (REPO / "docs/offload-and-tiles.md").read_text(), re.M)}
+    one_gpu = [("`-r 0`", "none"), ("`-r 1`", "recompute"), ("`-r auto --offload-checkpoints --tile-tokens auto`", "all")]
+    for (where, settings, T), (flags, tech) in zip(rows[:3], one_gpu):
+        assert settings == flags and int(T.replace(",", "")) == longest[tech][0], (settings, T, longest[tech])
+    ring = {int(T.replace(",", "")): gib for T, gib in re.findall(
+        r"^\| ([0-9,]+) \| 8 \| 1 \| 1 \| ([0-9.]+) \| yes \|", (REPO / "docs/context-parallel.md").read_text(), re.M)}
+    for where, settings, T in rows[3:]:
+        gib = re.search(r"([0-9.]+) GiB per GPU", settings).group(1)
+        assert "--context-parallel 8" in where and ring.get(int(T.replace(",", ""))) == gib, (where, settings, T, ring)

@@ -31,6 +31,8 @@ What is compared with what, and why the bounds:
 - every -r mode under N = 2 against -r 0, with dropout: bitwise (the ring
   merges blocks in step order, never in arrival order; -r 1 reruns the
   forward ring in the backward, -r 2 and -r 3 keep attention's output).
+- token tiles under the ring: FP32 the same bound (tiles only reassociate the
+  weight-gradient sums, in fp32); -r 1 bitwise equal to -r 0 at the same tiles.
 - a checkpoint of 2 ranks at N = 2 resumed by 2 data-parallel ranks (N = 1,
   the same sequences per step), and the other way: the losses after the
   resume within the FP32 bound against the uninterrupted run.
@@ -109,6 +111,16 @@ def test_every_recompute_mode_bitwise_with_dropout(bins, data, tmp_path):
         model = tmp_path / r / "model_00000002.bin"
         assert model.exists(), explain(res)
         assert model_without_run_id(model) == model_without_run_id(tmp_path / "0" / "model_00000002.bin"), f"-r {r}: model differs"
+
+
+def test_token_tiles_under_the_ring(bins, data, tmp_path):
+    """Token tiles (--tile-tokens 5: tiles that divide no rank's rows, dropout drawn from a tile's first row at
+    global elements) and the ring together: FP32 within the module's bound of one untiled process (tiles sum
+    weight gradients in fp32 across tiles: a reassociation); BF16 -r 1 bitwise equal to -r 0 at the same tiles."""
+    flags = ["-b", "2", "-x", "3", "--dropout", "0.1"]
+    assert_within(steps(train(bins, data, 0, "fp32", *flags)), steps(ring(bins, data, "fp32", *flags, "--tile-tokens", "5")), "fp32")
+    tiled = [steps(ring(bins, data, "bf16", "-b", "2", "-x", "2", "--dropout", "0.1", "--tile-tokens", "5", "-r", r)) for r in "01"]
+    assert len(tiled[0]) == 2 and tiled[1] == tiled[0], tiled
 
 
 @pytest.mark.parametrize("first, second", [(2, 1), (1, 2)])
