@@ -1283,7 +1283,7 @@ static double cpu_time_matmul_half_rows(CpuModel* m, double planned) {
     if (m->tile_rows && m->tile_rows < rows) rows = m->tile_rows;
     BlockTensors w = layer_params(m, 0);
     double per_row = 8.0 * C * C, rate = 0.0, intercept = 0.0;
-    LinkTimes t = {0};
+    LinkTimes t = {0, 0, 0, 0, 0};
     for (int i = -1; i < 12; i++) { /* i = -1: untimed, to warm the caches */
         int M = rows >> (i < 0 ? 0 : i % 4) > 0 ? rows >> (i < 0 ? 0 : i % 4) : 1;
         double t0 = now_ms();

@@ -962,9 +962,12 @@ static const char* profile_cost_model_path(void) {
     return cost_model_profile_request(&step);
 }
 
-static void gpu_write_profile_cost_model(const GpuModel* m, int step) {
+static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     const char* path = profile_cost_model_path();
-    if (!path || step != m->prof.step || remat_proc.rank != 0) return;
+    if (!path || step != m->prof.step) return;
+    LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0}; /* the GPU ring's messages are not timed yet: its link stays as planned */
+    offload_timing_collect(&m->off, &host);
+    if (remat_proc.rank != 0) return;
     const float* t = m->prof.total_ms;
     PhaseTimes pt = {t[PROF_FORWARD], t[PROF_CLASSIFIER], t[PROF_BACKWARD], t[PROF_UPDATE],
                      (double)t[PROF_ATT_FORWARD] + t[PROF_ATT_RECOMPUTE] + t[PROF_ATT_BACKWARD]};
@@ -973,15 +976,20 @@ static void gpu_write_profile_cost_model(const GpuModel* m, int step) {
     const PlanSpec* s = &m->plan->spec;
     if (cost_model_calibrate(s, &pt, &cm, why, sizeof(why)) != 0)
         fail("REMAT_PROFILE_COST_MODEL: step %d's profile does not calibrate the time model: %s", step, why);
+    cost_model_add_links(s, &host, &ring, &cm);
     snprintf(cm.name, sizeof(cm.name), "%.120s %s, calibrated at B=%d T=%d", g_device_name[0] ? g_device_name : "GPU", PRECISION_NAME, s->B, s->T);
     char how[128];
     snprintf(how, sizeof(how), "from the profile of step %d (REMAT_PROFILE), see llmc/cost_model.h", step);
     cost_model_write(&cm, path, how);
-    printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s)\n", cm.name, path,
-           cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s);
+    printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s from %.0f timed copy groups of %.0f bytes)\n",
+           cm.name, path, cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s, host.count, host.bytes);
 }
 
-static void gpu_step_begin(void* ctx, int step) { prof_step_begin(&((GpuModel*)ctx)->prof, step, ((GpuModel*)ctx)->stream); }
+static void gpu_step_begin(void* ctx, int step) {
+    GpuModel* m = (GpuModel*)ctx;
+    prof_step_begin(&m->prof, step, m->stream);
+    if (step == m->prof.step && profile_cost_model_path()) offload_timing_start(&m->off); /* the host link, from this step's copies */
+}
 static void gpu_step_end(void* ctx, int step) {
     GpuModel* m = (GpuModel*)ctx;
     prof_step_end(&m->prof, step, remat_proc.rank == 0);

@@ -17,6 +17,12 @@
  *             poisons the result instead of passing unnoticed.
  *   end       offload_finish: main waits for the copy stream to drain.
  *
+ * Link timing (REMAT_PROFILE=N with REMAT_PROFILE_COST_MODEL=FILE): during
+ * step N a start and a stop event (timing events, on the copy stream)
+ * bracket each layer's copies; offload_timing_collect adds their times up
+ * (LinkTimes, cost_model.h) once the step is done: the host link's rate is
+ * measured from the run's own copies, as the CPU trainer measures its own.
+ *
  * Under the emulator (dev/emu: one in-order queue serves every stream, so a
  * missing wait could never show), the copy stream's work is issued as late
  * as its events allow: held back until main waits on an event recorded
@@ -60,7 +66,15 @@ typedef struct {
     int out_pending[OFFLOAD_STAGING_SLOTS]; /* a copy out of the slot main has not waited for */
     OffloadOp* late;
     int num_late, cap_late;
+    /* link timing: 2 events per timed copy group, the group's bytes */
+    cudaEvent_t* timing_events;
+    size_t* timing_bytes;
+    int timing_cap, timing_used, timing_on;
 } Offload;
+
+/* Copy groups a timed step holds at most: each offloaded layer's out and in,
+ * for up to 8 passes (micro-steps, a forward_loss); later ones go untimed. */
+#define OFFLOAD_TIMED_PASSES 8
 
 static inline void offload_create(Offload* o, const MemoryPlan* plan, char* arena, cudaStream_t main) {
     memset(o, 0, sizeof(*o));
@@ -79,6 +93,12 @@ static inline void offload_create(Offload* o, const MemoryPlan* plan, char* aren
         CUDA_CHECK(cudaEventCreateWithFlags(&o->out_done[s], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&o->in_done[s], cudaEventDisableTiming));
     }
+    int profiled_step = 0;
+    if (!cost_model_profile_request(&profiled_step)) return;
+    o->timing_cap = 2 * OFFLOAD_TIMED_PASSES * plan->spec.cfg.num_layers;
+    o->timing_events = (cudaEvent_t*)malloc_check((size_t)o->timing_cap * 2 * sizeof(cudaEvent_t), "offload timing events");
+    o->timing_bytes = (size_t*)malloc_check((size_t)o->timing_cap * sizeof(size_t), "offload timing");
+    for (int i = 0; i < 2 * o->timing_cap; i++) CUDA_CHECK(cudaEventCreate(&o->timing_events[i]));
 }
 
 static inline void offload_destroy(Offload* o) {
@@ -88,6 +108,9 @@ static inline void offload_destroy(Offload* o) {
         CUDA_CHECK(cudaEventDestroy(o->out_done[s]));
         CUDA_CHECK(cudaEventDestroy(o->in_done[s]));
     }
+    for (int i = 0; i < 2 * o->timing_cap; i++) CUDA_CHECK(cudaEventDestroy(o->timing_events[i]));
+    free(o->timing_events);
+    free(o->timing_bytes);
     CUDA_CHECK(cudaEventDestroy(o->main_mark));
     CUDA_CHECK(cudaEventDestroy(o->copy_idle));
     CUDA_CHECK(cudaStreamDestroy(o->copy));
@@ -147,8 +170,12 @@ static inline size_t offload_act_bytes(const Offload* o, int a, int B, int T) {
     return (size_t)B * (size_t)T * per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes);
 }
 
-/* Copies layer l's offloaded tensors, B*T tokens, out to the host pool or back in. */
+/* Copies layer l's offloaded tensors, B*T tokens, out to the host pool or
+ * back in; timed between two events while timing is on and events last. */
 static inline void offload_copy_layer(Offload* o, int l, int B, int T, int to_host) {
+    int timed = o->timing_on && o->timing_used < o->timing_cap, k = o->timing_used;
+    size_t total = 0;
+    if (timed) offload_enqueue(o, NULL, NULL, 0, cudaMemcpyDefault, o->timing_events[2 * k]);
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
         if (!layer_offloads(o->plan->spec.layer_mode[l], 1, a)) continue;
         size_t bytes = offload_act_bytes(o, a, B, T);
@@ -156,7 +183,34 @@ static inline void offload_copy_layer(Offload* o, int l, int B, int T, int to_ho
         char* host = o->host + o->plan->host_act[l][a];
         if (to_host) offload_enqueue(o, host, slot, bytes, cudaMemcpyDeviceToHost, NULL);
         else offload_enqueue(o, slot, host, bytes, cudaMemcpyHostToDevice, NULL);
+        total += bytes;
     }
+    if (!timed) return;
+    offload_enqueue(o, NULL, NULL, 0, cudaMemcpyDefault, o->timing_events[2 * k + 1]);
+    o->timing_bytes[k] = total;
+    o->timing_used++;
+}
+
+/* Times the copy groups from now on (the profiled step); a no-op without a
+ * timing request or without offloaded layers. */
+static inline void offload_timing_start(Offload* o) {
+    o->timing_on = o->timing_cap > 0;
+    o->timing_used = 0;
+}
+
+/* After the timed step (the stream done with it): the timed groups' bytes
+ * and seconds added to *t; timing off. */
+static inline void offload_timing_collect(Offload* o, LinkTimes* t) {
+    if (!o->timing_on) return;
+    o->timing_on = 0;
+    if (OFFLOAD_LATE_COPIES) offload_issue_until(o, NULL);
+    CUDA_CHECK(cudaStreamSynchronize(o->copy));
+    for (int k = 0; k < o->timing_used; k++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, o->timing_events[2 * k], o->timing_events[2 * k + 1]));
+        if (ms > 0.0f) link_times_add(t, (double)o->timing_bytes[k], 1e-3 * (double)ms);
+    }
+    o->timing_used = 0;
 }
 
 /* Before main writes into layer l's slot (its x, by the block before or the

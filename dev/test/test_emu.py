@@ -850,6 +850,32 @@ def test_step_profile_emulated(emu_build, tmp_path, recompute):
         assert planned["cost_model"][key] == pytest.approx(float(rates[key]), rel=1e-5)
 
 
+def test_step_profile_times_the_offload_copies_emulated(emu_build, tmp_path):
+    """With offloaded checkpoints REMAT_PROFILE_COST_MODEL measures the host link from step 2's own copies
+    (llmc/offload.cuh's timing events): each layer's copies out and back in, 2 layers x 2 micro-steps x 2
+    directions = 8 groups, their bytes over their seconds in the file, which --cost-model reads back; the
+    results are those of the run without profiling."""
+    datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(5).integers(0, 64, 2000))
+    args = [OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-d", "128",
+            "-x", "3", "-s", "0", "-r", "1", "--offload-checkpoints"]
+    plain = emu_run(args)
+    cost_file = tmp_path / "cost_model.txt"
+    prof = emu_run(args, REMAT_PROFILE="2", REMAT_PROFILE_COST_MODEL=str(cost_file))
+    assert plain.returncode == 0 and prof.returncode == 0, explain(prof)
+    assert steps(prof.stdout) == steps(plain.stdout) and len(steps(plain.stdout)) == 3
+    m = re.search(r"host link ([0-9.e+]+) B/s from (\d+) timed copy groups of (\d+) bytes", prof.stdout)
+    B, T, C = 2, 32, 32
+    assert m and m.group(2) == "8" and int(m.group(3)) == 8 * B * T * C * 2, prof.stdout[-3000:]  # -r 1 offloads x, bf16
+    rates = dict(line.split(" = ") for line in cost_file.read_text().splitlines() if " = " in line)
+    plan_cmd = [str(REPO / "train_gpt_cpu"), *TINY, "-b", "2", "-t", "32", "-r", "1", "--offload-checkpoints", "--plan-json"]
+    default = json.loads(subprocess.run(plan_cmd, capture_output=True, text=True, check=True).stdout)["cost_model"]
+    measured = json.loads(subprocess.run([*plan_cmd, "--cost-model", str(cost_file)], capture_output=True, text=True,
+                                         check=True).stdout)["cost_model"]
+    assert float(rates["host_link_bytes_per_s"]) == pytest.approx(float(m.group(1)), rel=1e-3)
+    assert measured["host_link_bytes_per_s"] == pytest.approx(float(rates["host_link_bytes_per_s"]), rel=1e-5)
+    assert measured["host_link_bytes_per_s"] != default["host_link_bytes_per_s"]
+
+
 def test_step_profile_bad_value_and_off(emu_build, tmp_path):
     datafile.write_shard(tmp_path / "t.bin", np.arange(200) % 64)
     args = [OUT / "emu_train_gpt_bf16", *TINY, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1"]
