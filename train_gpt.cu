@@ -965,8 +965,12 @@ static const char* profile_cost_model_path(void) {
 static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     const char* path = profile_cost_model_path();
     if (!path || step != m->prof.step) return;
-    LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0}; /* the GPU ring's messages are not timed yet: its link stays as planned */
+    LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0};
     offload_timing_collect(&m->off, &host);
+    if (m->cp.degree > 1) { /* the ring's link: messages of the K/V block's size and a sixteenth of it, three each */
+        size_t kv = plan_ring_kv_bytes(&m->plan->spec);
+        for (int i = 0; i < 6; i++) multigpu_time_ring(m->mg, m->stream, m->ring_kv[0], m->ring_kv[1], i % 2 ? kv : (kv + 15) / 16, &ring);
+    }
     if (remat_proc.rank != 0) return;
     const float* t = m->prof.total_ms;
     PhaseTimes pt = {t[PROF_FORWARD], t[PROF_CLASSIFIER], t[PROF_BACKWARD], t[PROF_UPDATE],
@@ -981,8 +985,10 @@ static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     char how[128];
     snprintf(how, sizeof(how), "from the profile of step %d (REMAT_PROFILE), see llmc/cost_model.h", step);
     cost_model_write(&cm, path, how);
-    printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s from %.0f timed copy groups of %.0f bytes)\n",
-           cm.name, path, cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s, host.count, host.bytes);
+    printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s from %.0f timed copy groups of %.0f bytes,"
+           " ring %.3g B/s and %.3g s a message from %.0f timed messages)\n",
+           cm.name, path, cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s, host.count, host.bytes,
+           cm.ring_bytes_per_s, cm.ring_latency_s, ring.count);
 }
 
 static void gpu_step_begin(void* ctx, int step) {

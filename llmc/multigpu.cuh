@@ -75,6 +75,7 @@
 #include "cuda_common.cuh"
 #include "multiproc.h"
 #include "model.h"
+#include "cost_model.h" /* LinkTimes */
 
 #ifdef MULTI_GPU
 #ifndef USE_MPI
@@ -599,6 +600,30 @@ static inline void multigpu_ring_join(MultiGpu* mg, cudaStream_t compute) {
     CUDA_CHECK(cudaStreamWaitEvent(compute, mg->ring_sent[(mg->ring_issued - 1) % MULTIGPU_RING_EVENTS], 0));
 }
 
+/* The ring's link from a message of its own (REMAT_PROFILE_COST_MODEL, after
+ * the profiled step, compute idle): a one-byte exchange lines the members up,
+ * then `bytes` go to the next member while as many arrive from the previous
+ * one, timed between two events on the ring stream; added to *t. Timing the
+ * step's own transfers would measure how late a neighbour was as much as the
+ * link. Every member of the group calls it with the same bytes. */
+static inline void multigpu_time_ring(MultiGpu* mg, cudaStream_t compute, const void* send, void* recv, size_t bytes, LinkTimes* t) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    multigpu_ring_pass(mg, compute, send, recv, 1, "the ring's link timing");
+    multigpu_wait(mg, mg->ring_stream);
+    CUDA_CHECK(cudaEventRecord(start, mg->ring_stream));
+    multigpu_ring_pass(mg, compute, send, recv, bytes, "the ring's link timing");
+    CUDA_CHECK(cudaEventRecord(stop, mg->ring_stream));
+    multigpu_wait(mg, mg->ring_stream);
+    mg->ring_done = mg->ring_issued;
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ms > 0.0f) link_times_add(t, (double)bytes, 1e-3 * (double)ms);
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+}
+
 /* ---- parameters (ZeRO-1) ---- */
 
 /* After each rank updated its shard of params: every shard to every rank. */
@@ -665,6 +690,10 @@ static inline void multigpu_ring_pass(MultiGpu* mg, cudaStream_t compute, const 
     (void)recv;
     (void)bytes;
     (void)what;
+    multigpu_ring_join(mg, compute);
+}
+static inline void multigpu_time_ring(MultiGpu* mg, cudaStream_t compute, const void* send, void* recv, size_t bytes, LinkTimes* t) {
+    (void)send; (void)recv; (void)bytes; (void)t;
     multigpu_ring_join(mg, compute);
 }
 

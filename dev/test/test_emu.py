@@ -871,7 +871,7 @@ def test_step_profile_times_the_offload_copies_emulated(emu_build, tmp_path):
     default = json.loads(subprocess.run(plan_cmd, capture_output=True, text=True, check=True).stdout)["cost_model"]
     measured = json.loads(subprocess.run([*plan_cmd, "--cost-model", str(cost_file)], capture_output=True, text=True,
                                          check=True).stdout)["cost_model"]
-    assert float(rates["host_link_bytes_per_s"]) == pytest.approx(float(m.group(1)), rel=1e-3)
+    assert float(rates["host_link_bytes_per_s"]) == pytest.approx(float(m.group(1)), rel=5e-3)  # printed to 3 digits
     assert measured["host_link_bytes_per_s"] == pytest.approx(float(rates["host_link_bytes_per_s"]), rel=1e-5)
     assert measured["host_link_bytes_per_s"] != default["host_link_bytes_per_s"]
 

@@ -123,6 +123,21 @@ def test_token_tiles_under_the_ring(bins, data, tmp_path):
     assert len(tiled[0]) == 2 and tiled[1] == tiled[0], tiled
 
 
+def test_profiled_step_measures_the_ring_link(bins, data, tmp_path):
+    """REMAT_PROFILE_COST_MODEL under N = 2 on the GPU trainer: after step 2 six messages of the ring's own
+    (three of the K/V block's size, three of a sixteenth) are timed on the ring stream (multigpu_time_ring), the
+    link fitted and written with the calibrated compute rates; the results are those of the run without it."""
+    cm = tmp_path / "cm.txt"
+    plain = steps(ring(bins, data, "bf16", "-b", "2", "-x", "3"))
+    res = ring(bins, data, "bf16", "-b", "2", "-x", "3", REMAT_PROFILE="2", REMAT_PROFILE_COST_MODEL=str(cm))
+    assert steps(res) == plain
+    m = re.search(r"ring (\S+) B/s and (\S+) s a message from (\d+) timed messages\)$", res.stdout, re.M)
+    assert m and m.group(3) == "6", explain(res)
+    rates = dict(line.split(" = ") for line in cm.read_text().splitlines() if " = " in line)
+    assert float(rates["ring_link_bytes_per_s"]) == pytest.approx(float(m.group(1)), rel=5e-3) and float(m.group(1)) > 0  # printed to 3 digits
+    assert float(rates["ring_link_latency_s"]) == pytest.approx(float(m.group(2)), rel=5e-3) and float(m.group(2)) > 0
+
+
 @pytest.mark.parametrize("first, second", [(2, 1), (1, 2)])
 def test_resume_under_another_degree(bins, data, tmp_path, first, second):
     """2 ranks at N = 2 (-b 2: one group) against 2 data-parallel ranks at N = 1 (-b 1: two groups): the same two
