@@ -235,7 +235,7 @@ static inline const char* multigpu_last_error(MultiGpu* mg) {
 static inline void multigpu_abort_all(MultiGpu* mg) {
     if (mg->ring_comm) ncclCommAbort(mg->ring_comm);
     mg->ring_comm = NULL;
-    if (mg->comm) ncclCommAbort(mg->comm);
+    ncclCommAbort(mg->comm); /* NULL (already aborted): NCCL returns at once */
     mg->comm = NULL;
 }
 
