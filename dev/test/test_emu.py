@@ -519,6 +519,7 @@ def test_attention_blocks_emulated(emu_build, precision):
     assert len(slices) == len(BLOCK_CASES) * (8 * 4 + 3), res.stdout[-3000:]  # eight sets' four slice checks, the ring's three
 
 
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
 def test_gpt_token_tiles_emulated(default_jobs, precision):
     """GPU token tiles: against the CPU reference, bitwise across recompute settings at the same tile size
     (with dropout too), and within TOL_TILES of the untiled gradients."""
