@@ -883,11 +883,12 @@ static const real* branch_grad(CpuModel* m, const DropoutSite* s, int r0, int n)
 static void block_recompute_mlp(CpuModel* m, int l, int r0, int n) {
     int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
     BlockTensors w = layer_params(m, l);
-    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) { block_forward_mlp(m, l, r0, n, NULL); return; }
-    if (mode != RECOMPUTE_SELECTIVE) return;
-    layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
-                    act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
-    gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
+    if (!layer_keeps(mode, ACT_RES2)) { block_forward_mlp(m, l, r0, n, NULL); return; }
+    if (!layer_keeps(mode, ACT_LN2))
+        layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
+                        act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
+    if (!layer_keeps(mode, ACT_FCH_GELU))
+        gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
 }
 
 /* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
@@ -898,8 +899,9 @@ static void block_recompute_ln1(CpuModel* m, int l, int r0, int n, int tiles) {
     BlockTensors w = layer_params(m, l);
     real *ln1 = act_rows(m, l, ACT_LN1, r0), *x = act_rows(m, l, ACT_X, r0);
     real *mean = act_rows(m, l, ACT_LN1_MEAN, r0), *rstd = act_rows(m, l, ACT_LN1_RSTD, r0);
-    if (mode == RECOMPUTE_SELECTIVE) layernorm_apply(ln1, x, mean, rstd, w.ln1w, w.ln1b, n, C);
-    else if (mode != RECOMPUTE_NONE && tiles > 1) layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C);
+    if (layer_keeps(mode, ACT_LN1)) return;
+    if (layer_keeps(mode, ACT_LN1_MEAN)) layernorm_apply(ln1, x, mean, rstd, w.ln1w, w.ln1b, n, C);
+    else if (tiles > 1) layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C);
 }
 
 /* Rows [r0, r0+n) of the block's backward after its output (with what it
@@ -955,8 +957,8 @@ static void block_backward(CpuModel* m, int l) {
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
     real* datty = m->tile_rows ? m->tile_datty : act(m, l, ACT_RES2);
     real* dqkv = m->tile_rows ? m->tile_dqkv : act(m, l, ACT_FCH);
-    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) FOR_TILES(m, r0, n) block_forward_qkv(m, l, r0, n);
-    if (mode == RECOMPUTE_FULL) block_attention_forward(m, l);
+    if (!layer_keeps(mode, ACT_QKV)) FOR_TILES(m, r0, n) block_forward_qkv(m, l, r0, n);
+    if (!layer_keeps(mode, ACT_ATTY)) block_attention_forward(m, l);
     FOR_TILES(m, r0, n) block_backward_mlp(m, l, r0, n, datty);
     layer_attention_backward(m, l, dqkv, datty, &att);
     FOR_TILES(m, r0, n) block_backward_qkv(m, l, r0, n, tiles, dqkv);

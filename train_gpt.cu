@@ -444,10 +444,10 @@ static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
  * too), with the forward pass's own kernels and launch configurations. */
 static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l];
-    if (mode != RECOMPUTE_FULL && mode != RECOMPUTE_KEEP_ATTENTION) return;
+    if (layer_keeps(mode, ACT_QKV)) return;
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
     GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, l, r0, n);
-    if (mode == RECOMPUTE_FULL) {
+    if (!layer_keeps(mode, ACT_ATTY)) {
         DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
         prof_begin(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
         gpu_layer_attention_forward(m, l, &att_drop);
@@ -460,15 +460,18 @@ static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
  * the block from the projection to the GELU; -r 2: LN2 and GELU). */
 static void gpu_block_recompute_mlp(GpuModel* m, int l, int r0, int n) {
     int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
-    if (mode == RECOMPUTE_NONE) return;
+    if (layer_keeps(mode, ACT_LN2) && layer_keeps(mode, ACT_FCH_GELU)) return;
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
-    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
+    if (!layer_keeps(mode, ACT_RES2)) {
         gpu_block_forward_mlp(m, l, r0, n, NULL);
     } else {
         GpuBlockTensors w = gpu_layer_params(m, l);
-        gpu_layernorm_apply(gact_rows(m, l, ACT_LN2, r0), gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0),
-                            gact_rows(m, l, ACT_RES2, r0), w.ln2w, w.ln2b, n, C, m->stream);
-        gpu_gelu_forward(gact_rows(m, l, ACT_FCH_GELU, r0), gact_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C, m->stream);
+        if (!layer_keeps(mode, ACT_LN2))
+            gpu_layernorm_apply(gact_rows(m, l, ACT_LN2, r0), gstat_rows(m, l, ACT_LN2_MEAN, r0),
+                                gstat_rows(m, l, ACT_LN2_RSTD, r0), gact_rows(m, l, ACT_RES2, r0), w.ln2w, w.ln2b, n, C,
+                                m->stream);
+        if (!layer_keeps(mode, ACT_FCH_GELU))
+            gpu_gelu_forward(gact_rows(m, l, ACT_FCH_GELU, r0), gact_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C, m->stream);
     }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
@@ -478,12 +481,13 @@ static void gpu_block_recompute_mlp(GpuModel* m, int l, int r0, int n) {
  * through the buffer since (else it still holds these rows). */
 static void gpu_block_recompute_ln1(GpuModel* m, int l, int r0, int n, int tiles) {
     int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
-    if (mode == RECOMPUTE_NONE || (mode != RECOMPUTE_SELECTIVE && tiles == 1)) return;
+    int stats_kept = layer_keeps(mode, ACT_LN1_MEAN);
+    if (layer_keeps(mode, ACT_LN1) || (!stats_kept && tiles == 1)) return;
     GpuBlockTensors w = gpu_layer_params(m, l);
     floatX *ln1 = gact_rows(m, l, ACT_LN1, r0), *x = gact_rows(m, l, ACT_X, r0);
     float *mean = gstat_rows(m, l, ACT_LN1_MEAN, r0), *rstd = gstat_rows(m, l, ACT_LN1_RSTD, r0);
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
-    if (mode == RECOMPUTE_SELECTIVE) gpu_layernorm_apply(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
+    if (stats_kept) gpu_layernorm_apply(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
     else gpu_layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
