@@ -5,21 +5,11 @@
  * not multiples of the tiles (4 rows, 2 vectors of columns: 16 or 32 of fp32,
  * the vector width) nor of the backward input pass's output chunk nor of the
  * backward weight pass's block of rows, with -0, zeros and mixed magnitudes
- * in the inputs. The orders (train_gpt.c):
- *   forward          per lane k, the products a[i] w[i] for i < IC - IC % RLANES
- *                    with i % RLANES == k, summed from +0 in increasing i; the
- *                    lanes summed from +0 in lane order; then the tail i in
- *                    order; then the bias;
- *   backward input   dinp[n][i] = sum over o in increasing order, from +0;
- *   backward weight  dW[o][i] += products over n in increasing order, added to
- *                    the existing value one at a time; dbias likewise.
+ * in the inputs. The orders are written out as the *_spec loops of
+ * llmc/cpu_matmul.h, the oracle here.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
-
-/* Each step of a sum is train_gpt.c's madd: acc + a b rounded once where the
- * machine has FMA, the step GCC's contraction gives the kernels' vector tiles
- * (were madd not fused, the tiles would differ from these loops). */
 
 static real test_value(uint64_t seed, size_t i) {
     switch (i % 11) {
@@ -33,45 +23,6 @@ static real* test_array(size_t n, uint64_t seed) {
     real* x = (real*)malloc_check(n * sizeof(real), "test");
     for (size_t i = 0; i < n; i++) x[i] = test_value(seed, i);
     return x;
-}
-
-static void ref_forward(real* out, const real* inp, const real* W, const real* bias, int N, int IC, int OC) {
-    int vec_end = IC - IC % RLANES;
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            const real* a = inp + (size_t)n * IC;
-            const real* w = W + (size_t)o * IC;
-            real lane[RLANES] = {0};
-            for (int i = 0; i < vec_end; i++) lane[i % RLANES] = madd(lane[i % RLANES], a[i], w[i]);
-            real s = 0;
-            for (int k = 0; k < RLANES; k++) s += lane[k];
-            for (int i = vec_end; i < IC; i++) s = madd(s, a[i], w[i]);
-            out[(size_t)n * OC + o] = bias ? s + bias[o] : s;
-        }
-}
-
-static void ref_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
-    for (int n = 0; n < N; n++)
-        for (int i = 0; i < IC; i++) {
-            real acc = 0;
-            for (int o = 0; o < OC; o++) acc = madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
-            dinp[(size_t)n * IC + i] = acc;
-        }
-}
-
-static void ref_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
-    for (int o = 0; o < OC; o++) {
-        for (int i = 0; i < IC; i++) {
-            real acc = dW[(size_t)o * IC + i];
-            for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + o], inp[(size_t)n * IC + i]);
-            dW[(size_t)o * IC + i] = acc;
-        }
-        if (dbias) {
-            real acc = dbias[o];
-            for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
-            dbias[o] = acc;
-        }
-    }
 }
 
 static int same_bits(const char* what, const real* got, const real* want, size_t n, int N, int IC, int OC) {
@@ -93,14 +44,14 @@ static int check_shape(int N, int IC, int OC, uint64_t seed) {
     int fails = 0;
 
     matmul_forward(got, inp, W, bias, N, IC, OC);
-    ref_forward(want, inp, W, bias, N, IC, OC);
+    matmul_forward_spec(want, inp, W, bias, N, IC, OC);
     fails += !same_bits("matmul_forward", got, want, n_out, N, IC, OC);
     matmul_forward(got, inp, W, NULL, N, IC, OC);
-    ref_forward(want, inp, W, NULL, N, IC, OC);
+    matmul_forward_spec(want, inp, W, NULL, N, IC, OC);
     fails += !same_bits("matmul_forward (no bias)", got, want, n_out, N, IC, OC);
 
     matmul_backward_input(got, dout, W, N, IC, OC);
-    ref_backward_input(want, dout, W, N, IC, OC);
+    matmul_backward_input_spec(want, dout, W, N, IC, OC);
     fails += !same_bits("matmul_backward_input", got, want, n_in, N, IC, OC);
 
     memcpy(got, dW0, n_w * sizeof(real));
@@ -108,7 +59,7 @@ static int check_shape(int N, int IC, int OC, uint64_t seed) {
     memcpy(got_b, db0, OC * sizeof(real));
     memcpy(want_b, db0, OC * sizeof(real));
     matmul_backward_weight(got, got_b, dout, inp, N, IC, OC);
-    ref_backward_weight(want, want_b, dout, inp, N, IC, OC);
+    matmul_backward_weight_spec(want, want_b, dout, inp, N, IC, OC);
     fails += !same_bits("matmul_backward_weight dW", got, want, n_w, N, IC, OC);
     fails += !same_bits("matmul_backward_weight dbias", got_b, want_b, OC, N, IC, OC);
 

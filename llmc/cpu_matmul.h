@@ -1,0 +1,299 @@
+/*
+ * The CPU reference's matmuls: out (N,OC) = inp (N,IC) @ W (OC,IC)^T + bias
+ * and its two backward passes, in the layout train_gpt.c uses (row-major,
+ * weights (out, in)).
+ *
+ * Two forms of each. The *_spec loops are the specification: a few lines
+ * that say in which order every output element is summed. The kernels the
+ * trainer runs are register-tiled for AVX2/AVX-512 and threaded, and give
+ * exactly the spec's bits for any shape, tile or thread count, which is what
+ * makes recomputation bitwise (docs/DESIGN.md). Needs `real` and R_FMA
+ * (cpu_real.h) first.
+ */
+#ifndef REMAT_CPU_MATMUL_H
+#define REMAT_CPU_MATMUL_H
+
+#include <string.h>
+#include "cpu_real.h"
+
+/* 32-byte vectors of real; one lane of partial sums per element. */
+typedef real rvec __attribute__((vector_size(32)));
+#define RLANES ((int)(32 / sizeof(real)))
+
+static inline rvec vload(const real* p) { rvec v; memcpy(&v, p, sizeof(v)); return v; }
+static inline void vstore(real* p, rvec v) { memcpy(p, &v, sizeof(v)); }
+/* x - (+0) is x for every x, -0 included, so this is a plain broadcast. */
+static inline rvec vsplat(real x) { return x - (rvec){0}; }
+static inline real vsum(rvec v) { real s = 0; for (int k = 0; k < RLANES; k++) s += v[k]; return s; }
+
+/* Vectors for the backward matmuls, as wide as the machine has: they sum
+ * each element over n or o on its own, without lanes of partial sums, so the
+ * width changes no result. */
+#ifdef __AVX512F__
+#define WBYTES 64
+#else
+#define WBYTES 32
+#endif
+typedef real wvec __attribute__((vector_size(WBYTES)));
+#define WLANES ((int)(WBYTES / sizeof(real)))
+static inline wvec wload(const real* p) { wvec v; memcpy(&v, p, sizeof(v)); return v; }
+static inline void wstore(real* p, wvec v) { memcpy(p, &v, sizeof(v)); }
+static inline wvec wsplat(real x) { return x - (wvec){0}; }
+
+/* acc + a b, rounded once where the machine has FMA: the step the vector
+ * tiles take (GCC contracts their acc += a * b under its default
+ * -ffp-contract=fast), spelt out for the scalar tails so that an element's
+ * bits do not depend on whether it falls in a tile or a tail. */
+static inline real madd(real acc, real a, real b) {
+#ifdef __FMA__
+    return R_FMA(a, b, acc);
+#else
+    return acc + a * b;
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* The specification: each output element summed in plain loops, in the     */
+/* order the fast kernels below must reproduce bit for bit                   */
+/* (dev/test/test_matmul_order.c holds them to it).                          */
+
+/* out (N,OC) = inp (N,IC) @ W (OC,IC)^T + bias (OC): per lane k, the
+ * products a[i] w[i] for i < IC - IC % RLANES with i % RLANES == k, summed
+ * from +0 in increasing i; the lanes summed from +0 in lane order; then the
+ * tail i in order; then the bias. */
+static inline void matmul_forward_spec(real* out, const real* inp, const real* W, const real* bias, int N, int IC, int OC) {
+    int vec_end = IC - IC % RLANES;
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            const real* a = inp + (size_t)n * IC;
+            const real* w = W + (size_t)o * IC;
+            real lane[RLANES] = {0};
+            for (int i = 0; i < vec_end; i++) lane[i % RLANES] = madd(lane[i % RLANES], a[i], w[i]);
+            real s = 0;
+            for (int k = 0; k < RLANES; k++) s += lane[k];
+            for (int i = vec_end; i < IC; i++) s = madd(s, a[i], w[i]);
+            out[(size_t)n * OC + o] = bias ? s + bias[o] : s;
+        }
+}
+
+/* dinp (N,IC) = dout (N,OC) @ W (OC,IC): each element summed over o in
+ * increasing order, from +0. */
+static inline void matmul_backward_input_spec(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            real acc = 0;
+            for (int o = 0; o < OC; o++) acc = madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
+            dinp[(size_t)n * IC + i] = acc;
+        }
+}
+
+/* dW (OC,IC) += dout^T @ inp, dbias (OC) += column sums of dout: the
+ * products over n in increasing order, added to the existing value one at a
+ * time. */
+static inline void matmul_backward_weight_spec(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
+    for (int o = 0; o < OC; o++) {
+        for (int i = 0; i < IC; i++) {
+            real acc = dW[(size_t)o * IC + i];
+            for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + o], inp[(size_t)n * IC + i]);
+            dW[(size_t)o * IC + i] = acc;
+        }
+        if (dbias) {
+            real acc = dbias[o];
+            for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
+            dbias[o] = acc;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The fast kernels: register tiles, packed panels, OpenMP over blocks of    */
+/* rows or columns; every element still summed in the order above.           */
+
+/* One output element: lane-wise partial sums over IC, a fixed-order lane
+ * sum, the scalar tail, then the bias. Every tile shape below produces
+ * exactly these bits. */
+static inline real dot_finish(rvec acc, const real* a, const real* w, int i0, int IC, const real* bias, int o) {
+    real s = vsum(acc);
+    for (int i = i0; i < IC; i++) s = madd(s, a[i], w[i]);
+    return bias ? s + bias[o] : s;
+}
+
+/* W rows per register tile of the forward: 4 x 4 accumulators need the 32
+ * vector registers AVX-512 brings, 4 x 2 fit in 16. */
+#ifdef __AVX512F__
+#define FWD_WROWS 4
+#else
+#define FWD_WROWS 2
+#endif
+
+static void matmul_forward(real* out, const real* inp, const real* W, const real* bias, int N, int IC, int OC) {
+    const int OB = 64; /* a block of W rows stays in cache while all rows stream past */
+    int vec_end = IC - IC % RLANES;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int ob = 0; ob < OC; ob += OB) {
+        int oe = ob + OB < OC ? ob + OB : OC;
+        int n = 0;
+        for (; n + 4 <= N; n += 4) {
+            const real* a[4] = {inp + (size_t)n * IC, inp + (size_t)(n + 1) * IC, inp + (size_t)(n + 2) * IC, inp + (size_t)(n + 3) * IC};
+            int o = ob;
+            for (; o + FWD_WROWS <= oe; o += FWD_WROWS) {
+                const real* w = W + (size_t)o * IC;
+                rvec acc[4][FWD_WROWS];
+                memset(acc, 0, sizeof(acc));
+                for (int i = 0; i < vec_end; i += RLANES) {
+                    rvec x[FWD_WROWS];
+                    for (int c = 0; c < FWD_WROWS; c++) x[c] = vload(w + (size_t)c * IC + i);
+                    for (int r = 0; r < 4; r++) {
+                        rvec ar = vload(a[r] + i);
+                        for (int c = 0; c < FWD_WROWS; c++) acc[r][c] += ar * x[c];
+                    }
+                }
+                for (int r = 0; r < 4; r++)
+                    for (int c = 0; c < FWD_WROWS; c++)
+                        out[(size_t)(n + r) * OC + o + c] = dot_finish(acc[r][c], a[r], w + (size_t)c * IC, vec_end, IC, bias, o + c);
+            }
+            for (; o < oe; o++)
+                for (int r = 0; r < 4; r++) {
+                    const real* w = W + (size_t)o * IC;
+                    rvec acc = {0};
+                    for (int i = 0; i < vec_end; i += RLANES) acc += vload(a[r] + i) * vload(w + i);
+                    out[(size_t)(n + r) * OC + o] = dot_finish(acc, a[r], w, vec_end, IC, bias, o);
+                }
+        }
+        for (; n < N; n++) {
+            const real* a = inp + (size_t)n * IC;
+            for (int o = ob; o < oe; o++) {
+                const real* w = W + (size_t)o * IC;
+                rvec acc = {0};
+                for (int i = 0; i < vec_end; i += RLANES) acc += vload(a + i) * vload(w + i);
+                out[(size_t)n * OC + o] = dot_finish(acc, a, w, vec_end, IC, bias, o);
+            }
+        }
+    }
+}
+
+/* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten; each element is summed
+ * over o in increasing order. A strip of 2 vectors of W columns is packed
+ * contiguously a chunk of BWD_OCHUNK outputs at a time (W rows are IC apart;
+ * the packed chunk stays in L1) while every register tile of 8 rows (4
+ * without AVX-512) passes; a tile carries its partial sums through dinp from one chunk to the next,
+ * which is exact, so the order over o is the unchunked one. */
+#define BWD_OCHUNK 256
+
+/* One register tile of ROWS rows x 2 vectors of dinp over one chunk of o: it
+ * starts from +0 on the first chunk and from its stored partial sums after. */
+static inline __attribute__((always_inline)) void backward_input_tile(real* d, const real* g, const real* packed, int IC, int OC,
+                                                                      int len, int first, const int ROWS) {
+    wvec acc[8][2];
+    for (int r = 0; r < ROWS; r++) {
+        acc[r][0] = first ? (wvec){0} : wload(d + (size_t)r * IC);
+        acc[r][1] = first ? (wvec){0} : wload(d + (size_t)r * IC + WLANES);
+    }
+    for (int o = 0; o < len; o++) {
+        wvec w0 = wload(packed + o * 2 * WLANES), w1 = wload(packed + o * 2 * WLANES + WLANES);
+        for (int r = 0; r < ROWS; r++) {
+            wvec sv = wsplat(g[(size_t)r * OC + o]);
+            acc[r][0] += sv * w0;
+            acc[r][1] += sv * w1;
+        }
+    }
+    for (int r = 0; r < ROWS; r++) {
+        wstore(d + (size_t)r * IC, acc[r][0]);
+        wstore(d + (size_t)r * IC + WLANES, acc[r][1]);
+    }
+}
+
+static void matmul_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
+    const int IB = 2 * WLANES;
+    int strips = IC / IB, tile_rows = N - N % 4;
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int s = 0; s < strips; s++) {
+        int ib = s * IB;
+        real packed[BWD_OCHUNK * 2 * WLANES];
+        for (int o0 = 0; o0 < OC; o0 += BWD_OCHUNK) {
+            int len = o0 + BWD_OCHUNK <= OC ? BWD_OCHUNK : OC - o0;
+            for (int o = 0; o < len; o++) memcpy(packed + o * IB, W + (size_t)(o0 + o) * IC + ib, IB * sizeof(real));
+            int nb = 0;
+#ifdef __AVX512F__ /* 8 x 2 accumulators need its 32 vector registers */
+            for (; nb + 8 <= N; nb += 8)
+                backward_input_tile(dinp + (size_t)nb * IC + ib, dout + (size_t)nb * OC + o0, packed, IC, OC, len, o0 == 0, 8);
+#endif
+            for (; nb < tile_rows; nb += 4)
+                backward_input_tile(dinp + (size_t)nb * IC + ib, dout + (size_t)nb * OC + o0, packed, IC, OC, len, o0 == 0, 4);
+        }
+    }
+    /* the rows below the last full tile and the columns right of the last strip */
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (int n = 0; n < N; n++)
+        for (int i = n < tile_rows ? strips * IB : 0; i < IC; i++) {
+            real acc = 0;
+            for (int o = 0; o < OC; o++) acc = madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
+            dinp[(size_t)n * IC + i] = acc;
+        }
+}
+
+/* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout. Register
+ * tiles of BWD_W_TILE rows x 2 vectors of dW; each element is summed over n in
+ * order. A job is the tiles of BWD_W_ROWS rows over one strip of columns, so
+ * the strip of inp (N x 2 vectors) is read from L1 by all of them, and the
+ * job's columns of dout (one cache line per row) by every strip in turn. */
+#define BWD_W_ROWS 16
+#ifdef __AVX512F__ /* 8 x 2 accumulators need its 32 vector registers */
+#define BWD_W_TILE 8
+#else
+#define BWD_W_TILE 4
+#endif
+static inline void backward_weight_tile(real* dW, const real* dout, const real* inp, int N, int IC, int OC, int ob, int ib) {
+    wvec acc[BWD_W_TILE][2];
+    for (int r = 0; r < BWD_W_TILE; r++) {
+        acc[r][0] = wload(dW + (size_t)(ob + r) * IC + ib);
+        acc[r][1] = wload(dW + (size_t)(ob + r) * IC + ib + WLANES);
+    }
+    for (int n = 0; n < N; n++) {
+        const real* a = inp + (size_t)n * IC + ib;
+        wvec a0 = wload(a), a1 = wload(a + WLANES);
+        const real* d = dout + (size_t)n * OC + ob;
+        for (int r = 0; r < BWD_W_TILE; r++) {
+            wvec sv = wsplat(d[r]);
+            acc[r][0] += sv * a0;
+            acc[r][1] += sv * a1;
+        }
+    }
+    for (int r = 0; r < BWD_W_TILE; r++) {
+        wstore(dW + (size_t)(ob + r) * IC + ib, acc[r][0]);
+        wstore(dW + (size_t)(ob + r) * IC + ib + WLANES, acc[r][1]);
+    }
+}
+
+static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
+    const int IB = 2 * WLANES;
+    int iblocks = (IC + IB - 1) / IB, oblocks = (OC + BWD_W_ROWS - 1) / BWD_W_ROWS;
+    #pragma omp parallel for schedule(dynamic, 4)
+    for (int job = 0; job < oblocks * iblocks; job++) {
+        int ob0 = (job / iblocks) * BWD_W_ROWS, ib = (job % iblocks) * IB;
+        int oe = ob0 + BWD_W_ROWS < OC ? ob0 + BWD_W_ROWS : OC;
+        int width = ib + IB <= IC ? IB : IC - ib;
+        for (int ob = ob0; ob < oe; ob += BWD_W_TILE) {
+            int rows = ob + BWD_W_TILE <= oe ? BWD_W_TILE : oe - ob;
+            if (width == IB && rows == BWD_W_TILE) {
+                backward_weight_tile(dW, dout, inp, N, IC, OC, ob, ib);
+                continue;
+            }
+            for (int r = 0; r < rows; r++)
+                for (int k = 0; k < width; k++) {
+                    real acc = dW[(size_t)(ob + r) * IC + ib + k];
+                    for (int n = 0; n < N; n++) acc = madd(acc, dout[(size_t)n * OC + ob + r], inp[(size_t)n * IC + ib + k]);
+                    dW[(size_t)(ob + r) * IC + ib + k] = acc;
+                }
+        }
+    }
+    if (!dbias) return;
+    #pragma omp parallel for schedule(dynamic, 64)
+    for (int o = 0; o < OC; o++) {
+        real acc = dbias[o];
+        for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
+        dbias[o] = acc;
+    }
+}
+
+#endif
