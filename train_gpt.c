@@ -459,17 +459,9 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* attention as a ring (context parallelism, llmc/multiproc.h)               */
-/* Member r of a group of N holds chunks r and 2N-1-r (Tc = T/2 tokens each  */
-/* of its T per row). At ring step s it computes its queries against the K/V */
-/* block of member r - s while sending that block on to r + 1 and receiving  */
-/* the next from r - 1 (two buffers); chunk pairs the causal mask empties    */
-/* are skipped. Each query chunk's first block is written and later ones are */
-/* merged by log-sum-exp in step order, then chunk order: a fixed order, so  */
-/* the result does not depend on when messages arrive. Backward passes the   */
-/* K/V blocks round again with their dK/dV sums, which each member adds to   */
-/* and passes on after its block's work; after N steps they are back with    */
-/* their owner. dQ stays local; the forward's lse is reused.                 */
+/* attention as a ring (context parallelism): the schedule is llmc/ring.h's; */
+/* here each step's chunk pairs run attention_block_* while MPI moves the    */
+/* K/V block on (and in backward its dK/dV sums).                            */
 
 enum { RING_TAG_KV = 1, RING_TAG_DKV = 2 };
 
@@ -480,21 +472,13 @@ static void ring_pack_kv(real* kv, const real* qkv, size_t rows, int C) {
     for (size_t n = 0; n < rows; n++) memcpy(kv + n * 2 * C, qkv + n * 3 * C + C, 2 * (size_t)C * sizeof(real));
 }
 
-/* The chunk pair (query chunk qc, key chunk kc of the block that started at
- * member `origin`) as an attention block; 0 when the causal mask empties it. */
-static int ring_block(const CpuModel* m, int origin, int qc, int kc, AttentionBlock* a) {
-    return context_chunk_block(m->B, m->cfg.channels, m->cfg.num_heads, m->T, m->cp.degree, m->cp.member, origin, qc, kc, a);
-}
-
-/* The ring's link timed on its own buffers after the profiled step: K/V
- * blocks of the run's size and of a sixteenth of it (for the latency), three
- * times each, every one after a one-byte exchange that lines the
- * neighbours up. The step's own waits are not timed: they hold whatever the
- * neighbour's attention was late, which on a loaded machine is most of them. */
+/* The ring's link timed on its own buffers after the profiled step
+ * (llmc/ring.h's messages), each after a one-byte exchange that lines the
+ * neighbours up. */
 static void cpu_time_ring(CpuModel* m) {
     size_t kv = plan_ring_kv_bytes(&m->plan->spec);
-    for (int i = 0; i < 6; i++) {
-        size_t bytes = i % 2 ? kv : (kv + 15) / 16;
+    for (int i = 0; i < RING_TIMING_MESSAGES; i++) {
+        size_t bytes = ring_timing_bytes(kv, i);
         ring_post(&m->ring, &m->cp, m->ring_kv[0], m->ring_kv[1], 1, RING_TAG_KV);
         ring_wait(&m->ring, &m->cp, "the ring's link timing");
         double t0 = now_ms();
@@ -511,12 +495,9 @@ static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real
     for (int s = 0; s < N; s++) {
         real* cur = m->ring_kv[s % 2];
         if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        int origin = (m->cp.member - s + N) % N;
-        for (int qc = 0; qc < 2; qc++)
-            for (int kc = 0; kc < 2; kc++) {
-                AttentionBlock a;
-                if (ring_block(m, origin, qc, kc, &a)) attention_block_forward(out, lse, qkv, cur, 2 * C, &a, s == 0 && kc == 0, drop);
-            }
+        RingBlock blocks[4];
+        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, blocks);
+        for (int i = 0; i < n; i++) attention_block_forward(out, lse, qkv, cur, 2 * C, &blocks[i].block, blocks[i].first, drop);
         ring_wait(&m->ring, &m->cp, "the ring attention forward");
     }
 }
@@ -533,12 +514,10 @@ static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, c
         real* cur = m->ring_kv[s % 2];
         real* dcur = m->ring_dkv[s % 2];
         if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        int origin = (m->cp.member - s + N) % N;
-        for (int qc = 0; qc < 2; qc++)
-            for (int kc = 0; kc < 2; kc++) {
-                AttentionBlock a;
-                if (ring_block(m, origin, qc, kc, &a)) attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &a, drop);
-            }
+        RingBlock blocks[4];
+        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, blocks);
+        for (int i = 0; i < n; i++)
+            attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &blocks[i].block, drop);
         /* the sums go on to the next member; the last step's reach their owner */
         ring_post(&m->ring, &m->cp, dcur, m->ring_dkv[(s + 1) % 2], bytes, RING_TAG_DKV);
         ring_wait(&m->ring, &m->cp, "the ring attention backward");
@@ -1000,15 +979,15 @@ static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
         cpu_row_probs(m, len - 1, probs);
         return;
     }
-    int padded = (len + 2 * N - 1) / (2 * N) * (2 * N), Tl = padded / N, Tc = Tl / 2;
+    int Tl = ring_padded_length(len, N) / N, row;
     cpu_set_shape(m, 1, Tl);
     for (int i = 0; i < Tl; i++) {
         int pos = token_position(&m->layout, (size_t)i);
         m->inputs[i] = tokens[pos < len ? pos : 0];
     }
     model_forward(m, m->inputs);
-    int chunk = (len - 1) / Tc, owner = chunk < N ? chunk : 2 * N - 1 - chunk;
-    if (owner == m->cp.member) cpu_row_probs(m, (chunk < N ? 0 : Tc) + (len - 1) % Tc, probs);
+    int owner = ring_position_owner(len - 1, Tl, N, &row);
+    if (owner == m->cp.member) cpu_row_probs(m, row, probs);
     proc_ring_broadcast(probs, (size_t)m->cfg.vocab_size * sizeof(float), owner);
 }
 

@@ -333,17 +333,14 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
 }
 
 /* ------------------------------------------------------------------------ */
-/* attention as a ring (context parallelism), step for step train_gpt.c's
- * ring_attention_forward/backward: member r holds chunks r and 2N-1-r of
- * each row; at ring step s it computes its queries against the K/V block of
- * member r - s (the chunk pairs of token_layout.h's context_chunk_block, in
- * the CPU's order) while the ring stream sends that block on to r + 1 and
- * receives the next from r - 1 into the other buffer (llmc/multigpu.cuh).
- * Two events order each transfer: one recorded on compute before it makes
- * it wait for the compute issued so far (the block sent is packed or has
- * arrived; the buffer received into was last read by the step before), and
- * multigpu_ring_join makes the compute issued next wait for the one recorded
- * after it. The
+/* attention as a ring (context parallelism): llmc/ring.h's schedule, step
+ * for step train_gpt.c's ring_attention_forward/backward, while the ring
+ * stream sends the K/V block on to the next member and receives the next
+ * into the other buffer (llmc/multigpu.cuh). Two events order each
+ * transfer: one recorded on compute before it makes it wait for the compute
+ * issued so far (the block sent is packed or has arrived; the buffer
+ * received into was last read by the step before), and multigpu_ring_join
+ * makes the compute issued next wait for the one recorded after it. The
  * blocks are summed in fp32 (ring_acc; dK/dV in ring_dkv) and stored as
  * floatX once, after the ring. */
 
@@ -370,13 +367,9 @@ static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, con
         if (step + 1 < N) multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], bytes, "the ring attention forward");
         int ld;
         const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
-        int origin = (m->cp.member - step + N) % N;
-        for (int qc = 0; qc < 2; qc++)
-            for (int kc = 0; kc < 2; kc++) {
-                AttentionBlock a;
-                if (context_chunk_block(m->B, C, m->cfg.num_heads, m->T, N, m->cp.member, origin, qc, kc, &a))
-                    gpu_attention_block_forward(m->ring_acc, lse, qkv, kv, ld, &a, step == 0 && kc == 0, drop, s);
-            }
+        RingBlock blocks[4];
+        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, step, blocks);
+        for (int i = 0; i < n; i++) gpu_attention_block_forward(m->ring_acc, lse, qkv, kv, ld, &blocks[i].block, blocks[i].first, drop, s);
         if (step + 1 < N) multigpu_ring_join(m->mg, s);
     }
     gpu_attention_ring_store_out(out, m->ring_acc, rows, C, s);
@@ -398,13 +391,10 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
         int ld;
         const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
         float* dkv = m->ring_dkv[step % 2];
-        int origin = (m->cp.member - step + N) % N;
-        for (int qc = 0; qc < 2; qc++)
-            for (int kc = 0; kc < 2; kc++) {
-                AttentionBlock a;
-                if (context_chunk_block(m->B, C, NH, m->T, N, m->cp.member, origin, qc, kc, &a))
-                    gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &a, drop, s);
-            }
+        RingBlock blocks[4];
+        int n = ring_step_blocks(&m->cp, m->B, C, NH, m->T, step, blocks);
+        for (int i = 0; i < n; i++)
+            gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &blocks[i].block, drop, s);
         /* the sums go on to the next member; the last step's reach their owner */
         multigpu_ring_pass(m->mg, s, dkv, m->ring_dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
         multigpu_ring_join(m->mg, s);
@@ -834,18 +824,13 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     GpuModel* m = (GpuModel*)ctx;
     int V = m->cfg.vocab_size, N = m->cp.degree;
     int T = sampling_length(len, m->plan->spec.T);
-    if (N > 1) T = (T + 2 * N - 1) / (2 * N) * (2 * N);
+    if (N > 1) T = ring_padded_length(T, N);
     gpu_set_shape(m, 1, T / N);
     for (int i = 0; i < m->T; i++) {
         int pos = token_position(&m->layout, (size_t)i);
         m->h_inputs[i] = pos < len ? tokens[pos] : 0;
     }
-    int owner = 0, row = len - 1;
-    if (N > 1) {
-        int Tc = m->T / 2, chunk = (len - 1) / Tc;
-        owner = chunk < N ? chunk : 2 * N - 1 - chunk;
-        row = (chunk < N ? 0 : Tc) + (len - 1) % Tc;
-    }
+    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
     m->drop = &dropout_off;
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
@@ -971,9 +956,10 @@ static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     if (!path || step != m->prof.step) return;
     LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0};
     offload_timing_collect(&m->off, &host);
-    if (m->cp.degree > 1) { /* the ring's link: messages of the K/V block's size and a sixteenth of it, three each */
+    if (m->cp.degree > 1) { /* the ring's link (llmc/ring.h's timing messages) */
         size_t kv = plan_ring_kv_bytes(&m->plan->spec);
-        for (int i = 0; i < 6; i++) multigpu_time_ring(m->mg, m->stream, m->ring_kv[0], m->ring_kv[1], i % 2 ? kv : (kv + 15) / 16, &ring);
+        for (int i = 0; i < RING_TIMING_MESSAGES; i++)
+            multigpu_time_ring(m->mg, m->stream, m->ring_kv[0], m->ring_kv[1], ring_timing_bytes(kv, i), &ring);
     }
     if (remat_proc.rank != 0) return;
     const float* t = m->prof.total_ms;

@@ -23,6 +23,7 @@
 #include "checkpoint.h"
 #include "loss_scaler.h"
 #include "multiproc.h"
+#include "ring.h"
 #include "run_identity.h"
 #include "preempt.h"
 #include "dropout.h"

@@ -47,7 +47,7 @@
  * the collectives issued are ready, the collective stream is not done). Past
  * the deadline the communicator is aborted and the job stops with one line.
  *
- * Context parallelism (--context-parallel N, llmc/multiproc.h's ContextGroups):
+ * Context parallelism (--context-parallel N, llmc/ring.h's ContextGroups):
  * each group of N consecutive ranks gets a second communicator, split from
  * the first (ncclCommSplit, color the group, key the member), and a ring
  * stream of its own; attention's K/V blocks and dK/dV sums go to member r+1
@@ -74,6 +74,7 @@
 
 #include "cuda_common.cuh"
 #include "multiproc.h"
+#include "ring.h"
 #include "model.h"
 #include "cost_model.h" /* LinkTimes */
 
