@@ -69,6 +69,17 @@ def tiny_trainer(train_bin, *extra, exe="train_gpt_cpu", env=None, **kw):
                env={**ONE_THREAD, **(env or {})}, **kw)
 
 
+def machine_has_gpu():
+    """Whether this machine has an NVIDIA GPU, asked of the driver, not of
+    the program under test: nvidia-smi lists one, or a device node exists."""
+    import glob
+    import shutil
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return True
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.startswith("GPU ")
+
+
 def steps(stdout):
     """(step, loss, lr, norm) strings of every step line."""
     return [m.groups() for m in STEP_RE.finditer(stdout)]

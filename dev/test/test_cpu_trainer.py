@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, binary, datafile, run
+from conftest import ONE_THREAD, REPO, binary, datafile, run
 
 TINY_MODEL = ["-e", "d6", "--layers", "3", "--channels", "32", "--heads", "4", "--vocab-size", "64",
               "--max-seq-len", "32"]
@@ -217,9 +217,22 @@ def test_resume_with_zero_or_too_few_steps(tiny_shards, tmp_path):
                                   "(more steps, or -x 0 to evaluate it)")
 
 
-def test_peak_memory_reported(tiny_shards):
-    res = tiny_run(tiny_shards, "-x", "1")
-    assert re.search(r"peak resident memory: [0-9.]+ MiB", res.stdout)
+def test_peak_memory_follows_the_plan(tiny_shards):
+    """The closing peak-RSS line measures the process: between a small and a
+    large batch it grows by what the plan grows by (the program's own pages
+    are the same in both), within a MiB."""
+    peaks = []
+    for b in ("2", "256"):
+        res = run([binary("train_gpt_cpu"), "-e", "d6", "--layers", "2", "--channels", "64", "--heads", "2", "--vocab-size", "64",
+                   "--max-seq-len", "16", "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", b, "-t", "16", "-s", "0", "-x", "1"],
+                  env=ONE_THREAD, check=True)
+        m = re.search(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB", res.stdout)
+        assert m, res.stdout[-2000:]
+        peaks.append((float(m.group(1)), float(m.group(2))))
+    (rss_small, plan_small), (rss_large, plan_large) = peaks
+    assert plan_large - plan_small > 30  # the batch's activations
+    assert abs((rss_large - rss_small) - (plan_large - plan_small)) < 1.0, peaks
+    assert rss_large >= plan_large
 
 
 def test_long_context_resize_of_the_position_table(tiny_shards, tmp_path):
