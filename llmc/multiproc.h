@@ -365,43 +365,33 @@ static inline void proc_barrier(const char* what) {
 #endif
 }
 
-/* Mean of a double over all processes (identical on every rank). */
-static inline double proc_mean(double v, const char* what) {
+/* A double reduced over all processes with MPI's op (MPI_SUM, MPI_MAX, ...);
+ * v itself on one process or without MPI. */
+#ifdef USE_MPI
+typedef MPI_Op ProcOp;
+#define PROC_SUM MPI_SUM
+#define PROC_MAX MPI_MAX
+#else
+typedef int ProcOp;
+#define PROC_SUM 0
+#define PROC_MAX 1
+#endif
+static inline double proc_reduce(double v, ProcOp op, const char* what) {
 #ifdef USE_MPI
     if (remat_proc.world > 1) {
-        double sum = 0.0;
-        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        return sum / remat_proc.world;
+        double r = v;
+        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &r, 1, MPI_DOUBLE, op, MPI_COMM_WORLD);
+        return r;
     }
 #endif
+    (void)op;
     (void)what;
     return v;
 }
 
-static inline double proc_sum(double v, const char* what) {
-#ifdef USE_MPI
-    if (remat_proc.world > 1) {
-        double sum = 0.0;
-        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        return sum;
-    }
-#endif
-    (void)what;
-    return v;
-}
-
-/* Largest value of a double over all processes. */
-static inline double proc_max(double v, const char* what) {
-#ifdef USE_MPI
-    if (remat_proc.world > 1) {
-        double m = v;
-        PROC_COLLECTIVE(what, MPI_Allreduce, MPI_Iallreduce, &v, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        return m;
-    }
-#endif
-    (void)what;
-    return v;
-}
+static inline double proc_sum(double v, const char* what) { return proc_reduce(v, PROC_SUM, what); }
+static inline double proc_max(double v, const char* what) { return proc_reduce(v, PROC_MAX, what); }
+static inline double proc_mean(double v, const char* what) { return proc_sum(v, what) / remat_proc.world; }
 
 /* Broadcast bytes from rank 0 (the NCCL id, for one). */
 static inline void proc_broadcast(void* buf, size_t bytes, const char* what) {
