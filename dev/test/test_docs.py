@@ -95,6 +95,22 @@ def test_the_design_and_format_documents_and_license_exist():
     assert "MIT License" in (REPO / "LICENSE").read_text()
 
 
+CODE_SUFFIXES = {".c", ".cu", ".h", ".cuh", ".py", ".cpp", ".sh", ".mk"}
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/DESIGN.md"])
+def test_every_code_name_the_reading_docs_give_exists(doc):
+    """Each `identifier` with an underscore that README.md or DESIGN.md names
+    (a function, type, macro or variable to look for) is a word of the code."""
+    words = set()
+    for f in repo_files():
+        if f.suffix in CODE_SUFFIXES or f.name in ("Makefile",):
+            words.update(re.findall(r"\b[A-Za-z_][A-Za-z0-9_]*\b", f.read_text(errors="replace")))
+    names = set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)(?:\(\))?`", (REPO / doc).read_text()))
+    missing = sorted(n for n in names if "_" in n and n not in words)
+    assert not missing, f"{doc} names {missing}, which no source file has"
+
+
 def test_readme_fits_on_a_few_screens():
     assert len((REPO / "README.md").read_text().splitlines()) <= 300
 
