@@ -6,7 +6,7 @@
 #ifndef REMAT_RUN_CHECKPOINTS_H
 #define REMAT_RUN_CHECKPOINTS_H
 
-#include "run_setup.h"
+#include "backend.h"
 
 /* A model file's values must be finite: a NaN or Inf would evaluate to a
  * NaN loss or stop training as if it had diverged. `first` is the index in

@@ -5,7 +5,7 @@
 #ifndef REMAT_RUN_EVAL_H
 #define REMAT_RUN_EVAL_H
 
-#include "run_checkpoints.h"
+#include "backend.h"
 
 /* --eval-by-position: buckets [0,W), [W,2W), [2W,4W), ... of the positions
  * 0..T-1, the loss summed per bucket over every validation token. */

@@ -5,6 +5,7 @@
 #ifndef REMAT_TRAIN_LOOP_H
 #define REMAT_TRAIN_LOOP_H
 
+#include "run_checkpoints.h"
 #include "run_eval.h"
 
 /* This program's peak resident memory: VmHWM, its memory's high-water mark.

@@ -10,6 +10,10 @@
 #ifndef REMAT_TRAINER_H
 #define REMAT_TRAINER_H
 
+#include "backend.h"
+#include "run_setup.h"
+#include "run_checkpoints.h"
+#include "run_eval.h"
 #include "train_loop.h"
 
 #endif
