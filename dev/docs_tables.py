@@ -218,8 +218,34 @@ def table_max_t_gpu():
     return "\n".join(out)
 
 
+C_DEFINITION = re.compile(r"^(?:static\s+)?(?:inline\s+)?(?:__attribute__\(\(\w+\)\)\s+)?(?:const\s+)?[A-Za-z_]\w*\**\s+\**([a-z_]\w*)\(", re.M)
+
+
+def table_cpu_gpu_functions():
+    """Each function of the CPU reference (train_gpt.c, llmc/cpu_*.h) whose
+    GPU twin is named gpu_ + its name (less a cpu_ prefix), and where that
+    twin is defined: the map from one trainer to the other."""
+    cpu_files = [REPO / "train_gpt.c", *sorted((REPO / "llmc").glob("cpu_*.h"))]
+    gpu_files = [REPO / "train_gpt.cu", *sorted((REPO / "llmc").glob("*.cuh"))]
+    gpu_home = {}
+    for f in gpu_files:
+        for name in C_DEFINITION.findall(f.read_text()):
+            gpu_home.setdefault(name, f.relative_to(REPO).as_posix())
+    rows = ["| CPU reference | GPU twin | defined in |", "| --- | --- | --- |"]
+    seen = set()
+    for f in cpu_files:
+        for name in C_DEFINITION.findall(f.read_text()):
+            twin = "gpu_" + (name[4:] if name.startswith("cpu_") else name)
+            if name in seen or twin not in gpu_home:
+                continue
+            seen.add(name)
+            rows.append(f"| `{name}` ({f.relative_to(REPO).as_posix()}) | `{twin}` | {gpu_home[twin]} |")
+    return "\n".join(rows)
+
+
 BLOCKS = {
     "flags": table_flags,
+    "cpu_gpu_functions": table_cpu_gpu_functions,
     "plan_d12": block_plan_d12,
     "fit_wide": block_fit_wide,
     "auto_wide": block_auto_wide,

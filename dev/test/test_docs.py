@@ -100,7 +100,7 @@ CODE_SUFFIXES = {".c", ".cu", ".h", ".cuh", ".py", ".cpp", ".sh", ".mk"}
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/DESIGN.md"])
 def test_every_code_name_the_reading_docs_give_exists(doc):
-    """Each `identifier` with an underscore that README.md or DESIGN.md names
+    """Each `identifier` with an underscore that README.md or docs/DESIGN.md names
     (a function, type, macro or variable to look for) is a word of the code."""
     words = set()
     for f in repo_files():
