@@ -21,6 +21,7 @@
 
 #include "llmc/cpu_real.h"
 #include "llmc/cpu_matmul.h"
+#include "llmc/cpu_offload.h"
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5
@@ -389,6 +390,7 @@ typedef struct {
 #endif
     size_t shard_start, shard_count; /* parameters this rank updates */
     CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose transfers are timed */
+    CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
 } CpuModel;
@@ -434,6 +436,8 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     if (plan->host_total_bytes && posix_memalign((void**)&m->host_pool, PLAN_ALIGN, plan->host_total_bytes) != 0)
         fail("out of host memory: offloaded checkpoints need %.1f MiB", mib(plan->host_total_bytes));
     TRAINER_CARVE_ARENA(m, plan, real, real);
+    CpuOffload offload = {plan, m->arena, m->host_pool, NULL};
+    m->offload = offload;
     m->tile_rows = (int)plan_tile_rows(&plan->spec);
     if (m->tile_rows) {
         m->tile_datty = (real*)(m->arena + plan->off_tile_datty);
@@ -705,41 +709,9 @@ static void block_backward(CpuModel* m, int l) {
     FOR_TILES(m, r0, n) block_backward_qkv(m, l, r0, n, tiles, dqkv);
 }
 
-/* ------------------------------------------------------------------------ */
-/* offloaded checkpoints (plan.h): the GPU's copies, done in place here, so  */
-/* that the plan's staging ring and host pool are exercised bit for bit      */
-
-/* Bytes of layer activation `a` for the current call's B*T tokens. */
-static size_t act_call_bytes(const CpuModel* m, int a) {
-    int is_stat;
-    return (size_t)m->B * m->T * layer_act_per_token(a, &m->cfg, &is_stat) * sizeof(real);
-}
-
-/* Copies layer l's offloaded tensors between its staging slot and the host
- * pool. A slot released (after the copy out, or after the layer's backward)
- * is filled with NaN, as a GPU slot would hold another layer's tensors: a
- * read without its prefetch poisons the result instead of passing. */
-static void offload_copy(CpuModel* m, int l, int to_host) {
-    int mode = m->plan->spec.layer_mode[l], off = m->plan->spec.layer_offload[l];
-    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
-        if (!layer_offloads(mode, off, a)) continue;
-        char* slot = m->arena + m->plan->layer_act[l][a];
-        char* host = m->host_pool + m->plan->host_act[l][a];
-        double t0 = m->links.active ? now_ms() : 0.0;
-        memcpy(to_host ? host : slot, to_host ? slot : host, act_call_bytes(m, a));
-        if (m->links.active) link_times_add(&m->links.host, (double)act_call_bytes(m, a), 1e-3 * (now_ms() - t0));
-    }
-}
-
-static void offload_release(CpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l], off = m->plan->spec.layer_offload[l];
-    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
-        if (!layer_offloads(mode, off, a)) continue;
-        real* slot = (real*)(m->arena + m->plan->layer_act[l][a]);
-        size_t n = act_call_bytes(m, a) / sizeof(real);
-        for (size_t i = 0; i < n; i++) slot[i] = (real)NAN;
-    }
-}
+/* offloaded checkpoints: llmc/cpu_offload.h, on this call's B*T tokens */
+static void offload_copy(CpuModel* m, int l, int to_host) { cpu_offload_copy(&m->offload, l, (size_t)m->B * m->T, to_host); }
+static void offload_release(CpuModel* m, int l) { cpu_offload_release(&m->offload, l, (size_t)m->B * m->T); }
 
 /* Embeddings (dropped: layer 0's x holds the dropped sum), all blocks, final
  * LayerNorm, for the B*T tokens in inputs. An offloaded layer's tensors go
@@ -1039,12 +1011,14 @@ static double cpu_time_matmul_half_rows(CpuModel* m, double planned) {
 static void cpu_step_begin(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     m->links.active = m->links.path && step == m->links.step;
+    m->offload.timed = m->links.active ? &m->links.host : NULL;
 }
 
 static void cpu_step_end(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     if (!m->links.active) return;
     m->links.active = 0;
+    m->offload.timed = NULL;
 #ifdef USE_MPI
     if (m->cp.degree > 1) cpu_time_ring(m);
 #endif

@@ -567,14 +567,21 @@ static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles,
                         gstat_rows(m, l, ACT_LN1_RSTD, r0), n);
 }
 
+/* The gradient slices of one group: layer l's 12 tensors, or with -1 the
+ * embeddings' and the final LayerNorm's (llmc/grad_accum.cuh). */
+static GradSlices gpu_grad_group(const GpuModel* m, int layer) {
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    GradSlices s;
+    s.n = param_group_slices(&pl, m->cfg.num_layers, layer, s.offset, s.count);
+    return s;
+}
+
 /* Token tiles: layer l's fp32 gradient sums added into its floatX
  * gradients, one rounding per micro-step (grad_accum.cuh). */
 static void gpu_round_tile_grads(GpuModel* m, int l) {
     if (!m->tile_rows) return;
-    ParamLayout pl;
-    param_layout(&m->cfg, &pl);
-    GradSlices s;
-    s.n = param_group_slices(&pl, m->cfg.num_layers, l, s.offset, s.count);
+    GradSlices s = gpu_grad_group(m, l);
     gpu_grad_round_layer(m->grads, m->tile_grads.tensor[0], &s, m->stream);
 }
 
@@ -656,10 +663,7 @@ static float gpu_mean_loss(GpuModel* m) {
  * micro-step (grad_accum.cuh). */
 static void gpu_fold_grads(GpuModel* m, int layer) {
     if (!m->grads_fp32) return;
-    ParamLayout pl;
-    param_layout(&m->cfg, &pl);
-    GradSlices s;
-    s.n = param_group_slices(&pl, m->cfg.num_layers, layer, s.offset, s.count);
+    GradSlices s = gpu_grad_group(m, layer);
     gpu_grad_fold(m->grads_fp32, m->grads_fp32_count, m->grads, &s, m->last_micro_step, m->stream);
 }
 

@@ -130,33 +130,51 @@ __global__ void layernorm_forward_kernel(floatX* out, float* mean, float* rstd, 
     }
 }
 
-/* Calls launch(VEC, K) with the vector width and register-cache size for
- * rows of C elements: width XVEC when C is a multiple of it and every pointer
- * is 16-byte aligned, else 1; K the smallest of 1, 2, 4, 8 packs per lane that
- * holds the row, else 0 (no cache). Both LayerNorm kernels use it, so the
- * forward pass and the recompute always take the same path for a shape. */
-#define LN_DISPATCH_K(VEC, launch)                                                     \
-    do {                                                                               \
-        int per_lane_ = (int)ceil_div((size_t)(C / (VEC)), 32);                        \
-        if (per_lane_ <= 1) launch(VEC, 1);                                            \
-        else if (per_lane_ <= 2) launch(VEC, 2);                                       \
-        else if (per_lane_ <= 4) launch(VEC, 4);                                       \
-        else if (per_lane_ <= 8) launch(VEC, 8);                                       \
-        else launch(VEC, 0);                                                           \
-    } while (0)
-#define LN_DISPATCH(vector_ok, launch)                                                 \
-    do {                                                                               \
-        if ((vector_ok) && C % XVEC == 0) LN_DISPATCH_K(XVEC, launch);                 \
-        else LN_DISPATCH_K(1, launch);                                                 \
-    } while (0)
+/* The path both LayerNorm kernels take for rows of C elements, so that the
+ * forward pass and the recompute always take the same one for a shape:
+ * vector width XVEC when C is a multiple of it and every pointer is 16-byte
+ * aligned, else 1; and K, the smallest of 1, 2, 4, 8 packs of VEC elements
+ * per lane that caches the row in registers, else 0 (no cache). ln_dispatch
+ * calls launch.run<VEC, K>() of a launcher that holds a kernel's arguments. */
+static inline int ln_cache_packs(int C, int vec) {
+    int per_lane = (int)ceil_div((size_t)(C / vec), 32);
+    return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : per_lane <= 8 ? 8 : 0;
+}
+
+template <int VEC, typename Launch>
+static inline void ln_dispatch_cache(const Launch& launch, int C) {
+    switch (ln_cache_packs(C, VEC)) {
+    case 1: launch.template run<VEC, 1>(); break;
+    case 2: launch.template run<VEC, 2>(); break;
+    case 4: launch.template run<VEC, 4>(); break;
+    case 8: launch.template run<VEC, 8>(); break;
+    default: launch.template run<VEC, 0>(); break;
+    }
+}
+
+template <typename Launch>
+static inline void ln_dispatch(const Launch& launch, int C, int vector_ok) {
+    if (vector_ok && C % XVEC == 0) ln_dispatch_cache<XVEC>(launch, C);
+    else ln_dispatch_cache<1>(launch, C);
+}
+
+struct LayerNormForwardLaunch {
+    floatX* out;
+    float *mean, *rstd;
+    const floatX *x, *w, *b;
+    int N, C, stats_given;
+    cudaStream_t stream;
+    template <int VEC, int K>
+    void run() const {
+        layernorm_forward_kernel<VEC, K><<<grid_for((size_t)N, LN_ROWS_PER_BLOCK), 32 * LN_ROWS_PER_BLOCK, 0, stream>>>(
+            out, mean, rstd, x, w, b, N, C, stats_given);
+    }
+};
 
 static inline void layernorm_forward_launch(floatX* out, float* mean, float* rstd, const floatX* x, const floatX* w,
                                             const floatX* b, int N, int C, int stats_given, cudaStream_t stream) {
-#define LN_FWD(V, K)                                                                                              \
-    layernorm_forward_kernel<V, K><<<grid_for((size_t)N, LN_ROWS_PER_BLOCK), 32 * LN_ROWS_PER_BLOCK, 0, stream>>>( \
-        out, mean, rstd, x, w, b, N, C, stats_given)
-    LN_DISPATCH(all_aligned16(out, x, w, b), LN_FWD);
-#undef LN_FWD
+    LayerNormForwardLaunch launch = {out, mean, rstd, x, w, b, N, C, stats_given, stream};
+    ln_dispatch(launch, C, all_aligned16(out, x, w, b));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -270,6 +288,19 @@ __global__ void layernorm_param_partials_kernel(float* partials, const floatX* d
     }
 }
 
+struct LayerNormBackwardDxLaunch {
+    floatX* dx;
+    const floatX *dout, *x, *w;
+    const float *mean, *rstd;
+    int N, C;
+    cudaStream_t stream;
+    template <int VEC, int K>
+    void run() const {
+        layernorm_backward_dx_kernel<VEC, K><<<grid_for((size_t)N, LN_ROWS_PER_BLOCK), 32 * LN_ROWS_PER_BLOCK, 0, stream>>>(
+            dx, dout, x, w, mean, rstd, N, C);
+    }
+};
+
 /* dx += input gradient; dw, db += parameter gradients (floatX, or fp32: a
  * token tile's share added to its layer's fp32 sums). partials:
  * COLUMN_SPLITS*2*C floats. */
@@ -278,11 +309,8 @@ static inline void gpu_layernorm_backward(floatX* dx, G* dw, G* db, float* parti
                                           const floatX* x, const floatX* w, const float* mean, const float* rstd,
                                           int N, int C, cudaStream_t stream) {
     const int vector_ok = all_aligned16(dx, dout, x, w);
-#define LN_BWD(V, K)                                                                                                  \
-    layernorm_backward_dx_kernel<V, K><<<grid_for((size_t)N, LN_ROWS_PER_BLOCK), 32 * LN_ROWS_PER_BLOCK, 0, stream>>>( \
-        dx, dout, x, w, mean, rstd, N, C)
-    LN_DISPATCH(vector_ok, LN_BWD);
-#undef LN_BWD
+    LayerNormBackwardDxLaunch launch = {dx, dout, x, w, mean, rstd, N, C, stream};
+    ln_dispatch(launch, C, vector_ok);
     CUDA_CHECK_LAUNCH();
     dim3 block(32, COLUMN_BLOCK_Y);
     if (vector_ok && C % XVEC == 0) {

@@ -8,12 +8,6 @@
 
 #include "backend.h"
 
-static inline double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
 /* Where setup notes go: stdout, except under --plan-json, whose stdout is the JSON alone. */
 static inline FILE* setup_notes(const TrainOptions* o) { return o->plan_json ? stderr : stdout; }
 

@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Called by fail() before exit; the multi-process build installs a hook that
@@ -217,6 +218,13 @@ static inline size_t size_mul_sat(size_t a, size_t b) {
 static inline size_t size_add_sat(size_t a, size_t b) {
     size_t r;
     return __builtin_add_overflow(a, b, &r) ? SIZE_MAX : r;
+}
+
+/* A monotonic clock in milliseconds, for timing steps and copies. */
+static inline double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
 #endif
