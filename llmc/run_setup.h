@@ -115,6 +115,7 @@ static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* f
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
+    if (o->out_dir[0] && run->rank == 0 && !o->plan_only && !o->plan_json) output_lock(o->out_dir, 0); /* before -o is read */
     run->resume_step = o->resume && run->rank == 0 ? checkpoint_latest_whole(o->out_dir, setup_notes(o)) : -1;
     proc_broadcast(&run->resume_step, sizeof(run->resume_step), "the resume step broadcast"); /* every rank resumes the same step */
     resolve_run_identity(run);

@@ -140,7 +140,9 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
 
 /* The first step that changes -o, taken only once everything that can be
  * checked (flags, model, data, tokenizer, prompt, the checkpoint resumed)
- * has been: creates -o, removes this run's stale temporaries (left by
+ * has been: creates -o (and locks it, if it did not exist before), removes
+ * the DONE markers of damaged checkpoints newer than the one resumed, this
+ * run's stale temporaries (left by
  * kill -9 or a second signal), for a fresh run the checkpoints of an earlier
  * one (--supersede) and incomplete leftovers, and opens the log (a fresh
  * run's starts empty; a resumed run's loses the lines it will write again). */
@@ -148,6 +150,11 @@ static inline void open_output(Run* run, LoopState* ls) {
     const TrainOptions* o = &run->opt;
     if (o->out_dir[0]) mkdir_check(o->out_dir); /* by every rank: each writes its own state file there */
     if (o->out_dir[0] && run->rank == 0) {
+        output_lock(o->out_dir, 1); /* when this run created -o */
+        int unmarked = run->resume_step >= 0 ? checkpoint_unmark_newer(o->out_dir, run->resume_step) : 0;
+        if (unmarked)
+            printf("checkpoints: removed the DONE marker%s of %d damaged checkpoint%s after step %d (their files stay until this run "
+                   "writes those steps again)\n", unmarked == 1 ? "" : "s", unmarked, unmarked == 1 ? "" : "s", run->resume_step);
         int stale = checkpoint_remove_temporaries(o->out_dir);
         if (stale) printf("checkpoints: removed %d stale temporary file%s (*.tmp) from %s\n", stale, stale == 1 ? "" : "s", o->out_dir);
         int removed = run->resume_step < 0 ? checkpoint_remove_all(o->out_dir) : 0;
