@@ -72,9 +72,15 @@ static inline void resolve_dropout(Run* run, const float* file_pdrop, const char
     run->dropout.p[DROPOUT_ATTENTION] = o->attn_dropout;
     run->dropout.p[DROPOUT_RESID_ATTN] = run->dropout.p[DROPOUT_RESID_MLP] = o->resid_dropout;
     run->dropout.seed = (uint32_t)o->seed;
-    /* the masks of a context-parallel group are those one process of its
-     * data-parallel group draws: keyed by the group, at global positions */
-    run->dropout.rank = (uint32_t)run->cp.group;
+}
+
+/* Masks are keyed by the global sequence and position (dropout.h): this
+ * rank's first sequence is its data-parallel group's first row of the
+ * micro-step's batch, whatever N and the number of groups. */
+static inline void resolve_dropout_sequences(Run* run) {
+    run->dropout.first_sequence = (uint32_t)run->cp.group * (uint32_t)run->opt.B;
+    run->dropout.seq_len = run->opt.T;
+    run->dropout.heads = run->cfg.num_heads;
 }
 
 /* A mask's site word holds the micro-step and the layer in fixed bits
@@ -348,6 +354,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
+    resolve_dropout_sequences(run);
     check_dropout_limits(run);
     ranks_check_same(&run->opt, &run->cfg, NULL, NULL, 0);
     PlanSpec spec;

@@ -211,3 +211,31 @@ def test_a_rank_state_that_disagrees_is_damage(synthetic, tmp_path, two_rank_run
     assert victim.name in line, line
     assert "resumed: step 2" in res.stdout
     assert steps(res.stdout) == ref_steps[2:]
+
+
+# ---- dropout masks keyed by the global sequence (finding 5) ----
+
+def close_losses(a, b, rel=1e-5):
+    assert len(a) == len(b) and len(a) > 0, (a, b)
+    for (sa, la, *_), (sb, lb, *_) in zip(a, b):
+        assert sa == sb and abs(float(la) - float(lb)) <= rel * abs(float(lb)), (a, b)
+
+
+@pytest.mark.parametrize("before,after", [(["--context-parallel", "2", "-b", "2"], ["-b", "1"]),
+                                          (["-b", "1"], ["--context-parallel", "2", "-b", "2"])])
+def test_resume_across_layouts_with_dropout_draws_the_same_masks(synthetic, tmp_path, before, after):
+    """Two processes with dropout at every site: a run checkpointed under
+    one layout (context parallelism, or two data-parallel ranks) resumes
+    under the other within the layouts' 1e-5 (docs/context-parallel.md) of
+    the run that never stopped: each sequence's masks are its own, whichever
+    rank holds it."""
+    common = ["-x", "6", "-n", "3", "-v", "0", "--dropout", "0.2"]
+    full = mpi_train(2, synthetic, *common, *before, "-o", tmp_path / "full")
+    part = tmp_path / "part"
+    part.mkdir()
+    for p in (tmp_path / "full").iterdir():
+        if "00000003" in p.name:
+            shutil.copy(p, part / p.name)
+    resumed = mpi_train(2, synthetic, *common, *after, "-o", part, "-y", "1")
+    assert "resumed: step 3" in resumed.stdout
+    close_losses(steps(resumed.stdout), steps(full.stdout)[3:])
