@@ -558,7 +558,8 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         fprintf(out, "  -r 1 -b %d -d %lld (the same %lld tokens per step, in more micro-steps)\n", b, tokens, tokens);
         any = 1;
     }
-    int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget);
+    int t_step = plan_context_parallel(spec) > 1 ? 2 * plan_context_parallel(spec) : 1; /* -t a multiple of 2N under CP */
+    int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
     if (t >= 1) { fprintf(out, "  -r 1 -t %d\n", t); any = 1; }
     for (int n = 2 * spec->world_size; PLAN_MULTI_PROCESS_BUILT && n <= 4096; n *= 2) {
         int bn = plan_fitting_batch_keeping_tokens(spec, n, budget);
@@ -568,12 +569,22 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         any = 1;
         break;
     }
+    for (int n = 2 * spec->world_size; !any && PLAN_MULTI_PROCESS_BUILT && n <= 4096; n *= 2) { /* shorter and sharded */
+        PlanSpec more = *spec;
+        more.world_size = n;
+        more.zero_stage = 1;
+        more.B = 1;
+        int tn = plan_max_fitting(&more, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
+        if (tn < 1) continue;
+        fprintf(out, "  -r 1 -b 1 -t %d -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", tn, n);
+        any = 1;
+    }
     if (!any) {
         PlanSpec least = *spec;
         if (PLAN_MULTI_PROCESS_BUILT) { least.world_size = 4096; least.zero_stage = 1; }
-        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t 1%s it still needs %s\n",
+        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t %d%s it still needs %s\n", t_step,
                 PLAN_MULTI_PROCESS_BUILT ? " -z 1 across 4096 processes" : " (this build runs one process: no ZeRO-1)",
-                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, 1), size, sizeof(size)));
+                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, t_step), size, sizeof(size)));
     }
 }
 

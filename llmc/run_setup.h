@@ -186,28 +186,40 @@ static inline void resolve_recompute(Run* run) {
     if (!any) fail("flag --offload-checkpoints: no layer recomputes with -r 1 or -r 3 (-r %s), so none keeps checkpoints to offload", run->opt.recompute);
 }
 
-/* --context-parallel N: groups of N processes, each sequence in 2N equal chunks. */
+/* --context-parallel N: groups of N processes, each sequence in 2N equal
+ * chunks (-t is checked against 2N with the model's length, in resolve_batch). */
 static inline void resolve_context_parallel(Run* run) {
-    int N = run->opt.context_parallel, T = run->opt.T;
+    int N = run->opt.context_parallel;
     if (run->world % N != 0)
         fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence%s)", N,
              run->world, run->world == 1 ? "" : "es", run->opt.plan_only || run->opt.plan_json ? "; --plan-processes P plans for P" : "");
-    if (N > 1 && T % (2 * N) != 0) {
-        int below = T / (2 * N) * (2 * N), above = below + 2 * N;
-        if (below > 0) fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d or %d work",
-                            T, 2 * N, N, 2 * N, below, above);
-        fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d works",
-             T, 2 * N, N, 2 * N, above);
-    }
     run->cp = context_groups(N, run->rank, run->world);
+}
+
+/* Under context parallelism -t must be a multiple of 2N: the refusal names
+ * the neighbours that are, within the model's length. */
+static inline void check_context_parallel_length(const Run* run) {
+    int N = run->cp.degree, T = run->opt.T, max_T = run->cfg.max_seq_len;
+    if (N <= 1 || T % (2 * N) == 0) return;
+    int below = T / (2 * N) * (2 * N), above = below + 2 * N;
+    char works[64];
+    if (below > 0 && above <= max_T) snprintf(works, sizeof(works), "-t %d or %d work", below, above);
+    else if (below > 0) snprintf(works, sizeof(works), "-t %d works (the model's maximum is %d)", below, max_T);
+    else if (above <= max_T) snprintf(works, sizeof(works), "-t %d works", above);
+    else snprintf(works, sizeof(works), "no -t works with the model's maximum %d: a smaller N", max_T);
+    fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): %s", T, 2 * N, N,
+         2 * N, works);
 }
 
 static inline void resolve_batch(Run* run) {
     TrainOptions* o = &run->opt;
     if (o->T > run->cfg.max_seq_len) fail("flag -t: sequence length %d exceeds the model's maximum %d", o->T, run->cfg.max_seq_len);
+    check_context_parallel_length(run);
     int groups = run->cp.groups;
     long long micro_tokens = (long long)o->B * o->T * groups;
-    if (micro_tokens > INT_MAX) fail("flags -b/-t: %lld tokens per micro-step is too many", micro_tokens);
+    if (micro_tokens > INT_MAX)
+        fail("flags -b/-t: %d x %d%s = %lld tokens per micro-step, more than 2^31-1 = 2147483647 (token positions and counts are "
+             "32-bit): a smaller -b or -t", o->B, o->T, groups > 1 ? " x data-parallel groups" : "", micro_tokens);
     long long total = o->total_batch_tokens == -1 ? micro_tokens : o->total_batch_tokens;
     if (total < 1 || total % micro_tokens != 0) {
         if (run->cp.degree > 1)
@@ -286,9 +298,10 @@ static inline void check_host_budget(const Run* run) {
     if (!run->plan.host_total_bytes || run->opt.plan_only || run->opt.plan_json) return;
     const char* source = "";
     size_t host_budget = host_memory_budget(run->opt.host_mem_budget, &source);
+    char need[32], have[32];
     if (run->plan.host_total_bytes > host_budget)
-        fail("offloaded checkpoints: the host pool needs %.1f MiB, more than %.1f MiB (%s): fewer offloaded layers, or --host-mem-budget",
-             mib(run->plan.host_total_bytes), mib(host_budget), source);
+        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget",
+             format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(host_budget, have, sizeof(have)), source);
 }
 
 /* --mem-budget with a fixed -r is a limit the plan must keep: a plan over

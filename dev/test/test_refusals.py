@@ -1,0 +1,89 @@
+"""Refusals and messages (issue 33): sizes printed in a unit that shows
+them, sizes that are not sizes refused, limits named with their reason,
+suggestions that the run would accept, and flags that would do nothing
+refused as docs/run-safety.md promises."""
+import re
+
+import numpy as np
+import pytest
+
+from conftest import ONE_THREAD, TINY_MODEL, binary, datafile, one_error, run
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("refusals")
+    datafile.write_shard(d / "train.bin", np.random.default_rng(34).integers(0, 64, 20000))
+    return d
+
+
+def cpu(data, *flags, model=TINY_MODEL):
+    return run([binary("train_gpt_cpu"), *model, "-i", data / "train.bin", "-j", "", "-s", "0", *flags], env=ONE_THREAD)
+
+
+# ---- sizes (finding 9) ----
+
+@pytest.mark.parametrize("flag", ["--host-mem-budget", "--mem-budget"])
+@pytest.mark.parametrize("value", ["0x10", "0X1p20", "  0x400MiB"])
+def test_hexadecimal_sizes_are_refused(data, flag, value):
+    line = one_error(cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "1", "--offload-checkpoints", flag, value))
+    assert line.startswith(f"error: flag {flag}: '{value}' is not a positive size like 80GiB"), line
+
+
+def test_a_small_host_pool_is_printed_in_a_unit_that_shows_it(data):
+    line = one_error(cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "1", "--offload-checkpoints", "--host-mem-budget", "300"))
+    assert "0.0 MiB" not in line, line
+    m = re.search(r"the host pool needs ([0-9.]+) KiB, more than 300 bytes", line)
+    assert m and float(m.group(1)) > 0.3, line
+
+
+# ---- limits with their reason (finding 10) ----
+
+def test_too_many_tokens_per_micro_step_names_the_limit(data):
+    model = [*TINY_MODEL[:-2], "--max-seq-len", "4096"]
+    line = one_error(cpu(data, "-b", "1048576", "-t", "4096", "-x", "1", "--plan", model=model))
+    assert "4294967296 tokens per micro-step" in line and "2^31-1 = 2147483647" in line, line
+
+
+@pytest.mark.parametrize("value", ["2147483648", "99999999999"])
+def test_tile_tokens_past_the_limit_names_the_limit(data, value):
+    line = one_error(cpu(data, "-b", "2", "-t", "8", "-x", "1", "--tile-tokens", value))
+    assert f"--tile-tokens: {value} is more than 2^31-1 = 2147483647" in line, line
+
+
+# ---- suggestions the run accepts (finding 8) ----
+
+def test_context_parallel_suggests_lengths_the_model_takes(data):
+    """-t 30 under N = 2 with --max-seq-len 32: 28 works, 32 too; -t 29
+    with --max-seq-len 30: 28 alone; -t 131071 exceeds the model, which the
+    refusal says instead of suggesting 131072."""
+    model = [*TINY_MODEL[:-2], "--max-seq-len", "32"]
+    line = one_error(cpu(data, "-b", "2", "-t", "30", "--context-parallel", "2", "--plan", "--plan-processes", "2", model=model))
+    assert "-t 28 or 32 work" in line, line
+    line = one_error(cpu(data, "-b", "2", "-t", "29", "--max-seq-len", "30", "--context-parallel", "2", "--plan", "--plan-processes", "2",
+                         model=TINY_MODEL[:-2]))
+    assert "-t 28 works" in line and "32" not in line, line
+    line = one_error(cpu(data, "-b", "2", "-t", "131071", "--context-parallel", "2", "--plan", "--plan-processes", "2", model=model))
+    assert "131072" not in line and "exceeds the model's maximum 32" in line, line
+
+
+def test_suggested_lengths_under_context_parallelism_are_multiples_of_2n(data):
+    model = ["-e", "d6", "--layers", "2", "--channels", "64", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "8192"]
+    for budget in ["12MiB", "20MiB"]:
+        res = cpu(data, "-b", "1", "-t", "8192", "-r", "auto", "--mem-budget", budget, "--plan", "--plan-processes", "2",
+                  "--context-parallel", "2", model=model)
+        assert res.returncode == 1
+        ts = [int(t) for t in re.findall(r"-t (\d+)", res.stderr)]
+        assert ts and all(t % 4 == 0 and t <= 8192 for t in ts), res.stderr
+
+
+def test_the_least_plan_is_not_called_nothing_when_it_fits(data):
+    """When only more processes fit, the suggestion says how many, not
+    'nothing ... still needs' a size below the budget."""
+    model = ["-e", "d6", "--layers", "2", "--channels", "64", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "8192"]
+    res = cpu(data, "-b", "1", "-t", "8192", "-r", "auto", "--mem-budget", "8MiB", "--plan", "--plan-processes", "2",
+              "--context-parallel", "2", model=model)
+    assert res.returncode == 1
+    for m in re.finditer(r"still needs ([0-9.]+) (MiB|KiB)", res.stderr):
+        assert float(m.group(1)) * (1 if m.group(2) == "MiB" else 1 / 1024) > 8, res.stderr
+    assert re.search(r"^  -r 1 -b 1 -t \d+ -z 1 across \d+ processes", res.stderr, re.M), res.stderr
