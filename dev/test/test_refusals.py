@@ -87,3 +87,31 @@ def test_the_least_plan_is_not_called_nothing_when_it_fits(data):
     for m in re.finditer(r"still needs ([0-9.]+) (MiB|KiB)", res.stderr):
         assert float(m.group(1)) * (1 if m.group(2) == "MiB" else 1 / 1024) > 8, res.stderr
     assert re.search(r"^  -r 1 -b 1 -t \d+ -z 1 across \d+ processes", res.stderr, re.M), res.stderr
+
+
+# ---- ranks that diverge name themselves and what differs (finding 11) ----
+
+@pytest.fixture(scope="module")
+def proc_timeout_exe():
+    import shutil
+    if shutil.which("mpirun") is None or shutil.which("mpicc") is None:
+        pytest.skip("mpirun/mpicc not found (install OpenMPI: apt-get install openmpi-bin libopenmpi-dev)")
+    from conftest import BUILD, REPO
+    BUILD.mkdir(exist_ok=True)
+    exe = BUILD / "test_proc_timeout"
+    run(["mpicc", "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-DUSE_MPI", "-I", REPO, "-o", exe,
+         REPO / "dev/test/test_proc_timeout.c", "-lm"], check=True, timeout=120)
+    return exe
+
+
+def test_ranks_at_different_steps_say_which_rank_is_at_which(proc_timeout_exe):
+    """Two ranks in the same collective, one a step ahead (as a rank resumed
+    from another step would be): each names both ranks and both steps."""
+    from test_multiprocess import MPI_ENV
+    res = run(["mpirun", "-np", "2", proc_timeout_exe, "steps"], env=MPI_ENV, timeout=60)
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error: ")]
+    assert res.returncode != 0 and errors, res.stderr
+    for ln in errors:
+        me = int(ln[len("error: rank ")])
+        other = 1 - me
+        assert f"the ranks are at different steps: rank {me} at step {4 + me}, rank {other} at step {4 + other}, both in a sum" in ln, ln
