@@ -149,21 +149,30 @@ static inline size_t available_host_memory(void) {
 }
 
 /* Host memory the CPU trainer holds beyond the plan: code, libraries, the
- * tokenizer table, OpenMP's threads (measured: under 3 MiB), and when a
- * launcher started it under MPI, MPI's library state and shared-memory
- * segments (measured with OpenMPI 4.1 on a model whose plan is 13.2 MiB:
- * peak resident memory 2.5 MiB over the plan alone, 10.8 MiB under mpirun
- * -np 1, 11.8 MiB with -np 2; the plan's program share is an upper bound). */
+ * tokenizer table, OpenMP's threads (measured: under 3 MiB); in a build
+ * with MPI, started alone, the MPI library's resident code and data (the
+ * quick start's model, plan 12.2 MiB: peak 15.2 MiB without MPI, 16.3 MiB
+ * in an MPI build: 1.1 MiB more); and when a launcher started it under
+ * MPI, MPI's state and shared-memory segments (measured with OpenMPI 4.1 on
+ * a model whose plan is 13.2 MiB: 10.8 MiB over the plan under mpirun -np 1,
+ * 11.8 MiB with -np 2). The shares are upper bounds. */
 #define PLAN_PROGRAM_BYTES ((size_t)4 << 20)
+#define PLAN_MPI_LIBRARY_BYTES ((size_t)2 << 20)
 #define PLAN_MPI_PROGRAM_BYTES ((size_t)16 << 20)
-static inline size_t plan_program_bytes(void) { return PLAN_PROGRAM_BYTES + (remat_proc.uses_mpi ? PLAN_MPI_PROGRAM_BYTES : 0); }
+static inline size_t plan_program_bytes(void) {
+    return PLAN_PROGRAM_BYTES + (PLAN_MULTI_PROCESS_BUILT ? PLAN_MPI_LIBRARY_BYTES : 0) + (remat_proc.uses_mpi ? PLAN_MPI_PROGRAM_BYTES : 0);
+}
 
 /* --mem-budget if given (as given: no headroom kept), else free device
  * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else available host memory
  * less the program's share (plan_program_bytes). */
 static inline size_t memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--mem-budget", flag_value);
-    if (b) { *source = "--mem-budget, as given: no headroom kept for the CUDA context or libraries"; return b; }
+    if (b) {
+        *source = remat_free_memory_hook ? "--mem-budget, as given: no headroom kept for the CUDA context or libraries"
+                                         : "--mem-budget, as given: no headroom kept for the program";
+        return b;
+    }
     if (remat_free_memory_hook) {
         size_t free_b = remat_free_memory_hook();
         *source = "free device memory less 256 MiB headroom";

@@ -255,8 +255,9 @@ static inline void train(Run* run, Backend* be) {
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     if (p->spec.backend == BACKEND_CPU)
-        printf("peak resident memory: %.1f MiB (plan: %.1f MiB, and up to %.0f MiB for the program%s)\n", (double)peak_rss_kib() / 1024.0,
-               mib(p->total_bytes), mib(plan_program_bytes()), remat_proc.uses_mpi ? " and MPI" : "");
+        printf("peak resident memory: %.1f MiB (plan: %.1f MiB%s, and up to %.0f MiB for the program%s)\n", (double)peak_rss_kib() / 1024.0,
+               mib(p->total_bytes + p->host_total_bytes), p->host_total_bytes ? " with the offloaded checkpoints' host pool" : "",
+               mib(plan_program_bytes()), remat_proc.uses_mpi ? " and MPI" : "");
     else
         printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);
     loop_close(&ls);

@@ -115,3 +115,48 @@ def test_ranks_at_different_steps_say_which_rank_is_at_which(proc_timeout_exe):
         me = int(ln[len("error: rank ")])
         other = 1 - me
         assert f"the ranks are at different steps: rank {me} at step {4 + me}, rank {other} at step {4 + other}, both in a sum" in ln, ln
+
+
+# ---- cosmetics: what the run prints about itself ----
+
+def peak_line(res):
+    m = re.search(r"peak resident memory: ([0-9.]+) MiB \(plan: ([0-9.]+) MiB( with the offloaded checkpoints' host pool)?, "
+                  r"and up to (\d+) MiB for the program\)", res.stdout)
+    assert m, res.stdout[-800:]
+    return float(m.group(1)), float(m.group(2)), m.group(3) is not None, float(m.group(4))
+
+
+def test_peak_memory_of_the_quick_start_model_is_within_what_it_says(data, tmp_path):
+    """The quick start's CPU model (scripts/quickstart.sh) with validation
+    and sampling: the peak stays within the plan and the program's share."""
+    from conftest import datafile as df
+    df.write_shard(tmp_path / "t.bin", np.random.default_rng(1).integers(0, 256, 200000))
+    df.write_shard(tmp_path / "v.bin", np.random.default_rng(2).integers(0, 256, 20000))
+    model = ["-e", "d6", "--layers", "2", "--channels", "64", "--heads", "4", "--max-seq-len", "64", "--vocab-size", "256"]
+    res = run([binary("train_gpt_cpu"), *model, "-b", "16", "-t", "64", "-x", "4", "-i", tmp_path / "t.bin", "-j", tmp_path / "v.bin",
+               "-v", "2", "-m", "4", "-s", "4", "-g", "16"], env={"OMP_NUM_THREADS": "2"}, check=True)
+    peak, plan, _, program = peak_line(res)
+    assert plan < peak <= plan + program, res.stdout[-400:]
+
+
+def test_peak_memory_line_counts_the_offload_host_pool(data):
+    plain = peak_line(cpu(data, "-b", "2", "-t", "8", "-x", "2", "-r", "1"))
+    off = peak_line(cpu(data, "-b", "2", "-t", "8", "-x", "2", "-r", "1", "--offload-checkpoints"))
+    assert off[2] and not plain[2] and off[1] >= plain[1], (plain, off)
+
+
+def test_cpu_budget_messages_do_not_mention_cuda(data):
+    res = cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "auto", "--mem-budget", "1KiB", "--plan")
+    assert res.returncode == 1 and "CUDA" not in res.stderr + res.stdout, res.stderr
+
+
+def test_token_tiles_under_context_parallelism_count_a_rank_rows(data):
+    res = cpu(data, "-b", "2", "-t", "16", "--context-parallel", "2", "--plan", "--plan-processes", "2", "--tile-tokens", "4")
+    assert res.returncode == 0, res.stderr
+    assert "token tiles: 4 of the 16 rows at a time" in res.stdout, res.stdout  # B x T/N = 2 x 8 per rank
+
+
+def test_help_of_d_says_groups():
+    out = run([binary("train_gpt_cpu"), "--help"]).stdout
+    line = next(l for l in out.splitlines() if l.strip().startswith("-d "))
+    assert "B*T*groups" in line and "--context-parallel" in line, line
