@@ -186,6 +186,25 @@ static inline void resolve_recompute(Run* run) {
     if (!any) fail("flag --offload-checkpoints: no layer recomputes with -r 1 or -r 3 (-r %s), so none keeps checkpoints to offload", run->opt.recompute);
 }
 
+/* --host-mem-budget and --host-link concern offloaded checkpoints, which a
+ * run has with --offload-checkpoints or an offloaded group in a mix, and
+ * which -r auto's search and suggestions and --plan consider; --ring-link
+ * prices the context-parallel ring. Given to a run without them, they
+ * would do nothing: refused. */
+static inline void check_link_and_host_flags_apply(const Run* run) {
+    const TrainOptions* o = &run->opt;
+    int offloads = o->offload_checkpoints;
+    for (int l = 0; l < run->cfg.num_layers; l++) offloads |= run->layer_offload[l];
+    int considers_offload = offloads || strcmp(o->recompute, "auto") == 0 || o->plan_only || o->plan_json;
+    static const char* const host_flags[2] = {"--host-mem-budget", "--host-link"};
+    for (int i = 0; i < 2; i++)
+        if (option_given(o, host_flags[i]) && !considers_offload)
+            fail("flag %s: applies to offloaded checkpoints (--offload-checkpoints, a mix like 1o:0-3, -r auto or --plan), and "
+                 "this run has none (-r %s)", host_flags[i], o->recompute);
+    if (option_given(o, "--ring-link") && run->cp.degree <= 1)
+        fail("flag --ring-link: applies to the ring of --context-parallel N > 1, and this run has none");
+}
+
 /* --context-parallel N: groups of N processes, each sequence in 2N equal
  * chunks (-t is checked against 2N with the model's length, in resolve_batch). */
 static inline void resolve_context_parallel(Run* run) {
@@ -392,6 +411,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
         spec.ring_link = measured;
     }
     if (run->opt.host_link[0]) spec.cost_model.host_link_bytes_per_s = host_link_parse(run->opt.host_link, "flag --host-link");
+    check_link_and_host_flags_apply(run);
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */

@@ -160,3 +160,22 @@ def test_help_of_d_says_groups():
     out = run([binary("train_gpt_cpu"), "--help"]).stdout
     line = next(l for l in out.splitlines() if l.strip().startswith("-d "))
     assert "B*T*groups" in line and "--context-parallel" in line, line
+
+
+# ---- flags that would do nothing (cosmetic list) ----
+
+@pytest.mark.parametrize("flags,named", [(["--host-mem-budget", "1GiB", "-r", "1"], "--host-mem-budget"),
+                                         (["--host-link", "pcie4"], "--host-link"),
+                                         (["--host-link", "40e9", "-r", "3"], "--host-link"),
+                                         (["--ring-link", "mpi"], "--ring-link")])
+def test_offload_and_ring_flags_without_their_feature_are_refused(data, flags, named):
+    line = one_error(cpu(data, "-b", "2", "-t", "8", "-x", "1", *flags))
+    assert line.startswith(f"error: flag {named}: applies to"), line
+
+
+@pytest.mark.parametrize("flags", [["--host-mem-budget", "1GiB", "-r", "1", "--offload-checkpoints"], ["--host-link", "pcie4", "-r", "1o:0-1"],
+                                   ["--host-mem-budget", "1GiB", "-r", "auto"], ["--host-link", "pcie4", "--plan"],
+                                   ["--ring-link", "mpi", "--context-parallel", "2", "--plan", "--plan-processes", "2"]])
+def test_offload_and_ring_flags_with_their_feature_are_taken(data, flags):
+    res = cpu(data, "-b", "2", "-t", "8", "-x", "1", *flags)
+    assert res.returncode == 0, res.stderr
