@@ -257,6 +257,72 @@ static inline const char* tile_flag(int K, char* buf, size_t n) {
     return buf;
 }
 
+/* "%s, and %s of host memory" of a device and a host size. */
+static inline const char* format_sizes(size_t device, size_t host, char* buf, size_t n) {
+    char d[32], h[32];
+    snprintf(buf, n, "%s, and %s of host memory", format_size(device, d, sizeof(d)), format_size(host, h, sizeof(h)));
+    return buf;
+}
+
+/* -r auto found nothing that fits: the least plan it could reach (-r 1 on
+ * every layer, offloaded with --offload-checkpoints, at the smallest tile
+ * searched), then what would fit: plan_print_suggestions' flags, and with
+ * a host budget the offloaded ones (-r auto with --offload-checkpoints at
+ * this batch when the run did not offload; -r 1o:all with a shorter -t). */
+static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget, const char* source, size_t host_budget,
+                                         const char* host_source, int search_tiles) {
+    char have[32], tiles[48], sizes[96], host_have[32];
+    format_size(budget, have, sizeof(have));
+    format_size(host_budget, host_have, sizeof(host_have));
+    fflush(stdout);
+    int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens;
+    if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
+    int least_tile = spec->tile_tokens;
+    size_t host_1o = 0, device_1o = plan_totals_for(spec, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, spec->B, spec->T, &host_1o);
+    size_t device_1 = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
+    int offload_least = run->opt.offload_checkpoints && device_1o < device_1; /* what the search could reach */
+    if (offload_least)
+        fprintf(stderr, "-r auto: even -r 1o:all%s (%s) does not fit %s (%s)\n", tile_flag(spec->tile_tokens, tiles, sizeof(tiles)),
+                format_sizes(device_1o, host_1o, sizes, sizeof(sizes)), have, source);
+    else
+        fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
+                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(device_1), have, source);
+    spec->tile_tokens = given; /* the suggestions: flags that fit as they are */
+    plan_print_suggestions(spec, budget, stderr);
+    int offloaded_fits = 0;
+    if (host_budget && !run->opt.offload_checkpoints) {
+        PlanSpec s = *spec;
+        int L = run->cfg.num_layers;
+        unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+        unsigned char* offload = (unsigned char*)malloc_check((size_t)L, "plan");
+        if (recompute_auto_tiles(&s, budget, host_budget, search_tiles, modes, offload) == 0) {
+            char flag[8192];
+            format_recompute_flag(modes, offload, L, flag, sizeof(flag));
+            s.layer_mode = modes;
+            s.layer_offload = offload;
+            size_t host = 0, device = plan_totals_for(&s, -1, s.B, s.T, &host);
+            fprintf(stderr, "  --offload-checkpoints -r auto: here -r %s%s (%s of %s, %s)\n", flag,
+                    tile_flag(s.tile_tokens, tiles, sizeof(tiles)), format_sizes(device, host, sizes, sizeof(sizes)), host_have, host_source);
+            offloaded_fits = 1;
+        }
+        free(modes);
+        free(offload);
+    }
+    if (host_budget && !offloaded_fits) {
+        PlanSpec s = *spec;
+        s.tile_tokens = least_tile;
+        int t_step = run->cp.degree > 1 ? 2 * run->cp.degree : 1;
+        int t = plan_max_fitting_host(&s, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, 1, s.T, budget, host_budget) / t_step * t_step;
+        if (t >= 1) {
+            size_t host = 0, device = plan_totals_for(&s, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, s.B, t, &host);
+            fprintf(stderr, "  -r 1o:all%s -t %d (%s of %s, %s)\n", tile_flag(least_tile, tiles, sizeof(tiles)), t,
+                    format_sizes(device, host, sizes, sizeof(sizes)), host_have, host_source);
+        }
+    }
+    if (offloaded_fits) fail("-r auto: nothing without offloading fits in %s: --offload-checkpoints lets it offload (above)", have);
+    fail("-r auto: nothing fits in %s", have);
+}
+
 /* -r auto: the per-layer choice (and with search_tiles the tile size) with
  * the least predicted time that fits the budgets, printed as the flags that
  * reproduce it; or the flags that would fit and a non-zero exit. */
@@ -269,14 +335,9 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     char have[32], tiles[48];
     format_size(budget, have, sizeof(have));
     if (recompute_auto_tiles(spec, budget, host_budget, search_tiles, run->layer_mode, run->layer_offload) != 0) {
-        fflush(stdout);
-        int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens;
-        if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
-        fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
-                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
-        spec->tile_tokens = given; /* the suggestions: flags that fit as they are */
-        plan_print_suggestions(spec, budget, stderr);
-        fail("-r auto: nothing fits in %s", have);
+        /* the suggestions may offload where a host budget is known: --offload-checkpoints' own, or one given */
+        if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
+        refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles);
     }
     run->opt.tile_tokens = spec->tile_tokens;
     char flag[8192];

@@ -179,3 +179,50 @@ def test_offload_and_ring_flags_without_their_feature_are_refused(data, flags, n
 def test_offload_and_ring_flags_with_their_feature_are_taken(data, flags):
     res = cpu(data, "-b", "2", "-t", "8", "-x", "1", *flags)
     assert res.returncode == 0, res.stderr
+
+
+# ---- -r auto's refusals with offloading (finding 7) ----
+
+LONG_MODEL = ["-e", "d6", "--layers", "4", "--channels", "64", "--heads", "2", "--vocab-size", "64", "--max-seq-len", "4096"]
+
+
+def plan_of(data, *flags, T=4096):
+    import json
+    res = cpu(data, "-b", "1", "-t", str(T), *flags, "--plan-json", model=LONG_MODEL)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    return d["total_bytes"] / 2**20, d.get("host_total_bytes", 0) / 2**20
+
+
+def test_auto_refusal_with_a_host_budget_lists_the_offloaded_choice_that_fits(data):
+    """-r auto without --offload-checkpoints, but with --host-mem-budget: no
+    choice without offloading fits at -t 4096, one with offloading does;
+    'what would fit' names it and the host memory it takes."""
+    device_1, _ = plan_of(data, "-r", "1", "--tile-tokens", "64")
+    device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
+    assert device_1o < device_1
+    budget = f"{(device_1o + device_1) / 2:.3f}MiB"
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", budget, "--host-mem-budget", "1GiB", "--plan", model=LONG_MODEL)
+    assert res.returncode == 1
+    m = re.search(r"^  --offload-checkpoints -r auto: here -r (\S+) --tile-tokens (\d+) \(([0-9.]+) MiB, and ([0-9.]+) MiB of host "
+                  r"memory of 1024\.0 MiB, --host-mem-budget\)", res.stderr, re.M)
+    assert m and "o" in m.group(1) and float(m.group(4)) > 0, res.stderr
+    assert "even full recompute on every layer" in res.stderr and "even -r 1o" not in res.stderr  # what it searched: no offloading
+    taken = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", budget, "--host-mem-budget", "1GiB", "--plan",
+                "--offload-checkpoints", model=LONG_MODEL)
+    assert taken.returncode == 0 and f"-r {m.group(1)} --tile-tokens {m.group(2)}" in taken.stdout, taken.stdout[-2000:]
+
+
+def test_auto_refusal_claims_the_least_plan_with_offloading_and_tiles(data):
+    """Nothing fits even offloaded: the claimed minimum is -r 1o on every
+    layer with the smallest tile (less than -r 1's), with its host memory,
+    and the shorter -t suggested is one that fits offloaded."""
+    device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{device_1o * 0.8:.3f}MiB", "--offload-checkpoints",
+              "--host-mem-budget", "1GiB", "--plan", model=LONG_MODEL)
+    assert res.returncode == 1
+    assert re.search(rf"even -r 1o:all --tile-tokens 64 \({device_1o:.1f} MiB, and {host_1o:.1f} MiB of host memory\) does not fit",
+                     res.stderr), res.stderr
+    m = re.search(r"^  -r 1o:all --tile-tokens 64 -t (\d+) \(", res.stderr, re.M)
+    assert m, res.stderr
+    assert plan_of(data, "-r", "1o:all", "--tile-tokens", "64", T=int(m.group(1)))[0] <= device_1o * 0.8
