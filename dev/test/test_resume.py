@@ -239,3 +239,32 @@ def test_resume_across_layouts_with_dropout_draws_the_same_masks(synthetic, tmp_
     resumed = mpi_train(2, synthetic, *common, *after, "-o", part, "-y", "1")
     assert "resumed: step 3" in resumed.stdout
     close_losses(steps(resumed.stdout), steps(full.stdout)[3:])
+
+
+def test_retention_under_context_parallelism_keeps_whole_checkpoints(synthetic, tmp_path):
+    """The same under --context-parallel 2: rank 1's state of the newest
+    checkpoint truncated; -nk 1 after the fall-back keeps the run's own newest."""
+    common = ["-b", "1", "-v", "0", "--context-parallel", "2"]
+    mpi_train(2, synthetic, *common, "-x", "6", "-n", "3", "-o", tmp_path)
+    victim = tmp_path / "state_00000006_00001.bin"
+    victim.write_bytes(victim.read_bytes()[:4000])
+    res = mpi_train(2, synthetic, *common, "-x", "5", "-n", "1", "-nk", "1", "-o", tmp_path, "-y", "1")
+    assert "resumed: step 3" in res.stdout
+    again = mpi_train(2, synthetic, *common, "-x", "6", "-o", tmp_path, "-y", "1")
+    assert "resumed: step 5" in again.stdout
+
+
+def test_a_job_of_two_ranks_on_an_output_in_use_is_refused(data, synthetic, tmp_path):
+    """Rank 0 takes the lock for the job: a two-process job on an -o that a
+    running job holds stops before it writes anything."""
+    first = start_long_run(data, tmp_path)
+    try:
+        before = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("log"))
+        res = mpi_train(2, synthetic, "-b", "1", "-v", "0", "-x", "2", "-o", tmp_path, "--supersede", check=False, timeout=120)
+        assert res.returncode != 0 and f"-o {tmp_path} is in use by another job" in res.stderr, res.stderr
+        assert first.poll() is None
+        after = sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("log"))
+        assert set(before) <= set(after)  # nothing of the first job's removed
+    finally:
+        first.kill()
+        first.wait()
