@@ -734,7 +734,7 @@ static void check_tiles_vs_untiled(const Shape* sh, int T, int K, const DropoutS
 /* run_case's dropout: 0.1 at every site (embedding, attention probabilities,
  * both residual branches). */
 static DropoutState model_dropout(void) {
-    DropoutState d = {{0.1f, 0.1f, 0.1f, 0.1f}, TEST_SEED, 3, 0, 0};
+    DropoutState d = {{0.1f, 0.1f, 0.1f, 0.1f}, TEST_SEED, 3, 0, 0, 37, 2}; /* as the rank whose first sequence is 3 */
     return d;
 }
 
@@ -961,7 +961,7 @@ static void check_gelu_kernels(size_t n, int shift) {
 static void check_dropout_kernels(size_t r0, size_t rows, int C, TokenLayout lay, int shift) {
     char what[128];
     size_t n = rows * (size_t)C;
-    DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2};
+    DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2, 13, 0}; /* row0 13: an unaligned start */
     DropoutSite site = dropout_site(&st, DROPOUT_RESID_MLP, 5);
     float *x = rand_rounded(n, 5200, 1.0f, 0), *res = rand_rounded(n, 5201, 1.0f, 0), *want = alloc_floats(n), *got = alloc_floats(n);
     floatX *bx, *br;
@@ -1352,7 +1352,7 @@ static void check_boundary_rows(const char* what, const float* a, const float* b
  * Whole tensors, then every boundary row's head slices on their own. */
 static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     const int C = sh->C, NH = sh->NH;
-    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1};
+    DropoutState drop_state = {{0}, TEST_SEED, 2, 5, 1, 48, 3}; /* sequences from 2: group0 */
     drop_state.p[DROPOUT_ATTENTION] = dropout_p;
     const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_stat = (size_t)B * NH * T;
@@ -1642,7 +1642,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
 /* Every block set, then the two-member ring, at chunk length Tc; with
  * dropout_p > 0 at the attention site (masks keyed by global position). */
 static void check_attention_blocks(const Shape* sh, int B, int Tc, float dropout_p) {
-    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1};
+    DropoutState drop_state = {{0}, TEST_SEED, 2, 5, 1, 48, 3}; /* sequences from 2: group0 */
     drop_state.p[DROPOUT_ATTENTION] = dropout_p;
     const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
     char what[64] = "attention blocks";

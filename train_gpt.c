@@ -286,16 +286,17 @@ static inline real dropout_value(const DropoutSite* s, const uint32_t* words, si
 
 /* The mask of site s on `rows` token rows of C from local row r0 (a token
  * tile's, or all of them): element c of local row r is element
- * token_global_row(r) * C + c of the whole batch, so a rank holding some of
- * a sequence's tokens (context parallelism) draws the bits one process
- * holding all of them draws. Whole sequences (parts 1) number elements
- * contiguously from e0 = r0 C: one generator call per 8 elements. BODY
+ * (row0 + token_global_row(r)) * C + c of the whole batch (row0: the global
+ * row of this rank's first sequence), so a rank holding some of a sequence's
+ * tokens (context parallelism), or some of the batch's sequences, draws the
+ * bits one process holding all of them draws. Whole sequences (parts 1)
+ * number elements contiguously from e0 = (row0 + r0) C: one generator call per 8 elements. BODY
  * handles local element i (from the first row given), global element e,
  * with the call's words w. */
 #define DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, BODY)                                              \
     do {                                                                                               \
         if ((lay)->parts == 1) {                                                                       \
-            size_t e0_ = (r0) * (size_t)(C), n_ = (rows) * (size_t)(C);                                \
+            size_t e0_ = ((s)->row0 + (r0)) * (size_t)(C), n_ = (rows) * (size_t)(C);                 \
             _Pragma("omp parallel for schedule(static)")                                               \
             for (size_t g = e0_ / 8; g < (e0_ + n_ + 7) / 8; g++) {                                    \
                 uint32_t w[4];                                                                         \
@@ -306,7 +307,7 @@ static inline real dropout_value(const DropoutSite* s, const uint32_t* words, si
         } else {                                                                                       \
             _Pragma("omp parallel for schedule(static)")                                               \
             for (size_t r = 0; r < (rows); r++) {                                                      \
-                size_t ge0 = token_global_row((lay), (r0) + r) * (size_t)(C);                          \
+                size_t ge0 = ((s)->row0 + token_global_row((lay), (r0) + r)) * (size_t)(C);            \
                 uint32_t w[4];                                                                         \
                 for (int c = 0; c < (C); c++) {                                                        \
                     size_t e = ge0 + (size_t)c, i = r * (size_t)(C) + (size_t)c;                       \

@@ -29,7 +29,7 @@
 #include "dropout.h"
 
 /* The state of a pass that drops nothing: evaluation, sampling. */
-static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0};
+static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0, 0, 0};
 
 /* The model's buffers.
  * Points a trainer's model struct `m` at the buffers both trainers keep inside

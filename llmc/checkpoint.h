@@ -27,6 +27,7 @@
 #define REMAT_CHECKPOINT_H
 
 #include <dirent.h>
+#include <sys/file.h>
 #include "utils.h"
 #include "dataloader.h"
 #include "model.h"
@@ -337,10 +338,62 @@ static inline int checkpoint_steps(const char* dir, int* steps, int cap) {
 
 #define CHECKPOINT_MAX_LISTED 100000
 
-/* Whether checkpoint `step` is whole: its DONE marker, the model file and
- * every rank's state file (as many as rank 0's state names) open and have
- * the sizes their headers give. 0, or -1 with the first damage in why[n].
- * Which run wrote them is checked later (checkpoint_verify_run_id). */
+/* Header slots of a state file that are the rank's own: its rank, its
+ * ZeRO-1 shard and the device it ran on. Every other slot must be the same
+ * in every rank's file of one checkpoint. */
+static inline int state_slot_is_per_rank(int i) {
+    return i == ST_RANK || (i >= ST_SHARD_LO && i <= ST_SHARD_HI) || i == ST_SHARD_START_LO || i == ST_SHARD_START_HI ||
+           (i >= ST_DEVICE_NAME && i <= ST_NCCL);
+}
+
+static inline const char* state_slot_name(int i) {
+    switch (i) {
+    case ST_STEP: return "step";
+    case ST_WORLD: return "number of processes";
+    case ST_ZERO: return "ZeRO stage";
+    case ST_HAS_MASTER: return "master-weight flag";
+    case ST_B: return "B";
+    case ST_T: return "T";
+    case ST_EPOCH: return "data epoch";
+    case ST_SHARD_POS: case ST_BATCH_POS_LO: case ST_BATCH_POS_HI: return "data position";
+    case ST_PARAMS_LO: case ST_PARAMS_HI: return "parameter count";
+    case ST_LOSS_SCALE_BITS: case ST_CLEAN_STEPS: return "loss scaler";
+    case ST_UPDATES: return "AdamW update count";
+    case ST_RUN_ID_LO: case ST_RUN_ID_HI: return "run id";
+    case ST_CONTEXT_PARALLEL: return "context-parallel degree";
+    default: return i >= ST_HPARAMS && i < ST_HPARAMS + STATE_NUM_HPARAMS ? "hyperparameters" : "data record";
+    }
+}
+
+/* State file `rank` of checkpoint `step` against its name, the run id of
+ * its DONE marker and rank 0's header h0 (NULL for rank 0 itself): 0, or -1
+ * with the disagreement in why[n]. */
+static inline int state_disagrees(const char* path, int step, int rank, uint64_t run_id, const int32_t* h, const int32_t* h0,
+                                  char* why, size_t n) {
+    if (h[ST_STEP] != step || h[ST_RANK] != rank) {
+        snprintf(why, n, "%s: step %d of rank %d in its header, its name says step %d of rank %d", path, h[ST_STEP], h[ST_RANK],
+                 step, rank);
+        return -1;
+    }
+    if (get64(h, ST_RUN_ID_LO) != run_id) {
+        snprintf(why, n, "%s: written by run %016llx, its DONE marker names run %016llx: the checkpoint mixes two runs' files", path,
+                 (unsigned long long)get64(h, ST_RUN_ID_LO), (unsigned long long)run_id);
+        return -1;
+    }
+    for (int i = 0; h0 && i < 256; i++)
+        if (!state_slot_is_per_rank(i) && h[i] != h0[i]) {
+            snprintf(why, n, "%s: its %s (header slot %d: %d) differs from rank 0's state_%08d_00000.bin (%d): the ranks' states do not "
+                     "belong together", path, state_slot_name(i), i, h[i], step, h0[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* Whether checkpoint `step` is whole: its DONE marker; the model file and
+ * every rank's state file (as many as rank 0's state names) open, have the
+ * sizes their headers give and carry the marker's run id; each state's step
+ * and rank are its name's, and every field the ranks share is the same in
+ * every state. 0, or -1 with the first damage in why[n]. */
 static inline int checkpoint_damage(const char* dir, int step, char* why, size_t n) {
     char path[4200], text[64];
     checkpoint_path(path, sizeof(path), dir, "DONE", step, -1);
@@ -351,16 +404,27 @@ static inline int checkpoint_damage(const char* dir, int step, char* why, size_t
     uint64_t id;
     if (checkpoint_parse_marker(text, len, &id) != 0) { snprintf(why, n, "%s: not a checkpoint marker", path); return -1; }
     ModelFileInfo info;
+    int32_t h[256], h0[256];
     checkpoint_path(path, sizeof(path), dir, "model", step, -1);
     if (!(f = model_file_try_open(path, &info, why, n))) return -1;
+    int read_ok = fseek(f, 0, SEEK_SET) == 0 && fread(h, sizeof(int32_t), 256, f) == 256;
     fclose(f);
+    if (!read_ok) { snprintf(why, n, "%s: cannot read its header", path); return -1; }
+    if (get64(h, MODEL_RUN_ID_SLOT) != id) {
+        snprintf(why, n, "%s: written by run %016llx, its DONE marker names run %016llx: the checkpoint mixes two runs' files", path,
+                 (unsigned long long)get64(h, MODEL_RUN_ID_SLOT), (unsigned long long)id);
+        return -1;
+    }
     int world = 1;
     for (int r = 0; r < world; r++) {
         TrainState st;
         checkpoint_path(path, sizeof(path), dir, "state", step, r);
         if (!(f = state_try_open(path, &st, why, n))) return -1;
+        read_ok = fseek(f, 0, SEEK_SET) == 0 && fread(h, sizeof(int32_t), 256, f) == 256;
         fclose(f);
-        if (r == 0) world = st.world;
+        if (!read_ok) { snprintf(why, n, "%s: cannot read its header", path); return -1; }
+        if (state_disagrees(path, step, r, id, h, r ? h0 : NULL, why, n)) return -1;
+        if (r == 0) { world = st.world; memcpy(h0, h, sizeof(h0)); }
     }
     return 0;
 }
@@ -396,6 +460,39 @@ static inline int checkpoint_latest_whole(const char* dir, FILE* notes) {
     if (latest >= 0 && found < 0) fail("-y 1: no whole checkpoint in %s (the latest, step %d: %s)", dir, latest, first_why);
     if (found >= 0 && found != latest) fprintf(notes, "resume: falling back to step %d, the latest whole checkpoint\n", found);
     return found;
+}
+
+/* One job per -o: rank 0 holds an exclusive flock on the directory from
+ * before it reads a checkpoint until it exits, so a second job on it is
+ * refused, and one killed in any way leaves no lock behind (the kernel
+ * releases a dead process's locks). Where a directory cannot be flocked
+ * (NFS emulates flock with POSIX locks, which need a file open for
+ * writing), the lock is on the file DIR/.lock instead; where neither can be,
+ * a warning says so. Returns -1 when dir cannot be opened and the caller
+ * has not `created` it yet (nothing to protect: it locks once it has),
+ * else 0. */
+static inline int output_lock(const char* dir, int created) {
+    static int held = 0;
+    if (held) return 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 && !created) return -1; /* not there yet, or not a directory: creating it says */
+    int err = fd < 0 ? errno : flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+    if (err && err != EWOULDBLOCK) {
+        if (fd >= 0) close(fd);
+        char path[4200];
+        snprintf(path, sizeof(path), "%s/.lock", dir);
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        int file_err = fd < 0 ? errno : flock(fd, LOCK_EX | LOCK_NB) == 0 ? 0 : errno;
+        if (file_err && file_err != EWOULDBLOCK) {
+            fprintf(stderr, "warning: -o %s cannot be locked (%s): a second job on it would not be refused\n", dir, strerror(err));
+            if (fd >= 0) close(fd);
+        }
+        err = file_err;
+    }
+    if (err == EWOULDBLOCK)
+        fail("-o %s is in use by another job (which holds its lock while it runs): give another -o, or let that job end first", dir);
+    held = 1; /* fd stays open: the lock lasts as long as the process */
+    return 0;
 }
 
 /* Whether a file name is one of a run's temporaries in -o: a checkpoint
@@ -434,9 +531,12 @@ static inline int checkpoint_remove_all(const char* dir) {
 }
 
 /* Retention after checkpoint `newest` is complete: keep the last keep_last
- * complete checkpoints (0: all) and those whose step is a multiple of
- * keep_every; remove the other complete ones. Incomplete leftovers stay for
- * resume to ignore (a crash may be writing one right now on another rank). */
+ * whole checkpoints (0: all) and those whose step is a multiple of
+ * keep_every; remove the other whole ones. A damaged checkpoint is never
+ * one of those kept (nor removed: its files stay for inspection, and -y 1
+ * skips it), so a run always keeps keep_last it can resume from.
+ * Incomplete leftovers stay for resume to ignore (a crash may be writing one
+ * right now on another rank). */
 static inline void checkpoint_retain(const char* dir, int keep_last, int keep_every) {
     if (keep_last <= 0) return;
     int* steps = (int*)malloc_check(CHECKPOINT_MAX_LISTED * sizeof(int), "checkpoint list");
@@ -444,17 +544,42 @@ static inline void checkpoint_retain(const char* dir, int keep_last, int keep_ev
     DIR* d = opendir(dir);
     if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
     struct dirent* e;
+    char why[4800];
     while ((e = readdir(d)) != NULL) {
         int step = checkpoint_step_of_name(e->d_name, "DONE", "");
         if (step >= 0 && n < CHECKPOINT_MAX_LISTED) steps[n++] = step;
     }
     closedir(d);
-    for (int i = 0; i < n; i++) {
+    int whole = 0;
+    for (int i = 0; i < n; i++)
+        if (checkpoint_damage(dir, steps[i], why, sizeof(why)) == 0) steps[whole++] = steps[i];
+    for (int i = 0; i < whole; i++) {
         int newer = 0;
-        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
+        for (int j = 0; j < whole; j++) newer += steps[j] > steps[i];
         if (newer >= keep_last && !(keep_every > 0 && steps[i] % keep_every == 0)) checkpoint_remove(dir, steps[i]);
     }
     free(steps);
+}
+
+/* On resume from `step`: the DONE markers of newer checkpoints (damaged
+ * ones, which -y 1 skipped) go, before this run writes those steps again,
+ * so a crash mid-write never leaves an old marker over a mix of old and new
+ * files. Their files stay until overwritten. Returns how many. */
+static inline int checkpoint_unmark_newer(const char* dir, int step) {
+    DIR* d = opendir(dir);
+    if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
+    int removed = 0;
+    struct dirent* e;
+    char path[4400];
+    while ((e = readdir(d)) != NULL) {
+        if (checkpoint_step_of_name(e->d_name, "DONE", "") <= step) continue;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
+        removed++;
+    }
+    closedir(d);
+    if (removed) fsync_dir_of(path);
+    return removed;
 }
 
 #endif

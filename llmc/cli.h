@@ -98,7 +98,7 @@ static const FlagSpec flag_table[] = {
     {"--shuffle", FLAG_INT, OPT(shuffle), 0, 1, FOR_BOTH, "1: shuffle shard order and batch order each epoch"},
     {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
     {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576)"},
-    {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*processes); must be a multiple of B*T*processes"},
+    {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*groups); must be a multiple of B*T*groups, groups = processes / --context-parallel"},
     {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data; 0: only evaluate and sample the model)"},
     {"-l", FLAG_FLOAT, OPT(lr), 0, 10, FOR_BOTH, "peak learning rate"},
     {"-k", FLAG_STRING, OPT(schedule), 0, 0, FOR_BOTH, "learning-rate schedule: cosine|linear|constant"},
@@ -310,7 +310,10 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         char* end = NULL;
         errno = 0;
         long k = strtol(o->tile_tokens_flag, &end, 10);
-        if (end == o->tile_tokens_flag || *end || errno == ERANGE || k < 0 || k > INT_MAX)
+        if (end != o->tile_tokens_flag && !*end && (errno == ERANGE || k > INT_MAX))
+            fail("flag --tile-tokens: %s is more than 2^31-1 = 2147483647, the most tokens a tile (or a micro-step) can hold",
+                 o->tile_tokens_flag);
+        if (end == o->tile_tokens_flag || *end || errno == ERANGE || k < 0)
             fail("flag --tile-tokens: '%s' is not 0, a positive number of tokens, or auto", o->tile_tokens_flag);
         o->tile_tokens = (int)k;
     }
@@ -328,7 +331,11 @@ static inline size_t parse_bytes(const char* flag, const char* s) {
     char* end = NULL;
     errno = 0;
     double v = strtod(s, &end);
-    if (end == s || errno == ERANGE || !isfinite(v) || v <= 0) fail("flag %s: '%s' is not a positive size like 80GiB", flag, s);
+    /* strtod also reads hexadecimal ("0x10": 16 bytes), which no one means as a size */
+    int decimal = (s[0] >= '0' && s[0] <= '9') || s[0] == '.';
+    for (const char* c = s; c < end; c++) decimal &= *c != 'x' && *c != 'X';
+    if (end == s || !decimal || errno == ERANGE || !isfinite(v) || v <= 0)
+        fail("flag %s: '%s' is not a positive size like 80GiB", flag, s);
     static const struct { const char* unit; double mult; } units[] = {
         {"", 1}, {"b", 1}, {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
         {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12}, {"k", 1024.0}, {"m", 1048576.0}, {"g", 1073741824.0}};

@@ -2,7 +2,8 @@
  * Dropout at the embedding and residual sites, elementwise over rows of a
  * (B,T,C) floatX tensor: rows [r0, r0+rows) of the local batch, laid out by
  * a TokenLayout (token_layout.h). Element c of local row r is element
- * e = token_global_row(r) * C + c of the whole batch, the numbering the CPU
+ * e = (row0 + token_global_row(r)) * C + c of the whole batch (row0: the
+ * site's global row of this rank's first sequence), the numbering the CPU
  * reference's DROPOUT_ROWS_FOR_EACH uses, so a token tile, or a rank holding
  * some chunks of a sequence (context parallelism), draws the bits one
  * process holding everything draws. The masks come from llmc/dropout.h:
@@ -41,9 +42,9 @@ REMAT_HOST_DEVICE static inline size_t dropout_calls_per_row(int C) { return (si
 /* Threads for rows [r0, r0+rows) of C: one per generator call overlapping
  * the stretch (one stretch of rows*C elements from global element r0*C
  * without context parallelism; else a stretch per row). */
-static inline size_t dropout_threads(size_t r0, size_t rows, int C, const TokenLayout* lay) {
+static inline size_t dropout_threads(size_t row0, size_t r0, size_t rows, int C, const TokenLayout* lay) {
     if (lay->parts == 1) {
-        size_t e0 = r0 * (size_t)C, n = rows * (size_t)C;
+        size_t e0 = (row0 + r0) * (size_t)C, n = rows * (size_t)C;
         return (e0 + n + DROPOUT_GROUP - 1) / DROPOUT_GROUP - e0 / DROPOUT_GROUP;
     }
     return rows * dropout_calls_per_row(C);
@@ -51,17 +52,18 @@ static inline size_t dropout_threads(size_t r0, size_t rows, int C, const TokenL
 
 /* Thread t's span; false when it has none (past the end, or one of a row's
  * spare threads). */
-__device__ __forceinline__ bool dropout_span(DropoutSpan* sp, size_t t, size_t r0, size_t rows, int C, const TokenLayout& lay) {
+__device__ __forceinline__ bool dropout_span(DropoutSpan* sp, size_t t, size_t row0, size_t r0, size_t rows, int C,
+                                             const TokenLayout& lay) {
     size_t start, len, local, j; /* the stretch: global start, elements, local start; the call's index in it */
     if (lay.parts == 1) {
-        start = r0 * (size_t)C;
+        start = (row0 + r0) * (size_t)C;
         len = rows * (size_t)C;
         local = 0;
         j = t;
     } else {
         size_t per_row = dropout_calls_per_row(C), r = t / per_row;
         if (r >= rows) return false;
-        start = token_global_row(&lay, r0 + r) * (size_t)C;
+        start = (row0 + token_global_row(&lay, r0 + r)) * (size_t)C;
         len = (size_t)C;
         local = r * (size_t)C;
         j = t % per_row;
@@ -126,7 +128,7 @@ __device__ __forceinline__ void dropout_apply_group(float* v, const DropoutSite&
 template <int VEC>
 __global__ void dropout_mask_kernel(floatX* dst, const floatX* src, size_t r0, size_t rows, int C, TokenLayout lay, DropoutSite s) {
     DropoutSpan sp;
-    if (!dropout_span(&sp, (size_t)blockIdx.x * blockDim.x + threadIdx.x, r0, rows, C, lay)) return;
+    if (!dropout_span(&sp, (size_t)blockIdx.x * blockDim.x + threadIdx.x, s.row0, r0, rows, C, lay)) return;
     float v[DROPOUT_GROUP];
     dropout_load_span<VEC>(v, src, sp);
     dropout_apply_group(v, s, sp.g);
@@ -138,7 +140,7 @@ template <int VEC>
 __global__ void dropout_residual_kernel(floatX* out, const floatX* branch, const floatX* res, size_t r0, size_t rows, int C,
                                         TokenLayout lay, DropoutSite s) {
     DropoutSpan sp;
-    if (!dropout_span(&sp, (size_t)blockIdx.x * blockDim.x + threadIdx.x, r0, rows, C, lay)) return;
+    if (!dropout_span(&sp, (size_t)blockIdx.x * blockDim.x + threadIdx.x, s.row0, r0, rows, C, lay)) return;
     float v[DROPOUT_GROUP], r[DROPOUT_GROUP];
     dropout_load_span<VEC>(v, branch, sp);
     dropout_load_span<VEC>(r, res, sp);
@@ -152,7 +154,7 @@ __global__ void dropout_residual_kernel(floatX* out, const floatX* branch, const
  * its buffers to 256 bytes), else 1; elementwise, so the width changes no bit. */
 static inline void gpu_dropout_mask(floatX* dst, const floatX* src, size_t r0, size_t rows, int C, const TokenLayout* lay,
                                     const DropoutSite* s, cudaStream_t stream) {
-    unsigned int grid = grid_for(dropout_threads(r0, rows, C, lay), DROPOUT_THREADS);
+    unsigned int grid = grid_for(dropout_threads(s->row0, r0, rows, C, lay), DROPOUT_THREADS);
     if (all_aligned16(dst, src)) dropout_mask_kernel<XVEC><<<grid, DROPOUT_THREADS, 0, stream>>>(dst, src, r0, rows, C, *lay, *s);
     else dropout_mask_kernel<1><<<grid, DROPOUT_THREADS, 0, stream>>>(dst, src, r0, rows, C, *lay, *s);
     CUDA_CHECK_LAUNCH();
@@ -160,7 +162,7 @@ static inline void gpu_dropout_mask(floatX* dst, const floatX* src, size_t r0, s
 
 static inline void gpu_dropout_residual(floatX* out, const floatX* branch, const floatX* res, size_t r0, size_t rows, int C,
                                         const TokenLayout* lay, const DropoutSite* s, cudaStream_t stream) {
-    unsigned int grid = grid_for(dropout_threads(r0, rows, C, lay), DROPOUT_THREADS);
+    unsigned int grid = grid_for(dropout_threads(s->row0, r0, rows, C, lay), DROPOUT_THREADS);
     if (all_aligned16(out, branch, res))
         dropout_residual_kernel<XVEC><<<grid, DROPOUT_THREADS, 0, stream>>>(out, branch, res, r0, rows, C, *lay, *s);
     else dropout_residual_kernel<1><<<grid, DROPOUT_THREADS, 0, stream>>>(out, branch, res, r0, rows, C, *lay, *s);

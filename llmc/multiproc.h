@@ -141,13 +141,47 @@ static inline void proc_fail_missing(void) {
         if (missing++ < 8) used += (size_t)snprintf(whom + used, sizeof(whom) - used, "%s%d", missing > 1 ? ", " : "", p);
     }
     if (missing > 8) snprintf(whom + used, sizeof(whom) - used, " and %d more", missing - 8);
-    if (first < 0) proc_fail_inside(&proc_mine, "a message of this rank was not delivered");
+    if (first < 0) { /* every rank's arrival is here; this rank's has not reached some of them */
+        for (int p = 0; p < remat_proc.world; p++) {
+            int sent = 1;
+            if (proc_exchange[remat_proc.world + p] != MPI_REQUEST_NULL)
+                MPI_CHECK(MPI_Test(&proc_exchange[remat_proc.world + p], &sent, MPI_STATUS_IGNORE));
+            if (sent) continue;
+            if (first < 0) first = p;
+            if (missing++ < 8) used += (size_t)snprintf(whom + used, sizeof(whom) - used, "%s%d", missing > 1 ? ", " : "", p);
+        }
+        if (missing > 8) snprintf(whom + used, sizeof(whom) - used, " and %d more", missing - 8);
+        char who[400];
+        snprintf(who, sizeof(who), "rank%s %s to take this rank's arrival (%s sent %s own)", missing == 1 ? "" : "s", whom,
+                 missing == 1 ? "it" : "they", missing == 1 ? "its" : "their");
+        if (first < 0) proc_fail_inside(&proc_mine, "the network failed");
+        proc_timeout_fail(&proc_mine, who, missing == 1 ? "it is stuck, stopped or gone" : "they are stuck, stopped or gone");
+    }
     char last[PROC_WHAT_CHARS + 32] = "no collective yet";
     if (proc_seen[first].seq > 0) proc_describe(last, sizeof(last), &proc_seen[first], 1);
     char who[400];
     if (missing == 1) snprintf(who, sizeof(who), "rank %s (last seen at %s)", whom, last);
     else snprintf(who, sizeof(who), "ranks %s (rank %d last seen at %s)", whom, first, last);
     proc_timeout_fail(&proc_mine, who, missing == 1 ? "it is stuck, stopped or gone" : "they are stuck, stopped or gone");
+}
+
+/* Rank p arrived at another collective than this rank: says which rank is
+ * where and what differs (the step, the collective, or how many collectives
+ * each has run). */
+static inline void proc_fail_diverged(int p, const ProcArrival* a) {
+    int me = remat_proc.rank;
+    if (strncmp(a->what, proc_mine.what, PROC_WHAT_CHARS) == 0 && a->seq == proc_mine.seq)
+        fail("the ranks are at different steps: rank %d at step %d, rank %d at step %d, both in %s (collective #%lld): they "
+             "started from different steps or count them differently; stopping the job (--collective-timeout)", me,
+             (int)proc_mine.step, p, (int)a->step, proc_mine.what, (long long)proc_mine.seq);
+    char mine[PROC_WHAT_CHARS + 32], theirs[PROC_WHAT_CHARS + 32];
+    proc_describe(mine, sizeof(mine), &proc_mine, 0);
+    proc_describe(theirs, sizeof(theirs), a, 0);
+    if (a->seq != proc_mine.seq)
+        fail("the ranks run different collectives: rank %d is in %s, its collective #%lld; rank %d in %s, its #%lld; stopping "
+             "the job (--collective-timeout)", me, mine, (long long)proc_mine.seq, p, theirs, (long long)a->seq);
+    fail("the ranks run different collectives: rank %d is in %s, rank %d in %s (collective #%lld); stopping the job "
+         "(--collective-timeout)", me, mine, p, theirs, (long long)proc_mine.seq);
 }
 
 /* Arrival at the next collective: exchanged with every rank, then checked
@@ -178,13 +212,8 @@ static inline void proc_collective_begin(const char* what) {
     for (int p = 0; p < world; p++) {
         if (p == me) continue;
         const ProcArrival* a = &proc_inbox[p];
-        if (a->seq != proc_mine.seq || a->step != proc_mine.step || strncmp(a->what, proc_mine.what, PROC_WHAT_CHARS) != 0) {
-            char mine[PROC_WHAT_CHARS + 32], theirs[PROC_WHAT_CHARS + 32];
-            proc_describe(mine, sizeof(mine), &proc_mine, 0);
-            proc_describe(theirs, sizeof(theirs), a, 0);
-            fail("the ranks run different collectives: this rank is in %s, rank %d in %s (collective #%lld); stopping the "
-                 "job (--collective-timeout)", mine, p, theirs, (long long)proc_mine.seq);
-        }
+        if (a->seq != proc_mine.seq || a->step != proc_mine.step || strncmp(a->what, proc_mine.what, PROC_WHAT_CHARS) != 0)
+            proc_fail_diverged(p, a);
         proc_seen[p] = *a;
     }
     proc_seen[me] = proc_mine;

@@ -619,8 +619,8 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
                 count, count == 1 ? "" : "s", layers);
     }
     if (plan_tile_rows(&p->spec))
-        fprintf(out, "  token tiles: %zu of the %d rows at a time (--tile-tokens %d)\n", plan_tile_rows(&p->spec), p->spec.B * p->spec.T,
-                p->spec.tile_tokens);
+        fprintf(out, "  token tiles: %zu of the %d rows at a time (--tile-tokens %d)\n", plan_tile_rows(&p->spec),
+                p->spec.B * plan_local_T(&p->spec), p->spec.tile_tokens); /* a rank's rows: B x T/N under context parallelism */
     if (p->host_total_bytes)
         fprintf(out, "  host memory, offloaded checkpoints: %.1f MiB (%s), device staging ring %d slots, %.1f MiB\n",
                 mib(p->host_total_bytes), p->spec.backend == BACKEND_GPU ? "pinned" : "a second allocation", p->staging_slots,

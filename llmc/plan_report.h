@@ -149,21 +149,30 @@ static inline size_t available_host_memory(void) {
 }
 
 /* Host memory the CPU trainer holds beyond the plan: code, libraries, the
- * tokenizer table, OpenMP's threads (measured: under 3 MiB), and when a
- * launcher started it under MPI, MPI's library state and shared-memory
- * segments (measured with OpenMPI 4.1 on a model whose plan is 13.2 MiB:
- * peak resident memory 2.5 MiB over the plan alone, 10.8 MiB under mpirun
- * -np 1, 11.8 MiB with -np 2; the plan's program share is an upper bound). */
+ * tokenizer table, OpenMP's threads (measured: under 3 MiB); in a build
+ * with MPI, started alone, the MPI library's resident code and data (the
+ * quick start's model, plan 12.2 MiB: peak 15.2 MiB without MPI, 16.3 MiB
+ * in an MPI build: 1.1 MiB more); and when a launcher started it under
+ * MPI, MPI's state and shared-memory segments (measured with OpenMPI 4.1 on
+ * a model whose plan is 13.2 MiB: 10.8 MiB over the plan under mpirun -np 1,
+ * 11.8 MiB with -np 2). The shares are upper bounds. */
 #define PLAN_PROGRAM_BYTES ((size_t)4 << 20)
+#define PLAN_MPI_LIBRARY_BYTES ((size_t)2 << 20)
 #define PLAN_MPI_PROGRAM_BYTES ((size_t)16 << 20)
-static inline size_t plan_program_bytes(void) { return PLAN_PROGRAM_BYTES + (remat_proc.uses_mpi ? PLAN_MPI_PROGRAM_BYTES : 0); }
+static inline size_t plan_program_bytes(void) {
+    return PLAN_PROGRAM_BYTES + (PLAN_MULTI_PROCESS_BUILT ? PLAN_MPI_LIBRARY_BYTES : 0) + (remat_proc.uses_mpi ? PLAN_MPI_PROGRAM_BYTES : 0);
+}
 
 /* --mem-budget if given (as given: no headroom kept), else free device
  * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else available host memory
  * less the program's share (plan_program_bytes). */
 static inline size_t memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--mem-budget", flag_value);
-    if (b) { *source = "--mem-budget, as given: no headroom kept for the CUDA context or libraries"; return b; }
+    if (b) {
+        *source = remat_free_memory_hook ? "--mem-budget, as given: no headroom kept for the CUDA context or libraries"
+                                         : "--mem-budget, as given: no headroom kept for the program";
+        return b;
+    }
     if (remat_free_memory_hook) {
         size_t free_b = remat_free_memory_hook();
         *source = "free device memory less 256 MiB headroom";
@@ -558,7 +567,8 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         fprintf(out, "  -r 1 -b %d -d %lld (the same %lld tokens per step, in more micro-steps)\n", b, tokens, tokens);
         any = 1;
     }
-    int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget);
+    int t_step = plan_context_parallel(spec) > 1 ? 2 * plan_context_parallel(spec) : 1; /* -t a multiple of 2N under CP */
+    int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
     if (t >= 1) { fprintf(out, "  -r 1 -t %d\n", t); any = 1; }
     for (int n = 2 * spec->world_size; PLAN_MULTI_PROCESS_BUILT && n <= 4096; n *= 2) {
         int bn = plan_fitting_batch_keeping_tokens(spec, n, budget);
@@ -568,12 +578,22 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         any = 1;
         break;
     }
+    for (int n = 2 * spec->world_size; !any && PLAN_MULTI_PROCESS_BUILT && n <= 4096; n *= 2) { /* shorter and sharded */
+        PlanSpec more = *spec;
+        more.world_size = n;
+        more.zero_stage = 1;
+        more.B = 1;
+        int tn = plan_max_fitting(&more, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
+        if (tn < 1) continue;
+        fprintf(out, "  -r 1 -b 1 -t %d -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", tn, n);
+        any = 1;
+    }
     if (!any) {
         PlanSpec least = *spec;
         if (PLAN_MULTI_PROCESS_BUILT) { least.world_size = 4096; least.zero_stage = 1; }
-        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t 1%s it still needs %s\n",
+        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t %d%s it still needs %s\n", t_step,
                 PLAN_MULTI_PROCESS_BUILT ? " -z 1 across 4096 processes" : " (this build runs one process: no ZeRO-1)",
-                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, 1), size, sizeof(size)));
+                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, t_step), size, sizeof(size)));
     }
 }
 

@@ -66,9 +66,15 @@ static inline void resolve_dropout(Run* run, const float* file_pdrop, const char
     run->dropout.p[DROPOUT_ATTENTION] = o->attn_dropout;
     run->dropout.p[DROPOUT_RESID_ATTN] = run->dropout.p[DROPOUT_RESID_MLP] = o->resid_dropout;
     run->dropout.seed = (uint32_t)o->seed;
-    /* the masks of a context-parallel group are those one process of its
-     * data-parallel group draws: keyed by the group, at global positions */
-    run->dropout.rank = (uint32_t)run->cp.group;
+}
+
+/* Masks are keyed by the global sequence and position (dropout.h): this
+ * rank's first sequence is its data-parallel group's first row of the
+ * micro-step's batch, whatever N and the number of groups. */
+static inline void resolve_dropout_sequences(Run* run) {
+    run->dropout.first_sequence = (uint32_t)run->cp.group * (uint32_t)run->opt.B;
+    run->dropout.seq_len = run->opt.T;
+    run->dropout.heads = run->cfg.num_heads;
 }
 
 /* A mask's site word holds the micro-step and the layer in fixed bits
@@ -109,6 +115,7 @@ static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* f
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
+    if (o->out_dir[0] && run->rank == 0 && !o->plan_only && !o->plan_json) output_lock(o->out_dir, 0); /* before -o is read */
     run->resume_step = o->resume && run->rank == 0 ? checkpoint_latest_whole(o->out_dir, setup_notes(o)) : -1;
     proc_broadcast(&run->resume_step, sizeof(run->resume_step), "the resume step broadcast"); /* every rank resumes the same step */
     resolve_run_identity(run);
@@ -173,28 +180,59 @@ static inline void resolve_recompute(Run* run) {
     if (!any) fail("flag --offload-checkpoints: no layer recomputes with -r 1 or -r 3 (-r %s), so none keeps checkpoints to offload", run->opt.recompute);
 }
 
-/* --context-parallel N: groups of N processes, each sequence in 2N equal chunks. */
+/* --host-mem-budget and --host-link concern offloaded checkpoints, which a
+ * run has with --offload-checkpoints or an offloaded group in a mix, and
+ * which -r auto's search and suggestions and --plan consider; --ring-link
+ * prices the context-parallel ring. Given to a run without them, they
+ * would do nothing: refused. */
+static inline void check_link_and_host_flags_apply(const Run* run) {
+    const TrainOptions* o = &run->opt;
+    int offloads = o->offload_checkpoints;
+    for (int l = 0; l < run->cfg.num_layers; l++) offloads |= run->layer_offload[l];
+    int considers_offload = offloads || strcmp(o->recompute, "auto") == 0 || o->plan_only || o->plan_json;
+    static const char* const host_flags[2] = {"--host-mem-budget", "--host-link"};
+    for (int i = 0; i < 2; i++)
+        if (option_given(o, host_flags[i]) && !considers_offload)
+            fail("flag %s: applies to offloaded checkpoints (--offload-checkpoints, a mix like 1o:0-3, -r auto or --plan), and "
+                 "this run has none (-r %s)", host_flags[i], o->recompute);
+    if (option_given(o, "--ring-link") && run->cp.degree <= 1)
+        fail("flag --ring-link: applies to the ring of --context-parallel N > 1, and this run has none");
+}
+
+/* --context-parallel N: groups of N processes, each sequence in 2N equal
+ * chunks (-t is checked against 2N with the model's length, in resolve_batch). */
 static inline void resolve_context_parallel(Run* run) {
-    int N = run->opt.context_parallel, T = run->opt.T;
+    int N = run->opt.context_parallel;
     if (run->world % N != 0)
         fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence%s)", N,
              run->world, run->world == 1 ? "" : "es", run->opt.plan_only || run->opt.plan_json ? "; --plan-processes P plans for P" : "");
-    if (N > 1 && T % (2 * N) != 0) {
-        int below = T / (2 * N) * (2 * N), above = below + 2 * N;
-        if (below > 0) fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d or %d work",
-                            T, 2 * N, N, 2 * N, below, above);
-        fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): -t %d works",
-             T, 2 * N, N, 2 * N, above);
-    }
     run->cp = context_groups(N, run->rank, run->world);
+}
+
+/* Under context parallelism -t must be a multiple of 2N: the refusal names
+ * the neighbours that are, within the model's length. */
+static inline void check_context_parallel_length(const Run* run) {
+    int N = run->cp.degree, T = run->opt.T, max_T = run->cfg.max_seq_len;
+    if (N <= 1 || T % (2 * N) == 0) return;
+    int below = T / (2 * N) * (2 * N), above = below + 2 * N;
+    char works[64];
+    if (below > 0 && above <= max_T) snprintf(works, sizeof(works), "-t %d or %d work", below, above);
+    else if (below > 0) snprintf(works, sizeof(works), "-t %d works (the model's maximum is %d)", below, max_T);
+    else if (above <= max_T) snprintf(works, sizeof(works), "-t %d works", above);
+    else snprintf(works, sizeof(works), "no -t works with the model's maximum %d: a smaller N", max_T);
+    fail("flag -t: %d is not a multiple of 2N = %d (--context-parallel %d cuts each sequence into %d equal chunks): %s", T, 2 * N, N,
+         2 * N, works);
 }
 
 static inline void resolve_batch(Run* run) {
     TrainOptions* o = &run->opt;
     if (o->T > run->cfg.max_seq_len) fail("flag -t: sequence length %d exceeds the model's maximum %d", o->T, run->cfg.max_seq_len);
+    check_context_parallel_length(run);
     int groups = run->cp.groups;
     long long micro_tokens = (long long)o->B * o->T * groups;
-    if (micro_tokens > INT_MAX) fail("flags -b/-t: %lld tokens per micro-step is too many", micro_tokens);
+    if (micro_tokens > INT_MAX)
+        fail("flags -b/-t: %d x %d%s = %lld tokens per micro-step, more than 2^31-1 = 2147483647 (token positions and counts are "
+             "32-bit): a smaller -b or -t", o->B, o->T, groups > 1 ? " x data-parallel groups" : "", micro_tokens);
     long long total = o->total_batch_tokens == -1 ? micro_tokens : o->total_batch_tokens;
     if (total < 1 || total % micro_tokens != 0) {
         if (run->cp.degree > 1)
@@ -213,6 +251,72 @@ static inline const char* tile_flag(int K, char* buf, size_t n) {
     return buf;
 }
 
+/* "%s, and %s of host memory" of a device and a host size. */
+static inline const char* format_sizes(size_t device, size_t host, char* buf, size_t n) {
+    char d[32], h[32];
+    snprintf(buf, n, "%s, and %s of host memory", format_size(device, d, sizeof(d)), format_size(host, h, sizeof(h)));
+    return buf;
+}
+
+/* -r auto found nothing that fits: the least plan it could reach (-r 1 on
+ * every layer, offloaded with --offload-checkpoints, at the smallest tile
+ * searched), then what would fit: plan_print_suggestions' flags, and with
+ * a host budget the offloaded ones (-r auto with --offload-checkpoints at
+ * this batch when the run did not offload; -r 1o:all with a shorter -t). */
+static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget, const char* source, size_t host_budget,
+                                         const char* host_source, int search_tiles) {
+    char have[32], tiles[48], sizes[96], host_have[32];
+    format_size(budget, have, sizeof(have));
+    format_size(host_budget, host_have, sizeof(host_have));
+    fflush(stdout);
+    int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens;
+    if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
+    int least_tile = spec->tile_tokens;
+    size_t host_1o = 0, device_1o = plan_totals_for(spec, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, spec->B, spec->T, &host_1o);
+    size_t device_1 = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
+    int offload_least = run->opt.offload_checkpoints && device_1o < device_1; /* what the search could reach */
+    if (offload_least)
+        fprintf(stderr, "-r auto: even -r 1o:all%s (%s) does not fit %s (%s)\n", tile_flag(spec->tile_tokens, tiles, sizeof(tiles)),
+                format_sizes(device_1o, host_1o, sizes, sizeof(sizes)), have, source);
+    else
+        fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
+                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(device_1), have, source);
+    spec->tile_tokens = given; /* the suggestions: flags that fit as they are */
+    plan_print_suggestions(spec, budget, stderr);
+    int offloaded_fits = 0;
+    if (host_budget && !run->opt.offload_checkpoints) {
+        PlanSpec s = *spec;
+        int L = run->cfg.num_layers;
+        unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+        unsigned char* offload = (unsigned char*)malloc_check((size_t)L, "plan");
+        if (recompute_auto_tiles(&s, budget, host_budget, search_tiles, modes, offload) == 0) {
+            char flag[8192];
+            format_recompute_flag(modes, offload, L, flag, sizeof(flag));
+            s.layer_mode = modes;
+            s.layer_offload = offload;
+            size_t host = 0, device = plan_totals_for(&s, -1, s.B, s.T, &host);
+            fprintf(stderr, "  --offload-checkpoints -r auto: here -r %s%s (%s of %s, %s)\n", flag,
+                    tile_flag(s.tile_tokens, tiles, sizeof(tiles)), format_sizes(device, host, sizes, sizeof(sizes)), host_have, host_source);
+            offloaded_fits = 1;
+        }
+        free(modes);
+        free(offload);
+    }
+    if (host_budget && !offloaded_fits) {
+        PlanSpec s = *spec;
+        s.tile_tokens = least_tile;
+        int t_step = run->cp.degree > 1 ? 2 * run->cp.degree : 1;
+        int t = plan_max_fitting_host(&s, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, 1, s.T, budget, host_budget) / t_step * t_step;
+        if (t >= 1) {
+            size_t host = 0, device = plan_totals_for(&s, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, s.B, t, &host);
+            fprintf(stderr, "  -r 1o:all%s -t %d (%s of %s, %s)\n", tile_flag(least_tile, tiles, sizeof(tiles)), t,
+                    format_sizes(device, host, sizes, sizeof(sizes)), host_have, host_source);
+        }
+    }
+    if (offloaded_fits) fail("-r auto: nothing without offloading fits in %s: --offload-checkpoints lets it offload (above)", have);
+    fail("-r auto: nothing fits in %s", have);
+}
+
 /* -r auto: the per-layer choice (and with search_tiles the tile size) with
  * the least predicted time that fits the budgets, printed as the flags that
  * reproduce it; or the flags that would fit and a non-zero exit. */
@@ -225,14 +329,9 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     char have[32], tiles[48];
     format_size(budget, have, sizeof(have));
     if (recompute_auto_tiles(spec, budget, host_budget, search_tiles, run->layer_mode, run->layer_offload) != 0) {
-        fflush(stdout);
-        int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens;
-        if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
-        fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
-                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T)), have, source);
-        spec->tile_tokens = given; /* the suggestions: flags that fit as they are */
-        plan_print_suggestions(spec, budget, stderr);
-        fail("-r auto: nothing fits in %s", have);
+        /* the suggestions may offload where a host budget is known: --offload-checkpoints' own, or one given */
+        if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
+        refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles);
     }
     run->opt.tile_tokens = spec->tile_tokens;
     char flag[8192];
@@ -273,9 +372,10 @@ static inline void check_host_budget(const Run* run) {
     if (!run->plan.host_total_bytes || run->opt.plan_only || run->opt.plan_json) return;
     const char* source = "";
     size_t host_budget = host_memory_budget(run->opt.host_mem_budget, &source);
+    char need[32], have[32];
     if (run->plan.host_total_bytes > host_budget)
-        fail("offloaded checkpoints: the host pool needs %.1f MiB, more than %.1f MiB (%s): fewer offloaded layers, or --host-mem-budget",
-             mib(run->plan.host_total_bytes), mib(host_budget), source);
+        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget",
+             format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(host_budget, have, sizeof(have)), source);
 }
 
 /* --mem-budget with a fixed -r is a limit the plan must keep: a plan over
@@ -341,6 +441,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);
+    resolve_dropout_sequences(run);
     check_dropout_limits(run);
     ranks_check_same(&run->opt, &run->cfg, NULL, NULL, 0);
     PlanSpec spec;
@@ -365,6 +466,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
         spec.ring_link = measured;
     }
     if (run->opt.host_link[0]) spec.cost_model.host_link_bytes_per_s = host_link_parse(run->opt.host_link, "flag --host-link");
+    check_link_and_host_flags_apply(run);
     spec.logits_chunk_rows = logits_chunk_rows;
     spec.micro_steps = run->grad_accum;
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */

@@ -141,7 +141,9 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
 
 /* The first step that changes -o, taken only once everything that can be
  * checked (flags, model, data, tokenizer, prompt, the checkpoint resumed)
- * has been: creates -o, removes this run's stale temporaries (left by
+ * has been: creates -o (and locks it, if it did not exist before), removes
+ * the DONE markers of damaged checkpoints newer than the one resumed, this
+ * run's stale temporaries (left by
  * kill -9 or a second signal), for a fresh run the checkpoints of an earlier
  * one (--supersede) and incomplete leftovers, and opens the log (a fresh
  * run's starts empty; a resumed run's loses the lines it will write again). */
@@ -149,6 +151,11 @@ static inline void open_output(Run* run, LoopState* ls) {
     const TrainOptions* o = &run->opt;
     if (o->out_dir[0]) mkdir_check(o->out_dir); /* by every rank: each writes its own state file there */
     if (o->out_dir[0] && run->rank == 0) {
+        output_lock(o->out_dir, 1); /* when this run created -o */
+        int unmarked = run->resume_step >= 0 ? checkpoint_unmark_newer(o->out_dir, run->resume_step) : 0;
+        if (unmarked)
+            printf("checkpoints: removed the DONE marker%s of %d damaged checkpoint%s after step %d (their files stay until this run "
+                   "writes those steps again)\n", unmarked == 1 ? "" : "s", unmarked, unmarked == 1 ? "" : "s", run->resume_step);
         int stale = checkpoint_remove_temporaries(o->out_dir);
         if (stale) printf("checkpoints: removed %d stale temporary file%s (*.tmp) from %s\n", stale, stale == 1 ? "" : "s", o->out_dir);
         int removed = run->resume_step < 0 ? checkpoint_remove_all(o->out_dir) : 0;
@@ -249,8 +256,9 @@ static inline void train(Run* run, Backend* be) {
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     if (p->spec.backend == BACKEND_CPU)
-        printf("peak resident memory: %.1f MiB (plan: %.1f MiB, and up to %.0f MiB for the program%s)\n", (double)peak_rss_kib() / 1024.0,
-               mib(p->total_bytes), mib(plan_program_bytes()), remat_proc.uses_mpi ? " and MPI" : "");
+        printf("peak resident memory: %.1f MiB (plan: %.1f MiB%s, and up to %.0f MiB for the program%s)\n", (double)peak_rss_kib() / 1024.0,
+               mib(p->total_bytes + p->host_total_bytes), p->host_total_bytes ? " with the offloaded checkpoints' host pool" : "",
+               mib(plan_program_bytes()), remat_proc.uses_mpi ? " and MPI" : "");
     else
         printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);
     loop_close(&ls);

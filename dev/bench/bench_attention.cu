@@ -138,7 +138,7 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs, int firs
     CUDA_CHECK_LAUNCH();
     const double fwd_flops = 2.0 * B * NH * (double)T * T * hs, bwd_flops = 2.5 * fwd_flops;
     const DropoutSite none = attention_no_dropout();
-    DropoutState drop_state = {{0}, 1234, 0, 1, 0};
+    DropoutState drop_state = {{0}, 1234, 0, 1, 0, 0, 0};
     drop_state.p[DROPOUT_ATTENTION] = BENCH_DROPOUT_P;
     const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 0);
     BenchRun ref = {}, ref_drop = {};

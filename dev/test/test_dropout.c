@@ -51,7 +51,7 @@ static void check_attention_layout(int T) {
 
 /* The dropped fraction of n draws within 5 standard errors of threshold/65536. */
 static void check_fraction(float p, DropoutSiteKind kind) {
-    DropoutState st = {{0}, 1234, 1, 7, 2};
+    DropoutState st = {{0}, 1234, 1, 7, 2, 0, 0};
     st.p[kind] = p;
     DropoutSite s = dropout_site(&st, kind, 3);
     const int n = 1 << 20;
@@ -65,10 +65,10 @@ static void check_fraction(float p, DropoutSiteKind kind) {
 
 /* Different keys and counters give different masks; p = 0 keeps everything. */
 static void check_independence(void) {
-    DropoutState a = {{0.5f, 0.5f, 0.5f, 0.5f}, 1, 0, 3, 0};
+    DropoutState a = {{0.5f, 0.5f, 0.5f, 0.5f}, 1, 0, 3, 0, 0, 0};
     DropoutState b[4] = {a, a, a, a};
     b[0].seed = 2;
-    b[1].rank = 1;
+    b[1].step = 5;
     b[2].step = 4;
     b[3].micro_step = 1;
     DropoutSite sa = dropout_site(&a, DROPOUT_RESID_MLP, 5);
@@ -78,10 +78,33 @@ static void check_independence(void) {
         for (int e = 0; e < 4096; e++) same += dropout_keep_flat(&sa, (uint64_t)e) == dropout_keep_flat(&sb, (uint64_t)e);
         CHECK(same > 1800 && same < 2300); /* half agree by chance: 2048 +- 32 */
     }
-    DropoutState off = {{0}, 1, 0, 3, 0};
+    DropoutState off = {{0}, 1, 0, 3, 0, 0, 0};
     DropoutSite s = dropout_site(&off, DROPOUT_ATTENTION, 0);
     CHECK(s.threshold == 0 && s.scale == 1.0f && !dropout_active(&off));
     for (int e = 0; e < 4096; e++) CHECK(dropout_keep_attention(&s, 0, 64, e / 64, e % 64));
+}
+
+/* Masks are keyed by the global sequence, not the rank: the rank whose
+ * first sequence is f draws, for its sequence j, what a rank holding the
+ * batch from sequence 0 draws for sequence f + j; two sequences differ. */
+static void check_sequence_keying(void) {
+    const int T = 40, NH = 3, C = 24;
+    DropoutState whole = {{0.5f, 0.5f, 0.5f, 0.5f}, 9, 0, 3, 1, T, NH}, later = whole;
+    later.first_sequence = 5;
+    DropoutSite a0 = dropout_site(&whole, DROPOUT_ATTENTION, 2), a5 = dropout_site(&later, DROPOUT_ATTENTION, 2);
+    int differ = 0;
+    for (int h = 0; h < NH; h++)
+        for (int t = 0; t < T; t++)
+            for (int u = 0; u <= t; u++) {
+                CHECK(dropout_keep_attention(&a5, h, T, t, u) == dropout_keep_attention(&a0, 5 * NH + h, T, t, u));
+                differ += dropout_keep_attention(&a0, h, T, t, u) != dropout_keep_attention(&a5, h, T, t, u);
+            }
+    CHECK(differ > NH * T * (T + 1) / 2 / 4); /* about half */
+    DropoutSite r0 = dropout_site(&whole, DROPOUT_RESID_MLP, 2), r5 = dropout_site(&later, DROPOUT_RESID_MLP, 2);
+    CHECK(r0.row0 == 0 && r5.row0 == 5 * (uint64_t)T && r5.group0 == 0 && a0.group0 == 0);
+    differ = 0;
+    for (uint64_t e = 0; e < (uint64_t)T * C; e++) differ += dropout_keep_flat(&r0, e) != dropout_keep_flat(&r5, r5.row0 * C + e);
+    CHECK(differ > T * C / 4);
 }
 
 int main(void) {
@@ -92,6 +115,7 @@ int main(void) {
     check_fraction(0.5f, DROPOUT_EMBEDDING);
     check_fraction(0.9f, DROPOUT_RESID_ATTN);
     check_independence();
+    check_sequence_keying();
     printf("%s: dropout generator (%d failures)\n", failures ? "FAIL" : "PASS", failures);
     return failures != 0;
 }

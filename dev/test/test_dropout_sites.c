@@ -52,7 +52,7 @@ static void check_model_sites(void) {
     m->drop = &dropout_off;
     model_forward(m, m->inputs);
     memcpy(x0, act(m, 0, ACT_X), n * sizeof(real));
-    DropoutState drop = {{P_TEST, P_TEST, P_TEST, P_TEST}, 21, 0, 9, 2};
+    DropoutState drop = {{P_TEST, P_TEST, P_TEST, P_TEST}, 21, 0, 9, 2, 0, 0};
     m->drop = &drop;
     model_forward(m, m->inputs);
     DropoutSite embd = dropout_site(&drop, DROPOUT_EMBEDDING, 0);
@@ -85,7 +85,7 @@ static void check_model_sites(void) {
 
 static void check_attention_site(void) {
     const int B = 2, NH = 2, T = 64, C = NH * T, hs = T; /* hs >= T: one channel per key */
-    DropoutState drop = {{0, P_TEST, 0, 0}, 5, 1, 3, 0};
+    DropoutState drop = {{0, P_TEST, 0, 0}, 5, 0, 3, 0, 0, 0};
     DropoutSite s = dropout_site(&drop, DROPOUT_ATTENTION, 1);
     real* qkv = (real*)calloc((size_t)B * T * 3 * C, sizeof(real));
     real* out = (real*)malloc((size_t)B * T * C * sizeof(real));
@@ -123,7 +123,7 @@ static void check_evaluation_never_drops(void) {
     float probs_off[50], probs_on[50];
     float loss_off = cpu_forward_loss(m, m->inputs, m->targets);
     cpu_next_token_probs(m, m->targets, 9, probs_off);
-    DropoutState drop = {{0.5f, 0.5f, 0.5f, 0.5f}, 1, 0, 1, 0};
+    DropoutState drop = {{0.5f, 0.5f, 0.5f, 0.5f}, 1, 0, 1, 0, 0, 0};
     cpu_set_dropout(m, &drop);
     cpu_zero_grads(m);
     test_model_tokens(&tm, 7);

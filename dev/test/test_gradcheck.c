@@ -78,7 +78,7 @@ int main(void) {
     if (sizeof(real) != 8) { fprintf(stderr, "build this test with -DREMAT_FP64\n"); return 2; }
     double loss_off = 0, loss_on = 0;
     int failures = check_gradients(&dropout_off, 0, &loss_off);
-    DropoutState drop = {{0.3f, 0.3f, 0.3f, 0.3f}, 7, 0, 3, 1};
+    DropoutState drop = {{0.3f, 0.3f, 0.3f, 0.3f}, 7, 0, 3, 1, 0, 0};
     failures += check_gradients(&drop, 0, &loss_on);
     double loss_tiled = 0;
     failures += check_gradients(&drop, 3, &loss_tiled);

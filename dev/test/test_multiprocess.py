@@ -308,7 +308,7 @@ def proc_timeout_exe():
                    "first sum, step 4): they are stuck, stopped or gone; stopping the job (--collective-timeout)"),
     ("inside", 3, "error: rank [01]: waited more than 1 s in the second sum \\(step 4\\) for one of the other 2 ranks, which all "
                   "arrived at it: one stopped inside it or the network failed; stopping the job \\(--collective-timeout\\)"),
-    ("diverge", 2, "error: rank [01]: the ranks run different collectives: this rank is in (a sum|a barrier) \\(step 4\\), rank [01] "
+    ("diverge", 2, "error: rank ([01]): the ranks run different collectives: rank \\1 is in (a sum|a barrier) \\(step 4\\), rank [01] "
                    "in (a barrier|a sum) \\(step 4\\) \\(collective #2\\); stopping the job \\(--collective-timeout\\)")])
 def test_collective_timeout_messages(proc_timeout_exe, mode, np_, line):
     """The cases the trainers never produce by themselves: several ranks

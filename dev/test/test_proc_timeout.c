@@ -6,6 +6,7 @@
  *   missing  ranks other than 0 never reach "the second sum"
  *   inside   the last rank arrives at "the second sum" but never posts its part
  *   diverge  rank 1 enters "a barrier" while the others enter "a sum"
+ *   steps    rank 1 counts step 5 while the others count step 4, all in "a sum"
  * Ranks that leave the script sleep until the job is stopped.
  */
 #include "llmc/multiproc.h"
@@ -16,7 +17,7 @@ static void sleep_until_stopped(void) {
 
 int main(int argc, char** argv) {
     proc_init(&argc, &argv);
-    if (argc != 2) fail("usage: test_proc_timeout missing|inside|diverge");
+    if (argc != 2) fail("usage: test_proc_timeout missing|inside|diverge|steps");
     const char* mode = argv[1];
     int rank = remat_proc.rank, world = remat_proc.world;
     proc_set_collective_timeout(1);
@@ -34,6 +35,10 @@ int main(int argc, char** argv) {
     } else if (strcmp(mode, "diverge") == 0) {
         if (rank == 1) proc_barrier("a barrier");
         else proc_sum(1.0, "a sum");
+        sleep_until_stopped();
+    } else if (strcmp(mode, "steps") == 0) {
+        if (rank == 1) proc_set_step(5);
+        proc_sum(1.0, "a sum");
         sleep_until_stopped();
     }
     fail("mode %s: no timeout", mode);

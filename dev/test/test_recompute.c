@@ -110,7 +110,7 @@ static int compare_settings(const DropoutState* drop) {
 }
 
 int main(void) {
-    DropoutState drop = {{0.2f, 0.2f, 0.2f, 0.2f}, 11, 0, 0, 0};
+    DropoutState drop = {{0.2f, 0.2f, 0.2f, 0.2f}, 11, 0, 0, 0, 0, 0};
     int failures = compare_settings(&dropout_off) + compare_settings(&drop);
     printf("%s: recompute bitwise equality, %d setting(s) failed\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
