@@ -170,10 +170,12 @@ static inline void resolve_recompute(Run* run) {
     run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
     run->layer_offload = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
     parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode, run->layer_offload);
+    if (run->opt.segment_layers > L)
+        fail("flag --segment-layers: %d is more than the model's %d layers (at most %d: one segment)", run->opt.segment_layers, L, L);
     if (!run->opt.offload_checkpoints || strcmp(run->opt.recompute, "auto") == 0) return;
-    int any = 0;
-    for (int l = 0; l < L; l++) {
-        run->layer_offload[l] = (unsigned char)mode_can_offload(run->layer_mode[l]);
+    int any = 0, segments = run->opt.segment_layers > 1;
+    for (int l = 0; l < L; l++) { /* with segments: every segment's input */
+        run->layer_offload[l] = (unsigned char)(segments || mode_can_offload(run->layer_mode[l]));
         any |= run->layer_offload[l];
     }
     if (!any) fail("flag --offload-checkpoints: no layer recomputes with -r 1 or -r 3 (-r %s), so none keeps checkpoints to offload", run->opt.recompute);
@@ -378,6 +380,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.workspace_bytes = workspace_bytes;
     plan_validate_spec(&spec);
     spec.tile_tokens = run->opt.tile_tokens;
+    spec.segment_layers = run->opt.segment_layers;
     int choose_tiles = tiles_chosen_by_planner(run, trainer);
     if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec, choose_tiles);
     else if (choose_tiles) resolve_auto_tiles(run, &spec);
