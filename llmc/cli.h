@@ -327,7 +327,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
             fail("flag --segment-layers: '%s' is not a positive number of layers, or auto", o->segment_layers_flag);
         o->segment_layers = (int)k;
     }
-    if (o->offload_checkpoints && recompute_is_mix(o->recompute))
+    if (o->offload_checkpoints && recompute_is_mix(o->recompute) && strcmp(o->segment_layers_flag, "1") == 0)
         fail("flags --offload-checkpoints and the mix -r %s: mark offloaded groups in the mix instead (like 1o:0-3)", o->recompute);
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");

@@ -113,9 +113,11 @@ HOST_NOTE = re.compile(r"^recompute auto: host memory ([0-9.]+) MiB of ([0-9.]+)
 
 def auto(budget, *extra, tiles=("--tile-tokens", "0")):
     """-r auto on the 24-layer model; untiled unless `tiles` says otherwise
-    (a tile would fit budgets these tests mean for offloading alone)."""
+    (a tile would fit budgets these tests mean for offloading alone), no
+    segments (test_segments.py has them)."""
     flags, _ = SHAPES["24x2048"]
-    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *tiles, *extra])
+    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *tiles,
+                "--segment-layers", "1", *extra])
 
 
 def test_auto_offloads_where_nothing_else_fits():

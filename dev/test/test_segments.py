@@ -217,3 +217,47 @@ def test_bad_segment_layers(value, msg):
     res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", "--segment-layers", value, "--plan"])
     one_error(res)
     assert msg in res.stderr, res.stderr
+
+
+# ---- the planner: --plan rows, -r auto ----
+
+BIG = ["-e", "d6", "--layers", "16", "--channels", "64", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "4096"]
+
+
+def test_plan_prints_a_row_per_k():
+    res = run([binary("train_gpt_cpu"), *BIG, "-b", "1", "-t", "4096", "-r", "1", "--segment-layers", "4", "--plan"], check=True)
+    rows = re.findall(r"^  (\d+) +([0-9.]+) +([0-9.]+) +(yes|no) +([0-9.]+) +([+-][0-9.]+)%(  <- this run)?$", res.stdout, re.M)
+    assert [int(r[0]) for r in rows] == list(range(1, 17)), res.stdout
+    assert [r[0] for r in rows if r[6]] == ["4"]
+    total = {int(r[0]): float(r[1]) for r in rows}
+    assert min(total, key=total.get) == 4  # 16 layers: 4 + 3 kept inputs is the least, 2 sqrt(L) - 1
+    assert total[1] == total[16]  # one segment of every layer: its slots are the per-layer plan
+    d = json.loads(run([binary("train_gpt_cpu"), *BIG, "-b", "1", "-t", "4096", "-r", "1", "--segment-layers", "4", "--plan-json"],
+                       check=True).stdout)
+    assert d["segment_layers"] == 4 and [s["segment_layers"] for s in d["segments"]] == list(range(1, 17))
+    assert d["segments"][3]["total_bytes"] == d["total_bytes"]
+    times = [s["predicted_step_seconds"] for s in d["segments"]]
+    assert times[0] == times[15] < times[1]  # a forward again costs time
+
+
+AUTO_NOTE = re.compile(r"^recompute auto: fits .* with ([0-9.]+) MiB: -r (\S+)((?: --\S+(?: \d+)?)*); predicted ([0-9.]+) ms", re.M)
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_auto_chooses_segments_below_per_layer_recompute(offload):
+    """A budget 5 MiB (five kept inputs) below -r 1's per-layer plan in the
+    smallest tile: only segments fit (offloading 4 layers of 16 into 4 MiB of
+    host memory saves one input beside its 3 staging slots), and -r auto
+    prints flags that reproduce its plan within both budgets."""
+    base = [binary("train_gpt_cpu"), *BIG, "-b", "1", "-t", "4096"]
+    r1 = json.loads(run([*base, "-r", "1", "--tile-tokens", "64", "--plan-json"], check=True).stdout)["total_bytes"]
+    extra = ["--offload-checkpoints", "--host-mem-budget", "4MiB"] if offload else []
+    budget = r1 - (5 << 20)
+    res = run([*base, "-r", "auto", "--mem-budget", str(budget), *extra, "--plan"], check=True)
+    m = AUTO_NOTE.search(res.stdout)
+    assert m, res.stdout
+    flags = m.group(3).split()
+    assert "--segment-layers" in flags and int(flags[flags.index("--segment-layers") + 1]) > 1
+    again = json.loads(run([*base, "-r", m.group(2), *flags, "--plan-json"], check=True).stdout)
+    assert again["total_bytes"] <= budget and again["host_total_bytes"] <= (4 << 20 if offload else 0)
+    assert abs(again["predicted_step_seconds"] * 1e3 - float(m.group(4))) <= 0.05 + 1e-6 * float(m.group(4))
