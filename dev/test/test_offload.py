@@ -390,7 +390,7 @@ def test_docs_numbers_are_the_programs():
         d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
         assert lt.fits(d, budget, host), (model, card, tech, T)
         assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib
-        assert d["recompute"] == flag and d["tile_tokens"] == int(tile)
+        assert lt.recompute_cell(d) == flag and d["tile_tokens"] == int(tile)
         if limit:
             assert T == lt.MAX_T
         else:

@@ -5,6 +5,8 @@ staging ring's slot s mod R per segment, llmc/offload.cuh), token tiles,
 dropout and two micro-steps; and a mutant whose backward skips the
 segment's forward again, or the wait on a segment input's prefetch, changes
 the results."""
+import subprocess
+
 import pytest
 
 from conftest import REPO
@@ -75,3 +77,19 @@ def test_emulated_segment_mutants_change_the_results(train_exes, tiny_shards, tm
         assert "emu: stream hazard:" in res.stderr or "gradient norm nan" in res.stderr, explain(res)
     else:
         assert files(tmp_path / "mut") != files(tmp_path / "ref"), mutant
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_emulated_test_gpt_segments_equal_r0(precision):
+    """test_gpt's check_segments: one step of a 5-layer GPU model per mix and
+    K, with dropout at every site, bitwise -r 0's without segments."""
+    why = platform_problem()
+    if why:
+        pytest.skip(why)
+    exe = OUT / f"emu_test_gpt_{precision}"
+    res = subprocess.run(["make", "-s", "-C", str(REPO / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = emu_run([exe, "segments:hs16:64:4:300:33"])
+    assert res.returncode == 0, explain(res)
+    assert res.stdout.count("bitwise identical to -r 0 without segments") == 5, res.stdout[-3000:]
+    assert "PASS: segments bitwise equal to -r 0, hs16 T=33" in res.stdout
