@@ -731,6 +731,63 @@ static void check_tiles_vs_untiled(const Shape* sh, int T, int K, const DropoutS
     case_free(&c);
 }
 
+/* ---- segments (--segment-layers K, plan.h) ----
+ * One step of a 5-layer GPU model per (mix, K), with dropout at every site,
+ * from the same parameters and tokens: per-token losses, every gradient and
+ * the norm bitwise those of -r 0 without segments (a segment's forward again
+ * runs the forward's kernels on the same inputs, the masks are counters). */
+static void segment_step(Case* c, const unsigned char* modes, int K, StepRecord* r) {
+    PlanSpec s;
+    make_plan_spec(&s, &c->cfg, c->T, 1, modes);
+    s.segment_layers = K;
+    MemoryPlan gplan;
+    plan_build(&gplan, &s);
+    GpuModel gm;
+    gpu_model_create(&gm, &gplan, TEST_SEED);
+    gpu_state(&gm, TENSOR_PARAMS, c->init, c->P, 0);
+    step_tokens(gm.h_inputs, gm.h_targets, c->N, c->cfg.vocab_size, 0);
+    gm.train_dropout = step_dropout(c, 0);
+    gpu_step_gradients(&gm, r, c);
+    gpu_model_free(&gm);
+    plan_free(&gplan);
+}
+
+static void check_segments(const Shape* sh, int T, const DropoutState* drop) {
+    enum { SEG_L = 5 };
+    Case c;
+    case_init(&c, sh, T);
+    c.drop = *drop;
+    free(c.init); /* the case's 2-layer model, 5 layers here */
+    c.cfg.num_layers = SEG_L;
+    c.init = initial_params(&c.cfg, &c.P);
+    param_layout(&c.cfg, &c.pl);
+    free(c.act);
+    c.act = alloc_floats(c.P);
+    printf("\n== segments against -r 0: %s L=%d C=%d NH=%d, B=%d T=%d, %s, dropout\n", sh->name, SEG_L, c.cfg.channels, c.cfg.num_heads,
+           TEST_B, T, PRECISION_NAME);
+    static const struct { const char* name; unsigned char modes[SEG_L]; int K; } cases[] = {
+        {"-r 1, K=2", {1, 1, 1, 1, 1}, 2}, {"-r 0, K=3", {0, 0, 0, 0, 0}, 3}, {"3/2/1/3/0, K=2", {3, 2, 1, 3, 0}, 2},
+        {"2/3/1/1/2, K=4", {2, 3, 1, 1, 2}, 4}, {"-r 3, K=5", {3, 3, 3, 3, 3}, 5},
+    };
+    static const unsigned char none[SEG_L] = {0, 0, 0, 0, 0};
+    StepRecord ref, cur;
+    record_alloc(&ref, (size_t)c.N, c.P);
+    record_alloc(&cur, (size_t)c.N, c.P);
+    segment_step(&c, none, 1, &ref);
+    int fails_before = g_failures;
+    for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+        segment_step(&c, cases[k].modes, cases[k].K, &cur);
+        int same = memcmp(cur.losses, ref.losses, (size_t)c.N * sizeof(float)) == 0 && memcmp(cur.grads, ref.grads, c.P * sizeof(float)) == 0 &&
+                   memcmp(&cur.norm, &ref.norm, sizeof(float)) == 0 && memcmp(&cur.loss, &ref.loss, sizeof(float)) == 0;
+        printf("  %-18s %s\n", cases[k].name, same ? "bitwise identical to -r 0 without segments (losses, gradients, norm)" : "DIFFERS from -r 0");
+        if (!same) g_failures++;
+    }
+    printf("%s: segments bitwise equal to -r 0, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T);
+    record_free(&ref);
+    record_free(&cur);
+    case_free(&c);
+}
+
 /* run_case's dropout: 0.1 at every site (embedding, attention probabilities,
  * both residual branches). */
 static DropoutState model_dropout(void) {
@@ -1709,6 +1766,8 @@ static int test_gpt_verdict(void) {
 static void quick_cases(void) {
     const Shape sh = {"hs16", 64, 4, 300};
     run_case(&sh, 77, &dropout_off);
+    const DropoutState drop = model_dropout();
+    check_segments(&sh, 77, &drop);
     check_attention(&sh, TEST_B, 77, 0);
     check_bias_fallback();
     check_memory_kernels();

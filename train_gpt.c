@@ -773,18 +773,34 @@ static real mean_loss(const CpuModel* m) {
     return (real)(sum / N);
 }
 
+/* Segment checkpointing (plan.h): layers first..last run forward again from
+ * the segment's kept input with the very same block functions, so that each
+ * layer's slot holds what its mode keeps, bit for bit what the step's
+ * forward wrote; the last layer's output is not needed (the next segment is
+ * done), so it stops once its kept tensors are written. */
+static void segment_forward_again(CpuModel* m, int first, int last) {
+    for (int l = first; l < last; l++) block_forward(m, l, act(m, l + 1, ACT_X));
+    int mode = m->plan->spec.layer_mode[last];
+    if (mode == RECOMPUTE_FULL) return; /* it keeps x alone */
+    FOR_TILES(m, r0, n) block_forward_qkv(m, last, r0, n);
+    block_attention_forward(m, last);
+    if (mode != RECOMPUTE_KEEP_ATTENTION) FOR_TILES(m, r0, n) block_forward_mlp(m, last, r0, n, NULL);
+}
+
 static void model_backward(CpuModel* m, const int* inputs) {
     int C = m->cfg.channels, N = m->B * m->T;
     real* dres = m->grad_act[GRAD_DRES];
     memset(dres, 0, (size_t)N * C * sizeof(real));
     layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->grad_act[GRAD_DLN], m->final_res, m->p.lnfw,
                        m->lnf_mean, m->lnf_rstd, N, C);
-    int L = m->cfg.num_layers;
-    if (L > 0) offload_copy(m, L - 1, 0);
-    for (int l = L - 1; l >= 0; l--) {
-        if (l > 0) offload_copy(m, l - 1, 0); /* the GPU's prefetch, during layer l's work */
-        block_backward(m, l);
-        offload_release(m, l);
+    int L = m->cfg.num_layers, K = plan_segment_layers(&m->plan->spec);
+    if (L > 0) offload_copy(m, (L - 1) / K * K, 0);
+    for (int top = L - 1; top >= 0; top = top / K * K - 1) { /* segment by segment (K = 1: layer by layer) */
+        int first = top / K * K;
+        if (first > 0) offload_copy(m, first - K, 0); /* the GPU's prefetch, during this segment's work */
+        if (K > 1 && top < L - 1) segment_forward_again(m, first, top);
+        for (int l = top; l >= first; l--) block_backward(m, l);
+        for (int l = first; l <= top; l++) offload_release(m, l);
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd);

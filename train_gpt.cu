@@ -667,6 +667,22 @@ static void gpu_fold_grads(GpuModel* m, int layer) {
     gpu_grad_fold(m->grads_fp32, m->grads_fp32_count, m->grads, &s, m->last_micro_step, m->stream);
 }
 
+/* Segment checkpointing (plan.h): layers first..last run forward again from
+ * the segment's kept input with the forward's own block functions, so each
+ * layer's slot holds what its mode keeps, bit for bit what the step's
+ * forward wrote; the last layer stops once its kept tensors are written. */
+static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
+    prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
+    for (int l = first; l < last; l++) gpu_block_forward(m, l, gact(m, l + 1, ACT_X));
+    int mode = m->plan->spec.layer_mode[last];
+    if (mode == RECOMPUTE_KEEP_ATTENTION) {
+        DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, last);
+        GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, last, r0, n);
+        gpu_layer_attention_forward(m, last, &att_drop);
+    } else if (mode != RECOMPUTE_FULL) gpu_block_forward(m, last, NULL); /* -r 1 keeps x alone */
+    prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
+}
+
 static void gpu_model_backward(GpuModel* m) {
     int C = m->cfg.channels, N = m->B * m->T;
     floatX* dres = m->grad_act[GRAD_DRES];
@@ -674,15 +690,19 @@ static void gpu_model_backward(GpuModel* m) {
     CUDA_CHECK(cudaMemsetAsync(dres, 0, (size_t)N * C * sizeof(floatX), m->stream));
     gpu_layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
                            m->p.lnfw, m->lnf_mean, m->lnf_rstd, N, C, m->stream);
-    int L = m->cfg.num_layers;
-    offload_prefetch(&m->off, L - 1, m->B, m->T);
-    for (int l = L - 1; l >= 0; l--) {
-        if (l > 0) offload_prefetch(&m->off, l - 1, m->B, m->T); /* under layer l's recompute and backward */
-        offload_ready(&m->off, l);
-        gpu_block_backward(m, l);
-        offload_release(&m->off, l, m->B, m->T);
-        gpu_fold_grads(m, l);
-        multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
+    int L = m->cfg.num_layers, K = plan_segment_layers(&m->plan->spec);
+    if (L > 0) offload_prefetch(&m->off, (L - 1) / K * K, m->B, m->T);
+    for (int top = L - 1; top >= 0; top = top / K * K - 1) { /* segment by segment (K = 1: layer by layer) */
+        int first = top / K * K;
+        if (first > 0) offload_prefetch(&m->off, first - K, m->B, m->T); /* under this segment's recompute and backward */
+        offload_ready(&m->off, first);
+        if (K > 1 && top < L - 1) gpu_segment_forward_again(m, first, top);
+        for (int l = top; l >= first; l--) {
+            gpu_block_backward(m, l);
+            if (l == first) offload_release(&m->off, first, m->B, m->T);
+            gpu_fold_grads(m, l);
+            multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
+        }
     }
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) gpu_dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd, m->stream);

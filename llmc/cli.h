@@ -14,7 +14,7 @@
 #include "utils.h"
 #include "dropout.h" /* DROPOUT_MAX_P */
 
-#define TRAIN_MAX_FLAGS 64
+#define TRAIN_MAX_FLAGS 96
 
 typedef struct {
     /* model */
@@ -49,6 +49,8 @@ typedef struct {
     int offload_checkpoints;
     const char* tile_tokens_flag; /* --tile-tokens as typed: 0, K or auto */
     int tile_tokens;              /* resolved rows per token tile (0: untiled); a hyperparameter of the state */
+    const char* segment_layers_flag; /* --segment-layers as typed: K or auto */
+    int segment_layers;              /* resolved layers per segment (1: off) */
     const char* host_mem_budget;
     const char* host_link;
     int zero_stage, master_weights;
@@ -126,6 +128,7 @@ static const FlagSpec flag_table[] = {
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
     {"--offload-checkpoints", FLAG_SWITCH, OPT(offload_checkpoints), 0, 1, FOR_BOTH, "keep what -r 1 and -r 3 layers keep (their input; -r 3 also attention's output) in host memory, copied out after the layer's forward and back during the backward; with -r auto: let it choose which layers offload"},
     {"--tile-tokens", FLAG_STRING, OPT(tile_tokens_flag), 0, 0, FOR_BOTH, "token tiles: LayerNorms, matmuls, GELU and residual adds over K of the B*T rows at a time, so the recompute set's token-wise tensors hold K rows (0: off; auto: the size -r auto would choose, untiled or a power of two from 64 up, the least predicted time that fits --mem-budget; not given: -r auto chooses it and prints it)"},
+    {"--segment-layers", FLAG_STRING, OPT(segment_layers_flag), 0, 0, FOR_BOTH, "segment checkpointing: keep only the input of the first layer of each segment of K layers and, in the backward, run a segment's forward again from it before its layers' backward; the -r modes apply inside a segment (-r 1: about L/K + K kept inputs, 2 sqrt(L) at K = sqrt(L), for one more forward of all but the top segment); --offload-checkpoints then offloads the segment inputs (1: off; auto: the K -r auto would choose; not given: -r auto chooses it and prints it)"},
     {"--host-mem-budget", FLAG_STRING, OPT(host_mem_budget), 0, 0, FOR_BOTH, "host memory for offloaded checkpoints (--plan, -r auto, and a run's check), e.g. 120GiB; default: available host memory within cgroup and ulimit -v limits"},
     {"--host-link", FLAG_STRING, OPT(host_link), 0, 0, FOR_BOTH, "device-host link of the time model, for offloading: pcie4|pcie5|nvlink-c2c or bytes/s per direction like 40e9 (default: the cost model's, measured in a file REMAT_PROFILE_COST_MODEL wrote)"},
     {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200|gh200 or a calibration file, e.g. one REMAT_PROFILE_COST_MODEL wrote (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
@@ -200,6 +203,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->cost_model = "";
     o->host_mem_budget = "";
     o->tile_tokens_flag = "0";
+    o->segment_layers_flag = "1";
     o->host_link = "";
     o->master_weights = 1;
     o->context_parallel = 1;
@@ -317,7 +321,16 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
             fail("flag --tile-tokens: '%s' is not 0, a positive number of tokens, or auto", o->tile_tokens_flag);
         o->tile_tokens = (int)k;
     }
-    if (o->offload_checkpoints && recompute_is_mix(o->recompute))
+    o->segment_layers = 1;
+    if (strcmp(o->segment_layers_flag, "auto") != 0) {
+        char* end = NULL;
+        errno = 0;
+        long k = strtol(o->segment_layers_flag, &end, 10);
+        if (end == o->segment_layers_flag || *end || errno == ERANGE || k < 1 || k > INT_MAX)
+            fail("flag --segment-layers: '%s' is not a positive number of layers, or auto", o->segment_layers_flag);
+        o->segment_layers = (int)k;
+    }
+    if (o->offload_checkpoints && recompute_is_mix(o->recompute) && strcmp(o->segment_layers_flag, "1") == 0)
         fail("flags --offload-checkpoints and the mix -r %s: mark offloaded groups in the mix instead (like 1o:0-3)", o->recompute);
     if (o->plan_processes && !o->plan_only && !o->plan_json)
         fail("flag --plan-processes only applies to --plan and --plan-json (a run uses the processes it is started with)");

@@ -221,6 +221,30 @@ static inline Work recompute_work(const PlanSpec* s, int mode) {
 }
 
 /* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
+/* Segments (plan.h): how layer l runs forward again in the backward: 0 not
+ * (no segments, or the top segment, whose tensors are still there), 1 whole
+ * (to feed the next layer of its segment), 2 only up to what its mode keeps
+ * (the segment's last layer: nothing for -r 1; LN1, QKV and attention for
+ * -r 3; all but the MLP projection for -r 0 and 2). */
+static inline int segment_rerun(const PlanSpec* s, int l) {
+    int K = plan_segment_layers(s);
+    if (K == 1 || l >= (plan_num_segments(s) - 1) * K) return 0;
+    return l % K == K - 1 ? 2 : 1;
+}
+
+static inline Work rerun_work(const PlanSpec* s, int mode, int rerun) {
+    Work none = {0.0, 0.0, 0.0, 0.0, 0.0};
+    if (rerun == 0 || (rerun == 2 && mode == RECOMPUTE_FULL)) return none;
+    if (rerun == 1) return layer_work(s, 0);
+    double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
+    int attention_only = mode == RECOMPUTE_KEEP_ATTENTION;
+    Work w = {(attention_only ? 6.0 : 16.0) * N * C * C, attention_forward_flops(s), (attention_only ? 3.0 : 10.0) * N * C * E, 0.0, 0.0};
+    return tile_cost(s, w, attention_only ? 1.0 : 2.0);
+}
+
+/* Whether that rerun includes attention (and so, under context parallelism, the ring's forward). */
+static inline int rerun_has_attention(int mode, int rerun) { return rerun == 1 || (rerun == 2 && mode != RECOMPUTE_FULL); }
+
 static inline Work head_work(const PlanSpec* s) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
     Work w = {6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0, 0.0};
@@ -245,6 +269,7 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
         micro = work_add(micro, layer_work(s, 0), 1.0);
         micro = work_add(micro, layer_work(s, 1), 1.0);
         micro = work_add(micro, recompute_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE), 1.0);
+        micro = work_add(micro, rerun_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE, segment_rerun(s, l)), 1.0);
     }
     Work zero = {0.0, 0.0, 0.0, 0.0, 0.0};
     return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);
@@ -278,8 +303,11 @@ static inline double ring_backward_seconds(const PlanSpec* s, const CostModel* c
 /* Ring time of one optimizer step with per-layer modes (NULL: -r 0). */
 static inline double ring_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes) {
     double per_layer = ring_forward_seconds(s, cm) + ring_backward_seconds(s, cm), total = 0.0;
-    for (int l = 0; l < s->cfg.num_layers; l++)
-        total += per_layer + ((modes ? (int)modes[l] : (int)RECOMPUTE_NONE) == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0);
+    for (int l = 0; l < s->cfg.num_layers; l++) {
+        int mode = modes ? (int)modes[l] : (int)RECOMPUTE_NONE;
+        total += per_layer + (mode == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0);
+        if (rerun_has_attention(mode, segment_rerun(s, l))) total += ring_forward_seconds(s, cm); /* the segment's forward again */
+    }
     return spec_grad_accum(s) * total;
 }
 
@@ -303,12 +331,32 @@ static inline double offload_seconds(const PlanSpec* s, const CostModel* cm, int
 
 /* Modes and offload flags per layer (NULL: -r 0, no offloading): the work,
  * the ring's exposed transfers and the offloaded copies' excess. */
+/* An offloaded segment input's copies not hidden: out behind its first
+ * layer's forward, back behind the layer backward of the segment above. */
+static inline double segment_offload_seconds(const PlanSpec* s, const CostModel* cm) {
+    double copy = (double)plan_act_bytes(s, ACT_X) / cm->host_link_bytes_per_s;
+    double fwd = work_seconds(layer_work(s, 0), cm), bwd = work_seconds(layer_work(s, 1), cm);
+    return spec_grad_accum(s) * ((copy > fwd ? copy - fwd : 0.0) + (copy > bwd ? copy - bwd : 0.0));
+}
+
 static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes,
                                             const unsigned char* offload) {
     double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
-    for (int l = 0; modes && offload && l < s->cfg.num_layers; l++)
-        if (offload[l]) t += offload_seconds(s, cm, modes[l]);
+    int K = plan_segment_layers(s);
+    for (int l = 0; modes && offload && l < s->cfg.num_layers; l++) {
+        if (!offload[l]) continue;
+        if (K == 1) t += offload_seconds(s, cm, modes[l]);
+        else if (l % K == 0) t += segment_offload_seconds(s, cm);
+    }
     return t;
+}
+
+/* Layer time beyond -r 0's of a layer in `mode` that reruns as `rerun`
+ * (segment_rerun): its recompute, its segment's forward again, and their
+ * ring; the step's prediction is -r 0's plus these over the layers. */
+static inline double layer_extra_seconds(const PlanSpec* s, const CostModel* cm, int mode, int rerun) {
+    double ring = (mode == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0) + (rerun_has_attention(mode, rerun) ? ring_forward_seconds(s, cm) : 0.0);
+    return spec_grad_accum(s) * (work_seconds(work_add(recompute_work(s, mode), rerun_work(s, mode, rerun), 1.0), cm) + ring);
 }
 
 /* Extra time per optimizer step of one layer in `mode`, over -r 0: -r 1 runs the ring again. */

@@ -33,9 +33,8 @@ static inline size_t cpu_offload_bytes(const CpuOffload* o, int a, size_t tokens
 /* Layer l's offloaded tensors from the staging slot to the host pool
  * (to_host) or back. */
 static inline void cpu_offload_copy(const CpuOffload* o, int l, size_t tokens, int to_host) {
-    int mode = o->plan->spec.layer_mode[l], off = o->plan->spec.layer_offload[l];
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
-        if (!layer_offloads(mode, off, a)) continue;
+        if (!plan_act_offloads(&o->plan->spec, l, a)) continue;
         char* slot = o->arena + o->plan->layer_act[l][a];
         char* host = o->host_pool + o->plan->host_act[l][a];
         size_t bytes = cpu_offload_bytes(o, a, tokens);
@@ -47,9 +46,8 @@ static inline void cpu_offload_copy(const CpuOffload* o, int l, size_t tokens, i
 
 /* Layer l's staging slots given up: filled with NaN. */
 static inline void cpu_offload_release(const CpuOffload* o, int l, size_t tokens) {
-    int mode = o->plan->spec.layer_mode[l], off = o->plan->spec.layer_offload[l];
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
-        if (!layer_offloads(mode, off, a)) continue;
+        if (!plan_act_offloads(&o->plan->spec, l, a)) continue;
         real* slot = (real*)(o->arena + o->plan->layer_act[l][a]);
         size_t n = cpu_offload_bytes(o, a, tokens) / sizeof(real);
         for (size_t i = 0; i < n; i++) slot[i] = (real)NAN;

@@ -1,7 +1,10 @@
 /*
  * Offloaded checkpoints on the GPU (plan.h): what -r 1 and -r 3 layers keep
  * lives in pinned host memory, and each such layer's tensors pass through
- * slot l mod R of a device staging ring on their way out and back in.
+ * slot l mod R of a device staging ring on their way out and back in. With
+ * segments (--segment-layers K) the offloaded tensors are the segment
+ * inputs, x of layers sK, in slot s mod R; "layer l" below is then segment
+ * s, whose prefetch runs under segment s+1's forward again and backward.
  *
  * A second, non-blocking stream copies. Events order every use:
  *   forward   block l done (main)  -> copy stream: D2H of layer l's slot,
@@ -160,7 +163,7 @@ static inline void offload_copy_waits_main(Offload* o) {
 }
 
 static inline int offload_layer(const Offload* o, int l) { return o->plan && o->plan->spec.layer_offload[l]; }
-static inline int offload_slot(const Offload* o, int l) { return l % o->plan->staging_slots; }
+static inline int offload_slot(const Offload* o, int l) { return plan_staging_unit(&o->plan->spec, l) % o->plan->staging_slots; }
 
 /* Bytes of activation a for B*T tokens (a call may run fewer than the plan's). */
 static inline size_t offload_act_bytes(const Offload* o, int a, int B, int T) {
@@ -177,7 +180,7 @@ static inline void offload_copy_layer(Offload* o, int l, int B, int T, int to_ho
     size_t total = 0;
     if (timed) offload_enqueue(o, NULL, NULL, 0, cudaMemcpyDefault, o->timing_events[2 * k]);
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
-        if (!layer_offloads(o->plan->spec.layer_mode[l], 1, a)) continue;
+        if (!plan_act_offloads(&o->plan->spec, l, a)) continue;
         size_t bytes = offload_act_bytes(o, a, B, T);
         char* slot = o->arena + o->plan->layer_act[l][a];
         char* host = o->host + o->plan->host_act[l][a];
@@ -250,7 +253,7 @@ static inline void offload_ready(Offload* o, int l) {
 static inline void offload_release(Offload* o, int l, int B, int T) {
     if (!offload_layer(o, l)) return;
     for (int a = 0; a < NUM_LAYER_ACTS; a++)
-        if (layer_offloads(o->plan->spec.layer_mode[l], 1, a))
+        if (plan_act_offloads(&o->plan->spec, l, a))
             CUDA_CHECK(cudaMemsetAsync(o->arena + o->plan->layer_act[l][a], 0xFF, offload_act_bytes(o, a, B, T), o->main));
 }
 

@@ -154,6 +154,7 @@ typedef struct {
     int micro_steps;        /* gradient accumulation: micro-steps per optimizer step (0 counts as 1) */
     int fp32_grad_sums;     /* low-precision storage: sum gradients added to more than once in fp32 (grads_fp32) */
     int tile_tokens;        /* rows per token tile (0: untiled; more than B*T counts as B*T) */
+    int segment_layers;     /* K: layers per checkpointed segment (--segment-layers; 0 or 1: off) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
 } PlanSpec;
@@ -253,9 +254,34 @@ static inline int plan_context_parallel(const PlanSpec* s) { return s->context_p
 /* Tokens of each row one rank holds: T, or T / N under context parallelism. */
 static inline int plan_local_T(const PlanSpec* s) { return s->T / plan_context_parallel(s); }
 
-static inline int plan_layer_offload(const PlanSpec* s, int layer) {
-    return s->layer_offload && s->layer_offload[layer] && mode_can_offload(plan_layer_mode(s, layer));
+/* Segments (--segment-layers K > 1): layers [sK, sK+K) form segment s (the
+ * last may be shorter). Only the first layer's input x, the segment's input,
+ * is kept across the step; what the segment's layers keep under their modes
+ * lives in K shared slots, slot l mod K, which the forward fills segment
+ * after segment and the backward refills by running a segment's forward
+ * again from its input (the top segment's are still there). 1: off. */
+static inline int plan_segment_layers(const PlanSpec* s) {
+    int K = s->segment_layers, L = s->cfg.num_layers;
+    return K <= 1 || L <= 1 ? 1 : K < L ? K : L;
 }
+static inline int plan_num_segments(const PlanSpec* s) { return (int)ceil_div((size_t)s->cfg.num_layers, (size_t)plan_segment_layers(s)); }
+
+/* Whether layer `layer` offloads: with segments, the segment input of a
+ * segment's first layer (whatever its mode); else what a -r 1 or -r 3 layer keeps. */
+static inline int plan_layer_offload(const PlanSpec* s, int layer) {
+    if (!s->layer_offload || !s->layer_offload[layer]) return 0;
+    int K = plan_segment_layers(s);
+    return K > 1 ? layer % K == 0 : mode_can_offload(plan_layer_mode(s, layer));
+}
+
+/* Whether layer l's activation `act` lives in the host pool across the step. */
+static inline int plan_act_offloads(const PlanSpec* s, int l, int act) {
+    if (plan_segment_layers(s) > 1) return act == ACT_X && plan_layer_offload(s, l);
+    return layer_offloads(plan_layer_mode(s, l), plan_layer_offload(s, l), act);
+}
+
+/* The staging ring's unit of layer l: its segment, or itself without segments. */
+static inline int plan_staging_unit(const PlanSpec* s, int l) { return l / plan_segment_layers(s); }
 
 /* Bytes of this rank's B*T/N tokens of `bytes_per_token` each (saturating: see size_mul_sat). */
 static inline size_t plan_tokens_bytes(const PlanSpec* s, size_t bytes_per_token) {
@@ -376,7 +402,7 @@ static inline void plan_add_model_state(MemoryPlan* p) {
  * l mod R. R is at most the number of layers. */
 static inline void plan_add_staging(MemoryPlan* p, const int offloaded[NUM_LAYER_ACTS]) {
     const PlanSpec* s = &p->spec;
-    int L = s->cfg.num_layers, R = L < OFFLOAD_STAGING_SLOTS ? L : OFFLOAD_STAGING_SLOTS;
+    int L = s->cfg.num_layers, U = plan_num_segments(s), R = U < OFFLOAD_STAGING_SLOTS ? U : OFFLOAD_STAGING_SLOTS;
     size_t slot[OFFLOAD_STAGING_SLOTS][NUM_LAYER_ACTS];
     char name[40];
     int any = 0;
@@ -393,7 +419,42 @@ static inline void plan_add_staging(MemoryPlan* p, const int offloaded[NUM_LAYER
     p->staging_bytes = p->total_bytes - before;
     for (int l = 0; l < L; l++)
         for (int a = 0; a < NUM_LAYER_ACTS; a++)
-            if (layer_offloads(plan_layer_mode(s, l), plan_layer_offload(s, l), a)) p->layer_act[l][a] = slot[l % R][a];
+            if (plan_act_offloads(s, l, a)) p->layer_act[l][a] = slot[plan_staging_unit(s, l) % R][a];
+}
+
+/* Segments: each segment's input (a device entry, or the host pool's), and
+ * K slots of what the layers keep, slot i serving layers i, i+K, ...: a
+ * tensor is in slot i when one of those layers keeps it (slot 0's x is the
+ * segment inputs). Fills needs_shared and offloaded like the per-layer plan. */
+static inline void plan_add_segment_activations(MemoryPlan* p, int needs_shared[NUM_LAYER_ACTS], int offloaded[NUM_LAYER_ACTS]) {
+    const PlanSpec* s = &p->spec;
+    int L = s->cfg.num_layers, K = plan_segment_layers(s);
+    char name[40];
+    for (int l = 0; l < L; l += K) {
+        snprintf(name, sizeof(name), "segment%d.x", l / K);
+        if (plan_act_offloads(s, l, ACT_X)) {
+            p->host_act[l][ACT_X] = plan_add_host(p, name, l, plan_act_bytes(s, ACT_X));
+            offloaded[ACT_X] = 1;
+        } else p->layer_act[l][ACT_X] = plan_add(p, name, SEC_ACTIVATIONS, l, plan_act_bytes(s, ACT_X));
+    }
+    p->layer_stored_bytes_max = 0;
+    for (int i = 0; i < K; i++) {
+        size_t stored = 0;
+        for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+            int kept = 0;
+            for (int l = i; l < L; l += K) {
+                if (layer_keeps(plan_layer_mode(s, l), a)) kept = 1;
+                else needs_shared[a] = 1;
+            }
+            if (!kept || (i == 0 && a == ACT_X)) continue;
+            snprintf(name, sizeof(name), "segment_slot%d.%s", i, layer_act_names[a]);
+            size_t off = plan_add(p, name, SEC_ACTIVATIONS, i, plan_act_bytes(s, a));
+            stored = size_add_sat(stored, plan_act_bytes(s, a));
+            for (int l = i; l < L; l += K)
+                if (layer_keeps(plan_layer_mode(s, l), a)) p->layer_act[l][a] = off;
+        }
+        if (stored > p->layer_stored_bytes_max) p->layer_stored_bytes_max = stored;
+    }
 }
 
 /* Per-layer kept tensors (offloaded ones in the host pool), the shared
@@ -405,7 +466,7 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
     int needs_shared[NUM_LAYER_ACTS] = {0}, offloaded[NUM_LAYER_ACTS] = {0};
     char name[40];
     p->layer_stored_bytes_max = 0;
-    for (int l = 0; l < L; l++) {
+    for (int l = 0; l < L && plan_segment_layers(s) == 1; l++) {
         int mode = plan_layer_mode(s, l), off = plan_layer_offload(s, l);
         size_t stored = 0;
         for (int a = 0; a < NUM_LAYER_ACTS; a++) {
@@ -422,6 +483,7 @@ static inline void plan_add_layer_activations(MemoryPlan* p) {
         }
         if (stored > p->layer_stored_bytes_max) p->layer_stored_bytes_max = stored;
     }
+    if (plan_segment_layers(s) > 1) plan_add_segment_activations(p, needs_shared, offloaded);
     for (int a = 0; a < NUM_LAYER_ACTS; a++) {
         if (!needs_shared[a]) continue;
         snprintf(name, sizeof(name), "recompute.%s", layer_act_names[a]);
@@ -488,6 +550,8 @@ static inline void plan_validate_spec(const PlanSpec* s) {
     if (s->world_size < 1) fail("world size %d must be positive", s->world_size);
     if (s->zero_stage != 0 && s->zero_stage != 1) fail("ZeRO stage -z %d unsupported (0 or 1)", s->zero_stage);
     if (s->tile_tokens < 0) fail("token tile --tile-tokens %d must not be negative", s->tile_tokens);
+    if (s->segment_layers < 0 || s->segment_layers > s->cfg.num_layers)
+        fail("flag --segment-layers: %d is not a number of layers from 1 to the model's %d", s->segment_layers, s->cfg.num_layers);
 }
 
 static inline void plan_build(MemoryPlan* p, const PlanSpec* spec) {
@@ -621,6 +685,11 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     if (plan_tile_rows(&p->spec))
         fprintf(out, "  token tiles: %zu of the %d rows at a time (--tile-tokens %d)\n", plan_tile_rows(&p->spec),
                 p->spec.B * plan_local_T(&p->spec), p->spec.tile_tokens); /* a rank's rows: B x T/N under context parallelism */
+    int K = plan_segment_layers(&p->spec), S = plan_num_segments(&p->spec);
+    if (K > 1)
+        fprintf(out, "  segments: %d of %d layers (--segment-layers %d; the last %d): %d segment inputs kept, %d slots of what "
+                "the layers keep; the backward runs %d segment%s forward again\n", S, K, K, p->spec.cfg.num_layers - (S - 1) * K, S, K,
+                S - 1, S - 1 == 1 ? "" : "s");
     if (p->host_total_bytes)
         fprintf(out, "  host memory, offloaded checkpoints: %.1f MiB (%s), device staging ring %d slots, %.1f MiB\n",
                 mib(p->host_total_bytes), p->spec.backend == BACKEND_GPU ? "pinned" : "a second allocation", p->staging_slots,

@@ -255,8 +255,9 @@ static inline double plan_predicted_seconds_offload(const PlanSpec* s, const uns
                                                     double* extra_fraction) {
     CostModel cm = spec_cost_model(s);
     if (!modes) { modes = s->layer_mode; offload = s->layer_offload; }
-    PlanSpec untiled = *s;
+    PlanSpec untiled = *s; /* -r 0: untiled, no segments */
     untiled.tile_tokens = 0;
+    untiled.segment_layers = 0;
     double t = predicted_step_seconds(s, &cm, modes, offload), base = predicted_step_seconds(&untiled, &cm, NULL, NULL);
     if (extra_fraction) *extra_fraction = (t - base) / base;
     return t;
@@ -441,9 +442,159 @@ static inline int plan_tile_candidates(const PlanSpec* s, int out[PLAN_MAX_TILE_
     return n;
 }
 
+/* ---- segments: -r auto over --segment-layers ---- */
+
+/* Modes in the order of what they keep, each a superset of the one before. */
+static inline int mode_keeps_rank(int mode) {
+    return mode == RECOMPUTE_FULL ? 0 : mode == RECOMPUTE_KEEP_ATTENTION ? 1 : mode == RECOMPUTE_SELECTIVE ? 2 : 3;
+}
+
+/* Time of `count` slots' layers in modes given per slot in order of least
+ * time first, the first `big` slots with S layers, the others S - 1. */
+static inline double segment_group_seconds(const int order[NUM_RECOMPUTE_MODES], const int count[NUM_RECOMPUTE_MODES], const double rec[NUM_RECOMPUTE_MODES],
+                                           int big, int S) {
+    double t = 0.0;
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++) {
+        int m = order[i], b = count[m] < big ? count[m] : big;
+        t += (double)b * S * rec[m] + (double)(count[m] - b) * (S - 1) * rec[m];
+        big -= b;
+    }
+    return t;
+}
+
+/* -r auto at the spec's segment size K > 1 (B, T and tiles fixed): per-layer
+ * modes and the offloading of the segment inputs (all or none) with the
+ * least predicted time that fits both budgets. Slot i's bytes are the union
+ * of what its layers keep, so every layer of a slot takes the slot's mode
+ * (keeping more only saves time), except in slot K-1 where a segment's last
+ * layer reruns up to what it keeps: its layers below the top segment take
+ * the fastest mode within the slot's. With the modes present fixed (an
+ * outer loop, which sizes the shared recompute set), slot 0 (no x of its
+ * own: the segment inputs) and slot K-1 chosen, the other K-2 slots are a
+ * count per mode, their fastest modes going to the slots with one layer
+ * more; for each count of -r 1 and -r 3 slots the fewest -r 2 slots that fit
+ * are the fastest, as in recompute_auto_offload. Exact over that space, in
+ * O(K^2). Returns 0 and fills modes and offload (NULL: none), or -1. */
+static inline int recompute_auto_segments_at(const PlanSpec* spec, size_t budget, size_t host_budget, unsigned char* modes,
+                                             unsigned char* offload) {
+    int L = spec->cfg.num_layers, K = plan_segment_layers(spec), S = plan_num_segments(spec), r = L - (S - 1) * K;
+    int g = K - 2, big = r == K ? K - 2 : r - 1, R = S < OFFLOAD_STAGING_SLOTS ? S : OFFLOAD_STAGING_SLOTS;
+    CostModel cm = spec_cost_model(spec);
+    size_t xa = plan_aligned(plan_act_bytes(spec, ACT_X)), kept[NUM_RECOMPUTE_MODES];
+    double rec[NUM_RECOMPUTE_MODES], last[NUM_RECOMPUTE_MODES], seg_off = segment_offload_seconds(spec, &cm);
+    int order[NUM_RECOMPUTE_MODES];
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+        kept[m] = plan_kept_aligned_bytes(spec, m);
+        rec[m] = layer_extra_seconds(spec, &cm, m, 0);
+        last[m] = layer_extra_seconds(spec, &cm, m, 2);
+        order[m] = m;
+    }
+    for (int i = 1; i < NUM_RECOMPUTE_MODES; i++) /* by time, ties to more memory saved */
+        for (int j = i; j > 0 && (rec[order[j]] < rec[order[j - 1]] || (rec[order[j]] == rec[order[j - 1]] && kept[order[j]] < kept[order[j - 1]])); j--) {
+            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+    size_t fixed = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T) - (size_t)(S + K - 1) * xa -
+                   plan_shared_set_bytes(spec, 1u << RECOMPUTE_FULL);
+    int found = 0, best_m0 = 0, best_mk_low = 0, best_mk_top = 0, best_count[NUM_RECOMPUTE_MODES] = {0}, best_off = 0;
+    double best = 0.0;
+    size_t best_bytes = 0;
+    for (unsigned P = 1; P < (1u << NUM_RECOMPUTE_MODES); P++) {
+        size_t shared = plan_shared_set_bytes(spec, P);
+        for (int m0 = 0; m0 < NUM_RECOMPUTE_MODES; m0++) {
+            if (!(P >> m0 & 1)) continue;
+            for (int mk = 0; mk < NUM_RECOMPUTE_MODES; mk++) {
+                if (!(P >> mk & 1)) continue;
+                int low = mk, top = mk; /* slot K-1's layers below the top segment, and the top one's */
+                for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+                    if (!(P >> m & 1) || mode_keeps_rank(m) > mode_keeps_rank(mk)) continue;
+                    if (last[m] < last[low]) low = m;
+                    if (rec[m] < rec[top]) top = m;
+                }
+                double t_fixed = S * rec[m0] + (S - 1) * last[low] + (r == K ? rec[top] : 0.0);
+                size_t b_fixed = fixed + kept[m0] - xa + kept[mk] + shared;
+                for (int c1 = 0; c1 <= g && (c1 == 0 || (P >> RECOMPUTE_FULL & 1)); c1++)
+                    for (int c3 = 0; c1 + c3 <= g && (c3 == 0 || (P >> RECOMPUTE_KEEP_ATTENTION & 1)); c3++)
+                        for (int off = 0; off <= (offload && host_budget ? 1 : 0); off++) {
+                            if (off && (size_t)S * xa > host_budget) break;
+                            int rest = g - c1 - c3, has0 = P >> RECOMPUTE_NONE & 1, has2 = P >> RECOMPUTE_SELECTIVE & 1;
+                            if (rest && !has0 && !has2) continue;
+                            size_t bytes = b_fixed + (size_t)c1 * kept[1] + (size_t)c3 * kept[3] + (size_t)rest * kept[has0 ? 0 : 2] +
+                                           (off ? (size_t)R * xa : (size_t)S * xa);
+                            int c2 = has0 ? 0 : rest;
+                            if (has0 && has2 && bytes > budget) {
+                                c2 = (int)ceil_div(bytes - budget, kept[0] - kept[2]);
+                                if (c2 > rest) continue;
+                                bytes -= (size_t)c2 * (kept[0] - kept[2]);
+                            }
+                            if (bytes > budget) continue;
+                            int count[NUM_RECOMPUTE_MODES] = {rest - c2, c1, c2, c3};
+                            double t = t_fixed + segment_group_seconds(order, count, rec, big, S) + (off ? S * seg_off : 0.0);
+                            if (found && !(t < best || (t == best && bytes < best_bytes))) continue;
+                            found = 1;
+                            best = t;
+                            best_bytes = bytes;
+                            best_m0 = m0; best_mk_low = low; best_mk_top = top; best_off = off;
+                            memcpy(best_count, count, sizeof(count));
+                        }
+            }
+        }
+    }
+    if (!found) return -1;
+    int slot_mode[4096 + 1];
+    slot_mode[0] = best_m0;
+    for (int i = 0, k = 1; i < NUM_RECOMPUTE_MODES; i++) /* the fastest modes to slots 1..big, which have S layers */
+        for (int c = 0; c < best_count[order[i]]; c++) slot_mode[k++] = order[i];
+    for (int l = 0; l < L; l++) {
+        int i = l % K;
+        modes[l] = (unsigned char)(i < K - 1 ? slot_mode[i] : l / K < S - 1 ? best_mk_low : best_mk_top);
+        if (offload) offload[l] = (unsigned char)best_off;
+    }
+    return 0;
+}
+
+/* -r auto over tile sizes (search_tiles; else spec->tile_tokens) and
+ * segment sizes (search_segments: 1 to L; else spec->segment_layers): for
+ * each pair the exact choice (recompute_auto_offload without segments,
+ * recompute_auto_segments_at with them), and of those the least predicted
+ * step time, ties to fewer tiles and then to fewer layers per segment. Sets
+ * spec->tile_tokens and spec->segment_layers; returns 0, or -1 when nothing fits. */
+static inline int recompute_auto_plan(PlanSpec* spec, size_t budget, size_t host_budget, int search_tiles, int search_segments,
+                                      unsigned char* modes, unsigned char* offload) {
+    int L = spec->cfg.num_layers, cand[PLAN_MAX_TILE_CANDIDATES], n = 1, found = 0;
+    cand[0] = spec->tile_tokens;
+    if (search_tiles) n = plan_tile_candidates(spec, cand);
+    int k_lo = search_segments ? 1 : plan_segment_layers(spec), k_hi = search_segments ? (L > 1 ? L : 1) : k_lo;
+    unsigned char* try_modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    unsigned char* try_offload = (unsigned char*)malloc_check((size_t)L, "plan");
+    double best = 0.0;
+    int best_tile = cand[0], best_k = k_lo;
+    for (int i = 0; i < n; i++)
+        for (int K = k_lo; K <= k_hi; K++) {
+            PlanSpec s = *spec;
+            s.tile_tokens = cand[i];
+            s.segment_layers = K;
+            int rc = K == 1 ? recompute_auto_offload(&s, budget, host_budget, try_modes, offload ? try_offload : NULL)
+                            : recompute_auto_segments_at(&s, budget, host_budget, try_modes, offload ? try_offload : NULL);
+            if (rc != 0) continue;
+            double t = plan_predicted_seconds_offload(&s, try_modes, offload ? try_offload : NULL, NULL);
+            if (found && !(t < best)) continue;
+            found = 1;
+            best = t;
+            best_tile = cand[i];
+            best_k = K;
+            memcpy(modes, try_modes, (size_t)L);
+            if (offload) memcpy(offload, try_offload, (size_t)L);
+        }
+    free(try_modes);
+    free(try_offload);
+    spec->tile_tokens = best_tile;
+    spec->segment_layers = best_k;
+    return found ? 0 : -1;
+}
+
 /* -r auto with the tile size as a third choice (search_tiles; else at
- * spec->tile_tokens): for each candidate K the exact per-K choice of
- * recompute_auto_offload, and of those the least predicted step time, ties
+ * spec->tile_tokens), at the spec's segment size: for each candidate tile
+ * K the exact per-K choice (recompute_auto_plan), and of those the least predicted step time, ties
  * to the earlier candidate (fewer tiles). Exact over modes, offloading and
  * the candidates: at a fixed K every layer pays the same tile costs in its
  * forward and backward, so the per-K search's ranking holds, and the
@@ -453,29 +604,7 @@ static inline int plan_tile_candidates(const PlanSpec* s, int out[PLAN_MAX_TILE_
  * returns 0, or -1 when nothing fits. */
 static inline int recompute_auto_tiles(PlanSpec* spec, size_t budget, size_t host_budget, int search_tiles, unsigned char* modes,
                                        unsigned char* offload) {
-    int L = spec->cfg.num_layers, cand[PLAN_MAX_TILE_CANDIDATES], n = 1, found = 0;
-    cand[0] = spec->tile_tokens;
-    if (search_tiles) n = plan_tile_candidates(spec, cand);
-    unsigned char* try_modes = (unsigned char*)malloc_check((size_t)L, "plan");
-    unsigned char* try_offload = (unsigned char*)malloc_check((size_t)L, "plan");
-    double best = 0.0;
-    int best_k = cand[0];
-    for (int i = 0; i < n; i++) {
-        PlanSpec s = *spec;
-        s.tile_tokens = cand[i];
-        if (recompute_auto_offload(&s, budget, host_budget, try_modes, offload ? try_offload : NULL) != 0) continue;
-        double t = plan_predicted_seconds_offload(&s, try_modes, offload ? try_offload : NULL, NULL);
-        if (found && !(t < best)) continue;
-        found = 1;
-        best = t;
-        best_k = cand[i];
-        memcpy(modes, try_modes, (size_t)L);
-        if (offload) memcpy(offload, try_offload, (size_t)L);
-    }
-    free(try_modes);
-    free(try_offload);
-    spec->tile_tokens = best_k;
-    return found ? 0 : -1;
+    return recompute_auto_plan(spec, budget, host_budget, search_tiles, 0, modes, offload);
 }
 
 /* --tile-tokens auto with the spec's own modes: of the candidates whose
@@ -639,14 +768,47 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     double extra = 0.0;
     format_recompute_flag(s->layer_mode, s->layer_offload, s->cfg.num_layers, flag, sizeof(flag));
     double t = plan_predicted_seconds(s, NULL, &extra);
-    char tiles[48] = "";
-    if (s->tile_tokens > 0) snprintf(tiles, sizeof(tiles), " --tile-tokens %d", s->tile_tokens);
+    char tiles[96] = "";
+    size_t used = 0;
+    if (s->tile_tokens > 0) used = (size_t)snprintf(tiles, sizeof(tiles), " --tile-tokens %d", s->tile_tokens);
+    if (plan_segment_layers(s) > 1) snprintf(tiles + used, sizeof(tiles) - used, " --segment-layers %d", plan_segment_layers(s));
     fprintf(out, "this run, -r %s%s: predicted %.1f ms per step (%d micro-step%s), +%.1f%% over -r 0\n", flag, tiles, 1e3 * t,
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
     fprintf(out, "  token tiles: %.3g s per pass over a tile, matmuls at half rate at %.3g rows\n", cm.tile_pass_s, cm.matmul_half_rows);
     if (plan_context_parallel(s) > 1) plan_print_ring(p, &cm, out);
+}
+
+/* The plan at each segment size K = 1 to L with the spec's own modes and
+ * offloading: device and host bytes and predicted step time. */
+typedef struct {
+    int K;
+    size_t total_bytes, host_bytes;
+    double step_seconds, extra_time_fraction;
+} SegmentFit;
+
+static inline SegmentFit plan_segment_fit(const PlanSpec* spec, int K) {
+    PlanSpec s = *spec;
+    s.segment_layers = K;
+    SegmentFit f = {K, 0, 0, 0.0, 0.0};
+    f.total_bytes = plan_totals_for(&s, -1, s.B, s.T, &f.host_bytes);
+    f.step_seconds = plan_predicted_seconds_offload(&s, NULL, NULL, &f.extra_time_fraction);
+    return f;
+}
+
+static inline void plan_print_segments(const PlanSpec* s, size_t budget, size_t host_budget, FILE* out) {
+    int L = s->cfg.num_layers;
+    char flag[8192];
+    format_recompute_flag(s->layer_mode, NULL, L, flag, sizeof(flag));
+    fprintf(out, "segments (--segment-layers K with -r %s%s):\n", flag, plan_segment_layers(s) > 1 && s->layer_offload[0] ? " --offload-checkpoints" : "");
+    fprintf(out, "  %-6s %14s %12s %6s %12s %10s\n", "K", "total MiB", "host MiB", "fits", "step ms", "time");
+    for (int K = 1; K <= L; K++) {
+        SegmentFit f = plan_segment_fit(s, K);
+        const char* fits = !budget ? "?" : f.total_bytes <= budget && (!f.host_bytes || f.host_bytes <= host_budget) ? "yes" : "no";
+        fprintf(out, "  %-6d %14.1f %12.1f %6s %12.1f %+9.1f%%%s\n", K, mib(f.total_bytes), mib(f.host_bytes), fits, 1e3 * f.step_seconds,
+                100.0 * f.extra_time_fraction, K == plan_segment_layers(s) ? "  <- this run" : "");
+    }
 }
 
 static inline void plan_print_table(const MemoryPlan* p, size_t budget, const char* budget_source, size_t host_budget,
@@ -680,6 +842,7 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
         fprintf(out, "  -r %-3d %14.1f %6s %10s %10s %12.1f %+9.1f%%\n", fits[i].mode, mib(fits[i].total_bytes), fit, mb, mt,
                 1e3 * fits[i].step_seconds, 100.0 * fits[i].extra_time_fraction);
     }
+    plan_print_segments(s, budget, host_budget, out);
     plan_print_chosen_time(p, out);
 }
 
@@ -698,7 +861,14 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"layer_offload\": [");
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_offload[l]);
-    fprintf(out, "], \"tile_tokens\": %d, \"host_total_bytes\": %zu, \"host_budget_bytes\": ", s->tile_tokens, p->host_total_bytes);
+    fprintf(out, "], \"tile_tokens\": %d, \"segment_layers\": %d, \"segments\": [", s->tile_tokens, plan_segment_layers(s));
+    for (int K = 1; K <= c->num_layers; K++) {
+        SegmentFit f = plan_segment_fit(s, K);
+        fprintf(out, "%s{\"segment_layers\": %d, \"total_bytes\": %zu, \"host_total_bytes\": %zu, \"predicted_step_seconds\": %.9g, "
+                     "\"predicted_extra_time_fraction\": %.9g}", K > 1 ? ", " : "", K, f.total_bytes, f.host_bytes, f.step_seconds,
+                f.extra_time_fraction);
+    }
+    fprintf(out, "], \"host_total_bytes\": %zu, \"host_budget_bytes\": ", p->host_total_bytes);
     if (host_budget) fprintf(out, "%zu", host_budget);
     else fprintf(out, "null");
     fprintf(out, ", \"staging_slots\": %d, \"staging_bytes\": %zu, \"host_buffers\": [", p->staging_slots, p->staging_bytes);

@@ -171,10 +171,12 @@ static inline void resolve_recompute(Run* run) {
     run->layer_mode = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
     run->layer_offload = (unsigned char*)calloc_check((size_t)L, 1, "recompute plan");
     parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode, run->layer_offload);
+    if (run->opt.segment_layers > L)
+        fail("flag --segment-layers: %d is more than the model's %d layers (at most %d: one segment)", run->opt.segment_layers, L, L);
     if (!run->opt.offload_checkpoints || strcmp(run->opt.recompute, "auto") == 0) return;
-    int any = 0;
-    for (int l = 0; l < L; l++) {
-        run->layer_offload[l] = (unsigned char)mode_can_offload(run->layer_mode[l]);
+    int any = 0, segments = run->opt.segment_layers > 1;
+    for (int l = 0; l < L; l++) { /* with segments: every segment's input */
+        run->layer_offload[l] = (unsigned char)(segments || mode_can_offload(run->layer_mode[l]));
         any |= run->layer_offload[l];
     }
     if (!any) fail("flag --offload-checkpoints: no layer recomputes with -r 1 or -r 3 (-r %s), so none keeps checkpoints to offload", run->opt.recompute);
@@ -320,7 +322,17 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
 /* -r auto: the per-layer choice (and with search_tiles the tile size) with
  * the least predicted time that fits the budgets, printed as the flags that
  * reproduce it; or the flags that would fit and a non-zero exit. */
-static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_tiles) {
+/* The -r flags that reproduce run's modes and offloading: with segments the
+ * offloaded segment inputs are --offload-checkpoints (all of them). */
+static inline void auto_recompute_flags(const Run* run, const PlanSpec* spec, char* flag, size_t n) {
+    int L = run->cfg.num_layers, K = plan_segment_layers(spec), off = 0;
+    format_recompute_flag(run->layer_mode, K > 1 ? NULL : run->layer_offload, L, flag, n);
+    for (int l = 0; K > 1 && l < L; l += K) off |= run->layer_offload[l];
+    size_t used = strlen(flag);
+    if (K > 1) snprintf(flag + used, n - used, " --segment-layers %d%s", K, off ? " --offload-checkpoints" : "");
+}
+
+static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_tiles, int search_segments) {
     const char* source = "";
     const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
@@ -328,14 +340,15 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
     char have[32], tiles[48];
     format_size(budget, have, sizeof(have));
-    if (recompute_auto_tiles(spec, budget, host_budget, search_tiles, run->layer_mode, run->layer_offload) != 0) {
+    if (recompute_auto_plan(spec, budget, host_budget, search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
         /* the suggestions may offload where a host budget is known: --offload-checkpoints' own, or one given */
         if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
         refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles);
     }
     run->opt.tile_tokens = spec->tile_tokens;
+    run->opt.segment_layers = spec->segment_layers;
     char flag[8192];
-    format_recompute_flag(run->layer_mode, run->layer_offload, run->cfg.num_layers, flag, sizeof(flag));
+    auto_recompute_flags(run, spec, flag, sizeof(flag));
     double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
     FILE* out = setup_notes(&run->opt);
     size_t host = 0, device = plan_totals_for(spec, -1, spec->B, spec->T, &host);
@@ -357,6 +370,34 @@ static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
     fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n",
             !fits ? "no tile fits, the smallest tried" : k ? "on, the fastest predicted that fits" : "off, the untiled plan fits", mib(budget), source);
     if (k) fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d\n", k);
+}
+
+/* --segment-layers auto with a fixed -r: of K = 1 to L, the fastest
+ * predicted whose plan fits the budget; the least memory when none fits. */
+static inline void resolve_auto_segments(Run* run, PlanSpec* spec) {
+    const char* source = "";
+    size_t budget = memory_budget(run->opt.mem_budget, &source), least = SIZE_MAX;
+    int L = run->cfg.num_layers, best_k = 1, found = 0;
+    double best = 0.0;
+    for (int K = 1; K <= L; K++) {
+        spec->segment_layers = K;
+        size_t total = plan_total_for(spec, -1, spec->B, spec->T);
+        double t = plan_predicted_seconds_offload(spec, NULL, NULL, NULL);
+        if (total <= budget ? found && !(t < best) : found || total >= least) continue;
+        if (total <= budget) { found = 1; best = t; }
+        least = total;
+        best_k = K;
+    }
+    spec->segment_layers = run->opt.segment_layers = best_k;
+    fprintf(setup_notes(&run->opt), "segments auto: --segment-layers %d (%s; budget %.1f MiB, %s)\n", best_k,
+            found ? "the fastest predicted that fits" : "none fits: the least memory", mib(budget), source);
+}
+
+/* Whether the planner chooses K: --segment-layers auto, or -r auto where
+ * --segment-layers is not given. */
+static inline int segments_chosen_by_planner(const Run* run) {
+    if (strcmp(run->opt.segment_layers_flag, "auto") == 0) return 1;
+    return strcmp(run->opt.recompute, "auto") == 0 && !option_given(&run->opt, "--segment-layers");
 }
 
 /* Whether the planner chooses the tile size: --tile-tokens auto, or -r auto
@@ -474,9 +515,13 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.workspace_bytes = workspace_bytes;
     plan_validate_spec(&spec);
     spec.tile_tokens = run->opt.tile_tokens;
-    int choose_tiles = tiles_chosen_by_planner(run, trainer);
-    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec, choose_tiles);
-    else if (choose_tiles) resolve_auto_tiles(run, &spec);
+    spec.segment_layers = run->opt.segment_layers;
+    int choose_tiles = tiles_chosen_by_planner(run, trainer), choose_segments = segments_chosen_by_planner(run);
+    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec, choose_tiles, choose_segments);
+    else {
+        if (choose_segments) resolve_auto_segments(run, &spec);
+        if (choose_tiles) resolve_auto_tiles(run, &spec);
+    }
     plan_build(&run->plan, &spec);
     if (run->plan.overflow)
         fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",

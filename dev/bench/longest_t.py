@@ -14,14 +14,17 @@ offloaded, the host budget, found by bisection (a plan grows with T).
                offload        -r 1 --offload-checkpoints (every layer's input in host memory)
                tiles          -r 1 --tile-tokens auto (untiled where that fits, else the largest
                               power-of-two tile of at least 64 rows that does)
+               segments       -r auto --tile-tokens auto, no host memory: the segment size
+                              (--segment-layers), modes and tile chosen for the least predicted
+                              time that fits the device
                all            -r auto --offload-checkpoints --tile-tokens auto (the tile size as for
-                              tiles, then modes and offloading chosen per layer for the least
+                              tiles, then segments, modes and offloading chosen for the least
                               predicted time within both budgets)
   budgets      a card's memory as nvidia-smi reports it (H100 80GB: 81559 MiB, H200: 143771 MiB)
                less 1 GiB for the CUDA context and libraries; host memory --host-gib (default 120)
 
 usage: python3 dev/bench/longest_t.py [--exe ./train_gpt] [--host-gib 120] [--models 124M,...]
-       [--cards 80GB,141GB] [--json]
+       [--cards 80GB,141GB] [--techniques none,...] [--json]
 Prints a Markdown table (docs/offload-and-tiles.md holds one; dev/test/test_offload.py
 reruns a row of it against the program).
 """
@@ -37,6 +40,7 @@ TECHNIQUES = {
     "recompute": ["-r", "1"],
     "offload": ["-r", "1", "--offload-checkpoints"],
     "tiles": ["-r", "1", "--tile-tokens", "auto"],
+    "segments": ["-r", "auto", "--tile-tokens", "auto"],
     "all": ["-r", "auto", "--offload-checkpoints", "--tile-tokens", "auto"],
 }
 MAX_T = 1048576
@@ -52,6 +56,12 @@ def plan(exe, model, T, flags, budget, host, cost_model):
             return None
         sys.exit(f"{exe} failed at T={T} {' '.join(flags)}:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout)
+
+
+def recompute_cell(d):
+    """The -r value of a plan, and its --segment-layers K where K > 1."""
+    K = d.get("segment_layers", 1)
+    return d["recompute"] + (f" --segment-layers {K}" if K > 1 else "")
 
 
 def fits(d, budget, host):
@@ -71,17 +81,18 @@ def longest(exe, model, flags, budget, host, cost_model):
     return lo, best
 
 
-def rows(exe, models, cards, host_gib):
+def rows(exe, models, cards, host_gib, techniques=tuple(TECHNIQUES)):
     host = host_gib << 30
     for name in models:
         for card in cards:
             cost_model, mib = CARDS[card]
             budget = (mib - HEADROOM_MIB) << 20
-            for tech, flags in TECHNIQUES.items():
+            for tech in techniques:
+                flags = TECHNIQUES[tech]
                 T, d = longest(exe, MODELS[name], flags, budget, host, cost_model)
                 yield {"model": name, "card": card, "technique": tech, "longest_T": T, "at_limit": T == MAX_T,
                        "device_bytes": d["total_bytes"] if d else 0, "host_bytes": d["host_total_bytes"] if d else 0,
-                       "recompute": d["recompute"] if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
+                       "recompute": recompute_cell(d) if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
                        "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
                        "budget_bytes": budget, "host_budget_bytes": host}
 
@@ -102,6 +113,7 @@ def main():
     ap.add_argument("--host-gib", type=int, default=120)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--cards", default=",".join(CARDS))
+    ap.add_argument("--techniques", default=",".join(TECHNIQUES))
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of the table")
     a = ap.parse_args()
     models, cards = a.models.split(","), a.cards.split(",")
@@ -111,7 +123,10 @@ def main():
     for c in cards:
         if c not in CARDS:
             sys.exit(f"--cards: unknown card {c} (one of {', '.join(CARDS)})")
-    results = rows(a.exe, models, cards, a.host_gib)
+    for t in a.techniques.split(","):
+        if t not in TECHNIQUES:
+            sys.exit(f"--techniques: unknown technique {t} (one of {', '.join(TECHNIQUES)})")
+    results = rows(a.exe, models, cards, a.host_gib, a.techniques.split(","))
     if a.json:
         for r in results:
             print(json.dumps(r), flush=True)

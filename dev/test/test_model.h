@@ -16,6 +16,9 @@ static ModelConfig test_config(int L, int NH, int C, int V, int maxT) {
     return c;
 }
 
+/* Layers per segment of the next model created (plan.h; 0: no segments). */
+static int test_segment_layers = 0;
+
 /* offload: per layer, the -r 1 or -r 3 layer's kept tensors in the host pool
  * (NULL: none); tile: rows per token tile (0: untiled). */
 static void test_model_create_tiled(TestModel* tm, ModelConfig cfg, int B, int T, const unsigned char* modes, const unsigned char* offload,
@@ -32,6 +35,7 @@ static void test_model_create_tiled(TestModel* tm, ModelConfig cfg, int B, int T
     s.layer_mode = modes;
     s.layer_offload = offload;
     s.tile_tokens = tile;
+    s.segment_layers = test_segment_layers;
     s.logits_chunk_rows = 3; /* several chunks, one partial, even in tiny tests */
     s.io_chunk_floats = 1024;
     plan_build(&tm->plan, &s);

@@ -113,9 +113,11 @@ HOST_NOTE = re.compile(r"^recompute auto: host memory ([0-9.]+) MiB of ([0-9.]+)
 
 def auto(budget, *extra, tiles=("--tile-tokens", "0")):
     """-r auto on the 24-layer model; untiled unless `tiles` says otherwise
-    (a tile would fit budgets these tests mean for offloading alone)."""
+    (a tile would fit budgets these tests mean for offloading alone), no
+    segments (test_segments.py has them)."""
     flags, _ = SHAPES["24x2048"]
-    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *tiles, *extra])
+    return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget, "--plan-json", *tiles,
+                "--segment-layers", "1", *extra])
 
 
 def test_auto_offloads_where_nothing_else_fits():
@@ -388,7 +390,7 @@ def test_docs_numbers_are_the_programs():
         d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
         assert lt.fits(d, budget, host), (model, card, tech, T)
         assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib
-        assert d["recompute"] == flag and d["tile_tokens"] == int(tile)
+        assert lt.recompute_cell(d) == flag and d["tile_tokens"] == int(tile)
         if limit:
             assert T == lt.MAX_T
         else:

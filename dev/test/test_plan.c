@@ -285,6 +285,151 @@ static void check_auto_tiles_against_exhaustive(void) {
     printf("auto with tiles against exhaustive search: %d (L, cost model, offloading, budget) cases, %d chose tiles\n", checked, tiled_choices);
 }
 
+/* -r auto choosing the segment size too (recompute_auto_plan), against an
+ * exhaustive search over K = 1 to L, every per-layer mode (and without
+ * segments 1o and 3o, with them the segment inputs offloaded or not, with a
+ * host budget), at every tile size it may take (untiled, 256, 128, 64 of
+ * 512 rows), each planned by
+ * plan_build and timed by the time model: at device budgets across the
+ * range, auto's choice fits both budgets and its predicted time is the
+ * least, or both find nothing. The cost models include one whose memory is
+ * slow (a segment's forward again is dear against -r 2) and one whose host
+ * link is slow; some case must choose segments. */
+static void check_auto_segments_against_exhaustive(void) {
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0};
+    static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
+    static const int tiles[4] = {0, 256, 128, 64};
+    int checked = 0, segment_choices = 0, offloaded_segments = 0;
+    for (int L = 2; L <= 5; L++)
+        for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
+            for (int with_offload = 0; with_offload <= (L < 5); with_offload++) {
+                PlanSpec s;
+                memset(&s, 0, sizeof(s));
+                s.cfg = test_config(L, 4, 64, 50, 256);
+                s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+                s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
+                s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link;
+                int n4 = 1, n6 = 1;
+                for (int l = 0; l < L; l++) { n4 *= 4; n6 *= 6; }
+                if (!with_offload) n6 = n4;
+                int per_tile = (with_offload ? n6 : n4) + (L - 1) * n4 * (with_offload ? 2 : 1), all = 4 * per_tile;
+                size_t* totals = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
+                size_t* hosts = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
+                double* secs = (double*)malloc_check((size_t)all * sizeof(double), "test");
+                unsigned char modes[5], offload[5], chosen[5], chosen_off[5];
+                size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
+                int i = 0;
+                for (int k = 0; k < 4; k++)
+                    for (int K = 1; K <= L; K++) {
+                        int choices = K == 1 && with_offload ? 6 : 4, n = K == 1 ? (with_offload ? n6 : n4) : n4;
+                        for (int off = 0; off <= (K > 1 && with_offload ? 1 : 0); off++)
+                            for (int code = 0; code < n; code++, i++) {
+                                for (int l = 0, r = code; l < L; l++, r /= choices) {
+                                    modes[l] = (unsigned char)choice_mode[r % choices];
+                                    offload[l] = (unsigned char)(K == 1 ? choice_off[r % choices] : off);
+                                }
+                                s.layer_mode = modes; s.layer_offload = offload; s.tile_tokens = tiles[k]; s.segment_layers = K;
+                                totals[i] = plan_totals_for(&s, -1, s.B, s.T, &hosts[i]);
+                                secs[i] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                                if (totals[i] < lo) lo = totals[i];
+                                if (totals[i] > hi) hi = totals[i];
+                                if (hosts[i] > host_hi) host_hi = hosts[i];
+                            }
+                    }
+                if (i != all) { printf("  FAIL auto segments: counted %d plans of %d\n", i, all); failures++; }
+                size_t host_budgets[2] = {with_offload ? host_hi / 2 : 0, with_offload ? SIZE_MAX : 0};
+                for (int h = 0; h < 1 + with_offload; h++)
+                    for (int step = 0; step <= 40; step++) {
+                        size_t budget = lo - 1 + (hi + 1 - lo) / 40 * (size_t)step + (step == 40 ? 1 : 0);
+                        double best = -1.0;
+                        for (int j = 0; j < all; j++)
+                            if (totals[j] <= budget && hosts[j] <= host_budgets[h] && (best < 0 || secs[j] < best)) best = secs[j];
+                        s.layer_mode = NULL; s.layer_offload = NULL; s.tile_tokens = 0; s.segment_layers = 0;
+                        int rc = recompute_auto_plan(&s, budget, host_budgets[h], 1, 1, chosen, with_offload ? chosen_off : NULL);
+                        if (!with_offload) memset(chosen_off, 0, sizeof(chosen_off));
+                        checked++;
+                        if (best < 0) {
+                            if (rc == 0) { printf("  FAIL auto segments L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", L, s.cost_model.name, budget); failures++; }
+                            continue;
+                        }
+                        s.layer_mode = chosen; s.layer_offload = chosen_off;
+                        size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                        double secs_auto = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                        segment_choices += rc == 0 && plan_segment_layers(&s) > 1;
+                        offloaded_segments += rc == 0 && plan_segment_layers(&s) > 1 && host > 0;
+                        if (rc != 0 || t > budget || host > host_budgets[h] || secs_auto > best * (1 + 1e-12)) {
+                            printf("  FAIL auto segments L=%d %s offload %d budget %zu host %zu: rc %d, K %d, tile %d, %zu bytes, host %zu, %.9g s; "
+                                   "exhaustive best %.9g s\n", L, s.cost_model.name, with_offload, budget, host_budgets[h], rc, s.segment_layers,
+                                   s.tile_tokens, t, host, secs_auto, best);
+                            failures++;
+                        }
+                    }
+                free(totals);
+                free(hosts);
+                free(secs);
+            }
+    /* Offloaded segment inputs save device memory from four segments on (the
+     * staging ring holds three): 8 layers at each fixed K, against every
+     * per-layer mode of 0, 1 and 3 (a subspace: auto may only do better),
+     * the segment inputs offloaded or not (K = 2: four segments; K = 3:
+     * three, where offloading saves nothing), host memory for all of them. */
+    for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
+        for (int K = 2; K <= 3; K++) {
+            enum { L8 = 8 };
+            PlanSpec s;
+            memset(&s, 0, sizeof(s));
+            s.cfg = test_config(L8, 4, 64, 50, 256);
+            s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+            s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2; s.segment_layers = K;
+            s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link;
+            static const int sub[3] = {0, 1, 3};
+            int n = 2 * 6561;
+            size_t* totals = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
+            size_t* hosts = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
+            double* secs = (double*)malloc_check((size_t)n * sizeof(double), "test");
+            unsigned char modes[L8], offload[L8], chosen[L8], chosen_off[L8];
+            size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
+            for (int i = 0; i < n; i++) {
+                for (int l = 0, r = i % 6561; l < L8; l++, r /= 3) { modes[l] = (unsigned char)sub[r % 3]; offload[l] = (unsigned char)(i >= 6561); }
+                s.layer_mode = modes; s.layer_offload = offload;
+                totals[i] = plan_totals_for(&s, -1, s.B, s.T, &hosts[i]);
+                secs[i] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                if (totals[i] < lo) lo = totals[i];
+                if (totals[i] > hi) hi = totals[i];
+                if (hosts[i] > host_hi) host_hi = hosts[i];
+            }
+            for (int step = 0; step <= 20; step++) {
+                size_t budget = lo + (hi - lo) / 20 * (size_t)step, host_budget = host_hi;
+                double best = -1.0;
+                for (int j = 0; j < n; j++)
+                    if (totals[j] <= budget && hosts[j] <= host_budget && (best < 0 || secs[j] < best)) best = secs[j];
+                s.layer_mode = NULL; s.layer_offload = NULL; s.segment_layers = K;
+                int rc = recompute_auto_plan(&s, budget, host_budget, 0, 0, chosen, chosen_off);
+                checked++;
+                if (rc != 0 && best < 0) continue;
+                s.layer_mode = chosen; s.layer_offload = chosen_off;
+                size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                double secs_auto = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                offloaded_segments += rc == 0 && host > 0;
+                if (rc != 0 || t > budget || host > host_budget || (best >= 0 && secs_auto > best * (1 + 1e-12))) {
+                    printf("  FAIL auto segments L=8 K=%d %s budget %zu host %zu: rc %d, %zu bytes, host %zu, %.9g s; exhaustive best %.9g s\n", K,
+                           s.cost_model.name, budget, host_budget, rc, t, host, secs_auto, best);
+                    failures++;
+                }
+            }
+            free(totals);
+            free(hosts);
+            free(secs);
+        }
+    if (segment_choices == 0 || offloaded_segments == 0) {
+        printf("  FAIL auto segments: %d cases chose segments, %d offloaded their inputs: a dimension went untested\n", segment_choices, offloaded_segments);
+        failures++;
+    }
+    printf("auto with segments against exhaustive search: %d (L, cost model, offloading, budget) cases, %d chose segments, %d offloaded them\n",
+           checked, segment_choices, offloaded_segments);
+}
+
 /* The tile costs against the formula of llmc/cost_model.h written out
  * here: -r 0 and -r 1 at K rows over untiled, per micro-step and layer,
  * 4 (n-1) passes (-r 1: 5) and the block matmuls' 72 N C^2 (-r 1: 88)
@@ -464,6 +609,7 @@ int main(void) {
     check_auto_against_exhaustive();
     check_auto_offload_against_exhaustive();
     check_auto_tiles_against_exhaustive();
+    check_auto_segments_against_exhaustive();
     check_tile_cost_formula();
     check_link_calibration();
     check_calibration_round_trip();

@@ -127,10 +127,10 @@ def test_max_batch_and_seq_len_are_tight():
 
 
 def auto(budget, *extra):
-    """-r auto's mode search alone: untiled (test_offload.py has its tile choice)."""
+    """-r auto's mode search alone: untiled (test_offload.py has its tile choice), no segments (test_segments.py)."""
     flags, _ = SHAPES["24x2048"]
     return run([binary("train_gpt_cpu"), *flags, "-b", 1, "-t", 4096, "-r", "auto", "--mem-budget", budget,
-                "--tile-tokens", "0", "--plan-json", *extra])
+                "--tile-tokens", "0", "--segment-layers", "1", "--plan-json", *extra])
 
 
 def mode_plans():

@@ -22,6 +22,7 @@
  *                                              blocksdrop:NAME:C:NH:V:Tc[,...] the same with attention dropout 0.1
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *                                              tilebound:NAME:C:NH:V:T[,T...]  check_tiles_vs_untiled (needs tilesK:)
+ *                                              segments:NAME:C:NH:V:T[,T...]   check_segments (--segment-layers against -r 0, dropout)
  *        a tilesK: prefix (K rows per token tile) runs the GPU side of run_case, dropmodel: and
  *        tilebound: with --tile-tokens K, e.g. tiles7:dropmodel:hs16:64:4:300:77
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
@@ -46,7 +47,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|blocks:|blocksdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|segments:|blocks:|blocksdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, TILE_BOUND, BLOCKS, BLOCKS_DROPOUT };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, TILE_BOUND, SEGMENTS, BLOCKS, BLOCKS_DROPOUT };
     struct Case { Kind kind; std::string name; int C, NH, V, tiles; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -107,6 +108,9 @@ int main(int argc, char** argv) {
         } else if (a.rfind("dropmodel:", 0) == 0) {
             kind = MODEL_DROPOUT;
             a = a.substr(10);
+        } else if (a.rfind("segments:", 0) == 0) {
+            kind = SEGMENTS;
+            a = a.substr(9);
         } else if (a.rfind("accum:", 0) == 0) {
             kind = ACCUM;
             a = a.substr(6);
@@ -158,7 +162,10 @@ int main(int argc, char** argv) {
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
             else if (c.kind == BLOCKS) check_attention_blocks(&sh, TEST_B, T, 0);
             else if (c.kind == BLOCKS_DROPOUT) check_attention_blocks(&sh, TEST_B, T, 0.1f);
-            else if (c.kind == MODEL_DROPOUT) {
+            else if (c.kind == SEGMENTS) {
+                const DropoutState drop = model_dropout();
+                check_segments(&sh, T, &drop);
+            } else if (c.kind == MODEL_DROPOUT) {
                 const DropoutState drop = model_dropout();
                 run_case(&sh, T, &drop);
             } else run_case(&sh, T, &dropout_off);
