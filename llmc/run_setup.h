@@ -322,7 +322,7 @@ static inline void maybe_print_plan_and_exit(const Run* run) {
  * anything is allocated. */
 static inline void check_default_data(const TrainOptions* o) {
     const char* flags[2] = {"-i", "-j"};
-    const char* given[2] = {o->train_glob, o->val_every > 0 ? o->val_glob : ""};
+    const char* given[2] = {o->max_steps != 0 ? o->train_glob : "", o->val_every > 0 ? o->val_glob : ""}; /* -x 0 reads no -i */
     const char* defaults[2] = {DEFAULT_TRAIN_GLOB, DEFAULT_VAL_GLOB};
     for (int i = 0; i < 2; i++)
         if (strcmp(given[i], defaults[i]) == 0 && access(defaults[i], R_OK) != 0)
