@@ -142,6 +142,9 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     if (ls->by_position.per_token && !ls->has_val) fail("%s needs validation: shards in -j and -v above 0", per_token);
     if (ls->by_position.per_token && (!be->token_losses || !be->token_top1))
         fail("%s: this trainer cannot report per-token losses and top-1 tokens", per_token);
+    struct stat dump_st;
+    if (o->eval_dump[0] && stat(o->eval_dump, &dump_st) == 0 && S_ISDIR(dump_st.st_mode))
+        fail("--eval-dump %s: is a directory (give the file to write)", o->eval_dump);
 }
 
 /* The first step that changes -o, taken only once everything that can be

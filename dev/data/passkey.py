@@ -248,7 +248,7 @@ def cmd_eval(args):
           + (f"; chance {chance:.4f}" if chance else "") + ")")
     print(f"{'distance':>14} {'samples':>8} {'accuracy':>9} {'token acc':>10} {'answer loss':>12}")
     for a, b, n, acc, tok, loss in rows:
-        print(f"{f'{a}-{b - 1}':>14} {n:>8} {acc:>9.4f} {tok:>10.4f} {loss:>12.6f}")
+        print(f"{f'{a}' if b == a + 1 else f'{a}-{b - 1}':>14} {n:>8} {acc:>9.4f} {tok:>10.4f} {loss:>12.6f}")
     if args.json:
         Path(args.json).write_text(json.dumps([dict(zip(["begin", "end", "samples", "accuracy", "token_accuracy", "loss"],
                                                         [a, b, n, float(acc), float(tok), float(loss)]))
