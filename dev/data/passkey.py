@@ -96,16 +96,20 @@ class Gpt2Form:
 class SmallForm:
     """Tokens 0 (end of text), 1 (marker), 2 (question), 3..3+K-1 (keys), the rest filler (in turn)."""
 
-    def __init__(self, vocab_size, keys, key_len):
+    def __init__(self, vocab_size, keys, key_len, keys_from_filler=False):
         if keys < 2 or SMALL_KEY0 + keys >= vocab_size:
             raise df.DataError(f"--keys {keys}: need 2 or more, and fewer than --vocab {vocab_size} less 4 (room for filler)")
         if key_len < 1:
             raise df.DataError(f"--key-len {key_len}: at least 1")
         self.vocab_size, self.keys, self.key_len = vocab_size, keys, key_len
         self.eot = SMALL_EOT
+        # keys drawn from the filler's tokens: only the marker before it tells the key
+        # apart, so retrieval needs position (an induction head), not token identity alone
+        self.key_first, self.key_count = (SMALL_KEY0 + keys, vocab_size - SMALL_KEY0 - keys) if keys_from_filler \
+            else (SMALL_KEY0, keys)
 
     def pieces(self, rng):
-        key = list(SMALL_KEY0 + rng.integers(0, self.keys, self.key_len))
+        key = list(self.key_first + rng.integers(0, self.key_count, self.key_len))
         return [SMALL_MARKER, *key], 1, [SMALL_QUESTION], key
 
     def fill(self, n, rng):
@@ -143,7 +147,7 @@ def cmd_make(args):
     if args.gpt2:
         form = Gpt2Form(df.gpt2_encoding(args.tiktoken_file))
     else:
-        form = SmallForm(args.vocab, args.keys, args.key_len)
+        form = SmallForm(args.vocab, args.keys, args.key_len, args.keys_from_filler)
     rng = np.random.default_rng(args.seed)
     rows, samples = [], []
     if args.depths == "random":
@@ -157,7 +161,7 @@ def cmd_make(args):
     stream = np.concatenate([*rows, [form.eot]])  # the last row's last target
     df.write_shard(out / "passkey.bin", stream)
     meta = {"format": META_FORMAT, "version": META_VERSION, "seq_len": args.seq_len, "vocab_size": form.vocab_size,
-            "form": "gpt2" if args.gpt2 else "small", "chance": None if args.gpt2 else 1.0 / args.keys ** args.key_len,
+            "form": "gpt2" if args.gpt2 else "small", "chance": None if args.gpt2 else 1.0 / form.key_count ** args.key_len,
             "shard": "passkey.bin", "samples": samples}
     (out / "passkey.json").write_text(json.dumps(meta, indent=1) + "\n")
     dist = [s["distance"] for s in samples]
@@ -273,6 +277,9 @@ def parse_args(argv=None):
     form.add_argument("--vocab", type=int, default=64, help="small-vocabulary form: V (default 64)")
     m.add_argument("--keys", type=int, default=16, help="small form: the key alphabet's size (chance is 1/keys^key-len)")
     m.add_argument("--key-len", type=int, default=1, help="small form: tokens per key")
+    m.add_argument("--keys-from-filler", action="store_true",
+                   help="small form: keys are filler tokens, told apart only by the marker before them (retrieval by "
+                        "position: harder to learn)")
     df.add_tiktoken_arg(m)
     e = sub.add_parser("eval", help="accuracy and loss on the answer tokens by distance")
     e.add_argument("data", metavar="DATA_DIR", help="the directory make wrote")

@@ -230,3 +230,22 @@ def test_resized_model_exports_to_hugging_face_and_back_byte_for_byte(passkey, t
     assert int(config["remat_run_id"], 16) == datafile.read_model_run_id(saved) != 0
     assert hf_tool("import", tmp_path / "hf", tmp_path / "back.bin").returncode == 0
     assert (tmp_path / "back.bin").read_bytes() == saved.read_bytes()
+
+
+def test_finetune_long_script_reports_passkey_before_and_after(passkey, tmp_path):
+    """scripts/finetune_long.sh with PASSKEY: retrieval by distance of the resized
+    model, then of the last checkpoint, evaluated at SEQ_LEN."""
+    import os
+    import subprocess
+    d, model = passkey
+    run([sys.executable, PASSKEY, "make", tmp_path / "pk32", "--seq-len", 32, "--samples-per-depth", 1, "--seed", 4],
+        check=True)
+    env = {**os.environ, "TRAINER": str(binary("train_gpt_cpu")), "TRAIN": str(d / "train" / "passkey.bin"), "VAL": "",
+           "MEM_BUDGET": "64MiB", "OMP_NUM_THREADS": "1", "TOKENS_PER_STEP": "32", "PASSKEY": str(tmp_path / "pk32"),
+           "OUT_DIR": str(tmp_path / "out")}
+    res = subprocess.run([str(REPO / "scripts" / "finetune_long.sh"), model, "32", "-x", "2"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "passkey retrieval, the resized model before training:" in res.stdout
+    assert f"passkey retrieval, after training ({tmp_path / 'out' / 'model_00000002.bin'}):" in res.stdout
+    assert res.stdout.count("passkey retrieval at step 0 (11 samples of 32 tokens") == 2, res.stdout
