@@ -91,7 +91,7 @@ static const FlagSpec flag_table[] = {
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
     {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 4194304, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
-    {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "--max-seq-len longer than the file's table: interpolate (the learned rows stretched linearly over the new length; the default: no row repeats another, docs/finetune_long.md measures both) or tile (row t = learned row t mod maxT: position 0's row recurs at maxT, 2maxT, ...)"},
+    {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "how the rows a longer --max-seq-len adds to a model file's position table start, required then (neither is better for every model: docs/finetune_long.md measures both): interpolate (the learned rows stretched linearly over the new length) or tile (row t = learned row t mod maxT: position 0's row recurs at maxT, 2maxT, ...)"},
     {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 65536, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
     {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
     {"-j", FLAG_STRING, OPT(val_glob), 0, 0, FOR_BOTH, "validation token shards (glob; empty string: no validation)"},
@@ -195,7 +195,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->prompt = "";
     o->prompt_tokens = "";
     o->temperature = 1.0f;
-    o->wpe_init = "interpolate";
+    o->wpe_init = "";
     o->eval_by_position = "0";
     o->eval_dump = "";
     o->recompute = "0";
@@ -305,7 +305,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         fail("flag -r: '%s' is not 0, 1, 2, 3, auto or a per-layer mix like 1:0-3/3:4-11", o->recompute);
     if (o->ring_link[0] && strcmp(o->ring_link, "nvlink") && strcmp(o->ring_link, "infiniband") && strcmp(o->ring_link, "mpi"))
         fail("flag --ring-link: '%s' is not nvlink, infiniband or mpi", o->ring_link);
-    if (strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
+    if (option_given(o, "--wpe-init") && strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
         fail("flag --wpe-init: '%s' is not tile or interpolate", o->wpe_init);
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");

@@ -138,6 +138,11 @@ static inline void resolve_model(Run* run) {
         run->cfg = info.cfg;
         resolve_dropout(run, info.pdrop, run->model_path);
         snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
+        if (run->resume_step < 0 && o->max_seq_len > info.cfg.max_seq_len && !option_given(o, "--wpe-init"))
+            fail("--max-seq-len %d lengthens the position table of %s (%d rows): choose how its new rows start, --wpe-init "
+                 "interpolate (the learned rows stretched over %d positions) or --wpe-init tile (row t = learned row t mod %d); "
+                 "neither is better for every model (docs/finetune_long.md measures both)",
+                 o->max_seq_len, run->model_path, info.cfg.max_seq_len, o->max_seq_len, info.cfg.max_seq_len);
         if (run->resume_step < 0 && o->max_seq_len && o->max_seq_len != info.cfg.max_seq_len) {
             /* long-context fine-tuning: a longer (or shorter) position table */
             run->cfg.max_seq_len = o->max_seq_len;

@@ -465,6 +465,28 @@ def read_model(path) -> tuple[dict, dict, int]:
     return cfg, params, version
 
 
+EVAL_DUMP_MAGIC, EVAL_DUMP_VERSION = 20261203, 1
+
+
+def read_eval_dump(path) -> dict:
+    """A trainer's --eval-dump (docs/FORMATS.md): T, sequences, step, vocab_size,
+    and target, top1 (int32) and loss (float32) as (sequences, T) arrays."""
+    raw = Path(path).read_bytes()
+    if len(raw) < HEADER_BYTES:
+        raise DataError(f"{path}: too short for an evaluation dump header ({HEADER_BYTES} bytes)")
+    h = np.frombuffer(raw[:HEADER_BYTES], dtype="<i4")
+    if h[0] != EVAL_DUMP_MAGIC or h[1] != EVAL_DUMP_VERSION:
+        raise DataError(f"{path}: not an evaluation dump (magic {h[0]}, version {h[1]}; expected {EVAL_DUMP_MAGIC}, "
+                        f"{EVAL_DUMP_VERSION})")
+    T, S = int(h[2]), int(h[3])
+    if T < 1 or S < 0 or len(raw) != HEADER_BYTES + 12 * S * T:
+        raise DataError(f"{path}: {len(raw)} bytes, but its header says {S} sequences of {T} tokens "
+                        f"({HEADER_BYTES + 12 * S * T})")
+    body = np.frombuffer(raw[HEADER_BYTES:], dtype="<i4").reshape(3, S, T)
+    return {"T": T, "sequences": S, "step": int(h[4]), "vocab_size": int(h[5]), "target": body[0], "top1": body[1],
+            "loss": body[2].view("<f4")}
+
+
 def read_model_run_id(path) -> int:
     """The run id in a model file's slots 240-241 (0: not written by a remat run)."""
     with open(path, "rb") as f:

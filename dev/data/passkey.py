@@ -48,7 +48,6 @@ import datafile as df  # noqa: E402
 
 META_FORMAT = "remat passkey"
 META_VERSION = 1
-DUMP_MAGIC, DUMP_VERSION = 20261203, 1
 
 # Small-vocabulary form: token ids.
 SMALL_EOT, SMALL_MARKER, SMALL_QUESTION, SMALL_KEY0 = 0, 1, 2, 3
@@ -169,23 +168,6 @@ def cmd_make(args):
           f"written to {out / 'passkey.bin'} and {out / 'passkey.json'}")
 
 
-def read_dump(path):
-    """A trainer's --eval-dump (docs/FORMATS.md): header, then target, top-1
-    and loss as (sequences, T) arrays."""
-    raw = Path(path).read_bytes()
-    if len(raw) < 1024:
-        raise df.DataError(f"{path}: too short for an evaluation dump header (1024 bytes)")
-    h = np.frombuffer(raw[:1024], dtype="<i4")
-    if h[0] != DUMP_MAGIC or h[1] != DUMP_VERSION:
-        raise df.DataError(f"{path}: not an evaluation dump (magic {h[0]}, version {h[1]}; expected {DUMP_MAGIC}, {DUMP_VERSION})")
-    T, S = int(h[2]), int(h[3])
-    if T < 1 or S < 0 or len(raw) != 1024 + 12 * S * T:
-        raise df.DataError(f"{path}: {len(raw)} bytes, but its header says {S} sequences of {T} tokens ({1024 + 12 * S * T})")
-    body = np.frombuffer(raw[1024:], dtype="<i4").reshape(3, S, T)
-    return {"T": T, "sequences": S, "step": int(h[4]), "vocab_size": int(h[5]), "target": body[0], "top1": body[1],
-            "loss": body[2].view("<f4")}
-
-
 def distance_buckets(spec, distances):
     if spec:
         try:
@@ -243,9 +225,9 @@ def cmd_eval(args):
     if command:
         with tempfile.TemporaryDirectory() as tmp:
             run_trainer(meta_dir, meta, command, Path(tmp) / "dump.bin")
-            dump = read_dump(Path(tmp) / "dump.bin")
+            dump = df.read_eval_dump(Path(tmp) / "dump.bin")
     else:
-        dump = read_dump(args.dump)
+        dump = df.read_eval_dump(args.dump)
     rows = report(meta, dump, args.buckets)
     chance = meta.get("chance")
     print(f"passkey retrieval at step {dump['step']} ({len(meta['samples'])} samples of {meta['seq_len']} tokens"

@@ -196,14 +196,20 @@ def test_evaluation_needs_no_training_data(passkey, tmp_path):
     assert res.returncode != 0 and "missing.bin" in res.stderr, res.stderr  # training still needs it
 
 
-def test_x0_o_saves_the_resized_model_with_interpolated_positions(passkey, tmp_path):
-    """-x 0 -o with --max-seq-len 80 and no --wpe-init: model_00000000.bin holds the
-    model evaluated, its 80-row position table the learned 16 rows interpolated
-    (the default), every other tensor unchanged; --wpe-init tile repeats them."""
+def test_x0_o_saves_the_resized_model_and_wpe_init_has_no_default(passkey, tmp_path):
+    """Lengthening a position table without --wpe-init is refused, naming both
+    choices (no silent default: docs/finetune_long.md measures each ahead of
+    the other on some model). -x 0 -o with --max-seq-len 80: model_00000000.bin
+    holds the model evaluated, its 80-row position table the learned 16 rows
+    interpolated (or repeated), every other tensor unchanged."""
     d, model = passkey
     _, old, _ = datafile.read_model(model)
     common = [binary("train_gpt_cpu"), "-e", model, "--max-seq-len", 80, "-x", 0, "-v", 0, "-s", 0, "-t", 80, "-b", 1]
-    out = run([*common, "-o", tmp_path / "interp"], env=ONE_THREAD, check=True).stdout
+    res = run([*common, "-o", tmp_path / "none"])
+    assert res.returncode != 0 and res.stderr.count("\n") == 1 and "--wpe-init interpolate" in res.stderr \
+        and "--wpe-init tile" in res.stderr and "(16 rows)" in res.stderr, res.stderr
+    assert not (tmp_path / "none").exists()
+    out = run([*common, "--wpe-init", "interpolate", "-o", tmp_path / "interp"], env=ONE_THREAD, check=True).stdout
     assert "interpolated" in out and "model_00000000.bin" in out, out
     cfg, new, _ = datafile.read_model(tmp_path / "interp" / "model_00000000.bin")
     assert cfg["max_seq_len"] == 80
@@ -220,8 +226,8 @@ def test_x0_o_saves_the_resized_model_with_interpolated_positions(passkey, tmp_p
 @needs_hf
 def test_resized_model_exports_to_hugging_face_and_back_byte_for_byte(passkey, tmp_path):
     d, model = passkey
-    run([binary("train_gpt_cpu"), "-e", model, "--max-seq-len", 64, "-x", 0, "-v", 0, "-s", 0, "-t", 64, "-b", 1,
-         "-o", tmp_path / "run"], env=ONE_THREAD, check=True)
+    run([binary("train_gpt_cpu"), "-e", model, "--max-seq-len", 64, "--wpe-init", "interpolate", "-x", 0, "-v", 0, "-s", 0,
+         "-t", 64, "-b", 1, "-o", tmp_path / "run"], env=ONE_THREAD, check=True)
     saved = tmp_path / "run" / "model_00000000.bin"
     res = hf_tool("export", saved, tmp_path / "hf")
     assert res.returncode == 0, res.stderr
@@ -247,5 +253,25 @@ def test_finetune_long_script_reports_passkey_before_and_after(passkey, tmp_path
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "passkey retrieval, the resized model before training:" in res.stdout
+    assert "position table resized from 16 to 32 rows (learned rows interpolated)" in res.stdout  # WPE_INIT's default
     assert f"passkey retrieval, after training ({tmp_path / 'out' / 'model_00000002.bin'}):" in res.stdout
     assert res.stdout.count("passkey retrieval at step 0 (11 samples of 32 tokens") == 2, res.stdout
+
+
+def test_plot_log_and_passkey_read_a_dump(passkey, tmp_path):
+    """dev/plot_log.py --dump draws a dump's loss and top-1 by position;
+    passkey.py eval --dump reports from a dump made elsewhere, and refuses one
+    of other data or a damaged file in one line."""
+    d, model = passkey
+    run([binary("train_gpt_cpu"), "-e", model, "-x", 0, "-v", 1, "-s", 0, "-b", 1, "-t", T, "-m", 44,
+         "-j", d / "val" / "passkey.bin", "--eval-dump", tmp_path / "d.bin"], env=ONE_THREAD, check=True)
+    report = run([sys.executable, PASSKEY, "eval", d / "val", "--dump", tmp_path / "d.bin"], check=True).stdout
+    assert "passkey retrieval at step 0 (44 samples of 16 tokens; chance 0.0625)" in report, report
+    other = run([sys.executable, PASSKEY, "eval", d / "train", "--dump", tmp_path / "d.bin"])
+    assert other.returncode == 1 and "holds 44 sequences, the data 3000 samples" in other.stderr, other.stderr
+    (tmp_path / "cut.bin").write_bytes((tmp_path / "d.bin").read_bytes()[:-4])
+    cut = run([sys.executable, PASSKEY, "eval", d / "val", "--dump", tmp_path / "cut.bin"])
+    assert cut.returncode == 1 and "but its header says 44 sequences of 16 tokens" in cut.stderr, cut.stderr
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed: plot_log.py not checked")
+    res = run([sys.executable, REPO / "dev" / "plot_log.py", "--dump", tmp_path / "d.bin", "-o", tmp_path / "p.png"])
+    assert res.returncode == 0 and (tmp_path / "p.png").stat().st_size > 1000, res.stderr
