@@ -1152,6 +1152,35 @@ static void check_classifier_kernel(int rows, int V, int Vp) {
     free(logits); free(loss); free(dlog); free(got); free(targets);
 }
 
+/* Top-1 of each row against the first index of the largest in the CPU's
+ * scan of the same rounded values: ties between columns of different
+ * threads and warps (the lowest index wins), the largest in the last real
+ * column, padded columns above everything (never counted). */
+static void check_top1_kernel(int rows, int V, int Vp) {
+    float* logits = rand_rounded((size_t)rows * Vp, 5410, 3.0f, 0);
+    int *want = (int*)malloc_check(rows * sizeof(int), "test"), *got = (int*)malloc_check(rows * sizeof(int), "test");
+    for (int r = 0; r < rows; r++) {
+        float* z = logits + (size_t)r * Vp;
+        for (int v = V; v < Vp; v++) z[v] = 30.0f;
+        if (r == 0) z[V - 1] = 20.0f;
+        else if (r % 2) { int a = (r * 37) % V, b = (a + 1 + r * 131) % V; z[a] = z[b] = 20.0f; } /* a tie */
+        want[r] = 0;
+        for (int v = 1; v < V; v++) if (z[v] > z[want[r]]) want[r] = v;
+    }
+    floatX* d_logits = gpu_put(logits, (size_t)rows * Vp);
+    int* d_top1 = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_top1, rows * sizeof(int)));
+    gpu_classifier_top1(d_logits, d_top1, rows, V, Vp, 0);
+    CUDA_CHECK(cudaMemcpy(got, d_top1, rows * sizeof(int), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int r = 0; r < rows; r++) wrong += got[r] != want[r];
+    char what[96];
+    snprintf(what, sizeof(what), "classifier top-1 V=%d Vp=%d: rows wrong", V, Vp);
+    expect(wrong == 0, what, wrong);
+    CUDA_CHECK(cudaFree(d_logits)); CUDA_CHECK(cudaFree(d_top1));
+    free(logits); free(want); free(got);
+}
+
 /* One AdamW step with fp32 master weights: the moments and master weights
  * against the formulas in double (the parameters are their rounding). */
 static void check_adamw_kernel(size_t n, int shift) {
@@ -1222,6 +1251,8 @@ static void check_memory_kernels(void) {
     check_classifier_kernel(5, 300, 301);
     check_classifier_kernel(3, 4999, 5120); /* more groups than threads: the two-loads-in-flight loop, V in its last group */
     check_classifier_kernel(3, 4999, 5001);
+    check_top1_kernel(9, 300, 384);
+    check_top1_kernel(7, 4999, 5001);
     check_adamw_kernel(1003, 0);
     check_adamw_kernel(1003, 1);
     printf("%s: memory-bound kernels\n", g_failures == fails_before ? "PASS" : "FAIL");

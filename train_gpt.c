@@ -370,6 +370,7 @@ typedef struct {
     int* inputs;                 /* (B, T) the data loader's token buffers (Backend.inputs) */
     int* targets;
     real* losses;                /* (N) per-token loss */
+    int* top1;                   /* (N) forward_loss's most probable tokens (host memory beside the plan's: 4 bytes a token) */
     real* final_res;             /* (N,C) output of the last block */
     real* lnf;                   /* (N,C) */
     real* lnf_mean;
@@ -741,9 +742,18 @@ static real softmax_row(real* row, int V) {
     return mx + R_LOG(sum);
 }
 
+/* The first index of the largest of row[0..V). */
+static int argmax_row(const real* row, int V) {
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (row[v] > row[best]) best = v;
+    return best;
+}
+
 /* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
  * chunk of rows at a time: logits (rows,Vp) = lnf @ wte^T, never all of
- * (N,Vp) at once. Writes per-token losses; dlnf goes to the dln buffer. */
+ * (N,Vp) at once. Writes per-token losses (without a backward also the
+ * top-1 tokens); dlnf goes to the dln buffer. */
 static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
@@ -755,6 +765,7 @@ static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
             real* row = m->logits + (size_t)r * Vp;
             int target = targets[r0 + r];
             real target_logit = row[target];
+            if (dloss_per_token == 0) m->top1[r0 + r] = argmax_row(row, V);
             m->losses[r0 + r] = softmax_row(row, V) - target_logit;
             if (dloss_per_token == 0) continue;
             for (int v = 0; v < V; v++) row[v] = (row[v] - (v == target ? 1 : 0)) * dloss_per_token;
@@ -942,6 +953,11 @@ static void cpu_token_losses(void* ctx, float* out) {
     for (int i = 0; i < m->B * m->T; i++) out[i] = (float)m->losses[i];
 }
 
+static void cpu_token_top1(void* ctx, int* out) {
+    CpuModel* m = (CpuModel*)ctx;
+    memcpy(out, m->top1, (size_t)m->B * m->T * sizeof(int));
+}
+
 /* Softmax probabilities over V at local row `row` of the last forward. */
 static void cpu_row_probs(CpuModel* m, int row, float* probs) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
@@ -1069,6 +1085,8 @@ static Backend cpu_backend(CpuModel* m) {
     be.set_dropout = cpu_set_dropout;
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
+    be.token_top1 = cpu_token_top1;
+    m->top1 = (int*)malloc_check((size_t)m->plan->spec.B * plan_local_T(&m->plan->spec) * sizeof(int), "top-1 tokens");
     be.next_token_probs = cpu_next_token_probs;
     be.zero_grads = cpu_zero_grads;
     be.sync_grads = cpu_sync_grads;
@@ -1087,6 +1105,7 @@ static void cpu_model_free(CpuModel* m) {
 #endif
     free(m->arena);
     free(m->host_pool);
+    free(m->top1);
     memset(m, 0, sizeof(*m));
 }
 

@@ -96,6 +96,7 @@ typedef struct {
     int* h_inputs;
     int* h_targets;
     float* h_losses;
+    int* top1;          /* (B*T) device: forward_loss's top-1 tokens (beside the plan's arena: 4 bytes a token) */
     float* io_chunk;
     uint16_t* window;
     int* h_buckets;
@@ -253,6 +254,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
     m->h_targets = (int*)pinned_alloc(N * sizeof(int), "target tokens");
     m->h_losses = (float*)pinned_alloc(N * sizeof(float), "losses");
+    CUDA_CHECK(cudaMalloc((void**)&m->top1, N * sizeof(int)));
     m->io_chunk = (float*)pinned_alloc(io * sizeof(float), "file staging");
     m->window = (uint16_t*)pinned_alloc((N + 1) * sizeof(uint16_t), "dataloader window");
     m->h_buckets = (int*)pinned_alloc((3 * N + 1) * sizeof(int), "token buckets");
@@ -279,6 +281,7 @@ static void gpu_model_free(GpuModel* m) {
     gpu_matmul_destroy(&m->mm);
     offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
+    CUDA_CHECK(cudaFree(m->top1));
     void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits};
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) CUDA_CHECK(cudaFreeHost(pinned[i]));
     free(m->bucket_count);
@@ -640,7 +643,7 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
         const floatX* lnf = m->lnf + (size_t)r0 * C;
         gpu_matmul_forward(&m->mm, m->logits, lnf, m->p.wte, NULL, NULL, rows, C, Vp, m->stream);
         gpu_classifier_fused(m->logits, m->losses + r0, m->targets + r0, rows, V, Vp, dloss_per_token, m->stream);
-        if (dloss_per_token == 0.0f) continue;
+        if (dloss_per_token == 0.0f) { gpu_classifier_top1(m->logits, m->top1 + r0, rows, V, Vp, m->stream); continue; }
         gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp, m->stream);
         if (m->wte_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->grads_fp32, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
         else gpu_matmul_backward_weight(&m->mm, m->g.wte, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
@@ -803,6 +806,13 @@ static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) 
 static void gpu_token_losses(void* ctx, float* out) {
     GpuModel* m = (GpuModel*)ctx;
     memcpy(out, m->h_losses, (size_t)m->B * m->T * sizeof(float));
+}
+
+/* The top-1 tokens of the last forward_loss, to the host. */
+static void gpu_token_top1(void* ctx, int* out) {
+    GpuModel* m = (GpuModel*)ctx;
+    CUDA_CHECK(cudaMemcpyAsync(out, m->top1, (size_t)m->B * m->T * sizeof(int), cudaMemcpyDeviceToHost, m->stream));
+    gpu_wait(m);
 }
 
 static size_t gpu_memory_bytes(void* ctx) {
@@ -1044,6 +1054,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.set_dropout = gpu_set_dropout;
     be.forward_loss = gpu_forward_loss;
     be.token_losses = gpu_token_losses;
+    be.token_top1 = gpu_token_top1;
     be.memory_bytes = gpu_memory_bytes;
     be.next_token_probs = gpu_next_token_probs;
     be.zero_grads = gpu_zero_grads;

@@ -2,11 +2,15 @@
 """Plots of training runs from their log.jsonl (written by the trainers with -o DIR).
 
     python3 dev/plot_log.py RUN_DIR [RUN_DIR ...] [-o FILE.png|.pdf|.svg] [--labels A,B,...]
+    python3 dev/plot_log.py [RUN_DIR ...] --dump DUMP [--dump DUMP ...] -o FILE.png
 
 Panels: train and validation loss against step and against tokens, learning
 rate, gradient norm, tokens/s, memory (device memory in use on the GPU, peak
 resident memory on the CPU) and, when a run used --eval-by-position, the
-validation loss per position bucket at its last evaluation. The format of -o
+validation loss per position bucket at its last evaluation; with --dump (a
+trainer's --eval-dump, docs/FORMATS.md), the loss and top-1 accuracy at each
+position, averaged over the dump's sequences (in bins of positions when T is
+above 512), one line per dump. The format of -o
 follows its extension (PNG when it has none). Several runs are
 overlaid, one colour each. A run resumed into the same directory appends to
 its log; the steps it repeated (after the checkpoint it resumed from) are
@@ -23,7 +27,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "data"))
-from datafile import DataError, run_main  # noqa: E402  (the scripts' one-line error path)
+from datafile import DataError, read_eval_dump, run_main  # noqa: E402  (the scripts' one-line error path)
 
 
 class LogError(DataError):
@@ -190,11 +194,25 @@ def tokens_at(log: dict, step: int):
     return None
 
 
-def plot(runs: list[tuple[str, dict]], out: Path) -> None:
+def dump_by_position(dump: dict, bins: int = 512):
+    """(first position of each bin, mean loss, top-1 accuracy) over the dump's sequences."""
+    import numpy as np
+
+    T = dump["T"]
+    width = max(1, -(-T // bins))
+    edges = np.arange(0, T, width)
+    loss = dump["loss"].astype(np.float64).mean(axis=0)
+    hits = (dump["top1"] == dump["target"]).mean(axis=0)
+    return edges, np.add.reduceat(loss, edges) / np.diff(np.append(edges, T)), np.add.reduceat(hits, edges) / np.diff(np.append(edges, T))
+
+
+def plot(runs: list[tuple[str, dict]], out: Path, dumps: list[tuple[str, dict]] = ()) -> None:
     plt = pyplot()
-    panels = ["loss_step", "loss_tokens", "lr", "norm", "tps", "mem"]
+    panels = ["loss_step", "loss_tokens", "lr", "norm", "tps", "mem"] if runs else []
     if any(log["by_pos"] for _, log in runs):
         panels.append("by_pos")
+    if dumps:
+        panels += ["dump_loss", "dump_top1"]
     cols = (len(panels) + 1) // 2
     fig, axes = plt.subplots(2, cols, figsize=(5.5 * cols, 9))
     ax = dict(zip(panels, axes.flat))
@@ -226,10 +244,16 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
             ax["by_pos"].step([b["begin"] for b in buckets] + [buckets[-1]["end"]],
                               [b["loss"] for b in buckets] + [buckets[-1]["loss"]], where="post", color=color,
                               label=f"{label} (step {last})")
+    for i, (label, dump) in enumerate(dumps):
+        edges, loss, top1 = dump_by_position(dump)
+        ax["dump_loss"].plot(edges, loss, color=f"C{i % 10}", lw=1, label=f"{label} (step {dump['step']})")
+        ax["dump_top1"].plot(edges, top1, color=f"C{i % 10}", lw=1, label=f"{label} (step {dump['step']})")
     titles = {"loss_step": ("loss vs step", "step"), "loss_tokens": ("loss vs tokens", "tokens"), "lr": ("learning rate", "step"),
               "norm": ("gradient norm (before clipping)", "step"), "tps": ("tokens/s", "step"),
               "mem": ("memory, MiB (GPU: device in use; CPU: peak RSS)", "step"),
-              "by_pos": ("val loss by position (last evaluation)", "position")}
+              "by_pos": ("val loss by position (last evaluation)", "position"),
+              "dump_loss": ("val loss at each position (--eval-dump)", "position"),
+              "dump_top1": ("val top-1 accuracy at each position (--eval-dump)", "position")}
     for key in panels:
         title, xlabel = titles[key]
         a = ax[key]
@@ -240,7 +264,7 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
             a.legend(fontsize=7)
         else:
             a.text(0.5, 0.5, "no data in these logs", ha="center", va="center", transform=a.transAxes, color="gray")
-    if any(n is not None and n > 0 for _, log in runs for n in (r.get("norm") for r in log["train"].values())):
+    if runs and any(n is not None and n > 0 for _, log in runs for n in (r.get("norm") for r in log["train"].values())):
         readable_log_y(ax["norm"])
     if "by_pos" in ax and max(b["end"] for _, log in runs for v in log["by_pos"].values() for b in v) > 4096:
         ax["by_pos"].set_xscale("symlog", linthresh=1024)
@@ -250,11 +274,17 @@ def plot(runs: list[tuple[str, dict]], out: Path) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="run directories (-o of the trainer) or log.jsonl files")
+    p.add_argument("runs", nargs="*", help="run directories (-o of the trainer) or log.jsonl files")
     p.add_argument("-o", "--output", help="picture to write, its format from the extension: .png, .pdf, .svg, ... "
                    "(default: log.png in the first run directory)")
     p.add_argument("--labels", help="comma-separated labels, one per run (default: directory names)")
+    p.add_argument("--dump", action="append", default=[], help="a trainer's --eval-dump file: loss and top-1 accuracy "
+                   "by position (repeatable)")
     args = p.parse_args(argv)
+    if not args.runs and not args.dump:
+        raise LogError("give run directories, --dump files, or both")
+    if not args.runs and not args.output:
+        raise LogError("--dump without run directories: give -o FILE")
     paths = [Path(r) / "log.jsonl" if Path(r).is_dir() else Path(r) for r in args.runs]
     labels = args.labels.split(",") if args.labels else [p.parent.name or str(p) for p in paths]
     if len(labels) != len(paths):
@@ -263,7 +293,8 @@ def main(argv=None) -> int:
     pyplot()
     figure_format(out)
     runs = [(label, read_log(path)) for label, path in zip(labels, paths)]
-    plot(runs, out)
+    dumps = [(Path(d).name, read_eval_dump(d)) for d in args.dump]
+    plot(runs, out, dumps)
     print(f"wrote {out}")
     return 0
 

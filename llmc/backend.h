@@ -119,6 +119,9 @@ typedef struct {
     float (*forward_loss)(void* ctx, const int* inputs, const int* targets);
     /* after forward_loss: its B*T per-token losses, row-major (b, t), to host */
     void (*token_losses)(void* ctx, float* out);
+    /* after forward_loss: its B*T top-1 tokens (the argmax over the V real
+     * logits, the lowest id of a tie), row-major (b, t), to host */
+    void (*token_top1)(void* ctx, int* out);
     /* memory in use for the log (device memory on the GPU); NULL: peak resident memory */
     size_t (*memory_bytes)(void* ctx);
     /* probabilities over V of the token after tokens[0..len) */

@@ -122,4 +122,48 @@ static inline void gpu_classifier_fused(floatX* logits, float* losses, const int
     CUDA_CHECK_LAUNCH();
 }
 
+/* Top-1 of each row (evaluation): top1[row] = the first index of the largest
+ * of logits[row, 0..V) (padded columns never count). One block per row; each
+ * thread scans its strided columns in increasing order, keeping the first
+ * maximum, and the block combines them in a fixed tree on (value, lowest
+ * index): deterministic, the CPU reference's argmax_row on the same values.
+ * Shapes: logits (rows, Vp) floatX, top1 (rows) int. */
+__device__ __forceinline__ void top1_merge(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+
+__global__ void __launch_bounds__(CLASSIFIER_THREADS) classifier_top1_kernel(const floatX* logits, int* top1, int V, int Vp) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const floatX* x = logits + (size_t)blockIdx.x * Vp;
+    float v = -INFINITY;
+    int i = V; /* above every real column: loses every tie */
+    for (int c = threadIdx.x; c < V; c += blockDim.x) top1_merge(v, i, to_f32(x[c]), c);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, off);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, off);
+        top1_merge(v, i, v2, i2);
+    }
+    if (lane == 0) { sv[warp] = v; si[warp] = i; }
+    __syncthreads();
+    if (warp != 0) return;
+    const int nwarps = blockDim.x >> 5;
+    v = lane < nwarps ? sv[lane] : -INFINITY;
+    i = lane < nwarps ? si[lane] : V;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, v, off);
+        int i2 = __shfl_xor_sync(0xffffffffu, i, off);
+        top1_merge(v, i, v2, i2);
+    }
+    if (lane == 0) top1[blockIdx.x] = i < V ? i : 0; /* a row of NaNs: 0, as the CPU's */
+}
+
+static inline void gpu_classifier_top1(const floatX* logits, int* top1, int rows, int V, int Vp, cudaStream_t stream) {
+    classifier_top1_kernel<<<(unsigned)rows, CLASSIFIER_THREADS, 0, stream>>>(logits, top1, V, Vp);
+    CUDA_CHECK_LAUNCH();
+}
+
 #endif

@@ -34,7 +34,8 @@ typedef struct {
     int warmup_steps;
     /* evaluation and sampling */
     int val_every, val_batches, sample_every, gen_tokens;
-    int eval_by_position; /* width of the first position bucket; 0: off */
+    const char* eval_by_position; /* position buckets: a width W (doubling from it), or edges E0,E1,...; "0": off */
+    const char* eval_dump;        /* per-token validation results to this file ("": none) */
     const char* prompt;
     const char* prompt_tokens;
     float temperature;
@@ -92,7 +93,7 @@ static const FlagSpec flag_table[] = {
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
     {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 4194304, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
-    {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "--max-seq-len longer than the file's table: tile (row t = learned row t mod maxT) or interpolate (linearly between learned rows)"},
+    {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "how the rows a longer --max-seq-len adds to a model file's position table start, required then (neither is better for every model: docs/finetune_long.md measures both): interpolate (the learned rows stretched linearly over the new length) or tile (row t = learned row t mod maxT: position 0's row recurs at maxT, 2maxT, ...)"},
     {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 65536, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
     {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
     {"-j", FLAG_STRING, OPT(val_glob), 0, 0, FOR_BOTH, "validation token shards (glob; empty string: no validation)"},
@@ -101,7 +102,7 @@ static const FlagSpec flag_table[] = {
     {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
     {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576)"},
     {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*groups); must be a multiple of B*T*groups, groups = processes / --context-parallel"},
-    {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data; 0: only evaluate and sample the model)"},
+    {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data; 0: only evaluate and sample the model: no training data is read, and with -o the model evaluated, resized if --max-seq-len resized it, is written as model_00000000.bin)"},
     {"-l", FLAG_FLOAT, OPT(lr), 0, 10, FOR_BOTH, "peak learning rate"},
     {"-k", FLAG_STRING, OPT(schedule), 0, 0, FOR_BOTH, "learning-rate schedule: cosine|linear|constant"},
     {"-u", FLAG_INT, OPT(warmup_steps), 0, INT_MAX, FOR_BOTH, "linear warmup steps"},
@@ -119,7 +120,8 @@ static const FlagSpec flag_table[] = {
     {"--prompt-tokens", FLAG_STRING, OPT(prompt_tokens), 0, 0, FOR_BOTH, "start samples from the token ids in this file (a token shard, or ids separated by spaces or commas)"},
     {"--temperature", FLAG_FLOAT, OPT(temperature), 0, 100, FOR_BOTH, "sampling temperature (0: always the most probable token)"},
     {"--top-k", FLAG_INT, OPT(top_k), 0, 65536, FOR_BOTH, "sample only among the K most probable tokens (0: all)"},
-    {"--eval-by-position", FLAG_INT, OPT(eval_by_position), 0, 1048576, FOR_BOTH, "also report validation loss per position bucket [0,W), [W,2W), [2W,4W), ... for width W (1024: 0-1k, 1k-2k, 2k-4k; 0: off)"},
+    {"--eval-by-position", FLAG_STRING, OPT(eval_by_position), 0, 0, FOR_BOTH, "also report validation loss and top-1 accuracy per position bucket: W gives [0,W), [W,2W), [2W,4W), ... (1024: 0-1k, 1k-2k, 2k-4k), every:W buckets of width W, a list E0,E1,...,En the buckets [E0,E1), ..., [En-1,En) (positions outside are not counted; up to 256 buckets); 0: off. Validation rows are contiguous: row r's last target is row r+1's first token"},
+    {"--eval-dump", FLAG_STRING, OPT(eval_dump), 0, 0, FOR_BOTH, "write every validation token's target, loss and top-1 prediction to this file at each evaluation (docs/FORMATS.md; read by dev/plot_log.py --dump and dev/data/passkey.py)"},
     {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, 3 full but attention kept, auto (fastest predicted that fits --mem-budget, with the token tile size unless --tile-tokens gives one), or per layer MODE:LAYERS/... like 1:0-3/3:4-11 (layers not named: 0); MODEo (1o, 3o) offloads that group's kept tensors to host memory"},
     {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 or -r 3 applies to (the others keep everything): all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
@@ -141,7 +143,7 @@ static const FlagSpec flag_table[] = {
     {"--resid-dropout", FLAG_FLOAT, OPT(resid_dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout on both residual branches, after the attention and MLP projections (resid_pdrop; unset: as --attn-dropout)"},
     {"--embd-dropout", FLAG_FLOAT, OPT(embd_dropout), 0, DROPOUT_MAX_P, FOR_BOTH, "dropout on the token + position embedding (embd_pdrop; unset: as --attn-dropout)"},
     {"-o", FLAG_STRING, OPT(out_dir), 0, 0, FOR_BOTH, "output directory for checkpoints and log.jsonl (empty: none)"},
-    {"-n", FLAG_INT, OPT(checkpoint_every), 0, INT_MAX, FOR_BOTH, "write a checkpoint every N steps (0: only at the end, if -o)"},
+    {"-n", FLAG_INT, OPT(checkpoint_every), 0, INT_MAX, FOR_BOTH, "write a checkpoint every N steps (0: only at the end, if -o). SIGINT and SIGTERM checkpoint the step they stop; a run killed otherwise (kill -9, out of memory) before its first checkpoint keeps nothing: for long steps give an N that is soon reached"},
     {"-y", FLAG_INT, OPT(resume), 0, 1, FOR_BOTH, "1: resume from the latest complete checkpoint in -o"},
     {"--supersede", FLAG_SWITCH, OPT(supersede), 0, 1, FOR_BOTH, "a fresh run into an -o that holds checkpoints: delete them (else refused)"},
     {"--resume-override", FLAG_SWITCH, OPT(resume_override), 0, 1, FOR_BOTH, "-y 1: continue with hyperparameters that differ from the checkpoint's (else refused)"},
@@ -196,7 +198,9 @@ static inline void options_defaults(TrainOptions* o) {
     o->prompt = "";
     o->prompt_tokens = "";
     o->temperature = 1.0f;
-    o->wpe_init = "tile";
+    o->wpe_init = "";
+    o->eval_by_position = "0";
+    o->eval_dump = "";
     o->recompute = "0";
     o->recompute_layers = "all";
     o->mem_budget = "";
@@ -305,7 +309,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         fail("flag -r: '%s' is not 0, 1, 2, 3, auto or a per-layer mix like 1:0-3/3:4-11", o->recompute);
     if (o->ring_link[0] && strcmp(o->ring_link, "nvlink") && strcmp(o->ring_link, "infiniband") && strcmp(o->ring_link, "mpi"))
         fail("flag --ring-link: '%s' is not nvlink, infiniband or mpi", o->ring_link);
-    if (strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
+    if (option_given(o, "--wpe-init") && strcmp(o->wpe_init, "tile") && strcmp(o->wpe_init, "interpolate"))
         fail("flag --wpe-init: '%s' is not tile or interpolate", o->wpe_init);
     if (o->prompt[0] && o->prompt_tokens[0]) fail("flags --prompt and --prompt-tokens: give one of them, not both");
     if (o->resume && o->out_dir[0] == '\0') fail("flag -y 1 needs an output directory -o to resume from");

@@ -115,13 +115,13 @@ static inline void logger_val(Logger* lg, int step, float val_loss) {
 
 /* --eval-by-position: bucket i covers positions [begin[i], end[i]). */
 static inline void logger_val_by_position(Logger* lg, int step, int n, const int* begin, const int* end, const float* loss,
-                                          const double* tokens) {
+                                          const float* top1, const double* tokens) {
     if (lg->fd < 0) return;
-    char line[4096];
+    char line[32768];
     size_t used = (size_t)snprintf(line, sizeof(line), "{\"step\": %d, \"val_loss_by_position\": [", step);
     for (int i = 0; i < n && used < sizeof(line); i++)
-        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s{\"begin\": %d, \"end\": %d, \"loss\": %s, \"tokens\": %.0f}",
-                                 i ? ", " : "", begin[i], end[i], json_number(loss[i]).s, tokens[i]);
+        used += (size_t)snprintf(line + used, sizeof(line) - used, "%s{\"begin\": %d, \"end\": %d, \"loss\": %s, \"top1\": %s, \"tokens\": %.0f}",
+                                 i ? ", " : "", begin[i], end[i], json_number(loss[i]).s, json_number(top1[i]).s, tokens[i]);
     if (used < sizeof(line)) used += (size_t)snprintf(line + used, sizeof(line) - used, "]}\n");
     if (used < sizeof(line)) logger_write_line(lg, line, used); /* a line too long to be whole is not written at all */
 }

@@ -213,6 +213,17 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     printf("checkpoint: step %d written to %s\n", step, dir);
 }
 
+/* -x 0 -o: the model evaluated (its position table as --max-seq-len resized
+ * it) as a model file of step 0, for hf_gpt2.py export or a later -e. Not a
+ * checkpoint: there is no optimizer state to resume. */
+static inline void save_evaluated_model(Run* run, Backend* be, int step) {
+    char path[4200];
+    checkpoint_path(path, sizeof(path), run->opt.out_dir, "model", step, -1);
+    if (run->rank == 0) save_model_file(run, be, path, step);
+    proc_barrier("the barrier after saving the evaluated model");
+    printf("model: the model evaluated written to %s (-x 0: no optimizer state, not a checkpoint to resume)\n", path);
+}
+
 /* A resume on another GPU model or library version continues correctly but
  * not bitwise as the run would have without stopping: say so, once. */
 static inline void warn_if_other_device(const DeviceRecord* saved, const DeviceRecord* now, const char* path) {
@@ -260,7 +271,7 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
         fail("%s: written by run %016llx, its DONE marker names run %016llx: the checkpoint mixes two runs' files", path,
              (unsigned long long)st.run_id, (unsigned long long)run->run_id);
     hparams_check(&run->opt, &run->hp, st.hparams, path);
-    if (run->rank == 0) data_record_check(&run->opt, &st.data, &run->data, path);
+    if (run->rank == 0 && loader->num_shards) data_record_check(&run->opt, &st.data, &run->data, path); /* none: -x 0 */
     run->scaler.scale = st.loss_scale;
     run->scaler.clean_steps = st.clean_steps;
     run->updates = st.updates;
@@ -269,7 +280,7 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     stream_tensor(run, be, TENSOR_ADAM_V, st.shard_start, st.shard_params, f, path, NULL, 0);
     if (st.has_master) stream_tensor(run, be, TENSOR_MASTER, st.shard_start, st.shard_params, f, path, NULL, 0);
     fclose(f);
-    dataloader_set_state(loader, st.loader, path);
+    if (loader->num_shards) dataloader_set_state(loader, st.loader, path);
     printf("resumed: step %d from %s\n", st.step, run->opt.out_dir);
     return st.step;
 }

@@ -139,6 +139,11 @@ static inline void resolve_model(Run* run) {
         run->cfg = info.cfg;
         resolve_dropout(run, info.pdrop, run->model_path);
         snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
+        if (run->resume_step < 0 && o->max_seq_len > info.cfg.max_seq_len && !option_given(o, "--wpe-init"))
+            fail("--max-seq-len %d lengthens the position table of %s (%d rows): choose how its new rows start, --wpe-init "
+                 "interpolate (the learned rows stretched over %d positions) or --wpe-init tile (row t = learned row t mod %d); "
+                 "neither is better for every model (docs/finetune_long.md measures both)",
+                 o->max_seq_len, run->model_path, info.cfg.max_seq_len, o->max_seq_len, info.cfg.max_seq_len);
         if (run->resume_step < 0 && o->max_seq_len && o->max_seq_len != info.cfg.max_seq_len) {
             /* long-context fine-tuning: a longer (or shorter) position table */
             run->cfg.max_seq_len = o->max_seq_len;
@@ -457,7 +462,7 @@ static inline void maybe_print_plan_and_exit(const Run* run) {
  * anything is allocated. */
 static inline void check_default_data(const TrainOptions* o) {
     const char* flags[2] = {"-i", "-j"};
-    const char* given[2] = {o->train_glob, o->val_every > 0 ? o->val_glob : ""};
+    const char* given[2] = {o->max_steps != 0 ? o->train_glob : "", o->val_every > 0 ? o->val_glob : ""}; /* -x 0 reads no -i */
     const char* defaults[2] = {DEFAULT_TRAIN_GLOB, DEFAULT_VAL_GLOB};
     for (int i = 0; i < 2; i++)
         if (strcmp(given[i], defaults[i]) == 0 && access(defaults[i], R_OK) != 0)

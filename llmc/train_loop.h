@@ -91,6 +91,8 @@ static inline void between_steps(Run* run, Backend* be, LoopState* ls, int step,
         sample(run, be, ls, step);
     if (o->out_dir[0] && step > start && (is_due(o->checkpoint_every, step, 0) || last))
         save_checkpoint(run, be, step, &ls->train);
+    else if (last && o->max_steps == 0 && o->out_dir[0] && run->resume_step < 0)
+        save_evaluated_model(run, be, step);
     else if (last && step > start && !o->out_dir[0])
         check_parameters_finite(run, be, step);
 }
@@ -121,9 +123,11 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     size_t staging_tokens = run->io_chunk_floats * 2;
     ls->log.fd = -1;
     const ContextGroups* g = &run->cp;
-    dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
-                    run->cfg.vocab_size,
-                    o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+    memset(&ls->train, 0, sizeof(ls->train));
+    if (o->max_steps != 0) /* -x 0 trains nothing: no training data is read */
+        dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
+                        run->cfg.vocab_size,
+                        o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
     if (ls->has_val)
         dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
@@ -134,9 +138,14 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
     ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
     load_prompt(run, ls);
-    if (o->eval_by_position && !ls->has_val) fail("--eval-by-position needs validation: shards in -j and -v above 0");
-    if (o->eval_by_position && !be->token_losses) fail("--eval-by-position: this trainer cannot report per-token losses");
-    position_losses_init(&ls->by_position, o->eval_by_position, o->B, o->T, &run->cp);
+    position_losses_init(&ls->by_position, o, &run->cp);
+    const char* per_token = ls->by_position.n ? "--eval-by-position" : "--eval-dump";
+    if (ls->by_position.per_token && !ls->has_val) fail("%s needs validation: shards in -j and -v above 0", per_token);
+    if (ls->by_position.per_token && (!be->token_losses || !be->token_top1))
+        fail("%s: this trainer cannot report per-token losses and top-1 tokens", per_token);
+    struct stat dump_st;
+    if (o->eval_dump[0] && stat(o->eval_dump, &dump_st) == 0 && S_ISDIR(dump_st.st_mode))
+        fail("--eval-dump %s: is a directory (give the file to write)", o->eval_dump);
 }
 
 /* The first step that changes -o, taken only once everything that can be

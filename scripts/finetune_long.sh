@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Long-context fine-tuning of a saved model: its position table is resized to
-# SEQ_LEN rows (--max-seq-len; row t starts as the learned row t mod the old
-# length), the memory plan of every recompute mode is printed against the
-# budget, and training runs with -r auto: of the recompute plans that fit,
+# SEQ_LEN rows (--max-seq-len; the new rows start as WPE_INIT says), the memory plan of every
+# recompute mode is printed against the budget, and training runs with -r auto: of the recompute plans that fit,
 # the one the time model (--cost-model) predicts fastest. Batch size 1 (unless -b is given); more tokens per step come
 # from gradient accumulation (-d), which costs time, not memory.
 #
@@ -35,6 +34,16 @@
 #                    data-parallel groups of CONTEXT_PARALLEL.
 #   LAUNCHER         how to start them (default "mpirun -np PROCESSES" when
 #                    PROCESSES > 1; e.g. LAUNCHER="srun -n 8" under Slurm).
+#   WPE_INIT         interpolate (default: the learned rows stretched over SEQ_LEN,
+#                    the usual choice for a pretrained GPT-2's smooth table) or tile
+#                    (row t = learned row t mod the old length); docs/finetune_long.md
+#                    measures both. Used only when SEQ_LEN lengthens the table.
+#   PASSKEY          a directory dev/data/passkey.py make wrote at SEQ_LEN: passkey
+#                    retrieval by distance is printed for the resized model before
+#                    training and for the last checkpoint after it.
+# Checkpoints: every 100 steps (-n 100), and on SIGINT/SIGTERM; a run killed
+# otherwise before its first checkpoint keeps nothing (at long T a step can
+# take minutes: give a smaller -n to keep more).
 # Relative paths (MODEL, TRAIN, VAL, OUT_DIR, TRAINER) are taken from the
 # directory the script is run from.
 set -euo pipefail
@@ -77,11 +86,28 @@ tokens_per_step=${TOKENS_PER_STEP:-$(( (65536 + micro - 1) / micro * micro ))}
 common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "$val" -o "${OUT_DIR:-out/long_$seq_len}"
         -r auto -d "$tokens_per_step" --context-parallel "$cp")
 [[ -z "${MEM_BUDGET:-}" ]] || common+=(--mem-budget "$MEM_BUDGET")
+# the model's position table rows: header slot 2 (docs/FORMATS.md)
+rows=$(od -An -t d4 -j 8 -N 4 "$model" | tr -d ' ')
+lengthen=()
+(( seq_len <= rows )) || lengthen=(--wpe-init "${WPE_INIT:-interpolate}")
+common+=(${lengthen[@]+"${lengthen[@]}"})
 
 # What each recompute mode costs at this length, and the largest B and T that
 # fit: per process, planned for all of them by one.
 "$TRAINER" "${common[@]}" --plan --plan-processes "$procs" "$@"
 echo
+# Passkey retrieval of a model at SEQ_LEN, with the run's processes and recompute.
+passkey() {
+    [[ -n "${PASSKEY:-}" ]] || return 0
+    local eval=("$TRAINER" -e "$1" --max-seq-len "$seq_len" --context-parallel "$cp" -r auto "${@:3}")
+    [[ -z "${MEM_BUDGET:-}" ]] || eval+=(--mem-budget "$MEM_BUDGET")
+    echo "passkey retrieval, $2:"
+    python3 "$repo/dev/data/passkey.py" eval "$PASSKEY" -- ${launcher[@]+"${launcher[@]}"} "${eval[@]}"
+    echo
+}
+passkey "$model" "the resized model before training" ${lengthen[@]+"${lengthen[@]}"}
 # Fine-tuning defaults: a low peak learning rate with warmup, cosine to 10%,
 # a checkpoint every 100 steps (resume with -y 1).
 ${launcher[@]+"${launcher[@]}"} "$TRAINER" "${common[@]}" -l 1e-4 -u 20 -q 0.1 -c 0.1 -v 50 -m 4 -s 0 -n 100 "$@"
+last=$(ls "${OUT_DIR:-out/long_$seq_len}"/model_*.bin 2>/dev/null | sort | tail -n 1)
+[[ -z "$last" ]] || passkey "$last" "after training ($last)"

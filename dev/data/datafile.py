@@ -353,6 +353,7 @@ MODEL_VERSION_BF16 = 5
 # Header slots 242-244: dropout probabilities as float32 bits (0: none; llm.c
 # readers ignore them), the keys of Hugging Face's GPT-2 config.
 MODEL_DROPOUT_SLOT = 242
+MODEL_RUN_ID_SLOT = 240  # slots 240-241: the run id (uint64, low word first) of the remat run that wrote the file; 0: none
 MODEL_DROPOUT_KEYS = ("embd_pdrop", "attn_pdrop", "resid_pdrop")
 MODEL_DROPOUT_MAX = 0.99
 MODEL_TENSORS = ("wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
@@ -390,10 +391,11 @@ def bf16_bits_to_float32(h: np.ndarray) -> np.ndarray:
     return (np.asarray(h, dtype="<u2").astype("<u4") << 16).view("<f4")
 
 
-def write_model(path, cfg: dict, params: dict, version: int = MODEL_VERSION_FP32, dropout: dict | None = None) -> None:
+def write_model(path, cfg: dict, params: dict, version: int = MODEL_VERSION_FP32, dropout: dict | None = None,
+                run_id: int = 0) -> None:
     """Write an llm.c model file atomically: params maps each of MODEL_TENSORS to an
     array of its shape (model_tensor_shapes); version 3 stores fp32, 5 bf16.
-    dropout: probabilities by MODEL_DROPOUT_KEYS (absent keys: 0)."""
+    dropout: probabilities by MODEL_DROPOUT_KEYS (absent keys: 0); run_id: slots 240-241."""
     if version not in (MODEL_VERSION_FP32, MODEL_VERSION_BF16):
         raise DataError(f"model file version must be 3 (fp32) or 5 (bf16), got {version}")
     shapes = model_tensor_shapes(cfg)
@@ -404,6 +406,9 @@ def write_model(path, cfg: dict, params: dict, version: int = MODEL_VERSION_FP32
         if not 0.0 <= p <= MODEL_DROPOUT_MAX:
             raise DataError(f"{key} {p}: not a dropout probability in [0, {MODEL_DROPOUT_MAX}]")
     h[MODEL_DROPOUT_SLOT:MODEL_DROPOUT_SLOT + 3] = probs.view("<i4")
+    if not 0 <= run_id < 2 ** 64:
+        raise DataError(f"run id {run_id}: not a 64-bit unsigned integer")
+    h[MODEL_RUN_ID_SLOT:MODEL_RUN_ID_SLOT + 2] = np.array([run_id], dtype="<u8").view("<i4")
     header = h.tobytes()
     out = _AtomicFile(path)
     try:
@@ -458,6 +463,37 @@ def read_model(path) -> tuple[dict, dict, int]:
         params[name] = flat[off:off + n].reshape(shapes[name])
         off += n
     return cfg, params, version
+
+
+EVAL_DUMP_MAGIC, EVAL_DUMP_VERSION = 20261203, 1
+
+
+def read_eval_dump(path) -> dict:
+    """A trainer's --eval-dump (docs/FORMATS.md): T, sequences, step, vocab_size,
+    and target, top1 (int32) and loss (float32) as (sequences, T) arrays."""
+    raw = Path(path).read_bytes()
+    if len(raw) < HEADER_BYTES:
+        raise DataError(f"{path}: too short for an evaluation dump header ({HEADER_BYTES} bytes)")
+    h = np.frombuffer(raw[:HEADER_BYTES], dtype="<i4")
+    if h[0] != EVAL_DUMP_MAGIC or h[1] != EVAL_DUMP_VERSION:
+        raise DataError(f"{path}: not an evaluation dump (magic {h[0]}, version {h[1]}; expected {EVAL_DUMP_MAGIC}, "
+                        f"{EVAL_DUMP_VERSION})")
+    T, S = int(h[2]), int(h[3])
+    if T < 1 or S < 0 or len(raw) != HEADER_BYTES + 12 * S * T:
+        raise DataError(f"{path}: {len(raw)} bytes, but its header says {S} sequences of {T} tokens "
+                        f"({HEADER_BYTES + 12 * S * T})")
+    body = np.frombuffer(raw[HEADER_BYTES:], dtype="<i4").reshape(3, S, T)
+    return {"T": T, "sequences": S, "step": int(h[4]), "vocab_size": int(h[5]), "target": body[0], "top1": body[1],
+            "loss": body[2].view("<f4")}
+
+
+def read_model_run_id(path) -> int:
+    """The run id in a model file's slots 240-241 (0: not written by a remat run)."""
+    with open(path, "rb") as f:
+        h = np.frombuffer(f.read(HEADER_BYTES), dtype="<i4")
+    if len(h) < HEADER_INTS:
+        raise DataError(f"{path}: truncated header ({4 * len(h)} of {HEADER_BYTES} bytes)")
+    return int(h[MODEL_RUN_ID_SLOT:MODEL_RUN_ID_SLOT + 2].copy().view("<u8")[0])
 
 
 def read_model_dropout(path) -> dict:

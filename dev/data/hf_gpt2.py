@@ -296,14 +296,28 @@ def dropout_from_config(config: dict, where: str) -> dict:
     return out
 
 
+def remat_record(config: dict, where: str) -> tuple[int, int]:
+    """(run id, model file version) that an export from a remat model file kept in
+    config.json (remat_run_id, 16 hex digits; remat_model_version); (0, 0) when absent."""
+    run_id, version = config.get("remat_run_id", "0" * 16), config.get("remat_model_version", 0)
+    if not (isinstance(run_id, str) and len(run_id) == 16 and all(c in "0123456789abcdef" for c in run_id)):
+        raise DataError(f"{where}: remat_run_id {run_id!r} is not 16 lowercase hex digits")
+    if version not in (0, df.MODEL_VERSION_FP32, df.MODEL_VERSION_BF16):
+        raise DataError(f"{where}: remat_model_version {version!r} is not 3 or 5")
+    return int(run_id, 16), version
+
+
 def cmd_import(args) -> None:
     df.refuse_directory(args.out, "import: OUT")
     hf_dir = Path(args.hf_dir)
     config, tensors = read_hf_dir(hf_dir)
     cfg, params = hf_to_llmc(config, tensors, str(hf_dir))
     dropout = dropout_from_config(config, str(hf_dir / "config.json"))
+    run_id, file_version = remat_record(config, str(hf_dir / "config.json"))
+    if args.dtype is None:  # an export of a remat file: its own precision, so the file comes back byte for byte
+        args.dtype = "bf16" if file_version == df.MODEL_VERSION_BF16 else "fp32"
     version = df.MODEL_VERSION_BF16 if args.dtype == "bf16" else df.MODEL_VERSION_FP32
-    df.write_model(args.out, cfg, params, version, dropout)
+    df.write_model(args.out, cfg, params, version, dropout, run_id)
     n = sum(p.size for p in params.values())
     drops = ", ".join(f"{k} {v:g}" for k, v in dropout.items())
     print(f"{args.out}: L={cfg['num_layers']} NH={cfg['num_heads']} C={cfg['channels']} V={cfg['vocab_size']} "
@@ -355,13 +369,16 @@ def cmd_export(args) -> None:
     out = Path(args.out_dir)
     if out.exists() and not out.is_dir():
         raise DataError(f"export: OUT_DIR {out}: exists and is not a directory")
-    cfg, params, _ = df.read_model(args.model)
+    cfg, params, version = df.read_model(args.model)
     V = cfg["vocab_size"]
     if np.any(params["wte"][V:]):
         print(f"note: {args.model}: padded rows {V}..{cfg['padded_vocab_size'] - 1} of wte are not zero; they are dropped")
     # float32 to the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)
     dropout = {k: float(np.format_float_positional(np.float32(v))) for k, v in df.read_model_dropout(args.model).items()}
     config, tensors = llmc_to_hf(cfg, params, dropout)
+    # what import needs to give back this very file (Hugging Face ignores keys it does not know)
+    config["remat_run_id"] = f"{df.read_model_run_id(args.model):016x}"
+    config["remat_model_version"] = version
     df.make_output_dir(out, "export: OUT_DIR")
     tmp = out / "model.safetensors.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -379,7 +396,9 @@ def main(argv=None) -> None:
     pi = sub.add_parser("import", help="Hugging Face GPT-2 directory -> llm.c model file")
     pi.add_argument("hf_dir", help="directory with config.json and model.safetensors or pytorch_model.bin")
     pi.add_argument("out", help="model file to write (e.g. gpt2_124M.bin)")
-    pi.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="fp32: version 3 (default); bf16: version 5")
+    pi.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
+                    help="fp32: version 3; bf16: version 5 (default: the version an export from remat recorded in "
+                         "config.json, else fp32)")
     pe = sub.add_parser("export", help="llm.c model file -> Hugging Face GPT-2 directory")
     pe.add_argument("model", help="model file (version 3 or 5), e.g. out/run/model_00001000.bin")
     pe.add_argument("out_dir", help="directory for config.json and model.safetensors")

@@ -252,7 +252,7 @@ def test_long_context_resize_of_the_position_table(tiny_shards, tmp_path):
                 "-s", "0", "-x", "1", "-l", "0", *flags]
         return run(args + (["-o", out] if out else []), check=True)
 
-    longer = from_model(src, "--max-seq-len", "80", "-t", "64", out=tmp_path / "b")
+    longer = from_model(src, "--max-seq-len", "80", "--wpe-init", "tile", "-t", "64", out=tmp_path / "b")
     assert "position table resized from 32 to 80 rows (learned rows repeated)" in longer.stdout
     wte0, wpe0, rest0 = tensors(src, T)
     wte1, wpe1, rest1 = tensors(tmp_path / "b" / "model_00000001.bin", 80)

@@ -158,7 +158,7 @@ def test_extended_position_table_is_exported(tmp_path, tokens):
     shard, _ = tokens
     hf = write_hf(tmp_path / "hf", hf_state(np.random.default_rng(10)))
     assert hf_tool("import", hf, tmp_path / "a.bin").returncode == 0
-    run([binary("train_gpt_cpu"), "-e", tmp_path / "a.bin", "--max-seq-len", 64, "-i", shard, "-j", "", "-b", 1,
+    run([binary("train_gpt_cpu"), "-e", tmp_path / "a.bin", "--max-seq-len", 64, "--wpe-init", "tile", "-i", shard, "-j", "", "-b", 1,
          "-t", 64, "-x", 1, "-l", 0, "-s", 0, "-o", tmp_path / "long"], check=True)
     assert hf_tool("export", tmp_path / "long" / "model_00000001.bin", tmp_path / "out").returncode == 0
     config = json.loads((tmp_path / "out" / "config.json").read_text())
