@@ -90,7 +90,7 @@ std::string g_activity;       /* "cublasLtMatmul ..." etc. when not a kernel */
 /* ---- settings from the environment ---- */
 struct Settings {
     int device_count = 1;
-    size_t device_memory = (size_t)80 << 30;
+    std::vector<size_t> device_memory{(size_t)80 << 30}; /* one size for every device, or one per device */
     bool sync = false;
     bool profile = false;
     int order = 0; /* 0 forward, 1 reverse, 2 shuffle */
@@ -120,7 +120,19 @@ Settings& settings() {
     if (!init) {
         init = true;
         if (const char* v = getenv("EMU_DEVICE_COUNT")) s.device_count = atoi(v);
-        if (const char* v = getenv("EMU_DEVICE_MEMORY")) s.device_memory = parse_bytes(v);
+        if (const char* v = getenv("EMU_DEVICE_MEMORY")) { /* "16MiB", or "139GiB,138GiB": device d gets entry d */
+            s.device_memory.clear();
+            std::string list = v;
+            for (size_t at = 0; at <= list.size();) {
+                size_t comma = list.find(',', at);
+                if (comma == std::string::npos) comma = list.size();
+                s.device_memory.push_back(parse_bytes(list.substr(at, comma - at).c_str()));
+                at = comma + 1;
+            }
+            if (s.device_memory.size() > 1 && (int)s.device_memory.size() != s.device_count)
+                fatal("EMU_DEVICE_MEMORY=%s: %zu sizes for %d devices (EMU_DEVICE_COUNT): give one size, or one per device", v,
+                      s.device_memory.size(), s.device_count);
+        }
         if (const char* v = getenv("EMU_SYNC")) s.sync = atoi(v) != 0;
         if (const char* v = getenv("EMU_PROFILE")) s.profile = atoi(v) != 0;
         if (const char* v = getenv("EMU_STREAM_ORDER")) {
@@ -1255,11 +1267,17 @@ cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 
+/* Memory of device d: EMU_DEVICE_MEMORY's one size, or its entry d (real GPUs of one node differ by MiBs). */
+static size_t device_memory_of(int d) {
+    const std::vector<size_t>& m = settings().device_memory;
+    return m.size() == 1 ? m[0] : m[(size_t)d];
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     if (device < 0 || device >= settings().device_count) return set_error(cudaErrorInvalidDevice);
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "EMU (CPU emulation of CUDA, not a GPU)");
-    p->totalGlobalMem = settings().device_memory;
+    p->totalGlobalMem = device_memory_of(device);
     p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = 227 * 1024;
     p->regsPerBlock = 65536;
@@ -1283,7 +1301,7 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-    size_t total = settings().device_memory;
+    size_t total = device_memory_of(g_device);
     *total_bytes = total;
     *free_bytes = g_device_bytes < total ? total - g_device_bytes : 0;
     return cudaSuccess;
@@ -1293,7 +1311,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
     if (bytes == 0) fatal("cudaMalloc of 0 bytes: not emulated (what a GPU returns is not relied upon here)");
     size_t rounded = (bytes + 255) / 256 * 256;
-    if (g_device_bytes + rounded > settings().device_memory) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    if (g_device_bytes + rounded > device_memory_of(g_device)) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     void* p = guarded_alloc(bytes, DEVICE);
     if (!p) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     g_device_bytes += rounded;
