@@ -10,6 +10,10 @@ emulator (dev/emu; NOT a GPU, NOT NCCL), each with the emulator capability that 
   ranks (rank 0's, broadcast), and check before the first step that every rank built the
   same plan; else under context parallelism a rank with a full-recompute layer runs the
   ring again in its backward while its neighbour does not.
+- one node's pinned memory: EMU_HOST_PINNED_LIMIT makes the cudaMallocHost bytes of all
+  processes of one emulated node (mpirun's children) draw on one limit. The default host
+  budget of offloading must be each process's share of the node (here a fake cgroup room
+  through REMAT_TEST_CGROUP_ROOT, the node's memory), not the whole node for each.
 """
 import json
 import re
@@ -59,3 +63,22 @@ def test_auto_recompute_same_plan_on_ranks_with_different_memory(bins, data):
     assert re.search(r"^recompute auto: fits .*the least free device memory of the 2 ranks.*: -r 1[; ]", uneven.stdout, re.M), explain(uneven)
     uniform = train(bins, data, 2, "fp32", *CP_AUTO, "-x", "2", timeout=300, EMU_DEVICE_MEMORY=f"{small},{small}")
     assert steps(uneven) == steps(uniform) and len(steps(uniform)) == 2
+
+
+def test_two_ranks_share_the_nodes_pinned_memory(bins, data, tmp_path):
+    """The node has 192 KiB for offloaded checkpoints (its cgroup room) and pins at most that beyond the trainer's own
+    staging buffers (2 MiB and under 8 KiB a rank at this shape: measured by bisecting EMU_HOST_PINNED_LIMIT). A
+    device budget where offloading all 4 layers (32 KiB each) is the fastest choice: a rank that plans with the whole
+    node pins 128 KiB, and two of them exceed the node. Each plans with its half (96 KiB): the run trains."""
+    from test_plan_cli import write_fake_cgroup
+    write_fake_cgroup(tmp_path, "v2", 192 << 10, 0, 0)
+    staging = (2 << 20) + (8 << 10)
+    shape = ["--layers", "4", "-b", "8", "-x", "2", "-r", "auto", "--offload-checkpoints", "--mem-budget", "35400000",
+             "--host-link", "1e15", "--tile-tokens", "0"]
+    res = train(bins, data, 2, "fp32", *shape, timeout=300, REMAT_TEST_CGROUP_ROOT=str(tmp_path),
+                EMU_HOST_PINNED_LIMIT=str(2 * staging + (224 << 10)))
+    assert res.returncode == 0, explain(res)
+    assert "cannot allocate" not in res.stderr
+    assert re.search(r"^recompute auto: host memory [0-9.]+ MiB of 0\.1 MiB \(the least of the ranks: cgroup memory limit less its usage, "
+                     r"divided among the 2 processes of this node\)", res.stdout, re.M), explain(res)
+    assert len(steps(res)) == 2

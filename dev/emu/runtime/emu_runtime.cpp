@@ -31,6 +31,9 @@
 #include <execinfo.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -191,6 +194,7 @@ struct Freed {
 };
 std::vector<Freed> g_freed;
 size_t g_device_bytes = 0;
+bool pinned_reserve(int64_t delta); /* EMU_HOST_PINNED_LIMIT's node-wide ledger (below) */
 const unsigned char CANARY = 0xa5;
 
 const char* kind_name(int k) { return k == DEVICE ? "cudaMalloc" : "cudaMallocHost"; }
@@ -246,10 +250,71 @@ void guarded_free(const char* api, void* p, int kind) {
     g_allocs.erase(it);
     forget_heaps((uintptr_t)a.base, (uintptr_t)a.base + a.size);
     if (kind == DEVICE) g_device_bytes -= a.data;
+    else pinned_reserve(-(int64_t)a.data);
     /* keep the addresses, drop the memory: a later access faults and is named */
     if (kind == DEVICE) device_unmap(a.map, a.map_len);
     else mmap(a.map, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     g_freed.push_back(Freed{(uintptr_t)a.base, (uintptr_t)a.base + a.size, kind, a.size});
+}
+
+/* ---- EMU_HOST_PINNED_LIMIT: pinned host memory, one limit for a node ----
+ * The processes mpirun starts on one machine (children of one launcher:
+ * the same parent process) are one emulated node; their cudaMallocHost
+ * bytes draw on one limit, as the pinned memory of a real node does (every
+ * rank's pool takes the same RAM). The ledger is a file of (pid, bytes)
+ * records under flock in /dev/shm (else /tmp), named by the parent's pid;
+ * records of processes no longer alive are not counted (a rank that died
+ * without cudaFreeHost frees its share). */
+struct PinnedRecord {
+    int64_t pid, bytes;
+};
+const int PINNED_RECORDS = 256;
+size_t g_pinned_bytes = 0; /* this process's */
+
+size_t pinned_limit(void) {
+    static size_t limit = 0;
+    static bool read = false;
+    if (!read) {
+        read = true;
+        if (const char* v = getenv("EMU_HOST_PINNED_LIMIT")) limit = parse_bytes(v);
+    }
+    return limit;
+}
+
+/* Adds delta to this process's pinned bytes if the node's total stays within
+ * the limit; returns false (nothing changed) when it would not. */
+bool pinned_reserve(int64_t delta) {
+    if (!pinned_limit()) { g_pinned_bytes += delta; return true; }
+    char path[128];
+    const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(path, sizeof(path), "%s/emu-pinned-node-%d", dir, (int)getppid());
+    int fd = open(path, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) fatal("EMU_HOST_PINNED_LIMIT: cannot open the node's ledger %s: %s", path, strerror(errno));
+    flock(fd, LOCK_EX);
+    PinnedRecord rec[PINNED_RECORDS];
+    memset(rec, 0, sizeof(rec));
+    ssize_t got = pread(fd, rec, sizeof(rec), 0);
+    (void)got;
+    int64_t others = 0;
+    int mine = -1, empty = -1;
+    for (int i = 0; i < PINNED_RECORDS; i++) {
+        if (rec[i].pid == (int64_t)getpid()) mine = i;
+        else if (rec[i].pid > 0 && (kill((pid_t)rec[i].pid, 0) == 0 || errno != ESRCH)) others += rec[i].bytes;
+        else if (empty < 0) empty = i;
+    }
+    int64_t next = (int64_t)g_pinned_bytes + delta;
+    bool ok = delta <= 0 || (size_t)(others + next) <= pinned_limit();
+    if (ok) {
+        int at = mine >= 0 ? mine : empty;
+        if (at < 0) fatal("EMU_HOST_PINNED_LIMIT: more than %d processes on the node's ledger %s", PINNED_RECORDS, path);
+        rec[at] = PinnedRecord{(int64_t)getpid(), next};
+        if (pwrite(fd, &rec[at], sizeof(rec[at]), (off_t)at * (off_t)sizeof(PinnedRecord)) != (ssize_t)sizeof(rec[at]))
+            fatal("EMU_HOST_PINNED_LIMIT: cannot write the node's ledger %s", path);
+        g_pinned_bytes = (size_t)next;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return ok;
 }
 
 /* ---- streams ----
@@ -1328,8 +1393,10 @@ cudaError_t cudaFree(void* ptr) {
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
     if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    size_t rounded = ((bytes ? bytes : 1) + 255) / 256 * 256;
+    if (!pinned_reserve((int64_t)rounded)) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     void* p = guarded_alloc(bytes ? bytes : 1, PINNED);
-    if (!p) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    if (!p) { pinned_reserve(-(int64_t)rounded); *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     *ptr = p;
     return cudaSuccess;
 }
