@@ -49,7 +49,8 @@
  *
  * Context parallelism (--context-parallel N, llmc/ring.h's ContextGroups):
  * each group of N consecutive ranks gets a second communicator, split from
- * the first (ncclCommSplit, color the group, key the member), and a ring
+ * the first (ncclCommSplit, NCCL 2.18+, color the group, key the member; a
+ * nonblocking split completes when the parent is polled), and a ring
  * stream of its own; attention's K/V blocks and dK/dV sums go to member r+1
  * and come from r-1 as grouped ncclSend/ncclRecv pairs on it
  * (multigpu_ring_pass). Each transfer is ordered against compute by two
@@ -112,10 +113,20 @@ static inline void nccl_check_impl(ncclResult_t r, const char* call, const char*
 }
 #define NCCL_CHECK(call) nccl_check_impl((call), #call, __FILE__, __LINE__)
 
+/* API levels (NCCL release notes): ncclGetLastError 2.13, nonblocking
+ * communicators (ncclConfig_t, blocking = 0) and ncclCommFinalize 2.14,
+ * ncclCommSplit 2.18.1. Older headers still build: without nonblocking
+ * communicators --collective-timeout times the host waits only, without
+ * ncclCommSplit --context-parallel stops with a message. */
 #if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
 #define MULTIGPU_HAS_NONBLOCKING 1
 #else
 #define MULTIGPU_HAS_NONBLOCKING 0
+#endif
+#if defined(NCCL_VERSION_CODE) && NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+#define MULTIGPU_HAS_SPLIT 1
+#else
+#define MULTIGPU_HAS_SPLIT 0
 #endif
 /* ring transfers the host may issue before their predecessors finish */
 #define MULTIGPU_RING_EVENTS 64
@@ -421,8 +432,16 @@ static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
     mg->ring_prev = base + (g->member + g->degree - 1) % g->degree;
     mg->ring_next = base + (g->member + 1) % g->degree;
     multigpu_phase(mg, "the NCCL ring communicator setup");
-    ncclResult_t r = ncclCommSplit(mg->comm, g->group, g->member, &mg->ring_comm, NULL);
-    MG_RING_CHECK(mg, r); /* a nonblocking split is polled on the new communicator */
+#if MULTIGPU_HAS_SPLIT
+    /* A nonblocking parent (--collective-timeout) answers ncclInProgress and
+     * leaves ring_comm NULL until the split completes (NCCL's src/init.cc),
+     * so the parent is what is polled, as NCCL's user guide does; polling
+     * the NULL new communicator answers ncclInvalidArgument. */
+    MG_CHECK(mg, ncclCommSplit(mg->comm, g->group, g->member, &mg->ring_comm, NULL));
+    if (!mg->ring_comm) fail("internal: ncclCommSplit completed without a ring communicator for rank %d", mg->rank);
+#else
+    fail("--context-parallel needs NCCL 2.18 or newer (ncclCommSplit); this build's nccl.h is %d.%d.%d", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+#endif
     int n = 0, me = -1;
     NCCL_CHECK(ncclCommCount(mg->ring_comm, &n));
     NCCL_CHECK(ncclCommUserRank(mg->ring_comm, &me));

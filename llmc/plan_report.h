@@ -116,31 +116,81 @@ static inline size_t cgroup_memory_room(void) {
     return room;
 }
 
-/* Host memory this process can use now: MemAvailable (free memory plus what
- * the kernel can reclaim, not just free pages), less when a cgroup limit or
- * an address-space limit (ulimit -v) leaves less room. Names the bound in *why. */
+/* Room under this process's address-space limit (ulimit -v) less what it
+ * maps now; SIZE_MAX without a limit. Per process, unlike the node's memory. */
+static inline size_t address_space_room(void) {
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_AS, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+    size_t used = 0;
+    long page = sysconf(_SC_PAGESIZE);
+    FILE* f = fopen("/proc/self/statm", "r");
+    unsigned long vm_pages = 0;
+    if (f && fscanf(f, "%lu", &vm_pages) == 1 && page > 0) used = (size_t)vm_pages * (size_t)page;
+    if (f) fclose(f);
+    return (size_t)lim.rlim_cur > used ? (size_t)lim.rlim_cur - used : 0;
+}
+
+/* The node's available memory: MemAvailable (free memory plus what the
+ * kernel can reclaim, not just free pages). */
+static inline size_t node_available_memory(void) {
+    size_t kib = 0;
+    if (read_keyed_value("/proc/meminfo", "MemAvailable", &kib)) return kib * 1024;
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
+}
+
+/* Host memory this process can use now: MemAvailable, less when a cgroup
+ * limit or an address-space limit (ulimit -v) leaves less room. Names the
+ * bound in *why. */
 static inline size_t available_host_memory_why(const char** why) {
-    size_t kib = 0, avail = 0;
     *why = "available host memory";
-    if (read_keyed_value("/proc/meminfo", "MemAvailable", &kib)) avail = kib * 1024;
-    else {
-        long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-        avail = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
-    }
+    size_t avail = node_available_memory();
     size_t cg = cgroup_memory_room();
     if (cg < avail) { avail = cg; *why = "cgroup memory limit less its usage"; }
-    struct rlimit lim;
-    if (getrlimit(RLIMIT_AS, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
-        size_t used = 0;
-        long page = sysconf(_SC_PAGESIZE);
-        FILE* f = fopen("/proc/self/statm", "r");
-        unsigned long vm_pages = 0;
-        if (f && fscanf(f, "%lu", &vm_pages) == 1 && page > 0) used = (size_t)vm_pages * (size_t)page;
-        if (f) fclose(f);
-        size_t room = (size_t)lim.rlim_cur > used ? (size_t)lim.rlim_cur - used : 0;
-        if (room < avail) { avail = room; *why = "address-space limit (ulimit -v) less its usage"; }
-    }
+    size_t room = address_space_room();
+    if (room < avail) { avail = room; *why = "address-space limit (ulimit -v) less its usage"; }
     return avail;
+}
+
+/* Kept for the operating system out of a default host budget drawn from the
+ * node's MemAvailable (daemons, page cache for the data files, the kernel's
+ * own growth): what MemAvailable counts as reclaimable is not all free for a
+ * training job to pin. A cgroup limit is the job's own, kept whole. */
+#define PLAN_HOST_OS_HEADROOM_BYTES ((size_t)1 << 30)
+
+/* Processes of this node (MPI_COMM_TYPE_SHARED or the launcher's count),
+ * which share its memory: 1 without MPI. */
+static inline int node_processes(void) { return remat_proc.local_world > 1 ? remat_proc.local_world : 1; }
+
+/* This process's share of host memory: the node's bound (MemAvailable less
+ * PLAN_HOST_OS_HEADROOM_BYTES, or the cgroup room the node's processes
+ * share) divided among the node's processes, less when the process's own
+ * address-space limit leaves less. With 8 ranks a node, each plans an
+ * eighth, not the whole node. Names the bound in *why. */
+static inline size_t host_memory_share_why(const char** why) {
+    static char buf[240];
+    const char* bound = "available host memory less 1024 MiB for the OS";
+    size_t node = node_available_memory();
+    node = node > PLAN_HOST_OS_HEADROOM_BYTES ? node - PLAN_HOST_OS_HEADROOM_BYTES : 0;
+    size_t cg = cgroup_memory_room();
+    if (cg < node) { node = cg; bound = "cgroup memory limit less its usage"; }
+    int n = node_processes();
+    size_t share = node / (size_t)n, room = address_space_room();
+    if (room < share) {
+        *why = "address-space limit (ulimit -v) less its usage";
+        return room;
+    }
+    if (n > 1) snprintf(buf, sizeof(buf), "%s, divided among the %d processes of this node", bound, n);
+    else snprintf(buf, sizeof(buf), "%s", bound);
+    *why = buf;
+    return share;
+}
+
+/* The least of a size over all processes (collective when several run): a
+ * choice made from it fits every rank, and every rank makes the same one. */
+static inline size_t proc_least_size(size_t v, const char* what) {
+    double least = -proc_max(-(double)v, what);
+    return least >= 18446744073709551615.0 ? SIZE_MAX : (size_t)least;
 }
 
 static inline size_t available_host_memory(void) {
@@ -164,8 +214,11 @@ static inline size_t plan_program_bytes(void) {
 }
 
 /* --mem-budget if given (as given: no headroom kept), else free device
- * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else available host memory
- * less the program's share (plan_program_bytes). */
+ * memory less PLAN_DEVICE_HEADROOM_BYTES (GPU), else this process's share of
+ * host memory (host_memory_share_why) less the program's share
+ * (plan_program_bytes). The defaults are the least over all ranks (a
+ * collective: every rank calls it), so that every automatic choice is made
+ * from the smallest budget and is the same on every rank. */
 static inline size_t memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--mem-budget", flag_value);
     if (b) {
@@ -173,26 +226,35 @@ static inline size_t memory_budget(const char* flag_value, const char** source) 
                                          : "--mem-budget, as given: no headroom kept for the program";
         return b;
     }
+    int several = remat_proc.world > 1;
+    static char why[300];
     if (remat_free_memory_hook) {
-        size_t free_b = remat_free_memory_hook();
-        *source = "free device memory less 256 MiB headroom";
+        size_t free_b = proc_least_size(remat_free_memory_hook(), "the least free device memory of the ranks");
+        if (several) snprintf(why, sizeof(why), "the least free device memory of the %d ranks less 256 MiB headroom", remat_proc.world);
+        *source = several ? why : "free device memory less 256 MiB headroom";
         return free_b > PLAN_DEVICE_HEADROOM_BYTES ? free_b - PLAN_DEVICE_HEADROOM_BYTES : 0;
     }
-    static char why[200];
     const char* bound = "";
-    size_t avail = available_host_memory_why(&bound), program = plan_program_bytes();
-    snprintf(why, sizeof(why), "%s less %.0f MiB for the program%s", bound, mib(program), remat_proc.uses_mpi ? " and MPI" : "");
+    size_t avail = proc_least_size(host_memory_share_why(&bound), "the least host memory of the ranks"), program = plan_program_bytes();
+    snprintf(why, sizeof(why), "%s%s less %.0f MiB for the program%s", several ? "the least of the ranks: " : "", bound, mib(program),
+             remat_proc.uses_mpi ? " and MPI" : "");
     *source = why;
     return avail > program ? avail - program : 0;
 }
 
-/* --host-mem-budget if given, else available host memory (cgroup and
- * ulimit -v limits included): the room for the host pool of offloaded
- * checkpoints. */
+/* --host-mem-budget if given, else this process's share of host memory
+ * (host_memory_share_why: the node's divided among its processes, cgroup and
+ * ulimit -v limits included), the least over all ranks (collective): the
+ * room for the host pool of offloaded checkpoints. */
 static inline size_t host_memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--host-mem-budget", flag_value);
     if (b) { *source = "--host-mem-budget"; return b; }
-    return available_host_memory_why(source);
+    const char* bound = "";
+    size_t share = proc_least_size(host_memory_share_why(&bound), "the least host memory of the ranks");
+    static char why[300];
+    snprintf(why, sizeof(why), "%s%s", remat_proc.world > 1 ? "the least of the ranks: " : "", bound);
+    *source = why;
+    return share;
 }
 
 /* A per-layer choice as one code: the mode, plus PLAN_CODE_OFFLOAD when the
@@ -385,6 +447,9 @@ static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, si
     memset(modes, RECOMPUTE_NONE, (size_t)L);
     if (offload) memset(offload, 0, (size_t)L);
     else host_budget = 0;
+    /* the CPU trainer's "device" is the host: its offloaded pool draws on the
+     * same memory as the plan, so both must fit the one budget together */
+    int one_memory = spec->backend == BACKEND_CPU;
     CostModel cm = spec_cost_model(spec);
     size_t kept[NUM_RECOMPUTE_MODES], hosted[NUM_RECOMPUTE_MODES];
     double secs[2 * NUM_RECOMPUTE_MODES];
@@ -401,12 +466,14 @@ static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, si
         for (int n3 = 0; n1 + n3 <= L; n3++)
             for (int o1 = 0; o1 <= (host_budget ? n1 : 0); o1++)
                 for (int o3 = 0; o3 <= (host_budget ? n3 : 0); o3++) {
+                    size_t device_budget = budget;
                     if (o1 || o3) {
                         size_t host = size_add_sat(size_mul_sat((size_t)o1, hosted[1]), size_mul_sat((size_t)o3, hosted[3]));
                         if (host > host_budget) break;
+                        if (one_memory) device_budget = host < budget ? budget - host : 0;
                     }
                     for (int with2 = 0; with2 <= 1; with2++) {
-                        if (auto_candidate(spec, budget, fixed, kept, secs, n1, o1, n3, o3, with2, &c) != 0) continue;
+                        if (auto_candidate(spec, device_budget, fixed, kept, secs, n1, o1, n3, o3, with2, &c) != 0) continue;
                         if (!found || c.secs < best.secs || (c.secs == best.secs && c.bytes < best.bytes)) best = c;
                         found = 1;
                     }

@@ -324,6 +324,31 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
     fail("-r auto: nothing fits in %s", have);
 }
 
+/* Every automatic choice (-r auto's modes and offloading, the tile size) is
+ * rank 0's, sent to all: the ranks made it from the same least budget, but
+ * a cost model named by each rank's own device could still differ, and
+ * under context parallelism one rank with an extra recompute would run the
+ * ring again in its backward against its neighbours' other transfers. */
+static inline void plan_choice_broadcast(Run* run, PlanSpec* spec) {
+    int L = run->cfg.num_layers;
+    proc_broadcast(run->layer_mode, (size_t)L, "the broadcast of rank 0's recompute choice");
+    proc_broadcast(run->layer_offload, (size_t)L, "the broadcast of rank 0's offload choice");
+    proc_broadcast(&spec->tile_tokens, sizeof(spec->tile_tokens), "the broadcast of rank 0's tile size");
+}
+
+/* Before the first step: the plan every rank built is the same (modes,
+ * offloading, tiles, device and host bytes); a rank that differs stops the
+ * job, naming what. */
+static inline void ranks_check_same_plan(const Run* run) {
+    const MemoryPlan* p = &run->plan;
+    int L = run->cfg.num_layers;
+    static const char* const names[] = {"the per-layer recompute modes (-r)", "the offloaded layers", "the token tile size",
+                                        "the memory plan's device bytes", "the memory plan's host bytes"};
+    uint64_t v[5] = {fnv1a(FNV_START, run->layer_mode, (size_t)L), fnv1a(FNV_START, run->layer_offload, (size_t)L),
+                     (uint64_t)p->spec.tile_tokens, (uint64_t)p->total_bytes, (uint64_t)p->host_total_bytes};
+    ranks_check_same(NULL, NULL, names, v, 5);
+}
+
 /* -r auto: the per-layer choice (and with search_tiles the tile size) with
  * the least predicted time that fits the budgets, printed as the flags that
  * reproduce it; or the flags that would fit and a non-zero exit. */
@@ -343,6 +368,10 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     size_t host_budget = run->opt.offload_checkpoints ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
+    if (spec->backend == BACKEND_CPU && host_budget > budget) { /* one memory: the pool and the plan share the budget */
+        host_budget = budget;
+        host_source = "the same memory as the plan (the CPU trainer's device is the host)";
+    }
     char have[32], tiles[48];
     format_size(budget, have, sizeof(have));
     if (recompute_auto_plan(spec, budget, host_budget, search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
@@ -350,6 +379,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
         if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
         refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles);
     }
+    plan_choice_broadcast(run, spec);
     run->opt.tile_tokens = spec->tile_tokens;
     run->opt.segment_layers = spec->segment_layers;
     char flag[8192];
@@ -369,8 +399,10 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
 static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
     const char* source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
-    int k = plan_auto_tile(spec, budget);
-    spec->tile_tokens = run->opt.tile_tokens = k;
+    spec->tile_tokens = plan_auto_tile(spec, budget);
+    plan_choice_broadcast(run, spec);
+    int k = spec->tile_tokens;
+    run->opt.tile_tokens = k;
     int fits = plan_total_for(spec, -1, spec->B, spec->T) <= budget;
     fprintf(setup_notes(&run->opt), "token tiles auto: %s (budget %.1f MiB, %s)\n",
             !fits ? "no tile fits, the smallest tried" : k ? "on, the fastest predicted that fits" : "off, the untiled plan fits", mib(budget), source);
@@ -422,6 +454,14 @@ static inline void check_host_budget(const Run* run) {
     if (run->plan.host_total_bytes > host_budget)
         fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget",
              format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(host_budget, have, sizeof(have)), source);
+    /* the CPU trainer's plan lives in host memory too: one memory holds both */
+    if (run->plan.spec.backend == BACKEND_CPU && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget) {
+        char plan_bytes[32];
+        fail("offloaded checkpoints: the host pool (%s) and the plan (%s) are both host memory on the CPU, more than %s (%s) "
+             "together: fewer offloaded layers (offloading saves no memory on the CPU)",
+             format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(run->plan.total_bytes, plan_bytes, sizeof(plan_bytes)),
+             format_size(host_budget, have, sizeof(have)), source);
+    }
 }
 
 /* --mem-budget with a fixed -r is a limit the plan must keep: a plan over
@@ -532,6 +572,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
         fail("model shape and batch: the memory plan exceeds 2^64 bytes (-b %d -t %d, %d layers, C=%d): no machine can hold it",
              run->opt.B, run->opt.T, run->cfg.num_layers, run->cfg.channels);
     run->io_chunk_floats = spec.io_chunk_floats;
+    ranks_check_same_plan(run);
     check_fixed_plan_budget(run, &spec);
     maybe_print_plan_and_exit(run);
     check_host_budget(run);

@@ -14,7 +14,8 @@
  * ncclCommSplit (ranks of one color, ordered by key; an all-reduce and a
  * send/receive ring inside each part; NCCL_SPLIT_NOCOLOR gives NULL), a
  * nonblocking communicator (ncclInProgress until ncclCommGetAsyncError says
- * otherwise), version and error strings. Prints "nccl selftest: PASS" on
+ * otherwise) and its split (ncclInProgress, the new communicator NULL until
+ * the parent is polled to completion), version and error strings. Prints "nccl selftest: PASS" on
  * rank 0 when every rank passed; `fail:NAME` runs one misuse that must stop:
  * overlap (sendbuff and recvbuff overlap without being in place),
  * before_ready (a collective on a nonblocking communicator before
@@ -216,11 +217,20 @@ static void ring(ncclComm_t comm) {
 /* ncclCommSplit into pairs of consecutive ranks (color rank / 2), keyed in reverse (the higher world rank becomes rank 0
  * of its pair); in an odd world of 3 or more the last rank passes NCCL_SPLIT_NOCOLOR. Inside a part: the all-reduce sums the members' inputs in the
  * new rank order, and a grouped send/receive ring reaches the neighbours by new rank. */
-static void split(ncclComm_t comm) {
+static void split(ncclComm_t comm, bool nonblocking) {
     int last_out = g_world >= 3 && g_world % 2 == 1;
     bool out = last_out && g_rank == g_world - 1;
     ncclComm_t part = NULL;
-    NC(ncclCommSplit(comm, out ? NCCL_SPLIT_NOCOLOR : g_rank / 2, g_world - g_rank, &part, NULL));
+    ncclResult_t r = ncclCommSplit(comm, out ? NCCL_SPLIT_NOCOLOR : g_rank / 2, g_world - g_rank, &part, NULL);
+    if (nonblocking) { /* NCCL: in progress, the new communicator NULL until the parent is polled to completion */
+        CHECK(r == ncclInProgress && part == NULL, "nonblocking ncclCommSplit: %s, newcomm %p", ncclGetErrorString(r), (void*)part);
+        ncclResult_t state = ncclInProgress, on_new = ncclSuccess;
+        if (!out) CHECK(ncclCommGetAsyncError(part, &on_new) == ncclInvalidArgument, "ncclCommGetAsyncError on the NULL new communicator");
+        while (state == ncclInProgress) NC(ncclCommGetAsyncError(comm, &state));
+        CHECK(state == ncclSuccess, "nonblocking ncclCommSplit settled with %s", ncclGetErrorString(state));
+    } else {
+        NC(r);
+    }
     if (out) {
         CHECK(part == NULL, "ncclCommSplit with NCCL_SPLIT_NOCOLOR gave a communicator");
         return;
@@ -311,9 +321,10 @@ int main(int argc, char** argv) {
     reduce_and_broadcast(comm);
     scatter_and_gather(comm);
     ring(comm);
-    split(comm);
+    split(comm, false);
     ncclComm_t nb = nonblocking_comm(id);
     reductions(nb);
+    split(nb, true);
     NC(ncclCommFinalize(nb));
     NC(ncclCommDestroy(nb));
     NC(ncclCommDestroy(comm));

@@ -24,8 +24,12 @@
  * type, so every rank gets the same bits (README: how that differs from
  * NCCL). A communicator created with blocking = 0 answers ncclInProgress
  * from ncclCommInitRankConfig until its MPI communicator exists
- * (MPI_Comm_idup), which ncclCommGetAsyncError polls; ncclCommAbort ends
- * the communicator's pending operations without their results.
+ * (MPI_Comm_idup), which ncclCommGetAsyncError polls; ncclCommSplit of a
+ * nonblocking parent answers ncclInProgress and leaves the new communicator
+ * NULL until ncclCommGetAsyncError on the parent sees it complete (NCCL's
+ * behaviour, which an ideal split done inside the call would hide);
+ * ncclCommAbort ends the communicator's pending operations without their
+ * results.
  *
  * Progress: a process runs its streams only at synchronisation points, so a
  * process blocked in a host MPI call could leave its peers' NCCL operations
@@ -38,6 +42,7 @@
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -56,6 +61,13 @@ struct ncclComm {
     MPI_Request init = MPI_REQUEST_NULL; /* the pending MPI_Comm_idup of a nonblocking communicator */
     int rank = 0, nranks = 0;
     bool blocking = true, ready = false, aborted = false;
+    /* a nonblocking ncclCommSplit of this communicator in progress: its result
+     * reaches *split_target only when ncclCommGetAsyncError on this (the
+     * parent) sees it complete, after split_polls more polls */
+    bool split_pending = false;
+    ncclComm_t* split_target = nullptr;
+    ncclComm* split_result = nullptr;
+    int split_polls = 0;
 };
 
 namespace {
@@ -356,6 +368,9 @@ ncclResult_t check_comm(const char* api, ncclComm_t comm) {
     if (comm->aborted) emu::fatal("%s: the communicator was aborted (ncclCommAbort)", api);
     if (!comm->ready)
         emu::fatal("%s: the communicator's nonblocking initialisation has not completed (ncclCommGetAsyncError answers ncclInProgress)", api);
+    if (comm->split_pending)
+        emu::fatal("%s: the communicator's nonblocking ncclCommSplit has not completed (poll ncclCommGetAsyncError on it, the parent, "
+                   "until it answers ncclSuccess)", api);
     return ncclSuccess;
 }
 
@@ -431,8 +446,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 /* NCCL's documented semantics: collective over every rank of comm; the ranks
  * passing one color form a communicator, ranked by key and then by their rank
  * in comm (MPI_Comm_split's order too); NCCL_SPLIT_NOCOLOR gives NULL; a NULL
- * config inherits comm's (blocking or not). Blocking here: the split is done
- * when the call returns, which a nonblocking communicator may also answer. */
+ * config inherits comm's (blocking or not). A blocking parent: done when the
+ * call returns. A nonblocking parent (blocking = 0), as NCCL 2.18 to 2.30 do
+ * it (src/init.cc: newcomm stays NULL until the split fully completes): the
+ * call answers ncclInProgress with *newcomm NULL, and the new communicator
+ * appears in *newcomm when ncclCommGetAsyncError on the parent answers
+ * ncclSuccess (EMU_NCCL_SPLIT_POLLS polls later, default 3); polling the NULL
+ * new communicator answers ncclInvalidArgument, as NCCL's does. */
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
     const char* api = "ncclCommSplit";
     if (ncclResult_t r = check_comm(api, comm)) return r;
@@ -441,18 +461,26 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
     emu::progress(); /* a blocking MPI call: the peers may wait for device work of this process first */
     MPI_Comm split = MPI_COMM_NULL;
     PMPI_Comm_split(comm->mpi, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &split);
-    if (split == MPI_COMM_NULL) {
-        *newcomm = nullptr;
+    ncclComm* c = nullptr;
+    if (split != MPI_COMM_NULL) {
+        c = new ncclComm;
+        PMPI_Comm_rank(split, &c->rank);
+        PMPI_Comm_size(split, &c->nranks);
+        c->mpi = split;
+        c->blocking = config ? config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0 : comm->blocking;
+        c->ready = true;
+    }
+    if (comm->blocking) {
+        *newcomm = c;
         return ncclSuccess;
     }
-    ncclComm* c = new ncclComm;
-    PMPI_Comm_rank(split, &c->rank);
-    PMPI_Comm_size(split, &c->nranks);
-    c->mpi = split;
-    c->blocking = config ? config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0 : comm->blocking;
-    c->ready = true;
-    *newcomm = c;
-    return ncclSuccess;
+    *newcomm = nullptr;
+    comm->split_pending = true;
+    comm->split_target = newcomm;
+    comm->split_result = c;
+    const char* polls = getenv("EMU_NCCL_SPLIT_POLLS");
+    comm->split_polls = polls ? atoi(polls) : 3;
+    return ncclInProgress;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {
@@ -462,7 +490,11 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {
         PMPI_Test(&comm->init, &done, MPI_STATUS_IGNORE);
         comm->ready = done != 0;
     }
-    *async = comm->ready || comm->aborted ? ncclSuccess : ncclInProgress;
+    if (comm->split_pending && !comm->aborted && comm->split_polls-- <= 0) {
+        *comm->split_target = comm->split_result; /* the split completes: the new communicator appears */
+        comm->split_pending = false;
+    }
+    *async = (comm->ready && !comm->split_pending) || comm->aborted ? ncclSuccess : ncclInProgress;
     return ncclSuccess;
 }
 

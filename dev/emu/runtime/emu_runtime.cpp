@@ -31,6 +31,9 @@
 #include <execinfo.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -90,7 +93,7 @@ std::string g_activity;       /* "cublasLtMatmul ..." etc. when not a kernel */
 /* ---- settings from the environment ---- */
 struct Settings {
     int device_count = 1;
-    size_t device_memory = (size_t)80 << 30;
+    std::vector<size_t> device_memory{(size_t)80 << 30}; /* one size for every device, or one per device */
     bool sync = false;
     bool profile = false;
     int order = 0; /* 0 forward, 1 reverse, 2 shuffle */
@@ -120,7 +123,19 @@ Settings& settings() {
     if (!init) {
         init = true;
         if (const char* v = getenv("EMU_DEVICE_COUNT")) s.device_count = atoi(v);
-        if (const char* v = getenv("EMU_DEVICE_MEMORY")) s.device_memory = parse_bytes(v);
+        if (const char* v = getenv("EMU_DEVICE_MEMORY")) { /* "16MiB", or "139GiB,138GiB": device d gets entry d */
+            s.device_memory.clear();
+            std::string list = v;
+            for (size_t at = 0; at <= list.size();) {
+                size_t comma = list.find(',', at);
+                if (comma == std::string::npos) comma = list.size();
+                s.device_memory.push_back(parse_bytes(list.substr(at, comma - at).c_str()));
+                at = comma + 1;
+            }
+            if (s.device_memory.size() > 1 && (int)s.device_memory.size() != s.device_count)
+                fatal("EMU_DEVICE_MEMORY=%s: %zu sizes for %d devices (EMU_DEVICE_COUNT): give one size, or one per device", v,
+                      s.device_memory.size(), s.device_count);
+        }
         if (const char* v = getenv("EMU_SYNC")) s.sync = atoi(v) != 0;
         if (const char* v = getenv("EMU_PROFILE")) s.profile = atoi(v) != 0;
         if (const char* v = getenv("EMU_STREAM_ORDER")) {
@@ -179,6 +194,7 @@ struct Freed {
 };
 std::vector<Freed> g_freed;
 size_t g_device_bytes = 0;
+bool pinned_reserve(int64_t delta); /* EMU_HOST_PINNED_LIMIT's node-wide ledger (below) */
 const unsigned char CANARY = 0xa5;
 
 const char* kind_name(int k) { return k == DEVICE ? "cudaMalloc" : "cudaMallocHost"; }
@@ -234,10 +250,71 @@ void guarded_free(const char* api, void* p, int kind) {
     g_allocs.erase(it);
     forget_heaps((uintptr_t)a.base, (uintptr_t)a.base + a.size);
     if (kind == DEVICE) g_device_bytes -= a.data;
+    else pinned_reserve(-(int64_t)a.data);
     /* keep the addresses, drop the memory: a later access faults and is named */
     if (kind == DEVICE) device_unmap(a.map, a.map_len);
     else mmap(a.map, a.map_len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     g_freed.push_back(Freed{(uintptr_t)a.base, (uintptr_t)a.base + a.size, kind, a.size});
+}
+
+/* ---- EMU_HOST_PINNED_LIMIT: pinned host memory, one limit for a node ----
+ * The processes mpirun starts on one machine (children of one launcher:
+ * the same parent process) are one emulated node; their cudaMallocHost
+ * bytes draw on one limit, as the pinned memory of a real node does (every
+ * rank's pool takes the same RAM). The ledger is a file of (pid, bytes)
+ * records under flock in /dev/shm (else /tmp), named by the parent's pid;
+ * records of processes no longer alive are not counted (a rank that died
+ * without cudaFreeHost frees its share). */
+struct PinnedRecord {
+    int64_t pid, bytes;
+};
+const int PINNED_RECORDS = 256;
+size_t g_pinned_bytes = 0; /* this process's */
+
+size_t pinned_limit(void) {
+    static size_t limit = 0;
+    static bool read = false;
+    if (!read) {
+        read = true;
+        if (const char* v = getenv("EMU_HOST_PINNED_LIMIT")) limit = parse_bytes(v);
+    }
+    return limit;
+}
+
+/* Adds delta to this process's pinned bytes if the node's total stays within
+ * the limit; returns false (nothing changed) when it would not. */
+bool pinned_reserve(int64_t delta) {
+    if (!pinned_limit()) { g_pinned_bytes += delta; return true; }
+    char path[128];
+    const char* dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(path, sizeof(path), "%s/emu-pinned-node-%d", dir, (int)getppid());
+    int fd = open(path, O_RDWR | O_CREAT, 0600);
+    if (fd < 0) fatal("EMU_HOST_PINNED_LIMIT: cannot open the node's ledger %s: %s", path, strerror(errno));
+    flock(fd, LOCK_EX);
+    PinnedRecord rec[PINNED_RECORDS];
+    memset(rec, 0, sizeof(rec));
+    ssize_t got = pread(fd, rec, sizeof(rec), 0);
+    (void)got;
+    int64_t others = 0;
+    int mine = -1, empty = -1;
+    for (int i = 0; i < PINNED_RECORDS; i++) {
+        if (rec[i].pid == (int64_t)getpid()) mine = i;
+        else if (rec[i].pid > 0 && (kill((pid_t)rec[i].pid, 0) == 0 || errno != ESRCH)) others += rec[i].bytes;
+        else if (empty < 0) empty = i;
+    }
+    int64_t next = (int64_t)g_pinned_bytes + delta;
+    bool ok = delta <= 0 || (size_t)(others + next) <= pinned_limit();
+    if (ok) {
+        int at = mine >= 0 ? mine : empty;
+        if (at < 0) fatal("EMU_HOST_PINNED_LIMIT: more than %d processes on the node's ledger %s", PINNED_RECORDS, path);
+        rec[at] = PinnedRecord{(int64_t)getpid(), next};
+        if (pwrite(fd, &rec[at], sizeof(rec[at]), (off_t)at * (off_t)sizeof(PinnedRecord)) != (ssize_t)sizeof(rec[at]))
+            fatal("EMU_HOST_PINNED_LIMIT: cannot write the node's ledger %s", path);
+        g_pinned_bytes = (size_t)next;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    return ok;
 }
 
 /* ---- streams ----
@@ -1255,11 +1332,17 @@ cudaError_t cudaSetDevice(int device) {
     return cudaSuccess;
 }
 
+/* Memory of device d: EMU_DEVICE_MEMORY's one size, or its entry d (real GPUs of one node differ by MiBs). */
+static size_t device_memory_of(int d) {
+    const std::vector<size_t>& m = settings().device_memory;
+    return m.size() == 1 ? m[0] : m[(size_t)d];
+}
+
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     if (device < 0 || device >= settings().device_count) return set_error(cudaErrorInvalidDevice);
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "EMU (CPU emulation of CUDA, not a GPU)");
-    p->totalGlobalMem = settings().device_memory;
+    p->totalGlobalMem = device_memory_of(device);
     p->sharedMemPerBlock = 48 * 1024;
     p->sharedMemPerBlockOptin = 227 * 1024;
     p->regsPerBlock = 65536;
@@ -1283,7 +1366,7 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 }
 
 cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-    size_t total = settings().device_memory;
+    size_t total = device_memory_of(g_device);
     *total_bytes = total;
     *free_bytes = g_device_bytes < total ? total - g_device_bytes : 0;
     return cudaSuccess;
@@ -1293,7 +1376,7 @@ cudaError_t cudaMalloc(void** ptr, size_t bytes) {
     if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
     if (bytes == 0) fatal("cudaMalloc of 0 bytes: not emulated (what a GPU returns is not relied upon here)");
     size_t rounded = (bytes + 255) / 256 * 256;
-    if (g_device_bytes + rounded > settings().device_memory) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    if (g_device_bytes + rounded > device_memory_of(g_device)) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     void* p = guarded_alloc(bytes, DEVICE);
     if (!p) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     g_device_bytes += rounded;
@@ -1310,8 +1393,10 @@ cudaError_t cudaFree(void* ptr) {
 
 cudaError_t cudaMallocHost(void** ptr, size_t bytes) {
     if (settings().device_count <= 0) return set_error(cudaErrorNoDevice);
+    size_t rounded = ((bytes ? bytes : 1) + 255) / 256 * 256;
+    if (!pinned_reserve((int64_t)rounded)) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     void* p = guarded_alloc(bytes ? bytes : 1, PINNED);
-    if (!p) { *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
+    if (!p) { pinned_reserve(-(int64_t)rounded); *ptr = nullptr; return set_error(cudaErrorMemoryAllocation); }
     *ptr = p;
     return cudaSuccess;
 }
