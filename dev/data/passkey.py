@@ -142,7 +142,6 @@ def make_sample(form, T, depth, rng):
 
 
 def cmd_make(args):
-    out = df.make_output_dir(args.out_dir, "OUT_DIR")
     if args.gpt2:
         form = Gpt2Form(df.gpt2_encoding(args.tiktoken_file))
     else:
@@ -158,6 +157,7 @@ def cmd_make(args):
         rows.append(tokens)
         samples.append(meta)
     stream = np.concatenate([*rows, [form.eot]])  # the last row's last target
+    out = df.make_output_dir(args.out_dir, "OUT_DIR")  # only now: a refused request leaves nothing behind
     df.write_shard(out / "passkey.bin", stream)
     meta = {"format": META_FORMAT, "version": META_VERSION, "seq_len": args.seq_len, "vocab_size": form.vocab_size,
             "form": "gpt2" if args.gpt2 else "small", "chance": None if args.gpt2 else 1.0 / form.key_count ** args.key_len,
@@ -210,7 +210,8 @@ def run_trainer(meta_dir, meta, command, dump_path):
              "-j", str(Path(meta_dir) / meta["shard"]), "--eval-dump", str(dump_path)]
     res = subprocess.run([*command, *flags], capture_output=True, text=True)
     if res.returncode != 0:
-        raise df.DataError(f"the trainer exited {res.returncode}: {(res.stderr or res.stdout).strip().splitlines()[-1:]}")
+        last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise df.DataError(f"the trainer exited {res.returncode}: {last[0]}")
     return res.stdout
 
 
@@ -272,8 +273,8 @@ def parse_args(argv=None):
     command = argv[argv.index("--") + 1:] if "--" in argv else []  # -- TRAINER FLAGS: the run that evaluates the shard
     args = p.parse_args(argv[:len(argv) - len(command) - 1] if "--" in argv else argv)
     args.command = command
-    if args.cmd == "make" and args.seq_len < 2:
-        p.error("--seq-len: at least 2")
+    if args.cmd == "make" and (args.seq_len < 2 or args.samples < 1 or args.samples_per_depth < 1):
+        p.error("--seq-len: at least 2; --samples, --samples-per-depth: at least 1")
     return args
 
 
