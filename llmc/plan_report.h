@@ -755,6 +755,16 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
             fprintf(out, "  -w 0 -r %s: no fp32 master weights (%.1f MiB less; updates round to the storage precision), "
                     "+%.1f%% predicted time\n", flag, mib(plan_total_for(spec, -1, spec->B, spec->T) - plan_total_for(&w0, -1, spec->B, spec->T)), 100.0 * extra);
     }
+    if (!fits) { /* segments keep one input per segment: what per-layer recompute cannot reach */
+        PlanSpec seg = *spec;
+        unsigned char* modes = (unsigned char*)malloc_check((size_t)spec->cfg.num_layers, "plan");
+        if (recompute_auto_plan(&seg, budget, 0, 0, 1, modes, NULL) == 0) {
+            format_recompute_flag(modes, NULL, spec->cfg.num_layers, flag, sizeof(flag));
+            plan_predicted_seconds(&seg, modes, &extra);
+            fprintf(out, "  -r %s --segment-layers %d: segment checkpointing (+%.1f%% predicted time)\n", flag, seg.segment_layers, 100.0 * extra);
+        }
+        free(modes);
+    }
     if (fits) return;
     long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
     int any = 0;

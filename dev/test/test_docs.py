@@ -156,14 +156,15 @@ def test_readme_sequence_table_is_the_docs_numbers():
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## How long a sequence fits"):readme.index("## Status")]
     rows = re.findall(r"^\| ([^|]+) \| ([^|]+) \| ([0-9,]+) \|$", section, re.M)
-    assert len(rows) == 5, section
+    assert len(rows) == 6, section
     longest = {tech: (int(T), lim) for tech, T, lim in re.findall(
         r"^\| 1\.5B \| 141GB \| (\w+) \| (\d+)( \(limit\))? \|", (REPO / "docs/offload-and-tiles.md").read_text(), re.M)}
-    one_gpu = [("`-r 0`", "none"), ("`-r 1`", "recompute"), ("`-r auto --offload-checkpoints --tile-tokens auto`", "all")]
-    for (where, settings, T), (flags, tech) in zip(rows[:3], one_gpu):
+    one_gpu = [("`-r 0`", "none"), ("`-r 1`", "recompute"), ("`-r auto --tile-tokens auto` (segments)", "segments"),
+               ("`-r auto --offload-checkpoints --tile-tokens auto`", "all")]
+    for (where, settings, T), (flags, tech) in zip(rows[:4], one_gpu):
         assert settings == flags and int(T.replace(",", "")) == longest[tech][0], (settings, T, longest[tech])
     ring = {int(T.replace(",", "")): gib for T, gib in re.findall(
         r"^\| ([0-9,]+) \| 8 \| 1 \| 1 \| ([0-9.]+) \| yes \|", (REPO / "docs/context-parallel.md").read_text(), re.M)}
-    for where, settings, T in rows[3:]:
+    for where, settings, T in rows[4:]:
         gib = re.search(r"([0-9.]+) GiB per GPU", settings).group(1)
         assert "--context-parallel 8" in where and ring.get(int(T.replace(",", ""))) == gib, (where, settings, T, ring)
