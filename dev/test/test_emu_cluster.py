@@ -10,6 +10,12 @@ emulator (dev/emu; NOT a GPU, NOT NCCL), each with the emulator capability that 
   ranks (rank 0's, broadcast), and check before the first step that every rank built the
   same plan; else under context parallelism a rank with a full-recompute layer runs the
   ring again in its backward while its neighbour does not.
+- NCCL's own memory: the emulated NCCL takes device memory per communicator (96 MiB) and at
+  the first call of each family (collectives, sends/receives) in each size class (160 MiB;
+  LL/LL128/Simple ranges), as NCCL 2.22+ connects at first use. The trainer must connect
+  everything it will use (both communicators, every size range) before it measures the
+  budget, and print NCCL's memory as its own line; else a plan that fills the budget runs
+  out of memory inside a step.
 - one node's pinned memory: EMU_HOST_PINNED_LIMIT makes the cudaMallocHost bytes of all
   processes of one emulated node (mpirun's children) draw on one limit. The default host
   budget of offloading must be each process's share of the node (here a fake cgroup room
@@ -82,3 +88,19 @@ def test_two_ranks_share_the_nodes_pinned_memory(bins, data, tmp_path):
     assert re.search(r"^recompute auto: host memory [0-9.]+ MiB of 0\.1 MiB \(the least of the ranks: cgroup memory limit less its usage, "
                      r"divided among the 2 processes of this node\)", res.stdout, re.M), explain(res)
     assert len(steps(res)) == 2
+
+
+def test_tight_budget_with_nccls_memory_counted_runs(bins, data):
+    """Context parallelism (two communicators) with -r auto at a device size that leaves the least plan barely room:
+    NCCL's connections made inside step 1 would not fit. The plan names NCCL's memory: 2 communicators x 96 MiB,
+    collectives and sends/receives each connected in 3 size classes x 160 MiB (the emulator's defaults)."""
+    big = plan_json(bins, "-b", "8", "--context-parallel", "2", "-r", "1", EMU_DEVICE_MEMORY="80GiB")
+    overhead, r1 = 80 * 2**30 - big["budget_bytes"], big["total_bytes"]
+    r3 = plan_json(bins, "-b", "8", "--context-parallel", "2", "-r", "3", EMU_DEVICE_MEMORY="80GiB")["total_bytes"]
+    small = overhead + r1 + (r3 - r1) // 4
+    args = ["mpirun", "-np", "2", str(bins / "emu_train_gpt_mpi_fp32"), *TINY, "-t", "32", *CP_AUTO, "--plan"]
+    table = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env(EMU_DEVICE_MEMORY=str(small)), cwd=REPO)
+    assert re.search(r"^NCCL: 1152\.0 MiB of device memory", table.stdout, re.M), explain(table)
+    res = train(bins, data, 2, "fp32", *CP_AUTO, "-x", "2", timeout=300, EMU_DEVICE_MEMORY=str(small))
+    assert res.returncode == 0, explain(res)
+    assert "-r 1" in res.stdout and len(steps(res)) == 2

@@ -68,6 +68,9 @@ struct ncclComm {
     ncclComm_t* split_target = nullptr;
     ncclComm* split_result = nullptr;
     int split_polls = 0;
+    /* device memory NCCL holds for this communicator (NCCL memory, below) */
+    std::vector<void*> device_blocks;
+    bool connected[2][3] = {{false, false, false}, {false, false, false}}; /* [collective, p2p][size class] */
 };
 
 namespace {
@@ -84,6 +87,56 @@ ncclResult_t error(ncclResult_t r, const char* fmt, ...) {
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     g_last_error = buf;
+    return r;
+}
+
+/* ---- NCCL's device memory ----
+ * Real NCCL takes device memory a plan must leave room for: the
+ * communicator's own structures at init or split, and (since 2.22,
+ * NCCL_RUNTIME_CONNECT=1) the connection buffers of an algorithm and
+ * protocol at their first use, per channel and peer; users measure about
+ * 1.6 GB per fully connected communicator (NVIDIA/nccl#864). Emulated:
+ * EMU_NCCL_COMM_BYTES (default 96 MiB) at init and split, and
+ * EMU_NCCL_CONNECT_BYTES (default 160 MiB) at the first call of each family
+ * (collectives share their ring buffers; sends and receives have their own)
+ * in each size class of the message (protocols by size: up to 64 KiB as
+ * NCCL's LL, up to 4 MiB as LL128, larger as Simple), counted against the
+ * emulated device. A call that cannot get it fails with
+ * ncclUnhandledCudaError, as NCCL's does when cudaMalloc fails. */
+size_t nccl_bytes_setting(const char* name, size_t fallback) {
+    const char* v = getenv(name);
+    if (!v) return fallback;
+    char* end = nullptr;
+    double x = strtod(v, &end);
+    std::string u = end ? end : "";
+    double mul = u == "" ? 1 : u == "KiB" ? 1024.0 : u == "MiB" ? 1048576.0 : u == "GiB" ? 1073741824.0 : -1;
+    if (mul < 0 || x < 0) emu::fatal("%s=%s: expected bytes with an optional KiB, MiB or GiB suffix", name, v);
+    return (size_t)(x * mul);
+}
+
+ncclResult_t take_device_memory(ncclComm* c, size_t bytes, const char* what) {
+    if (!bytes) return ncclSuccess;
+    void* p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return error(ncclUnhandledCudaError, "%s: cudaMalloc of %zu bytes (%.1f MiB) failed: out of device memory", what, bytes,
+                     (double)bytes / 1048576.0);
+    }
+    c->device_blocks.push_back(p);
+    return ncclSuccess;
+}
+
+int size_class(size_t bytes) { return bytes <= ((size_t)64 << 10) ? 0 : bytes <= ((size_t)4 << 20) ? 1 : 2; }
+
+/* The first call of a family in a size class connects it. */
+ncclResult_t connect_for(ncclComm* c, bool p2p, size_t bytes, const char* api) {
+    int k = size_class(bytes);
+    if (c->connected[p2p][k]) return ncclSuccess;
+    static const char* const proto[] = {"LL", "LL128", "Simple"};
+    char what[160];
+    snprintf(what, sizeof(what), "%s: connecting the %s buffers (%s protocol)", api, p2p ? "send/receive" : "collective", proto[k]);
+    ncclResult_t r = take_device_memory(c, nccl_bytes_setting("EMU_NCCL_CONNECT_BYTES", (size_t)160 << 20), what);
+    if (r == ncclSuccess) c->connected[p2p][k] = true;
     return r;
 }
 
@@ -392,6 +445,7 @@ ncclResult_t make_task(Kind kind, const void* send, size_t send_count, void* rec
     if (sb && rb && send != in_place_send && overlaps(send, sb, recv, rb))
         emu::fatal("%s: sendbuff (%zu bytes at %p) and recvbuff (%zu bytes at %p) overlap without being the in-place form", api, sb, send, rb,
                    recv);
+    if (ncclResult_t r = connect_for(comm, kind == SEND || kind == RECV, count * es, api)) return r;
     return submit(Task{kind, send, recv, count, type, op, root_or_peer, comm, stream, {}, {}});
 }
 
@@ -431,6 +485,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
     c->blocking = !config || config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0;
     PMPI_Comm_idup(MPI_COMM_WORLD, &c->mpi, &c->init);
     *comm = c;
+    if (ncclResult_t r = take_device_memory(c, nccl_bytes_setting("EMU_NCCL_COMM_BYTES", (size_t)96 << 20), api)) return r;
     if (c->blocking) {
         PMPI_Wait(&c->init, MPI_STATUS_IGNORE);
         c->ready = true;
@@ -469,6 +524,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
         c->mpi = split;
         c->blocking = config ? config->blocking == NCCL_CONFIG_UNDEF_INT || config->blocking != 0 : comm->blocking;
         c->ready = true;
+        if (ncclResult_t r = take_device_memory(c, nccl_bytes_setting("EMU_NCCL_COMM_BYTES", (size_t)96 << 20), api)) return r;
     }
     if (comm->blocking) {
         *newcomm = c;
@@ -507,6 +563,7 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclSuccess;
     if (comm->mpi != MPI_COMM_NULL && comm->ready && !comm->aborted) PMPI_Comm_free(&comm->mpi);
+    for (void* p : comm->device_blocks) cudaFree(p);
     delete comm;
     return ncclSuccess;
 }
