@@ -48,12 +48,17 @@ static inline void position_losses_init(PositionLosses* pl, int width, int B, in
     }
 }
 
-/* Adds the last batch's B x Tl token losses to their positions' buckets. */
-static inline void position_losses_add(PositionLosses* pl, Backend* be, int B, int Tl) {
+/* Adds the last batch's B x Tl token losses to their positions' buckets:
+ * with --reset-position-ids the position within the document, and with
+ * --eod-mask-loss only the tokens counted. */
+static inline void position_losses_add(PositionLosses* pl, Backend* be, const DocumentOptions* docs, int B, int Tl) {
     be->token_losses(be->ctx, pl->losses);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < Tl; i++) {
-            int bucket = pl->bucket_of[pl->position[i]];
+            size_t n = (size_t)b * Tl + i;
+            if (docs->eod_mask_loss && be->inputs[n] == docs->eot_token) continue;
+            int pos = pl->position[i] - (docs->reset_position_ids ? be->doc_start[n] : 0);
+            int bucket = pl->bucket_of[pos];
             pl->loss_sum[bucket] += (double)pl->losses[(size_t)b * Tl + i];
             pl->tokens[bucket] += 1.0;
         }
@@ -92,17 +97,27 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
     size_t batches = dataloader_batches_per_epoch(val);
     int n = (size_t)run->opt.val_batches < batches ? run->opt.val_batches : (int)batches;
     for (int i = 0; i < pl->n; i++) pl->loss_sum[i] = pl->tokens[i] = 0.0;
-    double sum = 0.0;
+    double sum = 0.0, counted = 0.0;
+    size_t rows = (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.degree);
     for (int i = 0; i < n; i++) {
         dataloader_next(val); /* fills be->inputs, be->targets */
-        sum += be->forward_loss(be->ctx, be->inputs, be->targets);
-        if (pl->n) position_losses_add(pl, be, run->opt.B, run->opt.T / run->cp.degree);
+        double k = (double)documents_counted(&run->docs, be->inputs, rows); /* all of them without --eod-mask-loss */
+        sum += (double)be->forward_loss(be->ctx, be->inputs, be->targets) * (run->docs.eod_mask_loss ? k : 1.0);
+        counted += k;
+        if (pl->n) position_losses_add(pl, be, &run->docs, run->opt.B, run->opt.T / run->cp.degree);
     }
     for (int i = 0; i < pl->n; i++) {
         pl->loss_sum[i] = proc_sum(pl->loss_sum[i], "the validation sums by position");
         pl->tokens[i] = proc_sum(pl->tokens[i], "the validation sums by position");
     }
-    float mean = (float)proc_mean(sum / n, "the validation loss mean");
+    float mean;
+    if (run->docs.eod_mask_loss) { /* the mean over the tokens counted, all batches and processes */
+        counted = proc_sum(counted, "the count of validation tokens counted");
+        double total = proc_sum(sum, "the validation loss sum");
+        mean = counted > 0 ? (float)(total / counted) : 0.0f;
+    } else {
+        mean = (float)proc_mean(sum / n, "the validation loss mean");
+    }
     printf("val loss %.6f at step %d\n", (double)mean, step);
     logger_val(log, step, mean);
     if (pl->n && run->rank == 0) print_position_losses(pl, step, log);
