@@ -133,7 +133,9 @@ static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
     const TrainOptions* o = &run->opt;
     DocumentOptions d = {o->reset_attention_mask, o->reset_position_ids, o->eod_mask_loss, -1};
     if (!documents_any(&d)) { run->docs = d; return; }
-    if (option_given(o, "--eot-token") && o->eot_token >= 0) {
+    if (o->eot_token >= run->cfg.vocab_size)
+        fail("flag --eot-token %d: not a token of the model's vocabulary (%d)", o->eot_token, run->cfg.vocab_size);
+    if (o->eot_token >= 0) {
         if (ls->tk.loaded && ls->tk.eot_token != o->eot_token)
             fail("flag --eot-token %d: the tokenizer file %s says end of text is %d", o->eot_token, ls->tk.path, ls->tk.eot_token);
         d.eot_token = o->eot_token;
@@ -146,7 +148,7 @@ static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
              "and the vocabulary (%d) is not GPT-2's: give --eot-token N", run->cfg.vocab_size);
     }
     if (d.eot_token >= run->cfg.vocab_size)
-        fail("flag --eot-token %d: not a token of the model's vocabulary (%d)", d.eot_token, run->cfg.vocab_size);
+        fail("the tokenizer file's end-of-text token %d is not a token of the model's vocabulary (%d)", d.eot_token, run->cfg.vocab_size);
     if (!be->set_documents) fail("flags --reset-attention-mask, --reset-position-ids, --eod-mask-loss: this trainer has no document masking");
     run->docs = d;
     be->set_documents(be->ctx, &d);
