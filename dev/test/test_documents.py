@@ -10,6 +10,7 @@ test_context_parallel.py), losses do not change when the documents of a
 sequence are reordered, and bad flags are refused."""
 import re
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -159,3 +160,46 @@ def test_gradient_is_the_mean_over_counted_tokens(tmp_path):
         return losses(res.stdout)
 
     assert_close(steps("long.bin", 32), steps("short.bin", 16))
+
+
+def test_synthetic_floor_without_end_of_text_predictions(synthetic):
+    """dev/data/synthetic.py's floor for --eod-mask-loss against the data:
+    the plug-in conditional entropy of the training shard's transitions
+    whose input is not end of text (its bias ~ states x successors / 2n,
+    about 1e-3 here)."""
+    out, meta = synthetic
+    tokens = datafile.read_shard(out / "synthetic_train.bin").astype(np.int64)
+    eot, V = meta["eot"], meta["vocab_size"]
+    a, b = tokens[:-1], tokens[1:]
+    keep = a != eot
+    counts = np.zeros((V, V))
+    np.add.at(counts, (a[keep], b[keep]), 1)
+    rows = counts.sum(axis=1, keepdims=True)
+    p = np.where(counts > 0, counts / np.maximum(rows, 1), 1.0)
+    empirical = float(-(counts * np.log(p)).sum() / keep.sum())
+    floor = meta["entropy_nats_per_token_eod_masked"]
+    assert abs(empirical - floor) < 0.01, (empirical, floor)
+    assert floor != meta["entropy_nats_per_token"]
+
+
+def test_pack_documents(tmp_path):
+    """dev/data/pack_documents.py: the documents of at least --min-tokens,
+    whole and each after its end of text, shuffled by --seed; the tokens
+    before a shard's first end of text dropped; the pairs saved as counted
+    by hand."""
+    eot = 9
+    a = [5, 5, eot, 1, 2, 3, eot, 4, eot, 1, 1, 1, 1, 1]  # lead 2, then documents of 4, 2, 6
+    b = [eot, 7, 7, 7, 7, 7, 7, 7]                           # a document of 8
+    datafile.write_shard(tmp_path / "in_000.bin", np.array(a))
+    datafile.write_shard(tmp_path / "in_001.bin", np.array(b))
+    res = run([sys.executable, REPO / "dev/data/pack_documents.py", tmp_path / "in_*.bin", tmp_path / "out", "--eot", str(eot),
+               "--min-tokens", "4", "--seq-len", "6"], check=True)
+    got = datafile.read_shard(tmp_path / "out" / "packed_000000.bin").tolist()
+    assert got == [eot, 1, 2, 3, eot, 1, 1, 1, 1, 1, eot, 7, 7, 7, 7, 7, 7, 7]
+    assert "kept 3 of 4 documents (18 tokens" in res.stdout and "2 tokens before" in res.stdout
+    # rows of 6: [4 | 2 of the next], [4 of it | 2], [6]: pieces 4,2,4,2,6 against 3 rows of 21 pairs
+    assert f"{63 / (10 + 3 + 10 + 3 + 21):.1f}x fewer" in res.stdout
+    shuffled = run([sys.executable, REPO / "dev/data/pack_documents.py", tmp_path / "in_*.bin", tmp_path / "s", "--eot", str(eot),
+                    "--min-tokens", "4", "--seed", "1"], check=True)
+    s = datafile.read_shard(tmp_path / "s" / "packed_000000.bin").tolist()
+    assert shuffled.returncode == 0 and sorted(s) == sorted(got) and s.count(eot) == 3
