@@ -156,6 +156,7 @@ typedef struct {
     int tile_tokens;        /* rows per token tile (0: untiled; more than B*T counts as B*T) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
+    int doc_len;            /* the time model's packed documents (--plan-doc-len): tokens each; 0: none (the causal triangle) */
 } PlanSpec;
 
 typedef struct {

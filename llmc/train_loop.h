@@ -161,6 +161,29 @@ static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
            d.reset_position_ids ? " positions restart at each document;" : "", d.eod_mask_loss ? " no loss where the input is end of text" : "");
 }
 
+/* After the first step with --reset-attention-mask: the share of the causal
+ * (query, key) pairs the last micro-batch's documents leave to attention,
+ * and how unevenly the ranks share that work (under the ring the chunks no
+ * longer carry equal work): each rank's pairs against the mean of all. */
+static inline void report_attended_pairs(const Run* run, const Backend* be) {
+    if (!run->docs.reset_attention_mask) return;
+    int Tl = run->opt.T / run->cp.degree;
+    TokenLayout lay = {Tl, run->cp.member, run->cp.degree};
+    double mine = 0.0, causal = 0.0;
+    for (size_t n = 0; n < (size_t)run->opt.B * (size_t)Tl; n++) {
+        int pos = token_position(&lay, n);
+        mine += (double)(pos - be->doc_start[n] + 1);
+        causal += (double)(pos + 1);
+    }
+    double all = proc_sum(mine, "the attended pairs"), all_causal = proc_sum(causal, "the causal pairs");
+    double most = proc_max(mine, "the attended pairs"), least = -proc_max(-mine, "the attended pairs");
+    double mean = all / run->world;
+    if (run->rank != 0) return;
+    printf("documents: attention attends %.3g%% of the causal pairs (the last micro-batch)", 100.0 * all / all_causal);
+    if (run->world > 1) printf("; ranks' pairs from %.2f to %.2f of their mean", least / mean, most / mean);
+    printf("\n");
+}
+
 /* Data loaders (validated here, before any step), tokenizer, prompt,
  * buffers. Reads only: nothing in -o changes before open_output. */
 static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
@@ -294,6 +317,7 @@ static inline void train(Run* run, Backend* be) {
         if (be->step_end) be->step_end(be->ctx, step + 1);
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
         report_step(run, be, &ls, step + 1, steps, &r, ms);
+        if (step == start) report_attended_pairs(run, be);
         if (step + 1 < steps) maybe_stop_on_signal(run, be, &ls, step + 1);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);

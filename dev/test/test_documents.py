@@ -73,6 +73,9 @@ def test_context_parallel_against_one_process(synthetic, n):
     one = train(1, synthetic, *common)
     ring = train(n, synthetic, *common, "--context-parallel", str(n))
     assert_close(losses(ring.stdout), losses(one.stdout))
+    assert "documents: attention attends" in ring.stdout and "ranks' pairs from" in ring.stdout
+    plain = train(1, synthetic, "-b", "2", "-x", "6", "-v", "3")  # the masks change the steps: the check can tell
+    assert losses(plain.stdout) != losses(one.stdout)
     val = lambda s: [float(v) for v in re.findall(r"val loss ([0-9.]+)", s)]  # noqa: E731
     assert len(val(one.stdout)) == 3 and np.allclose(val(ring.stdout), val(one.stdout), rtol=REL, atol=0)
 
@@ -123,6 +126,23 @@ def test_reordered_documents_same_loss(synthetic, tmp_path):
 def test_bad_flags_refused(synthetic, flags, message):
     res = train(1, synthetic, "-b", "2", "-x", "1", "-v", "0", *flags, check=False)
     assert res.returncode == 1 and message in res.stderr, res.stderr
+
+
+def test_plan_counts_document_pairs():
+    """--plan-doc-len: the time model's attention counts the documents' pairs
+    (T = 4096 in documents of 1000: 4 x 1000 x 1001 / 2 + 96 x 97 / 2 of the
+    causal 4096 x 4097 / 2), and the predicted step falls; without
+    --reset-attention-mask the flag is refused."""
+    common = [binary("train_gpt_cpu"), "-e", "d12", "--max-seq-len", "4096", "-t", "4096", "-b", "1", "--plan", "--cost-model", "h100",
+              "--mem-budget", "80GiB"]
+    plain = run(common, check=True)
+    docs = run([*common, "--reset-attention-mask", "--plan-doc-len", "1000"], check=True)
+    share = (4 * 1000 * 1001 / 2 + 96 * 97 / 2) / (4096 * 4097 / 2)
+    assert f"attention attends {100 * share:.3g}% of the causal pairs" in docs.stdout, docs.stdout[-2000:]
+    ms = lambda s: float(re.search(r"this run, -r \S+: predicted ([0-9.]+) ms", s).group(1))  # noqa: E731
+    assert 0 < ms(docs.stdout) < ms(plain.stdout)
+    res = run([*common, "--plan-doc-len", "8"])
+    assert res.returncode == 1 and "flag --plan-doc-len: applies with --reset-attention-mask" in res.stderr
 
 
 def test_no_end_of_text_known_refused(tiny_shards):
