@@ -34,7 +34,8 @@
  * Masking: key s is used for query t iff s <= t and both < T; T need not be a
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
  * compute on zeros and store nothing). Packed documents (doc_start,
- * llmc/documents.h; the CUDA-core kernels only so far): key s is used for
+ * llmc/documents.h; these kernels and attention_tc.cuh's, not the mma ones
+ * yet): key s is used for
  * query t only when s >= doc_start[t] as well. A row's starts never
  * decrease, so a block of query rows needs no key tile before its first
  * row's start (those tiles are skipped, the others masked per key), and a
@@ -661,7 +662,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    if (doc_start) kind = ATT_KIND_SIMT; /* only the CUDA-core kernels mask documents so far */
+    if (doc_start && kind == ATT_KIND_MMA) kind = ATT_KIND_TC; /* the mma kernels mask no documents yet: the WMMA ones do */
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
             attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
@@ -671,7 +672,8 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
+        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
+                                                                                                                       doc_start);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -699,7 +701,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    if (doc_start) kind = ATT_KIND_SIMT; /* as in the forward */
+    if (doc_start && kind == ATT_KIND_MMA) kind = ATT_KIND_TC; /* as in the forward */
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
@@ -709,9 +711,11 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     }
     if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
-        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
+        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
+                                                                                          doc_start);
         CUDA_CHECK_LAUNCH();
-        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
+        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
+                                                                                           doc_start);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -814,7 +818,8 @@ static inline DropoutSite attention_no_dropout(void) {
 /* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C); drop: the attention site of
  * this layer and micro-step (dropout.h), or NULL for none; doc_start
  * (device (B,T)): packed documents' starts, or NULL for none (with them the
- * CUDA-core kernels run, whatever the build's family: docs/documents.md). */
+ * mma family hands over to the WMMA kernels, which mask documents as the
+ * CUDA-core ones do: docs/documents.md). */
 static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, const DropoutSite* drop,
                                          cudaStream_t stream, const int* doc_start = nullptr) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
