@@ -1089,13 +1089,13 @@ static void check_encoder_kernels(int C, TokenLayout lay) {
     float* d_scratch = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_scratch, (size_t)WTE_MAX_SEGMENTS * C * sizeof(float)));
     lay.T = T;
-    encoder_forward(x, tokens, wte, wpe, B, C, &lay);
+    encoder_forward(x, tokens, wte, wpe, B, C, &lay, NULL);
     gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, C, &lay, 0);
     gpu_fetch(got, d_x, (size_t)N * C);
     check("  forward", 0, got, x, (size_t)N * C, TOL_KERNEL, 1, NULL);
     memcpy(want_wte, dwte, (size_t)V * C * sizeof(float));
     memcpy(want_wpe, dwpe, (size_t)P * C * sizeof(float));
-    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &lay);
+    encoder_backward(want_wte, want_wpe, dx, tokens, B, C, &lay, NULL);
     for (int fp32_sum = 0; fp32_sum <= 1; fp32_sum++) {
         floatX* d_dwte = gpu_put(dwte, (size_t)V * C);
         floatX* d_dwpe = gpu_put(dwpe, (size_t)P * C);
@@ -1470,14 +1470,14 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     gpu_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, &drop, 0);
     gpu_fetch(out_gpu, d_out, n_out);
     gpu_fetch_f32(lse_gpu, d_lse, n_stat);
-    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, &drop);
+    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, NULL, &drop);
     check("attention out", 0, out_gpu, out_cpu, n_out, TOL_ACT, 1, NULL);
     check("attention lse", 0, lse_gpu, lse_cpu, n_stat, TOL_LSE, 1, NULL);
     check_boundary_rows("out, boundary rows", out_gpu, out_cpu, (size_t)B * T, T, C, C / NH, TOL_ACT);
     check_boundary_rows("lse, boundary rows", lse_gpu, lse_cpu, (size_t)B * NH * T, T, 1, 1, TOL_LSE);
     gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
-    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, &drop);
+    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, NULL, &drop);
     check("attention dqkv", 0, dqkv_gpu, dqkv_cpu, n_qkv, TOL_GRAD, 1, NULL);
     check_boundary_rows("dqkv, boundary rows", dqkv_gpu, dqkv_cpu, (size_t)B * T, T, 3 * C, C / NH, TOL_GRAD);
     if (B == TEST_B) printf("%s: %s, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", what, sh->name, T);
@@ -1538,7 +1538,7 @@ static int attention_block_sets(BlockSet* s, int Tc) {
 }
 
 static AttentionBlock set_block(const BlockSet* s, int k, int B, int C, int NH, int T, int Tl) {
-    AttentionBlock a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k]};
+    AttentionBlock a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k], NULL};
     return a;
 }
 
@@ -1638,7 +1638,7 @@ static void check_block_set(const BlockSet* set, const Shape* sh, int B, int Tc,
  * K/V; first at step 0, key chunk 0), then the rounded output, and the
  * backward's dQ per member and dK/dV summed into the keys' owner, against
  * the CPU reference's whole-sequence attention_forward / _backward. */
-static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutSite* drop) {
+static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutSite* drop, const int* doc_start = NULL) {
     const int C = sh->C, NH = sh->NH, N = 2, Tl = 2 * Tc, T = N * Tl, hs = C / NH;
     const size_t grows = (size_t)B * T, lrows = (size_t)B * Tl;
     float* qkv = rand_rounded(grows * 3 * C, 3110, ATT_TEST_STD, 0.0f);
@@ -1652,6 +1652,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
     float* tmp = alloc_floats(lrows * 3 * C);
     floatX *d_qkv[2], *d_kv[2], *d_dout[2], *d_out[2], *d_dqkv[2];
     float *d_acc[2], *d_lse[2], *d_rowsum[2], *d_dq[2], *d_dkv[2];
+    int* d_docs[2] = {NULL, NULL}; /* doc_start (B,T) of the whole sequences: each member's rows' starts */
     /* local row n of member r: token n % Tl of sequence n / Tl, global row gr(r, n) */
 #define RING2_ROW(r, n) ((n) / Tl * (size_t)T + (size_t)context_position((int)((n) % Tl), Tl, (r), N))
     for (int r = 0; r < N; r++) {
@@ -1668,6 +1669,13 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
         d_rowsum[r] = gpu_zeros_f32(lrows * NH);
         d_dq[r] = gpu_zeros_f32(lrows * C);
         d_dkv[r] = gpu_zeros_f32(lrows * 2 * C);
+        if (doc_start) {
+            int* mine = (int*)malloc_check(lrows * sizeof(int), "test");
+            for (size_t n = 0; n < lrows; n++) mine[n] = doc_start[RING2_ROW(r, n)];
+            CUDA_CHECK(cudaMalloc((void**)&d_docs[r], lrows * sizeof(int)));
+            CUDA_CHECK(cudaMemcpy(d_docs[r], mine, lrows * sizeof(int), cudaMemcpyHostToDevice));
+            free(mine);
+        }
     }
     for (int s = 0; s < N; s++)
         for (int r = 0; r < N; r++) {
@@ -1675,7 +1683,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
             for (int qc = 0; qc < 2; qc++)
                 for (int kc = 0; kc < 2; kc++) {
                     AttentionBlock a;
-                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a))
+                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
                         gpu_attention_block_forward(d_acc[r], d_lse[r], d_qkv[r], d_kv[origin], 2 * C, &a, s == 0 && kc == 0, drop, 0);
                 }
         }
@@ -1689,7 +1697,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
                 for (int i = 0; i < Tl; i++)
                     lse_gpu[((size_t)b * NH + h) * T + context_position(i, Tl, r, N)] = tmp[((size_t)b * NH + h) * Tl + i];
     }
-    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, drop);
+    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, doc_start, drop);
     check("ring out", 0, out_gpu, out_cpu, grows * C, TOL_ACT, 1, NULL);
     check("ring lse", 0, lse_gpu, lse_cpu, grows * NH, TOL_LSE, 1, NULL);
     check_row_slices("ring out, every row", out_gpu, out_cpu, grows, T, C, hs, TOL_ACT, 1);
@@ -1702,7 +1710,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
             for (int qc = 0; qc < 2; qc++)
                 for (int kc = 0; kc < 2; kc++) {
                     AttentionBlock a;
-                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a))
+                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
                         gpu_attention_block_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], 2 * C, d_lse[r],
                                                      &a, drop, 0);
                 }
@@ -1713,7 +1721,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
         for (size_t n = 0; n < lrows; n++) memcpy(dqkv_gpu + RING2_ROW(r, n) * 3 * C, tmp + n * 3 * C, 3 * (size_t)C * sizeof(float));
     }
 #undef RING2_ROW
-    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, drop);
+    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, doc_start, drop);
     check("ring dqkv", 0, dqkv_gpu, dqkv_cpu, grows * 3 * C, TOL_GRAD, 1, NULL);
     check_row_slices("ring dqkv, every row", dqkv_gpu, dqkv_cpu, grows, T, 3 * C, hs, TOL_GRAD, 1);
 
@@ -1722,6 +1730,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
         for (size_t i = 0; i < sizeof(dx) / sizeof(dx[0]); i++) CUDA_CHECK(cudaFree(dx[i]));
         float* df[] = {d_acc[r], d_lse[r], d_rowsum[r], d_dq[r], d_dkv[r]};
         for (size_t i = 0; i < sizeof(df) / sizeof(df[0]); i++) CUDA_CHECK(cudaFree(df[i]));
+        if (d_docs[r]) CUDA_CHECK(cudaFree(d_docs[r]));
     }
     float* h[] = {qkv, dout, out_cpu, lse_cpu, dqkv_cpu, out_gpu, lse_gpu, dqkv_gpu, tmp};
     for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) free(h[i]);
@@ -1743,6 +1752,120 @@ static void check_attention_blocks(const Shape* sh, int B, int Tc, float dropout
     printf("  two-member ring against whole-sequence attention (T=%d)\n", 4 * Tc);
     check_attention_ring2(sh, B, Tc, &drop);
     printf("%s: %s, %s Tc=%d\n", g_failures == fails_before ? "PASS" : "FAIL", what, sh->name, Tc);
+}
+
+/* ---- packed documents (llmc/documents.h) ----
+ * Rows of T tokens cut into documents: row 0 from a cycle of lengths 1, 17,
+ * 64, 5, 130, 33 (a one-token document, documents that cross the kernels'
+ * 64-row blocks and 32-key tiles anywhere), row 1 one document (T = one
+ * document), further rows every 40 tokens from an offset of 7 b. */
+static void documents_for_test(int* starts, int B, int T) {
+    static const int lens[] = {1, 17, 64, 5, 130, 33};
+    for (int b = 0; b < B; b++) {
+        int start = 0, next = 0, k = 0;
+        for (int t = 0; t < T; t++) {
+            if (t == next) {
+                start = t;
+                next = b == 0 ? t + lens[k++ % 6] : b == 1 ? T : t == 0 ? 7 * b : t + 40;
+            }
+            starts[(size_t)b * T + t] = start;
+        }
+    }
+}
+
+/* The attention kernels with a document mask (whole sequences, and the
+ * two-member ring's blocks, whose queries may see no key of a block), the
+ * encoder with restarting positions (forward and the wpe gradient's runs),
+ * and the classifier's uncounted rows, against the CPU reference. */
+static void check_documents(const Shape* sh, int B, int T, float dropout_p) {
+    const int C = sh->C, NH = sh->NH;
+    printf("\ndocuments, %s (C=%d, NH=%d), B=%d T=%d, attention dropout %g\n", sh->name, C, NH, B, T, (double)dropout_p);
+    const int fails_before = g_failures;
+    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1};
+    drop_state.p[DROPOUT_ATTENTION] = dropout_p;
+    const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
+    const size_t N = (size_t)B * T, n_qkv = N * 3 * C, n_out = N * C, n_stat = N * NH;
+    int* starts = (int*)malloc_check(N * sizeof(int), "test");
+    documents_for_test(starts, B, T);
+    int* d_starts = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_starts, N * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_starts, starts, N * sizeof(int), cudaMemcpyHostToDevice));
+    float *qkv = rand_rounded(n_qkv, 3200, ATT_TEST_STD, 0.0f), *dout = rand_rounded(n_out, 3201, 1.0f, 0.0f);
+    float *out_cpu = alloc_floats(n_out), *out_gpu = alloc_floats(n_out), *lse_cpu = alloc_floats(n_stat), *lse_gpu = alloc_floats(n_stat);
+    float *dqkv_cpu = alloc_floats(n_qkv), *dqkv_gpu = alloc_floats(n_qkv);
+    floatX *d_qkv = gpu_put(qkv, n_qkv), *d_dout = gpu_put(dout, n_out), *d_out = NULL, *d_dqkv = NULL;
+    float *d_lse = NULL, *d_rowsum = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_out, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_dqkv, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_lse, n_stat * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_rowsum, n_stat * sizeof(float)));
+    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, &drop, 0, d_starts);
+    gpu_fetch(out_gpu, d_out, n_out);
+    gpu_fetch_f32(lse_gpu, d_lse, n_stat);
+    attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, starts, &drop);
+    check_row_slices("documents: out, every row", out_gpu, out_cpu, N, T, C, C / NH, TOL_ACT, 1);
+    check_row_slices("documents: lse, every row", lse_gpu, lse_cpu, n_stat, T, 1, 1, TOL_LSE, 1);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0, d_starts);
+    gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
+    attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, starts, &drop);
+    check_row_slices("documents: dqkv, every row", dqkv_gpu, dqkv_cpu, N, T, 3 * C, C / NH, TOL_GRAD, 1);
+    if (T % 4 == 0) { /* the two-member ring over the same sequences */
+        printf("  two-member ring with documents (Tc=%d)\n", T / 4);
+        check_attention_ring2(sh, B, T / 4, &drop, starts);
+    }
+    /* the encoder: positions restart at each document */
+    const int V = 50;
+    TokenLayout lay = {T, 0, 1};
+    int* tokens = (int*)malloc_check(N * sizeof(int), "test");
+    for (size_t i = 0; i < N; i++) tokens[i] = (int)(rand_uniform(TEST_SEED, 5310, i) * V) % V;
+    float *wte = rand_rounded((size_t)V * C, 5311, 1.0f, 0), *wpe = rand_rounded((size_t)T * C, 5312, 1.0f, 0);
+    float *dx = rand_rounded(n_out, 5313, 1.0f, 0), *dwpe = rand_rounded((size_t)T * C, 5314, 0.5f, 0);
+    float *x = alloc_floats(n_out), *dwte = alloc_floats((size_t)V * C), *got_wpe = alloc_floats((size_t)T * C);
+    int* d_tokens = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_tokens, N * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_tokens, tokens, N * sizeof(int), cudaMemcpyHostToDevice));
+    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_wpe = gpu_put(wpe, (size_t)T * C), *d_x = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_x, n_out * sizeof(floatX)));
+    encoder_forward(x, tokens, wte, wpe, B, C, &lay, starts);
+    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, B, C, &lay, 0, d_starts);
+    gpu_fetch(out_gpu, d_x, n_out);
+    check("documents: encoder forward", 0, out_gpu, x, n_out, TOL_KERNEL, 1, NULL);
+    int* runs = (int*)malloc_check(3 * N * sizeof(int), "test");
+    int positions = 0, nruns = encoder_position_runs(runs, starts, &lay, B, &positions);
+    int* d_runs = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_runs, 3 * N * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_runs, runs, (size_t)nruns * 3 * sizeof(int), cudaMemcpyHostToDevice));
+    floatX* d_dwpe = gpu_put(dwpe, (size_t)T * C);
+    gpu_encoder_backward_wpe_runs(d_dwpe, gpu_put(dx, n_out), d_runs, nruns, positions, C, 0);
+    gpu_fetch(got_wpe, d_dwpe, (size_t)T * C);
+    memset(dwte, 0, (size_t)V * C * sizeof(float));
+    encoder_backward(dwte, dwpe, dx, tokens, B, C, &lay, starts);
+    check("documents: wpe gradient (runs)", 0, got_wpe, dwpe, (size_t)T * C, TOL_KERNEL, 1, NULL);
+    /* the classifier: a target of -1 gives loss 0 and a zero gradient row */
+    const int Vp = 128, rows = 3;
+    float* logits = rand_rounded((size_t)rows * Vp, 5320, 2.0f, 0), *glog = alloc_floats((size_t)rows * Vp), loss[rows];
+    const int targets[rows] = {3, -1, 90};
+    int* d_targets = NULL;
+    float* d_loss = gpu_zeros_f32(rows);
+    CUDA_CHECK(cudaMalloc((void**)&d_targets, sizeof(targets)));
+    CUDA_CHECK(cudaMemcpy(d_targets, targets, sizeof(targets), cudaMemcpyHostToDevice));
+    floatX* d_logits = gpu_put(logits, (size_t)rows * Vp);
+    gpu_classifier_fused(d_logits, d_loss, d_targets, rows, 100, Vp, 0.5f, 0);
+    gpu_fetch(glog, d_logits, (size_t)rows * Vp);
+    gpu_fetch_f32(loss, d_loss, rows);
+    int zero_row = loss[1] == 0.0f && loss[0] > 0.0f && loss[2] > 0.0f;
+    for (int v = 0; v < Vp; v++) zero_row &= glog[Vp + v] == 0.0f;
+    expect(zero_row, "documents: classifier row with target -1: loss 0, gradient 0", 0);
+    printf("%s: documents, %s T=%d\n", g_failures == fails_before ? "PASS" : "FAIL", sh->name, T);
+    int* di[] = {d_starts, d_tokens, d_runs, d_targets};
+    for (size_t i = 0; i < sizeof(di) / sizeof(di[0]); i++) CUDA_CHECK(cudaFree(di[i]));
+    floatX* dx_[] = {d_qkv, d_dout, d_out, d_dqkv, d_wte, d_wpe, d_x, d_dwpe, d_logits};
+    for (size_t i = 0; i < sizeof(dx_) / sizeof(dx_[0]); i++) CUDA_CHECK(cudaFree(dx_[i]));
+    float* df[] = {d_lse, d_rowsum, d_loss};
+    for (size_t i = 0; i < sizeof(df) / sizeof(df[0]); i++) CUDA_CHECK(cudaFree(df[i]));
+    float* h[] = {qkv, dout, out_cpu, out_gpu, lse_cpu, lse_gpu, dqkv_cpu, dqkv_gpu, wte, wpe, dx, dwpe, x, dwte, got_wpe, logits, glog};
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) free(h[i]);
+    free(starts); free(tokens); free(runs);
 }
 
 /* ---- when "no GPU" is a skip and when it is a failure (cuda_common.cuh) ----
@@ -1882,6 +2005,10 @@ int main(int argc, char** argv) {
         check_attention_blocks(&main_shapes[s], TEST_B, 48, 0.1f);
     }
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention_blocks(&odd_shapes[s], TEST_B, 37, 0.1f);
+    for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) {
+        check_documents(&main_shapes[s], TEST_B, 332, 0);
+        check_documents(&main_shapes[s], TEST_B, 332, 0.1f);
+    }
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

@@ -28,12 +28,19 @@
 
 /* ------------------------------------------------------------------------ */
 /* encoder: x (B,T,C) = wte[tokens] + wpe[position]                         */
+/* position: the token's in its sequence, or with pos_start (B,T) (packed    */
+/* documents, --reset-position-ids) its distance from its document's start.  */
 
-static void encoder_forward(real* x, const int* tokens, const real* wte, const real* wpe, int B, int C, const TokenLayout* lay) {
+static inline int encoder_position(const TokenLayout* lay, const int* pos_start, size_t bt) {
+    return token_position(lay, bt) - (pos_start ? pos_start[bt] : 0);
+}
+
+static void encoder_forward(real* x, const int* tokens, const real* wte, const real* wpe, int B, int C, const TokenLayout* lay,
+                            const int* pos_start) {
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * lay->T; bt++) {
         const real* te = wte + (size_t)tokens[bt] * C;
-        const real* pe = wpe + (size_t)token_position(lay, (size_t)bt) * C;
+        const real* pe = wpe + (size_t)encoder_position(lay, pos_start, (size_t)bt) * C;
         real* dst = x + (size_t)bt * C;
         for (int c = 0; c < C; c++) dst[c] = te[c] + pe[c];
     }
@@ -41,13 +48,26 @@ static void encoder_forward(real* x, const int* tokens, const real* wte, const r
 
 /* dwte rows are shared by repeated tokens, so they accumulate serially in
  * row order; dwpe sums over b in order, parallel over t (each local t is its
- * own position row). */
-static void encoder_backward(real* dwte, real* dwpe, const real* dx, const int* tokens, int B, int C, const TokenLayout* lay) {
+ * own position row), or with restarting positions, whose rows documents
+ * share, in row order, parallel over blocks of channels. */
+static void encoder_backward(real* dwte, real* dwpe, const real* dx, const int* tokens, int B, int C, const TokenLayout* lay,
+                             const int* pos_start) {
     int T = lay->T;
     for (int bt = 0; bt < B * T; bt++) {
         real* dst = dwte + (size_t)tokens[bt] * C;
         const real* src = dx + (size_t)bt * C;
         for (int c = 0; c < C; c++) dst[c] += src[c];
+    }
+    if (pos_start) {
+        const int CB = 16; /* a cache line of fp32 per row */
+        #pragma omp parallel for schedule(static)
+        for (int c0 = 0; c0 < C; c0 += CB)
+            for (int bt = 0; bt < B * T; bt++) {
+                real* dpe = dwpe + (size_t)encoder_position(lay, pos_start, (size_t)bt) * C;
+                const real* src = dx + (size_t)bt * C;
+                for (int c = c0; c < C && c < c0 + CB; c++) dpe[c] += src[c];
+            }
+        return;
     }
     #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
@@ -164,14 +184,19 @@ static void attention_block_forward(real* out, real* lse, const real* qkv, const
         for (int bh = 0; bh < a->B * NH; bh++) {
             int b = bh / NH, h = bh % NH;
             for (int i = 0; i < a->Tq; i++) {
-                int seen = block_keys_seen(a, i), t = a->q0 + i;
-                if (seen == 0) continue;
+                int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
                 size_t row = (size_t)b * Tl + a->qi + i;
+                if (from >= seen) { /* no key here: a query's first block then holds nothing (lse -inf) for later ones to merge into */
+                    if (!first) continue;
+                    for (int d = 0; d < hs; d++) out[row * C + h * hs + d] = 0;
+                    lse[((size_t)b * NH + h) * Tl + a->qi + i] = -INFINITY;
+                    continue;
+                }
                 const real* q = qkv + row * 3 * C + h * hs;
                 real* o = first ? out + row * C + h * hs : part;
                 real run_max = -INFINITY, run_sum = 0;
                 for (int d = 0; d < hs; d++) o[d] = 0;
-                for (int j = 0; j < seen; j++) {
+                for (int j = from; j < seen; j++) {
                     const real* k = kv + ((size_t)b * Tl + a->ki + j) * ld + h * hs;
                     const real* v = k + C;
                     real sc = 0;
@@ -209,7 +234,7 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
     for (int bh = 0; bh < a->B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         for (int i = 0; i < a->Tq; i++) {
-            int seen = block_keys_seen(a, i), t = a->q0 + i;
+            int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
             size_t row = (size_t)b * Tl + a->qi + i;
             const real* q = qkv + row * 3 * C + h * hs;
             const real* o = out + row * C + h * hs;
@@ -217,7 +242,7 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
             real* dq = dqkv + row * 3 * C + h * hs;
             real row_lse = lse[((size_t)b * NH + h) * Tl + a->qi + i], d_dot_o = 0;
             for (int d = 0; d < hs; d++) d_dot_o += dO[d] * o[d];
-            for (int j = 0; j < seen; j++) {
+            for (int j = from; j < seen; j++) {
                 size_t row2 = (size_t)b * Tl + a->ki + j;
                 const real* k = kv + row2 * ld + h * hs;
                 const real* v = k + C;
@@ -237,15 +262,19 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
     }
 }
 
-static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const DropoutSite* drop) {
+/* doc_start (B,T): each query's document start (NULL: no document mask). */
+static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const int* doc_start,
+                              const DropoutSite* drop) {
     AttentionBlock a = whole_sequence(B, T, C, NH);
+    a.doc_start = doc_start;
     attention_block_forward(out, lse, qkv, qkv + C, 3 * C, &a, 1, drop);
 }
 
 /* dqkv (B,T,3C) is overwritten. */
 static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                               int B, int T, int C, int NH, const DropoutSite* drop) {
+                               int B, int T, int C, int NH, const int* doc_start, const DropoutSite* drop) {
     AttentionBlock a = whole_sequence(B, T, C, NH);
+    a.doc_start = doc_start;
     memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(real));
     attention_block_backward(dqkv, dqkv + C, 3 * C, dout, qkv, qkv + C, 3 * C, out, lse, &a, drop);
 }
@@ -395,7 +424,14 @@ typedef struct {
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
+    DocumentOptions docs;        /* packed documents (llmc/documents.h; eot_token -1: off) */
+    int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start) */
 } CpuModel;
+
+/* The document starts attention masks with, and those positions restart at
+ * (NULL: none). */
+static inline const int* attention_doc_start(const CpuModel* m) { return m->docs.reset_attention_mask ? m->doc_start : NULL; }
+static inline const int* position_doc_start(const CpuModel* m) { return m->docs.reset_position_ids ? m->doc_start : NULL; }
 
 /* Site `kind` of layer l in the running pass (threshold 0: no dropout). */
 static inline DropoutSite cpu_site(const CpuModel* m, DropoutSiteKind kind, int l) { return dropout_site(m->drop, kind, l); }
@@ -431,6 +467,7 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     m->cfg = plan->spec.cfg;
     m->plan = plan;
     m->drop = &dropout_off;
+    m->docs.eot_token = -1;
     if (posix_memalign((void**)&m->arena, PLAN_ALIGN, plan->total_bytes) != 0) {
         plan_oom_report(plan, available_host_memory(), "host");
         fail("out of host memory: the plan needs %.1f MiB", mib(plan->total_bytes));
@@ -459,6 +496,7 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
         m->ring_dkv[1] = m->ring_dkv[0] + block;
     }
     cpu_set_shape(m, m->B, m->T);
+    m->doc_start = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "document starts");
     m->zero = plan->spec.zero_stage == 1 && m->world > 1;
     if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
     else { m->shard_start = 0; m->shard_count = plan->num_params; }
@@ -502,7 +540,7 @@ static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real
         real* cur = m->ring_kv[s % 2];
         if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
         RingBlock blocks[4];
-        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, blocks);
+        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, attention_doc_start(m), 1, blocks);
         for (int i = 0; i < n; i++) attention_block_forward(out, lse, qkv, cur, 2 * C, &blocks[i].block, blocks[i].first, drop);
         ring_wait(&m->ring, &m->cp, "the ring attention forward");
     }
@@ -521,7 +559,7 @@ static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, c
         real* dcur = m->ring_dkv[s % 2];
         if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
         RingBlock blocks[4];
-        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, blocks);
+        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, attention_doc_start(m), 0, blocks);
         for (int i = 0; i < n; i++)
             attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &blocks[i].block, drop);
         /* the sums go on to the next member; the last step's reach their owner */
@@ -549,13 +587,13 @@ static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, c
 static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
     if (m->cp.degree > 1) ring_attention_forward(m, out, lse, qkv, drop);
-    else attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop);
+    else attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
     if (m->cp.degree > 1) ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
-    else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop);
+    else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
 }
 
 /* Rows [r0, ...) of layer l's activation a (plan_act_row_offset: a tiled
@@ -721,7 +759,7 @@ static void offload_release(CpuModel* m, int l) { cpu_offload_release(&m->offloa
 static void model_forward(CpuModel* m, const int* inputs) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
-    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout);
+    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, position_doc_start(m));
     if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd);
     for (int l = 0; l < L; l++) {
         block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
@@ -750,11 +788,18 @@ static int argmax_row(const real* row, int V) {
     return best;
 }
 
+/* Whether row n's loss counts: not where its input is end of text under
+ * --eod-mask-loss (llmc/documents.h). */
+static inline int loss_counts(const CpuModel* m, const int* inputs, int n) {
+    return !m->docs.eod_mask_loss || inputs[n] != m->docs.eot_token;
+}
+
 /* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
  * chunk of rows at a time: logits (rows,Vp) = lnf @ wte^T, never all of
- * (N,Vp) at once. Writes per-token losses (without a backward also the
- * top-1 tokens); dlnf goes to the dln buffer. */
-static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
+ * (N,Vp) at once. Writes per-token losses (0 where the loss does not
+ * count, and no gradient there; without a backward also the top-1 tokens);
+ * dlnf goes to the dln buffer. */
+static void classifier(CpuModel* m, const int* inputs, const int* targets, real dloss_per_token) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
@@ -765,10 +810,11 @@ static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
             real* row = m->logits + (size_t)r * Vp;
             int target = targets[r0 + r];
             real target_logit = row[target];
+            int counts = loss_counts(m, inputs, r0 + r);
             if (dloss_per_token == 0) m->top1[r0 + r] = argmax_row(row, V);
-            m->losses[r0 + r] = softmax_row(row, V) - target_logit;
+            m->losses[r0 + r] = counts ? softmax_row(row, V) - target_logit : 0;
             if (dloss_per_token == 0) continue;
-            for (int v = 0; v < V; v++) row[v] = (row[v] - (v == target ? 1 : 0)) * dloss_per_token;
+            for (int v = 0; v < V; v++) row[v] = counts ? (row[v] - (v == target ? 1 : 0)) * dloss_per_token : 0;
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
@@ -777,11 +823,16 @@ static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
     }
 }
 
-static real mean_loss(const CpuModel* m) {
+/* The mean loss over the rows whose loss counts (0 when none does). */
+static real mean_loss(const CpuModel* m, const int* inputs) {
     double sum = 0;
-    int N = m->B * m->T;
-    for (int i = 0; i < N; i++) sum += (double)m->losses[i];
-    return (real)(sum / N);
+    int N = m->B * m->T, counted = 0;
+    for (int i = 0; i < N; i++) {
+        if (!loss_counts(m, inputs, i)) continue;
+        sum += (double)m->losses[i];
+        counted++;
+    }
+    return counted ? (real)(sum / counted) : 0;
 }
 
 /* Segment checkpointing (plan.h): layers first..last run forward again from
@@ -815,7 +866,7 @@ static void model_backward(CpuModel* m, const int* inputs) {
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd);
-    encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, C, &m->layout);
+    encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, C, &m->layout, position_doc_start(m));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -932,20 +983,22 @@ static float cpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_m
     m->drop = &m->train_dropout;
     cpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     model_forward(m, mb->inputs);
-    classifier(m, mb->targets, (real)dloss_mean / (real)(m->B * m->T));
+    classifier(m, mb->inputs, mb->targets, (real)dloss_mean / (real)(m->B * m->T));
     model_backward(m, mb->inputs);
-    return (float)mean_loss(m);
+    return (float)mean_loss(m, mb->inputs);
 }
 
 static void cpu_set_dropout(void* ctx, const DropoutState* d) { ((CpuModel*)ctx)->train_dropout = *d; }
+
+static void cpu_set_documents(void* ctx, const DocumentOptions* d) { ((CpuModel*)ctx)->docs = *d; }
 
 static float cpu_forward_loss(void* ctx, const int* inputs, const int* targets) {
     CpuModel* m = (CpuModel*)ctx;
     m->drop = &dropout_off;
     cpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     model_forward(m, inputs);
-    classifier(m, targets, 0);
-    return (float)mean_loss(m);
+    classifier(m, inputs, targets, 0);
+    return (float)mean_loss(m, inputs);
 }
 
 static void cpu_token_losses(void* ctx, float* out) {
@@ -980,16 +1033,22 @@ static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     if (N == 1) {
         memcpy(m->inputs, tokens, (size_t)len * sizeof(int));
         cpu_set_shape(m, 1, len);
+        if (documents_need_starts(&m->docs)) document_starts_extend(m->doc_start, m->inputs, len, 0, 0, m->docs.eot_token);
         model_forward(m, m->inputs);
         cpu_row_probs(m, len - 1, probs);
         return;
     }
     int Tl = ring_padded_length(len, N) / N, row;
     cpu_set_shape(m, 1, Tl);
+    int* whole = documents_need_starts(&m->docs) ? (int*)malloc_check((size_t)padded * 2 * sizeof(int), "document starts") : NULL;
+    for (int p = 0; whole && p < padded; p++) whole[padded + p] = tokens[p < len ? p : 0];
+    if (whole) document_starts_extend(whole, whole + padded, padded, 0, 0, m->docs.eot_token);
     for (int i = 0; i < Tl; i++) {
         int pos = token_position(&m->layout, (size_t)i);
         m->inputs[i] = tokens[pos < len ? pos : 0];
+        if (whole) m->doc_start[i] = whole[pos];
     }
+    free(whole);
     model_forward(m, m->inputs);
     int owner = ring_position_owner(len - 1, Tl, N, &row);
     if (owner == m->cp.member) cpu_row_probs(m, row, probs);
@@ -1083,6 +1142,8 @@ static Backend cpu_backend(CpuModel* m) {
     be.model_file_version = 3;
     be.forward_backward = cpu_forward_backward;
     be.set_dropout = cpu_set_dropout;
+    be.set_documents = cpu_set_documents;
+    be.doc_start = m->doc_start;
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
     be.token_top1 = cpu_token_top1;
@@ -1106,6 +1167,7 @@ static void cpu_model_free(CpuModel* m) {
     free(m->arena);
     free(m->host_pool);
     free(m->top1);
+    free(m->doc_start);
     memset(m, 0, sizeof(*m));
 }
 

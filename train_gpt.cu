@@ -127,6 +127,14 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
+    /* packed documents (llmc/documents.h): device buffers outside the plan's arena, B*T ints each */
+    DocumentOptions docs;
+    int* h_doc_start;           /* pinned (B,T): the loader's starts (Backend.doc_start), or sampling's */
+    int* doc_start;             /* device copy, uploaded with the tokens */
+    int* h_counted_targets;     /* pinned (B,T): targets with -1 where the loss does not count */
+    int* h_pos_runs;            /* pinned 3 B*T: encoder_position_runs of the current call */
+    int* pos_runs;              /* device copy */
+    int pos_run_count, pos_run_positions;
 } GpuModel;
 
 /* Site `kind` of layer l in the running pass (threshold 0: no dropout). */
@@ -261,6 +269,8 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_xfer = pinned_alloc(io * sizeof(floatX), "parameter staging");
     m->h_logits = pinned_alloc((size_t)m->cfg.padded_vocab_size * sizeof(floatX), "logits row");
     m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
+    m->docs.eot_token = -1;
+    m->h_doc_start = (int*)pinned_alloc(N * sizeof(int), "document starts");
     m->cp = context_groups(plan_context_parallel(&plan->spec), remat_proc.rank, plan->spec.world_size);
     if (m->cp.degree > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec);
@@ -282,8 +292,12 @@ static void gpu_model_free(GpuModel* m) {
     offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
     CUDA_CHECK(cudaFree(m->top1));
-    void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits};
-    for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++) CUDA_CHECK(cudaFreeHost(pinned[i]));
+    void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits,
+                      m->h_doc_start, m->h_counted_targets, m->h_pos_runs};
+    for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
+        if (pinned[i]) CUDA_CHECK(cudaFreeHost(pinned[i]));
+    if (m->doc_start) CUDA_CHECK(cudaFree(m->doc_start));
+    if (m->pos_runs) CUDA_CHECK(cudaFree(m->pos_runs));
     free(m->bucket_count);
     memset(m, 0, sizeof(*m));
 }
@@ -347,6 +361,19 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
  * blocks are summed in fp32 (ring_acc; dK/dV in ring_dkv) and stored as
  * floatX once, after the ring. */
 
+/* The device document starts attention masks with (NULL: none). */
+static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->docs.reset_attention_mask ? m->doc_start : NULL; }
+
+/* The chunk pairs of ring step `step` to launch (llmc/ring.h's, chosen on
+ * the host copy of the document starts), each pointed at the device copy. */
+static int gpu_ring_step_blocks(const GpuModel* m, int step, int keep_first, RingBlock out[4]) {
+    const int* device_starts = gpu_attention_doc_start(m);
+    int n = ring_step_blocks(&m->cp, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step, device_starts ? m->h_doc_start : NULL,
+                             keep_first, out);
+    for (int i = 0; i < n; i++) out[i].block.doc_start = device_starts;
+    return n;
+}
+
 /* Member r's K/V (B,T,2C), packed out of its qkv (B,T,3C) for sending. */
 static void gpu_ring_pack_kv(floatX* kv, const floatX* qkv, size_t rows, int C, cudaStream_t s) {
     size_t row = (size_t)C * sizeof(floatX);
@@ -371,7 +398,7 @@ static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, con
         int ld;
         const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
         RingBlock blocks[4];
-        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, step, blocks);
+        int n = gpu_ring_step_blocks(m, step, 1, blocks);
         for (int i = 0; i < n; i++) gpu_attention_block_forward(m->ring_acc, lse, qkv, kv, ld, &blocks[i].block, blocks[i].first, drop, s);
         if (step + 1 < N) multigpu_ring_join(m->mg, s);
     }
@@ -395,7 +422,7 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
         const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
         float* dkv = m->ring_dkv[step % 2];
         RingBlock blocks[4];
-        int n = ring_step_blocks(&m->cp, m->B, C, NH, m->T, step, blocks);
+        int n = gpu_ring_step_blocks(m, step, 0, blocks);
         for (int i = 0; i < n; i++)
             gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &blocks[i].block, drop, s);
         /* the sums go on to the next member; the last step's reach their owner */
@@ -410,14 +437,15 @@ static void gpu_layer_attention_forward(GpuModel* m, int l, const DropoutSite* d
     floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
     float* lse = gstat(m, l, ACT_ATT_LSE);
     if (m->cp.degree > 1) gpu_ring_attention_forward(m, out, lse, qkv, drop);
-    else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream);
+    else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream, gpu_attention_doc_start(m));
 }
 
 static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty, const DropoutSite* drop) {
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
     if (m->cp.degree > 1) gpu_ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
-    else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream);
+    else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream,
+                                gpu_attention_doc_start(m));
 }
 
 /* Block l forward from its stored input x, tile by tile but for attention;
@@ -621,7 +649,8 @@ static void gpu_model_forward(GpuModel* m) {
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     offload_acquire(&m->off, 0);
-    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, m->stream);
+    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, m->stream,
+                        m->docs.reset_position_ids ? m->doc_start : NULL);
     if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd, m->stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) offload_acquire(&m->off, l + 1);
@@ -651,14 +680,20 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
     prof_end(&m->prof, PROF_CLASSIFIER, m->stream);
 }
 
-/* Mean of the per-token losses, summed on the host in double like the CPU. */
-static float gpu_mean_loss(GpuModel* m) {
-    int N = m->B * m->T;
+/* Mean of the per-token losses over those that count (--eod-mask-loss:
+ * not where the input is end of text; 0 when none does), summed on the host
+ * in double like the CPU. */
+static float gpu_mean_loss(GpuModel* m, const int* inputs) {
+    int N = m->B * m->T, counted = 0;
     CUDA_CHECK(cudaMemcpyAsync(m->h_losses, m->losses, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, m->stream));
     gpu_wait(m);
     double sum = 0;
-    for (int i = 0; i < N; i++) sum += (double)m->h_losses[i];
-    return (float)(sum / N);
+    for (int i = 0; i < N; i++) {
+        if (m->docs.eod_mask_loss && inputs[i] == m->docs.eot_token) continue;
+        sum += (double)m->h_losses[i];
+        counted++;
+    }
+    return counted ? (float)(sum / counted) : 0.0f;
 }
 
 /* The fp32 sums of one group of gradients (layer l's, or with -1 the
@@ -710,9 +745,12 @@ static void gpu_model_backward(GpuModel* m) {
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) gpu_dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
+    const int* runs = m->docs.reset_position_ids ? m->pos_runs : NULL;
     if (m->wte_grad_fp32)
-        gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream);
-    else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream);
+        gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream,
+                             runs, m->pos_run_count, m->pos_run_positions);
+    else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream,
+                              runs, m->pos_run_count, m->pos_run_positions);
     gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
     offload_finish(&m->off);
@@ -724,9 +762,34 @@ static void gpu_model_backward(GpuModel* m) {
  * inputs/targets, or anything the caller keeps alive until the stream has
  * read them. */
 static void gpu_upload_tokens(GpuModel* m, const int* inputs, const int* targets) {
-    size_t bytes = (size_t)m->B * m->T * sizeof(int);
+    size_t N = (size_t)m->B * m->T, bytes = N * sizeof(int);
     CUDA_CHECK(cudaMemcpyAsync(m->inputs, inputs, bytes, cudaMemcpyHostToDevice, m->stream));
+    if (targets && m->docs.eod_mask_loss) { /* the classifier's mark of a row whose loss does not count: target -1 */
+        for (size_t i = 0; i < N; i++) m->h_counted_targets[i] = inputs[i] == m->docs.eot_token ? -1 : targets[i];
+        targets = m->h_counted_targets;
+    }
     if (targets) CUDA_CHECK(cudaMemcpyAsync(m->targets, targets, bytes, cudaMemcpyHostToDevice, m->stream));
+    if (!documents_need_starts(&m->docs)) return;
+    CUDA_CHECK(cudaMemcpyAsync(m->doc_start, m->h_doc_start, bytes, cudaMemcpyHostToDevice, m->stream));
+    if (!m->docs.reset_position_ids) return;
+    m->pos_run_count = encoder_position_runs(m->h_pos_runs, m->h_doc_start, &m->layout, m->B, &m->pos_run_positions);
+    CUDA_CHECK(cudaMemcpyAsync(m->pos_runs, m->h_pos_runs, (size_t)m->pos_run_count * 3 * sizeof(int), cudaMemcpyHostToDevice, m->stream));
+}
+
+/* Packed documents (llmc/documents.h): what the passes after it mask; the
+ * buffers are made on the first call that needs them. */
+static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
+    GpuModel* m = (GpuModel*)ctx;
+    m->docs = *d;
+    size_t N = (size_t)m->plan->spec.B * plan_local_T(&m->plan->spec);
+    if (d->eod_mask_loss && !m->h_counted_targets) m->h_counted_targets = (int*)pinned_alloc(N * sizeof(int), "counted targets");
+    if (documents_need_starts(d) && !m->doc_start) CUDA_CHECK(cudaMalloc((void**)&m->doc_start, N * sizeof(int)));
+    if (d->reset_position_ids && !m->pos_runs) {
+        m->h_pos_runs = (int*)pinned_alloc(3 * N * sizeof(int), "position runs");
+        CUDA_CHECK(cudaMalloc((void**)&m->pos_runs, 3 * N * sizeof(int)));
+    }
+    if (d->reset_attention_mask && ATTENTION_KIND == ATT_KIND_MMA)
+        printf("documents: the WMMA (tc) attention kernels run (the mma ones mask no documents yet), and the CUDA-core ones for the ring's blocks\n");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -784,7 +847,7 @@ static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_m
     gpu_model_forward(m);
     gpu_classifier(m, dloss_mean / (float)N);
     gpu_model_backward(m);
-    float loss = gpu_mean_loss(m); /* waits for the stream */
+    float loss = gpu_mean_loss(m, mb->inputs); /* waits for the stream */
     prof_read_back(&m->prof);
     return loss;
 }
@@ -799,7 +862,7 @@ static float gpu_forward_loss(void* ctx, const int* inputs, const int* targets) 
     gpu_model_forward(m);
     offload_finish(&m->off);
     gpu_classifier(m, 0.0f);
-    return gpu_mean_loss(m);
+    return gpu_mean_loss(m, inputs);
 }
 
 /* The per-token losses gpu_mean_loss copied to the host. */
@@ -863,6 +926,13 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     for (int i = 0; i < m->T; i++) {
         int pos = token_position(&m->layout, (size_t)i);
         m->h_inputs[i] = pos < len ? tokens[pos] : 0;
+    }
+    if (documents_need_starts(&m->docs)) { /* the starts of the padded sequence's positions, then this rank's */
+        int* whole = (int*)malloc_check((size_t)T * 2 * sizeof(int), "document starts");
+        for (int p = 0; p < T; p++) whole[T + p] = p < len ? tokens[p] : 0;
+        document_starts_extend(whole, whole + T, T, 0, 0, m->docs.eot_token);
+        for (int i = 0; i < m->T; i++) m->h_doc_start[i] = whole[token_position(&m->layout, (size_t)i)];
+        free(whole);
     }
     int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
     m->drop = &dropout_off;
@@ -1052,6 +1122,8 @@ static Backend gpu_backend(GpuModel* m) {
     gpu_device_record(m, &be.device);
     be.forward_backward = gpu_forward_backward;
     be.set_dropout = gpu_set_dropout;
+    be.set_documents = gpu_set_documents;
+    be.doc_start = m->h_doc_start;
     be.forward_loss = gpu_forward_loss;
     be.token_losses = gpu_token_losses;
     be.token_top1 = gpu_token_top1;

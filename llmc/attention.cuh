@@ -33,7 +33,14 @@
  *
  * Masking: key s is used for query t iff s <= t and both < T; T need not be a
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
- * compute on zeros and store nothing).
+ * compute on zeros and store nothing). Packed documents (doc_start,
+ * llmc/documents.h; these kernels and attention_tc.cuh's, not the mma ones
+ * yet): key s is used for
+ * query t only when s >= doc_start[t] as well. A row's starts never
+ * decrease, so a block of query rows needs no key tile before its first
+ * row's start (those tiles are skipped, the others masked per key), and a
+ * block of key rows no query past the last one whose document starts at or
+ * before its last key (att_queries_end).
  *
  * Dropout (DropoutSite, dropout.h; threshold 0: none, and the launchers then
  * run each kernel's DROPOUT = false instantiation, the code without it):
@@ -154,6 +161,8 @@ __device__ __forceinline__ unsigned att_drop_keep_col16_any(const DropoutSite& d
 struct AttBlockArgs {
     AttentionBlock a;
     const floatX* kv; /* (B,Tl,kv_ld): K at channel 0, V at C */
+    /* a.doc_start: packed documents' starts (device, (B,Tl) global positions;
+     * NULL: none), in whole-sequence launches too (the rest zero there) */
     int kv_ld;
     float* acc;       /* forward: out_acc (B,Tl,C); dQ: dq_acc (B,Tl,C); dK/dV: dkv_acc (B,Tl,2C) */
     int first;        /* forward: write (1) or merge into (0) out_acc and lse */
@@ -213,6 +222,28 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int
         sp.diag = sp.tq0 = sp.tk0 = 0;
     }
     return sp;
+}
+
+/* The first key (the kernel's key index) that query row t (clamped to the
+ * span's rows) sees under the document mask: 0 without one. */
+__device__ __forceinline__ int att_first_key(const AttBlockArgs& blk, const AttSpan& sp, int t) {
+    if (!blk.a.doc_start) return 0;
+    const int tc = min(max(t, 0), sp.nq - 1);
+    return max(blk.a.doc_start[sp.qrow + tc] - sp.tk0, 0);
+}
+
+/* One past the last query of [t_begin, sp.nq) that sees key s_last or one
+ * before it (att_first_key <= s_last): the queries a block of keys up to
+ * s_last needs; the first keys never decrease, so a binary search. */
+__device__ __forceinline__ int att_queries_end(const AttBlockArgs& blk, const AttSpan& sp, int t_begin, int s_last) {
+    if (!blk.a.doc_start) return sp.nq;
+    int lo = max(t_begin, 0), hi = sp.nq; /* the answer is in [lo, hi] */
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (att_first_key(blk, sp, mid) <= s_last) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 #if PRECISION_IS_FP32 || defined(ATTENTION_SIMT)
@@ -345,7 +376,9 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     float m = -INFINITY, l = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_ROWS + diag, nkr);
-    for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
+    /* documents: the key tiles before the block's first row's start are skipped */
+    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE;
+    for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
@@ -359,7 +392,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             for (int u = 0; u < ATT_SUB; u++) {
                 const int key = k0 + j0 + u;
                 float d = group_sum<G>(att_dot_smem<HS>(q, ks[j0 + u], g));
-                s[u] = (key <= t + diag && key < nkr) ? d * scale : -INFINITY;
+                s[u] = (key <= t + diag && key < nkr && key >= kfirst) ? d * scale : -INFINITY;
                 mx = fmaxf(mx, s[u]);
             }
             const float mnew = fmaxf(m, mx);
@@ -379,18 +412,21 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     }
     if constexpr (BLOCK) {
         const bool seen = t < sp.nq && t + sp.diag >= 0; /* else the block leaves the row alone */
+        /* documents: a row may see none of the block's keys; a first block
+         * then writes an empty part (0, lse -inf) for later ones to merge into */
+        const bool any = seen && kfirst <= t + sp.diag && kfirst < sp.nk;
         float* l_row = lse + sp.stat + min(t, sp.nq - 1);
         /* the row's lse is read and written by its thread g == 0 alone; the others get it by a shuffle */
-        const float lpart = m + logf(l);
-        const float old = __shfl_sync(0xffffffffu, (g == 0 && seen && !blk.first) ? *l_row : 0.0f, (threadIdx.x & 31) & ~(G - 1));
-        if (seen) {
+        const float lpart = any ? m + logf(l) : -INFINITY;
+        const float old = __shfl_sync(0xffffffffu, (g == 0 && any && !blk.first) ? *l_row : 0.0f, (threadIdx.x & 31) & ~(G - 1));
+        if (any || (seen && blk.first)) {
             const float merged = blk.first ? lpart : att_merged_lse(old, lpart);
             const float w0 = blk.first ? 0.0f : expf(old - merged), w1 = blk.first ? 1.0f : expf(lpart - merged);
             float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
                 const int c = att_channel<G>(e, g);
-                if (c < hs) row[c] = blk.first ? o[e] / l : row[c] * w0 + o[e] / l * w1;
+                if (c < hs) row[c] = blk.first ? (any ? o[e] / l : 0.0f) : row[c] * w0 + o[e] / l * w1;
             }
             if (g == 0) *l_row = merged;
         }
@@ -446,7 +482,8 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_ROWS + diag, nkr);
-    for (int k0 = 0; k0 < kend; k0 += ATT_TILE) {
+    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE; /* as in the forward */
+    for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
@@ -460,7 +497,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
             const int key = k0 + j;
             const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(dO, vs[j], g));
-            const float p = (key <= t + diag && key < nkr) ? expf(s * scale - row_lse) : 0.0f;
+            const float p = (key <= t + diag && key < nkr && key >= kfirst) ? expf(s * scale - row_lse) : 0.0f;
             const float ds = p * (att_drop_factor(keep, j, keep_scale) * dp - D) * scale;
             att_axpy_smem<HS>(dq, ds, ks[j], g);
         }
@@ -496,6 +533,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
     __shared__ __align__(16) float qs[ATT_TILE][HS];
     __shared__ __align__(16) float dos[ATT_TILE][HS];
     __shared__ float lse_s[ATT_TILE], d_s[ATT_TILE];
+    __shared__ int kf_s[ATT_TILE]; /* documents: each staged query's first key */
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int s0 = blockIdx.x * ATT_ROWS;
     const int g = threadIdx.x % G, s = s0 + threadIdx.x / G;
@@ -514,7 +552,10 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    for (int t0 = BLOCK ? max(s0 - diag, 0) : s0; t0 < nqr; t0 += ATT_TILE) {
+    const int t_begin = BLOCK ? max(s0 - diag, 0) : s0;
+    /* documents: no query past the last one whose document starts at or before this block's last key */
+    const int t_end = att_queries_end(blk, sp, t_begin, min(s0 + ATT_ROWS, nkr) - 1);
+    for (int t0 = t_begin; t0 < t_end; t0 += ATT_TILE) {
         __syncthreads();
         /* q rows have stride 3C, dout rows stride C: stage them separately */
         for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
@@ -527,6 +568,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             int r = t0 + j;
             lse_s[j] = r < nqr ? lse[stat0 + r] : 0.0f;
             d_s[j] = r < nqr ? rowsum[stat0 + r] : 0.0f;
+            kf_s[j] = att_first_key(blk, sp, r);
         }
         __syncthreads();
         unsigned keep = ~0u;
@@ -539,7 +581,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             const int t = t0 + j;
             const float score = group_sum<G>(att_dot_smem<HS>(k, qs[j], g));
             const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[j], g));
-            const float p = (t + diag >= s && t < nqr) ? expf(score * scale - lse_s[j]) : 0.0f;
+            const float p = (t + diag >= s && t < nqr && kf_s[j] <= s) ? expf(score * scale - lse_s[j]) : 0.0f;
             const float f = att_drop_factor(keep, j, keep_scale);
             const float ds = p * (f * dp - d_s[j]) * scale;
             att_axpy_smem<HS>(dv, p * f, dos[j], g);
@@ -616,10 +658,11 @@ static inline const char* attention_kernels_note(int hs) {
  * carries nothing of dropout, so a run without it pays nothing for it. */
 template <int HS, bool DROPOUT>
 static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
-                                        const DropoutSite& drop, cudaStream_t stream) {
+                                        const DropoutSite& drop, const int* doc_start, cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
+    if (doc_start && kind == ATT_KIND_MMA) kind = ATT_KIND_TC; /* the mma kernels mask no documents yet: the WMMA ones do */
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
             attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
@@ -629,32 +672,36 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop);
+        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
+                                                                                                                       doc_start);
         CUDA_CHECK_LAUNCH();
         return;
     }
 #else
     (void)kind;
 #endif
+    AttBlockArgs docs{};
+    docs.a.doc_start = doc_start;
     attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
-                                                                                                                    AttBlockArgs{});
+                                                                                                                    docs);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
-                                     const DropoutSite& drop, cudaStream_t stream) {
-    if (drop.threshold) attention_forward_launch_as<HS, true>(out, lse, qkv, B, T, C, NH, kind, drop, stream);
-    else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, C, NH, kind, drop, stream);
+                                     const DropoutSite& drop, cudaStream_t stream, const int* doc_start = nullptr) {
+    if (drop.threshold) attention_forward_launch_as<HS, true>(out, lse, qkv, B, T, C, NH, kind, drop, doc_start, stream);
+    else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, C, NH, kind, drop, doc_start, stream);
 }
 
 template <int HS, bool DROPOUT>
 static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                          const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
-                                         cudaStream_t stream) {
+                                         const int* doc_start, cudaStream_t stream) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
+    if (doc_start && kind == ATT_KIND_MMA) kind = ATT_KIND_TC; /* as in the forward */
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
@@ -664,9 +711,11 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     }
     if (kind != ATT_KIND_SIMT) {
         dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
-        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop);
+        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
+                                                                                          doc_start);
         CUDA_CHECK_LAUNCH();
-        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop);
+        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
+                                                                                           doc_start);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -674,20 +723,22 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     (void)kind;
 #endif
     dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
+    AttBlockArgs docs{};
+    docs.a.doc_start = doc_start;
     attention_backward_dq_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
-                                                                                       AttBlockArgs{});
+                                                                                       docs);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
-                                                                                        AttBlockArgs{});
+                                                                                        docs);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
-                                      cudaStream_t stream) {
-    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
-    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, stream);
+                                      cudaStream_t stream, const int* doc_start = nullptr) {
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, doc_start, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, doc_start, stream);
 }
 
 /* One kernel launch of the attention forward or backward, as the launchers
@@ -765,31 +816,34 @@ static inline DropoutSite attention_no_dropout(void) {
 }
 
 /* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C); drop: the attention site of
- * this layer and micro-step (dropout.h), or NULL for none. */
+ * this layer and micro-step (dropout.h), or NULL for none; doc_start
+ * (device (B,T)): packed documents' starts, or NULL for none (with them the
+ * mma family hands over to the WMMA kernels, which mask documents as the
+ * CUDA-core ones do: docs/documents.md). */
 static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, const DropoutSite* drop,
-                                         cudaStream_t stream) {
+                                         cudaStream_t stream, const int* doc_start = nullptr) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
+    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
+    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
+    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
     default: attention_check_shape(C, NH);
     }
 }
 
 /* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch
  * (the only scratch of every kernel family); drop: the forward's site, so
- * the same mask is drawn again. */
+ * the same mask is drawn again; doc_start: the forward's. */
 static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                           const floatX* out, const float* lse, int B, int T, int C, int NH, const DropoutSite* drop,
-                                          cudaStream_t stream) {
+                                          cudaStream_t stream, const int* doc_start = nullptr) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
+    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
     default: attention_check_shape(C, NH);
     }
 }
@@ -809,7 +863,9 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
  * (attention_mma.cuh) where attention_block_mma_fits; every other case, the
  * tc family included (head sizes other than 64 and 128 in the 16-bit
  * builds, or ATTENTION=tc), runs the simt kernels' (CUDA cores, fp32 math):
- * the WMMA kernels have no block variant yet (docs/attention_kernels.md). */
+ * the WMMA kernels have no block variant yet (docs/attention_kernels.md);
+ * with packed documents (a->doc_start, a device pointer) the simt ones in
+ * every build (the mma kernels mask no documents yet). */
 
 /* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
  * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
@@ -875,7 +931,7 @@ static void attention_block_forward_launch(float* out_acc, float* lse, const flo
                                            int first, const DropoutSite& drop, cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
+        if (!a->doc_start && attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
             attention_mma_block_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }
@@ -906,7 +962,8 @@ static void attention_block_backward_launch(float* dq_acc, float* dkv_acc, const
                                             cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) && attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
+        if (!a->doc_start && attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
+            attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
             attention_mma_block_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }

@@ -238,10 +238,29 @@ template <int HS> struct AttTcForwardSmem {
     static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
 };
 
+/* Packed documents (doc_start: this row's (T) starts, NULL: none; llmc/documents.h):
+ * the first key query t sees. The starts never decrease along a row. */
+__device__ __forceinline__ int att_tc_first_key(const int* doc_start, int t, int T) {
+    return doc_start ? doc_start[min(max(t, 0), T - 1)] : 0;
+}
+
+/* One past the last query of [t_begin, T) whose document starts at or before
+ * key s_last (a binary search; T without documents). */
+__device__ __forceinline__ int att_tc_queries_end(const int* doc_start, int t_begin, int s_last, int T) {
+    if (!doc_start) return T;
+    int lo = max(t_begin, 0), hi = T;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (doc_start[mid] <= s_last) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale,
-                            DropoutSite drop) {
+                            DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     static_assert(AttTc<HS>::HALF == 16, "a lane's columns are one att_drop_keep_row16");
     typedef AttTcForwardSmem<HS> L;
@@ -269,12 +288,16 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
     float m = -INFINITY, l = 0.0f; /* row t's running max (scaled scores) and sum; same in both lanes */
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_TC_ROWS, T);
-    for (int k0 = 0; k0 < kend; k0 += ATT_TC_TILE) {
+    /* documents: key tiles before the block's first row's start are skipped, before the warp's first row's too */
+    const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr;
+    const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
+    for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q) is no longer read */
         att_tc_stage<HS>(Ks, base + C, ld, k0, ATT_TC_TILE, T, hs);
         att_tc_stage<HS>(Vs, base + 2 * C, ld, k0, ATT_TC_TILE, T, hs);
         __syncthreads();
         if (k0 > r0 + 15) continue; /* every key of this tile is after every query of this warp */
+        if (k0 + ATT_TC_TILE <= kwarp) continue; /* every key of it is before every query's document */
         att_tc_scores<HS>(Sw, q, Ks);
         __syncwarp();
         float s[Cfg::HALF];
@@ -282,7 +305,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
             const int c = half * Cfg::HALF + j, key = k0 + c;
-            s[j] = (key <= t && key < T) ? Sw[row * Cfg::SLD + c] * scale : -INFINITY;
+            s[j] = (key <= t && key < T && key >= kfirst) ? Sw[row * Cfg::SLD + c] * scale : -INFINITY;
             mx = fmaxf(mx, s[j]);
         }
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -333,7 +356,7 @@ template <int HS> struct AttTcDqSmem {
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop) {
+                                const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDqSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
@@ -374,12 +397,14 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(dq[f], 0.0f);
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int kend = min(q0 + ATT_TC_ROWS, T);
-    for (int k0 = 0; k0 < kend; k0 += ATT_TC_TILE) {
+    const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr; /* as in the forward */
+    const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
+    for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q, dO) is no longer read */
         att_tc_stage<HS>(Ks, base + C, ld, k0, ATT_TC_TILE, T, hs);
         att_tc_stage<HS>(Vs, base + 2 * C, ld, k0, ATT_TC_TILE, T, hs);
         __syncthreads();
-        if (k0 > r0 + 15) continue;
+        if (k0 > r0 + 15 || k0 + ATT_TC_TILE <= kwarp) continue;
         att_tc_scores<HS>(Sw, q, Ks);
         att_tc_scores<HS>(dPw, dO, Vs);
         const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
@@ -387,7 +412,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
             const int c = half * Cfg::HALF + j, key = k0 + c;
-            const float p = (key <= t && key < T) ? expf(Sw[row * Cfg::SLD + c] * scale - row_lse) : 0.0f;
+            const float p = (key <= t && key < T && key >= kfirst) ? expf(Sw[row * Cfg::SLD + c] * scale - row_lse) : 0.0f;
             const float dp = att_drop_factor(keep, j, keep_scale) * dPw[row * Cfg::SLD + c];
             dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (dp - D) * scale);
         }
@@ -420,7 +445,7 @@ template <int HS> struct AttTcDkvSmem {
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                                 int T, int C, int NH, int hs, float scale, DropoutSite drop) {
+                                 int T, int C, int NH, int hs, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDkvSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
@@ -457,7 +482,11 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         wmma::fill_fragment(dv[f], 0.0f);
     }
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    for (int t0 = s0; t0 < T; t0 += ATT_TC_TILE) {
+    /* documents: no query past the last one whose document starts at or before the block's (the warp's) last key */
+    const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr;
+    const int t_end = att_tc_queries_end(row_starts, s0, min(s0 + ATT_TC_ROWS, T) - 1, T);
+    const int t_end_warp = att_tc_queries_end(row_starts, r0, min(r0 + 16, T) - 1, T);
+    for (int t0 = s0; t0 < t_end; t0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged K, V) is no longer read */
         att_tc_stage<HS>(Qs, base, ld, t0, ATT_TC_TILE, T, hs);
         att_tc_stage<HS>(dOs, dobase, C, t0, ATT_TC_TILE, T, hs);
@@ -467,7 +496,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
             d_s[j] = r < T ? rowsum[stat0 + r] : 0.0f;
         }
         __syncthreads();
-        if (t0 + ATT_TC_TILE - 1 < r0) continue; /* every query of this tile is before every key of this warp */
+        if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
         att_tc_scores<HS>(Sw, k, Qs);  /* S^T: key rows x query columns */
         att_tc_scores<HS>(dPw, v, dOs); /* dP^T */
         const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0 + half * Cfg::HALF, s) : ~0u;
@@ -475,7 +504,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
             const int c = half * Cfg::HALF + j, tq = t0 + c;
-            const float p = (tq >= s && tq < T) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
+            const float p = (tq >= s && tq < T && att_tc_first_key(row_starts, tq, T) <= s) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
             const float f = att_drop_factor(keep, j, keep_scale);
             Pw[row * Cfg::PLD + c] = from_f32<floatX>(p * f);
             dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (f * dPw[row * Cfg::SLD + c] - d_s[c]) * scale);

@@ -27,6 +27,7 @@
 #include "run_identity.h"
 #include "preempt.h"
 #include "dropout.h"
+#include "documents.h"
 
 /* The state of a pass that drops nothing: evaluation, sampling. */
 static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0, 0, 0};
@@ -107,15 +108,24 @@ typedef struct {
     DeviceRecord device;    /* what it computes on, recorded in checkpoints */
     float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
     uint16_t* window;       /* host B*T+1 tokens for the dataloader */
+    int* doc_start;         /* host B*T: the data loader's document starts for inputs (llmc/documents.h) */
     /* forward and backward of one micro-batch; gradients accumulate (the
      * last micro-step finishes them: fp32 sums, the overlapped reduction);
-     * dloss_mean scales the gradient of the micro-batch's mean loss; returns
-     * that mean loss */
+     * dloss_mean scales the gradient of the micro-batch's mean loss over all
+     * its B*T tokens (with --eod-mask-loss the tokens not counted add
+     * nothing, and train_step rescales the sums to the mean over the tokens
+     * counted); returns the mean loss over the tokens counted (0: none) */
     float (*forward_backward)(void* ctx, const MicroBatch* mb, float dloss_mean);
     /* the dropout of the forward_backward calls that follow (their step and
      * micro-step fix the masks); forward_loss and next_token_probs never drop */
     void (*set_dropout)(void* ctx, const DropoutState* d);
-    /* the mean loss of a (B, T) batch, without gradients */
+    /* packed documents: what the passes after it mask (llmc/documents.h);
+     * forward_backward and forward_loss read the starts from doc_start,
+     * next_token_probs builds its own */
+    void (*set_documents)(void* ctx, const DocumentOptions* d);
+    /* the mean loss of a (B, T) batch, without gradients (over the tokens
+     * counted: with --eod-mask-loss those whose input is not end of text; 0
+     * when none is) */
     float (*forward_loss)(void* ctx, const int* inputs, const int* targets);
     /* after forward_loss: its B*T per-token losses, row-major (b, t), to host */
     void (*token_losses)(void* ctx, float* out);
@@ -162,6 +172,7 @@ typedef struct {
     char dropout_desc[400];   /* where each probability came from, for the printout ("" when none) */
     HparamContext hp;         /* what the state's hyperparameters record besides the flags */
     DataRecord data;          /* the training data, as the state records it */
+    DocumentOptions docs;     /* packed documents, resolved when the tokenizer is loaded */
 } Run;
 
 /* Tokens of one optimizer step, every data-parallel group's (a context-parallel group shares its B x T). */

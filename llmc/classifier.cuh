@@ -11,6 +11,8 @@
  *   loss_r = lse - logit_y
  *   dlogits_v = (exp(logit_v - lse) - [v == y]) * dloss   (v < V), 0 (v >= V)
  * written over the logits in place. With dloss == 0 only the loss is written.
+ * A target below 0 marks a row whose loss does not count (--eod-mask-loss,
+ * llmc/documents.h): loss 0 and dlogits 0.
  *
  * One block per row: each thread keeps an online (max, sum of exp) over its
  * strided columns, the block combines them in a fixed tree, then the row is
@@ -58,6 +60,11 @@ classifier_fused_kernel(floatX* logits, float* losses, const int* targets, int V
     const int row = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     floatX* x = logits + (size_t)row * Vp;
     const int target = targets[row];
+    if (target < 0) { /* a row whose loss does not count (--eod-mask-loss): loss 0, no gradient */
+        if (threadIdx.x == 0) losses[row] = 0.0f;
+        for (int v = threadIdx.x; dloss != 0.0f && v < Vp; v += blockDim.x) x[v] = from_f32<floatX>(0.0f);
+        return;
+    }
     const float target_logit = to_f32(x[target]); /* read before any thread overwrites the row */
     const int groups = (V + VEC - 1) / VEC, stride = blockDim.x;
     float m = -INFINITY, s = 0.0f;

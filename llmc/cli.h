@@ -25,6 +25,10 @@ typedef struct {
     const char* val_glob;
     const char* tokenizer_path;
     int shuffle;
+    /* packed documents (llmc/documents.h) */
+    int reset_attention_mask, reset_position_ids, eod_mask_loss;
+    int eot_token; /* -1: the tokenizer file's, else 50256 for GPT-2's vocabulary */
+    int plan_doc_len; /* the time model's document length with --reset-attention-mask (0: none) */
     /* batch */
     int B, T, total_batch_tokens;
     int max_steps;
@@ -99,6 +103,11 @@ static const FlagSpec flag_table[] = {
     {"-j", FLAG_STRING, OPT(val_glob), 0, 0, FOR_BOTH, "validation token shards (glob; empty string: no validation)"},
     {"--tokenizer", FLAG_STRING, OPT(tokenizer_path), 0, 0, FOR_BOTH, "tokenizer file for decoding samples (default: *tokenizer.bin beside the train shards, else gpt2_tokenizer.bin)"},
     {"--shuffle", FLAG_INT, OPT(shuffle), 0, 1, FOR_BOTH, "1: shuffle shard order and batch order each epoch"},
+    {"--reset-attention-mask", FLAG_SWITCH, OPT(reset_attention_mask), 0, 1, FOR_BOTH, "packed documents: a token attends only to earlier tokens of its own document (a document starts at an end-of-text token, or at a row's start); attention skips the work across documents"},
+    {"--reset-position-ids", FLAG_SWITCH, OPT(reset_position_ids), 0, 1, FOR_BOTH, "packed documents: positions restart at 0 at each document's start (its end-of-text token)"},
+    {"--eod-mask-loss", FLAG_SWITCH, OPT(eod_mask_loss), 0, 1, FOR_BOTH, "packed documents: no loss where the input token is end of text (its prediction has no context); the loss is the mean over the tokens counted"},
+    {"--eot-token", FLAG_INT, OPT(eot_token), -1, 65535, FOR_BOTH, "the end-of-text token that starts each document, for the three flags above (-1: the tokenizer file's, else 50256 with GPT-2's vocabulary)"},
+    {"--plan-doc-len", FLAG_INT, OPT(plan_doc_len), 0, 4194304, FOR_BOTH, "with --reset-attention-mask: the time model of --plan and -r auto assumes documents of N tokens packed back to back, so attention attends their pairs only (0: the whole causal triangle)"},
     {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
     {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576)"},
     {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*groups); must be a multiple of B*T*groups, groups = processes / --context-parallel"},
@@ -180,6 +189,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->train_glob = DEFAULT_TRAIN_GLOB;
     o->val_glob = DEFAULT_VAL_GLOB;
     o->tokenizer_path = "";
+    o->eot_token = -1;
     o->B = 4;
     o->T = 1024;
     o->total_batch_tokens = -1;
@@ -281,6 +291,10 @@ static inline void check_flag_combinations(const TrainOptions* o) {
              strcmp(r, "auto") == 0 ? ", which chooses every layer's mode itself" : recompute_is_mix(r) ? ", a per-layer mix whose groups name the layers" : "");
     if (option_given(o, "-nm") && o->keep_last == 0)
         fail("flag -nm: applies with -nk N (keep only the last N checkpoints); without -nk every checkpoint is kept");
+    if (o->plan_doc_len && !o->reset_attention_mask)
+        fail("flag --plan-doc-len: applies with --reset-attention-mask (without it attention attends every causal pair)");
+    if (option_given(o, "--eot-token") && !o->reset_attention_mask && !o->reset_position_ids && !o->eod_mask_loss)
+        fail("flag --eot-token: applies with --reset-attention-mask, --reset-position-ids or --eod-mask-loss (none is given)");
     if (o->resume_override && !o->resume) fail("flag --resume-override: applies to -y 1 only (a fresh run has no checkpoint to differ from)");
 }
 

@@ -173,10 +173,21 @@ static inline Work work_add(Work a, Work b, double k) {
     return a;
 }
 
-/* Causal attention forward FLOPs of one layer on this rank: all of the
- * T(T+1)/2 causal pairs, or under context parallelism its 1/N share. */
+/* Attended (query, key) pairs of one sequence: the causal T(T+1)/2, or
+ * with packed documents of doc_len tokens (--plan-doc-len with
+ * --reset-attention-mask, docs/documents.md) each document's. */
+static inline double spec_attended_pairs(const PlanSpec* s) {
+    const double T = s->T, L = s->doc_len;
+    if (s->doc_len <= 0 || s->doc_len >= s->T) return T * (T + 1.0) / 2.0;
+    const double whole = floor(T / L), rest = T - whole * L;
+    return whole * L * (L + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0;
+}
+
+/* Causal attention forward FLOPs of one layer on this rank (4 C per pair:
+ * QK^T and PV): all of the sequence's attended pairs, or under context
+ * parallelism its 1/N share. */
 static inline double attention_forward_flops(const PlanSpec* s) {
-    return 2.0 * s->B * (double)s->T * (s->T + 1.0) * s->cfg.channels / plan_context_parallel(s);
+    return 4.0 * s->B * spec_attended_pairs(s) * s->cfg.channels / plan_context_parallel(s);
 }
 
 /* This rank's tokens of a micro-step: B*T, or B*T/N under context parallelism. */

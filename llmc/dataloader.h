@@ -25,6 +25,7 @@
 #include "utils.h"
 #include "rand.h"
 #include "token_layout.h" /* context_position */
+#include "documents.h"
 
 #define SHARD_MAGIC 20240520
 
@@ -50,6 +51,8 @@ typedef struct {
     uint16_t* window;      /* B*T+1 tokens (from the plan) */
     int* inputs;           /* B*T (from the plan) */
     int* targets;
+    int eot;               /* packed documents (llmc/documents.h): the token that starts one; -1: off */
+    int* doc_start;        /* B*Tl: each loaded token's document start, a global position in its row (eot >= 0) */
 } DataLoader;
 
 typedef struct {
@@ -154,6 +157,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     globfree(&g);
     dl->window = window; dl->inputs = inputs; dl->targets = targets;
     dl->open_shard = -1;
+    dl->eot = -1;
     loader_prepare_position(dl);
 }
 
@@ -185,18 +189,37 @@ static inline void loader_read(DataLoader* dl, int s, size_t start, size_t n) {
                  dl->paths[s], dl->window[i], start + i, dl->vocab_size);
 }
 
-/* This rank's chunks of each of the window's B rows (see the top). */
+/* Every loaded token's document start from here on (llmc/documents.h):
+ * the loader builds them from the tokens, so that a context-parallel rank
+ * knows where a document that began in another rank's chunk started. */
+static inline void dataloader_documents(DataLoader* dl, int eot, int* doc_start) {
+    dl->eot = eot;
+    dl->doc_start = doc_start;
+}
+
+/* This rank's chunks of each of the window's B rows (see the top). With
+ * documents the chunks before the second are read too, for the document
+ * starts (a row's tokens once more at most: a fraction of a step's work). */
 static inline void loader_read_chunks(DataLoader* dl, int s, size_t window_start) {
     size_t Tc = (size_t)dl->T / (2 * (size_t)dl->parts), Tl = 2 * Tc;
-    for (size_t b = 0; b < (size_t)dl->B; b++)
-        for (size_t k = 0; k < 2; k++) {
-            size_t chunk = k == 0 ? (size_t)dl->part : 2 * (size_t)dl->parts - 1 - (size_t)dl->part;
+    size_t first = (size_t)dl->part, second = 2 * (size_t)dl->parts - 1 - (size_t)dl->part;
+    for (size_t b = 0; b < (size_t)dl->B; b++) {
+        int cur = 0;
+        for (size_t chunk = dl->eot >= 0 ? 0 : first; chunk <= second; chunk++) {
+            if (chunk != first && chunk != second && dl->eot < 0) continue;
             loader_read(dl, s, window_start + b * (size_t)dl->T + chunk * Tc, Tc);
-            for (size_t i = 0; i < Tc; i++) {
-                dl->inputs[b * Tl + k * Tc + i] = dl->window[i];
-                dl->targets[b * Tl + k * Tc + i] = dl->window[i + 1];
+            if (chunk != first && chunk != second) {
+                cur = document_starts_skip(dl->window, (int)Tc, (int)(chunk * Tc), cur, dl->eot);
+                continue;
             }
+            size_t k = chunk == first ? 0 : 1, at = b * Tl + k * Tc;
+            for (size_t i = 0; i < Tc; i++) {
+                dl->inputs[at + i] = dl->window[i];
+                dl->targets[at + i] = dl->window[i + 1];
+            }
+            if (dl->eot >= 0) cur = document_starts_extend(dl->doc_start + at, dl->inputs + at, (int)Tc, (int)(chunk * Tc), cur, dl->eot);
         }
+    }
 }
 
 /* Loads the next batch into inputs/targets and advances, wrapping epochs. */
@@ -214,6 +237,8 @@ static inline void dataloader_next(DataLoader* dl) {
             dl->inputs[i] = dl->window[i];
             dl->targets[i] = dl->window[i + 1];
         }
+        for (size_t b = 0; dl->eot >= 0 && b < (size_t)dl->B; b++)
+            document_starts_extend(dl->doc_start + b * dl->T, dl->inputs + b * dl->T, dl->T, 0, 0, dl->eot);
     }
     if (++dl->batch_pos < dl->batches[s]) return;
     dl->batch_pos = 0;

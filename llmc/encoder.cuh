@@ -16,6 +16,14 @@
  * local position t (each a distinct global position) and summed over b in
  * order. Deterministic, no atomics.
  *
+ * Packed documents with --reset-position-ids (pos_start, llmc/documents.h):
+ * a token's position is its global one less its document's start, so rows
+ * share wpe rows. The forward reads that row; the backward groups the local
+ * rows into runs of consecutive positions (a document, cut at a row's or a
+ * context-parallel chunk's edge) on the host, and one thread per wpe
+ * element sums the runs covering its position in run order, which is local
+ * row order (the CPU's order).
+ *
  * Access: 16-byte vectors of XVEC elements (8 bf16/fp16, 4 fp32) along C
  * where C is a multiple of XVEC and the pointers are 16-byte aligned, one
  * element otherwise; the wte sums keep WTE_LOADS_IN_FLIGHT rows in flight.
@@ -33,25 +41,27 @@
  * store) where C is a multiple of it and the pointers are 16-byte aligned,
  * else 1. */
 template <int VEC>
-__global__ void encoder_forward_kernel(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int N, int C, TokenLayout lay) {
+__global__ void encoder_forward_kernel(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int N, int C, TokenLayout lay,
+                                       const int* pos_start) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= (size_t)N * C) return;
     int bt = (int)(i / C), c = (int)(i % C);
-    int t = token_position(&lay, (size_t)bt);
+    int t = token_position(&lay, (size_t)bt) - (pos_start ? pos_start[bt] : 0);
     Vec<floatX, VEC> e = vload<VEC>(wte + (size_t)tokens[bt] * C + c), p = vload<VEC>(wpe + (size_t)t * C + c), o;
 #pragma unroll
     for (int k = 0; k < VEC; k++) o.v[k] = from_f32<floatX>(to_f32(e.v[k]) + to_f32(p.v[k]));
     vstore<VEC>(x + i, o);
 }
 
+/* pos_start (device (B,T)): the document starts positions restart at, or NULL. */
 static inline void gpu_encoder_forward(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int B, int C,
-                                       const TokenLayout* lay, cudaStream_t stream) {
+                                       const TokenLayout* lay, cudaStream_t stream, const int* pos_start = nullptr) {
     int N = B * lay->T;
     size_t n = (size_t)N * C;
     if (C % XVEC == 0 && all_aligned16(x, wte, wpe))
-        encoder_forward_kernel<XVEC><<<grid_for(n / XVEC, 256), 256, 0, stream>>>(x, tokens, wte, wpe, N, C, *lay);
+        encoder_forward_kernel<XVEC><<<grid_for(n / XVEC, 256), 256, 0, stream>>>(x, tokens, wte, wpe, N, C, *lay, pos_start);
     else
-        encoder_forward_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(x, tokens, wte, wpe, N, C, *lay);
+        encoder_forward_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(x, tokens, wte, wpe, N, C, *lay, pos_start);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -252,6 +262,52 @@ __global__ void encoder_backward_wpe_kernel(floatX* dwpe, const floatX* dx, int 
     vstore<VEC>(row, g);
 }
 
+/* Runs of restarting positions (host): out[3k .. 3k+2] = first local row,
+ * its position, length of run k, in local row order; returns how many (at
+ * most B*T), and *positions one past the largest position. */
+static inline int encoder_position_runs(int* out, const int* pos_start, const TokenLayout* lay, int B, int* positions) {
+    int n = 0, top = 0, N = B * lay->T;
+    for (int r = 0; r < N; r++) {
+        int pos = token_position(lay, (size_t)r) - pos_start[r];
+        if (n > 0 && r % lay->T != 0 && pos == out[3 * (n - 1) + 1] + out[3 * (n - 1) + 2]) {
+            out[3 * (n - 1) + 2]++;
+        } else {
+            out[3 * n] = r;
+            out[3 * n + 1] = pos;
+            out[3 * n + 2] = 1;
+            n++;
+        }
+        top = pos + 1 > top ? pos + 1 : top;
+    }
+    *positions = top;
+    return n;
+}
+
+/* dwpe[p,:] += the sum over the runs covering position p (runs: n triples of
+ * encoder_position_runs, device), in run order, of dx at the run's row for
+ * p. Thread i owns element i of the (positions, C) rows. */
+__global__ void encoder_backward_wpe_runs_kernel(floatX* dwpe, const floatX* dx, const int* runs, int n, int positions, int C) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)positions * C) return;
+    const int p = (int)(i / C), c = (int)(i % C);
+    float acc = 0.0f;
+    for (int k = 0; k < n; k++) {
+        const int row = runs[3 * k], p0 = runs[3 * k + 1], len = runs[3 * k + 2];
+        if (p >= p0 && p < p0 + len) acc += to_f32(dx[(size_t)(row + p - p0) * C + c]);
+    }
+    dwpe[i] = from_f32<floatX>(to_f32(dwpe[i]) + acc);
+}
+
+/* The wpe gradient of restarting positions: runs (device) and their count,
+ * positions as encoder_position_runs gave them. */
+static inline void gpu_encoder_backward_wpe_runs(floatX* dwpe, const floatX* dx, const int* runs, int n, int positions, int C,
+                                                 cudaStream_t stream) {
+    size_t elems = (size_t)positions * C;
+    if (elems == 0) return;
+    encoder_backward_wpe_runs_kernel<<<grid_for(elems, 256), 256, 0, stream>>>(dwpe, dx, runs, n, positions, C);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int VEC, typename G>
 static inline void encoder_backward_wte_launch(G* dwte, float* scratch, const floatX* dx, const int* d_buckets,
                                                const TokenBuckets* tb, int N, int C, cudaStream_t stream) {
@@ -269,15 +325,22 @@ static inline void encoder_backward_wte_launch(G* dwte, float* scratch, const fl
 /* d_buckets: the device copy of encoder_build_buckets' output, tb its
  * counts; scratch: WTE_MAX_SEGMENTS * C floats (the column partials).
  * dwte: floatX* or float* (see the kernel). */
+/* pos_runs: with restarting positions, the device runs (encoder_position_runs)
+ * and their count and positions (then the wpe gradient is theirs); NULL: none. */
 template <typename G>
 static inline void gpu_encoder_backward(G* dwte, floatX* dwpe, const floatX* dx, const int* d_buckets, const TokenBuckets* tb,
-                                        float* scratch, int B, int C, const TokenLayout* lay, cudaStream_t stream) {
+                                        float* scratch, int B, int C, const TokenLayout* lay, cudaStream_t stream,
+                                        const int* pos_runs = nullptr, int runs = 0, int positions = 0) {
     int T = lay->T;
     if (tb->items > 0) {
         if (C % XVEC == 0 && all_aligned16(dwte, dx, scratch))
             encoder_backward_wte_launch<XVEC, G>(dwte, scratch, dx, d_buckets, tb, B * T, C, stream);
         else
             encoder_backward_wte_launch<1, G>(dwte, scratch, dx, d_buckets, tb, B * T, C, stream);
+    }
+    if (pos_runs) {
+        gpu_encoder_backward_wpe_runs(dwpe, dx, pos_runs, runs, positions, C, stream);
+        return;
     }
     size_t n = (size_t)T * C;
     if (C % XVEC == 0 && all_aligned16(dwpe, dx))

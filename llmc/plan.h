@@ -157,6 +157,7 @@ typedef struct {
     int segment_layers;     /* K: layers per checkpointed segment (--segment-layers; 0 or 1: off) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
+    int doc_len;            /* the time model's packed documents (--plan-doc-len): tokens each; 0: none (the causal triangle) */
 } PlanSpec;
 
 typedef struct {

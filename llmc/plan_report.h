@@ -854,6 +854,9 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
     fprintf(out, "  token tiles: %.3g s per pass over a tile, matmuls at half rate at %.3g rows\n", cm.tile_pass_s, cm.matmul_half_rows);
+    if (s->doc_len > 0 && s->doc_len < s->T)
+        fprintf(out, "  packed documents of %d tokens (--plan-doc-len): attention attends %.3g%% of the causal pairs\n", s->doc_len,
+                100.0 * spec_attended_pairs(s) / ((double)s->T * (s->T + 1.0) / 2.0));
     if (plan_context_parallel(s) > 1) plan_print_ring(p, &cm, out);
 }
 

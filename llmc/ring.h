@@ -55,15 +55,23 @@ typedef struct {
 /* The chunk pairs member g->member computes at ring step `step` (on the K/V
  * block that started at member - step), in the order the merge needs (query
  * chunk, then key chunk); the causal mask's empty pairs are left out. Rows
- * of B x Tl local tokens. Returns how many (at most 4). */
-static inline int ring_step_blocks(const ContextGroups* g, int B, int C, int NH, int Tl, int step, RingBlock out[4]) {
+ * of B x Tl local tokens. With doc_start (B, Tl: packed documents, the
+ * document start of each row, in host memory) a pair in which no query
+ * shares a document with a key is left out too, except with keep_first a
+ * query chunk's first block: the forward writes the row there even when it
+ * sees nothing, for later blocks to merge into. Returns how many (at most 4). */
+static inline int ring_step_blocks(const ContextGroups* g, int B, int C, int NH, int Tl, int step, const int* doc_start, int keep_first,
+                                   RingBlock out[4]) {
     int N = g->degree, origin = (g->member - step + N) % N, n = 0;
     for (int qc = 0; qc < 2; qc++)
-        for (int kc = 0; kc < 2; kc++)
-            if (context_chunk_block(B, C, NH, Tl, N, g->member, origin, qc, kc, &out[n].block)) {
-                out[n].first = step == 0 && kc == 0;
-                n++;
-            }
+        for (int kc = 0; kc < 2; kc++) {
+            RingBlock* r = &out[n];
+            if (!context_chunk_block(B, C, NH, Tl, N, g->member, origin, qc, kc, &r->block)) continue;
+            r->block.doc_start = doc_start;
+            r->first = step == 0 && kc == 0;
+            if (doc_start && !(keep_first && r->first) && !block_has_pairs(&r->block)) continue;
+            n++;
+        }
     return n;
 }
 

@@ -158,18 +158,21 @@ static inline void eval_dump_end(PositionLosses* pl, const Run* run) {
 }
 
 /* Adds the last batch's B x Tl token losses and top-1 hits to their
- * positions' buckets (and the dump). */
+ * positions' buckets (and the dump): with --reset-position-ids the position
+ * within the document, and with --eod-mask-loss only the tokens counted. */
 static inline void position_losses_add(PositionLosses* pl, Backend* be, const Run* run, int batch) {
     int B = run->opt.B, Tl = run->opt.T / run->cp.degree;
+    const DocumentOptions* docs = &run->docs;
     be->token_losses(be->ctx, pl->losses);
     be->token_top1(be->ctx, pl->top1);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < Tl; i++) {
             size_t k = (size_t)b * Tl + i;
+            if (docs->eod_mask_loss && be->inputs[k] == docs->eot_token) continue;
             double hit = pl->top1[k] == be->targets[k];
             pl->all_hits += hit;
             pl->all_tokens += 1.0;
-            int bucket = pl->bucket_of[pl->position[i]];
+            int bucket = pl->bucket_of[pl->position[i] - (docs->reset_position_ids ? be->doc_start[k] : 0)];
             if (bucket < 0) continue;
             pl->loss_sum[bucket] += (double)pl->losses[k];
             pl->hits[bucket] += hit;
@@ -216,10 +219,13 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
     for (int i = 0; i < pl->n; i++) pl->loss_sum[i] = pl->hits[i] = pl->tokens[i] = 0.0;
     pl->all_hits = pl->all_tokens = 0.0;
     eval_dump_begin(pl, run, n, step);
-    double sum = 0.0;
+    double sum = 0.0, counted = 0.0;
+    size_t rows = (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.degree);
     for (int i = 0; i < n; i++) {
         dataloader_next(val); /* fills be->inputs, be->targets */
-        sum += be->forward_loss(be->ctx, be->inputs, be->targets);
+        double k = (double)documents_counted(&run->docs, be->inputs, rows); /* all of them without --eod-mask-loss */
+        sum += (double)be->forward_loss(be->ctx, be->inputs, be->targets) * (run->docs.eod_mask_loss ? k : 1.0);
+        counted += k;
         if (pl->per_token) position_losses_add(pl, be, run, i);
     }
     eval_dump_end(pl, run);
@@ -228,7 +234,14 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
         pl->hits[i] = proc_sum(pl->hits[i], "the validation sums by position");
         pl->tokens[i] = proc_sum(pl->tokens[i], "the validation sums by position");
     }
-    float mean = (float)proc_mean(sum / n, "the validation loss mean");
+    float mean;
+    if (run->docs.eod_mask_loss) { /* the mean over the tokens counted, all batches and processes */
+        counted = proc_sum(counted, "the count of validation tokens counted");
+        double total = proc_sum(sum, "the validation loss sum");
+        mean = counted > 0 ? (float)(total / counted) : 0.0f;
+    } else {
+        mean = (float)proc_mean(sum / n, "the validation loss mean");
+    }
     printf("val loss %.6f at step %d\n", (double)mean, step);
     logger_val(log, step, mean);
     if (pl->per_token) {

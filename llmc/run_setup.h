@@ -558,6 +558,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
+    spec.doc_len = run->opt.plan_doc_len;
     plan_validate_spec(&spec);
     spec.tile_tokens = run->opt.tile_tokens;
     spec.segment_layers = run->opt.segment_layers;

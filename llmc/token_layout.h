@@ -44,10 +44,16 @@ REMAT_HOST_DEVICE static inline size_t token_global_row(const TokenLayout* lay, 
  * is the block q0 = k0 = qi = ki = 0, Tq = Tk = T; under context
  * parallelism a block is one chunk of queries against one chunk of keys
  * (context_chunk_block). T is the whole sequence's length (dropout's masks
- * are laid out on it), Tl the tokens of each row the tensors hold. */
+ * are laid out on it), Tl the tokens of each row the tensors hold.
+ * doc_start (packed documents, llmc/documents.h; NULL: none) holds, for
+ * each of this rank's B x Tl rows, the global position where its document
+ * starts: query t then sees key u only when doc_start[t] <= u as well, and
+ * the keys before that are skipped, not masked. On the GPU it points at
+ * device memory. */
 typedef struct {
     int B, C, NH, T, Tl;
     int Tq, Tk, q0, k0, qi, ki;
+    const int* doc_start;
 } AttentionBlock;
 
 /* Keys of the block that query i sees: none, some (the diagonal) or all. */
@@ -56,9 +62,26 @@ REMAT_HOST_DEVICE static inline int block_keys_seen(const AttentionBlock* a, int
     return n < 0 ? 0 : n < a->Tk ? n : a->Tk;
 }
 
+/* The first key of the block that query i of row b sees: 0, or with
+ * documents the one at its document's start (block_keys_seen or more: none). */
+REMAT_HOST_DEVICE static inline int block_keys_first(const AttentionBlock* a, int b, int i) {
+    if (!a->doc_start) return 0;
+    int first = a->doc_start[(size_t)b * (size_t)a->Tl + (size_t)(a->qi + i)] - a->k0;
+    return first > 0 ? first : 0;
+}
+
+/* Whether any query of the block sees any of its keys (with documents the
+ * ring skips a block none does). */
+static inline int block_has_pairs(const AttentionBlock* a) {
+    for (int b = 0; b < a->B; b++)
+        for (int i = 0; i < a->Tq; i++)
+            if (block_keys_first(a, b, i) < block_keys_seen(a, i)) return 1;
+    return 0;
+}
+
 /* The whole sequence on one process: one block. */
 static inline AttentionBlock whole_sequence(int B, int T, int C, int NH) {
-    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0};
+    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0, NULL};
     return a;
 }
 
@@ -71,7 +94,7 @@ static inline int context_chunk_block(int B, int C, int NH, int Tl, int parts, i
     int Tc = Tl / 2;
     int gq = qc == 0 ? member : 2 * parts - 1 - member, gk = kc == 0 ? origin : 2 * parts - 1 - origin;
     if (gk > gq) return 0;
-    AttentionBlock b = {B, C, NH, parts * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc};
+    AttentionBlock b = {B, C, NH, parts * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL};
     *a = b;
     return 1;
 }

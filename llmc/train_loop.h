@@ -39,7 +39,7 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
     const TrainOptions* o = &run->opt;
     StepResult r = {0.0f, 0.0f, 0.0f, 0};
     be->zero_grads(be->ctx);
-    double loss = 0.0;
+    double loss = 0.0, counted = 0.0;
     float scale = loss_scaler_factor(&run->scaler);
     /* summing over processes then gives the gradient of the mean loss of the global batch */
     float dloss_mean = scale / (float)(run->grad_accum * run->world);
@@ -50,10 +50,24 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
         MicroBatch mb = {be->inputs, be->targets, micro, run->grad_accum};
         drop.micro_step = (uint32_t)micro;
         be->set_dropout(be->ctx, &drop);
-        loss += be->forward_backward(be->ctx, &mb, dloss_mean);
+        float mean = be->forward_backward(be->ctx, &mb, dloss_mean);
+        if (!run->docs.eod_mask_loss) { loss += mean; continue; }
+        double k = (double)documents_counted(&run->docs, mb.inputs, (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.degree));
+        loss += (double)mean * k;
+        counted += k;
     }
     if (be->sync_grads) be->sync_grads(be->ctx);
-    r.loss = (float)proc_mean(loss / run->grad_accum, "the training loss mean");
+    if (run->docs.eod_mask_loss) {
+        /* the gradients are scale times the sum over the tokens counted over
+         * all the step's tokens: as a mean over the tokens counted they are
+         * that much smaller, so the factor they carry is scale * counted / all */
+        counted = proc_sum(counted, "the count of tokens whose loss counts");
+        double sum = proc_sum(loss, "the training loss sum");
+        r.loss = counted > 0 ? (float)(sum / counted) : 0.0f;
+        if (counted > 0) scale = (float)((double)scale * counted / (double)run_tokens_per_step(run));
+    } else {
+        r.loss = (float)proc_mean(loss / run->grad_accum, "the training loss mean");
+    }
     r.norm = be->grad_norm(be->ctx) / scale;
     r.lr = learning_rate(o->schedule, o->lr, o->final_lr_frac, o->warmup_steps, step - 1, steps);
     int finite = isfinite(r.norm) && isfinite(r.loss);
@@ -115,6 +129,64 @@ static inline void report_step(Run* run, Backend* be, LoopState* ls, int step, i
     logger_train(&ls->log, step, r->loss, r->lr, r->norm, ms, tokens_per_s, tokens, mib(memory));
 }
 
+/* Packed documents: the end-of-text token (--eot-token, else the
+ * tokenizer file's, else GPT-2's 50256 for its vocabulary), handed to the
+ * loaders, which build the document starts, and to the trainer. */
+static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
+    const TrainOptions* o = &run->opt;
+    DocumentOptions d = {o->reset_attention_mask, o->reset_position_ids, o->eod_mask_loss, -1};
+    if (!documents_any(&d)) { run->docs = d; return; }
+    if (o->eot_token >= run->cfg.vocab_size)
+        fail("flag --eot-token %d: not a token of the model's vocabulary (%d)", o->eot_token, run->cfg.vocab_size);
+    if (o->eot_token >= 0) {
+        if (ls->tk.loaded && ls->tk.eot_token != o->eot_token)
+            fail("flag --eot-token %d: the tokenizer file %s says end of text is %d", o->eot_token, ls->tk.path, ls->tk.eot_token);
+        d.eot_token = o->eot_token;
+    } else if (ls->tk.loaded) {
+        d.eot_token = ls->tk.eot_token;
+    } else if (run->cfg.vocab_size == 50257) {
+        d.eot_token = 50256;
+    } else {
+        fail("flags --reset-attention-mask, --reset-position-ids, --eod-mask-loss: no tokenizer file says which token ends a text, "
+             "and the vocabulary (%d) is not GPT-2's: give --eot-token N", run->cfg.vocab_size);
+    }
+    if (d.eot_token >= run->cfg.vocab_size)
+        fail("the tokenizer file's end-of-text token %d is not a token of the model's vocabulary (%d)", d.eot_token, run->cfg.vocab_size);
+    if (!be->set_documents) fail("flags --reset-attention-mask, --reset-position-ids, --eod-mask-loss: this trainer has no document masking");
+    run->docs = d;
+    be->set_documents(be->ctx, &d);
+    int* starts = documents_need_starts(&d) ? be->doc_start : NULL;
+    if (starts) {
+        dataloader_documents(&ls->train, d.eot_token, starts);
+        if (ls->has_val) dataloader_documents(&ls->val, d.eot_token, starts);
+    }
+    printf("documents: start at token %d;%s%s%s\n", d.eot_token, d.reset_attention_mask ? " attention masked to each document;" : "",
+           d.reset_position_ids ? " positions restart at each document;" : "", d.eod_mask_loss ? " no loss where the input is end of text" : "");
+}
+
+/* After the first step with --reset-attention-mask: the share of the causal
+ * (query, key) pairs the last micro-batch's documents leave to attention,
+ * and how unevenly the ranks share that work (under the ring the chunks no
+ * longer carry equal work): each rank's pairs against the mean of all. */
+static inline void report_attended_pairs(const Run* run, const Backend* be) {
+    if (!run->docs.reset_attention_mask) return;
+    int Tl = run->opt.T / run->cp.degree;
+    TokenLayout lay = {Tl, run->cp.member, run->cp.degree};
+    double mine = 0.0, causal = 0.0;
+    for (size_t n = 0; n < (size_t)run->opt.B * (size_t)Tl; n++) {
+        int pos = token_position(&lay, n);
+        mine += (double)(pos - be->doc_start[n] + 1);
+        causal += (double)(pos + 1);
+    }
+    double all = proc_sum(mine, "the attended pairs"), all_causal = proc_sum(causal, "the causal pairs");
+    double most = proc_max(mine, "the attended pairs"), least = -proc_max(-mine, "the attended pairs");
+    double mean = all / run->world;
+    if (run->rank != 0) return;
+    printf("documents: attention attends %.3g%% of the causal pairs (the last micro-batch)", 100.0 * all / all_causal);
+    if (run->world > 1) printf("; ranks' pairs from %.2f to %.2f of their mean", least / mean, most / mean);
+    printf("\n");
+}
+
 /* Data loaders (validated here, before any step), tokenizer, prompt,
  * buffers. Reads only: nothing in -o changes before open_output. */
 static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
@@ -134,6 +206,7 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
                         run->cfg.vocab_size, 0,
                         (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     load_tokenizer(run, &ls->tk);
+    documents_resolve(run, be, ls);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
     ls->gen = (int*)malloc_check(((size_t)o->T + 1) * sizeof(int), "sampler");
     ls->candidates = (SampleCandidate*)malloc_check((size_t)run->cfg.vocab_size * sizeof(SampleCandidate), "sampler");
@@ -261,6 +334,7 @@ static inline void train(Run* run, Backend* be) {
         if (be->step_end) be->step_end(be->ctx, step + 1);
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
         report_step(run, be, &ls, step + 1, steps, &r, ms);
+        if (step == start) report_attended_pairs(run, be);
         if (step + 1 < steps) maybe_stop_on_signal(run, be, &ls, step + 1);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);

@@ -20,7 +20,21 @@ Since the chain is first order and each token is the whole state, the best
 prediction of the next token needs only the current one, so the floor holds at
 every position of a training window, the first included.
 
-The stream starts with EOT and EOT precedes each document, like the GPT-2 shards.
+The stream starts with EOT and EOT precedes each document, like the GPT-2 shards;
+documents have varied lengths (each word ends its document with its own
+probability: geometric-like lengths around the mean, many of a few tokens, some
+of hundreds).
+
+Packed documents (the trainers' --reset-attention-mask, --reset-position-ids,
+--eod-mask-loss; docs/documents.md): masking attention to each document and
+restarting positions hide only context the chain does not use (the prediction
+after EOT, a document's first, sees EOT itself, which is all it needs), so the
+floor stays H. Without the loss where the input is EOT (--eod-mask-loss) the
+mean runs over the other tokens only, and the floor is theirs:
+
+    H_counted = -sum_{i != EOT} pi_i sum_j P_ij ln P_ij / (1 - pi_EOT),
+
+written as entropy_nats_per_token_eod_masked.
 Outputs, in --output-dir (default data/synthetic/): synthetic_train.bin,
 synthetic_val.bin (token shards), synthetic_tokenizer.bin (version-2 tokenizer:
 each word decodes as a pronounceable pseudo-word with a leading space, EOT as
@@ -192,6 +206,15 @@ def entropy_rate(P: np.ndarray, pi: np.ndarray) -> float:
     return float(-(pi * (P * logs).sum(axis=1)).sum())
 
 
+def entropy_rate_without(P: np.ndarray, pi: np.ndarray, state: int) -> float:
+    """The entropy rate over the predictions whose input is not `state` (the
+    floor of a loss that leaves out the predictions made from EOT)."""
+    logs = np.log(np.where(P > 0, P, 1.0))
+    per_state = -(P * logs).sum(axis=1)
+    keep = np.arange(len(pi)) != state
+    return float((pi[keep] * per_state[keep]).sum() / pi[keep].sum())
+
+
 def unigram_entropy(pi: np.ndarray) -> float:
     return float(-(pi * np.log(pi)).sum())
 
@@ -326,6 +349,7 @@ def main(argv=None) -> None:
     P = transition_matrix(chain)
     pi = stationary(P)
     H, H1 = entropy_rate(P, pi), unigram_entropy(pi)
+    H_counted = entropy_rate_without(P, pi, chain.eot)
     mean_doc = 1.0 / pi[chain.eot]  # mean return time to EOT = tokens per document
     tokens = word_texts(args.words, names_rng) + [EOT_TEXT]
     val = sample_stream(chain, args.val_tokens, val_rng, mean_doc)
@@ -341,6 +365,7 @@ def main(argv=None) -> None:
         "eot": chain.eot,
         "entropy_nats_per_token": H,
         "entropy_bits_per_token": H / math.log(2),
+        "entropy_nats_per_token_eod_masked": H_counted,
         "unigram_entropy_nats": H1,
         "mean_document_tokens": mean_doc,
         "seed": args.seed,
@@ -356,6 +381,7 @@ def main(argv=None) -> None:
     print(f"vocab {chain.vocab_size} (eot {chain.eot}), mean document {mean_doc:.1f} tokens")
     print(f"entropy floor  {H:.6f} nats/token ({H / math.log(2):.4f} bits): a perfect model's loss")
     print(f"unigram entropy {H1:.6f} nats/token (loss of a model ignoring context)")
+    print(f"with --eod-mask-loss the floor is {H_counted:.6f} nats/token (the predictions made from EOT left out)")
     print(f"wrote {len(train):,} train + {len(val):,} val tokens to {out} in {dt:.1f}s")
 
 

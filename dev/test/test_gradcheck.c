@@ -24,8 +24,8 @@
 static double loss_at(TestModel* tm) {
     tm->m.drop = &tm->m.train_dropout;
     model_forward(&tm->m, tm->m.inputs);
-    classifier(&tm->m, tm->m.targets, 0);
-    return (double)mean_loss(&tm->m);
+    classifier(&tm->m, tm->m.inputs, tm->m.targets, 0);
+    return (double)mean_loss(&tm->m, tm->m.inputs);
 }
 
 /* Checks every gradient element; returns the tensors that failed. *loss_out: the loss. */

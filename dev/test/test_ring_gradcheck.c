@@ -54,8 +54,8 @@ static double ring_loss(CpuModel* m) {
     m->drop = &m->train_dropout;
     cpu_set_shape(m, RING_B, RING_T / RING_N);
     model_forward(m, m->inputs);
-    classifier(m, m->targets, 0);
-    return group_sum((double)mean_loss(m)) / RING_N;
+    classifier(m, m->inputs, m->targets, 0);
+    return group_sum((double)mean_loss(m, m->inputs)) / RING_N;
 }
 
 static int check(const DropoutState* drop) {
@@ -79,11 +79,11 @@ static int check(const DropoutState* drop) {
     cpu_zero_grads(&one.m);
     MicroBatch whole = {one.m.inputs, one.m.targets, 0, 1};
     cpu_forward_backward(&one.m, &whole, 1.0f);
-    double loss_one = (double)mean_loss(&one.m);
+    double loss_one = (double)mean_loss(&one.m, one.m.inputs);
     cpu_zero_grads(m);
     MicroBatch mine = {m->inputs, m->targets, 0, 1};
     cpu_forward_backward(m, &mine, 1.0f / RING_N);
-    double loss_ring = group_sum((double)mean_loss(m)) / RING_N;
+    double loss_ring = group_sum((double)mean_loss(m, m->inputs)) / RING_N;
     size_t n = ring.plan.num_params;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, m->grads, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
     printf("\n%s: loss %.15f on the ring, %.15f on one process\n", dropout_active(drop) ? "dropout 0.3 at every site" : "no dropout",

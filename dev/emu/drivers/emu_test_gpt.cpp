@@ -20,6 +20,8 @@
  *                                              dropmodel:NAME:C:NH:V:T[,T...]  run_case with model_dropout()
  *                                              blocks:NAME:C:NH:V:Tc[,Tc...]   check_attention_blocks (chunks of Tc rows)
  *                                              blocksdrop:NAME:C:NH:V:Tc[,...] the same with attention dropout 0.1
+ *                                              docs:NAME:C:NH:V:T[,T...]       check_documents (packed documents)
+ *                                              docsdrop:NAME:C:NH:V:T[,T...]   the same with attention dropout 0.1
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *                                              tilebound:NAME:C:NH:V:T[,T...]  check_tiles_vs_untiled (needs tilesK:)
  *                                              segments:NAME:C:NH:V:T[,T...]   check_segments (--segment-layers against -r 0, dropout)
@@ -47,7 +49,7 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|segments:|blocks:|blocksdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|segments:|blocks:|blocksdrop:|docs:|docsdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -73,7 +75,8 @@ int main(int argc, char** argv) {
         return g_failures ? 1 : 0;
     }
     if (argc < 2) return usage();
-    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, TILE_BOUND, SEGMENTS, BLOCKS, BLOCKS_DROPOUT };
+    enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, TILE_BOUND, SEGMENTS, BLOCKS, BLOCKS_DROPOUT,
+                DOCUMENTS, DOCUMENTS_DROPOUT };
     struct Case { Kind kind; std::string name; int C, NH, V, tiles; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -120,6 +123,12 @@ int main(int argc, char** argv) {
         } else if (a.rfind("blocksdrop:", 0) == 0) {
             kind = BLOCKS_DROPOUT;
             a = a.substr(11);
+        } else if (a.rfind("docs:", 0) == 0) {
+            kind = DOCUMENTS;
+            a = a.substr(5);
+        } else if (a.rfind("docsdrop:", 0) == 0) {
+            kind = DOCUMENTS_DROPOUT;
+            a = a.substr(9);
         }
         std::vector<std::string> f;
         size_t p = 0, q;
@@ -162,6 +171,8 @@ int main(int argc, char** argv) {
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
             else if (c.kind == BLOCKS) check_attention_blocks(&sh, TEST_B, T, 0);
             else if (c.kind == BLOCKS_DROPOUT) check_attention_blocks(&sh, TEST_B, T, 0.1f);
+            else if (c.kind == DOCUMENTS) check_documents(&sh, TEST_B, T, 0);
+            else if (c.kind == DOCUMENTS_DROPOUT) check_documents(&sh, TEST_B, T, 0.1f);
             else if (c.kind == SEGMENTS) {
                 const DropoutState drop = model_dropout();
                 check_segments(&sh, T, &drop);
