@@ -1038,7 +1038,7 @@ static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
         cpu_row_probs(m, len - 1, probs);
         return;
     }
-    int Tl = ring_padded_length(len, N) / N, row;
+    int padded = ring_padded_length(len, N), Tl = padded / N, row;
     cpu_set_shape(m, 1, Tl);
     int* whole = documents_need_starts(&m->docs) ? (int*)malloc_check((size_t)padded * 2 * sizeof(int), "document starts") : NULL;
     for (int p = 0; whole && p < padded; p++) whole[padded + p] = tokens[p < len ? p : 0];
