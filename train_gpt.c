@@ -313,44 +313,54 @@ static inline real dropout_value(const DropoutSite* s, const uint32_t* words, si
     return dropout_keeps(s, words, (int)(e & 7)) ? v * (real)s->scale : 0;
 }
 
-/* The mask of site s on `rows` token rows of C from local row r0 (a token
- * tile's, or all of them): element c of local row r is element
- * (row0 + token_global_row(r)) * C + c of the whole batch (row0: the global
- * row of this rank's first sequence), so a rank holding some of a sequence's
- * tokens (context parallelism), or some of the batch's sequences, draws the
- * bits one process holding all of them draws. Whole sequences (parts 1)
- * number elements contiguously from e0 = (row0 + r0) C: one generator call per 8 elements. BODY
- * handles local element i (from the first row given), global element e,
- * with the call's words w. */
-#define DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, BODY)                                              \
-    do {                                                                                               \
-        if ((lay)->parts == 1) {                                                                       \
-            size_t e0_ = ((s)->row0 + (r0)) * (size_t)(C), n_ = (rows) * (size_t)(C);                 \
-            _Pragma("omp parallel for schedule(static)")                                               \
-            for (size_t g = e0_ / 8; g < (e0_ + n_ + 7) / 8; g++) {                                    \
-                uint32_t w[4];                                                                         \
-                dropout_draws((s), g, w);                                                              \
-                size_t lo = g * 8 > e0_ ? g * 8 : e0_, hi = g * 8 + 8 < e0_ + n_ ? g * 8 + 8 : e0_ + n_; \
-                for (size_t e = lo; e < hi; e++) { size_t i = e - e0_; BODY; }                         \
-            }                                                                                          \
-        } else {                                                                                       \
-            _Pragma("omp parallel for schedule(static)")                                               \
-            for (size_t r = 0; r < (rows); r++) {                                                      \
-                size_t ge0 = ((s)->row0 + token_global_row((lay), (r0) + r)) * (size_t)(C);            \
-                uint32_t w[4];                                                                         \
-                for (int c = 0; c < (C); c++) {                                                        \
-                    size_t e = ge0 + (size_t)c, i = r * (size_t)(C) + (size_t)c;                       \
-                    if (c == 0 || (e & 7) == 0) dropout_draws((s), e >> 3, w);                         \
-                    BODY;                                                                              \
-                }                                                                                      \
-            }                                                                                          \
-        }                                                                                              \
-    } while (0)
+/* Element i of a dropped tensor at site s (e: its global element, words:
+ * its generator call's), plus res[i] where res is given (a residual add).
+ * The residual add is one rounding, madd's (cpu_matmul.h): GCC contracts
+ * this sum into a fused multiply-add where it can, and spelling that out
+ * keeps the bits whatever the loop around it looks like. */
+static inline real dropout_element(const DropoutSite* s, const uint32_t* words, size_t e, const real* src, const real* res, size_t i) {
+    if (!res) return dropout_value(s, words, e, src[i]);
+    return dropout_keeps(s, words, (int)(e & 7)) ? madd(res[i], src[i], (real)s->scale) : (real)0 + res[i];
+}
+
+/* out = src with site s's mask and scale, plus res where res is given (a
+ * residual add), on `rows` token rows of C from local row r0 (a token
+ * tile's, or all of them); out may be src. Element c of local row r is
+ * element (row0 + token_global_row(r)) * C + c of the whole batch (row0: the
+ * global row of this rank's first sequence), so a rank holding some of a
+ * sequence's tokens (context parallelism), or some of the batch's
+ * sequences, draws the bits one process holding all of them draws. Whole
+ * sequences (parts 1) number elements contiguously from (row0 + r0) C: one
+ * generator call per 8 elements. */
+static void dropout_rows(real* out, const real* src, const real* res, size_t r0, size_t rows, int C, const TokenLayout* lay,
+                         const DropoutSite* s) {
+    if (lay->parts == 1) {
+        size_t e0 = (s->row0 + r0) * (size_t)C, n = rows * (size_t)C;
+        #pragma omp parallel for schedule(static)
+        for (size_t g = e0 / 8; g < (e0 + n + 7) / 8; g++) {
+            uint32_t w[4];
+            dropout_draws(s, g, w);
+            size_t lo = g * 8 > e0 ? g * 8 : e0, hi = g * 8 + 8 < e0 + n ? g * 8 + 8 : e0 + n;
+            for (size_t e = lo; e < hi; e++) out[e - e0] = dropout_element(s, w, e, src, res, e - e0);
+        }
+        return;
+    }
+    #pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++) {
+        size_t ge0 = (s->row0 + token_global_row(lay, r0 + r)) * (size_t)C;
+        uint32_t w[4];
+        for (int c = 0; c < C; c++) {
+            size_t e = ge0 + (size_t)c, i = r * (size_t)C + (size_t)c;
+            if (c == 0 || (e & 7) == 0) dropout_draws(s, e >> 3, w);
+            out[i] = dropout_element(s, w, e, src, res, i);
+        }
+    }
+}
 
 /* dst = src with site s's mask and scale (in place when dst == src), rows
  * [r0, r0+rows) of C (dst and src point at the first of them). */
 static void dropout_mask(real* dst, const real* src, size_t r0, size_t rows, int C, const TokenLayout* lay, const DropoutSite* s) {
-    DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, dst[i] = dropout_value(s, w, e, src[i]));
+    dropout_rows(dst, src, NULL, r0, rows, C, lay, s);
 }
 
 /* out = branch + res, the branch dropped at site s first (out may be branch),
@@ -364,7 +374,7 @@ static void residual_add(real* out, const real* branch, const real* res, size_t 
         for (size_t i = 0; i < n; i++) out[i] = branch[i] + res[i];
         return;
     }
-    DROPOUT_ROWS_FOR_EACH(s, r0, rows, C, lay, out[i] = dropout_value(s, w, e, branch[i]) + res[i]);
+    dropout_rows(out, branch, res, r0, rows, C, lay, s);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -4,7 +4,7 @@
  * a TokenLayout (token_layout.h). Element c of local row r is element
  * e = (row0 + token_global_row(r)) * C + c of the whole batch (row0: the
  * site's global row of this rank's first sequence), the numbering the CPU
- * reference's DROPOUT_ROWS_FOR_EACH uses, so a token tile, or a rank holding
+ * reference's dropout_rows uses, so a token tile, or a rank holding
  * some chunks of a sequence (context parallelism), draws the bits one
  * process holding everything draws. The masks come from llmc/dropout.h:
  * element e keeps draw e % 8 of the site's Philox call e / 8, so one thread
