@@ -417,7 +417,7 @@ typedef struct {
     real* logits;                /* (chunk rows, Vp) */
     int logits_rows;
     real* grad_act[NUM_GRAD_ACTS];
-    int tile_rows;               /* token tiles: rows per tile (0: untiled, one tile of B*T rows) */
+    int tile_tokens;             /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
     real* tile_datty;            /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
     real* tile_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
@@ -487,8 +487,8 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     TRAINER_CARVE_ARENA(m, plan, real, real);
     CpuOffload offload = {plan, m->arena, m->host_pool, NULL};
     m->offload = offload;
-    m->tile_rows = (int)plan_tile_rows(&plan->spec);
-    if (m->tile_rows) {
+    m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
+    if (m->tile_tokens) {
         m->tile_datty = (real*)(m->arena + plan->off_tile_datty);
         m->tile_dqkv = (real*)(m->arena + plan->off_tile_dqkv);
     }
@@ -611,8 +611,7 @@ static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real*
 static inline real* act_rows(const CpuModel* m, int l, int a, int r0) { return act(m, l, a) + plan_act_row_offset(m->plan, l, a, r0); }
 
 /* The tiles of the current call: rows per tile, all B*T rows untiled. */
-static inline int tile_rows(const CpuModel* m) { return token_tile_rows((size_t)m->tile_rows, m->B * m->T); }
-#define FOR_TILES(m, r0, n) FOR_TOKEN_TILES(r0, n, (m)->B * (m)->T, tile_rows(m))
+static inline int tile_tokens(const CpuModel* m) { return call_tile_tokens((size_t)m->tile_tokens, m->B * m->T); }
 
 /* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
 static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
@@ -657,9 +656,10 @@ static void block_attention_forward(CpuModel* m, int l) {
 
 /* Block l forward from its stored input x, tile by tile but for attention. */
 static void block_forward(CpuModel* m, int l, real* out) {
-    FOR_TILES(m, r0, n) block_forward_qkv(m, l, r0, n);
+    int N = m->B * m->T, K = tile_tokens(m);
+    for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     block_attention_forward(m, l);
-    FOR_TILES(m, r0, n) block_forward_mlp(m, l, r0, n, out);
+    for (int r0 = 0; r0 < N; r0 += K) block_forward_mlp(m, l, r0, tile_len(r0, K, N), out);
 }
 
 /* The gradient a dropped residual branch receives, rows [r0, r0+n): dres
@@ -748,15 +748,15 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, con
  * layer's res2 and fch (plan.h), whose last readers are done by then.
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void block_backward(CpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, tiles = (N + tile_rows(m) - 1) / tile_rows(m);
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = tile_tokens(m), tiles = (N + K - 1) / K;
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    real* datty = m->tile_rows ? m->tile_datty : act(m, l, ACT_RES2);
-    real* dqkv = m->tile_rows ? m->tile_dqkv : act(m, l, ACT_FCH);
-    if (!layer_keeps(mode, ACT_QKV)) FOR_TILES(m, r0, n) block_forward_qkv(m, l, r0, n);
+    real* datty = m->tile_tokens ? m->tile_datty : act(m, l, ACT_RES2);
+    real* dqkv = m->tile_tokens ? m->tile_dqkv : act(m, l, ACT_FCH);
+    if (!layer_keeps(mode, ACT_QKV)) for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     if (!layer_keeps(mode, ACT_ATTY)) block_attention_forward(m, l);
-    FOR_TILES(m, r0, n) block_backward_mlp(m, l, r0, n, datty);
+    for (int r0 = 0; r0 < N; r0 += K) block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
     layer_attention_backward(m, l, dqkv, datty, &att);
-    FOR_TILES(m, r0, n) block_backward_qkv(m, l, r0, n, tiles, dqkv);
+    for (int r0 = 0; r0 < N; r0 += K) block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
 }
 
 /* offloaded checkpoints: llmc/cpu_offload.h, on this call's B*T tokens */
@@ -852,11 +852,12 @@ static real mean_loss(const CpuModel* m, const int* inputs) {
  * done), so it stops once its kept tensors are written. */
 static void segment_forward_again(CpuModel* m, int first, int last) {
     for (int l = first; l < last; l++) block_forward(m, l, act(m, l + 1, ACT_X));
-    int mode = m->plan->spec.layer_mode[last];
-    if (mode == RECOMPUTE_FULL) return; /* it keeps x alone */
-    FOR_TILES(m, r0, n) block_forward_qkv(m, last, r0, n);
-    block_attention_forward(m, last);
-    if (mode != RECOMPUTE_KEEP_ATTENTION) FOR_TILES(m, r0, n) block_forward_mlp(m, last, r0, n, NULL);
+    int mode = m->plan->spec.layer_mode[last], N = m->B * m->T, K = tile_tokens(m);
+    if (layer_keeps(mode, ACT_RES2)) block_forward(m, last, NULL); /* what it keeps runs through the MLP */
+    else if (layer_keeps(mode, ACT_ATTY)) {                           /* -r 3: up to attention's output; -r 1 keeps x alone */
+        for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, last, r0, tile_len(r0, K, N));
+        block_attention_forward(m, last);
+    }
 }
 
 static void model_backward(CpuModel* m, const int* inputs) {
@@ -1096,8 +1097,7 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
  * times do not tell (link_fit returns 1), h stays `planned`. Nothing reads
  * these buffers before the next step writes them. */
 static double cpu_time_matmul_half_rows(CpuModel* m, double planned) {
-    int C = m->cfg.channels, rows = m->B * m->T;
-    if (m->tile_rows && m->tile_rows < rows) rows = m->tile_rows;
+    int C = m->cfg.channels, rows = tile_tokens(m);
     BlockTensors w = layer_params(m, 0);
     double per_row = 8.0 * C * C, rate = 0.0, intercept = 0.0;
     LinkTimes t = {0, 0, 0, 0, 0};

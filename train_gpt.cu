@@ -84,7 +84,7 @@ typedef struct {
     floatX* logits; /* (chunk rows, Vp) */
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
-    int tile_rows;          /* token tiles: rows per tile (0: untiled, one tile of B*T rows) */
+    int tile_tokens;        /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
     floatX* tile_datty;     /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
     floatX* tile_dqkv;
     GpuTileGrads tile_grads; /* token tiles: the running layer's parameter gradients in fp32 (plan.h backward.tile_grads) */
@@ -191,8 +191,8 @@ static void* pinned_alloc(size_t bytes, const char* what) {
  * tensor or at the start of a one-tile buffer: -r modes and offloading
  * then give the same bits. */
 static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
-    m->tile_rows = (int)plan_tile_rows(&plan->spec);
-    if (!m->tile_rows) return;
+    m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
+    if (!m->tile_tokens) return;
     m->tile_datty = (floatX*)(m->arena + plan->off_tile_datty);
     m->tile_dqkv = (floatX*)(m->arena + plan->off_tile_dqkv);
     ParamLayout pl;
@@ -202,7 +202,7 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
         m->tile_grads.tensor[t] = sums;
         sums += pl.count[FIRST_BLOCK_TENSOR + t] / (size_t)m->cfg.num_layers;
     }
-    m->mm.align_cap = pointer_alignment((const void*)((size_t)m->tile_rows * m->cfg.channels * sizeof(floatX)));
+    m->mm.align_cap = pointer_alignment((const void*)((size_t)m->tile_tokens * m->cfg.channels * sizeof(floatX)));
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
@@ -308,8 +308,7 @@ static inline floatX* gact_rows(const GpuModel* m, int l, int a, int r0) { retur
 static inline float* gstat_rows(const GpuModel* m, int l, int a, int r0) { return gstat(m, l, a) + plan_act_row_offset(m->plan, l, a, r0); }
 
 /* The tiles of the current call: rows per tile, all B*T rows untiled. */
-static inline int gpu_tile_rows(const GpuModel* m) { return token_tile_rows((size_t)m->tile_rows, m->B * m->T); }
-#define GPU_FOR_TILES(m, r0, n) FOR_TOKEN_TILES(r0, n, (m)->B * (m)->T, gpu_tile_rows(m))
+static inline int gpu_tile_tokens(const GpuModel* m) { return call_tile_tokens((size_t)m->tile_tokens, m->B * m->T); }
 
 /* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
 static void gpu_block_forward_qkv(GpuModel* m, int l, int r0, int n) {
@@ -451,23 +450,24 @@ static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const
 /* Block l forward from its stored input x, tile by tile but for attention;
  * out as in gpu_block_forward_mlp. */
 static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
+    int N = m->B * m->T, K = gpu_tile_tokens(m);
     ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
     DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
-    GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, l, r0, n);
+    for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     prof_begin(&m->prof, att, m->stream);
     gpu_layer_attention_forward(m, l, &att_drop);
     prof_end(&m->prof, att, m->stream);
-    GPU_FOR_TILES(m, r0, n) gpu_block_forward_mlp(m, l, r0, n, out);
+    for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_mlp(m, l, r0, tile_len(r0, K, N), out);
 }
 
 /* What layer l did not keep of attention's inputs, before its backward
  * (docs/DESIGN.md, -r 1 and 3: qkv, tile by tile; -r 1: attention's output
  * too), with the forward pass's own kernels and launch configurations. */
 static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l];
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = gpu_tile_tokens(m);
     if (layer_keeps(mode, ACT_QKV)) return;
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
-    GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, l, r0, n);
+    for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     if (!layer_keeps(mode, ACT_ATTY)) {
         DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
         prof_begin(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
@@ -530,7 +530,7 @@ static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s, int r0, 
  * into the layer's fp32 sums, tile after tile, rounded once after the
  * layer (gpu_round_tile_grads). */
 static void gpu_weight_grads(GpuModel* m, int l, int w, int b, const floatX* dout, const floatX* inp, int n, int IC, int OC) {
-    if (m->tile_rows) {
+    if (m->tile_tokens) {
         gpu_matmul_backward_weight_fp32(&m->mm, m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, inp, n, IC,
                                         OC, m->stream);
         return;
@@ -544,7 +544,7 @@ static void gpu_weight_grads(GpuModel* m, int l, int w, int b, const floatX* dou
 static void gpu_layernorm_grads(GpuModel* m, int l, int w, int b, floatX* dx, const floatX* dout, const floatX* x, const floatX* weight,
                                 const float* mean, const float* rstd, int n) {
     int C = m->cfg.channels;
-    if (m->tile_rows) {
+    if (m->tile_tokens) {
         gpu_layernorm_backward(dx, m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, x, weight, mean, rstd, n,
                                C, m->stream);
         return;
@@ -611,7 +611,7 @@ static GradSlices gpu_grad_group(const GpuModel* m, int layer) {
 /* Token tiles: layer l's fp32 gradient sums added into its floatX
  * gradients, one rounding per micro-step (grad_accum.cuh). */
 static void gpu_round_tile_grads(GpuModel* m, int l) {
-    if (!m->tile_rows) return;
+    if (!m->tile_tokens) return;
     GradSlices s = gpu_grad_group(m, l);
     gpu_grad_round_layer(m->grads, m->tile_grads.tensor[0], &s, m->stream);
 }
@@ -624,18 +624,18 @@ static void gpu_round_tile_grads(GpuModel* m, int l) {
  * fch (plan.h), whose last readers are done by then.
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
-    int N = m->B * m->T, tiles = (N + gpu_tile_rows(m) - 1) / gpu_tile_rows(m);
-    floatX* datty = m->tile_rows ? m->tile_datty : gact(m, l, ACT_RES2);
-    floatX* dqkv = m->tile_rows ? m->tile_dqkv : gact(m, l, ACT_FCH);
+    int N = m->B * m->T, K = gpu_tile_tokens(m), tiles = (N + K - 1) / K;
+    floatX* datty = m->tile_tokens ? m->tile_datty : gact(m, l, ACT_RES2);
+    floatX* dqkv = m->tile_tokens ? m->tile_dqkv : gact(m, l, ACT_FCH);
     DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
-    if (m->tile_rows)
+    if (m->tile_tokens)
         CUDA_CHECK(cudaMemsetAsync(m->tile_grads.tensor[0], 0, m->plan->tile_grads_count * sizeof(float), m->stream));
     gpu_block_recompute_attention_inputs(m, l);
-    GPU_FOR_TILES(m, r0, n) gpu_block_backward_mlp(m, l, r0, n, datty);
+    for (int r0 = 0; r0 < N; r0 += K) gpu_block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, m->stream);
     gpu_layer_attention_backward(m, l, dqkv, datty, &att_drop);
     prof_end(&m->prof, PROF_ATT_BACKWARD, m->stream);
-    GPU_FOR_TILES(m, r0, n) gpu_block_backward_qkv(m, l, r0, n, tiles, dqkv);
+    for (int r0 = 0; r0 < N; r0 += K) gpu_block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
     gpu_round_tile_grads(m, l);
 }
 
@@ -712,12 +712,13 @@ static void gpu_fold_grads(GpuModel* m, int layer) {
 static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
     for (int l = first; l < last; l++) gpu_block_forward(m, l, gact(m, l + 1, ACT_X));
-    int mode = m->plan->spec.layer_mode[last];
-    if (mode == RECOMPUTE_KEEP_ATTENTION) {
+    int mode = m->plan->spec.layer_mode[last], N = m->B * m->T, K = gpu_tile_tokens(m);
+    if (layer_keeps(mode, ACT_RES2)) gpu_block_forward(m, last, NULL); /* what it keeps runs through the MLP */
+    else if (layer_keeps(mode, ACT_ATTY)) {                               /* -r 3: up to attention's output; -r 1 keeps x alone */
         DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, last);
-        GPU_FOR_TILES(m, r0, n) gpu_block_forward_qkv(m, last, r0, n);
+        for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, last, r0, tile_len(r0, K, N));
         gpu_layer_attention_forward(m, last, &att_drop);
-    } else if (mode != RECOMPUTE_FULL) gpu_block_forward(m, last, NULL); /* -r 1 keeps x alone */
+    }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 

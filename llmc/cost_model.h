@@ -195,14 +195,14 @@ static inline double spec_local_tokens(const PlanSpec* s) { return (double)s->B 
 
 /* Token tiles of this rank's rows: ceil(B T / K), 1 untiled. */
 static inline double spec_tiles(const PlanSpec* s) {
-    size_t K = plan_tile_rows(s);
+    size_t K = plan_tile_tokens(s);
     return K ? ceil(spec_local_tokens(s) / (double)K) : 1.0;
 }
 
 /* What tiling adds to work whose block matmuls are w.matmul_flops, made in
  * `passes` passes over the tiles (see the top). */
 static inline Work tile_cost(const PlanSpec* s, Work w, double passes) {
-    size_t K = plan_tile_rows(s);
+    size_t K = plan_tile_tokens(s);
     if (!K) return w;
     w.tile_matmul_flops_per_row = w.matmul_flops / (double)K;
     w.tile_passes = passes * (spec_tiles(s) - 1.0);

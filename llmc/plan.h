@@ -305,8 +305,8 @@ static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
     return plan_tokens_bytes(s, per_token * (size_t)(is_stat ? s->stat_bytes : s->elem_bytes));
 }
 
-/* Rows of a token tile: K, at most B*T; 0 untiled. */
-static inline size_t plan_tile_rows(const PlanSpec* s) {
+/* Tokens of a token tile (--tile-tokens): K, at most B*T; 0 untiled. */
+static inline size_t plan_tile_tokens(const PlanSpec* s) {
     size_t N = (size_t)s->B * (size_t)plan_local_T(s);
     return s->tile_tokens <= 0 ? 0 : (size_t)s->tile_tokens < N ? (size_t)s->tile_tokens : N;
 }
@@ -314,14 +314,15 @@ static inline size_t plan_tile_rows(const PlanSpec* s) {
 /* Whether activation `act` is computed token by token (and so tiles). */
 static inline int act_is_tokenwise(int act) { return act != ACT_X && act != ACT_QKV && act != ACT_ATTY && act != ACT_ATT_LSE; }
 
-/* Rows per tile of a call with N rows: the plan's tile rows (0: untiled),
- * all N when untiled or when the call has fewer rows (sampling). */
-static inline int token_tile_rows(size_t plan_tile, int N) { return plan_tile && plan_tile < (size_t)N ? (int)plan_tile : N; }
+/* Tokens per tile of a call of N rows: the plan's (plan_tile_tokens; 0:
+ * untiled), or all N when untiled or when the call has fewer rows
+ * (sampling). */
+static inline int call_tile_tokens(size_t plan_tile, int N) { return plan_tile && plan_tile < (size_t)N ? (int)plan_tile : N; }
 
-/* The tiles of N rows, `rows` each (the last one shorter): r0 the first row
- * of each, n its row count. Both trainers' block functions run over them. */
-#define FOR_TOKEN_TILES(r0, n, N, rows) \
-    for (int r0 = 0, n = 0, N_ = (N), K_ = (rows); r0 < N_ && (n = r0 + K_ < N_ ? K_ : N_ - r0, 1); r0 += n)
+/* Rows of the tile that starts at row r0 of N, tiles of K: K, or what is left
+ * for the last one. Both trainers' block functions run over the tiles as
+ * for (r0 = 0; r0 < N; r0 += K) with tile_len(r0, K, N) rows each. */
+static inline int tile_len(int r0, int K, int N) { return r0 + K < N ? K : N - r0; }
 
 /* Elements from the start of layer l's activation `act` to row r0: with
  * token tiles, a token-wise tensor the layer does not keep lives in a buffer
@@ -329,14 +330,14 @@ static inline int token_tile_rows(size_t plan_tile, int N) { return plan_tile &&
 static inline size_t plan_act_row_offset(const MemoryPlan* p, int l, int act, int r0) {
     int is_stat;
     size_t width = layer_act_per_token(act, &p->spec.cfg, &is_stat);
-    int one_tile = plan_tile_rows(&p->spec) && act_is_tokenwise(act) && !layer_keeps(plan_layer_mode(&p->spec, l), act);
+    int one_tile = plan_tile_tokens(&p->spec) && act_is_tokenwise(act) && !layer_keeps(plan_layer_mode(&p->spec, l), act);
     return one_tile ? 0 : (size_t)r0 * width;
 }
 
 /* Bytes of the shared recompute set's buffer for `act`: a tile of it with
  * token tiles, else B*T tokens. */
 static inline size_t plan_shared_act_bytes(const PlanSpec* s, int act) {
-    size_t rows = plan_tile_rows(s);
+    size_t rows = plan_tile_tokens(s);
     if (!rows || !act_is_tokenwise(act)) return plan_act_bytes(s, act);
     int is_stat;
     size_t per_token = layer_act_per_token(act, &s->cfg, &is_stat);
@@ -372,7 +373,7 @@ static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout*
  * layer's block tensors one after another, in parameter order. The CPU
  * carries each gradient in its own fp32 (or fp64) storage already. */
 static inline size_t plan_tile_grads_count(const PlanSpec* s) {
-    if (s->backend != BACKEND_GPU || !plan_tile_rows(s)) return 0;
+    if (s->backend != BACKEND_GPU || !plan_tile_tokens(s)) return 0;
     size_t C = (size_t)s->cfg.channels;
     return 12 * C * C + 13 * C;
 }
@@ -516,7 +517,7 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         snprintf(name, sizeof(name), "backward.%s", grad_act_names[g]);
         p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, plan_tokens_bytes(s, C * grad_act_width[g] * E));
     }
-    if (plan_tile_rows(s)) {
+    if (plan_tile_tokens(s)) {
         p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, C * E));
         p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, 3 * C * E));
         p->tile_grads_count = plan_tile_grads_count(s);
@@ -683,8 +684,8 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
                 (double)plan_layer_bytes_per_token(&p->spec, mode) / p->spec.cfg.channels,
                 count, count == 1 ? "" : "s", layers);
     }
-    if (plan_tile_rows(&p->spec))
-        fprintf(out, "  token tiles: %zu of the %d rows at a time (--tile-tokens %d)\n", plan_tile_rows(&p->spec),
+    if (plan_tile_tokens(&p->spec))
+        fprintf(out, "  token tiles: %zu of the %d rows at a time (--tile-tokens %d)\n", plan_tile_tokens(&p->spec),
                 p->spec.B * plan_local_T(&p->spec), p->spec.tile_tokens); /* a rank's rows: B x T/N under context parallelism */
     int K = plan_segment_layers(&p->spec), S = plan_num_segments(&p->spec);
     if (K > 1)
