@@ -1781,7 +1781,7 @@ static void check_documents(const Shape* sh, int B, int T, float dropout_p) {
     const int C = sh->C, NH = sh->NH;
     printf("\ndocuments, %s (C=%d, NH=%d), B=%d T=%d, attention dropout %g\n", sh->name, C, NH, B, T, (double)dropout_p);
     const int fails_before = g_failures;
-    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1};
+    DropoutState drop_state = {{0}, TEST_SEED, 0, 5, 1, 0, 0};
     drop_state.p[DROPOUT_ATTENTION] = dropout_p;
     const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
     const size_t N = (size_t)B * T, n_qkv = N * 3 * C, n_out = N * C, n_stat = N * NH;

@@ -22,6 +22,9 @@
 #include "llmc/cpu_real.h"
 #include "llmc/cpu_matmul.h"
 #include "llmc/cpu_offload.h"
+#include "llmc/cpu_data_parallel.h"
+#include "llmc/cpu_calibrate.h"
+#include "llmc/cpu_ring.h" /* context parallelism: attention_block_* below on llmc/ring.h's schedule */
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5
@@ -383,17 +386,6 @@ static void residual_add(real* out, const real* branch, const real* res, size_t 
 typedef PARAM_TENSORS(real) ParamTensors;
 typedef BLOCK_TENSORS(real) BlockTensors;
 
-/* REMAT_PROFILE=N with REMAT_PROFILE_COST_MODEL=FILE: during step N every
- * offload copy is timed, after it the ring's messages (cpu_time_ring), and
- * the links measured from them (cost_model_add_links) go into FILE with the
- * rest of the cost model the run planned with (the CPU trainer does not
- * profile its compute). */
-typedef struct {
-    int step, active;
-    const char* path;
-    LinkTimes host, ring;
-} CpuLinkProfile;
-
 typedef struct {
     ModelConfig cfg;
     const MemoryPlan* plan;
@@ -424,11 +416,7 @@ typedef struct {
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
     ContextGroups cp;            /* context parallelism: this rank's place in its group (degree 1: off) */
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
-    real* ring_kv[2];            /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
-    real* ring_dkv[2];           /* (B,T,2C) their dK/dV sums, travelling back to the block's owner */
-#ifdef USE_MPI
-    RingTransfer ring;
-#endif
+    CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu_ring.h) */
     size_t shard_start, shard_count; /* parameters this rank updates */
     CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose transfers are timed */
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
@@ -500,109 +488,32 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     m->cp = context_groups(plan_context_parallel(&plan->spec), m->rank, m->world);
     if (m->cp.degree > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec) / sizeof(real);
-        m->ring_kv[0] = (real*)(m->arena + plan->off_ring_kv);
-        m->ring_kv[1] = m->ring_kv[0] + block;
-        m->ring_dkv[0] = (real*)(m->arena + plan->off_ring_dkv);
-        m->ring_dkv[1] = m->ring_dkv[0] + block;
+        m->ring.kv[0] = (real*)(m->arena + plan->off_ring_kv);
+        m->ring.kv[1] = m->ring.kv[0] + block;
+        m->ring.dkv[0] = (real*)(m->arena + plan->off_ring_dkv);
+        m->ring.dkv[1] = m->ring.dkv[0] + block;
     }
     cpu_set_shape(m, m->B, m->T);
     m->doc_start = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "document starts");
+    m->top1 = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "top-1 tokens");
     m->zero = plan->spec.zero_stage == 1 && m->world > 1;
     if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
     else { m->shard_start = 0; m->shard_count = plan->num_params; }
 }
 
-/* ------------------------------------------------------------------------ */
-/* attention as a ring (context parallelism): the schedule is llmc/ring.h's; */
-/* here each step's chunk pairs run attention_block_* while MPI moves the    */
-/* K/V block on (and in backward its dK/dV sums).                            */
-
-enum { RING_TAG_KV = 1, RING_TAG_DKV = 2 };
-
-#ifdef USE_MPI
-/* Member r's K/V (B,T,2C), packed from its qkv (B,T,3C) for sending. */
-static void ring_pack_kv(real* kv, const real* qkv, size_t rows, int C) {
-    #pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < rows; n++) memcpy(kv + n * 2 * C, qkv + n * 3 * C + C, 2 * (size_t)C * sizeof(real));
-}
-
-/* The ring's link timed on its own buffers after the profiled step
- * (llmc/ring.h's messages), each after a one-byte exchange that lines the
- * neighbours up. */
-static void cpu_time_ring(CpuModel* m) {
-    size_t kv = plan_ring_kv_bytes(&m->plan->spec);
-    for (int i = 0; i < RING_TIMING_MESSAGES; i++) {
-        size_t bytes = ring_timing_bytes(kv, i);
-        ring_post(&m->ring, &m->cp, m->ring_kv[0], m->ring_kv[1], 1, RING_TAG_KV);
-        ring_wait(&m->ring, &m->cp, "the ring's link timing");
-        double t0 = now_ms();
-        ring_post(&m->ring, &m->cp, m->ring_kv[0], m->ring_kv[1], bytes, RING_TAG_KV);
-        ring_wait(&m->ring, &m->cp, "the ring's link timing");
-        link_times_add(&m->links.ring, (double)bytes, 1e-3 * (now_ms() - t0));
-    }
-}
-
-static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real* qkv, const DropoutSite* drop) {
-    int N = m->cp.degree, C = m->cfg.channels;
-    size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(real);
-    ring_pack_kv(m->ring_kv[0], qkv, rows, C);
-    for (int s = 0; s < N; s++) {
-        real* cur = m->ring_kv[s % 2];
-        if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        RingBlock blocks[4];
-        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, attention_doc_start(m), 1, blocks);
-        for (int i = 0; i < n; i++) attention_block_forward(out, lse, qkv, cur, 2 * C, &blocks[i].block, blocks[i].first, drop);
-        ring_wait(&m->ring, &m->cp, "the ring attention forward");
-    }
-}
-
-/* dqkv (B,T,3C) is overwritten. */
-static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                                    const DropoutSite* drop) {
-    int N = m->cp.degree, C = m->cfg.channels;
-    size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(real);
-    memset(dqkv, 0, rows * 3 * C * sizeof(real));
-    ring_pack_kv(m->ring_kv[0], qkv, rows, C);
-    memset(m->ring_dkv[0], 0, bytes);
-    for (int s = 0; s < N; s++) {
-        real* cur = m->ring_kv[s % 2];
-        real* dcur = m->ring_dkv[s % 2];
-        if (s + 1 < N) ring_post(&m->ring, &m->cp, cur, m->ring_kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        RingBlock blocks[4];
-        int n = ring_step_blocks(&m->cp, m->B, C, m->cfg.num_heads, m->T, s, attention_doc_start(m), 0, blocks);
-        for (int i = 0; i < n; i++)
-            attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &blocks[i].block, drop);
-        /* the sums go on to the next member; the last step's reach their owner */
-        ring_post(&m->ring, &m->cp, dcur, m->ring_dkv[(s + 1) % 2], bytes, RING_TAG_DKV);
-        ring_wait(&m->ring, &m->cp, "the ring attention backward");
-    }
-    const real* own = m->ring_dkv[N % 2];
-    #pragma omp parallel for schedule(static)
-    for (size_t n = 0; n < rows; n++)
-        for (int c = 0; c < 2 * C; c++) dqkv[n * 3 * C + C + c] = own[n * 2 * C + c];
-}
-#else
-static void ring_attention_forward(CpuModel* m, real* out, real* lse, const real* qkv, const DropoutSite* drop) {
-    (void)m; (void)out; (void)lse; (void)qkv; (void)drop;
-    fail("internal: context parallelism needs MPI (this build has none)");
-}
-static void ring_attention_backward(CpuModel* m, real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                                    const DropoutSite* drop) {
-    (void)m; (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse; (void)drop;
-    fail("internal: context parallelism needs MPI (this build has none)");
-}
-#endif
-
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
 static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
-    if (m->cp.degree > 1) ring_attention_forward(m, out, lse, qkv, drop);
+    if (m->cp.degree > 1)
+        cpu_ring_attention_forward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop);
     else attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
-    if (m->cp.degree > 1) ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
+    if (m->cp.degree > 1)
+        cpu_ring_attention_backward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), dqkv, datty,
+                                    qkv, out, lse, drop);
     else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
 }
 
@@ -883,59 +794,11 @@ static void model_backward(CpuModel* m, const int* inputs) {
 /* ------------------------------------------------------------------------ */
 /* data parallelism over MPI (llmc/multiproc.h)                               */
 
-#ifdef USE_MPI
-#define MPI_REAL_TYPE (sizeof(real) == 8 ? MPI_DOUBLE : MPI_FLOAT)
-#define MPI_CHUNK ((size_t)1 << 30) /* MPI counts are int */
-
-/* Sums gradients across ranks: all of them (all-reduce), or under ZeRO-1
- * only each rank's shard, reduced onto that rank. */
+/* Sums gradients across ranks (llmc/cpu_data_parallel.h). */
 static void cpu_sync_grads(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    size_t n = m->plan->num_params;
-    if (m->world == 1) return;
-    proc_collective_begin(m->zero ? "the gradient reduction onto shards" : "the gradient all-reduce");
-    if (!m->zero) {
-        for (size_t s = 0; s < n; s += MPI_CHUNK) {
-            int k = (int)(n - s < MPI_CHUNK ? n - s : MPI_CHUNK);
-            PROC_CALL(MPI_Allreduce, MPI_Iallreduce, MPI_IN_PLACE, m->grads + s, k, MPI_REAL_TYPE, MPI_SUM, MPI_COMM_WORLD);
-        }
-        proc_collective_end();
-        return;
-    }
-    for (int r = 0; r < m->world; r++) {
-        size_t start, count;
-        shard_range(n, m->world, r, &start, &count);
-        for (size_t s = 0; s < count; s += MPI_CHUNK) {
-            int k = (int)(count - s < MPI_CHUNK ? count - s : MPI_CHUNK);
-            real* buf = m->grads + start + s;
-            if (r == m->rank) PROC_CALL(MPI_Reduce, MPI_Ireduce, MPI_IN_PLACE, buf, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD);
-            else PROC_CALL(MPI_Reduce, MPI_Ireduce, buf, NULL, k, MPI_REAL_TYPE, MPI_SUM, r, MPI_COMM_WORLD);
-        }
-    }
-    proc_collective_end();
+    cpu_sum_grads(m->grads, m->plan->num_params, m->zero);
 }
-
-/* ZeRO-1: each rank updated its shard; gather every shard to every rank. */
-static void cpu_allgather_params(CpuModel* m) {
-    size_t n = m->plan->num_params;
-    if (n > (size_t)INT_MAX) fail("ZeRO-1 on the CPU supports at most %d parameters", INT_MAX);
-    int* counts = (int*)malloc_check((size_t)m->world * sizeof(int), "allgather");
-    int* displs = (int*)malloc_check((size_t)m->world * sizeof(int), "allgather");
-    for (int r = 0; r < m->world; r++) {
-        size_t start, count;
-        shard_range(n, m->world, r, &start, &count);
-        counts[r] = (int)count;
-        displs[r] = (int)start;
-    }
-    PROC_COLLECTIVE("the parameter all-gather", MPI_Allgatherv, MPI_Iallgatherv, MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, m->params,
-                    counts, displs, MPI_REAL_TYPE, MPI_COMM_WORLD);
-    free(counts);
-    free(displs);
-}
-#else
-static void cpu_sync_grads(void* ctx) { (void)ctx; }
-static void cpu_allgather_params(CpuModel* m) { (void)m; }
-#endif
 
 /* ------------------------------------------------------------------------ */
 /* optimizer                                                                  */
@@ -983,7 +846,7 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
             m->params[i] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
         }
     }
-    if (m->zero) cpu_allgather_params(m);
+    if (m->zero) cpu_allgather_params(m->params, m->plan->num_params);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1088,28 +951,6 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
     else memcpy(dst, host, n * sizeof(float));
 }
 
-/* matmul_half_rows timed after the profiled step: layer 0's MLP matmul
- * (C -> 4C) from its ln2 rows into its fch, at the rows those buffers hold
- * (B*T, or a tile), a half, a quarter and an eighth, three times each
- * after one untimed call. The
- * time is a line in M, (M + h) 8 C^2 / rate (cost_model.h), so with FLOPs
- * as the bytes link_fit's intercept over its slope is h in rows; when the
- * times do not tell (link_fit returns 1), h stays `planned`. Nothing reads
- * these buffers before the next step writes them. */
-static double cpu_time_matmul_half_rows(CpuModel* m, double planned) {
-    int C = m->cfg.channels, rows = tile_tokens(m);
-    BlockTensors w = layer_params(m, 0);
-    double per_row = 8.0 * C * C, rate = 0.0, intercept = 0.0;
-    LinkTimes t = {0, 0, 0, 0, 0};
-    for (int i = -1; i < 12; i++) { /* i = -1: untimed, to warm the caches */
-        int M = rows >> (i < 0 ? 0 : i % 4) > 0 ? rows >> (i < 0 ? 0 : i % 4) : 1;
-        double t0 = now_ms();
-        matmul_forward(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, M, C, 4 * C);
-        if (i >= 0) link_times_add(&t, M * per_row, 1e-3 * (now_ms() - t0));
-    }
-    return link_fit(&t, 0.0, &rate, &intercept) == 0 ? intercept * rate / per_row : planned;
-}
-
 static void cpu_step_begin(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     m->links.active = m->links.path && step == m->links.step;
@@ -1121,23 +962,13 @@ static void cpu_step_end(void* ctx, int step) {
     if (!m->links.active) return;
     m->links.active = 0;
     m->offload.timed = NULL;
-#ifdef USE_MPI
-    if (m->cp.degree > 1) cpu_time_ring(m);
-#endif
+    if (m->cp.degree > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
     if (m->rank != 0) return;
-    const PlanSpec* s = &m->plan->spec;
-    CostModel cm = spec_cost_model(s);
-    cm.ring_bytes_per_s = cm.ring_latency_s = 0.0; /* only what this run measures */
-    int measured = cost_model_add_links(s, &m->links.host, &m->links.ring, &cm);
-    cm.matmul_half_rows = cpu_time_matmul_half_rows(m, cm.matmul_half_rows);
-    size_t used = strlen(cm.name);
-    snprintf(cm.name + used, sizeof(cm.name) - used, ", links measured at B=%d T=%d", s->B, s->T);
-    char how[200];
-    snprintf(how, sizeof(how), "links and matmul_half_rows timed in step %d (REMAT_PROFILE) of train_gpt_cpu; the other rates as planned", step);
-    cost_model_write(&cm, m->links.path, how);
-    printf("cost model: %d link%s measured in step %d, written to %s: host link %.3g B/s (%.0f copies), ring %.3g B/s and %.3g s a message (%.0f waits); "
-           "matmuls at half rate at %.3g rows\n", measured, measured == 1 ? "" : "s", step, m->links.path, cm.host_link_bytes_per_s,
-           m->links.host.count, cm.ring_bytes_per_s, cm.ring_latency_s, m->links.ring.count, cm.matmul_half_rows);
+    /* the matmul timed from layer 0's ln2 rows into its fch: nothing reads them before the next step writes them */
+    BlockTensors w = layer_params(m, 0);
+    double half_rows = cpu_time_matmul_half_rows(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, tile_tokens(m), m->cfg.channels,
+                                                 spec_cost_model(&m->plan->spec).matmul_half_rows);
+    cpu_calibration_write(&m->links, &m->plan->spec, step, half_rows);
 }
 
 static Backend cpu_backend(CpuModel* m) {
@@ -1157,7 +988,6 @@ static Backend cpu_backend(CpuModel* m) {
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
     be.token_top1 = cpu_token_top1;
-    m->top1 = (int*)malloc_check((size_t)m->plan->spec.B * plan_local_T(&m->plan->spec) * sizeof(int), "top-1 tokens");
     be.next_token_probs = cpu_next_token_probs;
     be.zero_grads = cpu_zero_grads;
     be.sync_grads = cpu_sync_grads;
@@ -1171,9 +1001,7 @@ static Backend cpu_backend(CpuModel* m) {
 }
 
 static void cpu_model_free(CpuModel* m) {
-#ifdef USE_MPI
-    ring_free(&m->ring);
-#endif
+    cpu_ring_free(&m->ring);
     free(m->arena);
     free(m->host_pool);
     free(m->top1);

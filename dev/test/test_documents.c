@@ -201,7 +201,7 @@ static int check_recompute_bitwise(void) {
         {"-r 3 tiles 7", {3, 3}, {0, 0}, 7},  {"1o tiles 4", {1, 0}, {1, 0}, 4},
     };
     int n = (int)(sizeof(settings) / sizeof(settings[0])), failures = 0;
-    DropoutState drop = {{0.2f, 0.2f, 0.2f, 0.2f}, 11, 0, 0, 0};
+    DropoutState drop = {{0.2f, 0.2f, 0.2f, 0.2f}, 11, 0, 0, 0, 0, 0};
     TestModel probe;
     create(&probe, settings[0].modes, NULL, 0);
     size_t np = probe.plan.num_params;
@@ -267,7 +267,7 @@ static int check_differences(void) {
     make_rows(tm.m.inputs, tm.m.targets, order, docs);
     CpuModel* m = &tm.m;
     set_documents(m, &all_on);
-    DropoutState drop = {{0.3f, 0.3f, 0.3f, 0.3f}, 5, 0, 3, 1};
+    DropoutState drop = {{0.3f, 0.3f, 0.3f, 0.3f}, 5, 0, 3, 1, 0, 0};
     m->train_dropout = drop;
     double counted = (double)documents_counted(&all_on, m->inputs, DOC_B * DOC_T);
     cpu_zero_grads(m);
