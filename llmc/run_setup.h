@@ -178,8 +178,13 @@ static inline void resolve_recompute(Run* run) {
     parse_recompute(run->opt.recompute, run->opt.recompute_layers, L, run->layer_mode, run->layer_offload);
     if (run->opt.segment_layers > L)
         fail("flag --segment-layers: %d is more than the model's %d layers (at most %d: one segment)", run->opt.segment_layers, L, L);
+    int K = run->opt.segment_layers;
+    for (int l = 0; K > 1 && !run->opt.offload_checkpoints && l < L; l++)
+        if (run->layer_offload[l] && l % K != 0)
+            fail("flag -r: '%s' offloads layer %d, which starts no segment of --segment-layers %d: with segments only the "
+                 "segment inputs (layers 0, %d, ...) offload", run->opt.recompute, l, K, K);
     if (!run->opt.offload_checkpoints || strcmp(run->opt.recompute, "auto") == 0) return;
-    int any = 0, segments = run->opt.segment_layers > 1;
+    int any = 0, segments = K > 1;
     for (int l = 0; l < L; l++) { /* with segments: every segment's input */
         run->layer_offload[l] = (unsigned char)(segments || mode_can_offload(run->layer_mode[l]));
         any |= run->layer_offload[l];

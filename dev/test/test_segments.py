@@ -60,7 +60,7 @@ def test_every_k_every_mode_equals_r0(tiny_shards, tmp_path, reference, K, r):
         assert "segments:" not in res.stdout
 
 
-MIXES = ["1:0,2/3:1,4/2:3", "3:0-2/1:3-4", "2:1,5/1:2-3", "1o:0,2,4/3:1/2:3"]
+MIXES = ["1:0,2/3:1,4/2:3", "3:0-2/1:3-4", "2:1,5/1:2-3", "1o:0/1:2,4/3:1/2:3"]
 
 
 @pytest.mark.parametrize("K", [2, 3, 4])
@@ -210,6 +210,12 @@ def test_peak_rss_follows_the_plan(tiny_shards, tmp_path):
 
 
 # ---- bad input ----
+
+def test_offload_mark_on_a_layer_that_starts_no_segment_is_refused():
+    res = run([binary("train_gpt_cpu"), *MODEL, "-b", "1", "-t", "32", "-r", "1o:0,2/3:1", "--segment-layers", "3", "--plan"])
+    one_error(res)
+    assert "offloads layer 2, which starts no segment of --segment-layers 3" in res.stderr, res.stderr
+
 
 @pytest.mark.parametrize("value,msg", [("0", "not a positive number of layers"), ("-2", "not a positive number"),
                                        ("x", "not a positive number"), ("7", "more than the model's 6 layers")])

@@ -41,8 +41,8 @@ def train(exe, tiny_shards, out, *flags):
     return res
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp32"])
-@pytest.mark.parametrize("tiles", [[], ["--tile-tokens", "7"]], ids=["untiled", "tiles7"])
+@pytest.mark.parametrize("precision,tiles", [("bf16", []), ("fp32", []), ("bf16", ["--tile-tokens", "7"])],
+                         ids=["bf16", "fp32", "bf16-tiles7"])
 def test_emulated_segments_write_identical_files(train_exes, tiny_shards, tmp_path, precision, tiles):
     got = {}
     for name, flags in SETTINGS.items():
