@@ -1049,7 +1049,7 @@ static void classifier(CpuModel* m, const int* targets, real dloss_per_token) {
             real* row = m->logits + (size_t)r * Vp;
             int target = targets[r0 + r];
             real target_logit = row[target];
-            if (dloss_per_token == 0) m->top1[r0 + r] = argmax_row(row, V);
+            if (dloss_per_token == 0 && m->top1) m->top1[r0 + r] = argmax_row(row, V); /* top1: the backend's (tests may have none) */
             m->losses[r0 + r] = softmax_row(row, V) - target_logit;
             if (dloss_per_token == 0) continue;
             for (int v = 0; v < V; v++) row[v] = (row[v] - (v == target ? 1 : 0)) * dloss_per_token;
