@@ -175,8 +175,9 @@ def test_help_lists_every_flag_the_parser_takes():
 
 def test_zero_steps_evaluates_and_samples_a_saved_model(synthetic, tmp_path):
     """-x 0: no training; the model loaded is evaluated and sampled, and no
-    checkpoint is written. The validation loss is the one the saving run
-    measured at its end (same weights, same batches)."""
+    checkpoint is written, only the model evaluated (model_00000000.bin, the
+    same parameters). The validation loss is the one the saving run measured
+    at its end (same weights, same batches)."""
     out, meta = synthetic
     data = ["-i", out / "synthetic_train.bin", "-j", out / "synthetic_val.bin", "-b", "2", "-t", "32", "-m", "3"]
     saved = run([binary("train_gpt_cpu"), *TINY_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len",
@@ -187,7 +188,8 @@ def test_zero_steps_evaluates_and_samples_a_saved_model(synthetic, tmp_path):
     assert re.search(r"val loss ([0-9.]+) at step 0", res.stdout).group(1) == \
         re.search(r"val loss ([0-9.]+) at step 2", saved.stdout).group(1)
     assert "sample at step 0:" in res.stdout
-    assert not list((tmp_path / "b").glob("model_*.bin"))
+    assert [p.name for p in (tmp_path / "b").glob("*_*")] == ["model_00000000.bin"]  # no state file, no DONE marker
+    assert (tmp_path / "b" / "model_00000000.bin").read_bytes()[1024:] == (tmp_path / "a" / "model_00000002.bin").read_bytes()[1024:]
 
 
 def test_missing_default_data_says_how_to_make_it(tmp_path):

@@ -445,9 +445,9 @@ int main(int argc, char** argv) {
     logger_train(&lg, 1, NAN, 1e-3f, INFINITY, 1.0, 2.0, 16, 3.0);
     logger_val(&lg, 1, -INFINITY);
     int begin[2] = {0, 8}, end[2] = {8, 16};
-    float loss[2] = {2.5f, NAN};
+    float loss[2] = {2.5f, NAN}, top1[2] = {0.5f, NAN};
     double tokens[2] = {8, 8};
-    logger_val_by_position(&lg, 1, 2, begin, end, loss, tokens);
+    logger_val_by_position(&lg, 1, 2, begin, end, loss, top1, tokens);
     logger_train(&lg, 2, 2.25f, 1e-3f, 0.5f, 1.0, 2.0, 32, 3.0);
     logger_close(&lg);
     return 0;
@@ -471,4 +471,5 @@ def test_log_lines_are_strict_json_with_non_finite_values(tmp_path):
     assert lines[0]["loss"] is None and lines[0]["norm"] is None and lines[0]["lr"] == pytest.approx(1e-3, rel=1e-7)
     assert lines[1] == {"step": 1, "val_loss": None}
     assert [b["loss"] for b in lines[2]["val_loss_by_position"]] == [2.5, None]
+    assert [b["top1"] for b in lines[2]["val_loss_by_position"]] == [0.5, None]
     assert lines[3]["loss"] == 2.25 and lines[3]["norm"] == 0.5
