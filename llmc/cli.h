@@ -97,7 +97,7 @@ static const FlagSpec flag_table[] = {
     {"--tokenizer", FLAG_STRING, OPT(tokenizer_path), 0, 0, FOR_BOTH, "tokenizer file for decoding samples (default: *tokenizer.bin beside the train shards, else gpt2_tokenizer.bin)"},
     {"--shuffle", FLAG_INT, OPT(shuffle), 0, 1, FOR_BOTH, "1: shuffle shard order and batch order each epoch"},
     {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
-    {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576)"},
+    {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576 tokens per rank, T / --context-parallel)"},
     {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*processes); must be a multiple of B*T*processes"},
     {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data; 0: only evaluate and sample the model)"},
     {"-l", FLAG_FLOAT, OPT(lr), 0, 10, FOR_BOTH, "peak learning rate"},
