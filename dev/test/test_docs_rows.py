@@ -23,7 +23,7 @@ def gpu_trainer():
 
 
 def table_rows():
-    text = (REPO / "docs" / "context-parallel.md").read_text()
+    text = (REPO / "docs/context-parallel.md").read_text()
     section = text.split("## What the plan predicts for GPT-2 1.5B on H200s", 1)[1].split("\n## ", 1)[0]
     rows = ROW.findall(section)
     assert len(rows) >= 6, section[:2000]
