@@ -1163,6 +1163,8 @@ static MultiGpu* gpu_startup_connect(void) {
     if (g->connected) return g->mg;
     multigpu_check_device(g->device, g->devices, g->why);
     g->mg = multigpu_connect(&g->mg_state);
+    if (g->mg) multigpu_ring_connect_early(g->mg, remat_ring_degree_hint);
+    if (g->mg) remat_nccl_device_bytes = g->mg->device_bytes;
     g->connected = 1;
     return g->mg;
 }
@@ -1234,8 +1236,6 @@ int main(int argc, char** argv) {
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
     /* --plan and --plan-json, which price both, have exited in run_setup */
-    if (run.opt.T > (1 << 20))
-        fail("flag -t: %d tokens; the GPU trainer is checked up to 1048576 (its kernels' index arithmetic beyond that is not)", run.opt.T);
     int master_weights = run.plan.spec.master_weights;
     MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);

@@ -158,6 +158,8 @@ typedef struct MultiGpu {
     cudaEvent_t ring_sent[MULTIGPU_RING_EVENTS];  /* ring -> compute, after it */
     const char* ring_what[MULTIGPU_RING_EVENTS];  /* the phase each transfer belongs to, for a timeout's line */
     long long ring_issued, ring_done;              /* transfers issued; those known finished (in order) */
+    cudaEvent_t order_event;     /* recorded after the latest NCCL issue on order_stream (multigpu_ring_order_launch) */
+    cudaStream_t order_stream;   /* the stream of the latest NCCL issue; NULL before any */
 #endif
 } MultiGpu;
 
@@ -375,21 +377,51 @@ static inline void multigpu_phase(MultiGpu* mg, const char* what) {
 
 /* ---- setup and teardown ---- */
 
+/* Device memory in use now (the context first, so that it is not counted as NCCL's). */
+static inline size_t multigpu_device_used(void) {
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    return total_b - free_b;
+}
+
+/* Message sizes of the warm-ups, in bytes: one in each of NCCL's protocol
+ * ranges (LL below about 64 KiB, LL128 to a few MiB, Simple beyond), so
+ * that every connection the run's collectives will make is made now. */
+static const size_t multigpu_warm_bytes[3] = {512, (size_t)1 << 20, (size_t)16 << 20};
+
+/* Every collective the trainer issues (all-reduce; ZeRO-1's reduce,
+ * broadcast and all-gather), once at each warm-up size: since NCCL 2.22
+ * (NCCL_RUNTIME_CONNECT=1) an algorithm's buffers are connected at its
+ * first use, so without this they would be allocated inside the first
+ * step, after the budget of -r auto and --plan was measured. */
+static inline void multigpu_warm_collectives(MultiGpu* mg) {
+    size_t most = multigpu_warm_bytes[2];
+    char* warm = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&warm, most));
+    CUDA_CHECK(cudaMemsetAsync(warm, 0, most, mg->stream));
+    multigpu_phase(mg, "the NCCL warm-up collectives");
+    for (int i = 0; i < 3; i++) {
+        size_t n = multigpu_warm_bytes[i] / sizeof(floatX), per = n / (size_t)mg->world;
+        MG_CHECK(mg, ncclAllReduce(warm, warm, n, NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
+        MG_CHECK(mg, ncclReduce(warm, warm, n, NCCL_FLOATX, ncclSum, 0, mg->comm, mg->stream));
+        MG_CHECK(mg, ncclBroadcast(warm, warm, n, NCCL_FLOATX, 0, mg->comm, mg->stream));
+        if (per) MG_CHECK(mg, ncclAllGather(warm + (size_t)mg->rank * per * sizeof(floatX), warm, per, NCCL_FLOATX, mg->comm, mg->stream));
+    }
+    multigpu_wait(mg, mg->stream);
+    CUDA_CHECK(cudaFree(warm));
+}
+
 /* Joins every rank into one NCCL communicator (all ranks, even alone, so the
- * NCCL path is the one that runs) and runs one small all-reduce: NCCL
- * allocates its connection buffers lazily, at the first collective, so
- * without it they would appear inside the first backward, after the memory
- * budget of -r auto and --plan was measured. Before the plan is made, so that
+ * NCCL path is the one that runs) and warms up every collective at every
+ * size range (multigpu_warm_collectives). Before the plan is made, so that
  * the budget is what is left beside NCCL; device_bytes is what NCCL took.
  * Every rank must call it (after multigpu_check_device). Returns mg. */
 static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     memset(mg, 0, sizeof(*mg));
     mg->rank = remat_proc.rank;
     mg->world = remat_proc.world;
-    size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaFree(0)); /* the context first, so that it is not counted as NCCL's */
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    size_t used_before = total_b - free_b;
+    size_t used_before = multigpu_device_used();
     ncclUniqueId id;
     memset(&id, 0, sizeof(id));
     if (mg->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -409,15 +441,9 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     CUDA_CHECK(cudaStreamCreateWithPriority(&mg->stream, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->ready, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&mg->done, cudaEventDisableTiming));
-    floatX* warm = NULL;
-    CUDA_CHECK(cudaMalloc((void**)&warm, 256 * sizeof(floatX)));
-    CUDA_CHECK(cudaMemsetAsync(warm, 0, 256 * sizeof(floatX), mg->stream));
-    multigpu_phase(mg, "the NCCL warm-up all-reduce");
-    MG_CHECK(mg, ncclAllReduce(warm, warm, 256, NCCL_FLOATX, ncclSum, mg->comm, mg->stream));
-    multigpu_wait(mg, mg->stream);
-    CUDA_CHECK(cudaFree(warm));
-    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
-    mg->device_bytes = total_b - free_b > used_before ? total_b - free_b - used_before : 0;
+    multigpu_warm_collectives(mg);
+    size_t used = multigpu_device_used();
+    mg->device_bytes = used > used_before ? used - used_before : 0;
     NCCL_CHECK(ncclGetVersion(&mg->nccl_version));
     return mg;
 }
@@ -453,7 +479,9 @@ static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
         CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_ready[i], cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&mg->ring_sent[i], cudaEventDisableTiming));
     }
+    CUDA_CHECK(cudaEventCreateWithFlags(&mg->order_event, cudaEventDisableTiming));
 }
+
 
 /* The plan's part: which gradients go where, and the ring. After multigpu_connect. */
 static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
@@ -474,7 +502,7 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
     int N = plan_context_parallel(&plan->spec);
     if (N == 1) return;
     ContextGroups g = context_groups(N, mg->rank, mg->world);
-    multigpu_ring_connect(mg, &g);
+    if (!mg->ring_comm) multigpu_ring_connect(mg, &g); /* else connected before the budget (multigpu_ring_connect_early) */
     printf("context parallel: NCCL ring of %d in each group (a communicator split from the first), its own stream\n", N);
 }
 
@@ -492,6 +520,7 @@ static inline void multigpu_free(MultiGpu* mg) {
             CUDA_CHECK(cudaEventDestroy(mg->ring_sent[i]));
         }
         CUDA_CHECK(cudaStreamDestroy(mg->ring_stream));
+        CUDA_CHECK(cudaEventDestroy(mg->order_event));
     }
 #if MULTIGPU_HAS_NONBLOCKING
     if (mg->nonblocking) MG_CHECK(mg, ncclCommFinalize(mg->comm)); /* then destroy frees without blocking */
@@ -515,12 +544,37 @@ static inline void multigpu_join(MultiGpu* mg, cudaStream_t compute) {
     CUDA_CHECK(cudaStreamWaitEvent(compute, mg->done, 0));
 }
 
+/* ---- the two communicators' launches in one order ----
+ * With context parallelism two communicators issue work on two streams (the
+ * data-parallel sum of layer l while the ring runs for layer l-1). NCCL's
+ * kernels wait on their peers while occupying the GPU, and NCCL documents
+ * concurrent communicators as able to deadlock unless their operations are
+ * ordered: a GPU may run the two in a different order than its peers do.
+ * Each NCCL issue waits for the previous issue on the other stream (an event
+ * recorded after it), so every rank's GPU runs them in the host's order,
+ * which is the same on every rank (the same plan, the same program). It
+ * costs the overlap of the two communicators' transfers with each other,
+ * not their overlap with compute. NCCL 2.26's NCCL_LAUNCH_ORDER_IMPLICIT=1
+ * would do the same inside NCCL; this works on every version. One
+ * communicator (no ring): nothing to order. */
+static inline void multigpu_ring_order_launch(MultiGpu* mg, cudaStream_t s) {
+    if (!mg->ring_comm) return;
+    if (mg->order_stream && mg->order_stream != s) CUDA_CHECK(cudaStreamWaitEvent(s, mg->order_event, 0));
+}
+
+static inline void multigpu_ring_order_issued(MultiGpu* mg, cudaStream_t s) {
+    if (!mg->ring_comm) return;
+    CUDA_CHECK(cudaEventRecord(mg->order_event, s));
+    mg->order_stream = s;
+}
+
 /* ---- gradients ---- */
 
 /* Sums n slices [off[i], off[i] + cnt[i]) of the gradient buffer across
  * ranks, as one NCCL group: in place everywhere, or (ZeRO-1) onto the rank
  * whose shard holds each piece. */
 static inline void multigpu_reduce_slices(MultiGpu* mg, floatX* grads, const size_t* off, const size_t* cnt, int n) {
+    multigpu_ring_order_launch(mg, mg->stream);
     NCCL_CHECK(ncclGroupStart());
     for (int i = 0; i < n; i++) {
         if (cnt[i] == 0) continue;
@@ -540,6 +594,7 @@ static inline void multigpu_reduce_slices(MultiGpu* mg, floatX* grads, const siz
         }
     }
     MG_CHECK(mg, ncclGroupEnd());
+    multigpu_ring_order_issued(mg, mg->stream);
 }
 
 /* The same words as the CPU trainer's MPI collectives. */
@@ -605,10 +660,12 @@ static inline void multigpu_ring_pass(MultiGpu* mg, cudaStream_t compute, const 
     CUDA_CHECK(cudaEventRecord(mg->ring_ready[k], compute));
     CUDA_CHECK(cudaStreamWaitEvent(mg->ring_stream, mg->ring_ready[k], 0));
     int next = (mg->ring_member + 1) % mg->ring_degree, prev = (mg->ring_member + mg->ring_degree - 1) % mg->ring_degree;
+    multigpu_ring_order_launch(mg, mg->ring_stream);
     NCCL_CHECK(ncclGroupStart());
     MG_RING_CHECK(mg, ncclSend(send, bytes, ncclUint8, next, mg->ring_comm, mg->ring_stream));
     MG_RING_CHECK(mg, ncclRecv(recv, bytes, ncclUint8, prev, mg->ring_comm, mg->ring_stream));
     MG_RING_CHECK(mg, ncclGroupEnd());
+    multigpu_ring_order_issued(mg, mg->ring_stream);
     CUDA_CHECK(cudaEventRecord(mg->ring_sent[k], mg->ring_stream));
     mg->ring_what[k] = what;
     mg->ring_issued++;
@@ -644,6 +701,27 @@ static inline void multigpu_time_ring(MultiGpu* mg, cudaStream_t compute, const 
     CUDA_CHECK(cudaEventDestroy(stop));
 }
 
+/* The ring before the budget is measured (the GPU trainer's budget hook,
+ * with --context-parallel N > 1): split, then one send/receive pass at each
+ * warm-up size, so that its communicator and connection buffers are in
+ * device_bytes and outside the budget. Collective over all ranks. */
+static inline void multigpu_ring_connect_early(MultiGpu* mg, int degree) {
+    if (degree <= 1 || mg->ring_comm || mg->world % degree != 0) return;
+    size_t used_before = multigpu_device_used();
+    ContextGroups g = context_groups(degree, mg->rank, mg->world);
+    multigpu_ring_connect(mg, &g);
+    size_t most = multigpu_warm_bytes[2];
+    char* warm = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&warm, 2 * most));
+    CUDA_CHECK(cudaMemsetAsync(warm, 0, 2 * most, mg->ring_stream)); /* on the ring's stream: no compute involved */
+    for (int i = 0; i < 3; i++) multigpu_ring_pass(mg, 0, warm, warm + most, multigpu_warm_bytes[i], "the NCCL ring warm-up");
+    multigpu_wait(mg, mg->ring_stream);
+    mg->ring_done = mg->ring_issued;
+    CUDA_CHECK(cudaFree(warm));
+    size_t used = multigpu_device_used();
+    mg->device_bytes += used > used_before ? used - used_before : 0;
+}
+
 /* ---- parameters (ZeRO-1) ---- */
 
 /* After each rank updated its shard of params: every shard to every rank. */
@@ -652,6 +730,7 @@ static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStre
     size_t P = mg->num_params, per = ceil_div(P, (size_t)mg->world);
     multigpu_phase(mg, "the parameter all-gather");
     multigpu_fork(mg, compute);
+    multigpu_ring_order_launch(mg, mg->stream);
     if (per * (size_t)mg->world == P) {
         MG_CHECK(mg, ncclAllGather(params + (size_t)mg->rank * per, params, per, NCCL_FLOATX, mg->comm, mg->stream));
     } else {
@@ -663,6 +742,7 @@ static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStre
         }
         MG_CHECK(mg, ncclGroupEnd());
     }
+    multigpu_ring_order_issued(mg, mg->stream);
     multigpu_join(mg, compute);
 }
 
@@ -677,6 +757,7 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
     (void)plan;
 }
 static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
+static inline void multigpu_ring_connect_early(MultiGpu* mg, int degree) { (void)mg; (void)degree; }
 static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
     (void)mg;
     CUDA_CHECK(cudaStreamSynchronize(stream));

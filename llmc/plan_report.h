@@ -24,6 +24,15 @@
  * default budget for --plan and -r auto. NULL: use available host memory. */
 static size_t (*remat_free_memory_hook)(void) = NULL;
 
+/* --context-parallel N as the flags give it, for the GPU trainer's budget
+ * hook: it splits and connects the ring communicator before it measures free
+ * memory, so that NCCL's memory is outside the budget (run_setup.h sets it). */
+static int remat_ring_degree_hint = 1;
+
+/* Device memory NCCL holds once connected (communicators, connection buffers),
+ * set by the GPU trainer's budget hook: the plan prints it as its own line. */
+static size_t remat_nccl_device_bytes = 0;
+
 /* The GPU's name for the default cost model, set by the GPU trainer ("" when
  * it finds none); NULL on the CPU trainer. */
 static const char* (*remat_device_name_hook)(void) = NULL;
@@ -895,6 +904,9 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
                                     const char* host_source, FILE* out) {
     const PlanSpec* s = &p->spec;
     plan_print_summary(p, out);
+    if (remat_nccl_device_bytes)
+        fprintf(out, "NCCL: %.1f MiB of device memory (communicators and their connection buffers, connected before the budget was "
+                "measured), outside the plan and the budget\n", mib(remat_nccl_device_bytes));
     if (p->host_total_bytes)
         fprintf(out, "host memory for offloaded checkpoints: %.1f MiB of %.1f MiB (%s): %s\n", mib(p->host_total_bytes), mib(host_budget),
                 host_source, p->host_total_bytes <= host_budget ? "fits" : "does not fit");

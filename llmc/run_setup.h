@@ -219,6 +219,21 @@ static inline void resolve_context_parallel(Run* run) {
         fail("flag --context-parallel: %d does not divide the %d process%s of this run (a group of N shares each sequence%s)", N,
              run->world, run->world == 1 ? "" : "es", run->opt.plan_only || run->opt.plan_json ? "; --plan-processes P plans for P" : "");
     run->cp = context_groups(N, run->rank, run->world);
+    if (run->world == remat_proc.world) remat_ring_degree_hint = N; /* not for --plan-processes: no ring to connect */
+}
+
+/* The GPU trainer's kernels are audited for the tokens one rank holds, T / N
+ * of each row (docs/context-parallel.md, "Index widths"), up to 2^20: the
+ * limit applies per rank, so --context-parallel N runs N times as long a sequence. Checked
+ * before --plan exits, so that a plan never shows a row the run refuses. */
+#define GPU_MAX_TOKENS_PER_RANK (1 << 20)
+static inline void check_tokens_per_rank(const Run* run, int trainer) {
+    int local = run->opt.T / run->cp.degree;
+    if (trainer == FOR_GPU && local > GPU_MAX_TOKENS_PER_RANK)
+        fail("flag -t: %d tokens, %d per rank%s; the GPU trainer is checked up to %d tokens per rank (its kernels' index arithmetic "
+             "beyond that is not): --context-parallel %d or more", run->opt.T, local,
+             run->cp.degree > 1 ? " under --context-parallel" : "", GPU_MAX_TOKENS_PER_RANK,
+             (run->opt.T + GPU_MAX_TOKENS_PER_RANK - 1) / GPU_MAX_TOKENS_PER_RANK);
 }
 
 /* Under context parallelism -t must be a multiple of 2N: the refusal names
@@ -529,6 +544,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     if (run->opt.collective_timeout_s > 0 && remat_proc.world == 1) /* (a build without MPI refused it above) */
         fprintf(setup_notes(&run->opt), "note: --collective-timeout with one process: no collective to time out\n");
     resolve_context_parallel(run);
+    check_tokens_per_rank(run, trainer);
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);

@@ -16,6 +16,10 @@ emulator (dev/emu; NOT a GPU, NOT NCCL), each with the emulator capability that 
   everything it will use (both communicators, every size range) before it measures the
   budget, and print NCCL's memory as its own line; else a plan that fills the budget runs
   out of memory inside a step.
+- two communicators at once: the emulated NCCL stops a run in which operations of two
+  communicators are in flight together on two streams (NCCL documents that this may
+  deadlock unless ordered). The trainer orders each NCCL issue after the latest one on the
+  other stream; deleting that wait (EMU_DELETE_SYNC) must be caught.
 - one node's pinned memory: EMU_HOST_PINNED_LIMIT makes the cudaMallocHost bytes of all
   processes of one emulated node (mpirun's children) draw on one limit. The default host
   budget of offloading must be each process's share of the node (here a fake cgroup room
@@ -91,16 +95,43 @@ def test_two_ranks_share_the_nodes_pinned_memory(bins, data, tmp_path):
 
 
 def test_tight_budget_with_nccls_memory_counted_runs(bins, data):
-    """Context parallelism (two communicators) with -r auto at a device size that leaves the least plan barely room:
-    NCCL's connections made inside step 1 would not fit. The plan names NCCL's memory: 2 communicators x 96 MiB,
-    collectives and sends/receives each connected in 3 size classes x 160 MiB (the emulator's defaults)."""
-    big = plan_json(bins, "-b", "8", "--context-parallel", "2", "-r", "1", EMU_DEVICE_MEMORY="80GiB")
+    """Context parallelism (two communicators) with -r auto at a device size that leaves the least plan barely room.
+    Communicators of 200 MiB (EMU_NCCL_COMM_BYTES): what a run connected lazily (the ring's split and its first
+    send, 360 MiB here) would exceed the 256 MiB headroom and run out of memory inside step 1. The plan names NCCL's
+    memory: 2 communicators x 200 MiB, collectives and sends/receives each connected in 3 size classes x 160 MiB."""
+    nccl = {"EMU_NCCL_COMM_BYTES": "200MiB"}
+    big = plan_json(bins, "-b", "8", "--context-parallel", "2", "-r", "1", EMU_DEVICE_MEMORY="80GiB", **nccl)
     overhead, r1 = 80 * 2**30 - big["budget_bytes"], big["total_bytes"]
-    r3 = plan_json(bins, "-b", "8", "--context-parallel", "2", "-r", "3", EMU_DEVICE_MEMORY="80GiB")["total_bytes"]
+    r3 = plan_json(bins, "-b", "8", "--context-parallel", "2", "-r", "3", EMU_DEVICE_MEMORY="80GiB", **nccl)["total_bytes"]
     small = overhead + r1 + (r3 - r1) // 4
     args = ["mpirun", "-np", "2", str(bins / "emu_train_gpt_mpi_fp32"), *TINY, "-t", "32", *CP_AUTO, "--plan"]
-    table = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env(EMU_DEVICE_MEMORY=str(small)), cwd=REPO)
-    assert re.search(r"^NCCL: 1152\.0 MiB of device memory", table.stdout, re.M), explain(table)
-    res = train(bins, data, 2, "fp32", *CP_AUTO, "-x", "2", timeout=300, EMU_DEVICE_MEMORY=str(small))
+    table = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env(EMU_DEVICE_MEMORY=str(small), **nccl), cwd=REPO)
+    assert re.search(r"^NCCL: 1360\.0 MiB of device memory", table.stdout, re.M), explain(table)
+    res = train(bins, data, 2, "fp32", *CP_AUTO, "-x", "2", timeout=300, EMU_DEVICE_MEMORY=str(small), **nccl)
     assert res.returncode == 0, explain(res)
     assert "-r 1" in res.stdout and len(steps(res)) == 2
+
+
+def order_wait_line():
+    lines, inside = [], None
+    for i, ln in enumerate((REPO / "llmc" / "multigpu.cuh").read_text().splitlines(), 1):
+        m = re.match(r"static inline \w+ (\w+)\(", ln)
+        if m:
+            inside = m.group(1)
+        if inside == "multigpu_ring_order_launch" and "cudaStreamWaitEvent(" in ln:
+            lines.append(i)
+    assert len(lines) == 1, "llmc/multigpu.cuh: expected one stream wait in multigpu_ring_order_launch"
+    return lines[0]
+
+
+def test_the_two_communicators_launch_in_one_order(bins, data):
+    """Context parallelism, 2 steps: the data-parallel sums and the ring's transfers never in flight together; with the
+    ordering wait deleted the emulator finds them so (the per-layer sum of layer l issued while the ring of layer l-1
+    waits). The stream order that delays the collective stream most (latest) makes the overlap likely."""
+    flags = ["-b", "2", "-x", "2", "--context-parallel", "2"]
+    ordered = train(bins, data, 2, "fp32", *flags, timeout=300, EMU_STREAM_ORDER="latest")
+    assert ordered.returncode == 0 and len(steps(ordered)) == 2, explain(ordered)
+    mutant = train(bins, data, 2, "fp32", *flags, timeout=300, EMU_STREAM_ORDER="latest",
+                   EMU_DELETE_SYNC=f"llmc/multigpu.cuh:{order_wait_line()}")
+    assert mutant.returncode != 0 and "while an operation of another communicator of this process is in flight" in mutant.stderr, \
+        explain(mutant)

@@ -368,24 +368,47 @@ std::string describe(const Batch& b) {
     return "the NCCL group of " + std::to_string(b.tasks.size()) + " calls (" + s + ")";
 }
 
+/* Operations of two communicators of this process in flight at once (on two
+ * streams): NCCL's documentation says such concurrent use "could break at
+ * any time" (each kernel waits on its peers while holding SMs, and ranks
+ * whose GPUs run them in different orders deadlock) unless the launches are
+ * ordered: by the program (stream dependencies in one order on every rank),
+ * or since NCCL 2.26 by NCCL_LAUNCH_ORDER_IMPLICIT=1. Unless that variable is
+ * 1, an operation that starts while another communicator's is in flight
+ * stops the run. */
+ncclComm* g_in_flight_comm = nullptr;
+int g_in_flight = 0;
+
+void start_in_flight(const Batch& b) {
+    const char* implicit = getenv("NCCL_LAUNCH_ORDER_IMPLICIT");
+    if (g_in_flight > 0 && g_in_flight_comm != b.comm && !(implicit && strcmp(implicit, "1") == 0))
+        emu::fatal("NCCL: %s starts on one communicator while an operation of another communicator of this process is in flight on "
+                   "another stream, in no order: NCCL documents that concurrent communicators may deadlock unless their launches are "
+                   "ordered (stream dependencies, or NCCL_LAUNCH_ORDER_IMPLICIT=1 from NCCL 2.26)", describe(b).c_str());
+    g_in_flight_comm = b.comm;
+    g_in_flight++;
+}
+
 void enqueue_batch(std::shared_ptr<Batch> b) {
     cudaStream_t stream = b->tasks[0].stream;
     emu::enqueue_async(
         stream, describe(*b),
         [b]() {
             if (b->comm->aborted) return;
+            start_in_flight(*b);
             size_t most = 0;
             for (const Task& t : b->tasks) most += 2 * (size_t)t.comm->nranks;
             b->requests.reserve(most); /* post_send/post_recv keep pointers into it */
             for (Task& t : b->tasks) start_task(*b, t);
         },
         [b]() {
-            if (b->comm->aborted) return true; /* NCCL ends an aborted communicator's work; its results are undefined */
+            if (b->comm->aborted) { g_in_flight = 0; return true; } /* NCCL ends an aborted communicator's work; its results are undefined */
             int done = 0;
             if (!b->requests.empty()) PMPI_Testall((int)b->requests.size(), b->requests.data(), &done, MPI_STATUSES_IGNORE);
             else done = 1;
             if (!done) return false;
             for (Task& t : b->tasks) finish_task(t);
+            g_in_flight--;
             return true;
         });
 }
