@@ -1755,18 +1755,20 @@ static void check_attention_blocks(const Shape* sh, int B, int Tc, float dropout
 }
 
 /* ---- packed documents (llmc/documents.h) ----
- * Rows of T tokens cut into documents: row 0 from a cycle of lengths 1, 17,
- * 64, 5, 130, 33 (a one-token document, documents that cross the kernels'
- * 64-row blocks and 32-key tiles anywhere), row 1 one document (T = one
- * document), further rows every 40 tokens from an offset of 7 b. */
+ * Rows of T tokens cut into documents: row 0 from a cycle of lengths 31, 1,
+ * 32, 17, 46, 5, 130, 33 (starts at 31, 32, 64, 127: a tile's last key, a
+ * tile's and a 64-row block's first row, a block's last row; a one-token
+ * document; documents that cross the kernels' blocks and tiles elsewhere),
+ * row 1 one document (T = one document), further rows every 40 tokens from
+ * an offset of 7 b. */
 static void documents_for_test(int* starts, int B, int T) {
-    static const int lens[] = {1, 17, 64, 5, 130, 33};
+    static const int lens[] = {31, 1, 32, 17, 46, 5, 130, 33};
     for (int b = 0; b < B; b++) {
         int start = 0, next = 0, k = 0;
         for (int t = 0; t < T; t++) {
             if (t == next) {
                 start = t;
-                next = b == 0 ? t + lens[k++ % 6] : b == 1 ? T : t == 0 ? 7 * b : t + 40;
+                next = b == 0 ? t + lens[k++ % 8] : b == 1 ? T : t == 0 ? 7 * b : t + 40;
             }
             starts[(size_t)b * T + t] = start;
         }

@@ -14,7 +14,11 @@
  *  2. central differences of the loss the ring computes (h = 1e-5, every
  *     element of every tensor) against the summed gradients, to 1e-6
  *     relative (test_gradcheck.c says why that is tight);
- * once without dropout, once with dropout 0.3 at every site.
+ * once without dropout, once with dropout 0.3 at every site, and once more
+ * with dropout and packed documents (--reset-attention-mask and
+ * --reset-position-ids, llmc/documents.h): token 5 starts a document, so
+ * documents begin inside the other rank's chunks and ring blocks hold
+ * queries that see none of their keys.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
@@ -58,7 +62,22 @@ static double ring_loss(CpuModel* m) {
     return group_sum((double)mean_loss(m, m->inputs)) / RING_N;
 }
 
-static int check(const DropoutState* drop) {
+/* Packed documents on both models: token 5 starts one; the ring's rows take
+ * the starts of their global positions, as the data loader gives them. */
+static void set_documents(TestModel* one, TestModel* ring) {
+    static const DocumentOptions d = {1, 1, 0, 5};
+    one->m.docs = ring->m.docs = d;
+    for (int b = 0; b < RING_B; b++) {
+        for (int t = 0; t < RING_T; t++) one->m.inputs[b * RING_T + t] = t % 3 == 1 ? 5 : one->m.inputs[b * RING_T + t] % 5;
+        document_starts_extend(one->m.doc_start + b * RING_T, one->m.inputs + b * RING_T, RING_T, 0, 0, 5);
+    }
+    int Tl = RING_T / RING_N;
+    for (int b = 0; b < RING_B; b++)
+        for (int i = 0; i < Tl; i++)
+            ring->m.doc_start[b * Tl + i] = one->m.doc_start[b * RING_T + context_position(i, Tl, ring->m.cp.member, RING_N)];
+}
+
+static int check(const DropoutState* drop, int documents) {
     ModelConfig cfg = test_config(3, 2, 8, 37, RING_T);
     unsigned char modes[3] = {RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, RECOMPUTE_KEEP_ATTENTION};
     TestModel one, ring;
@@ -67,6 +86,7 @@ static int check(const DropoutState* drop) {
     test_model_randomize(&one, 42);
     test_model_randomize(&ring, 42);
     test_model_tokens(&one, 43);
+    if (documents) set_documents(&one, &ring);
     CpuModel* m = &ring.m;
     int Tl = RING_T / RING_N;
     for (int b = 0; b < RING_B; b++)
@@ -86,8 +106,8 @@ static int check(const DropoutState* drop) {
     double loss_ring = group_sum((double)mean_loss(m, m->inputs)) / RING_N;
     size_t n = ring.plan.num_params;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, m->grads, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
-    printf("\n%s: loss %.15f on the ring, %.15f on one process\n", dropout_active(drop) ? "dropout 0.3 at every site" : "no dropout",
-           loss_ring, loss_one);
+    printf("\n%s%s: loss %.15f on the ring, %.15f on one process\n", dropout_active(drop) ? "dropout 0.3 at every site" : "no dropout",
+           documents ? ", packed documents" : "", loss_ring, loss_one);
     int failures = fabs(loss_ring - loss_one) > 1e-12 * fabs(loss_one);
     ParamLayout pl;
     param_layout(&cfg, &pl);
@@ -126,7 +146,7 @@ int main(int argc, char** argv) {
     for (int k = 0; k < DROPOUT_NUM_SITES; k++) drop.p[k] = 0.3f;
     drop.seed = 7;
     drop.step = 1;
-    int failures = check(&none) + check(&drop);
+    int failures = check(&none, 0) + check(&drop, 0) + check(&drop, 1);
     printf("%s: ring gradient check, %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
     proc_finalize();
     return failures ? 1 : 0;
