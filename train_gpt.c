@@ -22,6 +22,7 @@
 #include "llmc/cpu_real.h"
 #include "llmc/cpu_matmul.h"
 #include "llmc/cpu_offload.h"
+#include "llmc/cpu_adamw.h"
 #include "llmc/cpu_data_parallel.h"
 #include "llmc/cpu_calibrate.h"
 #include "llmc/cpu_ring.h" /* context parallelism: attention_block_* below on llmc/ring.h's schedule */
@@ -803,23 +804,11 @@ static void cpu_sync_grads(void* ctx) {
 /* ------------------------------------------------------------------------ */
 /* optimizer                                                                  */
 
-#define NORM_BLOCK 65536 /* fixed partition: the sum does not depend on threads */
-
 /* Norm over this rank's shard (all parameters without ZeRO), summed across
- * ranks when the gradients are sharded. */
+ * ranks when the gradients are sharded (llmc/cpu_adamw.h). */
 static float cpu_grad_norm(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    const real* g = m->grads + m->shard_start;
-    size_t n = m->shard_count, blocks = ceil_div(n, NORM_BLOCK);
-    double total = 0;
-    #pragma omp parallel for schedule(static) ordered
-    for (size_t b = 0; b < blocks; b++) {
-        size_t e = (b + 1) * NORM_BLOCK < n ? (b + 1) * NORM_BLOCK : n;
-        double s = 0;
-        for (size_t i = b * NORM_BLOCK; i < e; i++) s += (double)g[i] * (double)g[i];
-        #pragma omp ordered
-        total += s;
-    }
+    double total = cpu_grad_sumsq(m->grads + m->shard_start, m->shard_count);
     if (m->zero) total = proc_sum(total, "the gradient norm sum");
     return (float)sqrt(total);
 }
@@ -828,24 +817,7 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
     CpuModel* m = (CpuModel*)ctx;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    size_t lo = m->shard_start, hi = m->shard_start + m->shard_count;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        size_t begin, end;
-        if (!shard_slice(&pl, t, lo, hi, &begin, &end)) continue;
-        float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
-        #pragma omp parallel for schedule(static)
-        for (size_t i = begin; i < end; i++) {
-            size_t k = i - lo; /* index into this rank's optimizer shard */
-            float g = (float)m->grads[i] * s->grad_scale;
-            float mm = s->beta1 * m->adam_m[k] + (1.0f - s->beta1) * g;
-            float vv = s->beta2 * m->adam_v[k] + (1.0f - s->beta2) * g * g;
-            m->adam_m[k] = mm;
-            m->adam_v[k] = vv;
-            float mhat = mm / s->bias_corr1, vhat = vv / s->bias_corr2;
-            float p = (float)m->params[i];
-            m->params[i] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
-        }
-    }
+    cpu_adamw_update(m->params, m->grads, m->adam_m, m->adam_v, &pl, m->shard_start, m->shard_start + m->shard_count, s);
     if (m->zero) cpu_allgather_params(m->params, m->plan->num_params);
 }
 
@@ -902,29 +874,12 @@ static void cpu_row_probs(CpuModel* m, int row, float* probs) {
  * others. */
 static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     CpuModel* m = (CpuModel*)ctx;
-    int N = m->cp.degree;
+    int N = m->cp.degree, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
     m->drop = &dropout_off;
-    if (N == 1) {
-        memcpy(m->inputs, tokens, (size_t)len * sizeof(int));
-        cpu_set_shape(m, 1, len);
-        if (documents_need_starts(&m->docs)) document_starts_extend(m->doc_start, m->inputs, len, 0, 0, m->docs.eot_token);
-        model_forward(m, m->inputs);
-        cpu_row_probs(m, len - 1, probs);
-        return;
-    }
-    int padded = ring_padded_length(len, N), Tl = padded / N, row;
-    cpu_set_shape(m, 1, Tl);
-    int* whole = documents_need_starts(&m->docs) ? (int*)malloc_check((size_t)padded * 2 * sizeof(int), "document starts") : NULL;
-    for (int p = 0; whole && p < padded; p++) whole[padded + p] = tokens[p < len ? p : 0];
-    if (whole) document_starts_extend(whole, whole + padded, padded, 0, 0, m->docs.eot_token);
-    for (int i = 0; i < Tl; i++) {
-        int pos = token_position(&m->layout, (size_t)i);
-        m->inputs[i] = tokens[pos < len ? pos : 0];
-        if (whole) m->doc_start[i] = whole[pos];
-    }
-    free(whole);
+    cpu_set_shape(m, 1, padded / N);
+    sampling_rows(&m->layout, tokens, len, padded, documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->inputs, m->doc_start);
     model_forward(m, m->inputs);
-    int owner = ring_position_owner(len - 1, Tl, N, &row);
+    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
     if (owner == m->cp.member) cpu_row_probs(m, row, probs);
     proc_ring_broadcast(probs, (size_t)m->cfg.vocab_size * sizeof(float), owner);
 }

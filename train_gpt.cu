@@ -924,17 +924,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     int T = sampling_length(len, m->plan->spec.T);
     if (N > 1) T = ring_padded_length(T, N);
     gpu_set_shape(m, 1, T / N);
-    for (int i = 0; i < m->T; i++) {
-        int pos = token_position(&m->layout, (size_t)i);
-        m->h_inputs[i] = pos < len ? tokens[pos] : 0;
-    }
-    if (documents_need_starts(&m->docs)) { /* the starts of the padded sequence's positions, then this rank's */
-        int* whole = (int*)malloc_check((size_t)T * 2 * sizeof(int), "document starts");
-        for (int p = 0; p < T; p++) whole[T + p] = p < len ? tokens[p] : 0;
-        document_starts_extend(whole, whole + T, T, 0, 0, m->docs.eot_token);
-        for (int i = 0; i < m->T; i++) m->h_doc_start[i] = whole[token_position(&m->layout, (size_t)i)];
-        free(whole);
-    }
+    sampling_rows(&m->layout, tokens, len, T, documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->h_inputs, m->h_doc_start);
     int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
     m->drop = &dropout_off;
     gpu_upload_tokens(m, m->h_inputs, NULL);

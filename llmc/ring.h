@@ -22,6 +22,7 @@
 #ifndef REMAT_RING_H
 #define REMAT_RING_H
 
+#include "documents.h"
 #include "multiproc.h"
 #include "token_layout.h"
 
@@ -78,6 +79,24 @@ static inline int ring_step_blocks(const ContextGroups* g, int B, int C, int NH,
 /* Tokens a group runs for a sequence of len: a multiple of 2N, so that each
  * member holds two equal chunks. */
 static inline int ring_padded_length(int len, int N) { return (len + 2 * N - 1) / (2 * N) * (2 * N); }
+
+/* The rows this rank runs for the next-token probabilities of a prompt of
+ * len tokens: the sequence padded to `padded` tokens (ring_padded_length
+ * under context parallelism; causal attention keeps the padding from
+ * reaching the prompt) and laid out as in training (lay: lay->T rows here),
+ * and with eot >= 0 (packed documents) each row's document start in the
+ * padded sequence. Both trainers' samplers call it. */
+static inline void sampling_rows(const TokenLayout* lay, const int* tokens, int len, int padded, int eot, int* inputs, int* doc_start) {
+    int* whole = eot >= 0 ? (int*)malloc_check((size_t)padded * 2 * sizeof(int), "document starts") : NULL;
+    for (int p = 0; whole && p < padded; p++) whole[padded + p] = p < len ? tokens[p] : 0;
+    if (whole) document_starts_extend(whole, whole + padded, padded, 0, 0, eot);
+    for (int i = 0; i < lay->T; i++) {
+        int pos = token_position(lay, (size_t)i);
+        inputs[i] = pos < len ? tokens[pos] : 0;
+        if (whole) doc_start[i] = whole[pos];
+    }
+    free(whole);
+}
 
 /* The member holding global position `pos` of a sequence laid out as Tl
  * tokens a member, and (in *row) its local row there. */
