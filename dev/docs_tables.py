@@ -173,51 +173,6 @@ def table_d12_8k_gpu():
     return "\n".join(out)
 
 
-def longest_t(model, budgets):
-    """For each budget (bytes) and mode, the longest -t (a multiple of 1024, at
-    most the 1048576 rows a table may have) that fits at B=1 with a position
-    table of exactly -t rows. The plan is affine in T past a few thousand
-    tokens, so two plans give an estimate, which plans around it then settle."""
-    cache = {}
-
-    def totals(T):
-        if T not in cache:
-            p = plan_json("bf16", ["-e", model, "--max-seq-len", str(T), "-b", "1", "-t", str(T), "--mem-budget", "1GiB",
-                                   "--cost-model", "h100"])
-            cache[T] = {m["recompute"]: m["total_bytes"] for m in p["modes"]}
-        return cache[T]
-
-    step, top = 1024, 1 << 20
-    lo, hi = totals(64 * step), totals(128 * step)
-    out = {}
-    for budget in budgets:
-        for r in MODES:
-            slope = (hi[r] - lo[r]) / (64 * step)
-            T = int((64 * step + (budget - lo[r]) / slope) // step * step)
-            T = min(max(T, step), top)
-            while T + step <= top and totals(T + step)[r] <= budget:
-                T += step
-            while T >= step and totals(T)[r] > budget:
-                T -= step
-            out[budget, r] = T
-    return out
-
-
-def table_max_t_gpu():
-    """The longest -t at B=1 per model and mode, BF16 build, position table of -t rows."""
-    budgets = [("80 GB", 79), ("141 GB", 139)]
-    out = ["| model | card (budget) | " + " | ".join(f"`-r {r}`" for r in MODES) + " |", "| --- | --- |" + " --- |" * len(MODES)]
-    for model in ["d12", "d24", "d36", "d48"]:
-        longest = longest_t(model, [g * GIB for _, g in budgets])
-        for label, g in budgets:
-            cells = []
-            for r in MODES:
-                T = longest[g * GIB, r]
-                cells.append("none" if T < 1024 else f"{T // 1024}k" + ("+" if T == 1 << 20 else ""))
-            out.append(f"| {model} | {label} ({g}GiB) | " + " | ".join(cells) + " |")
-    return "\n".join(out)
-
-
 C_DEFINITION = re.compile(r"^(?:static\s+)?(?:inline\s+)?(?:__attribute__\(\(\w+\)\)\s+)?(?:const\s+)?[A-Za-z_]\w*\**\s+\**([a-z_]\w*)\(", re.M)
 
 
@@ -252,7 +207,6 @@ BLOCKS = {
     "auto_tiles_wide": block_auto_tiles_wide,
     "modes_gpu": table_modes_gpu,
     "d12_8k_gpu": table_d12_8k_gpu,
-    "max_t_gpu": table_max_t_gpu,
 }
 
 
