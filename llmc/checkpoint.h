@@ -172,11 +172,9 @@ static inline void state_header_read(const int32_t* h, TrainState* s) {
  * at the payload. NULL, with the reason in why[n], when the file cannot be
  * opened or is not a whole state file. */
 static inline FILE* state_try_open(const char* path, TrainState* s, char* why, size_t n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) { snprintf(why, n, "%s: cannot open (%s)", path, strerror(errno)); return NULL; }
     int32_t h[256];
-    size_t expected = 0, actual = 0;
-    if (fread(h, sizeof(int32_t), 256, f) != 256) { snprintf(why, n, "%s: too short for a state file header", path); goto bad; }
+    FILE* f = header_file_open(path, h, "state file", why, n);
+    if (!f) return NULL;
     if (h[ST_MAGIC] != STATE_MAGIC) {
         snprintf(why, n, "%s: bad magic %d (expected %d: not a state file)", path, h[ST_MAGIC], STATE_MAGIC);
         goto bad;
@@ -187,11 +185,7 @@ static inline FILE* state_try_open(const char* path, TrainState* s, char* why, s
     }
     state_header_read(h, s);
     if (state_header_problem(s, path, why, n)) goto bad;
-    expected = 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0));
-    actual = file_size_check(f, path);
-    if (actual != expected) { snprintf(why, n, "%s: size %zu bytes does not match its header (expected %zu)", path, actual, expected); goto bad; }
-    if (remat_fopen_hook) remat_fopen_hook(f);
-    return f;
+    return header_file_end(f, path, 1024 + s->shard_params * 4 * (2 + (size_t)(s->has_master != 0)), "", why, n);
 bad:
     fclose(f);
     return NULL;

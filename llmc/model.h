@@ -241,11 +241,9 @@ static inline uint16_t float_to_bf16(float f) {
  * is positioned at the payload. NULL, with the reason in why[n], when the
  * file cannot be opened or is not a whole model file. */
 static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, char* why, size_t n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) { snprintf(why, n, "%s: cannot open (%s)", path, strerror(errno)); return NULL; }
     int32_t h[256];
-    size_t actual = 0, expected = 0, elem = 0;
-    if (fread(h, sizeof(int32_t), 256, f) != 256) { snprintf(why, n, "%s: too short for a model file header (1024 bytes)", path); goto bad; }
+    FILE* f = header_file_open(path, h, "model file", why, n);
+    if (!f) return NULL;
     if (h[0] != MODEL_MAGIC) { snprintf(why, n, "%s: bad magic %d (expected %d: not an llm.c model file)", path, h[0], MODEL_MAGIC); goto bad; }
     if (h[1] != 3 && h[1] != 5) { snprintf(why, n, "%s: unsupported model file version %d (expected 3 or 5)", path, h[1]); goto bad; }
     info->version = h[1];
@@ -267,16 +265,10 @@ static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, c
     ParamLayout pl;
     param_layout(&info->cfg, &pl);
     info->num_params = pl.total;
-    elem = info->version == 3 ? 4 : 2;
-    expected = 1024 + pl.total * elem;
-    actual = file_size_check(f, path);
-    if (actual != expected) {
-        snprintf(why, n, "%s: size %zu bytes does not match its header (expected %zu: %zu parameters x %zu bytes + 1024)", path,
-                 actual, expected, pl.total, elem);
-        goto bad;
-    }
-    if (remat_fopen_hook) remat_fopen_hook(f);
-    return f;
+    size_t elem = info->version == 3 ? 4 : 2;
+    char size_why[96];
+    snprintf(size_why, sizeof(size_why), ": %zu parameters x %zu bytes + 1024", pl.total, elem);
+    return header_file_end(f, path, 1024 + pl.total * elem, size_why, why, n);
 bad:
     fclose(f);
     return NULL;

@@ -123,6 +123,36 @@ static inline size_t file_size_check(FILE* f, const char* path) {
     return (size_t)st.st_size;
 }
 
+/* Files with a header of 256 int32 slots (1024 bytes) before their payload:
+ * model, state and evaluation-dump files. header_file_open opens one and
+ * reads its header into h; header_file_end checks that its size is the
+ * header's `expected` and hands the stream back at the payload. Both close
+ * the file and return NULL, with the reason in why[n], when it is not a
+ * whole file of its kind: the callers' try-opens fall back past it. */
+static inline FILE* header_file_open(const char* path, int32_t h[256], const char* kind, char* why, size_t n) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        snprintf(why, n, "%s: cannot open (%s)", path, strerror(errno));
+        return NULL;
+    }
+    if (fread(h, sizeof(int32_t), 256, f) == 256) return f;
+    snprintf(why, n, "%s: too short for a %s header (1024 bytes)", path, kind);
+    fclose(f);
+    return NULL;
+}
+
+/* `size_why` says what the header's size is made of, for the message. */
+static inline FILE* header_file_end(FILE* f, const char* path, size_t expected, const char* size_why, char* why, size_t n) {
+    size_t actual = file_size_check(f, path);
+    if (actual != expected) {
+        snprintf(why, n, "%s: size %zu bytes does not match its header (expected %zu%s)", path, actual, expected, size_why);
+        fclose(f);
+        return NULL;
+    }
+    if (remat_fopen_hook) remat_fopen_hook(f);
+    return f;
+}
+
 static inline int file_exists(const char* path) {
     struct stat st;
     return stat(path, &st) == 0;

@@ -1,18 +1,21 @@
-"""Resume, retention and the lock on -o (issue 33): retention never counts
-a damaged checkpoint among those it keeps; a second job on an -o in use is
-refused, and a killed job's lock goes with it; a state file that disagrees
-with its name, its DONE marker or the other ranks' files is damage, and -y 1
-falls back past it as past a truncated file."""
+"""Resuming a run (-y 1): what it falls back past, what it refuses and what
+it keeps. Retention never counts a damaged checkpoint among those it keeps;
+a second job on an -o in use is refused, and a killed job's lock goes with
+it; a state file that disagrees with its name, its DONE marker or the other
+ranks' files is damage, and -y 1 falls back past it as past a truncated
+file; a resume on other data, another schedule, other dropout or model flags
+is refused or named; an old state version still resumes; a resumed run
+writes each log line once."""
+import json
 import os
 import shutil
 import signal
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, TINY_MODEL, binary, datafile, one_error, steps, tiny_trainer
+from conftest import ONE_THREAD, REPO, TINY_MODEL, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer
 
 HEADER_SLOTS = 256
 ST_STEP, ST_RANK, ST_EPOCH, ST_BATCH_POS_LO, ST_LOSS_SCALE_BITS, ST_UPDATES = 2, 4, 9, 11, 17, 21
@@ -21,7 +24,10 @@ ST_STEP, ST_RANK, ST_EPOCH, ST_BATCH_POS_LO, ST_LOSS_SCALE_BITS, ST_UPDATES = 2,
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("resume")
-    datafile.write_shard(d / "train.bin", np.random.default_rng(33).integers(0, 64, 20000))
+    rng = np.random.default_rng(33)
+    datafile.write_shard(d / "train.bin", rng.integers(0, 64, 20000))
+    datafile.write_shard(d / "other.bin", rng.integers(0, 64, 24000))
+    datafile.write_shard(d / "val.bin", rng.integers(0, 64, 2000))
     return d
 
 
@@ -268,3 +274,179 @@ def test_a_job_of_two_ranks_on_an_output_in_use_is_refused(data, synthetic, tmp_
     finally:
         first.kill()
         first.wait()
+
+
+# ---- refusals and fallbacks of a single process ----
+
+def snapshot(d):
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def log_lines(d):
+    text = (d / "log.jsonl").read_text()
+    assert text.endswith("\n") or not text
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_resume_writes_each_validation_by_position_line_once(data, tmp_path):
+    args = ["-n", "2", "-v", "2", "-j", data / "val.bin", "-m", "2", "--eval-by-position", "4", "-o", tmp_path]
+    trainer(data, "-x", "4", *args, check=True)
+    trainer(data, "-x", "4", "-y", "1", *args, check=True)  # resumes at step 4 and evaluates it again
+    trainer(data, "-x", "6", "-y", "1", *args, check=True)
+    by_pos = [e["step"] for e in log_lines(tmp_path) if "val_loss_by_position" in e]
+    val = [e["step"] for e in log_lines(tmp_path) if "val_loss" in e]
+    assert by_pos == val == [0, 2, 4, 6]
+
+
+def test_resume_names_the_model_flags_it_ignores(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    res = run([binary("train_gpt_cpu"), "-e", "no/such/model.bin", "--layers", "3", "--max-seq-len", "32", "-i", data / "train.bin",
+               "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", "-x", "3", "-y", "1", "-o", tmp_path], env=ONE_THREAD, check=True)
+    assert f"resume: -e, --layers, --max-seq-len ignored: the model (its shape and position table) is the checkpoint's, " \
+           f"{tmp_path}/model_00000002.bin" in res.stdout
+    assert "resumed: step 2" in res.stdout
+
+
+def test_resume_on_other_training_data_is_refused_unless_overridden(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", data / "other.bin"))
+    assert line.startswith(f"error: flag -i: the checkpoint was trained on -i {data / 'train.bin'}, this run gives another -i") \
+        and "--resume-override" in line, line
+    moved = tmp_path / "moved.bin"
+    shutil.copy(data / "train.bin", moved)
+    assert "gives another -i" in one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", moved))
+    datafile.write_shard(moved, np.arange(20002) % 64)  # the same path, other data
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", moved, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", "-x", "2",
+               "-o", tmp_path / "b"], env=ONE_THREAD, check=True)
+    shutil.copy(data / "other.bin", moved)
+    line = one_error(run([binary("train_gpt_cpu"), *MODEL, "-i", moved, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3",
+                          "-x", "3", "-y", "1", "-o", tmp_path / "b"], env=ONE_THREAD))
+    assert "reads shards of other sizes (the data changed)" in line, line
+    ok = trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", data / "other.bin", "--resume-override", check=True)
+    assert "resume: the checkpoint was trained on -i" in ok.stdout and "resumed: step 2" in ok.stdout
+    assert res.returncode == 0
+
+
+@pytest.mark.parametrize("schedule, final, refused", [("cosine", "0.1", True), ("linear", "0.1", True),
+                                                      ("cosine", "1", False), ("constant", "0.1", False)])
+def test_resume_with_more_steps_is_refused_where_the_schedule_decays_over_them(data, tmp_path, schedule, final, refused):
+    hp = ["-k", schedule, "-q", final]
+    trainer(data, "-x", "2", "-o", tmp_path, *hp, check=True)
+    res = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path, *hp)
+    if refused:
+        line = one_error(res)
+        assert line.startswith("error: flag -x: the checkpoint was trained with -x 2 steps") and "--resume-override" in line, line
+        ok = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path, *hp, "--resume-override", check=True)
+        assert "resume: -x changed from 2 to 4 (--resume-override)" in ok.stdout
+    else:
+        assert res.returncode == 0 and "resumed: step 2" in res.stdout, res.stderr
+
+
+def test_a_version_2_state_still_resumes(data, tmp_path):
+    """State version 2 (before the data record and -x): slots 24-27 and
+    64-127 zero, 15 hyperparameters (no -x, no --tile-tokens). It resumes as the same state in version
+    3 does, and says the data is not compared."""
+    trainer(data, "-x", "2", "-o", tmp_path / "v3", check=True)
+    shutil.copytree(tmp_path / "v3", tmp_path / "v2")
+    state = tmp_path / "v2" / "state_00000002_00000.bin"
+    h = np.frombuffer(state.read_bytes()[:1024], dtype=np.int32).copy()
+    assert h[1] == 3 and h[32] == 17 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x
+    h[1] = 2
+    h[24:28] = 0
+    h[64:128] = 0
+    h[32] = 15
+    h[32 + 16] = h[32 + 17] = 0
+    state.write_bytes(h.tobytes() + state.read_bytes()[1024:])
+    a = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v3", check=True)
+    b = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v2", check=True)
+    assert "predates the record of the training data" in b.stdout
+    assert steps(a.stdout) == steps(b.stdout) and len(steps(a.stdout)) == 2
+    assert (tmp_path / "v2" / "model_00000004.bin").read_bytes() == (tmp_path / "v3" / "model_00000004.bin").read_bytes()
+
+
+def test_changed_dropout_on_resume_names_the_flag_typed(data, tmp_path):
+    trainer(data, "-x", "2", "--dropout", "0.1", "-o", tmp_path, check=True)
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "--dropout", "0.2", "-o", tmp_path))
+    assert line.startswith("error: flag --dropout: the checkpoint was trained with --dropout 0.1, this run gives 0.2"), line
+    line = one_error(trainer(data, "-x", "3", "-y", "1", "--attn-dropout", "0.3", "-o", tmp_path))
+    assert line.startswith("error: flag --attn-dropout:"), line
+
+
+@pytest.mark.parametrize("damage", ["model", "state"])
+def test_damaged_latest_checkpoint_falls_back_to_the_newest_whole_one(data, tmp_path, damage):
+    trainer(data, "-x", "4", "-n", "2", "-o", tmp_path / "a", check=True)
+    shutil.copytree(tmp_path / "a", tmp_path / "ref")
+    for name in ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin"]:
+        (tmp_path / "ref" / name).unlink()
+    victim = tmp_path / "a" / ("model_00000004.bin" if damage == "model" else "state_00000004_00000.bin")
+    victim.write_bytes(victim.read_bytes()[:5000])
+    res = trainer(data, "-x", "6", "-n", "2", "-y", "1", "-o", tmp_path / "a", check=True)
+    assert f"resume: checkpoint of step 4 is damaged ({victim}: size 5000 bytes does not match its header" in res.stdout
+    assert "resume: falling back to step 2, the latest whole checkpoint" in res.stdout and "resumed: step 2" in res.stdout
+    ref = trainer(data, "-x", "6", "-n", "2", "-y", "1", "-o", tmp_path / "ref", check=True)
+    assert steps(res.stdout) == steps(ref.stdout) and len(steps(ref.stdout)) == 4
+    assert (tmp_path / "a" / "model_00000006.bin").read_bytes() == (tmp_path / "ref" / "model_00000006.bin").read_bytes()
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    (tmp_path / "model_00000002.bin").write_bytes(b"")
+    before = snapshot(tmp_path)
+    line = one_error(trainer(data, "-x", "4", "-y", "1", "-o", tmp_path))
+    assert line.startswith(f"error: -y 1: no whole checkpoint in {tmp_path} (the latest, step 2:"), line
+    assert snapshot(tmp_path) == before
+
+
+def test_fresh_run_into_a_directory_with_checkpoints_is_refused(data, tmp_path):
+    trainer(data, "-x", "2", "-o", tmp_path, check=True)
+    res = trainer(data, "-x", "2", "-o", tmp_path, "--seed", "7")
+    line = one_error(res)
+    assert str(tmp_path) in line and "step 2" in line and "--supersede" in line and "-y 1" in line
+    assert (tmp_path / "DONE_00000002").exists()
+
+
+@pytest.mark.parametrize("kind", ["model", "state"])
+def test_checkpoint_mixing_two_runs_is_refused(data, tmp_path, kind):
+    a, b = tmp_path / "a", tmp_path / "b"
+    trainer(data, "-x", "2", "-o", a, check=True)
+    trainer(data, "-x", "2", "-o", b, check=True)
+    name = "model_00000002.bin" if kind == "model" else "state_00000002_00000.bin"
+    shutil.copy(b / name, a / name)  # as a crash in the middle of b's write into a's directory would leave it
+    line = one_error(trainer(data, "-x", "3", "-o", a, "-y", "1"))
+    assert name in line and "mixes two runs" in line, line
+
+
+def test_resume_with_no_checkpoint_starts_fresh(data, tmp_path):
+    fresh = trainer(data, "-x", "3", check=True)
+    res = trainer(data, "-x", "3", "-o", tmp_path / "new", "-y", "1", check=True)
+    assert f"resume: no complete checkpoint (DONE_* marker) in {tmp_path / 'new'}: starting a fresh run" in res.stdout
+    assert steps(res.stdout) == steps(fresh.stdout)
+    assert (tmp_path / "new" / "DONE_00000003").exists()
+
+
+@pytest.mark.parametrize("flag, old, new", [("-l", "1e-3", "2e-3"), ("-k", "cosine", "linear"), ("-u", "0", "2"),
+                                            ("-c", "0", "0.1"), ("--beta2", "0.95", "0.99"), ("--seed", "1337", "5"),
+                                            ("--grad-clip", "1", "0.5"), ("--shuffle", "0", "1"), ("-d", "16", "32")])
+def test_resume_with_changed_hyperparameter_is_refused(data, tmp_path, flag, old, new):
+    trainer(data, "-x", "2", "-o", tmp_path, flag, old, check=True)
+    line = one_error(trainer(data, "-x", "4", "-o", tmp_path, "-y", "1", flag, new))
+    assert line.startswith(f"error: flag {flag}:") and "--resume-override" in line, line
+    ok = trainer(data, "-x", "4", "-o", tmp_path, "-y", "1", flag, new, "--resume-override", check=True)
+    assert f"resume: {flag} changed from" in ok.stdout and "resumed: step 2" in ok.stdout
+
+
+def test_resume_drops_the_log_lines_it_reruns(data, tmp_path):
+    ref = tmp_path / "ref"
+    full = trainer(data, "-x", "6", "-n", "2", "-v", "2", "-j", data / "train.bin", "-m", "2", "-o", ref, check=True)
+    work = tmp_path / "work"
+    shutil.copytree(ref, work)
+    for step in (4, 6):
+        (work / f"DONE_{step:08d}").unlink()  # as if the run had died while writing step 4
+    with open(work / "log.jsonl", "a") as f:
+        f.write('{"step": 7, "loss": 1.0')  # and in the middle of a line
+    res = trainer(data, "-x", "6", "-n", "2", "-v", "2", "-j", data / "train.bin", "-m", "2", "-o", work, "-y", "1", check=True)
+    assert steps(res.stdout) == steps(full.stdout)[2:]
+    got, want = log_lines(work), log_lines(ref)
+    strip = lambda log: [{k: v for k, v in e.items() if k not in ("ms", "tokens_per_s", "memory_mib")} for e in log if "event" not in e]
+    assert strip(got) == strip(want)
+    assert {"step": 2, "event": "resumed"} in got

@@ -1,8 +1,8 @@
-"""The CPU trainer under a hostile newcomer's use (issue 23, the trainer's
-items): nothing in -o changes before every input is checked, resumes that
-say what they ignore and refuse what changes the run, damaged checkpoints,
-stale temporaries, a file size limit, flags that would do nothing, prompts
-without room, out-of-memory advice and the exit status of a stop signal."""
+"""The CPU trainer under a hostile newcomer's use: nothing in -o changes
+before every input is checked, non-finite state, stale temporaries, a file
+size limit, flags that would do nothing, prompts without room,
+out-of-memory advice, the program's share of memory and the exit status of
+a stop signal (resumes: test_resume.py)."""
 import json
 import os
 import re
@@ -103,18 +103,6 @@ def test_nothing_in_the_output_directory_changes_before_everything_is_checked(da
     assert snapshot(work) == before  # no checkpoint removed, no log truncated or trimmed, not even the stale temporary
 
 
-# ---- 2: a resumed run's validation-by-position lines ----
-
-def test_resume_writes_each_validation_by_position_line_once(data, tmp_path):
-    args = ["-n", "2", "-v", "2", "-j", data / "val.bin", "-m", "2", "--eval-by-position", "4", "-o", tmp_path]
-    trainer(data, "-x", "4", *args, check=True)
-    trainer(data, "-x", "4", "-y", "1", *args, check=True)  # resumes at step 4 and evaluates it again
-    trainer(data, "-x", "6", "-y", "1", *args, check=True)
-    by_pos = [e["step"] for e in log_lines(tmp_path) if "val_loss_by_position" in e]
-    val = [e["step"] for e in log_lines(tmp_path) if "val_loss" in e]
-    assert by_pos == val == [0, 2, 4, 6]
-
-
 # ---- 3: non-finite optimizer state in a checkpoint ----
 
 def test_nonfinite_checkpoint_state_is_refused_naming_the_element(data, tmp_path):
@@ -151,74 +139,6 @@ def test_file_size_limit_ends_the_run_with_one_line_and_whole_files(data, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]  # no checkpoint, not even a partial one
 
 
-# ---- 6: -y 1 says what it ignores, refuses what changes the run ----
-
-def test_resume_names_the_model_flags_it_ignores(data, tmp_path):
-    trainer(data, "-x", "2", "-o", tmp_path, check=True)
-    res = run([binary("train_gpt_cpu"), "-e", "no/such/model.bin", "--layers", "3", "--max-seq-len", "32", "-i", data / "train.bin",
-               "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", "-x", "3", "-y", "1", "-o", tmp_path], env=ONE_THREAD, check=True)
-    assert f"resume: -e, --layers, --max-seq-len ignored: the model (its shape and position table) is the checkpoint's, " \
-           f"{tmp_path}/model_00000002.bin" in res.stdout
-    assert "resumed: step 2" in res.stdout
-
-
-def test_resume_on_other_training_data_is_refused_unless_overridden(data, tmp_path):
-    trainer(data, "-x", "2", "-o", tmp_path, check=True)
-    line = one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", data / "other.bin"))
-    assert line.startswith(f"error: flag -i: the checkpoint was trained on -i {data / 'train.bin'}, this run gives another -i") \
-        and "--resume-override" in line, line
-    moved = tmp_path / "moved.bin"
-    shutil.copy(data / "train.bin", moved)
-    assert "gives another -i" in one_error(trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", moved))
-    datafile.write_shard(moved, np.arange(20002) % 64)  # the same path, other data
-    res = run([binary("train_gpt_cpu"), *MODEL, "-i", moved, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3", "-x", "2",
-               "-o", tmp_path / "b"], env=ONE_THREAD, check=True)
-    shutil.copy(data / "other.bin", moved)
-    line = one_error(run([binary("train_gpt_cpu"), *MODEL, "-i", moved, "-j", "", "-b", "2", "-t", "8", "-s", "0", "-l", "1e-3",
-                          "-x", "3", "-y", "1", "-o", tmp_path / "b"], env=ONE_THREAD))
-    assert "reads shards of other sizes (the data changed)" in line, line
-    ok = trainer(data, "-x", "3", "-y", "1", "-o", tmp_path, "-i", data / "other.bin", "--resume-override", check=True)
-    assert "resume: the checkpoint was trained on -i" in ok.stdout and "resumed: step 2" in ok.stdout
-    assert res.returncode == 0
-
-
-@pytest.mark.parametrize("schedule, final, refused", [("cosine", "0.1", True), ("linear", "0.1", True),
-                                                      ("cosine", "1", False), ("constant", "0.1", False)])
-def test_resume_with_more_steps_is_refused_where_the_schedule_decays_over_them(data, tmp_path, schedule, final, refused):
-    hp = ["-k", schedule, "-q", final]
-    trainer(data, "-x", "2", "-o", tmp_path, *hp, check=True)
-    res = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path, *hp)
-    if refused:
-        line = one_error(res)
-        assert line.startswith("error: flag -x: the checkpoint was trained with -x 2 steps") and "--resume-override" in line, line
-        ok = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path, *hp, "--resume-override", check=True)
-        assert "resume: -x changed from 2 to 4 (--resume-override)" in ok.stdout
-    else:
-        assert res.returncode == 0 and "resumed: step 2" in res.stdout, res.stderr
-
-
-def test_a_version_2_state_still_resumes(data, tmp_path):
-    """State version 2 (before the data record and -x): slots 24-27 and
-    64-127 zero, 15 hyperparameters (no -x, no --tile-tokens). It resumes as the same state in version
-    3 does, and says the data is not compared."""
-    trainer(data, "-x", "2", "-o", tmp_path / "v3", check=True)
-    shutil.copytree(tmp_path / "v3", tmp_path / "v2")
-    state = tmp_path / "v2" / "state_00000002_00000.bin"
-    h = np.frombuffer(state.read_bytes()[:1024], dtype=np.int32).copy()
-    assert h[1] == 3 and h[32] == 17 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x
-    h[1] = 2
-    h[24:28] = 0
-    h[64:128] = 0
-    h[32] = 15
-    h[32 + 16] = h[32 + 17] = 0
-    state.write_bytes(h.tobytes() + state.read_bytes()[1024:])
-    a = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v3", check=True)
-    b = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v2", check=True)
-    assert "predates the record of the training data" in b.stdout
-    assert steps(a.stdout) == steps(b.stdout) and len(steps(a.stdout)) == 2
-    assert (tmp_path / "v2" / "model_00000004.bin").read_bytes() == (tmp_path / "v3" / "model_00000004.bin").read_bytes()
-
-
 # ---- 10: out-of-memory advice ----
 
 def plan_total(*extra):
@@ -229,10 +149,10 @@ def plan_total(*extra):
 def test_smaller_batch_suggestions_keep_the_tokens_per_step():
     """-b 8 -t 256 -d 2048: a budget where -r 1 fits up to -b 7, but only
     -b 1, 2, 4 (and 8) keep 2048 tokens per step (untiled: a token tile
-    would let -b 8 fit)."""
+    would let -b 8 fit, and so would segments)."""
     b7 = plan_total("-b", "7", "-t", "256", "-r", "1")
     res = run([binary("train_gpt_cpu"), "-e", "d12", "-i", "x", "-b", "8", "-t", "256", "-d", "2048", "-r", "auto",
-               "--tile-tokens", "0", "--mem-budget", str(b7), "--plan"])
+               "--tile-tokens", "0", "--segment-layers", "1", "--mem-budget", str(b7), "--plan"])
     assert res.returncode == 1
     m = re.search(r"^  -r 1 -b (\d+) -d (\d+) ", res.stderr, re.M)
     assert m and (int(m.group(1)), int(m.group(2))) == (4, 2048), res.stderr
@@ -340,43 +260,6 @@ def test_help_marks_shape_flags_as_from_the_model():
     for flag in ["--layers", "--heads", "--channels", "--max-seq-len", "--vocab-size"]:
         assert re.search(rf"^  {flag} N .*\[from -e\]$", out, re.M), flag
     assert re.search(r"^  -nm N +with -nk: also keep every checkpoint whose step is a multiple of N ", out, re.M)
-
-
-# ---- 13: dropout on resume names the flag typed ----
-
-def test_changed_dropout_on_resume_names_the_flag_typed(data, tmp_path):
-    trainer(data, "-x", "2", "--dropout", "0.1", "-o", tmp_path, check=True)
-    line = one_error(trainer(data, "-x", "3", "-y", "1", "--dropout", "0.2", "-o", tmp_path))
-    assert line.startswith("error: flag --dropout: the checkpoint was trained with --dropout 0.1, this run gives 0.2"), line
-    line = one_error(trainer(data, "-x", "3", "-y", "1", "--attn-dropout", "0.3", "-o", tmp_path))
-    assert line.startswith("error: flag --attn-dropout:"), line
-
-
-# ---- 14: a damaged latest checkpoint ----
-
-@pytest.mark.parametrize("damage", ["model", "state"])
-def test_damaged_latest_checkpoint_falls_back_to_the_newest_whole_one(data, tmp_path, damage):
-    trainer(data, "-x", "4", "-n", "2", "-o", tmp_path / "a", check=True)
-    shutil.copytree(tmp_path / "a", tmp_path / "ref")
-    for name in ["DONE_00000004", "model_00000004.bin", "state_00000004_00000.bin"]:
-        (tmp_path / "ref" / name).unlink()
-    victim = tmp_path / "a" / ("model_00000004.bin" if damage == "model" else "state_00000004_00000.bin")
-    victim.write_bytes(victim.read_bytes()[:5000])
-    res = trainer(data, "-x", "6", "-n", "2", "-y", "1", "-o", tmp_path / "a", check=True)
-    assert f"resume: checkpoint of step 4 is damaged ({victim}: size 5000 bytes does not match its header" in res.stdout
-    assert "resume: falling back to step 2, the latest whole checkpoint" in res.stdout and "resumed: step 2" in res.stdout
-    ref = trainer(data, "-x", "6", "-n", "2", "-y", "1", "-o", tmp_path / "ref", check=True)
-    assert steps(res.stdout) == steps(ref.stdout) and len(steps(ref.stdout)) == 4
-    assert (tmp_path / "a" / "model_00000006.bin").read_bytes() == (tmp_path / "ref" / "model_00000006.bin").read_bytes()
-
-
-def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(data, tmp_path):
-    trainer(data, "-x", "2", "-o", tmp_path, check=True)
-    (tmp_path / "model_00000002.bin").write_bytes(b"")
-    before = snapshot(tmp_path)
-    line = one_error(trainer(data, "-x", "4", "-y", "1", "-o", tmp_path))
-    assert line.startswith(f"error: -y 1: no whole checkpoint in {tmp_path} (the latest, step 2:"), line
-    assert snapshot(tmp_path) == before
 
 
 # ---- 15: stale temporaries ----
