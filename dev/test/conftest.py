@@ -91,3 +91,18 @@ def one_error(res):
     assert res.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), (res.returncode, res.stdout[-1500:], res.stderr)
     return lines[0]
 
+
+# ---- the CUDA emulator (dev/emu; helpers in emu_support.py) ----
+
+@pytest.fixture(scope="session")
+def emu_build():
+    """The emulator and its binaries (make -C dev/emu), once a session; skips
+    where the emulator cannot run (emu_support.platform_problem)."""
+    from emu_support import EMU, JOBS, OUT, platform_problem
+    why = platform_problem()
+    if why:
+        pytest.skip(why)
+    res = subprocess.run(["make", "-C", str(EMU), f"-j{JOBS}"], capture_output=True, text=True, timeout=1200)
+    if res.returncode != 0:
+        pytest.fail("building the emulator failed (make -C dev/emu):\n" + res.stdout[-3000:] + res.stderr[-6000:])
+    return OUT

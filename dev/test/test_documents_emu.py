@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, binary, run
-from test_emu import EMU, OUT, emu_run, explain, platform_problem
+from emu_support import EMU, OUT, emu_run, explain, platform_problem
 import datafile
 
 CASES = ["docs:hs16:64:4:300:332", "docsdrop:hs64:128:2:300:200", "docs:hs20:80:4:300:100"]

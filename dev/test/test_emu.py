@@ -33,23 +33,15 @@ import concurrent.futures
 import functools
 import importlib.util
 import json
-import os
-import platform
 import re
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from conftest import REPO, datafile
-
-EMU = REPO / "dev" / "emu"
-OUT = REPO / "build" / "emu"
-SLOW = os.environ.get("REMAT_EMU_SLOW") == "1"
-slow = pytest.mark.skipif(not SLOW, reason="slow emulator extra: set REMAT_EMU_SLOW=1")
-JOBS = max(1, min(os.cpu_count() or 1, 4))
+from emu_support import EMU, JOBS, OUT, PRECISIONS, emu_run, explain, mutant_sources, precision_param, slow
 
 # NAME:C:NH:V:T per precision. V=300 pads to Vp=384 everywhere. The T values
 # are multiples of no attention tile (64 query rows, 32 key rows, 16-key
@@ -125,77 +117,7 @@ ORDERS = ["forward", "reverse", "shuffle:2"]
 SETTINGS_COMPARED = 7  # test_gpt's settings after the -r 0 reference
 
 
-def fp16_in_sources():
-    return re.search(r"typedef\s+__half\s+floatX", (REPO / "llmc/cuda_common.cuh").read_text()) is not None
-
-
-PRECISIONS = ["bf16", "fp32", "fp16"]
-
-
-def precision_param(p):
-    if p == "fp16" and not fp16_in_sources():
-        return pytest.param(p, marks=pytest.mark.skip(reason="FP16 not in the sources yet (no 'typedef __half floatX')"))
-    return p
-
-
-def platform_problem():
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"the emulator's context switch is x86-64 Linux only (this is {platform.system()} {platform.machine()})"
-    if not shutil.which(os.environ.get("CXX", "g++")):
-        return "g++ not found (the emulator compiles the CUDA sources with it)"
-    if not shutil.which("make"):
-        return "make not found"
-    return None
-
-
-def emu_env(**extra):
-    env = dict(os.environ)
-    env["OMP_NUM_THREADS"] = "1"  # the pool runs one process per core
-    env["OMP_WAIT_POLICY"] = "passive"
-    env.update(extra)
-    return env
-
-
-def emu_run(args, timeout=900, **env):
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=emu_env(**env), cwd=REPO)
-
-
-def explain(res):
-    return f"exit {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
-
-
-def mutant_sources(tmp, edits):
-    """A copy of the sources and dev/emu in tmp with edits {file: (old, new)} applied (each old text must be
-    there once), reusing the built runtime objects: newer than the copied runtime sources, so make keeps them.
-    The caller builds the emulated binaries it needs from tmp."""
-    for f in REPO.iterdir():
-        if f.is_file() and f.suffix in (".c", ".cu", ".h"):
-            shutil.copy2(f, tmp / f.name)
-    shutil.copytree(REPO / "llmc", tmp / "llmc")
-    shutil.copytree(EMU, tmp / "dev" / "emu")
-    (tmp / "build" / "emu" / "obj").mkdir(parents=True)
-    for obj in (OUT / "obj").glob("emu_*.o"):
-        if not obj.name.startswith(("emu_test_gpt", "emu_train_gpt", "emu_bench")):
-            shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)
-    for rel, (old, new) in edits.items():
-        text = (tmp / rel).read_text()
-        assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
-        (tmp / rel).write_text(text.replace(old, new))
-    return tmp
-
-
 # ---- build ----
-
-@pytest.fixture(scope="session")
-def emu_build():
-    why = platform_problem()
-    if why:
-        pytest.skip(why)
-    res = subprocess.run(["make", "-C", str(EMU), f"-j{JOBS}"], capture_output=True, text=True, timeout=1200)
-    if res.returncode != 0:
-        pytest.fail("building the emulator failed (make -C dev/emu):\n" + res.stdout[-3000:] + res.stderr[-6000:])
-    return OUT
-
 
 @pytest.fixture(scope="session")
 def pool(emu_build):
@@ -241,103 +163,6 @@ def default_jobs(pool, tmp_path_factory):
         if p in built:
             submit(pool, ("train", p), train_job, p, data / p)
     return built
-
-
-# ---- transform.py ----
-
-def load_transform():
-    spec = importlib.util.spec_from_file_location("emu_transform", EMU / "transform.py")
-    mod = importlib.util.module_from_spec(spec)
-    keep, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ in dev/emu
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.dont_write_bytecode = keep
-    return mod
-
-
-TRICKY = r'''
-// k<<<1, 2>>>(x) in a comment stays
-const char* s = "a<<<b>>>c";
-void f() {
-    k<<<g, b>>>(x, y);
-    ns::kern<HS, (A > B ? 1 : 2)><<<grid_for(n, 256), 256, 0, stream>>>(out,
-        in);
-    k2<<<
-        dim3(4, 2), /* block, with a comma */ dim3(32),
-        smem>>>();
-    ::k3<T><<<a, b, c, s>>>(p->q, r[1]);
-}
-__global__ void __launch_bounds__(Cfg<A, B>::THREADS, 2)
-kern(float* x) {
-    __shared__ __align__(16) float a[4][8], b[2];
-    extern __shared__ float dyn[];
-}
-'''
-
-
-def test_transform_rewrites_every_launch_form():
-    t = load_transform()
-    out = t.transform_text(TRICKY, "/src/x.cu")
-    lines = out.split("\n")
-    assert lines[0] == '#line 1 "/src/x.cu"'
-    body = "\n".join(lines[1:])
-    assert body.count("\n") == TRICKY.count("\n"), "line numbers must not move"
-    assert "// k<<<1, 2>>>(x) in a comment stays" in body and '"a<<<b>>>c"' in body
-    assert 'emu_launch(emu::Site{"k", __FILE__, __LINE__}, (g), (b), (0), ((cudaStream_t)0), k, x, y);' in body
-    assert ('emu_launch(emu::Site{"ns::kern<HS, (A > B ? 1 : 2)>", __FILE__, __LINE__}, (grid_for(n, 256)), (256), (0), (stream), '
-            'ns::kern<HS, (A > B ? 1 : 2)>, out,') in body
-    assert re.search(r'emu_launch\(emu::Site\{"k2", __FILE__, __LINE__\}, \(dim3\(4, 2\)\), \(dim3\(32\)\), \(smem\), '
-                     r'\(\(cudaStream_t\)0\), k2\n\n\);', body)  # the two removed newlines come back after the callee
-    assert 'emu_launch(emu::Site{"::k3<T>", __FILE__, __LINE__}, (a), (b), (c), (s), ::k3<T>, p->q, r[1]);' in body
-    assert "emu_launch_bounds((long)(Cfg<A, B>::THREADS));" in body
-    assert "emu_shared_use(&a, sizeof(a)); emu_shared_use(&b, sizeof(b));" in body
-    assert "float* dyn = (float*)emu_dynamic_shared();" in body
-    # launches keep their lines
-    src_lines = TRICKY.split("\n")
-    for i, line in enumerate(src_lines):
-        if "k<<<g, b>>>" in line or "::k3<T><<<" in line:
-            assert "emu_launch(" in lines[i + 1]
-
-
-def test_transform_launch_in_a_macro():
-    t = load_transform()
-    src = "#define LAUNCH(k, n) \\\n    k<<<grid_for(n, \\\n               256), 256>>>(n)\nint x;\n"
-    out = t.transform_text(src, "/m.cu").split("\n", 1)[1]
-    assert out.count("\n") == src.count("\n")
-    assert re.search(r'emu_launch\(emu::Site\{"k", __FILE__, __LINE__\}, \(grid_for\(n, +256\)\), \(256\), \(0\), '
-                     r'\(\(cudaStream_t\)0\), k, \\\nn\)\n', out), out
-    assert all(line.endswith("\\") for line in out.split("\n")[:2])
-
-
-@pytest.mark.parametrize("bad, why", [
-    ("void f() { (*table[i])<<<1, 32>>>(x); }", "callee"),
-    ("void f() { k<<<1>>>(x); }", "2 to 4 arguments"),
-    ("void f() { k<<<1, 2, 3, 4, 5>>>(x); }", "2 to 4 arguments"),
-    ("void f() { k<<<1, 32>>> x; }", "argument list"),
-    ("#define S __shared__ float x[4];\n", "preprocessor"),
-])
-def test_transform_fails_loudly(bad, why):
-    t = load_transform()
-    with pytest.raises(t.TransformError, match=why):
-        t.transform_text(bad, "/src/bad.cu")
-
-
-def test_transform_covers_the_sources(tmp_path):
-    """Every launch in the current sources is rewritten, nothing is written into the tree."""
-    res = subprocess.run([sys.executable, EMU / "transform.py", REPO, tmp_path], capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    t = load_transform()
-    launches = 0
-    for src in [*REPO.glob("*.cu"), *(REPO / "llmc").glob("*.cuh")]:
-        code = t.mask_code(src.read_text())
-        launches += code.count("<<<")
-        out = (tmp_path / src.relative_to(REPO)).read_text()
-        assert "<<<" not in t.mask_code(out)
-        assert out.count("\n") == src.read_text().count("\n") + 1
-    assert launches >= 10
-    with pytest.raises(t.TransformError, match="source tree"):
-        t.transform_tree(REPO, REPO / "llmc")
 
 
 # ---- the emulator itself ----

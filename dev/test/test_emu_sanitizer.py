@@ -32,7 +32,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from test_emu import OUT, emu_build, emu_run, explain, mutant_sources, slow  # noqa: F401 (emu_build is a fixture)
+from emu_support import OUT, emu_run, explain, mutant_sources, slow
 
 ATTENTION_CASE = "attention:hs32:64:2:300:77"  # the attention kernels alone, forward and backward
 GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step

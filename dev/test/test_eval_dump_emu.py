@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import binary, datafile, run
-from test_emu import OUT, emu_build, emu_run, explain  # noqa: F401 (emu_build: the fixture)
+from emu_support import OUT, emu_run, explain
 from test_eval_retrieval import read_dump
 
 MODEL = ["--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]

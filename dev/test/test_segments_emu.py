@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from test_emu import OUT, emu_run, explain, mutant_sources, platform_problem
+from emu_support import OUT, emu_run, explain, mutant_sources, platform_problem
 from test_offload import files
 from test_offload_emu import build
 
