@@ -190,7 +190,8 @@ static void attention_block_forward(real* out, real* lse, const real* qkv, const
             for (int i = 0; i < a->Tq; i++) {
                 int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
                 size_t row = (size_t)b * Tl + a->qi + i;
-                if (from >= seen) { /* no key here: a query's first block then holds nothing (lse -inf) for later ones to merge into */
+                if (seen == 0) continue; /* the causal mask empties the row here: the block leaves it alone */
+                if (from >= seen) { /* documents: no key here; a query's first block then holds nothing (lse -inf) for later ones to merge into */
                     if (!first) continue;
                     for (int d = 0; d < hs; d++) out[row * C + h * hs + d] = 0;
                     lse[((size_t)b * NH + h) * Tl + a->qi + i] = -INFINITY;
