@@ -156,6 +156,7 @@ typedef struct {
     int tile_tokens;        /* rows per token tile (0: untiled; more than B*T counts as B*T) */
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
+    int host_shares_budget; /* the host pool draws on the device budget (the CPU trainer, whose device is the host) */
 } PlanSpec;
 
 typedef struct {

@@ -268,7 +268,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     size_t host_budget = run->opt.offload_checkpoints ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
-    if (spec->backend == BACKEND_CPU && host_budget > budget) { /* one memory: the pool and the plan share the budget */
+    if (spec->host_shares_budget && host_budget > budget) { /* one memory: the pool and the plan share the budget */
         host_budget = budget;
         host_source = "the same memory as the plan (the CPU trainer's device is the host)";
     }
@@ -330,7 +330,7 @@ static inline void check_host_budget(const Run* run) {
         fail("offloaded checkpoints: the host pool needs %.1f MiB, more than %.1f MiB (%s): fewer offloaded layers, or --host-mem-budget",
              mib(run->plan.host_total_bytes), mib(host_budget), source);
     /* the CPU trainer's plan lives in host memory too: one memory holds both */
-    if (run->plan.spec.backend == BACKEND_CPU && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget)
+    if (run->plan.spec.host_shares_budget && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget)
         fail("offloaded checkpoints: the host pool (%.1f MiB) and the plan (%.1f MiB) are both host memory on the CPU, more than %.1f MiB "
              "(%s) together: fewer offloaded layers (offloading saves no memory on the CPU)",
              mib(run->plan.host_total_bytes), mib(run->plan.total_bytes), mib(host_budget), source);
@@ -429,6 +429,9 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.fp32_grad_sums = elem_bytes < 4; /* fp32 storage already sums in fp32 */
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
+    /* the CPU trainer's plan and offloaded pool are one memory, unless both
+     * budgets are given (then the user has said what each may take) */
+    spec.host_shares_budget = trainer == FOR_CPU && !(run->opt.mem_budget[0] && run->opt.host_mem_budget[0]);
     plan_validate_spec(&spec);
     spec.tile_tokens = run->opt.tile_tokens;
     int choose_tiles = tiles_chosen_by_planner(run, trainer);
