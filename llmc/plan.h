@@ -158,6 +158,7 @@ typedef struct {
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
     int doc_len;            /* the time model's packed documents (--plan-doc-len): tokens each; 0: none (the causal triangle) */
+    int host_shares_budget; /* the host pool draws on the device budget (the CPU trainer, whose device is the host) */
 } PlanSpec;
 
 typedef struct {

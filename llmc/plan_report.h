@@ -458,7 +458,7 @@ static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, si
     else host_budget = 0;
     /* the CPU trainer's "device" is the host: its offloaded pool draws on the
      * same memory as the plan, so both must fit the one budget together */
-    int one_memory = spec->backend == BACKEND_CPU;
+    int one_memory = spec->host_shares_budget;
     CostModel cm = spec_cost_model(spec);
     size_t kept[NUM_RECOMPUTE_MODES], hosted[NUM_RECOMPUTE_MODES];
     double secs[2 * NUM_RECOMPUTE_MODES];

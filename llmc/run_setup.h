@@ -388,7 +388,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     size_t host_budget = run->opt.offload_checkpoints ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
-    if (spec->backend == BACKEND_CPU && host_budget > budget) { /* one memory: the pool and the plan share the budget */
+    if (spec->host_shares_budget && host_budget > budget) { /* one memory: the pool and the plan share the budget */
         host_budget = budget;
         host_source = "the same memory as the plan (the CPU trainer's device is the host)";
     }
@@ -475,7 +475,7 @@ static inline void check_host_budget(const Run* run) {
         fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget",
              format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(host_budget, have, sizeof(have)), source);
     /* the CPU trainer's plan lives in host memory too: one memory holds both */
-    if (run->plan.spec.backend == BACKEND_CPU && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget) {
+    if (run->plan.spec.host_shares_budget && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget) {
         char plan_bytes[32];
         fail("offloaded checkpoints: the host pool (%s) and the plan (%s) are both host memory on the CPU, more than %s (%s) "
              "together: fewer offloaded layers (offloading saves no memory on the CPU)",
@@ -580,6 +580,9 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     spec.doc_len = run->opt.plan_doc_len;
+    /* the CPU trainer's plan and offloaded pool are one memory, unless both
+     * budgets are given (then the user has said what each may take) */
+    spec.host_shares_budget = trainer == FOR_CPU && !(run->opt.mem_budget[0] && run->opt.host_mem_budget[0]);
     plan_validate_spec(&spec);
     spec.tile_tokens = run->opt.tile_tokens;
     spec.segment_layers = run->opt.segment_layers;
