@@ -20,7 +20,7 @@ from test_plan_cli import write_fake_cgroup
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-PROGRAM_BYTES, MPI_PROGRAM_BYTES = 4 << 20, 16 << 20  # llmc/plan_report.h: kept for the program, and for MPI's state
+PROGRAM_BYTES, MPI_PROGRAM_BYTES = 4 << 20, 16 << 20  # llmc/budget.h: kept for the program, and for MPI's state
 
 
 def plan(args, env, ranks=0):

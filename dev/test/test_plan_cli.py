@@ -279,7 +279,7 @@ def write_fake_cgroup(root, version, limit, usage, inactive):
 
 # The host budget keeps this much for the program beyond the plan (started
 # alone: no mpirun, whose share is more; the MPI library's 2 MiB in a build
-# with MPI; llmc/plan_report.h).
+# with MPI; llmc/budget.h).
 PROGRAM_BYTES = (6 if (BUILD / ".mpi-cpu-on").exists() else 4) << 20
 
 
