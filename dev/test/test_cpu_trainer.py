@@ -281,7 +281,7 @@ def test_finetune_long_script(tiny_shards, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "position table resized from 32 to 128 rows" in res.stdout
     assert "memory plan (4-byte storage, B=2 T=128)" in res.stdout  # --plan, then the training run
-    assert "fit in 64.0 MiB (--mem-budget, as given: no headroom kept for the CUDA context or libraries), all layers" \
+    assert "fit in 64.0 MiB (--mem-budget, as given: no headroom kept for the program), all layers" \
         in res.stdout
     assert "recompute auto: fits 64.0 MiB (--mem-budget, as given" in res.stdout
     assert "gradient accumulation 256 (65536 tokens per step)" in res.stdout
