@@ -1028,7 +1028,7 @@ static void check_dropout_kernels(size_t r0, size_t rows, int C, TokenLayout lay
     gpu_fetch(got, d_x, n);
     size_t zeros_differ = 0;
     for (size_t i = 0; i < n; i++) zeros_differ += (got[i] == 0.0f) != (want[i] == 0.0f);
-    snprintf(what, sizeof(what), "dropout rows %zu+%zu of C=%d, part %d of %d (T=%d)%s mask", r0, rows, C, lay.part, lay.parts, lay.T,
+    snprintf(what, sizeof(what), "dropout rows %zu+%zu of C=%d, part %d of %d (T=%d)%s mask", r0, rows, C, lay.member, lay.group_size, lay.T,
              shift ? " shifted" : "");
     check(what, 0, got, want, n, TOL_KERNEL, 1, NULL);
     expect(zeros_differ == 0, "  the CPU's elements dropped, no other", (double)zeros_differ);
@@ -1067,7 +1067,7 @@ static void check_bias_kernel(int N, int OC, int shift) {
  * laid out by lay (T = 40): whole sequences, or a context-parallel rank's two
  * chunks, whose positions index a table of T * parts rows. */
 static void check_encoder_kernels(int C, TokenLayout lay) {
-    const int B = 4, T = 40, N = B * T, V = 50, P = T * lay.parts;
+    const int B = 4, T = 40, N = B * T, V = 50, P = T * lay.group_size;
     char what[96];
     int* tokens = (int*)malloc_check(N * sizeof(int), "test");
     for (int i = 0; i < N; i++) tokens[i] = i % 4 ? 7 : (int)(rand_uniform(TEST_SEED, 5300, i) * V) % V;
@@ -1077,7 +1077,7 @@ static void check_encoder_kernels(int C, TokenLayout lay) {
     float *want_wte = alloc_floats((size_t)V * C), *want_wpe = alloc_floats((size_t)P * C);
     int *h_buckets = (int*)malloc_check((3 * N + 1) * sizeof(int), "test"), *count = (int*)malloc_check(V * sizeof(int), "test");
     TokenBuckets tb = encoder_build_buckets(h_buckets, count, tokens, N, V);
-    snprintf(what, sizeof(what), "encoder C=%d, part %d of %d: the hot token split into 3 segments", C, lay.part, lay.parts);
+    snprintf(what, sizeof(what), "encoder C=%d, part %d of %d: the hot token split into 3 segments", C, lay.member, lay.group_size);
     expect(tb.splits == 1 && tb.segments == 3 && tb.ints <= 3 * N + 1, what, tb.segments);
     int *d_tokens = NULL, *d_buckets = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_tokens, N * sizeof(int)));

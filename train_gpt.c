@@ -335,11 +335,11 @@ static inline real dropout_element(const DropoutSite* s, const uint32_t* words, 
  * global row of this rank's first sequence), so a rank holding some of a
  * sequence's tokens (context parallelism), or some of the batch's
  * sequences, draws the bits one process holding all of them draws. Whole
- * sequences (parts 1) number elements contiguously from (row0 + r0) C: one
+ * sequences (group_size 1) number elements contiguously from (row0 + r0) C: one
  * generator call per 8 elements. */
 static void dropout_rows(real* out, const real* src, const real* res, size_t r0, size_t rows, int C, const TokenLayout* lay,
                          const DropoutSite* s) {
-    if (lay->parts == 1) {
+    if (lay->group_size == 1) {
         size_t e0 = (s->row0 + r0) * (size_t)C, n = rows * (size_t)C;
         #pragma omp parallel for schedule(static)
         for (size_t g = e0 / 8; g < (e0 + n + 7) / 8; g++) {
@@ -416,7 +416,7 @@ typedef struct {
     real* tile_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
-    ContextGroups cp;            /* context parallelism: this rank's place in its group (degree 1: off) */
+    ContextGroups cp;            /* context parallelism: this rank's place in its group (group_size 1: off) */
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
     CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu_ring.h) */
     size_t shard_start, shard_count; /* parameters this rank updates */
@@ -458,7 +458,7 @@ static inline BlockTensors layer_grads(const CpuModel* m, int l) {
 static void cpu_set_shape(CpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    TokenLayout lay = {T, m->cp.member, m->cp.degree};
+    TokenLayout lay = {T, m->cp.member, m->cp.group_size};
     m->layout = lay;
 }
 
@@ -488,7 +488,7 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     m->rank = remat_proc.rank;
     m->world = plan->spec.world_size;
     m->cp = context_groups(plan_context_parallel(&plan->spec), m->rank, m->world);
-    if (m->cp.degree > 1) {
+    if (m->cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec) / sizeof(real);
         m->ring.kv[0] = (real*)(m->arena + plan->off_ring_kv);
         m->ring.kv[1] = m->ring.kv[0] + block;
@@ -506,14 +506,14 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
 static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
-    if (m->cp.degree > 1)
+    if (m->cp.group_size > 1)
         cpu_ring_attention_forward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop);
     else attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
-    if (m->cp.degree > 1)
+    if (m->cp.group_size > 1)
         cpu_ring_attention_backward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), dqkv, datty,
                                     qkv, out, lse, drop);
     else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
@@ -875,7 +875,7 @@ static void cpu_row_probs(CpuModel* m, int row, float* probs) {
  * others. */
 static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     CpuModel* m = (CpuModel*)ctx;
-    int N = m->cp.degree, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
+    int N = m->cp.group_size, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
     m->drop = &dropout_off;
     cpu_set_shape(m, 1, padded / N);
     sampling_rows(&m->layout, tokens, len, padded, documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->inputs, m->doc_start);
@@ -918,7 +918,7 @@ static void cpu_step_end(void* ctx, int step) {
     if (!m->links.active) return;
     m->links.active = 0;
     m->offload.timed = NULL;
-    if (m->cp.degree > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
+    if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
     if (m->rank != 0) return;
     /* the matmul timed from layer 0's ln2 rows into its fch: nothing reads them before the next step writes them */
     BlockTensors w = layer_params(m, 0);

@@ -107,7 +107,7 @@ typedef struct {
     MatmulContext mm;
     cudaStream_t stream;
     int B, T; /* shape of the current call; at most the plan's (under context parallelism: this rank's tokens of each row) */
-    ContextGroups cp;     /* context parallelism: this rank's place in its group (degree 1: off) */
+    ContextGroups cp;     /* context parallelism: this rank's place in its group (group_size 1: off) */
     TokenLayout layout;   /* where the current call's token rows sit in their sequences */
     floatX* ring_kv[2];   /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
     float* ring_dkv[2];   /* (B,T,2C) fp32 dK/dV sums of those blocks, travelling back to their owner */
@@ -210,7 +210,7 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
 static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    TokenLayout lay = {T, m->cp.member, m->cp.degree};
+    TokenLayout lay = {T, m->cp.member, m->cp.group_size};
     m->layout = lay;
 }
 
@@ -272,7 +272,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->docs.eot_token = -1;
     m->h_doc_start = (int*)pinned_alloc(N * sizeof(int), "document starts");
     m->cp = context_groups(plan_context_parallel(&plan->spec), remat_proc.rank, plan->spec.world_size);
-    if (m->cp.degree > 1) {
+    if (m->cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec);
         m->ring_kv[0] = (floatX*)(m->arena + plan->off_ring_kv);
         m->ring_kv[1] = (floatX*)(m->arena + plan->off_ring_kv + block);
@@ -388,7 +388,7 @@ static const floatX* gpu_ring_block_kv(const GpuModel* m, const floatX* qkv, int
 
 /* out (B,T,C), lse (B,NH,T) of this rank's queries over the whole sequence. */
 static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, const floatX* qkv, const DropoutSite* drop) {
-    int N = m->cp.degree, C = m->cfg.channels;
+    int N = m->cp.group_size, C = m->cfg.channels;
     size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(floatX);
     cudaStream_t s = m->stream;
     gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
@@ -407,7 +407,7 @@ static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, con
 /* dqkv (B,T,3C) is overwritten; the forward's lse is reused. */
 static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
                                         const float* lse, const DropoutSite* drop) {
-    int N = m->cp.degree, C = m->cfg.channels, NH = m->cfg.num_heads;
+    int N = m->cp.group_size, C = m->cfg.channels, NH = m->cfg.num_heads;
     size_t rows = (size_t)m->B * m->T, kv_bytes = rows * 2 * C * sizeof(floatX), dkv_bytes = rows * 2 * C * sizeof(float);
     cudaStream_t s = m->stream;
     gpu_attention_block_rowsum(m->att_rowsum, dout, out, m->B, m->T, C, NH, s);
@@ -435,14 +435,14 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
 static void gpu_layer_attention_forward(GpuModel* m, int l, const DropoutSite* drop) {
     floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
     float* lse = gstat(m, l, ACT_ATT_LSE);
-    if (m->cp.degree > 1) gpu_ring_attention_forward(m, out, lse, qkv, drop);
+    if (m->cp.group_size > 1) gpu_ring_attention_forward(m, out, lse, qkv, drop);
     else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream, gpu_attention_doc_start(m));
 }
 
 static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty, const DropoutSite* drop) {
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
-    if (m->cp.degree > 1) gpu_ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
+    if (m->cp.group_size > 1) gpu_ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
     else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream,
                                 gpu_attention_doc_start(m));
 }
@@ -920,7 +920,7 @@ static void gpu_row_probs(GpuModel* m, int row, float* probs) {
  * the member holding position len-1 sends the probabilities to the others. */
 static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     GpuModel* m = (GpuModel*)ctx;
-    int V = m->cfg.vocab_size, N = m->cp.degree;
+    int V = m->cfg.vocab_size, N = m->cp.group_size;
     int T = sampling_length(len, m->plan->spec.T);
     if (N > 1) T = ring_padded_length(T, N);
     gpu_set_shape(m, 1, T / N);
@@ -1051,7 +1051,7 @@ static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     if (!path || step != m->prof.step) return;
     LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0};
     offload_timing_collect(&m->off, &host);
-    if (m->cp.degree > 1) { /* the ring's link (llmc/ring.h's timing messages) */
+    if (m->cp.group_size > 1) { /* the ring's link (llmc/ring.h's timing messages) */
         size_t kv = plan_ring_kv_bytes(&m->plan->spec);
         for (int i = 0; i < RING_TIMING_MESSAGES; i++)
             multigpu_time_ring(m->mg, m->stream, m->ring_kv[0], m->ring_kv[1], ring_timing_bytes(kv, i), &ring);
@@ -1241,7 +1241,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceProperties(&prop, g->device));
     m.peak_flops = device_peak_flops(prop.name);
     /* this rank's tokens: T / N of each row under context parallelism */
-    m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T / run.cp.degree;
+    m.flops_per_step = model_flops_per_token(&run.cfg, run.plan.num_params, run.opt.T) * (double)run.grad_accum * run.opt.B * run.opt.T / run.cp.group_size;
     print_device(&m, master_weights);
     Backend be = gpu_backend(&m);
     train(&run, &be);

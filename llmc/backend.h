@@ -159,7 +159,7 @@ typedef struct {
     const char* model_path;   /* NULL: random init */
     int resume_step;          /* -1: fresh run */
     int rank, world;
-    ContextGroups cp;         /* context parallelism: groups of cp.degree ranks share each sequence */
+    ContextGroups cp;         /* context parallelism: groups of cp.group_size ranks share each sequence */
     int grad_accum;
     unsigned char* layer_mode;
     unsigned char* layer_offload; /* per layer: kept tensors in host memory (plan.h) */

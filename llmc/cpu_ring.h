@@ -38,7 +38,7 @@ static void cpu_ring_pack_kv(real* kv, const real* qkv, size_t rows, int C) {
 
 static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, int B, int Tl, int C, int NH, const int* doc_start, real* out,
                                        real* lse, const real* qkv, const DropoutSite* drop) {
-    int N = g->degree;
+    int N = g->group_size;
     size_t rows = (size_t)B * Tl, bytes = rows * 2 * C * sizeof(real);
     cpu_ring_pack_kv(r->kv[0], qkv, rows, C);
     for (int s = 0; s < N; s++) {
@@ -54,7 +54,7 @@ static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, int B
 /* dqkv (B,Tl,3C) is overwritten. */
 static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, int B, int Tl, int C, int NH, const int* doc_start, real* dqkv,
                                         const real* dout, const real* qkv, const real* out, const real* lse, const DropoutSite* drop) {
-    int N = g->degree;
+    int N = g->group_size;
     size_t rows = (size_t)B * Tl, bytes = rows * 2 * C * sizeof(real);
     memset(dqkv, 0, rows * 3 * C * sizeof(real));
     cpu_ring_pack_kv(r->kv[0], qkv, rows, C);

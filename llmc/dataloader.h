@@ -4,11 +4,11 @@
  * A global batch is groups * B * T tokens; data-parallel group `group`
  * reads its own B*T+1 window of it, so N processes with batch B see exactly
  * the tokens of one process with batch N*B. Under context parallelism
- * (llmc/multiproc.h) the `parts` ranks of a group share the window's B rows:
- * each row is cut into 2*parts chunks of Tc = T / (2 parts) tokens and part
- * p loads chunks p and 2 parts - 1 - p (its B x 2Tc tokens, row-major, the
- * first chunk first): the causal mask gives every part the same attention
- * work. Without it (parts 1) a group is one rank and its rows are whole. Every shard is validated (header, exact size, every
+ * (llmc/ring.h) the `group_size` ranks of a group share the window's B rows:
+ * each row is cut into 2 group_size chunks of Tc = T / (2 group_size) tokens
+ * and member p loads chunks p and 2 group_size - 1 - p (its B x 2Tc tokens,
+ * row-major, the first chunk first): the causal mask gives every member the
+ * same attention work. Without it (group_size 1) a group is one rank and its rows are whole. Every shard is validated (header, exact size, every
  * token < V) when the loader opens, before any training; with several
  * processes each scans the tokens of its share of the shards, and an error
  * on any of them stops all (llmc/multiproc.h). A shard may change on disk
@@ -36,7 +36,7 @@ typedef struct {
     int num_shards;
     int B, T, rank, world;
     int group, groups;     /* data-parallel: which global batch window is this rank's */
-    int part, parts;       /* context-parallel: which chunks of each row */
+    int member, group_size; /* context-parallel: which chunks of each row */
     int vocab_size;        /* every token loaded is checked against it */
     int shuffle;
     uint64_t seed;
@@ -127,9 +127,9 @@ static inline void loader_prepare_position(DataLoader* dl) {
 
 /* Opens every shard matching `pattern`, validates all of them, and prepares
  * epoch 0. `staging` is scratch for validation reads. T is the whole
- * sequence; with parts > 1 this rank loads B x T / parts tokens. */
+ * sequence; with group_size > 1 this rank loads B x T / group_size tokens. */
 static inline void dataloader_init(DataLoader* dl, const char* flag, const char* pattern, int B, int T, int rank, int world,
-                                   int group, int groups, int part, int parts, int vocab_size, int shuffle, uint64_t seed, uint16_t* window, int* inputs, int* targets,
+                                   int group, int groups, int member, int group_size, int vocab_size, int shuffle, uint64_t seed, uint16_t* window, int* inputs, int* targets,
                                    uint16_t* staging, size_t staging_tokens) {
     memset(dl, 0, sizeof(*dl));
     glob_t g;
@@ -142,7 +142,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     dl->batches = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
     dl->shard_order = (int*)malloc_check(g.gl_pathc * sizeof(int), "dataloader");
     dl->B = B; dl->T = T; dl->rank = rank; dl->world = world; dl->vocab_size = vocab_size;
-    dl->group = group; dl->groups = groups; dl->part = part; dl->parts = parts;
+    dl->group = group; dl->groups = groups; dl->member = member; dl->group_size = group_size;
     dl->shuffle = shuffle; dl->seed = seed;
     size_t global_tokens = (size_t)groups * (size_t)B * (size_t)T;
     for (int i = 0; i < dl->num_shards; i++) {
@@ -201,8 +201,8 @@ static inline void dataloader_documents(DataLoader* dl, int eot, int* doc_start)
  * documents the chunks before the second are read too, for the document
  * starts (a row's tokens once more at most: a fraction of a step's work). */
 static inline void loader_read_chunks(DataLoader* dl, int s, size_t window_start) {
-    size_t Tc = (size_t)dl->T / (2 * (size_t)dl->parts), Tl = 2 * Tc;
-    size_t first = (size_t)dl->part, second = 2 * (size_t)dl->parts - 1 - (size_t)dl->part;
+    size_t Tc = (size_t)dl->T / (2 * (size_t)dl->group_size), Tl = 2 * Tc;
+    size_t first = (size_t)dl->member, second = 2 * (size_t)dl->group_size - 1 - (size_t)dl->member;
     for (size_t b = 0; b < (size_t)dl->B; b++) {
         int cur = 0;
         for (size_t chunk = dl->eot >= 0 ? 0 : first; chunk <= second; chunk++) {
@@ -229,7 +229,7 @@ static inline void dataloader_next(DataLoader* dl) {
     size_t BT = (size_t)dl->B * (size_t)dl->T;
     size_t start = batch * BT * (size_t)dl->groups + (size_t)dl->group * BT;
     if (dl->open_shard != s) loader_reopen(dl, s);
-    if (dl->parts > 1) {
+    if (dl->group_size > 1) {
         loader_read_chunks(dl, s, start);
     } else {
         loader_read(dl, s, start, BT);

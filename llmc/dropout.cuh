@@ -43,7 +43,7 @@ REMAT_HOST_DEVICE static inline size_t dropout_calls_per_row(int C) { return (si
  * the stretch (one stretch of rows*C elements from global element r0*C
  * without context parallelism; else a stretch per row). */
 static inline size_t dropout_threads(size_t row0, size_t r0, size_t rows, int C, const TokenLayout* lay) {
-    if (lay->parts == 1) {
+    if (lay->group_size == 1) {
         size_t e0 = (row0 + r0) * (size_t)C, n = rows * (size_t)C;
         return (e0 + n + DROPOUT_GROUP - 1) / DROPOUT_GROUP - e0 / DROPOUT_GROUP;
     }
@@ -55,7 +55,7 @@ static inline size_t dropout_threads(size_t row0, size_t r0, size_t rows, int C,
 __device__ __forceinline__ bool dropout_span(DropoutSpan* sp, size_t t, size_t row0, size_t r0, size_t rows, int C,
                                              const TokenLayout& lay) {
     size_t start, len, local, j; /* the stretch: global start, elements, local start; the call's index in it */
-    if (lay.parts == 1) {
+    if (lay.group_size == 1) {
         start = (row0 + r0) * (size_t)C;
         len = rows * (size_t)C;
         local = 0;

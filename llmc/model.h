@@ -242,6 +242,8 @@ static inline uint16_t float_to_bf16(float f) {
  * file cannot be opened or is not a whole model file. */
 static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, char* why, size_t n) {
     int32_t h[256];
+    size_t elem = 0; /* declared before the gotos: C++ (nvcc) refuses a jump past an initialisation */
+    char size_why[96];
     FILE* f = header_file_open(path, h, "model file", why, n);
     if (!f) return NULL;
     if (h[0] != MODEL_MAGIC) { snprintf(why, n, "%s: bad magic %d (expected %d: not an llm.c model file)", path, h[0], MODEL_MAGIC); goto bad; }
@@ -265,8 +267,7 @@ static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, c
     ParamLayout pl;
     param_layout(&info->cfg, &pl);
     info->num_params = pl.total;
-    size_t elem = info->version == 3 ? 4 : 2;
-    char size_why[96];
+    elem = info->version == 3 ? 4 : 2;
     snprintf(size_why, sizeof(size_why), ": %zu parameters x %zu bytes + 1024", pl.total, elem);
     return header_file_end(f, path, 1024 + pl.total * elem, size_why, why, n);
 bad:

@@ -452,11 +452,11 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
  * ranks, N > 1 only). The ring communicator inherits the first one's
  * configuration (nonblocking with --collective-timeout). */
 static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
-    mg->ring_degree = g->degree;
+    mg->ring_degree = g->group_size;
     mg->ring_member = g->member;
-    int base = g->group * g->degree;
-    mg->ring_prev = base + (g->member + g->degree - 1) % g->degree;
-    mg->ring_next = base + (g->member + 1) % g->degree;
+    int base = g->group * g->group_size;
+    mg->ring_prev = base + (g->member + g->group_size - 1) % g->group_size;
+    mg->ring_next = base + (g->member + 1) % g->group_size;
     multigpu_phase(mg, "the NCCL ring communicator setup");
 #if MULTIGPU_HAS_SPLIT
     /* A nonblocking parent (--collective-timeout) answers ncclInProgress and
@@ -471,7 +471,7 @@ static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
     int n = 0, me = -1;
     NCCL_CHECK(ncclCommCount(mg->ring_comm, &n));
     NCCL_CHECK(ncclCommUserRank(mg->ring_comm, &me));
-    if (n != g->degree || me != g->member) fail("internal: the ring communicator has rank %d of %d, not member %d of %d", me, n, g->member, g->degree);
+    if (n != g->group_size || me != g->member) fail("internal: the ring communicator has rank %d of %d, not member %d of %d", me, n, g->member, g->group_size);
     int least = 0, greatest = 0;
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&mg->ring_stream, cudaStreamNonBlocking, greatest));
@@ -705,10 +705,10 @@ static inline void multigpu_time_ring(MultiGpu* mg, cudaStream_t compute, const 
  * with --context-parallel N > 1): split, then one send/receive pass at each
  * warm-up size, so that its communicator and connection buffers are in
  * device_bytes and outside the budget. Collective over all ranks. */
-static inline void multigpu_ring_connect_early(MultiGpu* mg, int degree) {
-    if (degree <= 1 || mg->ring_comm || mg->world % degree != 0) return;
+static inline void multigpu_ring_connect_early(MultiGpu* mg, int group_size) {
+    if (group_size <= 1 || mg->ring_comm || mg->world % group_size != 0) return;
     size_t used_before = multigpu_device_used();
-    ContextGroups g = context_groups(degree, mg->rank, mg->world);
+    ContextGroups g = context_groups(group_size, mg->rank, mg->world);
     multigpu_ring_connect(mg, &g);
     size_t most = multigpu_warm_bytes[2];
     char* warm = NULL;
@@ -757,7 +757,7 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
     (void)plan;
 }
 static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
-static inline void multigpu_ring_connect_early(MultiGpu* mg, int degree) { (void)mg; (void)degree; }
+static inline void multigpu_ring_connect_early(MultiGpu* mg, int group_size) { (void)mg; (void)group_size; }
 static inline void multigpu_wait(MultiGpu* mg, cudaStream_t stream) {
     (void)mg;
     CUDA_CHECK(cudaStreamSynchronize(stream));

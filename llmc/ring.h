@@ -33,18 +33,18 @@
  * is a ring: member i sends to member i+1 and receives from member i-1
  * (attention's K/V and their gradients). */
 typedef struct {
-    int degree, member;  /* N, and this rank's place in its group */
+    int group_size, member; /* N (--context-parallel), and this rank's place in its group */
     int groups, group;   /* world / N (the data-parallel degree), and this rank's group */
 } ContextGroups;
 
-static inline ContextGroups context_groups(int degree, int rank, int world) {
-    ContextGroups g = {degree, rank % degree, world / degree, rank / degree};
+static inline ContextGroups context_groups(int group_size, int rank, int world) {
+    ContextGroups g = {group_size, rank % group_size, world / group_size, rank / group_size};
     return g;
 }
 
 /* World ranks of this member's neighbours: it receives from prev, sends to next. */
-static inline int ring_prev_rank(const ContextGroups* g) { return g->group * g->degree + (g->member + g->degree - 1) % g->degree; }
-static inline int ring_next_rank(const ContextGroups* g) { return g->group * g->degree + (g->member + 1) % g->degree; }
+static inline int ring_prev_rank(const ContextGroups* g) { return g->group * g->group_size + (g->member + g->group_size - 1) % g->group_size; }
+static inline int ring_next_rank(const ContextGroups* g) { return g->group * g->group_size + (g->member + 1) % g->group_size; }
 
 /* One chunk pair of a ring step: the attention block, and whether it is the
  * first its query chunk sees (the forward writes it; later ones merge). */
@@ -63,7 +63,7 @@ typedef struct {
  * sees nothing, for later blocks to merge into. Returns how many (at most 4). */
 static inline int ring_step_blocks(const ContextGroups* g, int B, int C, int NH, int Tl, int step, const int* doc_start, int keep_first,
                                    RingBlock out[4]) {
-    int N = g->degree, origin = (g->member - step + N) % N, n = 0;
+    int N = g->group_size, origin = (g->member - step + N) % N, n = 0;
     for (int qc = 0; qc < 2; qc++)
         for (int kc = 0; kc < 2; kc++) {
             RingBlock* r = &out[n];
@@ -118,7 +118,7 @@ static MPI_Comm proc_ring_comm = MPI_COMM_NULL; /* this rank's group, for the ri
 
 /* Collective over all ranks: makes the group communicators. */
 static inline void proc_context_init(const ContextGroups* g) {
-    if (g->degree == 1 || proc_ring_comm != MPI_COMM_NULL) return;
+    if (g->group_size == 1 || proc_ring_comm != MPI_COMM_NULL) return;
     MPI_CHECK(MPI_Comm_split(MPI_COMM_WORLD, g->group, g->member, &proc_ring_comm));
 }
 
@@ -142,7 +142,7 @@ static inline MPI_Request* ring_request(RingTransfer* t) {
  * message apart. */
 static inline void ring_post(RingTransfer* t, const ContextGroups* g, const void* send, void* recv, size_t bytes, int tag) {
     const size_t piece = (size_t)1 << 30;
-    int next = (g->member + 1) % g->degree, prev = (g->member + g->degree - 1) % g->degree;
+    int next = (g->member + 1) % g->group_size, prev = (g->member + g->group_size - 1) % g->group_size;
     for (size_t s = 0; recv && s < bytes; s += piece)
         MPI_CHECK(MPI_Irecv((char*)recv + s, (int)(bytes - s < piece ? bytes - s : piece), MPI_BYTE, prev, tag, proc_ring_comm, ring_request(t)));
     for (size_t s = 0; send && s < bytes; s += piece)

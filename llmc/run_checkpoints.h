@@ -186,7 +186,7 @@ static inline void save_checkpoint(Run* run, Backend* be, int step, const DataLo
     memset(&st, 0, sizeof(st));
     st.step = step; st.world = run->world; st.rank = run->rank; st.zero_stage = run->opt.zero_stage;
     st.has_master = run->plan.spec.master_weights; st.B = run->opt.B; st.T = run->opt.T;
-    st.context_parallel = run->cp.degree;
+    st.context_parallel = run->cp.group_size;
     st.loader = dataloader_get_state(loader);
     st.num_params = run->plan.num_params;
     run_shard(run, &st.shard_start, &st.shard_params);
@@ -253,11 +253,11 @@ static inline int load_checkpoint(Run* run, Backend* be, DataLoader* loader) {
     /* the data position counts global batches of (groups x B) rows of T: those must match, not B alone */
     int saved_rows = st.B * (st.world / st.context_parallel), rows = run->opt.B * run->cp.groups;
     if (st.T != run->opt.T || saved_rows != rows) {
-        if (st.context_parallel == 1 && run->cp.degree == 1)
+        if (st.context_parallel == 1 && run->cp.group_size == 1)
             fail("%s: checkpoint written with B=%d T=%d; resume needs the same (-b %d -t %d given)", path, st.B, st.T, run->opt.B, run->opt.T);
         fail("%s: checkpoint written with T=%d and %d sequences per micro-step (-b %d, --context-parallel %d); resume needs the "
              "same T and sequences per micro-step (-b x processes / --context-parallel; this run: -t %d, %d x %d / %d = %d)", path,
-             st.T, saved_rows, st.B, st.context_parallel, run->opt.T, run->opt.B, run->world, run->cp.degree, rows);
+             st.T, saved_rows, st.B, st.context_parallel, run->opt.T, run->opt.B, run->world, run->cp.group_size, rows);
     }
     if (st.zero_stage != run->opt.zero_stage) fail("%s: checkpoint written with -z %d; resume needs the same", path, st.zero_stage);
     size_t my_start, my_count;

@@ -89,7 +89,7 @@ static inline void position_buckets_parse(PositionLosses* pl, const char* spec, 
 
 static inline void position_losses_init(PositionLosses* pl, const TrainOptions* o, const ContextGroups* cp) {
     memset(pl, 0, sizeof(*pl));
-    int B = o->B, T = o->T, Tl = T / cp->degree;
+    int B = o->B, T = o->T, Tl = T / cp->group_size;
     position_buckets_parse(pl, o->eval_by_position, T);
     pl->dump_path = o->eval_dump;
     pl->per_token = pl->n > 0 || o->eval_dump[0];
@@ -98,7 +98,7 @@ static inline void position_losses_init(PositionLosses* pl, const TrainOptions* 
     pl->losses = (float*)malloc_check((size_t)B * Tl * sizeof(float), "per-token results");
     pl->top1 = (int*)malloc_check((size_t)B * Tl * sizeof(int), "per-token results");
     pl->position = (int*)malloc_check((size_t)Tl * sizeof(int), "per-token results");
-    for (int i = 0; i < Tl; i++) pl->position[i] = context_position(i, Tl, cp->member, cp->degree);
+    for (int i = 0; i < Tl; i++) pl->position[i] = context_position(i, Tl, cp->member, cp->group_size);
     for (int t = 0; t < T; t++) pl->bucket_of[t] = -1;
     for (int i = 0; i < pl->n; i++)
         for (int t = pl->begin[i]; t < pl->end[i]; t++) pl->bucket_of[t] = i;
@@ -130,7 +130,7 @@ static inline void eval_dump_begin(PositionLosses* pl, const Run* run, int batch
 /* This rank's B x Tl tokens of batch `batch` into the dump's three arrays
  * (sequence, position): target (int32), top-1 (int32), loss (fp32). */
 static inline void eval_dump_batch(PositionLosses* pl, const Run* run, const int* targets, int batch) {
-    int B = run->opt.B, T = run->opt.T, Tl = T / run->cp.degree;
+    int B = run->opt.B, T = run->opt.T, Tl = T / run->cp.group_size;
     long plane = (long)pl->dump_sequences * T;
     for (int b = 0; b < B; b++) {
         long seq = ((long)batch * run->cp.groups + run->cp.group) * B + b;
@@ -161,7 +161,7 @@ static inline void eval_dump_end(PositionLosses* pl, const Run* run) {
  * positions' buckets (and the dump): with --reset-position-ids the position
  * within the document, and with --eod-mask-loss only the tokens counted. */
 static inline void position_losses_add(PositionLosses* pl, Backend* be, const Run* run, int batch) {
-    int B = run->opt.B, Tl = run->opt.T / run->cp.degree;
+    int B = run->opt.B, Tl = run->opt.T / run->cp.group_size;
     const DocumentOptions* docs = &run->docs;
     be->token_losses(be->ctx, pl->losses);
     be->token_top1(be->ctx, pl->top1);
@@ -220,7 +220,7 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
     pl->all_hits = pl->all_tokens = 0.0;
     eval_dump_begin(pl, run, n, step);
     double sum = 0.0, counted = 0.0;
-    size_t rows = (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.degree);
+    size_t rows = (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.group_size);
     for (int i = 0; i < n; i++) {
         dataloader_next(val); /* fills be->inputs, be->targets */
         double k = (double)documents_counted(&run->docs, be->inputs, rows); /* all of them without --eod-mask-loss */

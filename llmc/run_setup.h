@@ -207,7 +207,7 @@ static inline void check_link_and_host_flags_apply(const Run* run) {
         if (option_given(o, host_flags[i]) && !considers_offload)
             fail("flag %s: applies to offloaded checkpoints (--offload-checkpoints, a mix like 1o:0-3, -r auto or --plan), and "
                  "this run has none (-r %s)", host_flags[i], o->recompute);
-    if (option_given(o, "--ring-link") && run->cp.degree <= 1)
+    if (option_given(o, "--ring-link") && run->cp.group_size <= 1)
         fail("flag --ring-link: applies to the ring of --context-parallel N > 1, and this run has none");
 }
 
@@ -228,18 +228,18 @@ static inline void resolve_context_parallel(Run* run) {
  * before --plan exits, so that a plan never shows a row the run refuses. */
 #define GPU_MAX_TOKENS_PER_RANK (1 << 20)
 static inline void check_tokens_per_rank(const Run* run, int trainer) {
-    int local = run->opt.T / run->cp.degree;
+    int local = run->opt.T / run->cp.group_size;
     if (trainer == FOR_GPU && local > GPU_MAX_TOKENS_PER_RANK)
         fail("flag -t: %d tokens, %d per rank%s; the GPU trainer is checked up to %d tokens per rank (its kernels' index arithmetic "
              "beyond that is not): --context-parallel %d or more", run->opt.T, local,
-             run->cp.degree > 1 ? " under --context-parallel" : "", GPU_MAX_TOKENS_PER_RANK,
+             run->cp.group_size > 1 ? " under --context-parallel" : "", GPU_MAX_TOKENS_PER_RANK,
              (run->opt.T + GPU_MAX_TOKENS_PER_RANK - 1) / GPU_MAX_TOKENS_PER_RANK);
 }
 
 /* Under context parallelism -t must be a multiple of 2N: the refusal names
  * the neighbours that are, within the model's length. */
 static inline void check_context_parallel_length(const Run* run) {
-    int N = run->cp.degree, T = run->opt.T, max_T = run->cfg.max_seq_len;
+    int N = run->cp.group_size, T = run->opt.T, max_T = run->cfg.max_seq_len;
     if (N <= 1 || T % (2 * N) == 0) return;
     int below = T / (2 * N) * (2 * N), above = below + 2 * N;
     char works[64];
@@ -262,7 +262,7 @@ static inline void resolve_batch(Run* run) {
              "32-bit): a smaller -b or -t", o->B, o->T, groups > 1 ? " x data-parallel groups" : "", micro_tokens);
     long long total = o->total_batch_tokens == -1 ? micro_tokens : o->total_batch_tokens;
     if (total < 1 || total % micro_tokens != 0) {
-        if (run->cp.degree > 1)
+        if (run->cp.group_size > 1)
             fail("flag -d: %lld tokens per step is not a positive multiple of B*T*(processes / --context-parallel) = %d*%d*%d = %lld",
                  total, o->B, o->T, groups, micro_tokens);
         fail("flag -d: %lld tokens per step is not a positive multiple of B*T*processes = %d*%d*%d = %lld",
@@ -332,7 +332,7 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
     if (host_budget && !offloaded_fits) {
         PlanSpec s = *spec;
         s.tile_tokens = least_tile;
-        int t_step = run->cp.degree > 1 ? 2 * run->cp.degree : 1;
+        int t_step = run->cp.group_size > 1 ? 2 * run->cp.group_size : 1;
         int t = plan_max_fitting_host(&s, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, 1, s.T, budget, host_budget) / t_step * t_step;
         if (t >= 1) {
             size_t host = 0, device = plan_totals_for(&s, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, s.B, t, &host);
@@ -561,7 +561,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.stat_bytes = stat_bytes;
     spec.master_weights = master_weights_supported && run->opt.master_weights;
     spec.world_size = run->world;
-    spec.context_parallel = run->cp.degree;
+    spec.context_parallel = run->cp.group_size;
     spec.zero_stage = run->opt.zero_stage;
     spec.layer_mode = run->layer_mode;
     spec.layer_offload = run->layer_offload;
@@ -614,10 +614,10 @@ static inline void run_print_header(const Run* run) {
            c->vocab_size, c->padded_vocab_size, c->max_seq_len, run->plan.num_params);
     printf("batch: B=%d T=%d x %d process%s, gradient accumulation %d (%lld tokens per step)\n", run->opt.B,
            run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum, (long long)run_tokens_per_step(run));
-    if (run->cp.degree > 1)
+    if (run->cp.group_size > 1)
         printf("context parallel: %d group%s of %d processes share each sequence; each process holds chunks %d and %d of %d "
-               "(%d tokens of each row), attention as a ring\n", run->cp.groups, run->cp.groups == 1 ? "" : "s", run->cp.degree,
-               run->cp.member, 2 * run->cp.degree - 1 - run->cp.member, 2 * run->cp.degree, run->opt.T / run->cp.degree);
+               "(%d tokens of each row), attention as a ring\n", run->cp.groups, run->cp.groups == 1 ? "" : "s", run->cp.group_size,
+               run->cp.member, 2 * run->cp.group_size - 1 - run->cp.member, 2 * run->cp.group_size, run->opt.T / run->cp.group_size);
     if (run->dropout_desc[0]) printf("%s\n", run->dropout_desc);
     plan_print_summary(&run->plan, stdout);
     const char* big = "";

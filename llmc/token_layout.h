@@ -6,7 +6,7 @@
  * Context parallelism (--context-parallel N, docs/context-parallel.md) cuts
  * each sequence of T*N tokens into 2N chunks of Tc = T/2; group member r
  * holds chunks r and 2N-1-r, so every member has the same causal work. A
- * rank's rows are B x T local tokens; without context parallelism (parts 1)
+ * rank's rows are B x T local tokens; without context parallelism (group_size 1)
  * the local row is the global one.
  */
 #ifndef REMAT_TOKEN_LAYOUT_H
@@ -15,26 +15,26 @@
 #include <stddef.h>
 #include "rand.h" /* REMAT_HOST_DEVICE */
 
-/* Global position of token i (0 <= i < Tl) of a row's part `part` of
- * `parts`, which holds Tl tokens: two chunks of Tl / 2. */
-REMAT_HOST_DEVICE static inline int context_position(int i, int Tl, int part, int parts) {
-    if (parts == 1) return i;
+/* Global position of token i (0 <= i < Tl) of the rows member `member` of a
+ * group of `group_size` holds: Tl tokens, two chunks of Tl / 2. */
+REMAT_HOST_DEVICE static inline int context_position(int i, int Tl, int member, int group_size) {
+    if (group_size == 1) return i;
     int Tc = Tl / 2;
-    return i < Tc ? part * Tc + i : (2 * parts - 1 - part) * Tc + (i - Tc);
+    return i < Tc ? member * Tc + i : (2 * group_size - 1 - member) * Tc + (i - Tc);
 }
 
 /* This rank's B x T token rows: row n is token n % T of sequence n / T, at
- * global position context_position(n % T, ...) of a sequence of T * parts
- * tokens (parts 1: n % T). */
-typedef struct { int T, part, parts; } TokenLayout;
+ * global position context_position(n % T, ...) of a sequence of T * group_size
+ * tokens (group_size 1: n % T). */
+typedef struct { int T, member, group_size; } TokenLayout;
 
 REMAT_HOST_DEVICE static inline int token_position(const TokenLayout* lay, size_t n) {
-    return context_position((int)(n % (size_t)lay->T), lay->T, lay->part, lay->parts);
+    return context_position((int)(n % (size_t)lay->T), lay->T, lay->member, lay->group_size);
 }
 
-/* The row of the whole (B, T * parts) batch that local row n is. */
+/* The row of the whole (B, T * group_size) batch that local row n is. */
 REMAT_HOST_DEVICE static inline size_t token_global_row(const TokenLayout* lay, size_t n) {
-    return n / (size_t)lay->T * (size_t)lay->T * (size_t)lay->parts + (size_t)token_position(lay, n);
+    return n / (size_t)lay->T * (size_t)lay->T * (size_t)lay->group_size + (size_t)token_position(lay, n);
 }
 
 /* One block of causal attention: the Tq queries of one stretch of a row
@@ -87,14 +87,14 @@ static inline AttentionBlock whole_sequence(int B, int T, int C, int NH) {
 
 /* The chunk pair (query chunk qc of member `member`, key chunk kc of member
  * `origin`, each 0 or 1: the member's first or second chunk) of a group of
- * `parts` members holding B x Tl tokens each, as an attention block; 0 when
+ * `group_size` members holding B x Tl tokens each, as an attention block; 0 when
  * the causal mask empties it. */
-static inline int context_chunk_block(int B, int C, int NH, int Tl, int parts, int member, int origin, int qc, int kc,
+static inline int context_chunk_block(int B, int C, int NH, int Tl, int group_size, int member, int origin, int qc, int kc,
                                       AttentionBlock* a) {
     int Tc = Tl / 2;
-    int gq = qc == 0 ? member : 2 * parts - 1 - member, gk = kc == 0 ? origin : 2 * parts - 1 - origin;
+    int gq = qc == 0 ? member : 2 * group_size - 1 - member, gk = kc == 0 ? origin : 2 * group_size - 1 - origin;
     if (gk > gq) return 0;
-    AttentionBlock b = {B, C, NH, parts * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL};
+    AttentionBlock b = {B, C, NH, group_size * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL};
     *a = b;
     return 1;
 }

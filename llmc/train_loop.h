@@ -52,7 +52,7 @@ static inline StepResult train_step(Run* run, Backend* be, DataLoader* train, in
         be->set_dropout(be->ctx, &drop);
         float mean = be->forward_backward(be->ctx, &mb, dloss_mean);
         if (!run->docs.eod_mask_loss) { loss += mean; continue; }
-        double k = (double)documents_counted(&run->docs, mb.inputs, (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.degree));
+        double k = (double)documents_counted(&run->docs, mb.inputs, (size_t)run->opt.B * (size_t)(run->opt.T / run->cp.group_size));
         loss += (double)mean * k;
         counted += k;
     }
@@ -170,8 +170,8 @@ static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
  * longer carry equal work): each rank's pairs against the mean of all. */
 static inline void report_attended_pairs(const Run* run, const Backend* be) {
     if (!run->docs.reset_attention_mask) return;
-    int Tl = run->opt.T / run->cp.degree;
-    TokenLayout lay = {Tl, run->cp.member, run->cp.degree};
+    int Tl = run->opt.T / run->cp.group_size;
+    TokenLayout lay = {Tl, run->cp.member, run->cp.group_size};
     double mine = 0.0, causal = 0.0;
     for (size_t n = 0; n < (size_t)run->opt.B * (size_t)Tl; n++) {
         int pos = token_position(&lay, n);
@@ -197,12 +197,12 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     const ContextGroups* g = &run->cp;
     memset(&ls->train, 0, sizeof(ls->train));
     if (o->max_steps != 0) /* -x 0 trains nothing: no training data is read */
-        dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
+        dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->group_size,
                         run->cfg.vocab_size,
                         o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
     if (ls->has_val)
-        dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->degree,
+        dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->group_size,
                         run->cfg.vocab_size, 0,
                         (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
     load_tokenizer(run, &ls->tk);

@@ -28,7 +28,7 @@
 #define RING_T 8
 #define RING_N 2
 
-static void create(TestModel* tm, ModelConfig cfg, int world, int degree, const unsigned char* modes) {
+static void create(TestModel* tm, ModelConfig cfg, int world, int group_size, const unsigned char* modes) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
     s.cfg = cfg;
@@ -38,7 +38,7 @@ static void create(TestModel* tm, ModelConfig cfg, int world, int degree, const 
     s.elem_bytes = (int)sizeof(real);
     s.stat_bytes = (int)sizeof(real);
     s.world_size = world;
-    s.context_parallel = degree;
+    s.context_parallel = group_size;
     s.layer_mode = modes;
     s.logits_chunk_rows = 3;
     s.io_chunk_floats = 1024;
