@@ -65,7 +65,12 @@ static const HparamSpec hparam_table[] = {
     {"-x", HP_STEPS, 0},
     /* a state saved before it has 0 here: untiled */
     {"--tile-tokens", HP_INT, HP_OPT(tile_tokens)},
+    /* packed documents (llmc/documents.h); a state saved before them reads
+     * zeros, which is what it ran with (off), and has no end-of-text token */
+    {"--reset-attention-mask", HP_INT, HP_OPT(reset_attention_mask)}, {"--reset-position-ids", HP_INT, HP_OPT(reset_position_ids)},
+    {"--eod-mask-loss", HP_INT, HP_OPT(eod_mask_loss)}, {"--eot-token", HP_INT, HP_OPT(eot_token)},
 };
+#define HPARAMS_BEFORE_DOCUMENTS 17
 #define HPARAMS_BEFORE_DROPOUT 12
 #define HPARAMS_BEFORE_STEPS 15
 #define HP_FIRST_DROPOUT 12
@@ -114,12 +119,15 @@ static inline const char* hparam_flag_as_typed(int i, const HparamContext* ctx) 
 
 /* Refuses (or with override, notes) every hyperparameter that differs from the checkpoint's. */
 static inline void hparams_check(const TrainOptions* o, const HparamContext* ctx, const int32_t* saved, const char* path) {
-    if (saved[0] != NUM_HPARAMS && saved[0] != HPARAMS_BEFORE_STEPS && saved[0] != HPARAMS_BEFORE_DROPOUT)
+    if (saved[0] != NUM_HPARAMS && saved[0] != HPARAMS_BEFORE_DOCUMENTS && saved[0] != HPARAMS_BEFORE_STEPS &&
+        saved[0] != HPARAMS_BEFORE_DROPOUT)
         fail("%s: %d hyperparameters saved, this build compares %d", path, saved[0], NUM_HPARAMS);
     for (int i = 0; i < NUM_HPARAMS; i++) {
-        /* -x: not recorded before state version 3 (the dropout slots of an
-         * older state hold zeros, which is what it ran with) */
+        /* -x: not recorded before state version 3 (the dropout and document
+         * slots of an older state hold zeros, which is what it ran with); an
+         * older state's end-of-text token is unknown: any will do */
         if (hparam_table[i].kind == HP_STEPS && (i >= saved[0] || !steps_shape_the_run(o, ctx))) continue;
+        if (i == NUM_HPARAMS - 1 && i >= saved[0]) continue;
         int32_t now = hparam_value(o, i, ctx);
         if (now == saved[1 + i]) continue;
         char was[48], is[48];

@@ -344,18 +344,18 @@ def test_resume_with_more_steps_is_refused_where_the_schedule_decays_over_them(d
 
 def test_a_version_2_state_still_resumes(data, tmp_path):
     """State version 2 (before the data record and -x): slots 24-27 and
-    64-127 zero, 15 hyperparameters (no -x, no --tile-tokens). It resumes as the same state in version
-    3 does, and says the data is not compared."""
+    64-127 zero, 15 hyperparameters (no -x, no --tile-tokens, no document flags). It resumes as the same
+    state in version 3 does, and says the data is not compared."""
     trainer(data, "-x", "2", "-o", tmp_path / "v3", check=True)
     shutil.copytree(tmp_path / "v3", tmp_path / "v2")
     state = tmp_path / "v2" / "state_00000002_00000.bin"
     h = np.frombuffer(state.read_bytes()[:1024], dtype=np.int32).copy()
-    assert h[1] == 3 and h[32] == 17 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x
+    assert h[1] == 3 and h[32] == 21 and h[32 + 16] == 2  # the version, the count of hyperparameters, -x
     h[1] = 2
     h[24:28] = 0
     h[64:128] = 0
     h[32] = 15
-    h[32 + 16] = h[32 + 17] = 0
+    h[32 + 16:32 + 22] = 0  # -x, --tile-tokens and the four document slots
     state.write_bytes(h.tobytes() + state.read_bytes()[1024:])
     a = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v3", check=True)
     b = trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "v2", check=True)
@@ -450,3 +450,35 @@ def test_resume_drops_the_log_lines_it_reruns(data, tmp_path):
     strip = lambda log: [{k: v for k, v in e.items() if k not in ("ms", "tokens_per_s", "memory_mib")} for e in log if "event" not in e]
     assert strip(got) == strip(want)
     assert {"step": 2, "event": "resumed"} in got
+
+
+def test_resume_with_other_document_flags_is_refused(data, tmp_path):
+    """The packed-document flags change what is trained (masks, positions,
+    the loss): each is saved with the state, and a resume that gives another
+    value is refused naming it, as for the other hyperparameters."""
+    docs = ["--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss", "--eot-token", "0"]
+    trainer(data, "-x", "2", "-o", tmp_path, *docs, check=True)
+    assert "resumed: step 2" in trainer(data, "-x", "3", "-o", tmp_path, "-y", "1", *docs, check=True).stdout
+    for dropped in ("--reset-attention-mask", "--eod-mask-loss"):
+        line = one_error(trainer(data, "-x", "4", "-o", tmp_path, "-y", "1", *[f for f in docs if f != dropped]))
+        assert line.startswith(f"error: flag {dropped}: the checkpoint was trained with {dropped} 1, this run gives 0"), line
+    line = one_error(trainer(data, "-x", "4", "-o", tmp_path, "-y", "1", *docs[:3], "--eot-token", "1"))
+    assert line.startswith("error: flag --eot-token: the checkpoint was trained with --eot-token 0"), line
+
+
+def test_a_state_from_before_the_document_flags_still_resumes(data, tmp_path):
+    """A state of the previous release holds 17 hyperparameters (up to
+    --tile-tokens): the document flags it lacks read as off, its end-of-text
+    token is not compared, and it resumes as if it had them."""
+    trainer(data, "-x", "2", "-o", tmp_path / "new", check=True)
+    shutil.copytree(tmp_path / "new", tmp_path / "old")
+    state = tmp_path / "old" / "state_00000002_00000.bin"
+    h = np.frombuffer(state.read_bytes()[:1024], dtype=np.int32).copy()
+    h[32] = 17
+    h[32 + 18:32 + 22] = 0
+    state.write_bytes(h.tobytes() + state.read_bytes()[1024:])
+    a = trainer(data, "-x", "3", "-y", "1", "-o", tmp_path / "new", check=True)
+    b = trainer(data, "-x", "3", "-y", "1", "-o", tmp_path / "old", check=True)
+    assert steps(a.stdout) == steps(b.stdout) and len(steps(a.stdout)) == 1
+    line = one_error(trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "old", "--reset-attention-mask", "--eot-token", "0"))
+    assert line.startswith("error: flag --reset-attention-mask: the checkpoint was trained with --reset-attention-mask 0"), line
