@@ -232,7 +232,7 @@ static inline size_t plan_program_bytes(void) {
 static inline size_t memory_budget(const char* flag_value, const char** source) {
     size_t b = parse_bytes("--mem-budget", flag_value);
     if (b) {
-        *source = remat_free_memory_hook ? "--mem-budget, as given: no headroom kept for the CUDA context or libraries"
+        *source = remat_device_name_hook ? "--mem-budget, as given: no headroom kept for the CUDA context or libraries"
                                          : "--mem-budget, as given: no headroom kept for the program";
         return b;
     }

@@ -52,7 +52,7 @@ def plan(exe, model, T, flags, budget, host, cost_model):
     res = subprocess.run([exe, "-e", model, "--max-seq-len", str(T), "-b", "1", "-t", str(T), *flags, "--mem-budget", str(budget),
                           "--host-mem-budget", str(host), "--cost-model", cost_model, "--plan-json"], capture_output=True, text=True)
     if res.returncode != 0:
-        if "-r auto: nothing fits" in res.stderr:
+        if "-r auto: nothing fits" in res.stderr or "-r auto: nothing without offloading fits" in res.stderr:
             return None
         sys.exit(f"{exe} failed at T={T} {' '.join(flags)}:\n{res.stderr[-2000:]}")
     return json.loads(res.stdout)
