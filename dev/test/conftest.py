@@ -1,4 +1,5 @@
 """Shared fixtures for the test suite: paths, the built binaries, small data."""
+import json
 import os
 import re
 import subprocess
@@ -83,6 +84,18 @@ def machine_has_gpu():
 def steps(stdout):
     """(step, loss, lr, norm) strings of every step line."""
     return [m.groups() for m in STEP_RE.finditer(stdout)]
+
+
+def snapshot(d):
+    """Every file of a directory, name to bytes."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def log_lines(d):
+    """The entries of a run's log.jsonl, every line whole."""
+    text = (d / "log.jsonl").read_text()
+    assert text.endswith("\n") or not text
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def one_error(res):

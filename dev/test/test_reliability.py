@@ -2,7 +2,6 @@
 reused output directory superseded, log.jsonl under write failures,
 checkpoint retention and preemption by a signal (what a resume refuses and
 falls back past: test_resume.py)."""
-import json
 import os
 import re
 import resource
@@ -15,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer as trainer
+from conftest import ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, log_lines, one_error, run, steps, tiny_trainer as trainer
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +22,6 @@ def shard(tmp_path_factory):
     d = tmp_path_factory.mktemp("rel")
     datafile.write_shard(d / "train.bin", np.random.default_rng(5).integers(0, 64, 20000))
     return d / "train.bin"
-
-
-def log_lines(d):
-    text = (d / "log.jsonl").read_text()
-    assert text.endswith("\n") or not text
-    return [json.loads(line) for line in text.splitlines()]
 
 
 # ---- non-finite state ----

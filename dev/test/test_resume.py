@@ -6,7 +6,6 @@ ranks' files is damage, and -y 1 falls back past it as past a truncated
 file; a resume on other data, another schedule, other dropout or model flags
 is refused or named; an old state version still resumes; a resumed run
 writes each log line once."""
-import json
 import os
 import shutil
 import signal
@@ -15,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, TINY_MODEL, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer
+from conftest import ONE_THREAD, REPO, TINY_MODEL, TINY_MODEL as MODEL, binary, datafile, log_lines, one_error, run, snapshot, steps, tiny_trainer
 
 HEADER_SLOTS = 256
 ST_STEP, ST_RANK, ST_EPOCH, ST_BATCH_POS_LO, ST_LOSS_SCALE_BITS, ST_UPDATES = 2, 4, 9, 11, 17, 21
@@ -277,16 +276,6 @@ def test_a_job_of_two_ranks_on_an_output_in_use_is_refused(data, synthetic, tmp_
 
 
 # ---- refusals and fallbacks of a single process ----
-
-def snapshot(d):
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
-
-
-def log_lines(d):
-    text = (d / "log.jsonl").read_text()
-    assert text.endswith("\n") or not text
-    return [json.loads(line) for line in text.splitlines()]
-
 
 def test_resume_writes_each_validation_by_position_line_once(data, tmp_path):
     args = ["-n", "2", "-v", "2", "-j", data / "val.bin", "-m", "2", "--eval-by-position", "4", "-o", tmp_path]

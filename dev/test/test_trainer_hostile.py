@@ -15,7 +15,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import BUILD, ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, one_error, run, steps, tiny_trainer
+from conftest import BUILD, ONE_THREAD, REPO, TINY_MODEL as MODEL, binary, datafile, log_lines, one_error, run, snapshot, steps, tiny_trainer
 
 N_PARAMS = 8896  # of MODEL (conftest.TINY_MODEL)
 
@@ -41,16 +41,6 @@ def write_tokenizer(path, vocab):
 
 def trainer(data, *extra, **kw):
     return tiny_trainer(data / "train.bin", *extra, **kw)
-
-
-def snapshot(d):
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
-
-
-def log_lines(d):
-    text = (d / "log.jsonl").read_text()
-    assert text.endswith("\n") or not text
-    return [json.loads(line) for line in text.splitlines()]
 
 
 def built_with_mpi():
