@@ -202,14 +202,15 @@ def test_auto_refusal_with_a_host_budget_lists_the_offloaded_choice_that_fits(da
     device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
     assert device_1o < device_1
     budget = f"{(device_1o + device_1) / 2:.3f}MiB"
-    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", budget, "--host-mem-budget", "1GiB", "--plan", model=LONG_MODEL)
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--segment-layers", "1", "--mem-budget", budget, "--host-mem-budget", "1GiB",
+              "--plan", model=LONG_MODEL)  # segments would fit without offloading
     assert res.returncode == 1
     m = re.search(r"^  --offload-checkpoints -r auto: here -r (\S+) --tile-tokens (\d+) \(([0-9.]+) MiB, and ([0-9.]+) MiB of host "
                   r"memory of 1024\.0 MiB, --host-mem-budget\)", res.stderr, re.M)
     assert m and "o" in m.group(1) and float(m.group(4)) > 0, res.stderr
     assert "even full recompute on every layer" in res.stderr and "even -r 1o" not in res.stderr  # what it searched: no offloading
-    taken = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", budget, "--host-mem-budget", "1GiB", "--plan",
-                "--offload-checkpoints", model=LONG_MODEL)
+    taken = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--segment-layers", "1", "--mem-budget", budget, "--host-mem-budget", "1GiB",
+                "--plan", "--offload-checkpoints", model=LONG_MODEL)
     assert taken.returncode == 0 and f"-r {m.group(1)} --tile-tokens {m.group(2)}" in taken.stdout, taken.stdout[-2000:]
 
 
