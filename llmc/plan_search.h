@@ -337,17 +337,19 @@ static inline int recompute_auto_segments_at(const PlanSpec* spec, size_t budget
                     for (int c3 = 0; c1 + c3 <= g && (c3 == 0 || (P >> RECOMPUTE_KEEP_ATTENTION & 1)); c3++)
                         for (int off = 0; off <= (offload && host_budget ? 1 : 0); off++) {
                             if (off && (size_t)S * xa > host_budget) break;
+                            /* the CPU trainer's pool draws on the same memory as its plan (host_shares_budget) */
+                            size_t cap = off && spec->host_shares_budget ? ((size_t)S * xa < budget ? budget - (size_t)S * xa : 0) : budget;
                             int rest = g - c1 - c3, has0 = P >> RECOMPUTE_NONE & 1, has2 = P >> RECOMPUTE_SELECTIVE & 1;
                             if (rest && !has0 && !has2) continue;
                             size_t bytes = b_fixed + (size_t)c1 * kept[1] + (size_t)c3 * kept[3] + (size_t)rest * kept[has0 ? 0 : 2] +
                                            (off ? (size_t)R * xa : (size_t)S * xa);
                             int c2 = has0 ? 0 : rest;
-                            if (has0 && has2 && bytes > budget) {
-                                c2 = (int)ceil_div(bytes - budget, kept[0] - kept[2]);
+                            if (has0 && has2 && bytes > cap) {
+                                c2 = (int)ceil_div(bytes - cap, kept[0] - kept[2]);
                                 if (c2 > rest) continue;
                                 bytes -= (size_t)c2 * (kept[0] - kept[2]);
                             }
-                            if (bytes > budget) continue;
+                            if (bytes > cap) continue;
                             int count[NUM_RECOMPUTE_MODES] = {rest - c2, c1, c2, c3};
                             double t = t_fixed + segment_group_seconds(order, count, rec, big, S) + (off ? S * seg_off : 0.0);
                             if (found && !(t < best || (t == best && bytes < best_bytes))) continue;
