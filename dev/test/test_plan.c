@@ -86,6 +86,18 @@ static void check_allocation(void) {
     test_model_free(&tm);
 }
 
+/* The searches' model: L layers of C=64, 4 heads, V=50, T=256 at B=2, bf16
+ * with fp32 master weights on one GPU, two micro-steps, priced by `cm`. */
+static PlanSpec small_gpu_spec(int L, CostModel cm) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = test_config(L, 4, 64, 50, 256);
+    s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+    s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
+    s.cost_model = cm;
+    return s;
+}
+
 /* -r auto against an exhaustive search over all 4^L per-layer assignments
  * (L <= 5), each planned by plan_build and timed by the time model: at every
  * budget from below the smallest uniform total to above the largest, auto's
@@ -96,12 +108,7 @@ static void check_auto_against_exhaustive(void) {
     int checked = 0;
     for (int L = 1; L <= 5; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
-            PlanSpec s;
-            memset(&s, 0, sizeof(s));
-            s.cfg = test_config(L, 4, 64, 50, 256);
-            s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
-            s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
-            s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : slow_memory;
+            PlanSpec s = small_gpu_spec(L, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : slow_memory);
             int n = 1;
             for (int l = 0; l < L; l++) n *= 4;
             size_t* totals = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
@@ -153,12 +160,7 @@ static void check_auto_offload_against_exhaustive(void) {
     int checked = 0;
     for (int L = 1; L <= 4; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
-            PlanSpec s;
-            memset(&s, 0, sizeof(s));
-            s.cfg = test_config(L, 4, 64, 50, 256);
-            s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
-            s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
-            s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : slow_link;
+            PlanSpec s = small_gpu_spec(L, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : slow_link);
             static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
             int n = 1;
             for (int l = 0; l < L; l++) n *= 6;
@@ -225,12 +227,7 @@ static void check_auto_tiles_against_exhaustive(void) {
     for (int L = 1; L <= 3; L++)
         for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
             for (int with_offload = 0; with_offload <= 1; with_offload++) {
-                PlanSpec s;
-                memset(&s, 0, sizeof(s));
-                s.cfg = test_config(L, 4, 64, 50, 256);
-                s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
-                s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
-                s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? cheap_tiles : dear_tiles;
+                PlanSpec s = small_gpu_spec(L, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? cheap_tiles : dear_tiles);
                 int choices = with_offload ? 6 : 4, n = 1;
                 for (int l = 0; l < L; l++) n *= choices;
                 int all = 4 * n;
@@ -304,12 +301,7 @@ static void check_auto_segments_against_exhaustive(void) {
     for (int L = 2; L <= 5; L++)
         for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
             for (int with_offload = 0; with_offload <= (L < 5); with_offload++) {
-                PlanSpec s;
-                memset(&s, 0, sizeof(s));
-                s.cfg = test_config(L, 4, 64, 50, 256);
-                s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
-                s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
-                s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link;
+                PlanSpec s = small_gpu_spec(L, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link);
                 int n4 = 1, n6 = 1;
                 for (int l = 0; l < L; l++) { n4 *= 4; n6 *= 6; }
                 if (!with_offload) n6 = n4;
@@ -377,12 +369,8 @@ static void check_auto_segments_against_exhaustive(void) {
     for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
         for (int K = 2; K <= 3; K++) {
             enum { L8 = 8 };
-            PlanSpec s;
-            memset(&s, 0, sizeof(s));
-            s.cfg = test_config(L8, 4, 64, 50, 256);
-            s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
-            s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2; s.segment_layers = K;
-            s.cost_model = c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link;
+            PlanSpec s = small_gpu_spec(L8, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link);
+            s.segment_layers = K;
             static const int sub[3] = {0, 1, 3};
             int n = 2 * 6561;
             size_t* totals = (size_t*)malloc_check((size_t)n * sizeof(size_t), "test");
