@@ -118,32 +118,32 @@ static inline real dot_finish(rvec acc, const real* a, const real* w, int i0, in
     return bias ? s + bias[o] : s;
 }
 
-/* The forward's vectors hold the RLANES lane sums of FWD_SPAN W rows side
+/* The forward's vectors hold the RLANES lane sums of CPU_FWD_SPAN W rows side
  * by side: with AVX-512 two rows fill one 64-byte register, so the wide
  * units do the work while every lane still sums what the spec says; the
  * input row's RLANES values are repeated in each part. Without AVX-512 a
- * vector is one row's lanes. A register tile is FWD_ROWS input rows x
- * FWD_VECS vectors: 6 x 4 accumulators and their operands fit AVX-512's 32
+ * vector is one row's lanes. A register tile is CPU_FWD_ROWS input rows x
+ * CPU_FWD_VECS vectors: 6 x 4 accumulators and their operands fit AVX-512's 32
  * registers, 4 x 2 fit the 16 of AVX2. */
 #ifdef __AVX512F__
-#define FWD_SPAN 2
-#define FWD_ROWS 6
-#define FWD_VECS 4
+#define CPU_FWD_SPAN 2
+#define CPU_FWD_ROWS 6
+#define CPU_FWD_VECS 4
 #else
-#define FWD_SPAN 1
-#define FWD_ROWS 4
-#define FWD_VECS 2
+#define CPU_FWD_SPAN 1
+#define CPU_FWD_ROWS 4
+#define CPU_FWD_VECS 2
 #endif
-#define FWD_GROUP (FWD_SPAN * FWD_VECS) /* W rows per tile */
-#define FWD_OB 64                       /* W rows per block: packed once, in cache while every input row streams past */
-typedef real fvec __attribute__((vector_size(32 * FWD_SPAN)));
+#define CPU_FWD_GROUP (CPU_FWD_SPAN * CPU_FWD_VECS) /* W rows per tile */
+#define CPU_FWD_OB 64                       /* W rows per block: packed once, in cache while every input row streams past */
+typedef real fvec __attribute__((vector_size(32 * CPU_FWD_SPAN)));
 
 /* fvec goes through pointers: passed by value, a 64-byte vector has another
  * ABI with AVX-512 than without, which GCC warns of. */
 static inline void fload(fvec* v, const real* p) { memcpy(v, p, sizeof(*v)); }
 static inline void frepeat(fvec* v, const real* p) {
     rvec h = vload(p);
-#if FWD_SPAN == 1
+#if CPU_FWD_SPAN == 1
     *v = h;
 #elif defined(REMAT_FP64)
     *v = __builtin_shufflevector(h, h, 0, 1, 2, 3, 0, 1, 2, 3);
@@ -151,9 +151,9 @@ static inline void frepeat(fvec* v, const real* p) {
     *v = __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
 #endif
 }
-/* The lane sums of row `part` (< FWD_SPAN) of a vector. */
+/* The lane sums of row `part` (< CPU_FWD_SPAN) of a vector. */
 static inline rvec fpart(const fvec* v, int part) {
-#if FWD_SPAN == 1
+#if CPU_FWD_SPAN == 1
     (void)part;
     return *v;
 #elif defined(REMAT_FP64)
@@ -164,34 +164,34 @@ static inline rvec fpart(const fvec* v, int part) {
 #endif
 }
 
-/* W rows o..o+FWD_GROUP-1 packed for the tile: chunk k of every row side by
+/* W rows o..o+CPU_FWD_GROUP-1 packed for the tile: chunk k of every row side by
  * side, chunk after chunk, so the tile reads one stream. */
 static void forward_pack_group(real* packed, const real* W, int o, int IC, int vec_end) {
     for (int k = 0; k < vec_end; k += RLANES)
-        for (int c = 0; c < FWD_GROUP; c++)
-            memcpy(packed + (size_t)k * FWD_GROUP + c * RLANES, W + (size_t)(o + c) * IC + k, RLANES * sizeof(real));
+        for (int c = 0; c < CPU_FWD_GROUP; c++)
+            memcpy(packed + (size_t)k * CPU_FWD_GROUP + c * RLANES, W + (size_t)(o + c) * IC + k, RLANES * sizeof(real));
 }
 
-/* out rows n..n+rows-1, W rows o..o+FWD_GROUP-1 (rows <= FWD_ROWS). */
+/* out rows n..n+rows-1, W rows o..o+CPU_FWD_GROUP-1 (rows <= CPU_FWD_ROWS). */
 static inline __attribute__((always_inline)) void forward_tile(real* out, const real* inp, const real* W, const real* packed,
                                                                 const real* bias, int n, int o, int rows, int IC, int OC,
                                                                 int vec_end) {
-    fvec acc[FWD_ROWS][FWD_VECS];
+    fvec acc[CPU_FWD_ROWS][CPU_FWD_VECS];
     memset(acc, 0, sizeof(acc));
     for (int i = 0; i < vec_end; i += RLANES) {
-        const real* w = packed + (size_t)i * FWD_GROUP;
-        fvec x[FWD_VECS];
-        for (int c = 0; c < FWD_VECS; c++) fload(&x[c], w + c * FWD_SPAN * RLANES);
+        const real* w = packed + (size_t)i * CPU_FWD_GROUP;
+        fvec x[CPU_FWD_VECS];
+        for (int c = 0; c < CPU_FWD_VECS; c++) fload(&x[c], w + c * CPU_FWD_SPAN * RLANES);
         for (int r = 0; r < rows; r++) {
             fvec a;
             frepeat(&a, inp + (size_t)(n + r) * IC + i);
-            for (int c = 0; c < FWD_VECS; c++) acc[r][c] += a * x[c];
+            for (int c = 0; c < CPU_FWD_VECS; c++) acc[r][c] += a * x[c];
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int c = 0; c < FWD_GROUP; c++) {
+        for (int c = 0; c < CPU_FWD_GROUP; c++) {
             int oc = o + c;
-            rvec lanes = fpart(&acc[r][c / FWD_SPAN], c % FWD_SPAN);
+            rvec lanes = fpart(&acc[r][c / CPU_FWD_SPAN], c % CPU_FWD_SPAN);
             out[(size_t)(n + r) * OC + oc] = dot_finish(lanes, inp + (size_t)(n + r) * IC, W + (size_t)oc * IC, vec_end, IC, bias, oc);
         }
 }
@@ -208,18 +208,18 @@ static void matmul_forward(real* out, const real* inp, const real* W, const real
     int vec_end = IC - IC % RLANES;
     #pragma omp parallel
     {
-        real* packed = (real*)malloc_check((size_t)FWD_OB * (vec_end > 0 ? vec_end : 1) * sizeof(real), "matmul panel");
+        real* packed = (real*)malloc_check((size_t)CPU_FWD_OB * (vec_end > 0 ? vec_end : 1) * sizeof(real), "matmul panel");
         #pragma omp for schedule(dynamic, 1)
-        for (int ob = 0; ob < OC; ob += FWD_OB) {
-            int oe = ob + FWD_OB < OC ? ob + FWD_OB : OC;
-            int groups_end = ob + (oe - ob) / FWD_GROUP * FWD_GROUP;
-            for (int o = ob; o < groups_end; o += FWD_GROUP)
+        for (int ob = 0; ob < OC; ob += CPU_FWD_OB) {
+            int oe = ob + CPU_FWD_OB < OC ? ob + CPU_FWD_OB : OC;
+            int groups_end = ob + (oe - ob) / CPU_FWD_GROUP * CPU_FWD_GROUP;
+            for (int o = ob; o < groups_end; o += CPU_FWD_GROUP)
                 forward_pack_group(packed + (size_t)(o - ob) * vec_end, W, o, IC, vec_end);
             int n = 0;
-            for (; n + FWD_ROWS <= N; n += FWD_ROWS)
-                for (int o = ob; o < groups_end; o += FWD_GROUP)
-                    forward_tile(out, inp, W, packed + (size_t)(o - ob) * vec_end, bias, n, o, FWD_ROWS, IC, OC, vec_end);
-            for (int o = ob; o < groups_end && n < N; o += FWD_GROUP)
+            for (; n + CPU_FWD_ROWS <= N; n += CPU_FWD_ROWS)
+                for (int o = ob; o < groups_end; o += CPU_FWD_GROUP)
+                    forward_tile(out, inp, W, packed + (size_t)(o - ob) * vec_end, bias, n, o, CPU_FWD_ROWS, IC, OC, vec_end);
+            for (int o = ob; o < groups_end && n < N; o += CPU_FWD_GROUP)
                 forward_tile(out, inp, W, packed + (size_t)(o - ob) * vec_end, bias, n, o, N - n, IC, OC, vec_end);
             for (int m = 0; m < N; m++)
                 for (int o = groups_end; o < oe; o++)
