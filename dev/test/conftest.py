@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,20 @@ def emu_build():
     if res.returncode != 0:
         pytest.fail("building the emulator failed (make -C dev/emu):\n" + res.stdout[-3000:] + res.stderr[-6000:])
     return OUT
+
+
+# The end-to-end CPU trainer tests' model: 3 layers of 32 channels on
+# tiny_shards, 2 x 32 tokens a step.
+TINY_RUN_MODEL = ["-e", "d6", "--layers", "3", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
+
+
+def tiny_run(tiny_shards, *extra, exe="train_gpt_cpu"):
+    return run([binary(exe), *TINY_RUN_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin",
+                "-b", "2", "-t", "32", "-v", "0", "-s", "0", "-l", "1e-3", *extra], check=True)
+
+
+def copy_checkpoint(src, dst, step):
+    """The files of one complete single-process checkpoint of step `step` into a new directory."""
+    dst.mkdir()
+    for name in [f"model_{step:08d}.bin", f"state_{step:08d}_00000.bin", f"DONE_{step:08d}"]:
+        shutil.copy(src / name, dst / name)

@@ -1,28 +1,11 @@
 """The CPU reference trainer (train_gpt_cpu) end to end, and its C unit tests."""
-import json
 import os
 import re
-import shutil
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, binary, datafile, run
-
-TINY_MODEL = ["-e", "d6", "--layers", "3", "--channels", "32", "--heads", "4", "--vocab-size", "64",
-              "--max-seq-len", "32"]
-STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
-
-
-def steps(stdout):
-    """(step, loss, lr, norm) strings of each step line: compared as printed."""
-    return [(m.group(1), m.group(3), m.group(4), m.group(5)) for m in STEP_RE.finditer(stdout)]
-
-
-def tiny_run(tiny_shards, *extra, exe="train_gpt_cpu"):
-    return run([binary(exe), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin",
-                "-b", "2", "-t", "32", "-v", "0", "-s", "0", "-l", "1e-3", *extra], check=True)
+from conftest import ONE_THREAD, REPO, STEP_RE, TINY_RUN_MODEL, binary, datafile, run, steps, tiny_run
 
 
 # ---- C unit tests ----
@@ -57,45 +40,6 @@ def test_recompute_reduces_planned_activations(tiny_shards):
 
 
 # ---- checkpoints ----
-
-def copy_checkpoint(src, dst, step):
-    """The files of one complete single-process checkpoint of step `step` into a new directory."""
-    dst.mkdir()
-    for name in [f"model_{step:08d}.bin", f"state_{step:08d}_00000.bin", f"DONE_{step:08d}"]:
-        shutil.copy(src / name, dst / name)
-
-
-def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
-    full, part = tmp_path / "full", tmp_path / "part"
-    common = ["-x", "8", "-n", "4", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1"]
-    ref = tiny_run(tiny_shards, *common, "-o", full)
-    assert (full / "DONE_00000004").exists() and (full / "DONE_00000008").exists()
-    log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
-    assert [e["step"] for e in log if "loss" in e] == list(range(1, 9))
-    assert [f"{e['loss']:.6f}" for e in log if "loss" in e] == [s[1] for s in steps(ref.stdout)]
-    copy_checkpoint(full, part, 4)
-    resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
-    assert "resumed: step 4" in resumed.stdout
-    assert steps(resumed.stdout) == steps(ref.stdout)[4:]
-    for name in ["model_00000008.bin", "state_00000008_00000.bin"]:
-        assert (part / name).read_bytes() == (full / name).read_bytes(), name
-    assert len(list(part.glob("*.tmp"))) == 0
-
-
-def test_incomplete_checkpoint_is_ignored(tiny_shards, tmp_path):
-    tiny_run(tiny_shards, "-x", "4", "-n", "2", "-o", tmp_path)
-    (tmp_path / "DONE_00000004").unlink()  # as if the run died while writing step 4
-    resumed = tiny_run(tiny_shards, "-x", "4", "-o", tmp_path, "-y", "1")
-    assert "resumed: step 2" in resumed.stdout
-
-
-def test_resume_with_other_batch_is_refused(tiny_shards, tmp_path):
-    tiny_run(tiny_shards, "-x", "2", "-o", tmp_path)
-    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "1",
-               "-t", "32", "-o", tmp_path, "-y", "1"])
-    assert res.returncode == 1
-    assert "B=2 T=32" in res.stderr
-
 
 def test_checkpoint_model_file_is_llmc_format(tiny_shards, tmp_path):
     tiny_run(tiny_shards, "-x", "1", "-o", tmp_path)
@@ -133,7 +77,7 @@ def test_model_file_round_trip(tiny_shards, tmp_path):
 def test_repeated_batch_loss_falls_steadily(tmp_path):
     rng = np.random.default_rng(3)
     datafile.write_shard(tmp_path / "one_train.bin", rng.integers(0, 64, 2 * 32 + 1))
-    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tmp_path / "one_train.bin", "-j", "", "-b", "2", "-t", "32",
+    res = run([binary("train_gpt_cpu"), *TINY_RUN_MODEL, "-i", tmp_path / "one_train.bin", "-j", "", "-b", "2", "-t", "32",
                "-x", "40", "-l", "1e-2", "-s", "0"], check=True)
     losses = [float(s[1]) for s in steps(res.stdout)]
     assert len(losses) == 40
@@ -156,7 +100,7 @@ def test_synthetic_loss_approaches_entropy_floor(synthetic):
 
 def test_sample_is_decoded_with_the_tokenizer(synthetic):
     out, meta = synthetic
-    res = run([binary("train_gpt_cpu"), *TINY_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len", "32",
+    res = run([binary("train_gpt_cpu"), *TINY_RUN_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len", "32",
                "-i", out / "synthetic_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-s", "2", "-g", "16"],
               check=True)
     text = res.stdout.split("sample at step 2:\n---\n")[1].split("\n---")[0]
@@ -180,7 +124,7 @@ def test_zero_steps_evaluates_and_samples_a_saved_model(synthetic, tmp_path):
     at its end (same weights, same batches)."""
     out, meta = synthetic
     data = ["-i", out / "synthetic_train.bin", "-j", out / "synthetic_val.bin", "-b", "2", "-t", "32", "-m", "3"]
-    saved = run([binary("train_gpt_cpu"), *TINY_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len",
+    saved = run([binary("train_gpt_cpu"), *TINY_RUN_MODEL[:-4], "--vocab-size", str(meta["vocab_size"]), "--max-seq-len",
                  "32", *data, "-x", "2", "-v", "2", "-s", "0", "-o", tmp_path / "a"], check=True)
     res = run([binary("train_gpt_cpu"), "-e", tmp_path / "a" / "model_00000002.bin", *data, "-x", "0", "-s", "1",
                "-g", "8", "-o", tmp_path / "b"], check=True)
@@ -201,22 +145,6 @@ def test_missing_default_data_says_how_to_make_it(tmp_path):
     assert res.stderr.strip() == ("error: -i: the default data data/tinyshakespeare/tiny_shakespeare_train.bin is missing: "
                                   "make it with python3 dev/data/tinyshakespeare.py, or give -i")
     assert "memory plan" not in res.stdout
-
-
-def test_resume_with_zero_or_too_few_steps(tiny_shards, tmp_path):
-    """-y 1 -x 0 evaluates the checkpoint at its step; -x below the
-    checkpoint's step is refused with one line instead of doing nothing."""
-    full = tiny_run(tiny_shards, "-x", "3", "-v", "3", "-m", "2", "-o", tmp_path)
-    at3 = re.search(r"val loss ([0-9.]+) at step 3", full.stdout).group(1)
-    ev = tiny_run(tiny_shards, "-x", "0", "-y", "1", "-v", "3", "-m", "2", "-o", tmp_path)
-    assert "training: none (-x 0): evaluating the model at step 3" in ev.stdout
-    assert re.findall(r"val loss ([0-9.]+) at step (\d+)", ev.stdout) == [(at3, "3")]
-    assert not STEP_RE.search(ev.stdout)
-    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
-               "-l", "1e-3", "-x", "2", "-y", "1", "-o", tmp_path])  # the checkpoint's -l: resume compares it
-    assert res.returncode == 1
-    assert res.stderr.strip() == ("error: flag -x: 2 steps, but the checkpoint resumed is at step 3 "
-                                  "(more steps, or -x 0 to evaluate it)")
 
 
 def test_peak_memory_follows_the_plan(tiny_shards):
@@ -242,7 +170,7 @@ def test_long_context_resize_of_the_position_table(tiny_shards, tmp_path):
     learned rows, shorter ones keep the first; nothing else changes."""
     tiny_run(tiny_shards, "-x", "1", "-o", tmp_path / "a")
     src = tmp_path / "a" / "model_00000001.bin"
-    C, L, Vp, T = 32, 3, 128, 32
+    C, Vp, T = 32, 128, 32
 
     def tensors(path, maxT):
         raw = np.frombuffer(path.read_bytes()[1024:], dtype=np.float32)
@@ -365,30 +293,8 @@ def test_dropout_recompute_modes_print_identical_steps(tiny_shards):
         assert steps(tiny_run(tiny_shards, *common, *flags).stdout) == base, flags
 
 
-def test_dropout_resume_is_bitwise_identical(tiny_shards, tmp_path):
-    """The masks depend on the step, not on how many were drawn: a resumed run
-    with dropout continues as the uninterrupted one, bit for bit. The
-    checkpoint's model file carries the dropout, so the resume needs no flag;
-    a different value is refused naming the flag."""
-    full, part = tmp_path / "full", tmp_path / "part"
-    common = ["-x", "6", "-n", "3", "-d", "128", "--shuffle", "1"]
-    ref = tiny_run(tiny_shards, *common, "--dropout", "0.2", "--attn-dropout", "0.1", "-o", full)
-    header = np.frombuffer((full / "model_00000003.bin").read_bytes()[:1024], dtype="<f4")
-    assert list(header[242:245]) == [np.float32(0.2), np.float32(0.1), np.float32(0.2)]
-    copy_checkpoint(full, part, 3)
-    resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
-    assert "attention 0.1 (attn_pdrop of " in resumed.stdout
-    assert steps(resumed.stdout) == steps(ref.stdout)[3:]
-    assert (part / "model_00000006.bin").read_bytes() == (full / "model_00000006.bin").read_bytes()
-    res = run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
-               "-l", "1e-3", *common, "-x", "8", "--resid-dropout", "0.3", "-o", part, "-y", "1"])
-    assert res.returncode == 1
-    assert res.stderr.strip() == ("error: flag --resid-dropout: the checkpoint was trained with --resid-dropout 0.2, this run "
-                                  "gives 0.3: give the same, or --resume-override to change it")
-
-
 def test_dropout_refuses_more_micro_steps_than_the_site_word_holds(tiny_shards):
-    args = [binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+    args = [binary("train_gpt_cpu"), *TINY_RUN_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
             "-d", str(64 * 262145), "-x", "1"]
     res = run([*args, "--dropout", "0.1"])
     assert res.returncode == 1

@@ -6,7 +6,9 @@ ranks' files is damage, and -y 1 falls back past it as past a truncated
 file; a resume on other data, another schedule, other dropout or model flags
 is refused or named; an old state version still resumes; a resumed run
 writes each log line once."""
+import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -14,7 +16,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ONE_THREAD, REPO, TINY_MODEL, TINY_MODEL as MODEL, binary, datafile, log_lines, one_error, run, snapshot, steps, tiny_trainer
+from conftest import (ONE_THREAD, REPO, STEP_RE, TINY_MODEL, TINY_MODEL as MODEL, TINY_RUN_MODEL, binary, copy_checkpoint, datafile,
+                      log_lines, one_error, run, snapshot, steps, tiny_run, tiny_trainer)
 
 HEADER_SLOTS = 256
 ST_STEP, ST_RANK, ST_EPOCH, ST_BATCH_POS_LO, ST_LOSS_SCALE_BITS, ST_UPDATES = 2, 4, 9, 11, 17, 21
@@ -471,3 +474,75 @@ def test_a_state_from_before_the_document_flags_still_resumes(data, tmp_path):
     assert steps(a.stdout) == steps(b.stdout) and len(steps(a.stdout)) == 1
     line = one_error(trainer(data, "-x", "4", "-y", "1", "-o", tmp_path / "old", "--reset-attention-mask", "--eot-token", "0"))
     assert line.startswith("error: flag --reset-attention-mask: the checkpoint was trained with --reset-attention-mask 0"), line
+
+
+# ---- resuming bitwise (tiny_shards: the 3-layer model of tiny_run) ----
+
+def test_resume_is_bitwise_identical(tiny_shards, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["-x", "8", "-n", "4", "--shuffle", "1", "-c", "0.1", "-k", "cosine", "-u", "2", "-q", "0.1"]
+    ref = tiny_run(tiny_shards, *common, "-o", full)
+    assert (full / "DONE_00000004").exists() and (full / "DONE_00000008").exists()
+    log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in log if "loss" in e] == list(range(1, 9))
+    assert [f"{e['loss']:.6f}" for e in log if "loss" in e] == [s[1] for s in steps(ref.stdout)]
+    copy_checkpoint(full, part, 4)
+    resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
+    assert "resumed: step 4" in resumed.stdout
+    assert steps(resumed.stdout) == steps(ref.stdout)[4:]
+    for name in ["model_00000008.bin", "state_00000008_00000.bin"]:
+        assert (part / name).read_bytes() == (full / name).read_bytes(), name
+    assert len(list(part.glob("*.tmp"))) == 0
+
+
+def test_incomplete_checkpoint_is_ignored(tiny_shards, tmp_path):
+    tiny_run(tiny_shards, "-x", "4", "-n", "2", "-o", tmp_path)
+    (tmp_path / "DONE_00000004").unlink()  # as if the run died while writing step 4
+    resumed = tiny_run(tiny_shards, "-x", "4", "-o", tmp_path, "-y", "1")
+    assert "resumed: step 2" in resumed.stdout
+
+
+def test_resume_with_other_batch_is_refused(tiny_shards, tmp_path):
+    tiny_run(tiny_shards, "-x", "2", "-o", tmp_path)
+    res = run([binary("train_gpt_cpu"), *TINY_RUN_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "1",
+               "-t", "32", "-o", tmp_path, "-y", "1"])
+    assert res.returncode == 1
+    assert "B=2 T=32" in res.stderr
+
+
+def test_resume_with_zero_or_too_few_steps(tiny_shards, tmp_path):
+    """-y 1 -x 0 evaluates the checkpoint at its step; -x below the
+    checkpoint's step is refused with one line instead of doing nothing."""
+    full = tiny_run(tiny_shards, "-x", "3", "-v", "3", "-m", "2", "-o", tmp_path)
+    at3 = re.search(r"val loss ([0-9.]+) at step 3", full.stdout).group(1)
+    ev = tiny_run(tiny_shards, "-x", "0", "-y", "1", "-v", "3", "-m", "2", "-o", tmp_path)
+    assert "training: none (-x 0): evaluating the model at step 3" in ev.stdout
+    assert re.findall(r"val loss ([0-9.]+) at step (\d+)", ev.stdout) == [(at3, "3")]
+    assert not STEP_RE.search(ev.stdout)
+    res = run([binary("train_gpt_cpu"), *TINY_RUN_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+               "-l", "1e-3", "-x", "2", "-y", "1", "-o", tmp_path])  # the checkpoint's -l: resume compares it
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: flag -x: 2 steps, but the checkpoint resumed is at step 3 "
+                                  "(more steps, or -x 0 to evaluate it)")
+
+
+def test_dropout_resume_is_bitwise_identical(tiny_shards, tmp_path):
+    """The masks depend on the step, not on how many were drawn: a resumed run
+    with dropout continues as the uninterrupted one, bit for bit. The
+    checkpoint's model file carries the dropout, so the resume needs no flag;
+    a different value is refused naming the flag."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    common = ["-x", "6", "-n", "3", "-d", "128", "--shuffle", "1"]
+    ref = tiny_run(tiny_shards, *common, "--dropout", "0.2", "--attn-dropout", "0.1", "-o", full)
+    header = np.frombuffer((full / "model_00000003.bin").read_bytes()[:1024], dtype="<f4")
+    assert list(header[242:245]) == [np.float32(0.2), np.float32(0.1), np.float32(0.2)]
+    copy_checkpoint(full, part, 3)
+    resumed = tiny_run(tiny_shards, *common, "-o", part, "-y", "1")
+    assert "attention 0.1 (attn_pdrop of " in resumed.stdout
+    assert steps(resumed.stdout) == steps(ref.stdout)[3:]
+    assert (part / "model_00000006.bin").read_bytes() == (full / "model_00000006.bin").read_bytes()
+    res = run([binary("train_gpt_cpu"), *TINY_RUN_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+               "-l", "1e-3", *common, "-x", "8", "--resid-dropout", "0.3", "-o", part, "-y", "1"])
+    assert res.returncode == 1
+    assert res.stderr.strip() == ("error: flag --resid-dropout: the checkpoint was trained with --resid-dropout 0.2, this run "
+                                  "gives 0.3: give the same, or --resume-override to change it")
