@@ -497,23 +497,33 @@ static inline int is_run_temporary(const char* name) {
            checkpoint_step_of_name(name, "model", ".bin.tmp") >= 0 || state_step_of_name(name, ".tmp") >= 0;
 }
 
-/* Removes the run temporaries in dir (nothing writes them at start);
+/* Removes the files of dir whose name `doomed` picks (given `step`);
  * returns how many. */
-static inline int checkpoint_remove_temporaries(const char* dir) {
+static inline int checkpoint_remove_where(const char* dir, int (*doomed)(const char* name, int step), int step) {
     DIR* d = opendir(dir);
     if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
     int removed = 0;
     struct dirent* e;
     char path[4400];
     while ((e = readdir(d)) != NULL) {
-        if (!is_run_temporary(e->d_name)) continue;
+        if (!doomed(e->d_name, step)) continue;
         snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
         if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
         removed++;
     }
     closedir(d);
+    if (removed) fsync_dir_of(path);
     return removed;
 }
+
+static inline int is_run_temporary_file(const char* name, int step) {
+    (void)step;
+    return is_run_temporary(name);
+}
+
+/* Removes the run temporaries in dir (nothing writes them at start);
+ * returns how many. */
+static inline int checkpoint_remove_temporaries(const char* dir) { return checkpoint_remove_where(dir, is_run_temporary_file, 0); }
 
 /* --supersede: every checkpoint of an earlier run goes, complete or not. */
 static inline int checkpoint_remove_all(const char* dir) {
@@ -534,16 +544,8 @@ static inline int checkpoint_remove_all(const char* dir) {
 static inline void checkpoint_retain(const char* dir, int keep_last, int keep_every) {
     if (keep_last <= 0) return;
     int* steps = (int*)malloc_check(CHECKPOINT_MAX_LISTED * sizeof(int), "checkpoint list");
-    int n = 0;
-    DIR* d = opendir(dir);
-    if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
-    struct dirent* e;
+    int n = checkpoint_steps(dir, steps, CHECKPOINT_MAX_LISTED);
     char why[4800];
-    while ((e = readdir(d)) != NULL) {
-        int step = checkpoint_step_of_name(e->d_name, "DONE", "");
-        if (step >= 0 && n < CHECKPOINT_MAX_LISTED) steps[n++] = step;
-    }
-    closedir(d);
     int whole = 0;
     for (int i = 0; i < n; i++)
         if (checkpoint_damage(dir, steps[i], why, sizeof(why)) == 0) steps[whole++] = steps[i];
@@ -555,25 +557,12 @@ static inline void checkpoint_retain(const char* dir, int keep_last, int keep_ev
     free(steps);
 }
 
+static inline int is_done_marker_after(const char* name, int step) { return checkpoint_step_of_name(name, "DONE", "") > step; }
+
 /* On resume from `step`: the DONE markers of newer checkpoints (damaged
  * ones, which -y 1 skipped) go, before this run writes those steps again,
  * so a crash mid-write never leaves an old marker over a mix of old and new
  * files. Their files stay until overwritten. Returns how many. */
-static inline int checkpoint_unmark_newer(const char* dir, int step) {
-    DIR* d = opendir(dir);
-    if (!d) fail("%s: cannot list (%s)", dir, strerror(errno));
-    int removed = 0;
-    struct dirent* e;
-    char path[4400];
-    while ((e = readdir(d)) != NULL) {
-        if (checkpoint_step_of_name(e->d_name, "DONE", "") <= step) continue;
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        if (remove(path) != 0 && errno != ENOENT) fail("%s: cannot remove (%s)", path, strerror(errno));
-        removed++;
-    }
-    closedir(d);
-    if (removed) fsync_dir_of(path);
-    return removed;
-}
+static inline int checkpoint_unmark_newer(const char* dir, int step) { return checkpoint_remove_where(dir, is_done_marker_after, step); }
 
 #endif
