@@ -76,3 +76,29 @@ def mutant_sources(tmp, edits):
         assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
         (tmp / rel).write_text(text.replace(old, new))
     return tmp
+
+
+def build_trainers(repo, out, precisions):
+    """The emulated train_gpt of each precision, built by dev/emu's Makefile
+    in `repo` (the sources, or a mutated copy) into `out`; skips where the
+    emulator cannot run."""
+    why = platform_problem()
+    if why:
+        pytest.skip(why)
+    exes = [out / f"emu_train_gpt_{p}" for p in precisions]
+    res = subprocess.run(["make", "-s", "-C", str(repo / "dev" / "emu"), *map(str, exes)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return dict(zip(precisions, exes))
+
+
+# Two steps, two micro-steps each, dropout 0.1 at every site, a checkpoint after step 2
+TWO_STEPS = ["-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2", "-s", "0", "-l", "1e-3", "--dropout", "0.1", "-d", "128"]
+
+
+def train_two_steps(exe, model, tiny_shards, out, *flags, check=True):
+    """TWO_STEPS of `model` on tiny_shards, the files in `out`."""
+    res = emu_run([exe, *model, "-i", tiny_shards / "tiny_train.bin", *TWO_STEPS, "-o", out, *flags])
+    if check:
+        assert res.returncode == 0, explain(res)
+    return res
+

@@ -8,17 +8,14 @@ written again, change the results (llmc/offload.cuh: the emulator issues the
 copy stream's work as late as its events allow, and released slots hold NaN).
 The copy stream's own waits on the main stream are left to dev/emu's
 cross-stream hazard check."""
-import subprocess
-
 import pytest
 
 from conftest import REPO
-from emu_support import OUT, emu_run, explain, mutant_sources, platform_problem
+from emu_support import OUT, build_trainers, explain, mutant_sources, train_two_steps
 from test_offload import files
 
 # four layers: the ring's three slots wrap around
 MODEL = ["-e", "d6", "--layers", "4", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
-DROPOUT = ["--dropout", "0.1", "-d", "128"]  # every site, two micro-steps per step
 SETTINGS = {
     "r0": ["-r", "0"],
     "r1": ["-r", "1"],
@@ -32,26 +29,15 @@ SETTINGS = {
 TILES = ["--tile-tokens", "7"]
 
 
-def build(repo, out, precisions):
-    exes = [out / f"emu_train_gpt_{p}" for p in precisions]
-    res = subprocess.run(["make", "-s", "-C", str(repo / "dev" / "emu"), *map(str, exes)], capture_output=True, text=True, timeout=3000)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    return exes
 
 
 @pytest.fixture(scope="module")
 def train_exes():
-    why = platform_problem()
-    if why:
-        pytest.skip(why)
-    return dict(zip(["bf16", "fp32"], build(REPO, OUT, ["bf16", "fp32"])))
+    return build_trainers(REPO, OUT, ["bf16", "fp32"])
 
 
-def train(exe, tiny_shards, out, *flags):
-    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2",
-                   "-s", "0", "-l", "1e-3", *DROPOUT, "-o", out, *flags])
-    assert res.returncode == 0, explain(res)
-    return res
+def train(exe, tiny_shards, out, *flags, check=True):
+    return train_two_steps(exe, MODEL, tiny_shards, out, *flags, check=check)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -86,7 +72,7 @@ ACQUIRE = "    offload_main_waits(o, o->out_done[s]);\n"
 def mutant(tmp, old, new):
     """train_gpt with one edit of llmc/offload.cuh, built in a copy of the sources."""
     mutant_sources(tmp, {"llmc/offload.cuh": (old, new)})
-    return build(tmp, tmp / "build" / "emu", ["bf16"])[0]
+    return build_trainers(tmp, tmp / "build" / "emu", ["bf16"])["bf16"]
 
 
 @pytest.mark.parametrize("what,old,new", [
@@ -97,8 +83,7 @@ def test_emulated_offload_mutants_change_the_results(train_exes, tiny_shards, tm
     (tmp_path / "src").mkdir()
     exe = mutant(tmp_path / "src", old, new)
     train(train_exes["bf16"], tiny_shards, tmp_path / "ref", *SETTINGS["r1o"])
-    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2",
-                   "-s", "0", "-l", "1e-3", *DROPOUT, "-o", tmp_path / "mut", *SETTINGS["r1o"]])
+    res = train(exe, tiny_shards, tmp_path / "mut", *SETTINGS["r1o"], check=False)
     # caught by the emulator's stream-hazard check (dev/emu: an access of a staging slot that no event
     # orders after the other stream's), else through the results: the poisoned slot read makes the
     # gradient norm NaN, an overwritten one other files

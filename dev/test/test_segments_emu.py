@@ -5,18 +5,15 @@ staging ring's slot s mod R per segment, llmc/offload.cuh), token tiles,
 dropout and two micro-steps; and a mutant whose backward skips the
 segment's forward again, or the wait on a segment input's prefetch, changes
 the results."""
-import subprocess
 
 import pytest
 
 from conftest import REPO
-from emu_support import OUT, emu_run, explain, mutant_sources, platform_problem
+from emu_support import OUT, build_trainers, emu_run, explain, mutant_sources, train_two_steps
 from test_offload import files
-from test_offload_emu import build
 
 # five layers: K = 2 makes three segments (the last of one layer), K = 3 two
 MODEL = ["-e", "d6", "--layers", "5", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
-DROPOUT = ["--dropout", "0.1", "-d", "128"]  # every site, two micro-steps per step
 SETTINGS = {
     "r0": ["-r", "0"],
     "k2r1": ["-r", "1", "--segment-layers", "2"],
@@ -28,17 +25,11 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def train_exes():
-    why = platform_problem()
-    if why:
-        pytest.skip(why)
-    return dict(zip(["bf16", "fp32"], build(REPO, OUT, ["bf16", "fp32"])))
+    return build_trainers(REPO, OUT, ["bf16", "fp32"])
 
 
-def train(exe, tiny_shards, out, *flags):
-    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2",
-                   "-s", "0", "-l", "1e-3", *DROPOUT, "-o", out, *flags])
-    assert res.returncode == 0, explain(res)
-    return res
+def train(exe, tiny_shards, out, *flags, check=True):
+    return train_two_steps(exe, MODEL, tiny_shards, out, *flags, check=check)
 
 
 @pytest.mark.parametrize("precision,tiles", [("bf16", []), ("fp32", []), ("bf16", ["--tile-tokens", "7"])],
@@ -68,10 +59,9 @@ MUTANT_FLAGS = ["-r", "1", "--segment-layers", "2", "--offload-checkpoints"]
 def test_emulated_segment_mutants_change_the_results(train_exes, tiny_shards, tmp_path, mutant):
     (tmp_path / "src").mkdir()
     mutant_sources(tmp_path / "src", {"train_gpt.cu": MUTANTS[mutant]})
-    exe = build(tmp_path / "src", tmp_path / "src" / "build" / "emu", ["bf16"])[0]
+    exe = build_trainers(tmp_path / "src", tmp_path / "src" / "build" / "emu", ["bf16"])["bf16"]
     train(train_exes["bf16"], tiny_shards, tmp_path / "ref", *MUTANT_FLAGS)
-    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2",
-                   "-s", "0", "-l", "1e-3", *DROPOUT, "-o", tmp_path / "mut", *MUTANT_FLAGS])
+    res = train(exe, tiny_shards, tmp_path / "mut", *MUTANT_FLAGS, check=False)
     # a poisoned (NaN) staging slot read, a stream hazard the emulator reports, or other files
     if res.returncode != 0:
         assert "emu: stream hazard:" in res.stderr or "gradient norm nan" in res.stderr, explain(res)
@@ -80,16 +70,10 @@ def test_emulated_segment_mutants_change_the_results(train_exes, tiny_shards, tm
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
-def test_emulated_test_gpt_segments_equal_r0(precision):
+def test_emulated_test_gpt_segments_equal_r0(emu_build, precision):
     """test_gpt's check_segments: one step of a 5-layer GPU model per mix and
     K, with dropout at every site, bitwise -r 0's without segments."""
-    why = platform_problem()
-    if why:
-        pytest.skip(why)
-    exe = OUT / f"emu_test_gpt_{precision}"
-    res = subprocess.run(["make", "-s", "-C", str(REPO / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    res = emu_run([exe, "segments:hs16:64:4:300:33"])
+    res = emu_run([emu_build / f"emu_test_gpt_{precision}", "segments:hs16:64:4:300:33"])
     assert res.returncode == 0, explain(res)
     assert res.stdout.count("bitwise identical to -r 0 without segments") == 5, res.stdout[-3000:]
     assert "PASS: segments bitwise equal to -r 0, hs16 T=33" in res.stdout
