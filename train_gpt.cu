@@ -226,7 +226,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     attention_check_shape(m->cfg.channels, m->cfg.num_heads);
     CUDA_CHECK(cudaFree(0)); /* creates the context now, so that it is measured on its own */
     m->used_context = gpu_used_memory();
-    gpu_matmul_init(&m->mm, NULL, 0);
+    gpu_matmul_init(&m->mm);
     m->used_library = gpu_used_memory();
     cudaError_t err = cudaMalloc((void**)&m->arena, plan->total_bytes);
     if (err != cudaSuccess) {

@@ -76,16 +76,35 @@ typedef struct {
     int align_cap; /* 0, or the most operand alignment cuBLASLt is told of (token tiles: what every tile's rows share) */
 } MatmulContext;
 
-static inline void gpu_matmul_init(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
+/* cuBLASLt's workspace: the size the cuBLAS documentation recommends
+ * (cublasSetWorkspace: 32 MiB on Hopper and newer, 4 MiB before), from
+ * cudaMalloc, so 256-byte aligned as the library requires (checked: an
+ * unaligned or too small one is CUBLAS_STATUS_INVALID_VALUE at the call).
+ * Without one the heuristic offers only workspace-free algorithms (none at
+ * all for some shapes; split-K needs one). It is allocated with the
+ * handle, before the arena: the start-up report counts it in the library
+ * line, and the default budget's 256 MiB headroom holds it. */
+static inline size_t gpu_matmul_workspace_bytes(void) {
+    int dev = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    return (size_t)(prop.major >= 9 ? 32 : 4) << 20;
+}
+
+static inline void gpu_matmul_init(MatmulContext* mc) {
     memset(mc, 0, sizeof(*mc));
     CUBLAS_CHECK(cublasLtCreate(&mc->handle));
-    mc->workspace = workspace;
-    mc->workspace_bytes = workspace_bytes;
+    mc->workspace_bytes = gpu_matmul_workspace_bytes();
+    CUDA_CHECK(cudaMalloc(&mc->workspace, mc->workspace_bytes));
+    if ((uintptr_t)mc->workspace % 256) fail("internal: cuBLASLt's workspace (%p) is not 256-byte aligned", mc->workspace);
 }
 
 static inline void gpu_matmul_destroy(MatmulContext* mc) {
     if (mc->handle) CUBLAS_CHECK(cublasLtDestroy(mc->handle));
+    if (mc->workspace) CUDA_CHECK(cudaFree(mc->workspace));
     mc->handle = NULL;
+    mc->workspace = NULL;
 }
 
 /* Largest power of two dividing the address, at most 256 (cuBLASLt's default assumption). */
@@ -202,8 +221,10 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
         if (!lt_find_algo(mc, &key, found.bias_in_epilogue, bias, &found.algo)) {
             found.bias_in_epilogue = 0;
             if (!key.has_bias || !lt_find_algo(mc, &key, 0, NULL, &found.algo))
-                fail("cuBLASLt offers no algorithm for a %s matmul m=%d n=%d k=%d (transa %d transb %d, alignments %d/%d/%d/%d)",
-                     PRECISION_NAME, m, n, k, transa, transb, key.align_a, key.align_b, key.align_c, key.align_d);
+                fail("cuBLASLt offers no algorithm for a %s matmul m=%d n=%d k=%d (transa %d transb %d, alignments %d/%d/%d/%d, "
+                     "%s, workspace %zu MiB)",
+                     PRECISION_NAME, m, n, k, transa, transb, key.align_a, key.align_b, key.align_c, key.align_d,
+                     key.has_bias ? "with and without the bias epilogue" : "no epilogue", mc->workspace_bytes >> 20);
             if (!mc->fallback_noted) {
                 printf("note: cuBLASLt has no bias epilogue for some %s matmul shapes; a separate kernel adds those biases\n", PRECISION_NAME);
                 mc->fallback_noted = 1;
