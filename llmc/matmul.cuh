@@ -76,35 +76,27 @@ typedef struct {
     int align_cap; /* 0, or the most operand alignment cuBLASLt is told of (token tiles: what every tile's rows share) */
 } MatmulContext;
 
-/* cuBLASLt's workspace: the size the cuBLAS documentation recommends
- * (cublasSetWorkspace: 32 MiB on Hopper and newer, 4 MiB before), from
- * cudaMalloc, so 256-byte aligned as the library requires (checked: an
- * unaligned or too small one is CUBLAS_STATUS_INVALID_VALUE at the call).
- * Without one the heuristic offers only workspace-free algorithms (none at
- * all for some shapes; split-K needs one). It is allocated with the
- * handle, before the arena: the start-up report counts it in the library
- * line, and the default budget's 256 MiB headroom holds it. */
-static inline size_t gpu_matmul_workspace_bytes(void) {
-    int dev = 0;
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    return (size_t)(prop.major >= 9 ? 32 : 4) << 20;
-}
-
 static inline void gpu_matmul_init(MatmulContext* mc) {
     memset(mc, 0, sizeof(*mc));
     CUBLAS_CHECK(cublasLtCreate(&mc->handle));
-    mc->workspace_bytes = gpu_matmul_workspace_bytes();
-    CUDA_CHECK(cudaMalloc(&mc->workspace, mc->workspace_bytes));
-    if ((uintptr_t)mc->workspace % 256) fail("internal: cuBLASLt's workspace (%p) is not 256-byte aligned", mc->workspace);
+}
+
+/* cuBLASLt's workspace (train_gpt: the plan's library_workspace, 32 MiB, the
+ * size the cuBLAS documentation recommends for Hopper, cublasSetWorkspace).
+ * The library refuses a workspace that is not 256-byte aligned
+ * (CUBLAS_STATUS_INVALID_VALUE at every call): checked once here. Without
+ * one (NULL, 0) the heuristic offers only workspace-free algorithms, none at
+ * all for some shapes. */
+static inline void gpu_matmul_set_workspace(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
+    if (workspace_bytes && (!workspace || (uintptr_t)workspace % 256))
+        fail("internal: cuBLASLt's workspace (%p, %zu bytes) is not 256-byte aligned", workspace, workspace_bytes);
+    mc->workspace = workspace_bytes ? workspace : NULL;
+    mc->workspace_bytes = workspace_bytes;
 }
 
 static inline void gpu_matmul_destroy(MatmulContext* mc) {
     if (mc->handle) CUBLAS_CHECK(cublasLtDestroy(mc->handle));
-    if (mc->workspace) CUDA_CHECK(cudaFree(mc->workspace));
     mc->handle = NULL;
-    mc->workspace = NULL;
 }
 
 /* Largest power of two dividing the address, at most 256 (cuBLASLt's default assumption). */

@@ -4,7 +4,7 @@ algorithm for a shape or an epilogue (returnedAlgoCount 0), offers only
 algorithms that fit the workspace the caller allows, and refuses a workspace
 that is not 256-byte aligned or smaller than its algorithm needs
 (CUBLAS_STATUS_INVALID_VALUE). The emulator does each on request
-(EMU_LT_NO_ALGO, EMU_LT_WORKSPACE); the trainer must run with its own
+(EMU_LT_NO_ALGO, EMU_LT_WORKSPACE); the trainer must run with its plan's
 aligned workspace, fall back from the bias epilogue, and otherwise stop with
 one line naming the shape."""
 import re
@@ -42,8 +42,9 @@ def test_the_emulated_library_refuses_a_bad_workspace(selftest, case, why):
 
 
 def test_an_algorithm_needing_a_workspace_is_found(train_exe, tiny_shards, tmp_path):
-    """Every algorithm needs 1 MiB of workspace: a trainer that allows none finds no algorithm (before the fix:
-    'cuBLASLt offers no algorithm'); with its own aligned workspace it trains."""
+    """Every algorithm needs 1 MiB of workspace: the trainer offers the heuristic its plan's 32 MiB
+    library_workspace (256-byte aligned) and trains; one that allowed none would find no algorithm
+    ('cuBLASLt offers no algorithm'), one with an unaligned workspace would be refused at every call."""
     res = train(train_exe, tiny_shards, tmp_path, EMU_LT_WORKSPACE=str(1 << 20))
     assert res.returncode == 0, explain(res)
     assert re.search(r"^step\s+1/1", res.stdout, re.M), res.stdout[-3000:]
