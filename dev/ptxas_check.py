@@ -56,7 +56,9 @@ def source_budgets():
     """The register budgets llmc/attention_mma.cuh states (AttMmaRegs):
     {demangled-name substring: max registers} for the mma kernels at head
     sizes 64 and 128, whole sequence (<HS, false>) and attention block
-    (<HS, true>), and the stack cap in bytes."""
+    (<HS, true>), and the stack cap in bytes. The names leave the template
+    argument list open, so a kernel that gains a parameter (<HS, BLOCK, ...>)
+    stays budgeted."""
     text = (REPO / "llmc" / "attention_mma.cuh").read_text()
     defines = {}
     for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_BLOCK64", "ATT_MMA_MAX_STACK_BYTES"):
@@ -71,7 +73,7 @@ def source_budgets():
         for hs in (64, 128):
             for block in ("false", "true"):
                 special = kernel == "attention_mma_backward_dq_kernel" and hs == 64 and block == "true"
-                got[f"{kernel}<{hs}, {block}>"] = defines["ATT_MMA_MAX_REGS_DQ_BLOCK64" if special else "ATT_MMA_MAX_REGS"]
+                got[f"{kernel}<{hs}, {block}"] = defines["ATT_MMA_MAX_REGS_DQ_BLOCK64" if special else "ATT_MMA_MAX_REGS"]
     return got, defines["ATT_MMA_MAX_STACK_BYTES"]
 
 

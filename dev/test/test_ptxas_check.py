@@ -96,7 +96,7 @@ def test_the_source_budgets_are_found():
     import ptxas_check
     got, max_stack = ptxas_check.source_budgets()
     kernels = ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")
-    assert set(got) == {f"{k}<{hs}, {b}>" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
+    assert set(got) == {f"{k}<{hs}, {b}" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
     assert all(0 < r < 255 for r in got.values()) and max_stack == 0, got  # headroom below the hardware's 255
     text = (REPO / "llmc" / "attention_mma.cuh").read_text()
     for field in ("FWD", "DKV", "DQ"):  # each kernel is compiled under its budget
