@@ -148,6 +148,18 @@ $(BUILD)/bench_memory_%: dev/bench/bench_memory.cu $(CUDA_DEPS)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) -o $@ $< $(NVCC_LDLIBS)
 
+# The attention kernels' register budgets, stack frames and spills, asserted
+# at build (dev/ptxas_check.py on dev/ptxas_attention.cu, BF16 and FP16): sm_90
+# whatever GPU_COMPUTE_CAPABILITY, as the budgets (llmc/attention_mma.cuh's
+# AttMmaRegs) are sm_90 figures. The report is kept in build/ptxas_attention_*.log.
+cuda-all: $(BUILD)/ptxas_attention_bf16.ok $(BUILD)/ptxas_attention_fp16.ok
+$(BUILD)/ptxas_attention_%.ok: dev/ptxas_attention.cu dev/ptxas_check.py $(CUDA_DEPS)
+	@mkdir -p $(@D)
+	@python3 dev/ptxas_check.py --source dev/ptxas_attention.cu --arch 90 --define $(patsubst -D%,%,$(PREC_FLAG_$*)) --nvcc $(NVCC) \
+	    > $(BUILD)/ptxas_attention_$*.log 2>&1 || { grep -E '^ptxas_check: FAIL' $(BUILD)/ptxas_attention_$*.log || tail -n 40 $(BUILD)/ptxas_attention_$*.log; exit 1; }
+	@grep '^ptxas_check: PASS' $(BUILD)/ptxas_attention_$*.log | sed 's/^/$*: /'
+	@touch $@
+
 $(BUILD)/train_gpt_%: train_gpt.cu $(CUDA_DEPS) $(call mpi_stamp,gpu,$(MULTI_GPU_FLAGS))
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(PREC_FLAG_$*) $(MULTI_GPU_FLAGS) -o $@ $< $(NVCC_LDLIBS) $(MULTI_GPU_LDLIBS)

@@ -883,7 +883,7 @@ static void check_bias_fallback(void) {
     floatX* d_out = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_out, (size_t)N * OC * sizeof(floatX)));
     MatmulContext mm;
-    gpu_matmul_init(&mm, NULL, 0);
+    gpu_matmul_init(&mm);
     printf("\nbias epilogue and the bias kernel, N=%d IC=%d OC=%d\n", N, IC, OC);
     int fails_before = g_failures;
     for (int shift = 0; shift <= 1; shift++) {

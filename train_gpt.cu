@@ -226,7 +226,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     attention_check_shape(m->cfg.channels, m->cfg.num_heads);
     CUDA_CHECK(cudaFree(0)); /* creates the context now, so that it is measured on its own */
     m->used_context = gpu_used_memory();
-    gpu_matmul_init(&m->mm, NULL, 0);
+    gpu_matmul_init(&m->mm);
     m->used_library = gpu_used_memory();
     cudaError_t err = cudaMalloc((void**)&m->arena, plan->total_bytes);
     if (err != cudaSuccess) {
@@ -240,8 +240,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     nvtx_register_plan(plan, m->arena);
     offload_create(&m->off, plan, m->arena, m->stream);
     size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
-    m->mm.workspace = ws_bytes ? m->arena + ws_off : NULL;
-    m->mm.workspace_bytes = ws_bytes;
+    gpu_matmul_set_workspace(&m->mm, ws_bytes ? m->arena + ws_off : NULL, ws_bytes);
 
     TRAINER_CARVE_ARENA(m, plan, floatX, float);
     m->master = plan->spec.master_weights ? (float*)(m->arena + plan->off_master) : NULL;

@@ -4,7 +4,7 @@
 # Stages in order of value, so that the first ones finish inside any budget:
 #   1. build every CUDA target for sm_90 in BF16, FP32 and FP16 (make cuda-all),
 #      then dev/ptxas_check.py (BF16, FP16): any register spill, or attention
-#      registers other than llmc/attention_mma.cuh asserts, fails loudly
+#      registers above llmc/attention_mma.cuh's budgets (AttMmaRegs), fails loudly
 #   2. the default kernels correct: test_gpt in each precision, BF16 first with
 #      CUDA_LAUNCH_BLOCKING=1 (GPU against the CPU reference, bitwise
 #      equality across -r settings, loss scaling, inf/NaN gradients)
@@ -173,7 +173,7 @@ BUILD_RC=$?
 SUMMARY+=("| build, sm_90, bf16 + fp32 + fp16 (make cuda-all + train_gpt_nompi_bf16/fp16) | $(status_word $BUILD_RC) |")
 
 # ptxas -v of every kernel test_gpt instantiates (BF16 and FP16): any spill,
-# or an attention kernel whose registers differ from AttMmaResources
+# or an mma attention kernel above its register budget (AttMmaRegs)
 # (llmc/attention_mma.cuh), fails this stage loudly (its lines in the table).
 for p in bf16 fp16; do
     P=$(echo "$p" | tr a-z A-Z)

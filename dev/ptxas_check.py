@@ -1,26 +1,29 @@
 #!/usr/bin/env python3
 """Register spills and register counts of the CUDA kernels, checked at build time.
 
-Why: the attention backward is a few registers from the 255 limit, and a
-spill (local-memory traffic in the inner loop) or a register count that
-changes the blocks per SM would cost speed silently; llmc/attention_mma.cuh
-records the ptxas figures its occupancy arithmetic relies on
-(AttMmaResources). This compiles a translation unit that instantiates the
-kernels (default: test_gpt.cu, every kernel the trainer and its test use)
-with `-Xptxas -v,-warn-spills` and fails, naming the kernel, on
+Why: the mma attention kernels sit near the 255-register limit, and a spill
+(local-memory traffic in the inner loop) or a register count that changes
+the blocks per SM would cost speed silently; llmc/attention_mma.cuh states a
+register budget for each (AttMmaRegs: ATT_MMA_MAX_REGS, with headroom below
+255) that its occupancy arithmetic relies on (AttMmaResources). This compiles
+a translation unit that instantiates the kernels (default: test_gpt.cu, every
+kernel the trainer and its test use; `make cuda-all` runs it on
+dev/ptxas_attention.cu, the attention kernels alone) with
+`-Xptxas -v,-warn-spills` and fails, naming the kernel, on
 
   - any spill: a "Registers are spilled" warning or a nonzero spill-store or
     spill-load count in the -v report;
-  - a kernel whose register count differs from what the code asserts:
-    llmc/attention_mma.cuh's FWD_REGS/DKV_REGS/DQ_REGS for the forward, dK/dV
-    and dQ kernels at head sizes 64 and 128 (FWD_BLOCK_REGS, ... for their
-    attention-block instantiations) (and any
-    --expect NAME=REGS given, NAME a substring of the demangled kernel name);
-  - an asserted kernel that the report does not contain (a renamed kernel
-    must not turn the check into a no-op).
+  - an mma kernel (forward, dK/dV, dQ at head sizes 64 and 128, whole
+    sequence and attention block) above its register budget, or with a stack
+    frame above ATT_MMA_MAX_STACK_BYTES;
+  - a kernel whose register count differs from an --expect NAME=REGS given
+    (NAME a substring of the demangled kernel name);
+  - a budgeted or expected kernel that the report does not contain (a renamed
+    kernel must not turn the check into a no-op).
 
 usage: dev/ptxas_check.py [--source test_gpt.cu] [--arch 90] [--define ENABLE_BF16]
-                          [--expect NAME=REGS ...] [--no-source-asserts] [--nvcc PATH] [--] [extra nvcc flags]
+                          [--expect NAME=REGS ...] [--budget NAME=MAX ...] [--max-stack BYTES]
+                          [--no-source-asserts] [--nvcc PATH] [--] [extra nvcc flags]
 Exit status: 0 clean, 1 a spill or a register mismatch (one line each), 2 the compile failed.
 Run by dev/gpu_check.sh's build stage; dev/test/test_ptxas_check.py checks that it fails on a kernel forced to spill.
 """
@@ -49,20 +52,29 @@ def demangle(names):
     return dict(zip(names, out)) if len(out) == len(names) else {n: n for n in names}
 
 
-def source_asserts():
-    """The register counts llmc/attention_mma.cuh records: {demangled-name substring: registers}, for the
-    whole-sequence instantiations (<HS, false>: FWD_REGS, ...) and the attention blocks' (<HS, true>:
-    FWD_BLOCK_REGS, ...)."""
+def source_budgets():
+    """The register budgets llmc/attention_mma.cuh states (AttMmaRegs):
+    {demangled-name substring: max registers} for the mma kernels at head
+    sizes 64 and 128, whole sequence (<HS, false>) and attention block
+    (<HS, true>), and the stack cap in bytes. The names leave the template
+    argument list open, so a kernel that gains a parameter (<HS, BLOCK, ...>)
+    stays budgeted."""
     text = (REPO / "llmc" / "attention_mma.cuh").read_text()
-    kernels = {"FWD": "attention_mma_forward_kernel", "DKV": "attention_mma_backward_dkv_kernel", "DQ": "attention_mma_backward_dq_kernel"}
+    defines = {}
+    for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_BLOCK64", "ATT_MMA_MAX_STACK_BYTES"):
+        m = re.search(r"^#define\s+" + name + r"\s+(\d+)\s*$", text, re.M)
+        if not m:
+            sys.exit(f"ptxas_check: llmc/attention_mma.cuh: #define {name} not found (update dev/ptxas_check.py)")
+        defines[name] = int(m.group(1))
+    if not re.search(r"DQ\s*=\s*HS\s*==\s*64\s*&&\s*BLOCK\s*\?\s*ATT_MMA_MAX_REGS_DQ_BLOCK64\s*:\s*ATT_MMA_MAX_REGS", text):
+        sys.exit("ptxas_check: llmc/attention_mma.cuh: AttMmaRegs' DQ budget not found (update dev/ptxas_check.py)")
     got = {}
-    for prefix, kernel in kernels.items():
-        for field, block in ((prefix + "_REGS", "false"), (prefix + "_BLOCK_REGS", "true")):
-            m = re.search(r"\b" + field + r"\s*=\s*HS\s*==\s*64\s*\?\s*(\d+)\s*:\s*(\d+)", text)
-            if not m:
-                sys.exit(f"ptxas_check: llmc/attention_mma.cuh: AttMmaResources' {field} not found (update dev/ptxas_check.py)")
-            got[f"{kernel}<64, {block}>"], got[f"{kernel}<128, {block}>"] = int(m.group(1)), int(m.group(2))
-    return got
+    for kernel in ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
+        for hs in (64, 128):
+            for block in ("false", "true"):
+                special = kernel == "attention_mma_backward_dq_kernel" and hs == 64 and block == "true"
+                got[f"{kernel}<{hs}, {block}"] = defines["ATT_MMA_MAX_REGS_DQ_BLOCK64" if special else "ATT_MMA_MAX_REGS"]
+    return got, defines["ATT_MMA_MAX_STACK_BYTES"]
 
 
 def parse(report):
@@ -94,12 +106,25 @@ def main():
     ap.add_argument("--arch", default="90")
     ap.add_argument("--define", action="append", default=None, help="a -D macro (default ENABLE_BF16)")
     ap.add_argument("--expect", action="append", default=[], help="NAME=REGS: the kernel whose demangled name contains NAME uses REGS")
-    ap.add_argument("--no-source-asserts", action="store_true", help="only --expect (for a source without the attention kernels)")
+    ap.add_argument("--budget", action="append", default=[], help="NAME=MAX: the kernel whose demangled name contains NAME uses at most MAX "
+                    "registers and a stack frame of at most --max-stack bytes (besides llmc/attention_mma.cuh's budgets)")
+    ap.add_argument("--max-stack", type=int, default=None, help="stack frame cap of --budget kernels (default: ATT_MMA_MAX_STACK_BYTES, or 0)")
+    ap.add_argument("--no-source-asserts", action="store_true", help="no register budgets (for a source without the attention kernels)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
     ap.add_argument("extra", nargs="*")
     a = ap.parse_args()
     defines = a.define if a.define is not None else ["ENABLE_BF16"]
-    expect = {} if a.no_source_asserts else source_asserts()
+    budgets, max_stack = ({}, None) if a.no_source_asserts else source_budgets()
+    if a.max_stack is not None:
+        max_stack = a.max_stack
+    elif max_stack is None:
+        max_stack = 0
+    for e in a.budget:
+        name, _, regs = e.partition("=")
+        if not name or not regs.isdigit():
+            sys.exit(f"ptxas_check: --budget {e}: expected NAME=MAX")
+        budgets[name] = int(regs)
+    expect = {}
     for e in a.expect:
         name, _, regs = e.partition("=")
         if not name or not regs.isdigit():
@@ -128,16 +153,27 @@ def main():
         for k in hits:
             if kernels[k]["regs"] != regs:
                 problems.append(f"{names[k]}: {kernels[k]['regs']} registers, the code asserts {regs}")
-    print(f"ptxas_check: {len(kernels)} functions in the report; registers of the asserted kernels:")
-    for want in expect:
+    for want, budget in budgets.items():
+        hits = [k for k in kernels if want in names[k] and "regs" in kernels[k]]
+        if not hits:
+            problems.append(f"{want}: budgeted at {budget} registers, but no such kernel in the ptxas report")
+        for k in hits:
+            if kernels[k]["regs"] > budget:
+                problems.append(f"{names[k]}: {kernels[k]['regs']} registers, above its budget of {budget} (llmc/attention_mma.cuh AttMmaRegs)")
+            if kernels[k].get("stack", 0) > max_stack:
+                problems.append(f"{names[k]}: {kernels[k]['stack']} bytes stack frame, above ATT_MMA_MAX_STACK_BYTES {max_stack}")
+    print(f"ptxas_check: {len(kernels)} functions in the report; registers of the budgeted and asserted kernels:")
+    for want in [*budgets, *expect]:
         for k in kernels:
             if want in names[k]:
-                print(f"  {names[k][:110]}: {kernels[k].get('regs', '?')} registers, {kernels[k].get('spill_stores', '?')} bytes spill stores")
+                limit = f" (budget {budgets[want]})" if want in budgets else f" (asserted {expect[want]})"
+                print(f"  {names[k][:110]}: {kernels[k].get('regs', '?')} registers{limit}, {kernels[k].get('stack', '?')} bytes stack, "
+                      f"{kernels[k].get('spill_stores', '?')} bytes spill stores")
     for p in problems:
         print("ptxas_check: FAIL:", p)
     if problems:
         return 1
-    print("ptxas_check: PASS: no spills; every asserted register count matches")
+    print("ptxas_check: PASS: no spills; every budgeted kernel within its budget, every asserted register count matches")
     return 0
 
 

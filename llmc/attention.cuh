@@ -714,7 +714,9 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
         attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
                                                                                           doc_start);
         CUDA_CHECK_LAUNCH();
-        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
+        const size_t dkv_smem = AttTcDkvSmem<HS>::BYTES;
+        CUDA_CHECK(cudaFuncSetAttribute(attention_tc_backward_dkv_kernel<HS, DROPOUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_smem));
+        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, dkv_smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
                                                                                            doc_start);
         CUDA_CHECK_LAUNCH();
         return;
@@ -788,7 +790,7 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
         l[n++] = AttLaunch{"attention_tc_backward_dq_kernel", (const void*)attention_tc_backward_dq_kernel<HS, false>, grid, ATT_TC_THREADS,
                            AttTcDqSmem<HS>::BYTES, false, 0};
         l[n++] = AttLaunch{"attention_tc_backward_dkv_kernel", (const void*)attention_tc_backward_dkv_kernel<HS, false>, grid, ATT_TC_THREADS,
-                           AttTcDkvSmem<HS>::BYTES, false, 0};
+                           AttTcDkvSmem<HS>::BYTES, true, 0};
         return n;
     }
 #endif

@@ -36,22 +36,28 @@
  * (dropped P) and dS = P (factor dP - D). One Philox call per lane per 16x16
  * block in every kernel (att_mma_drop_rows, att_mma_drop_cols).
  *
- * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 build), every
- * kernel with 0 bytes of stack, 0 bytes of spill stores and loads
- * (registers / shared memory bytes; blocks per sm_90 SM):
- *   forward      (ATT_MMA_THREADS)  hs64 253 / 36864 static (2)   hs128 168 / 34816 static (3)
- *   backward dkv (ATT_MMA_THREADS)  hs64 240 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
- *   backward dq  (ATT_MMA_THREADS)  hs64 246 / 36864 static (2)   hs128 242 / 34816 static (2)
+ * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 and FP16
+ * builds alike), every kernel compiled under its register budget
+ * (AttMmaRegs below: 240, the hs64 dQ block kernel 248) with 0 bytes of
+ * stack and no spills (registers / shared memory bytes; blocks per sm_90 SM):
+ *   forward      hs64 240 / 36864 static (2)   hs128 194 / 34816 static (2)
+ *   backward dkv hs64 229 / 56320 dynamic (2)  hs128 234 / 70144 dynamic (2)
+ *   backward dq  hs64 240 / 36864 static (2)   hs128 230 / 34816 static (2)
  *   rowsum (256)  32 / 0
  * and their attention-block instantiations (BLOCK = true, for context
- * parallelism's ring; below): forward hs64 252 (one M-tile per warp),
- * hs128 252; dkv hs64 252, hs128 250; dq hs64 255, hs128 250 (same shared
- * memory, 2 blocks per SM; 16 bytes of stack, no spills).
- * AttMmaResources at the end of the file holds these figures; static_asserts
- * check them against the layouts (the recorded shared memory must be what
- * the layout computes) and the blocks per SM they give by the occupancy
- * rules (att_sm90_blocks_per_sm), so a layout change must update the table.
- * The forward at hs64 gives each warp two M-tiles (32 query rows): 253
+ * parallelism's ring; below): forward hs64 235 (one M-tile per warp),
+ * hs128 227; dkv hs64 238, hs128 235; dq hs64 247, hs128 240 (same shared
+ * memory, 2 blocks per SM). Under the compiler's own choice (255 allowed)
+ * they took 250-255 registers and the block kernels a 16-byte stack frame
+ * (dropout words indexed at run time, now selected: dropout_keeps); the
+ * hs128 forward took 168 registers (3 blocks per SM) and takes 194 (2) under
+ * the budget: predicted, unmeasured on a GPU.
+ * AttMmaResources at the end of the file holds the budgets and shared memory;
+ * static_asserts check them against the layouts (the recorded shared memory
+ * must be what the layout computes) and the blocks per SM they give by the
+ * occupancy rules (att_sm90_blocks_per_sm), so a layout change must update
+ * the table; `make cuda-all` runs dev/ptxas_check.py on the budgets.
+ * The forward at hs64 gives each warp two M-tiles (32 query rows): 240
  * registers and 2 blocks (8 warps, 256 rows) per SM, against 128 registers
  * and 4 blocks of one M-tile (16 warps, the same 256 rows) with half the
  * shared-memory bytes per FLOP. At hs128 two M-tiles hold Q fragments (64
@@ -73,6 +79,24 @@
 #define ATT_MMA_WARPS 4
 #define ATT_MMA_ROWS (16 * ATT_MMA_WARPS) /* rows owned by a block */
 #define ATT_MMA_THREADS (32 * ATT_MMA_WARPS)
+
+/* Register budget of the mma kernels (ptxas -v, sm_90), asserted at build:
+ * dev/ptxas_check.py (run by `make cuda-all` and dev/gpu_check.sh) fails when
+ * a kernel uses more registers than its budget, spills, or has a stack frame.
+ * Why: 255 is the hardware limit, and at 250-255 registers a small change (a
+ * mask, another toolchain's allocation) spills into local memory inside the
+ * inner loop with nothing but a slower kernel to show. __maxnreg__ makes
+ * ptxas allocate within the budget; 240 leaves 15 registers of headroom and
+ * keeps the backward's 2 blocks (8 warps) per SM (the occupancy asserts of
+ * AttMmaResources use these figures). The dQ attention-block kernel at hs64
+ * spills 8 bytes at 240 (CUDA 13.0): its budget is 248 until it is reduced. */
+#define ATT_MMA_MAX_REGS 240
+#define ATT_MMA_MAX_REGS_DQ_BLOCK64 248
+#define ATT_MMA_MAX_STACK_BYTES 0
+template <int HS, bool BLOCK> struct AttMmaRegs {
+    static constexpr int FWD = ATT_MMA_MAX_REGS, DKV = ATT_MMA_MAX_REGS;
+    static constexpr int DQ = HS == 64 && BLOCK ? ATT_MMA_MAX_REGS_DQ_BLOCK64 : ATT_MMA_MAX_REGS;
+};
 
 template <int HS> struct AttMma {
     static_assert(HS == 64 || HS == 128, "the mma attention kernels are for head sizes 64 and 128");
@@ -390,7 +414,7 @@ template <int HS, bool BLOCK> struct AttMmaForward {
 };
 
 template <int HS, bool BLOCK>
-__global__ void __launch_bounds__(ATT_MMA_THREADS)
+__global__ void __maxnreg__((AttMmaRegs<HS, BLOCK>::FWD)) /* launched with ATT_MMA_THREADS */
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop,
                              const AttBlockArgs blk) {
     typedef AttMma<HS> Cfg;
@@ -613,7 +637,7 @@ template <int HS> struct AttMmaBwd {
 };
 
 template <int HS, bool BLOCK>
-__global__ void __launch_bounds__(ATT_MMA_THREADS)
+__global__ void __maxnreg__((AttMmaRegs<HS, BLOCK>::DKV)) /* launched with ATT_MMA_THREADS */
 attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
                                   int NH, float scale, const DropoutSite drop, const AttBlockArgs blk) {
     typedef AttMma<HS> Cfg;
@@ -723,7 +747,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
  * the forward's double buffer of K, V tiles (Q and dO staged through it
  * first); query blocks last-first. */
 template <int HS, bool BLOCK>
-__global__ void __launch_bounds__(ATT_MMA_THREADS)
+__global__ void __maxnreg__((AttMmaRegs<HS, BLOCK>::DQ)) /* launched with ATT_MMA_THREADS */
 attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
                                  int NH, float scale, const DropoutSite drop, const AttBlockArgs blk) {
     typedef AttMma<HS> Cfg;
@@ -877,11 +901,14 @@ constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
  * H200) from T = 1024 on, if two fit an SM. */
 #define ATT_MMA_BWD_MIN_BLOCKS_PER_SM 2
 
-/* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
+/* Resources of the attention kernels: registers at most their budgets
+ * (AttMmaRegs, asserted at build by dev/ptxas_check.py), shared bytes from
+ * the layouts. */
 template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 253 : 168, DKV_REGS = HS == 64 ? 240 : 242, DQ_REGS = HS == 64 ? 246 : 242, ROWSUM_REGS = 32;
+    static constexpr int FWD_REGS = AttMmaRegs<HS, false>::FWD, DKV_REGS = AttMmaRegs<HS, false>::DKV, DQ_REGS = AttMmaRegs<HS, false>::DQ,
+                         ROWSUM_REGS = 32;
     /* the attention-block instantiations (BLOCK = true; gpu_attention_block_forward/backward) */
-    static constexpr int FWD_BLOCK_REGS = HS == 64 ? 252 : 252, DKV_BLOCK_REGS = HS == 64 ? 252 : 250, DQ_BLOCK_REGS = HS == 64 ? 255 : 250;
+    static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
     static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
@@ -890,7 +917,7 @@ template <int HS> struct AttMmaResources {
                       att_sm90_blocks_per_sm(DKV_BLOCK_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_BLOCK_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
                   "the attention blocks' blocks per SM");
-    static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2, "the forward's 2 (hs64) or 3 (hs128) blocks per SM (header)");
+    static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2, "the forward's 2 blocks per SM (header)");
     static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
                   "the backward's blocks per SM");

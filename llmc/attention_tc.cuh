@@ -42,7 +42,8 @@
  * fixed order (keys ascending for O and dQ, queries ascending for dK, dV);
  * no atomics; launch shapes depend only on the problem.
  *
- * Shared memory (static, below 48 KiB for every HS, checked at compile time)
+ * Shared memory (static, below 48 KiB for every HS, checked at compile time;
+ * the dk/dv kernel's is dynamic, 81,152 bytes at hs128, as it keeps K and V staged)
  * is one byte array carved per phase: the rows a block owns are staged once
  * at the start in the space the tiles use later. Row strides are padded by
  * 16 bytes against bank conflicts while every fragment's first element stays
@@ -437,9 +438,13 @@ template <int HS> struct AttTcDkvSmem {
     static constexpr size_t DS = P + att_tc_align(AttTc<HS>::P_BYTES);
     static constexpr size_t STATS = DS + att_tc_align(AttTc<HS>::P_BYTES); /* lse, D of the tile's rows */
     static constexpr size_t LOOP_END = STATS + 2 * ATT_TC_TILE * sizeof(float);
-    static constexpr size_t STAGE_END = 2 * AttTc<HS>::ROWS_SPAN; /* K, V staged at the start */
-    static constexpr size_t BYTES = att_tc_max(LOOP_END, STAGE_END);
-    static_assert(BYTES <= 48 * 1024, "static shared memory above 48 KiB");
+    /* K and V stay staged for the whole kernel, their fragments loaded per
+     * tile: held in registers, k, v, dk and dv took 192 of 255 registers at
+     * hs128, and the lane-wise step on top spilled (FP16 with dropout: 136 bytes) */
+    static constexpr size_t K = att_tc_align(LOOP_END);
+    static constexpr size_t V = K + AttTc<HS>::ROWS_SPAN;
+    static constexpr size_t BYTES = V + AttTc<HS>::ROWS_BYTES; /* dynamic: 81,152 at hs128 */
+    static_assert(BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
 template <int HS, bool DROPOUT>
@@ -448,7 +453,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
                                  int T, int C, int NH, int hs, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDkvSmem<HS> L;
-    __shared__ __align__(128) unsigned char smem[L::BYTES];
+    extern __shared__ __align__(128) unsigned char smem[]; /* L::BYTES */
     const AttTcThread at = att_tc_thread(NH, false);
     const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h;
     const int s0 = at.row0, r0 = at.r0, s = r0 + row;
@@ -465,16 +470,11 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     float* lse_s = (float*)(smem + L::STATS);
     float* d_s = lse_s + ATT_TC_TILE;
 
-    {
-        floatX* Ks = (floatX*)smem;
-        floatX* Vs = (floatX*)(smem + Cfg::ROWS_SPAN);
-        att_tc_stage<HS>(Ks, base + C, ld, s0, ATT_TC_ROWS, T, hs);
-        att_tc_stage<HS>(Vs, base + 2 * C, ld, s0, ATT_TC_ROWS, T, hs);
-        __syncthreads();
-    }
-    FragA k[Cfg::NF], v[Cfg::NF];
-    att_tc_load_a<HS>(k, (floatX*)smem + 16 * warp * Cfg::LD);
-    att_tc_load_a<HS>(v, (floatX*)(smem + Cfg::ROWS_SPAN) + 16 * warp * Cfg::LD);
+    /* this warp's 16 K and V rows, staged for the whole kernel */
+    const floatX* Kw = (const floatX*)(smem + L::K) + 16 * warp * Cfg::LD;
+    const floatX* Vw = (const floatX*)(smem + L::V) + 16 * warp * Cfg::LD;
+    att_tc_stage<HS>((floatX*)(smem + L::K), base + C, ld, s0, ATT_TC_ROWS, T, hs);
+    att_tc_stage<HS>((floatX*)(smem + L::V), base + 2 * C, ld, s0, ATT_TC_ROWS, T, hs);
     FragAcc dk[Cfg::NF], dv[Cfg::NF];
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) {
@@ -487,7 +487,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     const int t_end = att_tc_queries_end(row_starts, s0, min(s0 + ATT_TC_ROWS, T) - 1, T);
     const int t_end_warp = att_tc_queries_end(row_starts, r0, min(r0 + 16, T) - 1, T);
     for (int t0 = s0; t0 < t_end; t0 += ATT_TC_TILE) {
-        __syncthreads(); /* the previous tile (or the staged K, V) is no longer read */
+        __syncthreads(); /* the previous tile is no longer read (the staged K, V are visible after the next barrier) */
         att_tc_stage<HS>(Qs, base, ld, t0, ATT_TC_TILE, T, hs);
         att_tc_stage<HS>(dOs, dobase, C, t0, ATT_TC_TILE, T, hs);
         for (int j = threadIdx.x; j < ATT_TC_TILE; j += blockDim.x) {
@@ -497,8 +497,13 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         }
         __syncthreads();
         if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
-        att_tc_scores<HS>(Sw, k, Qs);  /* S^T: key rows x query columns */
-        att_tc_scores<HS>(dPw, v, dOs); /* dP^T */
+        {
+            FragA kv[Cfg::NF];
+            att_tc_load_a<HS>(kv, Kw);
+            att_tc_scores<HS>(Sw, kv, Qs); /* S^T: key rows x query columns */
+            att_tc_load_a<HS>(kv, Vw);
+            att_tc_scores<HS>(dPw, kv, dOs); /* dP^T */
+        }
         const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0 + half * Cfg::HALF, s) : ~0u;
         __syncwarp();
 #pragma unroll

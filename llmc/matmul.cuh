@@ -76,10 +76,21 @@ typedef struct {
     int align_cap; /* 0, or the most operand alignment cuBLASLt is told of (token tiles: what every tile's rows share) */
 } MatmulContext;
 
-static inline void gpu_matmul_init(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
+static inline void gpu_matmul_init(MatmulContext* mc) {
     memset(mc, 0, sizeof(*mc));
     CUBLAS_CHECK(cublasLtCreate(&mc->handle));
-    mc->workspace = workspace;
+}
+
+/* cuBLASLt's workspace (train_gpt: the plan's library_workspace, 32 MiB, the
+ * size the cuBLAS documentation recommends for Hopper, cublasSetWorkspace).
+ * The library refuses a workspace that is not 256-byte aligned
+ * (CUBLAS_STATUS_INVALID_VALUE at every call): checked once here. Without
+ * one (NULL, 0) the heuristic offers only workspace-free algorithms, none at
+ * all for some shapes. */
+static inline void gpu_matmul_set_workspace(MatmulContext* mc, void* workspace, size_t workspace_bytes) {
+    if (workspace_bytes && (!workspace || (uintptr_t)workspace % 256))
+        fail("internal: cuBLASLt's workspace (%p, %zu bytes) is not 256-byte aligned", workspace, workspace_bytes);
+    mc->workspace = workspace_bytes ? workspace : NULL;
     mc->workspace_bytes = workspace_bytes;
 }
 
@@ -202,8 +213,10 @@ static void lt_matmul(MatmulContext* mc, cudaStream_t stream, int transa, int tr
         if (!lt_find_algo(mc, &key, found.bias_in_epilogue, bias, &found.algo)) {
             found.bias_in_epilogue = 0;
             if (!key.has_bias || !lt_find_algo(mc, &key, 0, NULL, &found.algo))
-                fail("cuBLASLt offers no algorithm for a %s matmul m=%d n=%d k=%d (transa %d transb %d, alignments %d/%d/%d/%d)",
-                     PRECISION_NAME, m, n, k, transa, transb, key.align_a, key.align_b, key.align_c, key.align_d);
+                fail("cuBLASLt offers no algorithm for a %s matmul m=%d n=%d k=%d (transa %d transb %d, alignments %d/%d/%d/%d, "
+                     "%s, workspace %zu MiB)",
+                     PRECISION_NAME, m, n, k, transa, transb, key.align_a, key.align_b, key.align_c, key.align_d,
+                     key.has_bias ? "with and without the bias epilogue" : "no epilogue", mc->workspace_bytes >> 20);
             if (!mc->fallback_noted) {
                 printf("note: cuBLASLt has no bias epilogue for some %s matmul shapes; a separate kernel adds those biases\n", PRECISION_NAME);
                 mc->fallback_noted = 1;

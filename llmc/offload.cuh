@@ -41,6 +41,7 @@
 #define REMAT_OFFLOAD_CUH
 
 #include "cuda_common.cuh"
+#include "host_numa.cuh"
 
 #ifdef REMAT_EMU_CUDA_RUNTIME_H /* the emulator's cuda_runtime.h */
 #define OFFLOAD_LATE_COPIES 1
@@ -85,7 +86,7 @@ static inline void offload_create(Offload* o, const MemoryPlan* plan, char* aren
     o->plan = plan;
     o->arena = arena;
     o->main = main;
-    cudaError_t err = cudaMallocHost((void**)&o->host, plan->host_total_bytes);
+    cudaError_t err = pinned_alloc_near_gpu((void**)&o->host, plan->host_total_bytes, "offloaded checkpoints");
     if (err != cudaSuccess)
         fail("cannot allocate %.1f MiB of pinned host memory for offloaded checkpoints: %s", mib(plan->host_total_bytes),
              cudaGetErrorString(err));

@@ -1304,6 +1304,32 @@ static int run_fail(const char* name) {
     } else if (n == "lt_tf32") {
         cublasLtMatmulDesc_t desc;
         cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F);
+    } else if (n == "lt_workspace_unaligned" || n == "lt_workspace_small") {
+        /* the library refuses with a status, not a crash: the case stops itself on CUBLAS_STATUS_INVALID_VALUE
+         * (lt_workspace_small runs under EMU_LT_WORKSPACE=1024, with 512 bytes) */
+        cublasLtHandle_t lt;
+        cublasLtCreate(&lt);
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        cublasLtMatrixLayout_t l8;
+        cublasLtMatrixLayoutCreate(&l8, CUDA_R_32F, 8, 8, 8);
+        cublasLtMatmulPreference_t pref;
+        cublasLtMatmulPreferenceCreate(&pref);
+        uint64_t ws_max = 4096;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof(ws_max));
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        if (cublasLtMatmulAlgoGetHeuristic(lt, desc, l8, l8, l8, l8, pref, 1, &res, &found) != CUBLAS_STATUS_SUCCESS || found != 1) {
+            printf("NO ALGORITHM: %s\n", name);
+            return 0;
+        }
+        float one = 1, zero = 0;
+        cudaMemset(d, 0, 192 * sizeof(float));
+        const bool small = n == "lt_workspace_small";
+        cublasStatus_t st = cublasLtMatmul(lt, desc, &one, d, l8, d + 64, l8, &zero, d + 128, l8, d + 128, l8, &res.algo,
+                                           small ? (void*)(d + 256) : (void*)(d + 257), small ? 512 : 1024, 0);
+        cudaDeviceSynchronize();
+        if (st == CUBLAS_STATUS_INVALID_VALUE) return 1;
     } else if (n == "lt_algo_mismatch" || n == "lt_alignment" || n == "lt_uninit") {
         cublasLtHandle_t lt;
         cublasLtCreate(&lt);

@@ -1,6 +1,7 @@
-"""dev/ptxas_check.py (the build's spill and register check, run by dev/gpu_check.sh) on small kernels compiled here
-with nvcc (no GPU needed): a kernel forced to spill fails naming it, the same kernel with its registers fails when its
-register count is not the one asserted and passes when it is, and an asserted kernel missing from the report fails."""
+"""dev/ptxas_check.py (the build's spill and register check, run by `make cuda-all` and dev/gpu_check.sh) on small
+kernels compiled here with nvcc (no GPU needed): a kernel forced to spill fails naming it, the same kernel with its
+registers fails when its register count is not the one asserted and passes when it is, fails above a register budget
+and passes at it, a stack frame above the cap fails, and an asserted kernel missing from the report fails."""
 import re
 import shutil
 import subprocess
@@ -58,11 +59,45 @@ def test_an_asserted_kernel_missing_from_the_report_fails(tmp_path):
     assert res.returncode == 1 and "renamed_kernel: asserted at 64 registers, but no such kernel" in res.stdout, res.stdout
 
 
-def test_the_source_assertions_are_found():
-    """The real check reads llmc/attention_mma.cuh's AttMmaResources; a rename there must not silently drop the check."""
+def test_a_kernel_above_its_register_budget_fails(tmp_path):
+    """--budget (what `make cuda-all` applies to llmc/attention_mma.cuh's kernels): at most MAX registers."""
+    probe = check(tmp_path, "--budget", "many_live_kernel=16")
+    assert probe.returncode == 1, probe.stdout + probe.stderr
+    m = re.search(r"many_live_kernel\(float\*, float const\*, int\): (\d+) registers, above its budget of 16", probe.stdout)
+    assert m and int(m.group(1)) > 16, probe.stdout
+    ok = check(tmp_path, "--budget", f"many_live_kernel={m.group(1)}")
+    assert ok.returncode == 0 and "ptxas_check: PASS" in ok.stdout, ok.stdout + ok.stderr
+
+
+STACK_KERNEL = """
+__global__ void indexed_local_kernel(float* out, const int* idx) {
+    float w[32];
+    for (int j = 0; j < 32; j++) w[j] = out[j * 32 + threadIdx.x];
+    w[idx[threadIdx.x] & 31] += 1.0f;
+    out[threadIdx.x] = w[idx[threadIdx.x + 32] & 31];
+}
+"""
+
+
+def test_a_budgeted_kernel_with_a_stack_frame_fails(tmp_path):
+    """A local array indexed at run time lives on the stack (no spill): the budget's stack cap catches it."""
+    src = tmp_path / "s.cu"
+    src.write_text(STACK_KERNEL)
+    run = lambda *a: subprocess.run([sys.executable, str(REPO / "dev/ptxas_check.py"), "--source", str(src), "--no-source-asserts", "--nvcc", NVCC,
+                                     "--budget", "indexed_local_kernel=255", *a], capture_output=True, text=True, timeout=300)
+    res = run()
+    assert res.returncode == 1 and re.search(r"indexed_local_kernel\(float\*, int const\*\): (\d+) bytes stack frame, above", res.stdout), res.stdout
+    assert run("--max-stack", "256").returncode == 0  # the 128-byte array fits
+
+
+def test_the_source_budgets_are_found():
+    """The real check reads llmc/attention_mma.cuh's budgets; a rename there must not silently drop the check."""
     sys.path.insert(0, str(REPO / "dev"))
     import ptxas_check
-    got = ptxas_check.source_asserts()
+    got, max_stack = ptxas_check.source_budgets()
     kernels = ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")
-    assert set(got) == {f"{k}<{hs}, {b}>" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
-    assert all(0 < r <= 255 for r in got.values()), got
+    assert set(got) == {f"{k}<{hs}, {b}" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
+    assert all(0 < r < 255 for r in got.values()) and max_stack == 0, got  # headroom below the hardware's 255
+    text = (REPO / "llmc" / "attention_mma.cuh").read_text()
+    for field in ("FWD", "DKV", "DQ"):  # each kernel is compiled under its budget
+        assert f"__maxnreg__((AttMmaRegs<HS, BLOCK>::{field}))" in text, field

@@ -30,14 +30,26 @@
  * an algorithm that did not come from cublasLtMatmulAlgoGetHeuristic, or
  * came from it for another problem, or for larger operand alignments than
  * the pointers now have; operands, bias and workspace outside cudaMalloc
- * memory. The heuristic returns exactly one algorithm needing no workspace
- * (none for the bias epilogue with EMU_LT_NO_BIAS_EPILOGUE=1, to exercise
- * callers' fallbacks): which algorithms the real library offers cannot be
- * emulated.
+ * memory. The heuristic returns exactly one algorithm (which algorithms the
+ * real library offers cannot be emulated), needing no workspace, or none,
+ * as the real library may for a shape (returnedAlgoCount 0,
+ * CUBLAS_STATUS_NOT_SUPPORTED), to exercise callers' fallbacks:
+ *   EMU_LT_NO_BIAS_EPILOGUE=1   none with the bias epilogue;
+ *   EMU_LT_NO_ALGO=SPEC[,SPEC]  none for the problems SPEC names: MxNxK (D is
+ *                               m x n, k the inner size) or "all", with
+ *                               ":bias" for the bias epilogue only;
+ *   EMU_LT_WORKSPACE=BYTES      every algorithm needs BYTES of workspace, so
+ *                               none is offered under a smaller
+ *                               CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES.
+ * cublasLtMatmul returns CUBLAS_STATUS_INVALID_VALUE, with an "emu:" line on
+ * stderr, for a workspace the library refuses: not 256-byte aligned, NULL
+ * with a size, or smaller than its algorithm needs.
  * Matmuls are queued on the stream like kernels; descriptors and scalars are
  * read at the call, as by the library.
  */
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -413,6 +425,44 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* EMU_LT_NO_ALGO names this problem (see the header). */
+static bool no_algo_for(const Problem& p) {
+    const char* env = getenv("EMU_LT_NO_ALGO");
+    if (!env || !*env) return false;
+    std::string all(env);
+    size_t pos = 0;
+    while (pos <= all.size()) {
+        size_t end = all.find(',', pos);
+        if (end == std::string::npos) end = all.size();
+        std::string spec = all.substr(pos, end - pos);
+        pos = end + 1;
+        bool bias_only = false;
+        size_t colon = spec.find(':');
+        if (colon != std::string::npos) {
+            if (spec.substr(colon) != ":bias") fatal("EMU_LT_NO_ALGO=%s: '%s' is not MxNxK[:bias] or all[:bias]", env, spec.c_str());
+            bias_only = true;
+            spec = spec.substr(0, colon);
+        }
+        unsigned long long m = 0, n = 0, k = 0;
+        char tail = 0;
+        bool shape = spec == "all" || sscanf(spec.c_str(), "%llux%llux%llu%c", &m, &n, &k, &tail) == 3;
+        if (!shape) fatal("EMU_LT_NO_ALGO=%s: '%s' is not MxNxK[:bias] or all[:bias]", env, spec.c_str());
+        if (bias_only && p.epilogue != CUBLASLT_EPILOGUE_BIAS) continue;
+        if (spec == "all" || (p.m == m && p.n == n && p.k == k)) return true;
+    }
+    return false;
+}
+
+/* EMU_LT_WORKSPACE: the workspace bytes every algorithm needs (0 unset). */
+static uint64_t algo_workspace_bytes() {
+    const char* env = getenv("EMU_LT_WORKSPACE");
+    if (!env || !*env) return 0;
+    char* end = nullptr;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (!end || *end) fatal("EMU_LT_WORKSPACE=%s: expected a number of bytes", env);
+    return v;
+}
+
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t A,
                                               cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C, cublasLtMatrixLayout_t D,
                                               cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t* results,
@@ -425,7 +475,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     /* EMU_LT_NO_BIAS_EPILOGUE=1: offer no algorithm with the bias epilogue, as the real library may for some
      * shapes (documented: no result, CUBLAS_STATUS_NOT_SUPPORTED), so the callers' fallback runs */
     static const bool no_bias = getenv("EMU_LT_NO_BIAS_EPILOGUE") && atoi(getenv("EMU_LT_NO_BIAS_EPILOGUE"));
-    if (no_bias && p.epilogue == CUBLASLT_EPILOGUE_BIAS) {
+    const uint64_t need = algo_workspace_bytes();
+    if ((no_bias && p.epilogue == CUBLASLT_EPILOGUE_BIAS) || no_algo_for(p) || need > pref->max_workspace) {
         *returned = 0;
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
@@ -435,7 +486,8 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     algo.data[2] = ((uint64_t)pref->align[0] << 32) | pref->align[1];
     algo.data[3] = ((uint64_t)pref->align[2] << 32) | pref->align[3];
     algo.data[4] = order_key(p, pref->align);
-    results[0].workspaceSize = 0;
+    algo.data[5] = need;
+    results[0].workspaceSize = need;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
     *returned = 1;
@@ -487,6 +539,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         size_t bb = p.m * type_size(api, p.bias_type);
         emu::check_device_range(what.c_str(), "the bias", bias, bb);
         if (overlap(D, dn, bias, bb)) fatal("%s: D overlaps the bias", what.c_str());
+    }
+    /* the library's own refusals (a status, not a crash): cuBLAS asks for a 256-byte aligned workspace of at
+     * least what the algorithm needs */
+    const uint64_t need = algo ? algo->data[5] : 0;
+    const char* refusal = workspace_bytes && !workspace ? "a NULL workspace with a nonzero size"
+                          : workspace_bytes && (uintptr_t)workspace % 256 ? "a workspace not 256-byte aligned"
+                          : workspace_bytes < need ? "a workspace smaller than the algorithm needs" : nullptr;
+    if (refusal) {
+        fprintf(stderr, "emu: %s: CUBLAS_STATUS_INVALID_VALUE: %s (%p, %zu bytes; the algorithm needs %llu)\n", what.c_str(), refusal, workspace,
+                workspace_bytes, (unsigned long long)need);
+        return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (workspace_bytes) emu::check_device_range(what.c_str(), "the workspace", workspace, workspace_bytes);
     size_t bias_bytes = bias ? p.m * type_size(api, p.bias_type) : 0;

@@ -1357,6 +1357,25 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    if (!value) fatal("cudaDeviceGetAttribute: NULL value");
+    if (device < 0 || device >= settings().device_count) return set_error(cudaErrorInvalidDevice);
+    if (attr != cudaDevAttrHostNumaId) fatal("cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
+    const char* env = getenv("EMU_HOST_NUMA_NODE");
+    char* end = nullptr;
+    long node = env && *env ? strtol(env, &end, 10) : -1;
+    if (env && *env && (*end || node < -1 || node > 1023)) fatal("EMU_HOST_NUMA_NODE=%s: expected a NUMA node number (or -1)", env);
+    *value = (int)node;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
+    if (!bus_id || len < 1) fatal("cudaDeviceGetPCIBusId: NULL or empty buffer");
+    (void)device;
+    bus_id[0] = 0;
+    return set_error(cudaErrorInvalidValue);
+}
+
 cudaError_t cudaDeviceSynchronize(void) { device_sync(); return cudaSuccess; }
 cudaError_t cudaDeviceReset(void) { device_sync(); return cudaSuccess; }
 

@@ -45,6 +45,8 @@
 #define __align__(n) __attribute__((aligned(n)))
 /* transform.py puts emu_launch_bounds(max threads) at the top of the kernel's body */
 #define __launch_bounds__(...)
+/* a register cap (ptxas's budget, checked by dev/ptxas_check.py): nothing to emulate */
+#define __maxnreg__(...)
 /* Block-shared: one static object per declaration (blocks run one at a time).
  * transform.py registers each one after its declaration (emu_shared_use),
  * and the emulator fills it with 0xff bytes (NaN) before every block, so a
