@@ -47,7 +47,7 @@ import subprocess
 
 import pytest
 
-from test_emu_multigpu import MULTIGPU, TINY, bins, data, env, explain, model_without_run_id, steps, train  # noqa: F401
+from test_emu_multigpu import MULTIGPU, TINY, assert_runs_identical, bins, data, env, explain, steps, train  # noqa: F401
 
 FP32_REL = 1e-5   # module docstring
 BF16_ABS = 1e-3
@@ -104,13 +104,7 @@ def test_every_recompute_mode_bitwise_with_dropout(bins, data, tmp_path):
         res = ring(bins, data, "bf16", "-b", "2", "-x", "2", "-n", "2", "--dropout", "0.1", "-r", r, "-o", tmp_path / r,
                    EMU_STREAM_ORDER=order)
         runs[r] = (res, steps(res))
-    base = runs["0"][1]
-    assert len(base) == 2
-    for r, (res, got) in runs.items():
-        assert got == base, f"-r {r}: {got} != -r 0: {base}"
-        model = tmp_path / r / "model_00000002.bin"
-        assert model.exists(), explain(res)
-        assert model_without_run_id(model) == model_without_run_id(tmp_path / "0" / "model_00000002.bin"), f"-r {r}: model differs"
+    assert_runs_identical(runs, tmp_path, 2)
 
 
 def test_token_tiles_under_the_ring(bins, data, tmp_path):

@@ -103,6 +103,17 @@ def model_without_run_id(path):
     return data[:4 * 240] + data[4 * 242:]  # header slots 240-241: each run's own id
 
 
+def assert_runs_identical(runs, out, step):
+    """runs {name: (result, steps)} with -o out/name: every run's steps and
+    model file of `step` (less the run id) are the first run's."""
+    (first, (_, base)), model = next(iter(runs.items())), f"model_{step:08d}.bin"
+    assert len(base) == step
+    for name, (res, got) in runs.items():
+        assert got == base, f"{name}: {got} != {first}: {base}"
+        assert (out / name / model).exists(), explain(res)
+        assert model_without_run_id(out / name / model) == model_without_run_id(out / first / model), f"{name}: model differs"
+
+
 @pytest.mark.parametrize("precision, bound", [("fp32", 1e-5), ("bf16", 1e-3)])
 def test_two_ranks_match_one_rank_with_twice_the_batch(bins, data, precision, bound):
     one = steps(train(bins, data, 0, precision, "-b", "4", "-x", "4"))
@@ -140,13 +151,7 @@ def test_zero1_and_the_sum_after_the_backward_match_per_layer_overlap_bitwise(bi
     assert "gradient accumulation 2" in runs["z0"][0].stdout
     assert "ZeRO-1" in runs["z1"][0].stdout and "per layer during the last micro-step's backward" in runs["z1"][0].stdout
     assert "after the backward (REMAT_NCCL_OVERLAP=0)" in runs["z0-after"][0].stdout
-    base = runs["z0"][1]
-    assert len(base) == 3
-    for name, (res, got) in runs.items():
-        assert got == base, f"{name}: {got} != z0: {base}"
-        model = tmp_path / name / "model_00000003.bin"
-        assert model.exists(), explain(res)
-        assert model_without_run_id(model) == model_without_run_id(tmp_path / "z0" / "model_00000003.bin"), f"{name}: model differs"
+    assert_runs_identical(runs, tmp_path, 3)
 
 
 def test_two_rank_resume_is_bitwise_identical(bins, data, tmp_path):

@@ -1,4 +1,4 @@
-"""Resuming a run (-y 1): what it falls back past, what it refuses and what
+"""Resuming a run (-y 1): that it continues bit for bit (with dropout too), what it falls back past, what it refuses and what
 it keeps. Retention never counts a damaged checkpoint among those it keeps;
 a second job on an -o in use is refused, and a killed job's lock goes with
 it; a state file that disagrees with its name, its DONE marker or the other
