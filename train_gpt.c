@@ -918,7 +918,7 @@ static void cpu_step_begin(void* ctx, int step) {
 static void cpu_step_end(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     if (!m->links.active) return;
-    double step_ms = now_ms() - m->links.step_start_ms;
+    double step_ms = cpu_profile_ms(&m->links) - m->links.step_start_ms;
     m->links.active = 0;
     m->offload.timed = NULL;
     if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
@@ -955,7 +955,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.transfer = cpu_transfer;
     be.step_begin = cpu_step_begin;
     be.step_end = cpu_step_end;
-    m->links.path = cost_model_profile_request(&m->links.step);
+    cpu_profile_init(&m->links);
     return be;
 }
 

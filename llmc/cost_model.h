@@ -6,7 +6,18 @@
  *   attention_flops_per_s  causal attention, forward and backward
  *   memory_bytes_per_s     the memory-bound kernels: LayerNorm, GELU,
  *                          softmax, encoder, gradient norm, AdamW
- * and a step takes sum(work / rate) over the three. Overlap, launch gaps and
+ * and a step takes sum(work / rate) over them. Three more may be set where
+ * those parts run at rates of their own (0, the default, is the rate above):
+ *   matmul_backward_flops_per_s     the backward's matmuls (recompute runs the
+ *                                   forward's)
+ *   attention_backward_flops_per_s  attention's backward
+ *   gelu_bytes_per_s                GELU's bytes, forward and backward: on the
+ *                                   CPU a tanh per element makes it compute-
+ *                                   bound, 10-20x dearer a byte than LayerNorm
+ * The CPU reference's calibration measures all six (cost_model_calibrate_ops);
+ * the GPU's phase profile tells neither forward from backward nor GELU from
+ * the other memory-bound kernels, so its files give each pair one rate.
+ * Overlap, launch gaps and
  * data-parallel communication are not modelled: the numbers are for
  * comparing recompute choices on one machine, and for the extra time one
  * costs over -r 0. The one communication priced is the context-parallel
@@ -15,14 +26,18 @@
  * Work per micro-step of B*T = N tokens, C channels, E storage bytes:
  *   block forward    matmul 24 N C^2, attention 2 B T (T+1) C (QK^T and PV
  *                    over the T(T+1)/2 causal pairs), bytes 12 N C E (two
- *                    LayerNorms read and write C, GELU reads and writes 4C)
+ *                    LayerNorms read and write C, GELU reads and writes 4C:
+ *                    8 N C E of them GELU's)
  *   block backward   matmul 48 N C^2, attention 2.5 x forward (scores again,
- *                    then dV, dP, dQ, dK), bytes 20 N C E
+ *                    then dV, dP, dQ, dK), bytes 20 N C E (GELU's 12: its
+ *                    input and gradient read, the gradient written), all at
+ *                    the backward's rates
  *   recompute -r 1   the block forward up to the GELU: matmul 16 N C^2, all of
- *                    attention's forward, bytes 12 N C E
+ *                    attention's forward, bytes 12 N C E (GELU's 8)
  *   recompute -r 3   the same without attention
- *   recompute -r 2   LayerNorm apply twice and GELU: bytes 12 N C E
- *   classifier       matmul 6 N C Vp, bytes 2 N Vp E (fused softmax)
+ *   recompute -r 2   LayerNorm apply twice and GELU: bytes 12 N C E (GELU's 8)
+ *   classifier       matmul 6 N C Vp (4 N C Vp of it backward), bytes 2 N Vp E
+ *                    (fused softmax)
  *   per step         AdamW and the gradient norm: bytes per parameter of the
  *                    shard 3E (gradient, parameter read and written) + 16
  *                    (moments) + 8 (master weights, when kept), plus E to zero
@@ -52,7 +67,9 @@
  * of the layer above, under its recompute and backward; a copy longer than
  * the compute it hides under costs its excess:
  *   offload          max(0, copy - block forward) + max(0, copy - (block
- *                    backward + recompute)), copy = kept bytes / link rate
+ *                    backward + recompute)), copy = kept bytes / link rate;
+ *                    on the CPU reference, which copies in line (memcpy),
+ *                    2 copy
  * Link defaults, achievable per direction: PCIe 4.0 x16 25 GB/s (A100), PCIe
  * 5.0 x16 50 GB/s (H100, H200), NVLink-C2C 360 GB/s (GH200: 450 GB/s peak
  * each way); --host-link picks one or a rate.
@@ -79,7 +96,8 @@
  *
  * Defaults are assumed achievable rates in BF16, not peaks; a calibration
  * file (cost_model_write, from a REMAT_PROFILE run) replaces them with
- * measured ones. --cost-model names a default or a file.
+ * measured ones. --cost-model names a default or a file. The cpu default
+ * is one such calibration (below), rounded.
  *
  * Links are calibrated from the run's own transfers (link_fit): the host
  * link as the bytes the offload copies moved over the seconds they took,

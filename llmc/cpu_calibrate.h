@@ -9,6 +9,13 @@
  * (cost_model_calibrate_ops), the links measured (cost_model_add_links),
  * matmul_half_rows; only the tiles' pass cost o stays the planned one. The
  * GPU's twin is llmc/profile.cuh.
+ *
+ * REMAT_PROFILE_CLOCK=cpu (one thread only) times the step and the op
+ * families in the process's CPU time instead of wall-clock time: on a
+ * machine shared with other work, the time this process was descheduled
+ * then counts nowhere, so the rates are those of the machine to itself
+ * (dev/bench/predict_vs_measure.py --clock cpu compares them with per-step
+ * CPU time). The copies are timed on the wall clock either way.
  */
 #ifndef REMAT_CPU_CALIBRATE_H
 #define REMAT_CPU_CALIBRATE_H
@@ -31,26 +38,47 @@ typedef enum { OP_MATMUL_FORWARD, OP_MATMUL_BACKWARD, OP_ATTENTION_FORWARD, OP_A
 
 typedef struct {
     int step, active;
+    int cpu_clock; /* REMAT_PROFILE_CLOCK=cpu */
     const char* path;
     LinkTimes host, ring;
     double step_start_ms;
     double op_ms[NUM_CPU_OPS]; /* the profiled step's calls of each family */
 } CpuLinkProfile;
 
+/* The profile's clock in ms: wall-clock, or with cpu_clock the process's CPU time. */
+static inline double cpu_profile_ms(const CpuLinkProfile* p) {
+    if (!p->cpu_clock) return now_ms();
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
 /* `call`, timed into family `op` while the profiled step runs (a clock read
- * on each side: about 50 ns against calls of milliseconds). */
-#define CPU_TIMED(prof, op, call)                                  \
-    do {                                                           \
-        double cpu_timed_t0 = (prof)->active ? now_ms() : 0.0;     \
-        call;                                                      \
-        if ((prof)->active) (prof)->op_ms[op] += now_ms() - cpu_timed_t0; \
+ * on each side: well under a microsecond against calls of milliseconds). */
+#define CPU_TIMED(prof, op, call)                                                      \
+    do {                                                                               \
+        double cpu_timed_t0 = (prof)->active ? cpu_profile_ms(prof) : 0.0;             \
+        call;                                                                          \
+        if ((prof)->active) (prof)->op_ms[op] += cpu_profile_ms(prof) - cpu_timed_t0;  \
     } while (0)
+
+/* REMAT_PROFILE_COST_MODEL's step and file (cost_model_profile_request) and
+ * REMAT_PROFILE_CLOCK: unset or wall, or cpu with one thread. */
+static void cpu_profile_init(CpuLinkProfile* p) {
+    memset(p, 0, sizeof(*p));
+    p->path = cost_model_profile_request(&p->step);
+    const char* clock = getenv("REMAT_PROFILE_CLOCK");
+    if (!clock || !clock[0] || strcmp(clock, "wall") == 0) return;
+    if (strcmp(clock, "cpu") != 0) fail("REMAT_PROFILE_CLOCK: '%s' is neither wall nor cpu", clock);
+    if (cpu_threads() != 1) fail("REMAT_PROFILE_CLOCK=cpu times one thread's CPU time: run with OMP_NUM_THREADS=1, not %d threads", cpu_threads());
+    p->cpu_clock = 1;
+}
 
 static void cpu_profile_step_begin(CpuLinkProfile* p, int step) {
     p->active = p->path && step == p->step;
     if (!p->active) return;
     for (int k = 0; k < NUM_CPU_OPS; k++) p->op_ms[k] = 0.0;
-    p->step_start_ms = now_ms();
+    p->step_start_ms = cpu_profile_ms(p);
 }
 
 /* matmul_half_rows timed: the (rows, C) x (4C, C)^T matmul of out = inp W^T
@@ -85,8 +113,8 @@ static void cpu_calibration_write(const CpuLinkProfile* p, const PlanSpec* s, in
     char why[200];
     if (cost_model_calibrate_ops(s, &t, &cm, why, sizeof(why)) != 0)
         fail("REMAT_PROFILE_COST_MODEL: step %d does not calibrate the time model: %s", step, why);
-    snprintf(cm.name, sizeof(cm.name), "train_gpt_cpu, %d thread%s, calibrated at B=%d T=%d", cpu_threads(), cpu_threads() == 1 ? "" : "s",
-             s->B, s->T);
+    snprintf(cm.name, sizeof(cm.name), "train_gpt_cpu, %d thread%s%s, calibrated at B=%d T=%d", cpu_threads(), cpu_threads() == 1 ? "" : "s",
+             p->cpu_clock ? " (CPU time)" : "", s->B, s->T);
     char how[200];
     snprintf(how, sizeof(how), "every rate timed in step %d (REMAT_PROFILE) of train_gpt_cpu but tile_pass_s (planned), see llmc/cpu_calibrate.h", step);
     cost_model_write(&cm, p->path, how);
