@@ -236,6 +236,13 @@ static inline RingLink spec_ring_link(const PlanSpec* s) {
     return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_resolve("", s->backend);
 }
 
+/* Work of the forward's kind (nothing at the backward's rates, no tiles);
+ * every field written, as C++ (train_gpt.cu) warns of any left out. */
+static inline Work work_new(double matmul_flops, double attention_flops, double memory_bytes, double gelu_bytes) {
+    Work w = {matmul_flops, 0.0, attention_flops, 0.0, memory_bytes, gelu_bytes, 0.0, 0.0, 0.0};
+    return w;
+}
+
 /* A rate of its own, or the one it defaults to (0: not given). */
 static inline double rate_or(double rate, double fallback) { return rate > 0 ? rate : fallback; }
 static inline double matmul_backward_rate(const CostModel* cm) { return rate_or(cm->matmul_backward_flops_per_s, cm->matmul_flops_per_s); }
@@ -317,8 +324,7 @@ static inline Work tile_cost(const PlanSpec* s, Work w, double passes) {
 /* Work of one layer's forward (backward = 0) or backward (backward = 1). */
 static inline Work layer_work(const PlanSpec* s, int backward) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = {.matmul_flops = 24.0 * N * C * C, .attention_flops = attention_forward_flops(s), .memory_bytes = 12.0 * N * C * E,
-              .gelu_bytes = 8.0 * N * C * E};
+    Work w = work_new(24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E, 8.0 * N * C * E);
     if (backward) {
         w.matmul_flops = w.matmul_backward_flops = 48.0 * N * C * C;
         w.attention_flops = w.attention_backward_flops = 2.5 * attention_forward_flops(s);
@@ -331,7 +337,7 @@ static inline Work layer_work(const PlanSpec* s, int backward) {
 /* Extra work in one layer's backward pass under `mode`. */
 static inline Work recompute_work(const PlanSpec* s, int mode) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = {.memory_bytes = 12.0 * N * C * E, .gelu_bytes = 8.0 * N * C * E}; /* two LayerNorms (-r 2: applied) and GELU */
+    Work w = work_new(0.0, 0.0, 12.0 * N * C * E, 8.0 * N * C * E); /* two LayerNorms (-r 2: applied) and GELU */
     if (mode == RECOMPUTE_NONE) w.memory_bytes = w.gelu_bytes = 0.0;
     if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
         w.matmul_flops = 16.0 * N * C * C;
@@ -355,13 +361,13 @@ static inline int segment_rerun(const PlanSpec* s, int l) {
 }
 
 static inline Work rerun_work(const PlanSpec* s, int mode, int rerun) {
-    Work none = {0};
+    Work none = work_new(0.0, 0.0, 0.0, 0.0);
     if (rerun == 0 || (rerun == 2 && mode == RECOMPUTE_FULL)) return none;
     if (rerun == 1) return layer_work(s, 0);
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
     int attention_only = mode == RECOMPUTE_KEEP_ATTENTION;
-    Work w = {.matmul_flops = (attention_only ? 6.0 : 16.0) * N * C * C, .attention_flops = attention_forward_flops(s),
-              .memory_bytes = (attention_only ? 3.0 : 10.0) * N * C * E, .gelu_bytes = attention_only ? 0.0 : 8.0 * N * C * E};
+    Work w = work_new((attention_only ? 6.0 : 16.0) * N * C * C, attention_forward_flops(s), (attention_only ? 3.0 : 10.0) * N * C * E,
+                      attention_only ? 0.0 : 8.0 * N * C * E);
     return tile_cost(s, w, attention_only ? 1.0 : 2.0);
 }
 
@@ -370,7 +376,8 @@ static inline int rerun_has_attention(int mode, int rerun) { return rerun == 1 |
 
 static inline Work head_work(const PlanSpec* s) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
-    Work w = {.matmul_flops = 6.0 * N * C * Vp, .matmul_backward_flops = 4.0 * N * C * Vp, .memory_bytes = 2.0 * N * Vp * E + 10.0 * N * C * E};
+    Work w = work_new(6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0);
+    w.matmul_backward_flops = 4.0 * N * C * Vp;
     return w;
 }
 
@@ -379,7 +386,7 @@ static inline Work update_work(const PlanSpec* s) {
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
     double P = (double)pl.total, shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes;
-    Work w = {.memory_bytes = P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0))};
+    Work w = work_new(0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0)), 0.0);
     return w;
 }
 
@@ -394,7 +401,7 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
         micro = work_add(micro, recompute_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE), 1.0);
         micro = work_add(micro, rerun_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE, segment_rerun(s, l)), 1.0);
     }
-    Work zero = {0};
+    Work zero = work_new(0.0, 0.0, 0.0, 0.0);
     return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);
 }
 

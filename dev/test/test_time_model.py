@@ -54,7 +54,7 @@ def test_calibration_writes_every_rate_and_the_plan_reads_them(calibrated):
     d = predicted(*MODEL, "-b", B, "-t", T, "-r", "0", "--cost-model", cm)
     for k in RATES:
         assert d["cost_model"][k] == float(rates[k]), k
-    assert 1e3 * d["predicted_step_seconds"] == pytest.approx(step_ms, rel=1e-4)
+    assert 1e3 * d["predicted_step_seconds"] == pytest.approx(step_ms, abs=0.051)  # printed to 0.1 ms
     assert predicted(*MODEL, "-b", B, "-t", T, "-r", "0")["predicted_step_seconds"] != d["predicted_step_seconds"]
 
 
