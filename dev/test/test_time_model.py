@@ -110,3 +110,19 @@ def test_gpu_attention_default_per_family_and_head_size(shape, flags, family, ca
     d = predicted("-e", "d12", *shape, "--layers", "2", "-b", "1", "-t", "1024", *flags, "--cost-model", card, "--mem-budget", "80GiB",
                   exe=str(GPU_PLAN))
     assert d["cost_model"]["attention_flops_per_s"] == want[card][family]
+
+
+def test_profile_clock(tiny_shards, tmp_path):
+    """REMAT_PROFILE_CLOCK=cpu calibrates in CPU time on one thread (the
+    file says so); with two threads, or a clock it does not know, the run
+    stops with one line before training."""
+    cm = tmp_path / "cpu.cost"
+    args = [binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", B, "-t", T, "-s", "0", "-x", "2"]
+    env = {"REMAT_PROFILE": "2", "REMAT_PROFILE_COST_MODEL": str(cm)}
+    run(args, env={**env, "REMAT_PROFILE_CLOCK": "cpu", "OMP_NUM_THREADS": "1"}, check=True)
+    assert cost_file(cm)["name"] == "train_gpt_cpu, 1 thread (CPU time), calibrated at B=2 T=64"
+    for clock, threads, message in [("cpu", "2", "error: REMAT_PROFILE_CLOCK=cpu times one thread's CPU time: run with OMP_NUM_THREADS=1, not 2 threads"),
+                                    ("gpu", "1", "error: REMAT_PROFILE_CLOCK: 'gpu' is neither wall nor cpu")]:
+        res = run(args, env={**env, "REMAT_PROFILE_CLOCK": clock, "OMP_NUM_THREADS": threads})
+        lines = [line for line in res.stderr.splitlines() if line.strip()]
+        assert res.returncode == 1 and lines == [message] and "step " not in res.stdout, (res.stdout[-500:], res.stderr)
