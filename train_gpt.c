@@ -420,7 +420,7 @@ typedef struct {
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
     CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu_ring.h) */
     size_t shard_start, shard_count; /* parameters this rank updates */
-    CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose transfers are timed */
+    CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
@@ -507,16 +507,18 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
 static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
     if (m->cp.group_size > 1)
-        cpu_ring_attention_forward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop);
-    else attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
+        CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
+                                                                              attention_doc_start(m), out, lse, qkv, drop));
+    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop));
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
     if (m->cp.group_size > 1)
-        cpu_ring_attention_backward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), dqkv, datty,
-                                    qkv, out, lse, drop);
-    else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop);
+        CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
+                                                                                attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
+    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
+                                                                        attention_doc_start(m), drop));
 }
 
 /* Rows [r0, ...) of layer l's activation a (plan_act_row_offset: a tiled
@@ -533,7 +535,7 @@ static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
     real* ln1 = act_rows(m, l, ACT_LN1, r0);
     layernorm_forward(ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w,
                       w.ln1b, n, C);
-    matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C);
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C));
 }
 
 /* Block l after attention, rows [r0, r0+n), from x and the attention
@@ -552,13 +554,13 @@ static void block_forward_mlp(CpuModel* m, int l, int r0, int n, real* out) {
     real* fch = act_rows(m, l, ACT_FCH, r0);
     real* fch_gelu = act_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C);
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C));
     residual_add(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn);
     layernorm_forward(ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C);
-    matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C);
-    gelu_forward(fch_gelu, fch, (size_t)n * 4 * C);
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C));
+    CPU_TIMED(&m->links, OP_GELU, gelu_forward(fch_gelu, fch, (size_t)n * 4 * C));
     if (!out) return;
-    matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C);
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C));
     residual_add(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp);
 }
 
@@ -596,7 +598,7 @@ static void block_recompute_mlp(CpuModel* m, int l, int r0, int n) {
         layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
                         act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
     if (!layer_keeps(mode, ACT_FCH_GELU))
-        gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
+        CPU_TIMED(&m->links, OP_GELU, gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
 }
 
 /* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
@@ -626,16 +628,16 @@ static void block_backward_mlp(CpuModel* m, int l, int r0, int n, real* datty) {
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     block_recompute_mlp(m, l, r0, n);
     const real* dbranch = branch_grad(m, &resid_mlp, r0, n);
-    matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C);
-    matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C);
-    gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
-    matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C);
-    matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C);
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C));
+    CPU_TIMED(&m->links, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C));
     layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
                        act_rows(m, l, ACT_LN2_RSTD, r0), n, C);
     dbranch = branch_grad(m, &resid_attn, r0, n);
-    matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C);
-    matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C);
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C));
 }
 
 /* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
@@ -647,8 +649,8 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, con
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     dqkv += (size_t)r0 * 3 * C;
     block_recompute_ln1(m, l, r0, n, tiles);
-    matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C);
-    matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C);
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C));
     layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
                        act_rows(m, l, ACT_LN1_RSTD, r0), n, C);
 }
@@ -727,7 +729,7 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const real* lnf = m->lnf + (size_t)r0 * C;
-        matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp);
+        CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp));
         #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; r++) {
             real* row = m->logits + (size_t)r * Vp;
@@ -741,8 +743,8 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
-        matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp);
-        matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp);
+        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp));
+        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp));
     }
 }
 
@@ -909,13 +911,14 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
 
 static void cpu_step_begin(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
-    m->links.active = m->links.path && step == m->links.step;
+    cpu_profile_step_begin(&m->links, step);
     m->offload.timed = m->links.active ? &m->links.host : NULL;
 }
 
 static void cpu_step_end(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     if (!m->links.active) return;
+    double step_ms = cpu_profile_ms(&m->links) - m->links.step_start_ms;
     m->links.active = 0;
     m->offload.timed = NULL;
     if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
@@ -924,7 +927,7 @@ static void cpu_step_end(void* ctx, int step) {
     BlockTensors w = layer_params(m, 0);
     double half_rows = cpu_time_matmul_half_rows(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, tile_tokens(m), m->cfg.channels,
                                                  spec_cost_model(&m->plan->spec).matmul_half_rows);
-    cpu_calibration_write(&m->links, &m->plan->spec, step, half_rows);
+    cpu_calibration_write(&m->links, &m->plan->spec, step, step_ms, half_rows);
 }
 
 static Backend cpu_backend(CpuModel* m) {
@@ -952,7 +955,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.transfer = cpu_transfer;
     be.step_begin = cpu_step_begin;
     be.step_end = cpu_step_end;
-    m->links.path = cost_model_profile_request(&m->links.step);
+    cpu_profile_init(&m->links);
     return be;
 }
 

@@ -1037,6 +1037,15 @@ static void gpu_step_extras(void* ctx, int step, double step_ms, char* buf, size
 static char g_device_name[256] = "";
 static const char* gpu_device_name(void) { return g_device_name; }
 
+/* The attention family this build runs at head size hs (the default cost
+ * model's attention rate): attention_family, and the WMMA kernels where
+ * documents are masked (attention_forward_launch_as: the mma kernels mask
+ * none yet). */
+static int gpu_attention_family(int hs, int documents) {
+    int family = attention_family(ATTENTION_KIND, hs);
+    return documents && family == ATT_KIND_MMA ? ATT_KIND_TC : family;
+}
+
 /* REMAT_PROFILE_COST_MODEL=FILE with REMAT_PROFILE=N: the time model's rates
  * calibrated from step N's profile (cost_model_calibrate), written to FILE
  * for --cost-model; NULL when not asked for (cost_model_profile_request). */
@@ -1221,6 +1230,7 @@ int main(int argc, char** argv) {
         else cudaGetLastError();
     }
     remat_device_name_hook = gpu_device_name;
+    remat_attention_family_hook = gpu_attention_family;
     profile_cost_model_path(); /* a bad setting stops the run now, not after step N */
     Run run;
     run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);

@@ -38,6 +38,11 @@ static size_t remat_nccl_device_bytes = 0;
  * it finds none); NULL on the CPU trainer. */
 static const char* (*remat_device_name_hook)(void) = NULL;
 
+/* The attention kernel family (cost_model.h's ATTENTION_FAMILY_*) the GPU
+ * build runs at head size hs, with or without a document mask, for the
+ * default cost model's attention rate; NULL on the CPU trainer. */
+static int (*remat_attention_family_hook)(int hs, int documents) = NULL;
+
 /* Kept out of a default device budget: what the plan does not hold (cuBLASLt
  * handle, kernels loaded lazily during the first step). */
 #define PLAN_DEVICE_HEADROOM_BYTES ((size_t)256 << 20)

@@ -6,7 +6,18 @@
  *   attention_flops_per_s  causal attention, forward and backward
  *   memory_bytes_per_s     the memory-bound kernels: LayerNorm, GELU,
  *                          softmax, encoder, gradient norm, AdamW
- * and a step takes sum(work / rate) over the three. Overlap, launch gaps and
+ * and a step takes sum(work / rate) over them. Three more may be set where
+ * those parts run at rates of their own (0, the default, is the rate above):
+ *   matmul_backward_flops_per_s     the backward's matmuls (recompute runs the
+ *                                   forward's)
+ *   attention_backward_flops_per_s  attention's backward
+ *   gelu_bytes_per_s                GELU's bytes, forward and backward: on the
+ *                                   CPU a tanh per element makes it compute-
+ *                                   bound, 10-20x dearer a byte than LayerNorm
+ * The CPU reference's calibration measures all six (cost_model_calibrate_ops);
+ * the GPU's phase profile tells neither forward from backward nor GELU from
+ * the other memory-bound kernels, so its files give each pair one rate.
+ * Overlap, launch gaps and
  * data-parallel communication are not modelled: the numbers are for
  * comparing recompute choices on one machine, and for the extra time one
  * costs over -r 0. The one communication priced is the context-parallel
@@ -15,14 +26,18 @@
  * Work per micro-step of B*T = N tokens, C channels, E storage bytes:
  *   block forward    matmul 24 N C^2, attention 2 B T (T+1) C (QK^T and PV
  *                    over the T(T+1)/2 causal pairs), bytes 12 N C E (two
- *                    LayerNorms read and write C, GELU reads and writes 4C)
+ *                    LayerNorms read and write C, GELU reads and writes 4C:
+ *                    8 N C E of them GELU's)
  *   block backward   matmul 48 N C^2, attention 2.5 x forward (scores again,
- *                    then dV, dP, dQ, dK), bytes 20 N C E
+ *                    then dV, dP, dQ, dK), bytes 20 N C E (GELU's 12: its
+ *                    input and gradient read, the gradient written), all at
+ *                    the backward's rates
  *   recompute -r 1   the block forward up to the GELU: matmul 16 N C^2, all of
- *                    attention's forward, bytes 12 N C E
+ *                    attention's forward, bytes 12 N C E (GELU's 8)
  *   recompute -r 3   the same without attention
- *   recompute -r 2   LayerNorm apply twice and GELU: bytes 12 N C E
- *   classifier       matmul 6 N C Vp, bytes 2 N Vp E (fused softmax)
+ *   recompute -r 2   LayerNorm apply twice and GELU: bytes 12 N C E (GELU's 8)
+ *   classifier       matmul 6 N C Vp (4 N C Vp of it backward), bytes 2 N Vp E
+ *                    (fused softmax)
  *   per step         AdamW and the gradient norm: bytes per parameter of the
  *                    shard 3E (gradient, parameter read and written) + 16
  *                    (moments) + 8 (master weights, when kept), plus E to zero
@@ -52,7 +67,9 @@
  * of the layer above, under its recompute and backward; a copy longer than
  * the compute it hides under costs its excess:
  *   offload          max(0, copy - block forward) + max(0, copy - (block
- *                    backward + recompute)), copy = kept bytes / link rate
+ *                    backward + recompute)), copy = kept bytes / link rate;
+ *                    on the CPU reference, which copies in line (memcpy),
+ *                    2 copy
  * Link defaults, achievable per direction: PCIe 4.0 x16 25 GB/s (A100), PCIe
  * 5.0 x16 50 GB/s (H100, H200), NVLink-C2C 360 GB/s (GH200: 450 GB/s peak
  * each way); --host-link picks one or a rate.
@@ -79,7 +96,11 @@
  *
  * Defaults are assumed achievable rates in BF16, not peaks; a calibration
  * file (cost_model_write, from a REMAT_PROFILE run) replaces them with
- * measured ones. --cost-model names a default or a file.
+ * measured ones. --cost-model names a default or a file. The cpu default
+ * keeps its three assumed rates (tests and docs plan with it); on the issue's
+ * shape a calibration on the development VM measured matmuls 1.7x to 4.6x
+ * and attention 1.3x to 1.6x faster, GELU 13x slower a byte
+ * (dev/bench/RESULTS.md): calibrate rather than trust it.
  *
  * Links are calibrated from the run's own transfers (link_fit): the host
  * link as the bytes the offload copies moved over the seconds they took,
@@ -93,10 +114,17 @@
 #include <stddef.h>
 #include "plan.h"
 
-/* Work of a span of the step; the last two price token tiles: the tiled
- * matmuls' FLOPs over their tile's rows (F / K, times h / rate), and the
- * passes over tiles beyond one per untiled pass (times o). */
-typedef struct { double matmul_flops, attention_flops, memory_bytes, tile_matmul_flops_per_row, tile_passes; } Work;
+/* Work of a span of the step. matmul_flops, attention_flops and memory_bytes
+ * are the totals; the *_backward parts of the first two run at the backward's
+ * rates and gelu_bytes, part of memory_bytes, at GELU's (each the total's
+ * rate when a cost model gives none). The tile terms price token tiles: the
+ * tiled matmuls' FLOPs over their tile's rows (F / K, times h / rate; its
+ * backward part at the backward's rate), and the passes over tiles beyond
+ * one per untiled pass (times o). */
+typedef struct {
+    double matmul_flops, matmul_backward_flops, attention_flops, attention_backward_flops, memory_bytes, gelu_bytes;
+    double tile_matmul_flops_per_row, tile_matmul_backward_flops_per_row, tile_passes;
+} Work;
 
 /* Links the ring may run on: one direction's achievable bytes per second
  * between neighbours, and the latency of one message. NVLink 4 (H100, H200:
@@ -123,32 +151,68 @@ static const RingLink ring_links[] = {
 #define MATMUL_HALF_ROWS_GPU 256.0
 #define MATMUL_HALF_ROWS_CPU 16.0
 
-/* Attention's default rates (forward, recompute and backward together, at
- * GPT-2's head size 64) are never above the best published rate of a kernel
- * of the class remat's default kernels belong to (mma.sync with ldmatrix and
- * cp.async: FlashAttention-2's class) on that card. FlashAttention-2 on an
- * H100 SXM, bf16, head size 64: 295 TFLOP/s causal forward (FlashAttention-3
- * paper, Shah et al. 2024, arXiv:2407.08608, figure 5), and forward plus
- * backward about 300 TFLOP/s non-causal at 8k tokens (flash-attention's own
- * benchmarks/benchmark_flash_attention.py, as posted in
- * Dao-AILab/flash-attention#2688); its backward is slower than its forward,
- * so the pair is below 295. The H200 has the H100's SMs and clocks (more and
- * faster memory only), so the same ceiling holds. remat's mma kernels, read
- * against FA2's, should reach about 200-260: 2.5e14 stays under every
- * published figure of the class. Head size 128 runs faster in FA2 (its
- * published peak: 35% of the H100's 989 TFLOP/s); the default does not
- * assume it. The tc and simt kernel families are slower still: give
- * --cost-model (gpu_check.sh calibrates one from a real run). */
+/* Attention's default rates (forward, recompute and backward together) per
+ * card, kernel family (attention.cuh's attention_family: what the GPU build
+ * runs for the model's head size) and head size, in the table after the cost
+ * models; the cost models' own attention rate is the mma family's at GPT-2's
+ * head size 64, which the CPU trainer's plans (no family) use. */
 static const CostModel cost_model_defaults[] = {
     /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz; "offloading" is a memcpy */
-    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0},
-    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
-    {"h100", 6.0e14, 2.5e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
-    {"h200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
-    {"gh200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0},
+    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0, 0, 0, 0},
+    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
+    {"h100", 6.0e14, 2.5e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
+    {"h200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
+    {"gh200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
 };
 enum { COST_MODEL_CPU, COST_MODEL_A100, COST_MODEL_H100 }; /* indices of the table above */
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
+
+/* Attention kernel families, attention.cuh's AttentionKind in its order. */
+enum { ATTENTION_FAMILY_SIMT, ATTENTION_FAMILY_TC, ATTENTION_FAMILY_MMA };
+
+/* Attention's default rates, bf16, forward with backward (2.5x its FLOPs),
+ * each never above the best published rate of a kernel of its class on that
+ * card.
+ *   mma   mma.sync with ldmatrix and cp.async (attention_mma.cuh): the class
+ *         of FlashAttention-2. FA2 on an H100 SXM5, bf16, as the
+ *         FlashAttention-3 paper measured it (Shah et al. 2024,
+ *         arXiv:2407.08608, figures 5 and 6, sequences of 512 to 16k):
+ *         causal forward at most 299 TFLOP/s at head size 64 and 335 at
+ *         128, backward at most 291 and 322; forward with 2.5x backward so
+ *         at most 293 and 326. remat's kernels, read against FA2's, should
+ *         reach 200-260 at 64: 2.5e14, and 2.8e14 at 128 (the same share of
+ *         FA2's figure). The H200 and GH200 have the H100's SMs and clocks
+ *         (more and faster memory only): the same ceiling. On the A100 FA2's
+ *         forward reaches at most 73% of the 312 TFLOP/s peak (FA2 paper,
+ *         Dao 2023, arXiv:2307.08691), its backward less: 1.2e14 and 1.35e14.
+ *   tc    WMMA tile products (attention_tc.cuh), every head size the mma
+ *         kernels do not take, and documents under --reset-attention-mask
+ *         (the mma kernels mask none yet): the same tensor-core products
+ *         under the same ceiling, without the mma kernels' ldmatrix loads
+ *         and cp.async pipeline; assumed at half the mma rate, unmeasured.
+ *   simt  CUDA cores (fp32 builds, ATTENTION=simt): under the card's fp32
+ *         peak (A100 19.5 TFLOP/s, H100 SXM 67: NVIDIA's data sheets);
+ *         assumed at 30% of it, unmeasured.
+ * gpu_check.sh calibrates the real figures from a run (--cost-model). */
+typedef struct { const char* card; double mma_hs64, mma_hs128, tc, simt; } AttentionDefaults;
+static const AttentionDefaults attention_defaults[] = {
+    {"a100", 1.2e14, 1.35e14, 6.0e13, 6.0e12},
+    {"h100", 2.5e14, 2.8e14, 1.25e14, 2.0e13},
+    {"h200", 2.5e14, 2.8e14, 1.25e14, 2.0e13},
+    {"gh200", 2.5e14, 2.8e14, 1.25e14, 2.0e13},
+};
+
+/* The default attention rate of `card`'s row for the kernel family that runs
+ * at head size hs (family -1, or a card without a row such as cpu: the cost
+ * model's own rate). */
+static inline void cost_model_attention_default(CostModel* cm, const char* card, int family, int hs) {
+    for (size_t i = 0; family >= 0 && i < sizeof(attention_defaults) / sizeof(attention_defaults[0]); i++) {
+        const AttentionDefaults* a = &attention_defaults[i];
+        if (strcmp(card, a->card) != 0) continue;
+        cm->attention_flops_per_s = family == ATTENTION_FAMILY_MMA ? (hs == 128 ? a->mma_hs128 : a->mma_hs64)
+                                    : family == ATTENTION_FAMILY_TC ? a->tc : a->simt;
+    }
+}
 
 /* --ring-link's link ("": MPI on the CPU trainer, NVLink on the GPU's). */
 static inline RingLink ring_link_resolve(const char* name, int backend) {
@@ -175,16 +239,50 @@ static inline RingLink spec_ring_link(const PlanSpec* s) {
     return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_resolve("", s->backend);
 }
 
+/* Work of the forward's kind (nothing at the backward's rates, no tiles);
+ * every field written, as C++ (train_gpt.cu) warns of any left out. */
+static inline Work work_new(double matmul_flops, double attention_flops, double memory_bytes, double gelu_bytes) {
+    Work w = {matmul_flops, 0.0, attention_flops, 0.0, memory_bytes, gelu_bytes, 0.0, 0.0, 0.0};
+    return w;
+}
+
+/* A rate of its own, or the one it defaults to (0: not given). */
+static inline double rate_or(double rate, double fallback) { return rate > 0 ? rate : fallback; }
+static inline double matmul_backward_rate(const CostModel* cm) { return rate_or(cm->matmul_backward_flops_per_s, cm->matmul_flops_per_s); }
+static inline double attention_backward_rate(const CostModel* cm) { return rate_or(cm->attention_backward_flops_per_s, cm->attention_flops_per_s); }
+static inline double gelu_rate(const CostModel* cm) { return rate_or(cm->gelu_bytes_per_s, cm->memory_bytes_per_s); }
+
+/* The seconds of each of a Work's terms (work_seconds is their sum). */
+typedef struct { double matmul_forward, matmul_backward, attention_forward, attention_backward, memory, gelu, tile_passes; } WorkSeconds;
+
+static inline WorkSeconds work_seconds_split(Work w, const CostModel* cm) {
+    double h = cm->matmul_half_rows;
+    WorkSeconds t;
+    t.matmul_forward = (w.matmul_flops - w.matmul_backward_flops + (w.tile_matmul_flops_per_row - w.tile_matmul_backward_flops_per_row) * h) /
+                       cm->matmul_flops_per_s;
+    t.matmul_backward = (w.matmul_backward_flops + w.tile_matmul_backward_flops_per_row * h) / matmul_backward_rate(cm);
+    t.attention_forward = (w.attention_flops - w.attention_backward_flops) / cm->attention_flops_per_s;
+    t.attention_backward = w.attention_backward_flops / attention_backward_rate(cm);
+    t.memory = (w.memory_bytes - w.gelu_bytes) / cm->memory_bytes_per_s;
+    t.gelu = w.gelu_bytes / gelu_rate(cm);
+    t.tile_passes = w.tile_passes * cm->tile_pass_s;
+    return t;
+}
+
 static inline double work_seconds(Work w, const CostModel* cm) {
-    return (w.matmul_flops + w.tile_matmul_flops_per_row * cm->matmul_half_rows) / cm->matmul_flops_per_s +
-           w.attention_flops / cm->attention_flops_per_s + w.memory_bytes / cm->memory_bytes_per_s + w.tile_passes * cm->tile_pass_s;
+    WorkSeconds t = work_seconds_split(w, cm);
+    return t.matmul_forward + t.matmul_backward + t.attention_forward + t.attention_backward + t.memory + t.gelu + t.tile_passes;
 }
 
 static inline Work work_add(Work a, Work b, double k) {
     a.matmul_flops += k * b.matmul_flops;
+    a.matmul_backward_flops += k * b.matmul_backward_flops;
     a.attention_flops += k * b.attention_flops;
+    a.attention_backward_flops += k * b.attention_backward_flops;
     a.memory_bytes += k * b.memory_bytes;
+    a.gelu_bytes += k * b.gelu_bytes;
     a.tile_matmul_flops_per_row += k * b.tile_matmul_flops_per_row;
+    a.tile_matmul_backward_flops_per_row += k * b.tile_matmul_backward_flops_per_row;
     a.tile_passes += k * b.tile_passes;
     return a;
 }
@@ -221,6 +319,7 @@ static inline Work tile_cost(const PlanSpec* s, Work w, double passes) {
     size_t K = plan_tile_tokens(s);
     if (!K) return w;
     w.tile_matmul_flops_per_row = w.matmul_flops / (double)K;
+    w.tile_matmul_backward_flops_per_row = w.matmul_backward_flops / (double)K;
     w.tile_passes = passes * (spec_tiles(s) - 1.0);
     return w;
 }
@@ -228,16 +327,21 @@ static inline Work tile_cost(const PlanSpec* s, Work w, double passes) {
 /* Work of one layer's forward (backward = 0) or backward (backward = 1). */
 static inline Work layer_work(const PlanSpec* s, int backward) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = {24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E, 0.0, 0.0};
-    if (backward) { w.matmul_flops *= 2.0; w.attention_flops *= 2.5; w.memory_bytes = 20.0 * N * C * E; }
+    Work w = work_new(24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E, 8.0 * N * C * E);
+    if (backward) {
+        w.matmul_flops = w.matmul_backward_flops = 48.0 * N * C * C;
+        w.attention_flops = w.attention_backward_flops = 2.5 * attention_forward_flops(s);
+        w.memory_bytes = 20.0 * N * C * E;
+        w.gelu_bytes = 12.0 * N * C * E; /* reads its input and the gradient, writes the gradient */
+    }
     return tile_cost(s, w, 2.0);
 }
 
 /* Extra work in one layer's backward pass under `mode`. */
 static inline Work recompute_work(const PlanSpec* s, int mode) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = {0.0, 0.0, 12.0 * N * C * E, 0.0, 0.0};
-    if (mode == RECOMPUTE_NONE) w.memory_bytes = 0.0;
+    Work w = work_new(0.0, 0.0, 12.0 * N * C * E, 8.0 * N * C * E); /* two LayerNorms (-r 2: applied) and GELU */
+    if (mode == RECOMPUTE_NONE) w.memory_bytes = w.gelu_bytes = 0.0;
     if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
         w.matmul_flops = 16.0 * N * C * C;
         if (spec_tiles(s) > 1.0) w.memory_bytes += 2.0 * N * C * E; /* LN1 again, in the QKV pass */
@@ -260,12 +364,13 @@ static inline int segment_rerun(const PlanSpec* s, int l) {
 }
 
 static inline Work rerun_work(const PlanSpec* s, int mode, int rerun) {
-    Work none = {0.0, 0.0, 0.0, 0.0, 0.0};
+    Work none = work_new(0.0, 0.0, 0.0, 0.0);
     if (rerun == 0 || (rerun == 2 && mode == RECOMPUTE_FULL)) return none;
     if (rerun == 1) return layer_work(s, 0);
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
     int attention_only = mode == RECOMPUTE_KEEP_ATTENTION;
-    Work w = {(attention_only ? 6.0 : 16.0) * N * C * C, attention_forward_flops(s), (attention_only ? 3.0 : 10.0) * N * C * E, 0.0, 0.0};
+    Work w = work_new((attention_only ? 6.0 : 16.0) * N * C * C, attention_forward_flops(s), (attention_only ? 3.0 : 10.0) * N * C * E,
+                      attention_only ? 0.0 : 8.0 * N * C * E);
     return tile_cost(s, w, attention_only ? 1.0 : 2.0);
 }
 
@@ -274,7 +379,8 @@ static inline int rerun_has_attention(int mode, int rerun) { return rerun == 1 |
 
 static inline Work head_work(const PlanSpec* s) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
-    Work w = {6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0, 0.0};
+    Work w = work_new(6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0);
+    w.matmul_backward_flops = 4.0 * N * C * Vp;
     return w;
 }
 
@@ -283,7 +389,7 @@ static inline Work update_work(const PlanSpec* s) {
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
     double P = (double)pl.total, shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes;
-    Work w = {0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0)), 0.0, 0.0};
+    Work w = work_new(0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0)), 0.0);
     return w;
 }
 
@@ -298,7 +404,7 @@ static inline Work step_work(const PlanSpec* s, const unsigned char* modes) {
         micro = work_add(micro, recompute_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE), 1.0);
         micro = work_add(micro, rerun_work(s, modes ? (int)modes[l] : (int)RECOMPUTE_NONE, segment_rerun(s, l)), 1.0);
     }
-    Work zero = {0.0, 0.0, 0.0, 0.0, 0.0};
+    Work zero = work_new(0.0, 0.0, 0.0, 0.0);
     return work_add(work_add(zero, micro, spec_grad_accum(s)), update_work(s), 1.0);
 }
 
@@ -322,7 +428,7 @@ static inline double ring_forward_seconds(const PlanSpec* s, const CostModel* cm
 static inline double ring_backward_seconds(const PlanSpec* s, const CostModel* cm) {
     int N = plan_context_parallel(s);
     if (N == 1) return 0.0;
-    double step = 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N;
+    double step = 2.5 * attention_forward_flops(s) / attention_backward_rate(cm) / N;
     double exposed = ring_transfer_seconds(s, plan_ring_kv_bytes(s)) - step;
     return (N - 1) * (exposed > 0 ? exposed : 0.0) + N * ring_transfer_seconds(s, plan_ring_dkv_bytes(s));
 }
@@ -346,14 +452,21 @@ static inline double offload_bytes(const PlanSpec* s, int mode) {
     return b;
 }
 
+/* What a copy out and its copy back add when `fwd` and `bwd` seconds of
+ * compute run beside them: on the GPU (a copy stream) the part each does not
+ * hide; on the CPU reference (memcpy in line) all of both. */
+static inline double copies_exposed(const PlanSpec* s, double copy, double fwd, double bwd) {
+    if (s->backend == BACKEND_CPU) return 2.0 * copy;
+    return (copy > fwd ? copy - fwd : 0.0) + (copy > bwd ? copy - bwd : 0.0);
+}
+
 /* Time per optimizer step an offloaded layer in `mode` adds: the part of
  * each copy its compute does not hide (0 for modes that do not offload). */
 static inline double offload_seconds(const PlanSpec* s, const CostModel* cm, int mode) {
     if (!mode_can_offload(mode)) return 0.0;
     double copy = offload_bytes(s, mode) / cm->host_link_bytes_per_s;
     double fwd = work_seconds(layer_work(s, 0), cm), bwd = work_seconds(work_add(layer_work(s, 1), recompute_work(s, mode), 1.0), cm);
-    double excess = (copy > fwd ? copy - fwd : 0.0) + (copy > bwd ? copy - bwd : 0.0);
-    return spec_grad_accum(s) * excess;
+    return spec_grad_accum(s) * copies_exposed(s, copy, fwd, bwd);
 }
 
 /* Modes and offload flags per layer (NULL: -r 0, no offloading): the work,
@@ -363,7 +476,7 @@ static inline double offload_seconds(const PlanSpec* s, const CostModel* cm, int
 static inline double segment_offload_seconds(const PlanSpec* s, const CostModel* cm) {
     double copy = (double)plan_act_bytes(s, ACT_X) / cm->host_link_bytes_per_s;
     double fwd = work_seconds(layer_work(s, 0), cm), bwd = work_seconds(layer_work(s, 1), cm);
-    return spec_grad_accum(s) * ((copy > fwd ? copy - fwd : 0.0) + (copy > bwd ? copy - bwd : 0.0));
+    return spec_grad_accum(s) * copies_exposed(s, copy, fwd, bwd);
 }
 
 static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes,
@@ -430,6 +543,9 @@ static const CostModelKey cost_model_keys[] = {
     {"matmul_half_rows", offsetof(CostModel, matmul_half_rows), 0},
     {"ring_link_bytes_per_s", offsetof(CostModel, ring_bytes_per_s), 0},
     {"ring_link_latency_s", offsetof(CostModel, ring_latency_s), 0},
+    {"matmul_backward_flops_per_s", offsetof(CostModel, matmul_backward_flops_per_s), 0},
+    {"attention_backward_flops_per_s", offsetof(CostModel, attention_backward_flops_per_s), 0},
+    {"gelu_bytes_per_s", offsetof(CostModel, gelu_bytes_per_s), 0},
 };
 #define NUM_COST_MODEL_KEYS ((int)(sizeof(cost_model_keys) / sizeof(cost_model_keys[0])))
 
@@ -547,6 +663,44 @@ static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, C
     if (!(matmul_s > 0)) { snprintf(why, n, "forward, classifier and backward take no longer than attention and the memory-bound work"); return -1; }
     /* tiled matmuls take (F + (F / K) h) / rate */
     out->matmul_flops_per_s = (compute.matmul_flops + compute.tile_matmul_flops_per_row * given->matmul_half_rows) / matmul_s;
+    /* the phases do not tell forward from backward, nor GELU from the other memory-bound kernels */
+    out->matmul_backward_flops_per_s = out->matmul_flops_per_s;
+    out->attention_backward_flops_per_s = out->attention_flops_per_s;
+    out->gelu_bytes_per_s = out->memory_bytes_per_s;
+    return 0;
+}
+
+/* Measured seconds of one step of the CPU reference (llmc/cpu_calibrate.h):
+ * the step, and in it every call of each op family the model prices apart,
+ * and the offload copies. */
+typedef struct {
+    double step, matmul_forward, matmul_backward, attention_forward, attention_backward, gelu, copies;
+} OpTimes;
+
+/* Every compute rate from a step of `s` (its modes, tiles, grad_accum) whose
+ * op families were timed call by call: each family's work in the model over
+ * its time, recompute and segment reruns included (they call the forward's
+ * functions). The memory-bound rate takes what is left of the step (the
+ * LayerNorms, residual adds, softmax, encoder, optimizer, and the loops and
+ * calls between them) less the copies and the tiles' pass costs at the
+ * spec's o, so the calibrated model predicts the step it was measured on.
+ * Under context parallelism the attention calls include the ring's waits.
+ * Links, h and o stay `out`'s. Returns 0, or -1 with a reason. */
+static inline int cost_model_calibrate_ops(const PlanSpec* s, const OpTimes* t, CostModel* out, char* why, size_t n) {
+    Work all = step_work(s, s->layer_mode);
+    double h = out->matmul_half_rows;
+    const double timed[5] = {t->matmul_forward, t->matmul_backward, t->attention_forward, t->attention_backward, t->gelu};
+    static const char* const names[5] = {"forward matmuls", "backward matmuls", "attention forward", "attention backward", "GELU"};
+    for (int k = 0; k < 5; k++)
+        if (!(timed[k] > 0)) { snprintf(why, n, "the step timed no %s", names[k]); return -1; }
+    double rest = t->step - (timed[0] + timed[1] + timed[2] + timed[3] + timed[4]) - t->copies - all.tile_passes * out->tile_pass_s;
+    if (!(rest > 0)) { snprintf(why, n, "the timed families and copies take the whole step: nothing is left for the memory-bound kernels"); return -1; }
+    out->matmul_flops_per_s = (all.matmul_flops - all.matmul_backward_flops + (all.tile_matmul_flops_per_row - all.tile_matmul_backward_flops_per_row) * h) / timed[0];
+    out->matmul_backward_flops_per_s = (all.matmul_backward_flops + all.tile_matmul_backward_flops_per_row * h) / timed[1];
+    out->attention_flops_per_s = (all.attention_flops - all.attention_backward_flops) / timed[2];
+    out->attention_backward_flops_per_s = all.attention_backward_flops / timed[3];
+    out->gelu_bytes_per_s = all.gelu_bytes / timed[4];
+    out->memory_bytes_per_s = (all.memory_bytes - all.gelu_bytes) / rest;
     return 0;
 }
 
@@ -579,18 +733,28 @@ static inline const char* cost_model_profile_request(int* step) {
 }
 
 /* --cost-model: a default's name or a file; "" picks the default for the
- * device (`device`, NULL on the CPU trainer; "" when no GPU is found). */
-static inline void cost_model_resolve(const char* flag, const char* device, CostModel* out) {
+ * device (`device`, NULL on the CPU trainer; "" when no GPU is found). A
+ * default takes the attention rate of `attention_family`, the kernel family
+ * the GPU trainer runs at head size `hs` (-1 on the CPU trainer: the
+ * default's own rate). */
+static inline void cost_model_resolve(const char* flag, const char* device, int attention_family, int hs, CostModel* out) {
+    const char* card = "h100";
     if (flag[0]) {
-        if (cost_model_default(flag, out) != 0) cost_model_read(flag, out);
+        if (cost_model_default(flag, out) != 0) { cost_model_read(flag, out); return; }
+        card = flag;
+    } else if (!device) {
+        cost_model_default("cpu", out);
         return;
+    } else if (strstr(device, "GH200") && cost_model_default("gh200", out) == 0) {
+        card = "gh200";
+    } else if (cost_model_for_device(device, out) == 0) {
+        card = out->name;
+    } else {
+        cost_model_default("h100", out);
+        if (device[0]) snprintf(out->name, sizeof(out->name), "h100 (assumed: no defaults for %s; give --cost-model)", device);
+        else snprintf(out->name, sizeof(out->name), "h100 (assumed: no GPU found; give --cost-model)");
     }
-    if (device && strstr(device, "GH200")) { cost_model_default("gh200", out); return; }
-    if (!device) { cost_model_default("cpu", out); return; }
-    if (cost_model_for_device(device, out) == 0) return;
-    cost_model_default("h100", out);
-    if (device[0]) snprintf(out->name, sizeof(out->name), "h100 (assumed: no defaults for %s; give --cost-model)", device);
-    else snprintf(out->name, sizeof(out->name), "h100 (assumed: no GPU found; give --cost-model)");
+    cost_model_attention_default(out, card, attention_family, hs);
 }
 
 #endif

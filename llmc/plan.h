@@ -127,6 +127,9 @@ typedef struct {
     double tile_pass_s;       /* fixed cost of one pass of a layer's token-wise work over one token tile */
     double matmul_half_rows;  /* rows M at which a matmul reaches half its large-M rate (token tiles) */
     double ring_bytes_per_s, ring_latency_s; /* the ring's link when a file measured it (0: --ring-link's) */
+    /* the backward's matmuls and attention, and GELU's bytes, where they run at
+     * rates of their own (0: the matmul, attention and memory rates) */
+    double matmul_backward_flops_per_s, attention_backward_flops_per_s, gelu_bytes_per_s;
 } CostModel;
 
 /* The link the context-parallel ring runs on, for the time model: one

@@ -40,7 +40,7 @@ static inline void plan_print_ring(const MemoryPlan* p, const CostModel* cm, FIL
             link.latency_s, mib(kv), mib(dkv), 2 * (N - 1), N);
     fprintf(out, "  ring time not hidden by attention: forward %.3f ms, backward %.3f ms per layer; %.1f ms of the step\n",
             1e3 * fwd, 1e3 * bwd, 1e3 * all);
-    double saved = (N - 1) * (ring_transfer_seconds(s, kv) - 2.5 * attention_forward_flops(s) / cm->attention_flops_per_s / N);
+    double saved = (N - 1) * (ring_transfer_seconds(s, kv) - 2.5 * attention_forward_flops(s) / attention_backward_rate(cm) / N);
     fprintf(out, "  alternative, K/V kept from the forward instead of circulated again: +%.1f MiB per layer (%.1f MiB for %d layers), "
                  "saves at most %.1f ms per step\n", mib(size_mul_sat((size_t)(N - 1), kv)),
             mib(size_mul_sat(size_mul_sat((size_t)(N - 1), kv), (size_t)L)), L, saved > 0 ? 1e3 * saved * L * micro : 0.0);
@@ -62,6 +62,10 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
+    if (matmul_backward_rate(&cm) != cm.matmul_flops_per_s || attention_backward_rate(&cm) != cm.attention_flops_per_s ||
+        gelu_rate(&cm) != cm.memory_bytes_per_s)
+        fprintf(out, "  rates of their own: backward matmuls %.3g FLOP/s, attention backward %.3g FLOP/s, GELU %.3g B/s\n",
+                matmul_backward_rate(&cm), attention_backward_rate(&cm), gelu_rate(&cm));
     fprintf(out, "  token tiles: %.3g s per pass over a tile, matmuls at half rate at %.3g rows\n", cm.tile_pass_s, cm.matmul_half_rows);
     if (s->doc_len > 0 && s->doc_len < s->T)
         fprintf(out, "  packed documents of %d tokens (--plan-doc-len): attention attends %.3g%% of the causal pairs\n", s->doc_len,
@@ -185,8 +189,9 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     fprintf(out, "], \"cost_model\": {\"name\": \"");
     for (const char* q = cm.name; *q; q++) fprintf(out, *q == '"' || *q == '\\' ? "\\%c" : "%c", *q);
     fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g, \"host_link_bytes_per_s\": %.6g, "
-                 "\"tile_pass_s\": %.6g, \"matmul_half_rows\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
-            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows);
+                 "\"tile_pass_s\": %.6g, \"matmul_half_rows\": %.6g, \"matmul_backward_flops_per_s\": %.6g, \"attention_backward_flops_per_s\": %.6g, "
+                 "\"gelu_bytes_per_s\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
+            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows, matmul_backward_rate(&cm), attention_backward_rate(&cm), gelu_rate(&cm));
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
     RingLink link = spec_ring_link(s);
     fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_link_bytes_per_s\": %.6g, \"ring_link_latency_s\": %.6g, "

@@ -210,7 +210,7 @@ def test_profiled_step_measures_the_ring_link(synthetic, tmp_path):
     res = run(["mpirun", "-np", "2", str(binary("train_gpt_cpu")), *MODEL, "--vocab-size", str(meta["vocab_size"]), "-i",
                out / "synthetic_train.bin", "-j", "", "-t", "32", "-b", "2", "-s", "0", "-x", "3", "--context-parallel", "2"],
               env={**MPI_ENV, "REMAT_PROFILE": "2", "REMAT_PROFILE_COST_MODEL": str(cm)}, check=True, timeout=300)
-    line = re.search(r"^cost model: 1 link measured in step 2, written to \S+: .* \(0 copies\), ring \S+ B/s and \S+ s a message "
+    line = re.search(r"^cost model: step 2 \(\S+ ms\) calibrated, written to \S+: .*; 1 link measured: .* \(0 copies\), ring \S+ B/s and \S+ s a message "
                      r"\(6 waits\); matmuls at half rate at \S+ rows$", res.stdout, re.M)
     assert line, res.stdout
     rates = {k.strip(): float(v) for k, v in (l.split("=", 1) for l in cm.read_text().splitlines() if "_per_s" in l or "_s =" in l)}

@@ -336,7 +336,7 @@ def test_tiles_lower_peak_rss_as_planned(tmp_path):
 
 # ---- the links measured for the time model ----
 
-COST_LINE = re.compile(r"^cost model: (\d) links? measured in step 2, written to (\S+): host link (\S+) B/s \((\d+) copies\), "
+COST_LINE = re.compile(r"^cost model: step 2 \(\S+ ms\) calibrated, written to (\S+): .*; (\d) links? measured: host link (\S+) B/s \((\d+) copies\), "
                        r"ring (\S+) B/s and (\S+) s a message \((\d+) waits\); matmuls at half rate at (\S+) rows$", re.M)
 
 
@@ -353,11 +353,11 @@ def test_profiled_step_measures_the_host_link(tiny_shards, tmp_path):
     res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-s", "0",
                "-x", "3", "-r", "1", "--offload-checkpoints"], env={"REMAT_PROFILE": "2", "REMAT_PROFILE_COST_MODEL": str(cm)}, check=True)
     line = COST_LINE.search(res.stdout)
-    assert line and line.group(1) == "1" and line.group(4) == "10" and line.group(7) == "0", res.stdout
+    assert line and line.group(2) == "1" and line.group(4) == "10" and line.group(7) == "0", res.stdout
     rates = cost_file(cm)
     assert float(rates["host_link_bytes_per_s"]) > 0 and "ring_link_bytes_per_s" not in rates
     assert float(rates["matmul_half_rows"]) == pytest.approx(float(line.group(8)), rel=1e-2)
-    assert rates["name"].endswith("links measured at B=2 T=32")
+    assert rates["name"].endswith("calibrated at B=2 T=32")
     d = plan_json(*MODEL, "-b", "2", "-t", "32", "-r", "1", "--offload-checkpoints", "--cost-model", cm)
     assert d["cost_model"]["host_link_bytes_per_s"] == float(rates["host_link_bytes_per_s"])
     assert d["cost_model"]["matmul_flops_per_s"] == float(rates["matmul_flops_per_s"])
