@@ -109,6 +109,7 @@ typedef struct {
     int B, T; /* shape of the current call; at most the plan's (under context parallelism: this rank's tokens of each row) */
     ContextGroups cp;     /* context parallelism: this rank's place in its group (group_size 1: off) */
     TokenLayout layout;   /* where the current call's token rows sit in their sequences */
+    int* ring_chunks;     /* host (2N): which chunks each member of the group holds in the current call (Backend.ring_chunks) */
     floatX* ring_kv[2];   /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
     float* ring_dkv[2];   /* (B,T,2C) fp32 dK/dV sums of those blocks, travelling back to their owner */
     float* ring_acc;      /* (B,T,C) fp32: the forward's merged output, then the backward's dQ */
@@ -206,12 +207,12 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
- * context parallelism its two chunks of each sequence, N T long). */
+ * context parallelism its two chunks of each sequence, N T long: those
+ * ring_chunks gives it for the batch). */
 static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    TokenLayout lay = {T, m->cp.member, m->cp.group_size};
-    m->layout = lay;
+    m->layout = token_layout(T, m->cp.member, m->cp.group_size, m->ring_chunks);
 }
 
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
@@ -272,6 +273,8 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->docs.eot_token = -1;
     m->h_doc_start = (int*)pinned_alloc(N * sizeof(int), "document starts");
     m->cp = context_groups(plan_context_parallel(&plan->spec), remat_proc.rank, plan->spec.world_size);
+    m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
+    for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
     if (m->cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec);
         m->ring_kv[0] = (floatX*)(m->arena + plan->off_ring_kv);
@@ -297,6 +300,7 @@ static void gpu_model_free(GpuModel* m) {
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
         if (pinned[i]) CUDA_CHECK(cudaFreeHost(pinned[i]));
     if (m->doc_start) CUDA_CHECK(cudaFree(m->doc_start));
+    free(m->ring_chunks);
     if (m->pos_runs) CUDA_CHECK(cudaFree(m->pos_runs));
     free(m->bucket_count);
     memset(m, 0, sizeof(*m));
@@ -367,8 +371,8 @@ static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->
  * the host copy of the document starts), each pointed at the device copy. */
 static int gpu_ring_step_blocks(const GpuModel* m, int step, int keep_first, RingBlock out[4]) {
     const int* device_starts = gpu_attention_doc_start(m);
-    int n = ring_step_blocks(&m->cp, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step, device_starts ? m->h_doc_start : NULL,
-                             keep_first, out);
+    int n = ring_step_blocks(&m->cp, m->ring_chunks, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step,
+                             device_starts ? m->h_doc_start : NULL, keep_first, out);
     for (int i = 0; i < n; i++) out[i].block.doc_start = device_starts;
     return n;
 }
@@ -924,8 +928,9 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     int T = sampling_length(len, m->plan->spec.T);
     if (N > 1) T = ring_padded_length(T, N);
     gpu_set_shape(m, 1, T / N);
-    sampling_rows(&m->layout, tokens, len, T, documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->h_inputs, m->h_doc_start);
-    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
+    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->ring_chunks : NULL, tokens, len, T,
+                  documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->h_inputs, m->h_doc_start);
+    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->ring_chunks, &row) : 0;
     m->drop = &dropout_off;
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
@@ -1115,6 +1120,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.set_dropout = gpu_set_dropout;
     be.set_documents = gpu_set_documents;
     be.doc_start = m->h_doc_start;
+    be.ring_chunks = m->ring_chunks;
     be.forward_loss = gpu_forward_loss;
     be.token_losses = gpu_token_losses;
     be.token_top1 = gpu_token_top1;
