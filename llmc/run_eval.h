@@ -202,6 +202,11 @@ static inline void print_position_losses(const PositionLosses* pl, int step, Log
         char a[16], b[16];
         position_label(pl->begin[i], a, sizeof(a));
         position_label(pl->end[i], b, sizeof(b));
+        if (pl->tokens[i] == 0.0) { /* e.g. positions past every document's length under --reset-position-ids */
+            loss[i] = top1[i] = NAN; /* the log's null, with tokens 0 */
+            printf("%s %s-%s - top1 - (0 tokens)", i ? " |" : "", a, b);
+            continue;
+        }
         loss[i] = (float)(pl->loss_sum[i] / pl->tokens[i]);
         top1[i] = (float)(pl->hits[i] / pl->tokens[i]);
         printf("%s %s-%s %.6f top1 %.4f", i ? " |" : "", a, b, (double)loss[i], (double)top1[i]);
