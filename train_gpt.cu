@@ -96,7 +96,7 @@ typedef struct {
     int* h_inputs;
     int* h_targets;
     float* h_losses;
-    int* top1;          /* (B*T) device: forward_loss's top-1 tokens (beside the plan's arena: 4 bytes a token) */
+    int* top1;          /* (B*T) device: forward_loss's top-1 tokens (the plan's "top1") */
     float* io_chunk;
     uint16_t* window;
     int* h_buckets;
@@ -128,7 +128,7 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
-    /* packed documents (llmc/documents.h): device buffers outside the plan's arena, B*T ints each */
+    /* packed documents (llmc/documents.h): the device buffers are the plan's (documents.*), B*T ints each */
     DocumentOptions docs;
     int* h_doc_start;           /* pinned (B,T): the loader's starts (Backend.doc_start), or sampling's */
     int* doc_start;             /* device copy, uploaded with the tokens */
@@ -263,7 +263,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
     m->h_targets = (int*)pinned_alloc(N * sizeof(int), "target tokens");
     m->h_losses = (float*)pinned_alloc(N * sizeof(float), "losses");
-    CUDA_CHECK(cudaMalloc((void**)&m->top1, N * sizeof(int)));
+    m->top1 = (int*)(m->arena + plan->off_top1);
     m->io_chunk = (float*)pinned_alloc(io * sizeof(float), "file staging");
     m->window = (uint16_t*)pinned_alloc((N + 1) * sizeof(uint16_t), "dataloader window");
     m->h_buckets = (int*)pinned_alloc((3 * N + 1) * sizeof(int), "token buckets");
@@ -294,14 +294,11 @@ static void gpu_model_free(GpuModel* m) {
     gpu_matmul_destroy(&m->mm);
     offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
-    CUDA_CHECK(cudaFree(m->top1));
     void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits,
                       m->h_doc_start, m->h_counted_targets, m->h_pos_runs};
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
         if (pinned[i]) CUDA_CHECK(cudaFreeHost(pinned[i]));
-    if (m->doc_start) CUDA_CHECK(cudaFree(m->doc_start));
     free(m->ring_chunks);
-    if (m->pos_runs) CUDA_CHECK(cudaFree(m->pos_runs));
     free(m->bucket_count);
     memset(m, 0, sizeof(*m));
 }
@@ -782,16 +779,22 @@ static void gpu_upload_tokens(GpuModel* m, const int* inputs, const int* targets
 }
 
 /* Packed documents (llmc/documents.h): what the passes after it mask; the
- * buffers are made on the first call that needs them. */
+ * host buffers are made on the first call that needs them; the device ones
+ * are the plan's (spec.documents, from the same flags). */
 static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
     GpuModel* m = (GpuModel*)ctx;
     m->docs = *d;
     size_t N = (size_t)m->plan->spec.B * plan_local_T(&m->plan->spec);
     if (d->eod_mask_loss && !m->h_counted_targets) m->h_counted_targets = (int*)pinned_alloc(N * sizeof(int), "counted targets");
-    if (documents_need_starts(d) && !m->doc_start) CUDA_CHECK(cudaMalloc((void**)&m->doc_start, N * sizeof(int)));
+    const MemoryPlan* p = m->plan;
+    if (documents_need_starts(d) && !m->doc_start) {
+        if (!(p->spec.documents & PLAN_DOC_STARTS)) fail("internal: the plan has no device buffer for the document starts");
+        m->doc_start = (int*)(m->arena + p->off_doc_start);
+    }
     if (d->reset_position_ids && !m->pos_runs) {
+        if (!(p->spec.documents & PLAN_DOC_POSITIONS)) fail("internal: the plan has no device buffer for the position runs");
         m->h_pos_runs = (int*)pinned_alloc(3 * N * sizeof(int), "position runs");
-        CUDA_CHECK(cudaMalloc((void**)&m->pos_runs, 3 * N * sizeof(int)));
+        m->pos_runs = (int*)(m->arena + p->off_pos_runs);
     }
     if (d->reset_attention_mask && ATTENTION_KIND == ATT_KIND_MMA)
         printf("documents: the WMMA (tc) attention kernels run (the mma ones mask no documents yet), and the CUDA-core ones for the ring's blocks\n");

@@ -580,6 +580,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     spec.doc_len = run->opt.plan_doc_len;
+    spec.documents = (run->opt.reset_attention_mask || run->opt.reset_position_ids ? PLAN_DOC_STARTS : 0) |
+                     (run->opt.reset_position_ids ? PLAN_DOC_POSITIONS : 0);
     /* the CPU trainer's plan and offloaded pool are one memory, unless both
      * budgets are given (then the user has said what each may take) */
     spec.host_shares_budget = trainer == FOR_CPU && !(run->opt.mem_budget[0] && run->opt.host_mem_budget[0]);
