@@ -1229,11 +1229,11 @@ static void check_memory_kernels(void) {
     check_gelu_kernels(1000, 0);
     check_gelu_kernels(1003, 0);
     check_gelu_kernels(1003, 1);
-    TokenLayout flat = {1, 0, 1}; /* n values as one row: element e is e */
+    TokenLayout flat = {1, 0, 1, 0, 0}; /* n values as one row: element e is e */
     check_dropout_kernels(0, 1, 1000, flat, 0);
     check_dropout_kernels(0, 1, 1003, flat, 0); /* a partial last group of the eight a generator call covers */
     check_dropout_kernels(0, 1, 1003, flat, 1);
-    TokenLayout whole = {16, 0, 1}, ring = {8, 1, 2}, ring3 = {8, 2, 3};
+    TokenLayout whole = {16, 0, 1, 0, 0}, ring = {8, 1, 2, 1, 2}, ring3 = {8, 2, 3, 2, 3};
     check_dropout_kernels(5, 7, 36, whole, 0);  /* a token tile starting inside a generator call */
     check_dropout_kernels(0, 16, 36, ring, 0);  /* a context-parallel rank's two chunks, rows not call-aligned */
     check_dropout_kernels(0, 16, 64, ring3, 0); /* the vector path, chunks of the last member of three */
@@ -1242,7 +1242,7 @@ static void check_memory_kernels(void) {
     const int oc[] = {20, 44, 64, 300, 520};
     for (size_t i = 0; i < sizeof(oc) / sizeof(oc[0]); i++) check_bias_kernel(77, oc[i], 0);
     check_bias_kernel(77, 64, 1);
-    TokenLayout whole_rows = {0, 0, 1}, member1_of3 = {0, 1, 3}, member0_of2 = {0, 0, 2}; /* T set by the check */
+    TokenLayout whole_rows = {0, 0, 1, 0, 0}, member1_of3 = {0, 1, 3, 1, 4}, member0_of2 = {0, 0, 2, 0, 3}; /* T set by the check */
     check_encoder_kernels(20, whole_rows);
     check_encoder_kernels(64, whole_rows);
     check_encoder_kernels(20, member1_of3); /* context parallelism: chunks 1 and 4 of 6, wpe rows 20-39 and 80-99 */
@@ -1683,7 +1683,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
             for (int qc = 0; qc < 2; qc++)
                 for (int kc = 0; kc < 2; kc++) {
                     AttentionBlock a;
-                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
+                    if (context_chunk_block(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
                         gpu_attention_block_forward(d_acc[r], d_lse[r], d_qkv[r], d_kv[origin], 2 * C, &a, s == 0 && kc == 0, drop, 0);
                 }
         }
@@ -1710,7 +1710,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
             for (int qc = 0; qc < 2; qc++)
                 for (int kc = 0; kc < 2; kc++) {
                     AttentionBlock a;
-                    if (context_chunk_block(B, C, NH, Tl, N, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
+                    if (context_chunk_block(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
                         gpu_attention_block_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], 2 * C, d_lse[r],
                                                      &a, drop, 0);
                 }
@@ -1817,7 +1817,7 @@ static void check_documents(const Shape* sh, int B, int T, float dropout_p) {
     }
     /* the encoder: positions restart at each document */
     const int V = 50;
-    TokenLayout lay = {T, 0, 1};
+    TokenLayout lay = {T, 0, 1, 0, 0};
     int* tokens = (int*)malloc_check(N * sizeof(int), "test");
     for (size_t i = 0; i < N; i++) tokens[i] = (int)(rand_uniform(TEST_SEED, 5310, i) * V) % V;
     float *wte = rand_rounded((size_t)V * C, 5311, 1.0f, 0), *wpe = rand_rounded((size_t)T * C, 5312, 1.0f, 0);

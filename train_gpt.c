@@ -426,6 +426,7 @@ typedef struct {
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
     DocumentOptions docs;        /* packed documents (llmc/documents.h; eot_token -1: off) */
     int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start) */
+    int* ring_chunks;            /* (2N) which chunks each member of the group holds in the current call (Backend.ring_chunks) */
 } CpuModel;
 
 /* The document starts attention masks with, and those positions restart at
@@ -454,12 +455,12 @@ static inline BlockTensors layer_grads(const CpuModel* m, int l) {
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
- * context parallelism its chunks of sequences N T long). */
+ * context parallelism its chunks of sequences N T long, those ring_chunks
+ * gives it for the batch). */
 static void cpu_set_shape(CpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    TokenLayout lay = {T, m->cp.member, m->cp.group_size};
-    m->layout = lay;
+    m->layout = token_layout(T, m->cp.member, m->cp.group_size, m->ring_chunks);
 }
 
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
@@ -495,6 +496,8 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
         m->ring.dkv[0] = (real*)(m->arena + plan->off_ring_dkv);
         m->ring.dkv[1] = m->ring.dkv[0] + block;
     }
+    m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
+    for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
     cpu_set_shape(m, m->B, m->T);
     m->doc_start = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "document starts");
     m->top1 = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "top-1 tokens");
@@ -507,16 +510,16 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
 static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
     if (m->cp.group_size > 1)
-        CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
-                                                                              attention_doc_start(m), out, lse, qkv, drop));
+        CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
+                                                                              m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop));
     else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop));
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
     if (m->cp.group_size > 1)
-        CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
-                                                                                attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
+        CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
+                                                                                m->cfg.num_heads, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
     else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
                                                                         attention_doc_start(m), drop));
 }
@@ -880,9 +883,10 @@ static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     int N = m->cp.group_size, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
     m->drop = &dropout_off;
     cpu_set_shape(m, 1, padded / N);
-    sampling_rows(&m->layout, tokens, len, padded, documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->inputs, m->doc_start);
+    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->ring_chunks : NULL, tokens, len, padded,
+                  documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->inputs, m->doc_start);
     model_forward(m, m->inputs);
-    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
+    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->ring_chunks, &row) : 0;
     if (owner == m->cp.member) cpu_row_probs(m, row, probs);
     proc_ring_broadcast(probs, (size_t)m->cfg.vocab_size * sizeof(float), owner);
 }
@@ -944,6 +948,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.set_dropout = cpu_set_dropout;
     be.set_documents = cpu_set_documents;
     be.doc_start = m->doc_start;
+    be.ring_chunks = m->ring_chunks;
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
     be.token_top1 = cpu_token_top1;
@@ -965,6 +970,7 @@ static void cpu_model_free(CpuModel* m) {
     free(m->host_pool);
     free(m->top1);
     free(m->doc_start);
+    free(m->ring_chunks);
     memset(m, 0, sizeof(*m));
 }
 

@@ -96,7 +96,7 @@ typedef struct {
     int* h_inputs;
     int* h_targets;
     float* h_losses;
-    int* top1;          /* (B*T) device: forward_loss's top-1 tokens (beside the plan's arena: 4 bytes a token) */
+    int* top1;          /* (B*T) device: forward_loss's top-1 tokens (the plan's "top1") */
     float* io_chunk;
     uint16_t* window;
     int* h_buckets;
@@ -109,6 +109,7 @@ typedef struct {
     int B, T; /* shape of the current call; at most the plan's (under context parallelism: this rank's tokens of each row) */
     ContextGroups cp;     /* context parallelism: this rank's place in its group (group_size 1: off) */
     TokenLayout layout;   /* where the current call's token rows sit in their sequences */
+    int* ring_chunks;     /* host (2N): which chunks each member of the group holds in the current call (Backend.ring_chunks) */
     floatX* ring_kv[2];   /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
     float* ring_dkv[2];   /* (B,T,2C) fp32 dK/dV sums of those blocks, travelling back to their owner */
     float* ring_acc;      /* (B,T,C) fp32: the forward's merged output, then the backward's dQ */
@@ -127,7 +128,7 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
-    /* packed documents (llmc/documents.h): device buffers outside the plan's arena, B*T ints each */
+    /* packed documents (llmc/documents.h): the device buffers are the plan's (documents.*), B*T ints each */
     DocumentOptions docs;
     int* h_doc_start;           /* pinned (B,T): the loader's starts (Backend.doc_start), or sampling's */
     int* doc_start;             /* device copy, uploaded with the tokens */
@@ -206,12 +207,12 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
- * context parallelism its two chunks of each sequence, N T long). */
+ * context parallelism its two chunks of each sequence, N T long: those
+ * ring_chunks gives it for the batch). */
 static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    TokenLayout lay = {T, m->cp.member, m->cp.group_size};
-    m->layout = lay;
+    m->layout = token_layout(T, m->cp.member, m->cp.group_size, m->ring_chunks);
 }
 
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
@@ -261,7 +262,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
     m->h_targets = (int*)pinned_alloc(N * sizeof(int), "target tokens");
     m->h_losses = (float*)pinned_alloc(N * sizeof(float), "losses");
-    CUDA_CHECK(cudaMalloc((void**)&m->top1, N * sizeof(int)));
+    m->top1 = (int*)(m->arena + plan->off_top1);
     m->io_chunk = (float*)pinned_alloc(io * sizeof(float), "file staging");
     m->window = (uint16_t*)pinned_alloc((N + 1) * sizeof(uint16_t), "dataloader window");
     m->h_buckets = (int*)pinned_alloc((3 * N + 1) * sizeof(int), "token buckets");
@@ -271,6 +272,8 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->docs.eot_token = -1;
     m->h_doc_start = (int*)pinned_alloc(N * sizeof(int), "document starts");
     m->cp = context_groups(plan_context_parallel(&plan->spec), remat_proc.rank, plan->spec.world_size);
+    m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
+    for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
     if (m->cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec);
         m->ring_kv[0] = (floatX*)(m->arena + plan->off_ring_kv);
@@ -290,13 +293,11 @@ static void gpu_model_free(GpuModel* m) {
     gpu_matmul_destroy(&m->mm);
     offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
-    CUDA_CHECK(cudaFree(m->top1));
     void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits,
                       m->h_doc_start, m->h_counted_targets, m->h_pos_runs};
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
         if (pinned[i]) CUDA_CHECK(cudaFreeHost(pinned[i]));
-    if (m->doc_start) CUDA_CHECK(cudaFree(m->doc_start));
-    if (m->pos_runs) CUDA_CHECK(cudaFree(m->pos_runs));
+    free(m->ring_chunks);
     free(m->bucket_count);
     memset(m, 0, sizeof(*m));
 }
@@ -366,8 +367,8 @@ static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->
  * the host copy of the document starts), each pointed at the device copy. */
 static int gpu_ring_step_blocks(const GpuModel* m, int step, int keep_first, RingBlock out[4]) {
     const int* device_starts = gpu_attention_doc_start(m);
-    int n = ring_step_blocks(&m->cp, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step, device_starts ? m->h_doc_start : NULL,
-                             keep_first, out);
+    int n = ring_step_blocks(&m->cp, m->ring_chunks, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step,
+                             device_starts ? m->h_doc_start : NULL, keep_first, out);
     for (int i = 0; i < n; i++) out[i].block.doc_start = device_starts;
     return n;
 }
@@ -777,16 +778,22 @@ static void gpu_upload_tokens(GpuModel* m, const int* inputs, const int* targets
 }
 
 /* Packed documents (llmc/documents.h): what the passes after it mask; the
- * buffers are made on the first call that needs them. */
+ * host buffers are made on the first call that needs them; the device ones
+ * are the plan's (spec.documents, from the same flags). */
 static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
     GpuModel* m = (GpuModel*)ctx;
     m->docs = *d;
     size_t N = (size_t)m->plan->spec.B * plan_local_T(&m->plan->spec);
     if (d->eod_mask_loss && !m->h_counted_targets) m->h_counted_targets = (int*)pinned_alloc(N * sizeof(int), "counted targets");
-    if (documents_need_starts(d) && !m->doc_start) CUDA_CHECK(cudaMalloc((void**)&m->doc_start, N * sizeof(int)));
+    const MemoryPlan* p = m->plan;
+    if (documents_need_starts(d) && !m->doc_start) {
+        if (!(p->spec.documents & PLAN_DOC_STARTS)) fail("internal: the plan has no device buffer for the document starts");
+        m->doc_start = (int*)(m->arena + p->off_doc_start);
+    }
     if (d->reset_position_ids && !m->pos_runs) {
+        if (!(p->spec.documents & PLAN_DOC_POSITIONS)) fail("internal: the plan has no device buffer for the position runs");
         m->h_pos_runs = (int*)pinned_alloc(3 * N * sizeof(int), "position runs");
-        CUDA_CHECK(cudaMalloc((void**)&m->pos_runs, 3 * N * sizeof(int)));
+        m->pos_runs = (int*)(m->arena + p->off_pos_runs);
     }
     if (d->reset_attention_mask && ATTENTION_KIND == ATT_KIND_MMA)
         printf("documents: the WMMA (tc) attention kernels run (the mma ones mask no documents yet), and the CUDA-core ones for the ring's blocks\n");
@@ -923,8 +930,9 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
     int T = sampling_length(len, m->plan->spec.T);
     if (N > 1) T = ring_padded_length(T, N);
     gpu_set_shape(m, 1, T / N);
-    sampling_rows(&m->layout, tokens, len, T, documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->h_inputs, m->h_doc_start);
-    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, &row) : 0;
+    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->ring_chunks : NULL, tokens, len, T,
+                  documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->h_inputs, m->h_doc_start);
+    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->ring_chunks, &row) : 0;
     m->drop = &dropout_off;
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
@@ -1123,6 +1131,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.set_dropout = gpu_set_dropout;
     be.set_documents = gpu_set_documents;
     be.doc_start = m->h_doc_start;
+    be.ring_chunks = m->ring_chunks;
     be.forward_loss = gpu_forward_loss;
     be.token_losses = gpu_token_losses;
     be.token_top1 = gpu_token_top1;

@@ -109,6 +109,8 @@ typedef struct {
     float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
     uint16_t* window;       /* host B*T+1 tokens for the dataloader */
     int* doc_start;         /* host B*T: the data loader's document starts for inputs (llmc/documents.h) */
+    int* ring_chunks;       /* host 2N (context parallelism): which chunks each member holds in the current batch, written by
+                             * the loader (with --reset-attention-mask) and the sampler, read by every pass (llmc/token_layout.h) */
     /* forward and backward of one micro-batch; gradients accumulate (the
      * last micro-step finishes them: fp32 sums, the overlapped reduction);
      * dloss_mean scales the gradient of the micro-batch's mean loss over all

@@ -5,7 +5,8 @@
  * the block's dK/dV sums). Part of train_gpt.c's translation unit: the
  * attention block kernels it calls are train_gpt.c's. Shapes: B rows
  * of Tl local tokens, C channels, NH heads; qkv (B,Tl,3C), out (B,Tl,C), lse
- * (B,NH,Tl); doc_start (B,Tl) or NULL (packed documents).
+ * (B,NH,Tl); doc_start (B,Tl) or NULL (packed documents); chunks (2N): which
+ * chunks each member holds (llmc/token_layout.h).
  */
 #ifndef REMAT_CPU_RING_H
 #define REMAT_CPU_RING_H
@@ -36,7 +37,7 @@ static void cpu_ring_pack_kv(real* kv, const real* qkv, size_t rows, int C) {
     for (size_t n = 0; n < rows; n++) memcpy(kv + n * 2 * C, qkv + n * 3 * C + C, 2 * (size_t)C * sizeof(real));
 }
 
-static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, int B, int Tl, int C, int NH, const int* doc_start, real* out,
+static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, const int* chunks, int B, int Tl, int C, int NH, const int* doc_start, real* out,
                                        real* lse, const real* qkv, const DropoutSite* drop) {
     int N = g->group_size;
     size_t rows = (size_t)B * Tl, bytes = rows * 2 * C * sizeof(real);
@@ -45,14 +46,14 @@ static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, int B
         real* cur = r->kv[s % 2];
         if (s + 1 < N) ring_post(&r->transfer, g, cur, r->kv[(s + 1) % 2], bytes, RING_TAG_KV);
         RingBlock blocks[4];
-        int n = ring_step_blocks(g, B, C, NH, Tl, s, doc_start, 1, blocks);
+        int n = ring_step_blocks(g, chunks, B, C, NH, Tl, s, doc_start, 1, blocks);
         for (int i = 0; i < n; i++) attention_block_forward(out, lse, qkv, cur, 2 * C, &blocks[i].block, blocks[i].first, drop);
         ring_wait(&r->transfer, g, "the ring attention forward");
     }
 }
 
 /* dqkv (B,Tl,3C) is overwritten. */
-static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, int B, int Tl, int C, int NH, const int* doc_start, real* dqkv,
+static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, const int* chunks, int B, int Tl, int C, int NH, const int* doc_start, real* dqkv,
                                         const real* dout, const real* qkv, const real* out, const real* lse, const DropoutSite* drop) {
     int N = g->group_size;
     size_t rows = (size_t)B * Tl, bytes = rows * 2 * C * sizeof(real);
@@ -64,7 +65,7 @@ static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, int 
         real* dcur = r->dkv[s % 2];
         if (s + 1 < N) ring_post(&r->transfer, g, cur, r->kv[(s + 1) % 2], bytes, RING_TAG_KV);
         RingBlock blocks[4];
-        int n = ring_step_blocks(g, B, C, NH, Tl, s, doc_start, 0, blocks);
+        int n = ring_step_blocks(g, chunks, B, C, NH, Tl, s, doc_start, 0, blocks);
         for (int i = 0; i < n; i++) attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &blocks[i].block, drop);
         /* the sums go on to the next member; the last step's reach their owner */
         ring_post(&r->transfer, g, dcur, r->dkv[(s + 1) % 2], bytes, RING_TAG_DKV);
@@ -93,14 +94,14 @@ static void cpu_ring_time(CpuRing* r, const ContextGroups* g, size_t kv_bytes, L
 
 static void cpu_ring_free(CpuRing* r) { ring_free(&r->transfer); }
 #else
-static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, int B, int Tl, int C, int NH, const int* doc_start, real* out,
+static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, const int* chunks, int B, int Tl, int C, int NH, const int* doc_start, real* out,
                                        real* lse, const real* qkv, const DropoutSite* drop) {
-    (void)r; (void)g; (void)B; (void)Tl; (void)C; (void)NH; (void)doc_start; (void)out; (void)lse; (void)qkv; (void)drop;
+    (void)r; (void)g; (void)chunks; (void)B; (void)Tl; (void)C; (void)NH; (void)doc_start; (void)out; (void)lse; (void)qkv; (void)drop;
     fail("internal: context parallelism needs MPI (this build has none)");
 }
-static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, int B, int Tl, int C, int NH, const int* doc_start, real* dqkv,
+static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, const int* chunks, int B, int Tl, int C, int NH, const int* doc_start, real* dqkv,
                                         const real* dout, const real* qkv, const real* out, const real* lse, const DropoutSite* drop) {
-    (void)r; (void)g; (void)B; (void)Tl; (void)C; (void)NH; (void)doc_start; (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse;
+    (void)r; (void)g; (void)chunks; (void)B; (void)Tl; (void)C; (void)NH; (void)doc_start; (void)dqkv; (void)dout; (void)qkv; (void)out; (void)lse;
     (void)drop;
     fail("internal: context parallelism needs MPI (this build has none)");
 }

@@ -8,7 +8,8 @@
  * each row is cut into 2 group_size chunks of Tc = T / (2 group_size) tokens
  * and member p loads chunks p and 2 group_size - 1 - p (its B x 2Tc tokens,
  * row-major, the first chunk first): the causal mask gives every member the
- * same attention work. Without it (group_size 1) a group is one rank and its rows are whole. Every shard is validated (header, exact size, every
+ * same attention work. With documents under --reset-attention-mask it does
+ * not, and each batch's chunks are paired to even it (ring_chunks_balance). Without it (group_size 1) a group is one rank and its rows are whole. Every shard is validated (header, exact size, every
  * token < V) when the loader opens, before any training; with several
  * processes each scans the tokens of its share of the shards, and an error
  * on any of them stops all (llmc/multiproc.h). A shard may change on disk
@@ -53,6 +54,11 @@ typedef struct {
     int* targets;
     int eot;               /* packed documents (llmc/documents.h): the token that starts one; -1: off */
     int* doc_start;        /* B*Tl: each loaded token's document start, a global position in its row (eot >= 0) */
+    /* context parallelism with documents (eot >= 0, group_size N > 1): */
+    int* chunk_start;      /* (B, 2N) the document start in force where each chunk of each row begins */
+    int64_t* chunk_work;   /* (2N) the last batch's attended pairs of each chunk's queries, summed over its rows */
+    int* chunk_order;      /* (2N) scratch of ring_chunks_balance */
+    int* ring_chunks;      /* (2N) which chunks each member holds, chosen per batch (NULL: the zigzag; llmc/token_layout.h) */
 } DataLoader;
 
 typedef struct {
@@ -191,35 +197,63 @@ static inline void loader_read(DataLoader* dl, int s, size_t start, size_t n) {
 
 /* Every loaded token's document start from here on (llmc/documents.h):
  * the loader builds them from the tokens, so that a context-parallel rank
- * knows where a document that began in another rank's chunk started. */
-static inline void dataloader_documents(DataLoader* dl, int eot, int* doc_start) {
+ * knows where a document that began in another rank's chunk started. With
+ * ring_chunks (2N ints: the ring with --reset-attention-mask) it also pairs
+ * each batch's chunks so that the members' attended pairs are as equal as
+ * they can be (ring_chunks_balance), and writes the pairing there. */
+static inline void dataloader_documents(DataLoader* dl, int eot, int* doc_start, int* ring_chunks) {
     dl->eot = eot;
     dl->doc_start = doc_start;
+    if (dl->group_size <= 1) return; /* <= : -x 0 leaves the training loader unopened */
+    size_t n = 2 * (size_t)dl->group_size;
+    dl->chunk_start = (int*)malloc_check((size_t)dl->B * n * sizeof(int), "the dataloader's chunk starts");
+    dl->chunk_work = (int64_t*)malloc_check(n * sizeof(int64_t), "the dataloader's chunk work");
+    dl->chunk_order = (int*)malloc_check(n * sizeof(int), "the dataloader's chunk work");
+    dl->ring_chunks = ring_chunks;
+    for (size_t c = 0; ring_chunks && c < n; c++) ring_chunks[c] = ring_chunk(NULL, dl->group_size, (int)(c / 2), (int)(c % 2));
 }
 
-/* This rank's chunks of each of the window's B rows (see the top). With
- * documents the chunks before the second are read too, for the document
- * starts (a row's tokens once more at most: a fraction of a step's work). */
-static inline void loader_read_chunks(DataLoader* dl, int s, size_t window_start) {
-    size_t Tc = (size_t)dl->T / (2 * (size_t)dl->group_size), Tl = 2 * Tc;
-    size_t first = (size_t)dl->member, second = 2 * (size_t)dl->group_size - 1 - (size_t)dl->member;
+/* With documents, every chunk of each of the window's rows, read once before
+ * this rank's own: the document start in force where each chunk begins, and
+ * each chunk's attended pairs, from which the chunks are paired (a row's
+ * tokens once more: a fraction of a step's work). */
+static inline void loader_scan_documents(DataLoader* dl, int s, size_t window_start) {
+    int N = dl->group_size, Tc = dl->T / (2 * N);
+    for (int c = 0; c < 2 * N; c++) dl->chunk_work[c] = 0;
     for (size_t b = 0; b < (size_t)dl->B; b++) {
         int cur = 0;
-        for (size_t chunk = dl->eot >= 0 ? 0 : first; chunk <= second; chunk++) {
-            if (chunk != first && chunk != second && dl->eot < 0) continue;
-            loader_read(dl, s, window_start + b * (size_t)dl->T + chunk * Tc, Tc);
-            if (chunk != first && chunk != second) {
-                cur = document_starts_skip(dl->window, (int)Tc, (int)(chunk * Tc), cur, dl->eot);
-                continue;
+        for (int c = 0; c < 2 * N; c++) {
+            dl->chunk_start[b * 2 * (size_t)N + (size_t)c] = cur;
+            loader_read(dl, s, window_start + b * (size_t)dl->T + (size_t)c * Tc, (size_t)Tc);
+            int64_t work = 0;
+            for (int i = 0, p = c * Tc; i < Tc; i++, p++) {
+                if (dl->window[i] == dl->eot) cur = p;
+                work += p - cur + 1;
             }
-            size_t k = chunk == first ? 0 : 1, at = b * Tl + k * Tc;
+            dl->chunk_work[c] += work;
+        }
+    }
+    if (dl->ring_chunks) ring_chunks_balance(dl->ring_chunks, dl->chunk_order, dl->chunk_work, N);
+}
+
+/* This rank's chunks of each of the window's B rows (see the top; with
+ * documents, those ring_chunks pairs it). */
+static inline void loader_read_chunks(DataLoader* dl, int s, size_t window_start) {
+    int N = dl->group_size;
+    size_t Tc = (size_t)dl->T / (2 * (size_t)N), Tl = 2 * Tc;
+    if (dl->eot >= 0) loader_scan_documents(dl, s, window_start);
+    for (size_t b = 0; b < (size_t)dl->B; b++)
+        for (int k = 0; k < 2; k++) {
+            size_t chunk = (size_t)ring_chunk(dl->ring_chunks, N, dl->member, k), at = b * Tl + (size_t)k * Tc;
+            loader_read(dl, s, window_start + b * (size_t)dl->T + chunk * Tc, Tc);
             for (size_t i = 0; i < Tc; i++) {
                 dl->inputs[at + i] = dl->window[i];
                 dl->targets[at + i] = dl->window[i + 1];
             }
-            if (dl->eot >= 0) cur = document_starts_extend(dl->doc_start + at, dl->inputs + at, (int)Tc, (int)(chunk * Tc), cur, dl->eot);
+            if (dl->eot >= 0)
+                document_starts_extend(dl->doc_start + at, dl->inputs + at, (int)Tc, (int)(chunk * Tc),
+                                       dl->chunk_start[b * 2 * (size_t)N + chunk], dl->eot);
         }
-    }
 }
 
 /* Loads the next batch into inputs/targets and advances, wrapping epochs. */
@@ -270,6 +304,7 @@ static inline void dataloader_free(DataLoader* dl) {
     if (dl->file) fclose(dl->file);
     for (int i = 0; i < dl->num_shards; i++) free(dl->paths[i]);
     free(dl->paths); free(dl->num_tokens); free(dl->batches); free(dl->shard_order); free(dl->batch_order);
+    free(dl->chunk_start); free(dl->chunk_work); free(dl->chunk_order);
     memset(dl, 0, sizeof(*dl));
 }
 

@@ -100,10 +100,12 @@ static inline void nvtx_register_plan(const MemoryPlan* plan, const char* arena)
 }
 
 /* Entries whose contents a forward pass never reads before writing them:
- * every activation and scratch buffer except the tokens and token buckets
- * uploaded before it, and the host I/O staging. */
+ * every activation and scratch buffer except the tokens, token buckets and
+ * packed documents' starts and position runs uploaded before it, and the
+ * host I/O staging. */
 static inline int plan_entry_dead_at_forward(const PlanEntry* e) {
-    static const char* const live[] = {"inputs", "targets", "token_buckets", "dataloader_tokens", "io_staging"};
+    static const char* const live[] = {"inputs", "targets", "token_buckets", "documents.starts", "documents.position_runs",
+                                       "dataloader_tokens", "io_staging"};
     if (e->section != SEC_ACTIVATIONS && e->section != SEC_SCRATCH) return 0;
     for (size_t i = 0; i < sizeof(live) / sizeof(live[0]); i++)
         if (strcmp(e->name, live[i]) == 0) return 0;

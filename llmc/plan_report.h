@@ -11,6 +11,7 @@
 #include "cost_model.h"
 #include "plan.h"
 #include "plan_search.h"
+#include "token_layout.h"
 
 /* ---- --plan and --plan-json ---- */
 
@@ -47,6 +48,28 @@ static inline void plan_print_ring(const MemoryPlan* p, const CostModel* cm, FIL
 }
 
 /* The plan's own mix: its -r flag, predicted step time and extra time. */
+/* --plan-doc-len under the ring: each member's share of the attended pairs
+ * of documents of doc_len tokens packed from position 0, with the zigzag
+ * chunks and with the chunks paired by their work as the loader pairs them
+ * (ring_chunks_balance). */
+static inline void plan_print_ring_shares(const PlanSpec* s, FILE* out) {
+    int N = plan_context_parallel(s), Tc = s->T / (2 * N), L = s->doc_len < s->T ? s->doc_len : s->T;
+    int64_t* work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + 2 * sizeof(int)), "the ring's shares");
+    int *chunks = (int*)(work + 2 * N), *order = chunks + 2 * N;
+    for (int c = 0; c < 2 * N; c++) {
+        work[c] = 0;
+        for (int p = c * Tc; p < (c + 1) * Tc; p++) work[c] += p % L + 1;
+    }
+    char zigzag[1024], paired[1024];
+    double busiest_zigzag = ring_member_shares(work, NULL, N, zigzag, sizeof(zigzag));
+    int moved = ring_chunks_balance(chunks, order, work, N);
+    double busiest = ring_member_shares(work, chunks, N, paired, sizeof(paired));
+    fprintf(out, "  ring members' shares of the attended pairs: %s with the zigzag chunks (the busiest %.3fx the mean)", zigzag, busiest_zigzag);
+    if (moved) fprintf(out, ", %s paired by their work (%.3fx)\n", paired, busiest);
+    else fprintf(out, ", no pairing does better\n");
+    free(work);
+}
+
 static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     const PlanSpec* s = &p->spec;
     CostModel cm = spec_cost_model(s);
@@ -70,6 +93,7 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     if (s->doc_len > 0 && s->doc_len < s->T)
         fprintf(out, "  packed documents of %d tokens (--plan-doc-len): attention attends %.3g%% of the causal pairs\n", s->doc_len,
                 100.0 * spec_attended_pairs(s) / ((double)s->T * (s->T + 1.0) / 2.0));
+    if (plan_context_parallel(s) > 1 && s->doc_len > 0) plan_print_ring_shares(s, out);
     if (plan_context_parallel(s) > 1) plan_print_ring(p, &cm, out);
 }
 

@@ -8,7 +8,10 @@
  * (attention_block_*) and llmc/attention.cuh (gpu_attention_block_*).
  *
  * The ring: member r of a group of N holds chunks r and 2N-1-r (Tc = Tl/2
- * tokens each of its Tl per row; llmc/dataloader.h loads them). At ring step
+ * tokens each of its Tl per row; llmc/dataloader.h loads them), or with
+ * packed documents the pair of chunks ring_chunks_balance gives it for the
+ * batch (llmc/token_layout.h; every rank chooses the same from the same
+ * tokens, and every function below takes the pairing). At ring step
  * s it computes its queries against the K/V block of member r - s while
  * sending that block on to r + 1 and receiving the next from r - 1 (two
  * buffers); chunk pairs the causal mask empties are skipped. Each query
@@ -54,20 +57,21 @@ typedef struct {
 } RingBlock;
 
 /* The chunk pairs member g->member computes at ring step `step` (on the K/V
- * block that started at member - step), in the order the merge needs (query
+ * block that started at member - step; which chunks each member holds:
+ * `chunks`, NULL the zigzag, llmc/token_layout.h), in the order the merge needs (query
  * chunk, then key chunk); the causal mask's empty pairs are left out. Rows
  * of B x Tl local tokens. With doc_start (B, Tl: packed documents, the
  * document start of each row, in host memory) a pair in which no query
  * shares a document with a key is left out too, except with keep_first a
  * query chunk's first block: the forward writes the row there even when it
  * sees nothing, for later blocks to merge into. Returns how many (at most 4). */
-static inline int ring_step_blocks(const ContextGroups* g, int B, int C, int NH, int Tl, int step, const int* doc_start, int keep_first,
-                                   RingBlock out[4]) {
+static inline int ring_step_blocks(const ContextGroups* g, const int* chunks, int B, int C, int NH, int Tl, int step, const int* doc_start,
+                                   int keep_first, RingBlock out[4]) {
     int N = g->group_size, origin = (g->member - step + N) % N, n = 0;
     for (int qc = 0; qc < 2; qc++)
         for (int kc = 0; kc < 2; kc++) {
             RingBlock* r = &out[n];
-            if (!context_chunk_block(B, C, NH, Tl, N, g->member, origin, qc, kc, &r->block)) continue;
+            if (!context_chunk_block(B, C, NH, Tl, N, chunks, g->member, origin, qc, kc, &r->block)) continue;
             r->block.doc_start = doc_start;
             r->first = step == 0 && kc == 0;
             if (doc_start && !(keep_first && r->first) && !block_has_pairs(&r->block)) continue;
@@ -85,11 +89,22 @@ static inline int ring_padded_length(int len, int N) { return (len + 2 * N - 1) 
  * under context parallelism; causal attention keeps the padding from
  * reaching the prompt) and laid out as in training (lay: lay->T rows here),
  * and with eot >= 0 (packed documents) each row's document start in the
- * padded sequence. Both trainers' samplers call it. */
-static inline void sampling_rows(const TokenLayout* lay, const int* tokens, int len, int padded, int eot, int* inputs, int* doc_start) {
+ * padded sequence. With chunks (2N, the ring under --reset-attention-mask)
+ * the chunks are paired as the loader pairs a micro-batch's
+ * (ring_chunks_balance) and *lay follows. Both trainers' samplers call it. */
+static inline void sampling_rows(TokenLayout* lay, int* chunks, const int* tokens, int len, int padded, int eot, int* inputs, int* doc_start) {
     int* whole = eot >= 0 ? (int*)malloc_check((size_t)padded * 2 * sizeof(int), "document starts") : NULL;
     for (int p = 0; whole && p < padded; p++) whole[padded + p] = p < len ? tokens[p] : 0;
     if (whole) document_starts_extend(whole, whole + padded, padded, 0, 0, eot);
+    if (whole && chunks && lay->group_size > 1) {
+        int N = lay->group_size, Tc = lay->T / 2;
+        int64_t* work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + sizeof(int)), "the ring's chunk work");
+        for (int c = 0; c < 2 * N; c++) work[c] = 0;
+        for (int p = 0; p < padded; p++) work[p / Tc] += p - whole[p] + 1;
+        ring_chunks_balance(chunks, (int*)(work + 2 * N), work, N);
+        *lay = token_layout(lay->T, lay->member, N, chunks);
+        free(work);
+    }
     for (int i = 0; i < lay->T; i++) {
         int pos = token_position(lay, (size_t)i);
         inputs[i] = pos < len ? tokens[pos] : 0;
@@ -99,11 +114,18 @@ static inline void sampling_rows(const TokenLayout* lay, const int* tokens, int 
 }
 
 /* The member holding global position `pos` of a sequence laid out as Tl
- * tokens a member, and (in *row) its local row there. */
-static inline int ring_position_owner(int pos, int Tl, int N, int* row) {
+ * tokens a member (which chunks: `chunks`, NULL the zigzag), and (in *row)
+ * its local row there. */
+static inline int ring_position_owner(int pos, int Tl, int N, const int* chunks, int* row) {
     int Tc = Tl / 2, chunk = pos / Tc;
-    *row = (chunk < N ? 0 : Tc) + pos % Tc;
-    return chunk < N ? chunk : 2 * N - 1 - chunk;
+    for (int m = 0; m < N; m++)
+        for (int k = 0; k < 2; k++)
+            if (ring_chunk(chunks, N, m, k) == chunk) {
+                *row = k * Tc + pos % Tc;
+                return m;
+            }
+    fail("internal: position %d lies in no member's chunk", pos);
+    return 0;
 }
 
 /* The ring's link is timed after the profiled step with RING_TIMING_MESSAGES

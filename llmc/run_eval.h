@@ -24,7 +24,7 @@ typedef struct {
     int* bucket_of;    /* (T) bucket of each position, -1: none */
     float* losses;     /* (B*Tl) host copy of the last batch's losses: this rank's Tl = T / N tokens of each row */
     int* top1;         /* (B*Tl) the last batch's top-1 tokens */
-    int* position;     /* (Tl) global position of each of them (llmc/dataloader.h) */
+    int* position;     /* (Tl) global position of each of them in the last batch (llmc/dataloader.h) */
     const char* dump_path; /* --eval-dump ("": none) */
     FILE* dump;        /* during an evaluation: the dump's temporary file (rank 0: dump_af's) */
     AtomicFile dump_af;
@@ -98,7 +98,6 @@ static inline void position_losses_init(PositionLosses* pl, const TrainOptions* 
     pl->losses = (float*)malloc_check((size_t)B * Tl * sizeof(float), "per-token results");
     pl->top1 = (int*)malloc_check((size_t)B * Tl * sizeof(int), "per-token results");
     pl->position = (int*)malloc_check((size_t)Tl * sizeof(int), "per-token results");
-    for (int i = 0; i < Tl; i++) pl->position[i] = context_position(i, Tl, cp->member, cp->group_size);
     for (int t = 0; t < T; t++) pl->bucket_of[t] = -1;
     for (int i = 0; i < pl->n; i++)
         for (int t = pl->begin[i]; t < pl->end[i]; t++) pl->bucket_of[t] = i;
@@ -163,6 +162,8 @@ static inline void eval_dump_end(PositionLosses* pl, const Run* run) {
 static inline void position_losses_add(PositionLosses* pl, Backend* be, const Run* run, int batch) {
     int B = run->opt.B, Tl = run->opt.T / run->cp.group_size;
     const DocumentOptions* docs = &run->docs;
+    TokenLayout lay = token_layout(Tl, run->cp.member, run->cp.group_size, be->ring_chunks); /* this batch's chunks */
+    for (int i = 0; i < Tl; i++) pl->position[i] = token_position(&lay, (size_t)i);
     be->token_losses(be->ctx, pl->losses);
     be->token_top1(be->ctx, pl->top1);
     for (int b = 0; b < B; b++)
@@ -201,6 +202,11 @@ static inline void print_position_losses(const PositionLosses* pl, int step, Log
         char a[16], b[16];
         position_label(pl->begin[i], a, sizeof(a));
         position_label(pl->end[i], b, sizeof(b));
+        if (pl->tokens[i] == 0.0) { /* e.g. positions past every document's length under --reset-position-ids */
+            loss[i] = top1[i] = NAN; /* the log's null, with tokens 0 */
+            printf("%s %s-%s - top1 - (0 tokens)", i ? " |" : "", a, b);
+            continue;
+        }
         loss[i] = (float)(pl->loss_sum[i] / pl->tokens[i]);
         top1[i] = (float)(pl->hits[i] / pl->tokens[i]);
         printf("%s %s-%s %.6f top1 %.4f", i ? " |" : "", a, b, (double)loss[i], (double)top1[i]);

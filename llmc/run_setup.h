@@ -582,6 +582,8 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.io_chunk_floats = (size_t)1 << 18;
     spec.workspace_bytes = workspace_bytes;
     spec.doc_len = run->opt.plan_doc_len;
+    spec.documents = (run->opt.reset_attention_mask || run->opt.reset_position_ids ? PLAN_DOC_STARTS : 0) |
+                     (run->opt.reset_position_ids ? PLAN_DOC_POSITIONS : 0);
     /* the CPU trainer's plan and offloaded pool are one memory, unless both
      * budgets are given (then the user has said what each may take) */
     spec.host_shares_budget = trainer == FOR_CPU && !(run->opt.mem_budget[0] && run->opt.host_mem_budget[0]);
@@ -618,8 +620,9 @@ static inline void run_print_header(const Run* run) {
            run->opt.T, run->world, run->world == 1 ? "" : "es", run->grad_accum, (long long)run_tokens_per_step(run));
     if (run->cp.group_size > 1)
         printf("context parallel: %d group%s of %d processes share each sequence; each process holds chunks %d and %d of %d "
-               "(%d tokens of each row), attention as a ring\n", run->cp.groups, run->cp.groups == 1 ? "" : "s", run->cp.group_size,
-               run->cp.member, 2 * run->cp.group_size - 1 - run->cp.member, 2 * run->cp.group_size, run->opt.T / run->cp.group_size);
+               "(%d tokens of each row%s), attention as a ring\n", run->cp.groups, run->cp.groups == 1 ? "" : "s", run->cp.group_size,
+               run->cp.member, 2 * run->cp.group_size - 1 - run->cp.member, 2 * run->cp.group_size, run->opt.T / run->cp.group_size,
+               run->opt.reset_attention_mask ? "; with the document mask each batch's chunks are paired by their attended pairs" : "");
     if (run->dropout_desc[0]) printf("%s\n", run->dropout_desc);
     plan_print_summary(&run->plan, stdout);
     const char* big = "";

@@ -5,36 +5,123 @@
  *
  * Context parallelism (--context-parallel N, docs/context-parallel.md) cuts
  * each sequence of T*N tokens into 2N chunks of Tc = T/2; group member r
- * holds chunks r and 2N-1-r, so every member has the same causal work. A
- * rank's rows are B x T local tokens; without context parallelism (group_size 1)
+ * holds chunks r and 2N-1-r (the zigzag), so every member has the same causal
+ * work; with packed documents a micro-batch's chunks may be paired otherwise
+ * (ring_chunks_balance), two to a member all the same. A rank's rows are B x T local tokens; without context parallelism (group_size 1)
  * the local row is the global one.
  */
 #ifndef REMAT_TOKEN_LAYOUT_H
 #define REMAT_TOKEN_LAYOUT_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include "rand.h" /* REMAT_HOST_DEVICE */
 
 /* Global position of token i (0 <= i < Tl) of the rows member `member` of a
- * group of `group_size` holds: Tl tokens, two chunks of Tl / 2. */
+ * group of `group_size` holds under the zigzag layout: Tl tokens, two chunks
+ * of Tl / 2. */
 REMAT_HOST_DEVICE static inline int context_position(int i, int Tl, int member, int group_size) {
     if (group_size == 1) return i;
     int Tc = Tl / 2;
     return i < Tc ? member * Tc + i : (2 * group_size - 1 - member) * Tc + (i - Tc);
 }
 
+/* Which chunks each member holds: chunks[2m] < chunks[2m + 1], the two of
+ * member m of a group of N (chunks of Tc = Tl / 2 tokens of a sequence of
+ * 2N). NULL anywhere one is taken: the zigzag, m and 2N-1-m. With packed
+ * documents the loader chooses them per micro-batch (ring_chunks_balance). */
+static inline int ring_chunk(const int* chunks, int N, int member, int k) {
+    if (chunks) return chunks[2 * member + k];
+    return k == 0 ? member : 2 * N - 1 - member;
+}
+
 /* This rank's B x T token rows: row n is token n % T of sequence n / T, at
- * global position context_position(n % T, ...) of a sequence of T * group_size
- * tokens (group_size 1: n % T). */
-typedef struct { int T, member, group_size; } TokenLayout;
+ * global position token_position(n) of a sequence of T * group_size tokens:
+ * n % T without context parallelism (group_size 1), else in the first or
+ * second of the member's chunks (first < second, each of T / 2 tokens). */
+typedef struct { int T, member, group_size, first, second; } TokenLayout;
+
+static inline TokenLayout token_layout(int T, int member, int group_size, const int* chunks) {
+    TokenLayout lay = {T, member, group_size, ring_chunk(chunks, group_size, member, 0), ring_chunk(chunks, group_size, member, 1)};
+    return lay;
+}
 
 REMAT_HOST_DEVICE static inline int token_position(const TokenLayout* lay, size_t n) {
-    return context_position((int)(n % (size_t)lay->T), lay->T, lay->member, lay->group_size);
+    int i = (int)(n % (size_t)lay->T), Tc = lay->T / 2;
+    if (lay->group_size == 1) return i;
+    return i < Tc ? lay->first * Tc + i : lay->second * Tc + (i - Tc);
 }
 
 /* The row of the whole (B, T * group_size) batch that local row n is. */
 REMAT_HOST_DEVICE static inline size_t token_global_row(const TokenLayout* lay, size_t n) {
     return n / (size_t)lay->T * (size_t)lay->T * (size_t)lay->group_size + (size_t)token_position(lay, n);
+}
+
+/* The zigzag gives every member the same causal work; with documents the
+ * work of a chunk (its queries' attended pairs, work[c] of 2N) follows the
+ * documents' lengths instead. Pairing the heaviest chunk with the lightest,
+ * the second heaviest with the second lightest and so on makes the largest
+ * pair as small as any pairing can (an exchange argument); the pairs go to
+ * members in the order of their first chunk, so that work rising with the
+ * position (no documents, or documents of one length) gives back the
+ * zigzag. Kept only where it pays: when its busiest member has strictly less
+ * work than the zigzag's, else chunks is the zigzag. Integer work, a total
+ * order on (work, chunk): the same choice on every rank that has the same
+ * tokens. order: scratch of 2N. Returns whether it moved any chunk. */
+static inline int ring_chunks_balance(int* chunks, int* order, const int64_t* work, int N) {
+    int n = 2 * N;
+    for (int c = 0; c < n; c++) order[c] = c;
+    for (int i = 1; i < n; i++) /* insertion sort, heaviest first: 2N is small */
+        for (int j = i; j > 0; j--) {
+            int a = order[j - 1], b = order[j];
+            if (work[a] > work[b] || (work[a] == work[b] && a < b)) break;
+            order[j - 1] = b;
+            order[j] = a;
+        }
+    int64_t zigzag = 0, balanced = 0;
+    for (int m = 0; m < N; m++) {
+        int64_t z = work[m] + work[n - 1 - m], p = work[order[m]] + work[order[n - 1 - m]];
+        zigzag = z > zigzag ? z : zigzag;
+        balanced = p > balanced ? p : balanced;
+    }
+    for (int m = 0; m < N; m++) { chunks[2 * m] = m; chunks[2 * m + 1] = n - 1 - m; }
+    if (balanced >= zigzag) return 0;
+    for (int k = 0; k < N; k++) { /* pair k: its chunks in order, keyed by the first */
+        int a = order[k], b = order[n - 1 - k];
+        chunks[2 * k] = a < b ? a : b;
+        chunks[2 * k + 1] = a < b ? b : a;
+    }
+    for (int i = 1; i < N; i++) /* pairs in the order of their first chunk */
+        for (int j = i; j > 0 && chunks[2 * j - 2] > chunks[2 * j]; j--) {
+            int a0 = chunks[2 * j - 2], a1 = chunks[2 * j - 1];
+            chunks[2 * j - 2] = chunks[2 * j]; chunks[2 * j - 1] = chunks[2 * j + 1];
+            chunks[2 * j] = a0; chunks[2 * j + 1] = a1;
+        }
+    return 1;
+}
+
+/* The most work any member has, given chunk work[2N] and chunks (NULL: the zigzag). */
+static inline int64_t ring_busiest_work(const int64_t* work, const int* chunks, int N) {
+    int64_t most = 0;
+    for (int m = 0; m < N; m++) {
+        int64_t w = work[ring_chunk(chunks, N, m, 0)] + work[ring_chunk(chunks, N, m, 1)];
+        most = w > most ? w : most;
+    }
+    return most;
+}
+
+/* Each member's share of its group's attended pairs, given the chunks' work
+ * (2N) and the pairing (NULL: the zigzag), as "0.25 0.25 ..."; returns the
+ * busiest member's work over the mean (1: none). */
+static inline double ring_member_shares(const int64_t* work, const int* chunks, int N, char* out, size_t size) {
+    double all = 0.0;
+    for (int c = 0; c < 2 * N; c++) all += (double)work[c];
+    size_t used = 0;
+    for (int m = 0; m < N && used < size; m++)
+        used += (size_t)snprintf(out + used, size - used, "%s%.3f", m ? " " : "",
+                                 (double)(work[ring_chunk(chunks, N, m, 0)] + work[ring_chunk(chunks, N, m, 1)]) / all);
+    return all > 0.0 ? (double)ring_busiest_work(work, chunks, N) * N / all : 1.0;
 }
 
 /* One block of causal attention: the Tq queries of one stretch of a row
@@ -87,12 +174,12 @@ static inline AttentionBlock whole_sequence(int B, int T, int C, int NH) {
 
 /* The chunk pair (query chunk qc of member `member`, key chunk kc of member
  * `origin`, each 0 or 1: the member's first or second chunk) of a group of
- * `group_size` members holding B x Tl tokens each, as an attention block; 0 when
- * the causal mask empties it. */
-static inline int context_chunk_block(int B, int C, int NH, int Tl, int group_size, int member, int origin, int qc, int kc,
-                                      AttentionBlock* a) {
+ * `group_size` members holding B x Tl tokens each (which chunks: `chunks`,
+ * NULL the zigzag), as an attention block; 0 when the causal mask empties it. */
+static inline int context_chunk_block(int B, int C, int NH, int Tl, int group_size, const int* chunks, int member, int origin, int qc,
+                                      int kc, AttentionBlock* a) {
     int Tc = Tl / 2;
-    int gq = qc == 0 ? member : 2 * group_size - 1 - member, gk = kc == 0 ? origin : 2 * group_size - 1 - origin;
+    int gq = ring_chunk(chunks, group_size, member, qc), gk = ring_chunk(chunks, group_size, origin, kc);
     if (gk > gq) return 0;
     AttentionBlock b = {B, C, NH, group_size * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL};
     *a = b;

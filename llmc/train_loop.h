@@ -156,9 +156,10 @@ static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
     run->docs = d;
     be->set_documents(be->ctx, &d);
     int* starts = documents_need_starts(&d) ? be->doc_start : NULL;
+    int* chunks = d.reset_attention_mask && run->cp.group_size > 1 ? be->ring_chunks : NULL; /* the ring pairs chunks by their work */
     if (starts) {
-        dataloader_documents(&ls->train, d.eot_token, starts);
-        if (ls->has_val) dataloader_documents(&ls->val, d.eot_token, starts);
+        dataloader_documents(&ls->train, d.eot_token, starts, chunks);
+        if (ls->has_val) dataloader_documents(&ls->val, d.eot_token, starts, chunks);
     }
     printf("documents: start at token %d;%s%s%s\n", d.eot_token, d.reset_attention_mask ? " attention masked to each document;" : "",
            d.reset_position_ids ? " positions restart at each document;" : "", d.eod_mask_loss ? " no loss where the input is end of text" : "");
@@ -166,12 +167,14 @@ static inline void documents_resolve(Run* run, Backend* be, LoopState* ls) {
 
 /* After the first step with --reset-attention-mask: the share of the causal
  * (query, key) pairs the last micro-batch's documents leave to attention,
- * and how unevenly the ranks share that work (under the ring the chunks no
- * longer carry equal work): each rank's pairs against the mean of all. */
-static inline void report_attended_pairs(const Run* run, const Backend* be) {
+ * and how unevenly the ranks share that work: each rank's pairs against the
+ * mean of all; under the ring (where the zigzag chunks no longer carry equal
+ * work) each member's share in group 0, as the loader paired the chunks and
+ * as the zigzag would have. */
+static inline void report_attended_pairs(const Run* run, const Backend* be, const DataLoader* train) {
     if (!run->docs.reset_attention_mask) return;
-    int Tl = run->opt.T / run->cp.group_size;
-    TokenLayout lay = {Tl, run->cp.member, run->cp.group_size};
+    int N = run->cp.group_size, Tl = run->opt.T / N;
+    TokenLayout lay = token_layout(Tl, run->cp.member, N, be->ring_chunks);
     double mine = 0.0, causal = 0.0;
     for (size_t n = 0; n < (size_t)run->opt.B * (size_t)Tl; n++) {
         int pos = token_position(&lay, n);
@@ -185,6 +188,12 @@ static inline void report_attended_pairs(const Run* run, const Backend* be) {
     printf("documents: attention attends %.3g%% of the causal pairs (the last micro-batch)", 100.0 * all / all_causal);
     if (run->world > 1) printf("; ranks' pairs from %.2f to %.2f of their mean", least / mean, most / mean);
     printf("\n");
+    if (N == 1 || !train->chunk_work) return;
+    char paired[1024], zigzag[1024];
+    double busiest = ring_member_shares(train->chunk_work, be->ring_chunks, N, paired, sizeof(paired));
+    double busiest_zigzag = ring_member_shares(train->chunk_work, NULL, N, zigzag, sizeof(zigzag));
+    printf("ring balance: members' shares of the attended pairs %s, the busiest %.3fx the mean (the zigzag chunks: %s, %.3fx)\n", paired,
+           busiest, zigzag, busiest_zigzag);
 }
 
 /* Data loaders (validated here, before any step), tokenizer, prompt,
@@ -334,7 +343,7 @@ static inline void train(Run* run, Backend* be) {
         if (be->step_end) be->step_end(be->ctx, step + 1);
         if (step > start) { total_ms += ms; timed_steps++; } /* the first step warms caches */
         report_step(run, be, &ls, step + 1, steps, &r, ms);
-        if (step == start) report_attended_pairs(run, be);
+        if (step == start) report_attended_pairs(run, be, &ls.train);
         if (step + 1 < steps) maybe_stop_on_signal(run, be, &ls, step + 1);
     }
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);

@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     printf("| kernel                       |   MB/call | vec ms   | vec GB/s | scalar ms | GB/s   | ratio |\n");
     printf("|---|---|---|---|---|---|---|\n");
     const double NC = (double)N * C;
-    const TokenLayout whole = {T, 0, 1}; /* whole sequences */
+    const TokenLayout whole = {T, 0, 1, 0, 0}; /* whole sequences */
     row("layernorm forward", 2 * NC * X + 8.0 * N, [&](int s) { gpu_layernorm_forward(y + s, mean, rstd, x + s, w + s, bias + s, N, C, 0); });
     row("layernorm backward", 4 * NC * X + 2.0 * COLUMN_SPLITS * C * 8 + 8.0 * N, [&](int s) {
         gpu_layernorm_backward(z + s, w, bias, part, y + s, x + s, w + s, mean, rstd, N, C, 0); });

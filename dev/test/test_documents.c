@@ -299,8 +299,64 @@ static int check_differences(void) {
 }
 #endif
 
+/* The smallest busiest-member work over every pairing of 2N chunks into N
+ * pairs (brute force: fix the lowest unpaired chunk, try each partner). */
+static int64_t best_pairing(const int64_t* work, int* used, int n) {
+    int first = 0;
+    while (first < n && used[first]) first++;
+    if (first == n) return 0;
+    int64_t best = INT64_MAX;
+    used[first] = 1;
+    for (int c = first + 1; c < n; c++) {
+        if (used[c]) continue;
+        used[c] = 1;
+        int64_t rest = best_pairing(work, used, n), pair = work[first] + work[c];
+        int64_t worst = rest > pair ? rest : pair;
+        best = worst < best ? worst : best;
+        used[c] = 0;
+    }
+    used[first] = 0;
+    return best;
+}
+
+/* ring_chunks_balance against the brute force on random chunk work (N = 2
+ * to 5): as small a busiest member as any pairing; every chunk held once,
+ * the first of each member's below its second; the zigzag kept when it is
+ * as good (work rising with the position: no documents). */
+static int check_ring_pairing(void) {
+    int failures = 0;
+    uint64_t x = 88172645463325252ull;
+    for (int trial = 0; trial < 400; trial++) {
+        int N = 2 + trial % 4, n = 2 * N, chunks[10], order[10], used[10] = {0}, seen[10] = {0};
+        int64_t work[10];
+        for (int c = 0; c < n; c++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            work[c] = trial % 5 == 0 ? 10 * c + 5 : (int64_t)(x % 1000);
+        }
+        int moved = ring_chunks_balance(chunks, order, work, N);
+        int64_t got = ring_busiest_work(work, chunks, N), best = best_pairing(work, used, n), zigzag = ring_busiest_work(work, NULL, N);
+        int ok = got == best && (moved ? got < zigzag : got == zigzag);
+        for (int m = 0; m < N; m++) {
+            ok &= chunks[2 * m] < chunks[2 * m + 1];
+            seen[chunks[2 * m]]++;
+            seen[chunks[2 * m + 1]]++;
+            if (!moved) ok &= chunks[2 * m] == m && chunks[2 * m + 1] == n - 1 - m;
+        }
+        for (int c = 0; c < n; c++) ok &= seen[c] == 1;
+        if (trial % 5 == 0) ok &= !moved;
+        if (!ok) {
+            printf("  ring pairing N=%d trial %d: busiest %lld, best %lld, zigzag %lld FAIL\n", N, trial, (long long)got, (long long)best,
+                   (long long)zigzag);
+            failures++;
+        }
+    }
+    printf("  ring pairing against every pairing (400 trials, N = 2 to 5): %s\n", failures ? "FAIL" : "ok");
+    return failures;
+}
+
 int main(void) {
     int failures = 0;
+    failures += check_ring_pairing();
     failures += check_against_solo(0);
     failures += check_against_solo(4);
     failures += check_reorder();
