@@ -58,7 +58,7 @@ clean:
 
 # ---- tests ----
 # Tests include train_gpt.c whole and use part of it.
-TEST_CFLAGS = $(CFLAGS) -Wno-unused-function -Wno-missing-field-initializers
+TEST_CFLAGS = $(CFLAGS) -Wno-unused-function
 TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_dropout $(BUILD)/test_dropout_sites $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data \
             $(BUILD)/test_documents $(BUILD)/test_documents_fp64
 SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
