@@ -789,8 +789,6 @@ static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
         m->h_pos_runs = (int*)pinned_alloc(3 * N * sizeof(int), "position runs");
         CUDA_CHECK(cudaMalloc((void**)&m->pos_runs, 3 * N * sizeof(int)));
     }
-    if (d->reset_attention_mask && ATTENTION_KIND == ATT_KIND_MMA)
-        printf("documents: the WMMA (tc) attention kernels run (the mma ones mask no documents yet), and the CUDA-core ones for the ring's blocks\n");
 }
 
 /* ------------------------------------------------------------------------ */

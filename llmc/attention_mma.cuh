@@ -36,22 +36,35 @@
  * (dropped P) and dS = P (factor dP - D). One Philox call per lane per 16x16
  * block in every kernel (att_mma_drop_rows, att_mma_drop_cols).
  *
+ * Packed documents (blk.a.doc_start, the whole-sequence launches' too;
+ * attention.cuh's header and llmc/documents.h): query t sees key s only when
+ * s >= its document's start as well. The starts never decrease along a row,
+ * so the forward and the dQ kernel begin at the key tile holding the block's
+ * first row's start, a warp skips a tile whose keys all precede its first
+ * row's start (the least of its rows'), and each element of the remaining
+ * tiles is masked by its row's start; the dK/dV kernel streams query tiles
+ * only up to the last query whose document starts at or before the block's
+ * last key (att_queries_end), a warp skips the tiles past its last key's,
+ * and each element is masked by its key row's end (a binary search per
+ * lane and key row, before the loop). Without documents every start is 0 and
+ * every end the last row: the causal mask alone.
+ *
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 build), every
  * kernel with 0 bytes of stack, 0 bytes of spill stores and loads
  * (registers / shared memory bytes; blocks per sm_90 SM):
- *   forward      (ATT_MMA_THREADS)  hs64 253 / 36864 static (2)   hs128 168 / 34816 static (3)
- *   backward dkv (ATT_MMA_THREADS)  hs64 240 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
- *   backward dq  (ATT_MMA_THREADS)  hs64 246 / 36864 static (2)   hs128 242 / 34816 static (2)
+ *   forward      (ATT_MMA_THREADS)  hs64 252 / 36864 static (2)   hs128 168 / 34816 static (3)
+ *   backward dkv (ATT_MMA_THREADS)  hs64 237 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
+ *   backward dq  (ATT_MMA_THREADS)  hs64 250 / 36864 static (2)   hs128 244 / 34816 static (2)
  *   rowsum (256)  32 / 0
  * and their attention-block instantiations (BLOCK = true, for context
- * parallelism's ring; below): forward hs64 252 (one M-tile per warp),
- * hs128 252; dkv hs64 252, hs128 250; dq hs64 255, hs128 250 (same shared
+ * parallelism's ring; below): forward hs64 254 (one M-tile per warp),
+ * hs128 252; dkv hs64 254, hs128 254; dq hs64 255, hs128 254 (same shared
  * memory, 2 blocks per SM; 16 bytes of stack, no spills).
  * AttMmaResources at the end of the file holds these figures; static_asserts
  * check them against the layouts (the recorded shared memory must be what
  * the layout computes) and the blocks per SM they give by the occupancy
  * rules (att_sm90_blocks_per_sm), so a layout change must update the table.
- * The forward at hs64 gives each warp two M-tiles (32 query rows): 253
+ * The forward at hs64 gives each warp two M-tiles (32 query rows): 252
  * registers and 2 blocks (8 warps, 256 rows) per SM, against 128 registers
  * and 4 blocks of one M-tile (16 warps, the same 256 rows) with half the
  * shared-memory bytes per FLOP. At hs128 two M-tiles hold Q fragments (64
@@ -324,7 +337,10 @@ __device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0,
  * out_acc (rows: row 0, this head's channel 0; stride C) and lse (row 0's
  * statistic) by log-sum-exp, as the CPU's attention_merge. A row's lse is
  * read and written by lane tq 0 of its four alone; the others get the old
- * value by a shuffle. */
+ * value by a shuffle. Documents: a row may see none of the block's keys (its
+ * sum is 0; else at least 1, its largest score's term); a first block then
+ * writes an empty part (0, lse -inf) for later ones to merge into, a later
+ * one leaves the row alone. */
 template <int HS>
 __device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* lse, int r0, int nq, int diag, int first, const float o[][4],
                                                    const float m[2], const float l[2], float scale) {
@@ -334,13 +350,14 @@ __device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* ls
     for (int half = 0; half < 2; half++) {
         const int t = r0 + g + 8 * half;
         sum[half] = att_mma_quad_sum(l[half]);
-        old[half] = __shfl_sync(0xffffffffu, (tq == 0 && !first && t < nq && t + diag >= 0) ? lse[t] : 0.0f, lane & ~3);
+        old[half] = __shfl_sync(0xffffffffu, (tq == 0 && !first && t < nq && t + diag >= 0 && sum[half] > 0.0f) ? lse[t] : 0.0f, lane & ~3);
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int t = r0 + g + 8 * half;
-        if (t >= nq || t + diag < 0) continue;
-        const float lpart = m[half] * scale + logf(sum[half]), inv = 1.0f / sum[half];
+        const bool any = sum[half] > 0.0f;
+        if (t >= nq || t + diag < 0 || !(any || first)) continue;
+        const float lpart = any ? m[half] * scale + logf(sum[half]) : -INFINITY, inv = any ? 1.0f / sum[half] : 0.0f;
         const float merged = first ? lpart : att_merged_lse(old[half], lpart);
         const float w0 = first ? 0.0f : expf(old[half] - merged), w1 = first ? 1.0f : expf(lpart - merged);
         float* row = rows + (size_t)t * C + 2 * tq;
@@ -401,14 +418,18 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
     const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
     const int kend = min(q0 + ROWS + sp.diag, sp.nk);
-    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
     if constexpr (BLOCK)
         if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
+    /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
+    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int ntiles = max((kend + Cfg::BC - 1) / Cfg::BC - j0, 0);
 
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
     ptx_cp_async_commit();
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, 0, Cfg::BC, sp.nk);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, 0, Cfg::BC, sp.nk);
+    if (!BLOCK || ntiles > 0) { /* an attention block's rows may see no key of it (documents): then only the epilogue runs */
+        att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, j0 * Cfg::BC, Cfg::BC, sp.nk);
+        att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, j0 * Cfg::BC, Cfg::BC, sp.nk);
+    }
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
@@ -431,17 +452,20 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
     const float scale_log2 = scale * 1.4426950408889634f;
+    /* documents: the first key of the warp's first row (the least of its rows': starts never decrease) */
+    const int kwarp = att_first_key(blk, sp, r0);
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
             floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, sp.k, sp.kv_ld, (j + 1) * Cfg::BC, Cfg::BC, sp.nk);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, (j + 1) * Cfg::BC, Cfg::BC, sp.nk);
+            att_mma_stage<HS>(nb, sp.k, sp.kv_ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, sp.nk);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, sp.nk);
         }
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
-        const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 16 * MT - 1 + sp.diag) { /* else every key of the tile is after every query of this warp */
+        const int k0 = (j0 + j) * Cfg::BC;
+        /* else every key of the tile is after every query of this warp, or before every query's document */
+        if (k0 <= r0 + 16 * MT - 1 + sp.diag && k0 + Cfg::BC > kwarp) {
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[MT][Cfg::NT][4];
@@ -450,13 +474,14 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 const int rm = r0 + 16 * mt;
+                const int kf[2] = {att_first_key(blk, sp, rm + g), att_first_key(blk, sp, rm + g + 8)}; /* documents: each row's first key */
                 float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
                 for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = rm + g + 8 * (i >> 1);
-                        if (!(key <= t + sp.diag && key < sp.nk)) s[mt][nt][i] = -INFINITY;
+                        if (!(key <= t + sp.diag && key < sp.nk && key >= kf[i >> 1])) s[mt][nt][i] = -INFINITY;
                         mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][nt][i]);
                     }
                 float corr[2], ref[2];
@@ -531,8 +556,12 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
  * forward writes (first) or merges by log-sum-exp (att_mma_merge_rows) the
  * normalised output and lse of each row a key reaches; the backward adds dQ
  * (rows a key reaches) and dK, dV (keys a query reaches) with float2 loads
- * and stores (att_mma_add_rows). The forward keeps one M-tile per warp
- * (AttMmaForward): two with the merge epilogue spill at hs64. The
+ * and stores (att_mma_add_rows). With documents a forward block's row may
+ * see none of its keys (a CTA none at all: it stages no key tile and runs
+ * the epilogue alone), which att_mma_merge_rows writes as an empty part
+ * where the block is the first and leaves alone otherwise; the backward's
+ * CTAs whose rows see no key return at once. The forward keeps one M-tile
+ * per warp (AttMmaForward): two with the merge epilogue spill at hs64. The
  * whole-sequence instantiations (BLOCK = false) keep their expressions and
  * registers (AttMmaResources). */
 
@@ -635,9 +664,11 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
     const int tstart = BLOCK ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
-    const int nq = (nqr - tstart + Cfg::BC - 1) / Cfg::BC;
+    /* documents: no query past the last one whose document starts at or before the block's last key */
+    const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, BLOCK ? sp.nk : T) - 1);
+    const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC;
     if constexpr (BLOCK)
-        if (tstart >= nqr) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
+        if (tstart >= tend) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
     /* query tile i: rows tstart + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
     auto stage = [&](int i) {
         const int t0 = tstart + i * Cfg::BC;
@@ -660,13 +691,17 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
+    /* documents: one past the last query that sees each of this lane's key rows (r0 + g, r0 + g + 8), and the warp's last key */
+    const int tend_row[2] = {att_queries_end(blk, sp, tstart, r0 + g), att_queries_end(blk, sp, tstart, r0 + g + 8)};
+    const int tend_warp = __shfl_sync(0xffffffffu, tend_row[1], 28);
     for (int i = 0; i < nq; i++) {
         if (i + 1 < nq) stage(i + 1);
         ptx_cp_async_commit(); /* possibly empty: one group per tile */
         ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
         __syncthreads();
         const int t0 = tstart + i * Cfg::BC;
-        if (t0 + Cfg::BC - 1 + diag >= r0) { /* else every query of the tile is before every key of this warp: nothing to add */
+        /* else every query of the tile is before every key of this warp, or after their documents: nothing to add */
+        if (t0 + Cfg::BC - 1 + diag >= r0 && t0 < tend_warp) {
             const floatX* Qs = att_mma_buffer<HS>(smem, i);
             const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
             const float* lse_s = stats + (i & 1) * 2 * Cfg::BC;
@@ -689,7 +724,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const int c = nt * 8 + 2 * tq + (k & 1), t = t0 + c, s = r0 + g + 8 * (k >> 1);
-                    const float p = (t + diag >= s && t < nqr) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
+                    const float p = (t + diag >= s && t < nqr && t < tend_row[k >> 1]) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
                     if (drop.threshold) {
                         st[nt][k] = p * f[nt][k];
                         dpt[nt][k] = p * (f[nt][k] * dpt[nt][k] - d_s[c]) * scale;
@@ -736,9 +771,11 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     const floatX* base = BLOCK ? sp.q : qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
     const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
     const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
-    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
+    /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
+    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC - j0;
     if constexpr (BLOCK)
-        if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
+        if (ntiles <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
@@ -758,8 +795,8 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, 0, Cfg::BC, nkr);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, 0, Cfg::BC, nkr);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, j0 * Cfg::BC, Cfg::BC, nkr);
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, j0 * Cfg::BC, Cfg::BC, nkr);
     ptx_cp_async_commit();
 
     float dq[Cfg::OT][4];
@@ -767,17 +804,19 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
         for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
+    const int kwarp = att_first_key(blk, sp, r0); /* documents: as in the forward */
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles) {
             floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, (j + 1) * Cfg::BC, Cfg::BC, nkr);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, (j + 1) * Cfg::BC, Cfg::BC, nkr);
+            att_mma_stage<HS>(nb, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, nkr);
+            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, nkr);
         }
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
-        const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 15 + diag) { /* else every key of the tile is after every query of this warp */
+        const int k0 = (j0 + j) * Cfg::BC;
+        /* else every key of the tile is after every query of this warp, or before every query's document */
+        if (k0 <= r0 + 15 + diag && k0 + Cfg::BC > kwarp) {
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[Cfg::NT][4], dp[Cfg::NT][4];
@@ -788,12 +827,13 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
                 if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
                 else att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
             }
+            const int kf[2] = {att_first_key(blk, sp, r0 + g), att_first_key(blk, sp, r0 + g + 8)}; /* documents: each row's first key */
 #pragma unroll
             for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int hf = i >> 1, key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * hf;
-                    const float p = (key <= t + diag && key < nkr) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
+                    const float p = (key <= t + diag && key < nkr && key >= kf[hf]) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
                     const float dpf = drop.threshold ? f[nt][i] * dp[nt][i] : dp[nt][i];
                     s[nt][i] = p * (dpf - d_row[hf]) * scale;
                 }
@@ -811,21 +851,22 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     }
 }
 
-/* The backward's three launches. */
+/* The backward's three launches; doc_start: packed documents' starts (device (B,T)), or NULL. */
 template <int HS>
 static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                          int B, int T, int C, int NH, float scale, const DropoutSite& drop, cudaStream_t stream) {
+                                          int B, int T, int C, int NH, float scale, const DropoutSite& drop, const int* doc_start,
+                                          cudaStream_t stream) {
     const size_t rows = (size_t)B * T * NH;
     attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, NH);
     CUDA_CHECK_LAUNCH();
     const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NH));
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop,
-                                                                                          AttBlockArgs{});
+    AttBlockArgs docs{};
+    docs.a.doc_start = doc_start;
+    attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop,
-                                                                                      AttBlockArgs{});
+    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -879,9 +920,9 @@ constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
 
 /* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
 template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 253 : 168, DKV_REGS = HS == 64 ? 240 : 242, DQ_REGS = HS == 64 ? 246 : 242, ROWSUM_REGS = 32;
+    static constexpr int FWD_REGS = HS == 64 ? 252 : 168, DKV_REGS = HS == 64 ? 237 : 242, DQ_REGS = HS == 64 ? 250 : 244, ROWSUM_REGS = 32;
     /* the attention-block instantiations (BLOCK = true; gpu_attention_block_forward/backward) */
-    static constexpr int FWD_BLOCK_REGS = HS == 64 ? 252 : 252, DKV_BLOCK_REGS = HS == 64 ? 252 : 250, DQ_BLOCK_REGS = HS == 64 ? 255 : 250;
+    static constexpr int FWD_BLOCK_REGS = HS == 64 ? 254 : 252, DKV_BLOCK_REGS = HS == 64 ? 254 : 254, DQ_BLOCK_REGS = HS == 64 ? 255 : 254;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
     static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
