@@ -53,8 +53,8 @@
  * kernel with 0 bytes of stack, 0 bytes of spill stores and loads
  * (registers / shared memory bytes; blocks per sm_90 SM):
  *   forward      (ATT_MMA_THREADS)  hs64 252 / 36864 static (2)   hs128 168 / 34816 static (3)
- *   backward dkv (ATT_MMA_THREADS)  hs64 237 / 56320 dynamic (2)  hs128 242 / 70144 dynamic (2)
- *   backward dq  (ATT_MMA_THREADS)  hs64 250 / 36864 static (2)   hs128 244 / 34816 static (2)
+ *   backward dkv (ATT_MMA_THREADS)  hs64 239 / 56320 dynamic (2)  hs128 241 / 70144 dynamic (2)
+ *   backward dq  (ATT_MMA_THREADS)  hs64 244 / 36864 static (2)   hs128 242 / 34816 static (2)
  *   rowsum (256)  32 / 0
  * and their attention-block instantiations (BLOCK = true, for context
  * parallelism's ring; below): forward hs64 254 (one M-tile per warp),
@@ -124,6 +124,15 @@ __device__ __forceinline__ void att_mma_stage(floatX* dst, const floatX* base, s
         if (r0 + r < T) ptx_cp_async16<true>(d, base + (size_t)(r0 + r) * ld + c);
         else *reinterpret_cast<uint4*>(d) = uint4{0u, 0u, 0u, 0u};
     }
+}
+
+/* Stages one tile of the double buffer: rows [r0, r0+BC) of a (ld_a rows)
+ * and of b (ld_b rows) into buf and buf + BC rows (K and V, or Q and dO), as
+ * att_mma_stage. */
+template <int HS>
+__device__ __forceinline__ void att_mma_stage_tile(floatX* buf, const floatX* a, size_t ld_a, const floatX* b, size_t ld_b, int r0, int T) {
+    att_mma_stage<HS>(buf, a, ld_a, r0, AttMma<HS>::BC, T);
+    att_mma_stage<HS>(buf + AttMma<HS>::BC * AttMma<HS>::LD, b, ld_b, r0, AttMma<HS>::BC, T);
 }
 
 /* A fragments of a warp's 16 rows (shared, stride LD, first row `rows`): a[ks] covers channels 16ks..16ks+15. */
@@ -275,37 +284,26 @@ __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int 
     }
 }
 
-/* att_mma_drop_rows at global positions (an attention block's q0, k0): its
- * one call per 16x16 block where t0 and u0 are multiples of 16, else one
- * call per element (32 or 16 a lane and tile: the slow path of blocks at
- * odd offsets). */
-template <int HS>
-__device__ __forceinline__ void att_mma_drop_rows_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+/* att_mma_drop_rows (COLS false: queries t0.. as rows, keys u0.. as
+ * columns) or att_mma_drop_cols (COLS true: the transpose) at global
+ * positions (an attention block's q0, k0): their one call per 16x16 block
+ * where t0 and u0 are multiples of 16, else one call per element (32 or 16 a
+ * lane and tile: the slow path of blocks at odd offsets). */
+template <int HS, bool COLS>
+__device__ __forceinline__ void att_mma_drop_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
     if (((t0 | u0) & 15) == 0) {
-        att_mma_drop_rows<HS>(f, drop, bh, T, t0, u0);
+        if constexpr (COLS) att_mma_drop_cols<HS>(f, drop, bh, T, t0, u0);
+        else att_mma_drop_rows<HS>(f, drop, bh, T, t0, u0);
         return;
     }
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < AttMma<HS>::NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            f[nt][i] = dropout_keep_attention(&drop, bh, T, t0 + g + 8 * (i >> 1), u0 + nt * 8 + 2 * tq + (i & 1)) ? drop.scale : 0.0f;
-}
-
-/* att_mma_drop_cols at global positions (keys u0.. as rows, queries t0.. as columns), as att_mma_drop_rows_at. */
-template <int HS>
-__device__ __forceinline__ void att_mma_drop_cols_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
-    if (((t0 | u0) & 15) == 0) {
-        att_mma_drop_cols<HS>(f, drop, bh, T, t0, u0);
-        return;
-    }
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < AttMma<HS>::NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            f[nt][i] = dropout_keep_attention(&drop, bh, T, t0 + nt * 8 + 2 * tq + (i & 1), u0 + g + 8 * (i >> 1)) ? drop.scale : 0.0f;
+        for (int i = 0; i < 4; i++) {
+            const int row = g + 8 * (i >> 1), col = nt * 8 + 2 * tq + (i & 1); /* the accumulator element's */
+            f[nt][i] = dropout_keep_attention(&drop, bh, T, COLS ? t0 + col : t0 + row, COLS ? u0 + row : u0 + col) ? drop.scale : 0.0f;
+        }
 }
 
 /* Adds a warp's 16 x HS accumulators to rows r0.. of an fp32 tensor (rows:
@@ -427,8 +425,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
     ptx_cp_async_commit();
     if (!BLOCK || ntiles > 0) { /* an attention block's rows may see no key of it (documents): then only the epilogue runs */
-        att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, j0 * Cfg::BC, Cfg::BC, sp.nk);
-        att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, j0 * Cfg::BC, Cfg::BC, sp.nk);
+        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, sp.v, sp.kv_ld, j0 * Cfg::BC, sp.nk);
     }
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
@@ -455,11 +452,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     /* documents: the first key of the warp's first row (the least of its rows': starts never decrease) */
     const int kwarp = att_first_key(blk, sp, r0);
     for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {
-            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, sp.k, sp.kv_ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, sp.nk);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, sp.nk);
-        }
+        if (j + 1 < ntiles) att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), sp.k, sp.kv_ld, sp.v, sp.kv_ld, (j0 + j + 1) * Cfg::BC, sp.nk);
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
@@ -506,7 +499,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                     for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
                 if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
                     float f[Cfg::NT][4];
-                    if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
+                    if constexpr (BLOCK) att_mma_drop_at<HS, false>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
                     else att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
 #pragma unroll
                     for (int nt = 0; nt < Cfg::NT; nt++)
@@ -552,7 +545,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
  * positions (q0 + i, k0 + j) of a sequence of T tokens: one Philox call per
  * lane and 16x16 block where q0 and k0 are multiples of 16 (then every
  * tile's first row and column are), one per element otherwise
- * (att_mma_drop_rows_at, att_mma_drop_cols_at). Epilogues in fp32: the
+ * (att_mma_drop_at). Epilogues in fp32: the
  * forward writes (first) or merges by log-sum-exp (att_mma_merge_rows) the
  * normalised output and lse of each row a key reaches; the backward adds dQ
  * (rows a key reaches) and dK, dV (keys a query reaches) with float2 loads
@@ -629,6 +622,28 @@ __global__ void __launch_bounds__(256) attention_mma_rowsum_kernel(float* rowsum
     rowsum[(b * NH + h) * T + t] = acc;
 }
 
+/* Where a backward kernel's rows are, for one (b, h): an attention block's
+ * (AttSpan), or the whole sequence's in the expressions whose code (and
+ * register count, AttMmaResources) the BLOCK = false instantiations keep.
+ * q, k, v, dout: row 0 of this head's slices (rows ld, kv_ld, kv_ld, C
+ * apart); stat: the index of query 0's statistics (lse, D); nq query and nk
+ * key rows, key j seen by query i when j <= i + diag. */
+struct AttMmaRows {
+    const floatX *q, *k, *v, *dout;
+    size_t ld, kv_ld, stat;
+    int nq, nk, diag;
+};
+
+template <int HS, bool BLOCK>
+__device__ __forceinline__ AttMmaRows att_mma_rows(const AttSpan& sp, const floatX* qkv, const floatX* dout, int T, int C, int b, int h) {
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
+    return AttMmaRows{base, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C,
+                      BLOCK ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS,
+                      ld, BLOCK ? sp.kv_ld : ld, BLOCK ? sp.stat : (size_t)blockIdx.y * T,
+                      BLOCK ? sp.nq : T, BLOCK ? sp.nk : T, BLOCK ? sp.diag : 0};
+}
+
 /* Shared memory of the dK/dV kernel (dynamic: above the 48 KiB static limit):
  * the Q/dO double buffer (AttMma::SMEM_BYTES), the key tile's K and V rows,
  * and per buffer the query rows' lse (log2 units) and D. */
@@ -653,37 +668,30 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    /* where the rows are: an attention block's (AttSpan), or the whole sequence's in the expressions whose
-     * code (and register count, AttMmaResources) the BLOCK = false instantiation keeps */
     const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const floatX* dobase = BLOCK ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS;
-    const size_t stat0 = BLOCK ? sp.stat : (size_t)bh * T;
-    const int nqr = BLOCK ? sp.nq : T, diag = BLOCK ? sp.diag : 0;
+    const AttMmaRows rw = att_mma_rows<HS, BLOCK>(sp, qkv, dout, T, C, b, h);
+    const int nqr = rw.nq, diag = rw.diag;
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
     const int tstart = BLOCK ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
     /* documents: no query past the last one whose document starts at or before the block's last key */
-    const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, BLOCK ? sp.nk : T) - 1);
+    const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, rw.nk) - 1);
     const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC;
     if constexpr (BLOCK)
         if (tstart >= tend) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
     /* query tile i: rows tstart + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
     auto stage = [&](int i) {
         const int t0 = tstart + i * Cfg::BC;
-        floatX* nb = att_mma_buffer<HS>(smem, i);
-        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, nqr);
-        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, nqr);
+        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, i), rw.q, rw.ld, rw.dout, C, t0, nqr);
         float* st = stats + (i & 1) * 2 * Cfg::BC;
         for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
             const int t = t0 + k;
-            st[k] = t < nqr ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
-            st[Cfg::BC + k] = t < nqr ? rowsum[stat0 + t] : 0.0f;
+            st[k] = t < nqr ? lse[rw.stat + t] * 1.4426950408889634f : 0.0f;
+            st[Cfg::BC + k] = t < nqr ? rowsum[rw.stat + t] : 0.0f;
         }
     };
-    att_mma_stage<HS>(Ks, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, s0, ATT_MMA_ROWS, BLOCK ? sp.nk : T);
-    att_mma_stage<HS>(Vs, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, s0, ATT_MMA_ROWS, BLOCK ? sp.nk : T);
+    att_mma_stage<HS>(Ks, rw.k, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
+    att_mma_stage<HS>(Vs, rw.v, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
     stage(0);
     ptx_cp_async_commit();
     float dk[Cfg::OT][4], dv[Cfg::OT][4];
@@ -716,7 +724,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
             }
             float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
             if (drop.threshold) {
-                if constexpr (BLOCK) att_mma_drop_cols_at<HS>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
+                if constexpr (BLOCK) att_mma_drop_at<HS, true>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
                 else att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
             }
 #pragma unroll
@@ -748,9 +756,9 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         att_mma_add_rows<HS>(rows + C, 2 * (size_t)C, r0, 0, hi, dv);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
-        att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
-        att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
+        floatX* drows = dqkv + (size_t)b * T * rw.ld + (size_t)h * HS;
+        att_mma_store_rows<HS>(drows + C, rw.ld, r0, T, dk, one);
+        att_mma_store_rows<HS>(drows + 2 * C, rw.ld, r0, T, dv, one);
     }
 }
 
@@ -765,11 +773,9 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * NH + at.h;
-    /* where the rows are: as in the dK/dV kernel */
     const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const AttMmaRows rw = att_mma_rows<HS, BLOCK>(sp, qkv, dout, T, C, at.b, at.h);
+    const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
     const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
     const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
@@ -778,16 +784,15 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         if (ntiles <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? dout + sp.qrow * C + (size_t)at.h * HS : dout + (size_t)at.b * T * C + (size_t)at.h * HS,
-                      C, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), rw.q, rw.ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), rw.dout, C, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
     ptx_cp_async_commit();
     float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int t = r0 + g + 8 * hf;
-        lse_log2[hf] = t < nqr ? lse[BLOCK ? sp.stat + t : (size_t)bh * T + t] * 1.4426950408889634f : 0.0f;
-        d_row[hf] = t < nqr ? rowsum[BLOCK ? sp.stat + t : (size_t)bh * T + t] : 0.0f;
+        lse_log2[hf] = t < nqr ? lse[rw.stat + t] * 1.4426950408889634f : 0.0f;
+        d_row[hf] = t < nqr ? rowsum[rw.stat + t] : 0.0f;
     }
     ptx_cp_async_wait<0>();
     __syncthreads();
@@ -795,8 +800,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, j0 * Cfg::BC, Cfg::BC, nkr);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, j0 * Cfg::BC, Cfg::BC, nkr);
+    att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), rw.k, rw.kv_ld, rw.v, rw.kv_ld, j0 * Cfg::BC, nkr);
     ptx_cp_async_commit();
 
     float dq[Cfg::OT][4];
@@ -806,11 +810,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
     const int kwarp = att_first_key(blk, sp, r0); /* documents: as in the forward */
     for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {
-            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, nkr);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, (j0 + j + 1) * Cfg::BC, Cfg::BC, nkr);
-        }
+        if (j + 1 < ntiles) att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), rw.k, rw.kv_ld, rw.v, rw.kv_ld, (j0 + j + 1) * Cfg::BC, nkr);
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
@@ -824,7 +824,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
             att_mma_scores<HS, 1>(&dp, &dO, Vs);
             float f[Cfg::NT][4]; /* dropout factors: dS = P (f dP' - D) */
             if (drop.threshold) {
-                if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
+                if constexpr (BLOCK) att_mma_drop_at<HS, false>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
                 else att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
             }
             const int kf[2] = {att_first_key(blk, sp, r0 + g), att_first_key(blk, sp, r0 + g + 8)}; /* documents: each row's first key */
@@ -847,7 +847,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         att_mma_add_rows<HS>(blk.acc + sp.qrow * C + (size_t)at.h * HS, C, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
+        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * rw.ld + (size_t)at.h * HS, rw.ld, r0, T, dq, one);
     }
 }
 
@@ -920,7 +920,7 @@ constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
 
 /* ptxas -v figures (registers, shared bytes) of the attention kernels, recorded in the header. */
 template <int HS> struct AttMmaResources {
-    static constexpr int FWD_REGS = HS == 64 ? 252 : 168, DKV_REGS = HS == 64 ? 237 : 242, DQ_REGS = HS == 64 ? 250 : 244, ROWSUM_REGS = 32;
+    static constexpr int FWD_REGS = HS == 64 ? 252 : 168, DKV_REGS = HS == 64 ? 239 : 241, DQ_REGS = HS == 64 ? 244 : 242, ROWSUM_REGS = 32;
     /* the attention-block instantiations (BLOCK = true; gpu_attention_block_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = HS == 64 ? 254 : 252, DKV_BLOCK_REGS = HS == 64 ? 254 : 254, DQ_BLOCK_REGS = HS == 64 ? 255 : 254;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
