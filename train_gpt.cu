@@ -795,8 +795,6 @@ static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
         m->h_pos_runs = (int*)pinned_alloc(3 * N * sizeof(int), "position runs");
         m->pos_runs = (int*)(m->arena + p->off_pos_runs);
     }
-    if (d->reset_attention_mask && ATTENTION_KIND == ATT_KIND_MMA)
-        printf("documents: the WMMA (tc) attention kernels run (the mma ones mask no documents yet), and the CUDA-core ones for the ring's blocks\n");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1045,14 +1043,9 @@ static void gpu_step_extras(void* ctx, int step, double step_ms, char* buf, size
 static char g_device_name[256] = "";
 static const char* gpu_device_name(void) { return g_device_name; }
 
-/* The attention family this build runs at head size hs (the default cost
- * model's attention rate): attention_family, and the WMMA kernels where
- * documents are masked (attention_forward_launch_as: the mma kernels mask
- * none yet). */
-static int gpu_attention_family(int hs, int documents) {
-    int family = attention_family(ATTENTION_KIND, hs);
-    return documents && family == ATT_KIND_MMA ? ATT_KIND_TC : family;
-}
+/* The attention kernel family this build runs at head size hs (for the time
+ * model's attention rate); with documents or without, the same. */
+static int gpu_attention_family(int hs) { return attention_family(ATTENTION_KIND, hs); }
 
 /* REMAT_PROFILE_COST_MODEL=FILE with REMAT_PROFILE=N: the time model's rates
  * calibrated from step N's profile (cost_model_calibrate), written to FILE

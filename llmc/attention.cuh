@@ -34,13 +34,12 @@
  * Masking: key s is used for query t iff s <= t and both < T; T need not be a
  * multiple of any tile size (partial tiles are zero-filled, and rows past T
  * compute on zeros and store nothing). Packed documents (doc_start,
- * llmc/documents.h; these kernels and attention_tc.cuh's, not the mma ones
- * yet): key s is used for
- * query t only when s >= doc_start[t] as well. A row's starts never
- * decrease, so a block of query rows needs no key tile before its first
- * row's start (those tiles are skipped, the others masked per key), and a
- * block of key rows no query past the last one whose document starts at or
- * before its last key (att_queries_end).
+ * llmc/documents.h; these kernels, attention_tc.cuh's and attention_mma.cuh's
+ * alike): key s is used for query t only when s >= doc_start[t] as well.
+ * A row's starts never decrease, so a block of query rows needs no key tile
+ * before its first row's start (those tiles are skipped, the others masked
+ * per key), and a block of key rows no query past the last one whose
+ * document starts at or before its last key (att_queries_end).
  *
  * Dropout (DropoutSite, dropout.h; threshold 0: none, and the launchers then
  * run each kernel's DROPOUT = false instantiation, the code without it):
@@ -662,11 +661,12 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    if (doc_start && kind == ATT_KIND_MMA) kind = ATT_KIND_TC; /* the mma kernels mask no documents yet: the WMMA ones do */
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
+            AttBlockArgs docs{};
+            docs.a.doc_start = doc_start;
             attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
-                                                                                                                         scale, drop, AttBlockArgs{});
+                                                                                                                         scale, drop, docs);
             CUDA_CHECK_LAUNCH();
             return;
         }
@@ -701,11 +701,10 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
 #if ATTENTION_TENSOR_CORES
-    if (doc_start && kind == ATT_KIND_MMA) kind = ATT_KIND_TC; /* as in the forward */
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
-            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, scale, drop, stream);
+            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, scale, drop, doc_start, stream);
             return;
         }
     }
@@ -819,9 +818,8 @@ static inline DropoutSite attention_no_dropout(void) {
 
 /* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C); drop: the attention site of
  * this layer and micro-step (dropout.h), or NULL for none; doc_start
- * (device (B,T)): packed documents' starts, or NULL for none (with them the
- * mma family hands over to the WMMA kernels, which mask documents as the
- * CUDA-core ones do: docs/documents.md). */
+ * (device (B,T)): packed documents' starts, or NULL for none (every kernel
+ * family masks them: docs/documents.md). */
 static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, const DropoutSite* drop,
                                          cudaStream_t stream, const int* doc_start = nullptr) {
     DropoutSite d = drop ? *drop : attention_no_dropout();
@@ -865,9 +863,9 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
  * (attention_mma.cuh) where attention_block_mma_fits; every other case, the
  * tc family included (head sizes other than 64 and 128 in the 16-bit
  * builds, or ATTENTION=tc), runs the simt kernels' (CUDA cores, fp32 math):
- * the WMMA kernels have no block variant yet (docs/attention_kernels.md);
- * with packed documents (a->doc_start, a device pointer) the simt ones in
- * every build (the mma kernels mask no documents yet). */
+ * the WMMA kernels have no block variant yet (docs/attention_kernels.md).
+ * Packed documents (a->doc_start, a device pointer) are masked by the mma
+ * and simt block kernels alike. */
 
 /* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
  * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
@@ -933,7 +931,7 @@ static void attention_block_forward_launch(float* out_acc, float* lse, const flo
                                            int first, const DropoutSite& drop, cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (!a->doc_start && attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
+        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
             attention_mma_block_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }
@@ -964,7 +962,7 @@ static void attention_block_backward_launch(float* dq_acc, float* dkv_acc, const
                                             cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (!a->doc_start && attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
+        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
             attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
             attention_mma_block_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
             return;

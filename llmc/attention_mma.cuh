@@ -36,22 +36,39 @@
  * (dropped P) and dS = P (factor dP - D). One Philox call per lane per 16x16
  * block in every kernel (att_mma_drop_rows, att_mma_drop_cols).
  *
+ * Packed documents (blk.a.doc_start, the whole-sequence launches' too;
+ * attention.cuh's header and llmc/documents.h): query t sees key s only when
+ * s >= its document's start as well. The starts never decrease along a row,
+ * so the forward and the dQ kernel begin at the key tile holding the block's
+ * first row's start, a warp skips a tile whose keys all precede its first
+ * row's start (the least of its rows'), and each element of the remaining
+ * tiles is masked by its row's start; the dK/dV kernel streams query tiles
+ * only up to the last query whose document starts at or before the block's
+ * last key (att_queries_end), a warp skips the tiles past its last key's,
+ * and each element is masked by its key row's end (a binary search per
+ * lane and key row, before the loop). Without documents every start is 0 and
+ * every end the last row: the causal mask alone.
+ *
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 and FP16
- * builds alike), every kernel compiled under its register budget
- * (AttMmaRegs below: 240, the hs64 dQ block kernel 248) with 0 bytes of
- * stack and no spills (registers / shared memory bytes; blocks per sm_90 SM):
- *   forward      hs64 240 / 36864 static (2)   hs128 194 / 34816 static (2)
- *   backward dkv hs64 229 / 56320 dynamic (2)  hs128 234 / 70144 dynamic (2)
- *   backward dq  hs64 240 / 36864 static (2)   hs128 230 / 34816 static (2)
+ * builds alike, document masks included), every kernel compiled under its
+ * register budget (AttMmaRegs below: 240, the hs64 dQ block kernel 248) with
+ * 0 bytes of stack and no spills (registers / shared memory bytes; blocks per
+ * sm_90 SM):
+ *   forward      hs64 240 / 36864 static (2)   hs128 192 / 34816 static (2)
+ *   backward dkv hs64 233 / 56320 dynamic (2)  hs128 232 / 70144 dynamic (2)
+ *   backward dq  hs64 236 / 36864 static (2)   hs128 230 / 34816 static (2)
  *   rowsum (256)  32 / 0
  * and their attention-block instantiations (BLOCK = true, for context
- * parallelism's ring; below): forward hs64 235 (one M-tile per warp),
- * hs128 227; dkv hs64 238, hs128 235; dq hs64 247, hs128 240 (same shared
+ * parallelism's ring; below): forward hs64 240 (one M-tile per warp),
+ * hs128 229; dkv hs64 235, hs128 236; dq hs64 248, hs128 240 (same shared
  * memory, 2 blocks per SM). Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the block kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
- * hs128 forward took 168 registers (3 blocks per SM) and takes 194 (2) under
- * the budget: predicted, unmeasured on a GPU.
+ * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
+ * the budget: which is faster is unmeasured on a GPU. The forward reads its
+ * rows' own document starts only in the tiles that cross one (k0 below the
+ * warp's last row's start): held across the key loop they made the hs64
+ * forward spill (68 bytes at 240 registers, 48 at 248).
  * AttMmaResources at the end of the file holds the budgets and shared memory;
  * static_asserts check them against the layouts (the recorded shared memory
  * must be what the layout computes) and the blocks per SM they give by the
@@ -135,6 +152,15 @@ __device__ __forceinline__ void att_mma_stage(floatX* dst, const floatX* base, s
         if (r0 + r < T) ptx_cp_async16<true>(d, base + (size_t)(r0 + r) * ld + c);
         else *reinterpret_cast<uint4*>(d) = uint4{0u, 0u, 0u, 0u};
     }
+}
+
+/* Stages one tile of the double buffer: rows [r0, r0+BC) of a (ld_a rows)
+ * and of b (ld_b rows) into buf and buf + BC rows (K and V, or Q and dO), as
+ * att_mma_stage. */
+template <int HS>
+__device__ __forceinline__ void att_mma_stage_tile(floatX* buf, const floatX* a, size_t ld_a, const floatX* b, size_t ld_b, int r0, int T) {
+    att_mma_stage<HS>(buf, a, ld_a, r0, AttMma<HS>::BC, T);
+    att_mma_stage<HS>(buf + AttMma<HS>::BC * AttMma<HS>::LD, b, ld_b, r0, AttMma<HS>::BC, T);
 }
 
 /* A fragments of a warp's 16 rows (shared, stride LD, first row `rows`): a[ks] covers channels 16ks..16ks+15. */
@@ -286,37 +312,26 @@ __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int 
     }
 }
 
-/* att_mma_drop_rows at global positions (an attention block's q0, k0): its
- * one call per 16x16 block where t0 and u0 are multiples of 16, else one
- * call per element (32 or 16 a lane and tile: the slow path of blocks at
- * odd offsets). */
-template <int HS>
-__device__ __forceinline__ void att_mma_drop_rows_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
+/* att_mma_drop_rows (COLS false: queries t0.. as rows, keys u0.. as
+ * columns) or att_mma_drop_cols (COLS true: the transpose) at global
+ * positions (an attention block's q0, k0): their one call per 16x16 block
+ * where t0 and u0 are multiples of 16, else one call per element (32 or 16 a
+ * lane and tile: the slow path of blocks at odd offsets). */
+template <int HS, bool COLS>
+__device__ __forceinline__ void att_mma_drop_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
     if (((t0 | u0) & 15) == 0) {
-        att_mma_drop_rows<HS>(f, drop, bh, T, t0, u0);
+        if constexpr (COLS) att_mma_drop_cols<HS>(f, drop, bh, T, t0, u0);
+        else att_mma_drop_rows<HS>(f, drop, bh, T, t0, u0);
         return;
     }
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
 #pragma unroll
     for (int nt = 0; nt < AttMma<HS>::NT; nt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            f[nt][i] = dropout_keep_attention(&drop, bh, T, t0 + g + 8 * (i >> 1), u0 + nt * 8 + 2 * tq + (i & 1)) ? drop.scale : 0.0f;
-}
-
-/* att_mma_drop_cols at global positions (keys u0.. as rows, queries t0.. as columns), as att_mma_drop_rows_at. */
-template <int HS>
-__device__ __forceinline__ void att_mma_drop_cols_at(float f[][4], const DropoutSite& drop, int bh, int T, int t0, int u0) {
-    if (((t0 | u0) & 15) == 0) {
-        att_mma_drop_cols<HS>(f, drop, bh, T, t0, u0);
-        return;
-    }
-    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int nt = 0; nt < AttMma<HS>::NT; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            f[nt][i] = dropout_keep_attention(&drop, bh, T, t0 + nt * 8 + 2 * tq + (i & 1), u0 + g + 8 * (i >> 1)) ? drop.scale : 0.0f;
+        for (int i = 0; i < 4; i++) {
+            const int row = g + 8 * (i >> 1), col = nt * 8 + 2 * tq + (i & 1); /* the accumulator element's */
+            f[nt][i] = dropout_keep_attention(&drop, bh, T, COLS ? t0 + col : t0 + row, COLS ? u0 + row : u0 + col) ? drop.scale : 0.0f;
+        }
 }
 
 /* Adds a warp's 16 x HS accumulators to rows r0.. of an fp32 tensor (rows:
@@ -348,7 +363,10 @@ __device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0,
  * out_acc (rows: row 0, this head's channel 0; stride C) and lse (row 0's
  * statistic) by log-sum-exp, as the CPU's attention_merge. A row's lse is
  * read and written by lane tq 0 of its four alone; the others get the old
- * value by a shuffle. */
+ * value by a shuffle. Documents: a row may see none of the block's keys (its
+ * sum is 0; else at least 1, its largest score's term); a first block then
+ * writes an empty part (0, lse -inf) for later ones to merge into, a later
+ * one leaves the row alone. */
 template <int HS>
 __device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* lse, int r0, int nq, int diag, int first, const float o[][4],
                                                    const float m[2], const float l[2], float scale) {
@@ -358,13 +376,14 @@ __device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* ls
     for (int half = 0; half < 2; half++) {
         const int t = r0 + g + 8 * half;
         sum[half] = att_mma_quad_sum(l[half]);
-        old[half] = __shfl_sync(0xffffffffu, (tq == 0 && !first && t < nq && t + diag >= 0) ? lse[t] : 0.0f, lane & ~3);
+        old[half] = __shfl_sync(0xffffffffu, (tq == 0 && !first && t < nq && t + diag >= 0 && sum[half] > 0.0f) ? lse[t] : 0.0f, lane & ~3);
     }
 #pragma unroll
     for (int half = 0; half < 2; half++) {
         const int t = r0 + g + 8 * half;
-        if (t >= nq || t + diag < 0) continue;
-        const float lpart = m[half] * scale + logf(sum[half]), inv = 1.0f / sum[half];
+        const bool any = sum[half] > 0.0f;
+        if (t >= nq || t + diag < 0 || !(any || first)) continue;
+        const float lpart = any ? m[half] * scale + logf(sum[half]) : -INFINITY, inv = any ? 1.0f / sum[half] : 0.0f;
         const float merged = first ? lpart : att_merged_lse(old[half], lpart);
         const float w0 = first ? 0.0f : expf(old[half] - merged), w1 = first ? 1.0f : expf(lpart - merged);
         float* row = rows + (size_t)t * C + 2 * tq;
@@ -425,14 +444,17 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
     const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
     const int kend = min(q0 + ROWS + sp.diag, sp.nk);
-    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
     if constexpr (BLOCK)
         if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
+    /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
+    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int ntiles = max((kend + Cfg::BC - 1) / Cfg::BC - j0, 0);
 
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
     ptx_cp_async_commit();
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, 0, Cfg::BC, sp.nk);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, 0, Cfg::BC, sp.nk);
+    if (!BLOCK || ntiles > 0) { /* an attention block's rows may see no key of it (documents): then only the epilogue runs */
+        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, sp.v, sp.kv_ld, j0 * Cfg::BC, sp.nk);
+    }
     ptx_cp_async_commit();
     ptx_cp_async_wait<1>(); /* Q has landed */
     __syncthreads();
@@ -455,17 +477,17 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) m[mt][hf] = -INFINITY, l[mt][hf] = 0.0f;
     const float scale_log2 = scale * 1.4426950408889634f;
+    /* documents: the first key of the warp's first row (the least of its rows': starts never decrease) and
+     * of its last (the greatest): tiles from there on need no row's own first key */
+    const int kwarp = att_first_key(blk, sp, r0), kwarp_last = att_first_key(blk, sp, r0 + 16 * MT - 1);
     for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {
-            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, sp.k, sp.kv_ld, (j + 1) * Cfg::BC, Cfg::BC, sp.nk);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, sp.v, sp.kv_ld, (j + 1) * Cfg::BC, Cfg::BC, sp.nk);
-        }
+        if (j + 1 < ntiles) att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), sp.k, sp.kv_ld, sp.v, sp.kv_ld, (j0 + j + 1) * Cfg::BC, sp.nk);
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
-        const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 16 * MT - 1 + sp.diag) { /* else every key of the tile is after every query of this warp */
+        const int k0 = (j0 + j) * Cfg::BC;
+        /* else every key of the tile is after every query of this warp, or before every query's document */
+        if (k0 <= r0 + 16 * MT - 1 + sp.diag && k0 + Cfg::BC > kwarp) {
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[MT][Cfg::NT][4];
@@ -474,13 +496,15 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
                 const int rm = r0 + 16 * mt;
+                int kf[2] = {0, 0}; /* documents: each row's first key, read only where the tile crosses one */
+                if (k0 < kwarp_last) kf[0] = att_first_key(blk, sp, rm + g), kf[1] = att_first_key(blk, sp, rm + g + 8);
                 float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
                 for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         const int key = k0 + nt * 8 + 2 * tq + (i & 1), t = rm + g + 8 * (i >> 1);
-                        if (!(key <= t + sp.diag && key < sp.nk)) s[mt][nt][i] = -INFINITY;
+                        if (!(key <= t + sp.diag && key < sp.nk && key >= kf[i >> 1])) s[mt][nt][i] = -INFINITY;
                         mx[i >> 1] = fmaxf(mx[i >> 1], s[mt][nt][i]);
                     }
                 float corr[2], ref[2];
@@ -505,7 +529,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                     for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
                 if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
                     float f[Cfg::NT][4];
-                    if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
+                    if constexpr (BLOCK) att_mma_drop_at<HS, false>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
                     else att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
 #pragma unroll
                     for (int nt = 0; nt < Cfg::NT; nt++)
@@ -551,12 +575,16 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
  * positions (q0 + i, k0 + j) of a sequence of T tokens: one Philox call per
  * lane and 16x16 block where q0 and k0 are multiples of 16 (then every
  * tile's first row and column are), one per element otherwise
- * (att_mma_drop_rows_at, att_mma_drop_cols_at). Epilogues in fp32: the
+ * (att_mma_drop_at). Epilogues in fp32: the
  * forward writes (first) or merges by log-sum-exp (att_mma_merge_rows) the
  * normalised output and lse of each row a key reaches; the backward adds dQ
  * (rows a key reaches) and dK, dV (keys a query reaches) with float2 loads
- * and stores (att_mma_add_rows). The forward keeps one M-tile per warp
- * (AttMmaForward): two with the merge epilogue spill at hs64. The
+ * and stores (att_mma_add_rows). With documents a forward block's row may
+ * see none of its keys (a CTA none at all: it stages no key tile and runs
+ * the epilogue alone), which att_mma_merge_rows writes as an empty part
+ * where the block is the first and leaves alone otherwise; the backward's
+ * CTAs whose rows see no key return at once. The forward keeps one M-tile
+ * per warp (AttMmaForward): two with the merge epilogue spill at hs64. The
  * whole-sequence instantiations (BLOCK = false) keep their expressions and
  * registers (AttMmaResources). */
 
@@ -624,6 +652,28 @@ __global__ void __launch_bounds__(256) attention_mma_rowsum_kernel(float* rowsum
     rowsum[(b * NH + h) * T + t] = acc;
 }
 
+/* Where a backward kernel's rows are, for one (b, h): an attention block's
+ * (AttSpan), or the whole sequence's in the expressions whose code (and
+ * register count, AttMmaResources) the BLOCK = false instantiations keep.
+ * q, k, v, dout: row 0 of this head's slices (rows ld, kv_ld, kv_ld, C
+ * apart); stat: the index of query 0's statistics (lse, D); nq query and nk
+ * key rows, key j seen by query i when j <= i + diag. */
+struct AttMmaRows {
+    const floatX *q, *k, *v, *dout;
+    size_t ld, kv_ld, stat;
+    int nq, nk, diag;
+};
+
+template <int HS, bool BLOCK>
+__device__ __forceinline__ AttMmaRows att_mma_rows(const AttSpan& sp, const floatX* qkv, const floatX* dout, int T, int C, int b, int h) {
+    const size_t ld = 3 * (size_t)C;
+    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
+    return AttMmaRows{base, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C,
+                      BLOCK ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS,
+                      ld, BLOCK ? sp.kv_ld : ld, BLOCK ? sp.stat : (size_t)blockIdx.y * T,
+                      BLOCK ? sp.nq : T, BLOCK ? sp.nk : T, BLOCK ? sp.diag : 0};
+}
+
 /* Shared memory of the dK/dV kernel (dynamic: above the 48 KiB static limit):
  * the Q/dO double buffer (AttMma::SMEM_BYTES), the key tile's K and V rows,
  * and per buffer the query rows' lse (log2 units) and D. */
@@ -648,35 +698,30 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    /* where the rows are: an attention block's (AttSpan), or the whole sequence's in the expressions whose
-     * code (and register count, AttMmaResources) the BLOCK = false instantiation keeps */
     const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
-    const floatX* dobase = BLOCK ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS;
-    const size_t stat0 = BLOCK ? sp.stat : (size_t)bh * T;
-    const int nqr = BLOCK ? sp.nq : T, diag = BLOCK ? sp.diag : 0;
+    const AttMmaRows rw = att_mma_rows<HS, BLOCK>(sp, qkv, dout, T, C, b, h);
+    const int nqr = rw.nq, diag = rw.diag;
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
     const int tstart = BLOCK ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
-    const int nq = (nqr - tstart + Cfg::BC - 1) / Cfg::BC;
+    /* documents: no query past the last one whose document starts at or before the block's last key */
+    const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, rw.nk) - 1);
+    const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC;
     if constexpr (BLOCK)
-        if (tstart >= nqr) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
+        if (tstart >= tend) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
     /* query tile i: rows tstart + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
     auto stage = [&](int i) {
         const int t0 = tstart + i * Cfg::BC;
-        floatX* nb = att_mma_buffer<HS>(smem, i);
-        att_mma_stage<HS>(nb, base, ld, t0, Cfg::BC, nqr);
-        att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, dobase, C, t0, Cfg::BC, nqr);
+        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, i), rw.q, rw.ld, rw.dout, C, t0, nqr);
         float* st = stats + (i & 1) * 2 * Cfg::BC;
         for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
             const int t = t0 + k;
-            st[k] = t < nqr ? lse[stat0 + t] * 1.4426950408889634f : 0.0f;
-            st[Cfg::BC + k] = t < nqr ? rowsum[stat0 + t] : 0.0f;
+            st[k] = t < nqr ? lse[rw.stat + t] * 1.4426950408889634f : 0.0f;
+            st[Cfg::BC + k] = t < nqr ? rowsum[rw.stat + t] : 0.0f;
         }
     };
-    att_mma_stage<HS>(Ks, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, s0, ATT_MMA_ROWS, BLOCK ? sp.nk : T);
-    att_mma_stage<HS>(Vs, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, s0, ATT_MMA_ROWS, BLOCK ? sp.nk : T);
+    att_mma_stage<HS>(Ks, rw.k, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
+    att_mma_stage<HS>(Vs, rw.v, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
     stage(0);
     ptx_cp_async_commit();
     float dk[Cfg::OT][4], dv[Cfg::OT][4];
@@ -684,13 +729,17 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
         for (int i = 0; i < 4; i++) dk[ot][i] = dv[ot][i] = 0.0f;
+    /* documents: one past the last query that sees each of this lane's key rows (r0 + g, r0 + g + 8), and the warp's last key */
+    const int tend_row[2] = {att_queries_end(blk, sp, tstart, r0 + g), att_queries_end(blk, sp, tstart, r0 + g + 8)};
+    const int tend_warp = __shfl_sync(0xffffffffu, tend_row[1], 28);
     for (int i = 0; i < nq; i++) {
         if (i + 1 < nq) stage(i + 1);
         ptx_cp_async_commit(); /* possibly empty: one group per tile */
         ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
         __syncthreads();
         const int t0 = tstart + i * Cfg::BC;
-        if (t0 + Cfg::BC - 1 + diag >= r0) { /* else every query of the tile is before every key of this warp: nothing to add */
+        /* else every query of the tile is before every key of this warp, or after their documents: nothing to add */
+        if (t0 + Cfg::BC - 1 + diag >= r0 && t0 < tend_warp) {
             const floatX* Qs = att_mma_buffer<HS>(smem, i);
             const floatX* dOs = Qs + Cfg::BC * Cfg::LD;
             const float* lse_s = stats + (i & 1) * 2 * Cfg::BC;
@@ -705,7 +754,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
             }
             float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
             if (drop.threshold) {
-                if constexpr (BLOCK) att_mma_drop_cols_at<HS>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
+                if constexpr (BLOCK) att_mma_drop_at<HS, true>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
                 else att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
             }
 #pragma unroll
@@ -713,7 +762,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const int c = nt * 8 + 2 * tq + (k & 1), t = t0 + c, s = r0 + g + 8 * (k >> 1);
-                    const float p = (t + diag >= s && t < nqr) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
+                    const float p = (t + diag >= s && t < nqr && t < tend_row[k >> 1]) ? exp2f(st[nt][k] * scale_log2 - lse_s[c]) : 0.0f;
                     if (drop.threshold) {
                         st[nt][k] = p * f[nt][k];
                         dpt[nt][k] = p * (f[nt][k] * dpt[nt][k] - d_s[c]) * scale;
@@ -737,9 +786,9 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         att_mma_add_rows<HS>(rows + C, 2 * (size_t)C, r0, 0, hi, dv);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * HS;
-        att_mma_store_rows<HS>(drows + C, ld, r0, T, dk, one);
-        att_mma_store_rows<HS>(drows + 2 * C, ld, r0, T, dv, one);
+        floatX* drows = dqkv + (size_t)b * T * rw.ld + (size_t)h * HS;
+        att_mma_store_rows<HS>(drows + C, rw.ld, r0, T, dk, one);
+        att_mma_store_rows<HS>(drows + 2 * C, rw.ld, r0, T, dv, one);
     }
 }
 
@@ -754,27 +803,26 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * NH + at.h;
-    /* where the rows are: as in the dK/dV kernel */
     const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)at.b * T * ld + (size_t)at.h * HS;
-    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const AttMmaRows rw = att_mma_rows<HS, BLOCK>(sp, qkv, dout, T, C, at.b, at.h);
+    const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
     const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
-    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC;
+    /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
+    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC - j0;
     if constexpr (BLOCK)
-        if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
+        if (ntiles <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), base, ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? dout + sp.qrow * C + (size_t)at.h * HS : dout + (size_t)at.b * T * C + (size_t)at.h * HS,
-                      C, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), rw.q, rw.ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), rw.dout, C, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
     ptx_cp_async_commit();
     float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
         const int t = r0 + g + 8 * hf;
-        lse_log2[hf] = t < nqr ? lse[BLOCK ? sp.stat + t : (size_t)bh * T + t] * 1.4426950408889634f : 0.0f;
-        d_row[hf] = t < nqr ? rowsum[BLOCK ? sp.stat + t : (size_t)bh * T + t] : 0.0f;
+        lse_log2[hf] = t < nqr ? lse[rw.stat + t] * 1.4426950408889634f : 0.0f;
+        d_row[hf] = t < nqr ? rowsum[rw.stat + t] : 0.0f;
     }
     ptx_cp_async_wait<0>();
     __syncthreads();
@@ -782,8 +830,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, 0, Cfg::BC, nkr);
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0) + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, 0, Cfg::BC, nkr);
+    att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), rw.k, rw.kv_ld, rw.v, rw.kv_ld, j0 * Cfg::BC, nkr);
     ptx_cp_async_commit();
 
     float dq[Cfg::OT][4];
@@ -791,17 +838,15 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     for (int ot = 0; ot < Cfg::OT; ot++)
 #pragma unroll
         for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
+    const int kwarp = att_first_key(blk, sp, r0); /* documents: as in the forward */
     for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) {
-            floatX* nb = att_mma_buffer<HS>(smem, j + 1);
-            att_mma_stage<HS>(nb, BLOCK ? sp.k : base + C, BLOCK ? sp.kv_ld : ld, (j + 1) * Cfg::BC, Cfg::BC, nkr);
-            att_mma_stage<HS>(nb + Cfg::BC * Cfg::LD, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, (j + 1) * Cfg::BC, Cfg::BC, nkr);
-        }
+        if (j + 1 < ntiles) att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), rw.k, rw.kv_ld, rw.v, rw.kv_ld, (j0 + j + 1) * Cfg::BC, nkr);
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
-        const int k0 = j * Cfg::BC;
-        if (k0 <= r0 + 15 + diag) { /* else every key of the tile is after every query of this warp */
+        const int k0 = (j0 + j) * Cfg::BC;
+        /* else every key of the tile is after every query of this warp, or before every query's document */
+        if (k0 <= r0 + 15 + diag && k0 + Cfg::BC > kwarp) {
             const floatX* Ks = att_mma_buffer<HS>(smem, j);
             const floatX* Vs = Ks + Cfg::BC * Cfg::LD;
             float s[Cfg::NT][4], dp[Cfg::NT][4];
@@ -809,15 +854,16 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
             att_mma_scores<HS, 1>(&dp, &dO, Vs);
             float f[Cfg::NT][4]; /* dropout factors: dS = P (f dP' - D) */
             if (drop.threshold) {
-                if constexpr (BLOCK) att_mma_drop_rows_at<HS>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
+                if constexpr (BLOCK) att_mma_drop_at<HS, false>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
                 else att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
             }
+            const int kf[2] = {att_first_key(blk, sp, r0 + g), att_first_key(blk, sp, r0 + g + 8)}; /* documents: each row's first key */
 #pragma unroll
             for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int hf = i >> 1, key = k0 + nt * 8 + 2 * tq + (i & 1), t = r0 + g + 8 * hf;
-                    const float p = (key <= t + diag && key < nkr) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
+                    const float p = (key <= t + diag && key < nkr && key >= kf[hf]) ? exp2f(s[nt][i] * scale_log2 - lse_log2[hf]) : 0.0f;
                     const float dpf = drop.threshold ? f[nt][i] * dp[nt][i] : dp[nt][i];
                     s[nt][i] = p * (dpf - d_row[hf]) * scale;
                 }
@@ -831,25 +877,26 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         att_mma_add_rows<HS>(blk.acc + sp.qrow * C + (size_t)at.h * HS, C, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * ld + (size_t)at.h * HS, ld, r0, T, dq, one);
+        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * rw.ld + (size_t)at.h * HS, rw.ld, r0, T, dq, one);
     }
 }
 
-/* The backward's three launches. */
+/* The backward's three launches; doc_start: packed documents' starts (device (B,T)), or NULL. */
 template <int HS>
 static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                          int B, int T, int C, int NH, float scale, const DropoutSite& drop, cudaStream_t stream) {
+                                          int B, int T, int C, int NH, float scale, const DropoutSite& drop, const int* doc_start,
+                                          cudaStream_t stream) {
     const size_t rows = (size_t)B * T * NH;
     attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, NH);
     CUDA_CHECK_LAUNCH();
     const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NH));
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop,
-                                                                                          AttBlockArgs{});
+    AttBlockArgs docs{};
+    docs.a.doc_start = doc_start;
+    attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop,
-                                                                                      AttBlockArgs{});
+    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
 }
 

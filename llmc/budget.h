@@ -39,9 +39,9 @@ static size_t remat_nccl_device_bytes = 0;
 static const char* (*remat_device_name_hook)(void) = NULL;
 
 /* The attention kernel family (cost_model.h's ATTENTION_FAMILY_*) the GPU
- * build runs at head size hs, with or without a document mask, for the
- * default cost model's attention rate; NULL on the CPU trainer. */
-static int (*remat_attention_family_hook)(int hs, int documents) = NULL;
+ * build runs at head size hs, for the default cost model's attention rate;
+ * NULL on the CPU trainer. */
+static int (*remat_attention_family_hook)(int hs) = NULL;
 
 /* Kept out of a default device budget: what the plan does not hold (cuBLASLt
  * handle, kernels loaded lazily during the first step). */

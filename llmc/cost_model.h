@@ -186,8 +186,7 @@ enum { ATTENTION_FAMILY_SIMT, ATTENTION_FAMILY_TC, ATTENTION_FAMILY_MMA };
  *         forward reaches at most 73% of the 312 TFLOP/s peak (FA2 paper,
  *         Dao 2023, arXiv:2307.08691), its backward less: 1.2e14 and 1.35e14.
  *   tc    WMMA tile products (attention_tc.cuh), every head size the mma
- *         kernels do not take, and documents under --reset-attention-mask
- *         (the mma kernels mask none yet): the same tensor-core products
+ *         kernels do not take: the same tensor-core products
  *         under the same ceiling, without the mma kernels' ldmatrix loads
  *         and cp.async pipeline; assumed at half the mma rate, unmeasured.
  *   simt  CUDA cores (fp32 builds, ATTENTION=simt): under the card's fp32

@@ -567,7 +567,7 @@ static inline void run_setup(Run* run, int argc, char** argv, int trainer, int e
     spec.layer_offload = run->layer_offload;
     spec.grad_accum = run->grad_accum;
     int hs = run->cfg.channels / run->cfg.num_heads;
-    int family = remat_attention_family_hook ? remat_attention_family_hook(hs, run->opt.reset_attention_mask) : -1;
+    int family = remat_attention_family_hook ? remat_attention_family_hook(hs) : -1;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, family, hs, &spec.cost_model);
     spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
     if (!run->opt.ring_link[0] && spec.cost_model.ring_bytes_per_s > 0) { /* measured, in the --cost-model file */
