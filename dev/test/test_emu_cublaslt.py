@@ -8,6 +8,7 @@ that is not 256-byte aligned or smaller than its algorithm needs
 aligned workspace, fall back from the bias epilogue, and otherwise stop with
 one line naming the shape."""
 import re
+import subprocess
 
 import pytest
 
@@ -24,8 +25,14 @@ def train_exe():
 
 
 @pytest.fixture(scope="module")
-def selftest(emu_build):
-    return OUT / "emu_selftest"
+def selftest():
+    why = platform_problem()
+    if why:
+        pytest.skip(why)
+    exe = OUT / "emu_selftest"
+    res = subprocess.run(["make", "-s", "-C", str(REPO / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    return exe
 
 
 def train(exe, tiny_shards, tmp_path, **env):
