@@ -5,8 +5,7 @@ bitwise the one that did not stop (it still resumes)."""
 import shutil
 import struct
 
-from conftest import binary, run
-from test_cpu_trainer import TINY_MODEL
+from conftest import TINY_RUN_MODEL, binary, run
 
 DEVICE_NAME_SLOT, SMS_SLOT = 200, 216
 
@@ -16,7 +15,7 @@ def header(path):
 
 
 def train(tiny_shards, out, *extra):
-    return run([binary("train_gpt_cpu"), *TINY_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
+    return run([binary("train_gpt_cpu"), *TINY_RUN_MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32",
                 "-v", "0", "-s", "0", "-o", out, *extra], check=True)
 
 

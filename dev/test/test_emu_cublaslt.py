@@ -12,16 +12,14 @@ import subprocess
 
 import pytest
 
-from emu_support import OUT, emu_run, explain
-from test_offload_emu import MODEL, build, REPO, platform_problem
+from conftest import REPO
+from emu_support import OUT, build_trainers, emu_run, explain, platform_problem
+from test_offload_emu import MODEL
 
 
 @pytest.fixture(scope="module")
 def train_exe():
-    why = platform_problem()
-    if why:
-        pytest.skip(why)
-    return build(REPO, OUT, ["bf16"])[0]
+    return build_trainers(REPO, OUT, ["bf16"])["bf16"]
 
 
 @pytest.fixture(scope="module")
