@@ -704,7 +704,7 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
                 p->spec.B * plan_local_T(&p->spec), p->spec.tile_tokens); /* a rank's rows: B x T/N under context parallelism */
     int K = plan_segment_layers(&p->spec), S = plan_num_segments(&p->spec);
     if (K > 1)
-        fprintf(out, "  segments: %d of %d layers (--segment-layers %d; the last %d): %d segment inputs kept, %d slots of what "
+        fprintf(out, "  segments: %d segments of %d layers (--segment-layers %d; the last of %d): %d segment inputs kept, %d slots of what "
                 "the layers keep; the backward runs %d segment%s forward again\n", S, K, K, p->spec.cfg.num_layers - (S - 1) * K, S, K,
                 S - 1, S - 1 == 1 ? "" : "s");
     if (p->host_total_bytes)

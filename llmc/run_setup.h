@@ -287,27 +287,38 @@ static inline const char* format_sizes(size_t device, size_t host, char* buf, si
 
 /* -r auto found nothing that fits: the least plan it could reach (-r 1 on
  * every layer, offloaded with --offload-checkpoints, at the smallest tile
- * searched), then what would fit: plan_print_suggestions' flags, and with
- * a host budget the offloaded ones (-r auto with --offload-checkpoints at
- * this batch when the run did not offload; -r 1o:all with a shorter -t). */
+ * searched, at the segment size of least memory when it searches segments),
+ * then what would fit: plan_print_suggestions' flags, and with a host budget
+ * the offloaded ones (-r auto with --offload-checkpoints at this batch when
+ * the run did not offload; -r 1o:all with a shorter -t). */
 static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget, const char* source, size_t host_budget,
-                                         const char* host_source, int search_tiles) {
-    char have[32], tiles[48], sizes[96], host_have[32];
+                                         const char* host_source, int search_tiles, int search_segments) {
+    char have[32], tiles[48], sizes[96], host_have[32], segments[48] = "";
     format_size(budget, have, sizeof(have));
     format_size(host_budget, host_have, sizeof(host_have));
     fflush(stdout);
-    int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens;
+    int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens, given_k = spec->segment_layers;
     if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
     int least_tile = spec->tile_tokens;
-    size_t host_1o = 0, device_1o = plan_totals_for(spec, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, spec->B, spec->T, &host_1o);
-    size_t device_1 = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
+    size_t host_1o = 0, device_1o = SIZE_MAX, device_1 = SIZE_MAX;
+    int k_lo = search_segments ? 1 : given_k, k_hi = search_segments ? run->cfg.num_layers : given_k, k_1 = k_lo, k_1o = k_lo;
+    for (int K = k_lo; K <= k_hi; K++) { /* the least device bytes, each way */
+        spec->segment_layers = K;
+        size_t host = 0, device = plan_totals_for(spec, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, spec->B, spec->T, &host);
+        if (device < device_1o) { device_1o = device; host_1o = host; k_1o = K; }
+        device = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
+        if (device < device_1) { device_1 = device; k_1 = K; }
+    }
+    spec->segment_layers = given_k;
     int offload_least = run->opt.offload_checkpoints && device_1o < device_1; /* what the search could reach */
+    int k = offload_least ? k_1o : k_1;
+    if (k > 1) snprintf(segments, sizeof(segments), " --segment-layers %d", k);
     if (offload_least)
-        fprintf(stderr, "-r auto: even -r 1o:all%s (%s) does not fit %s (%s)\n", tile_flag(spec->tile_tokens, tiles, sizeof(tiles)),
-                format_sizes(device_1o, host_1o, sizes, sizeof(sizes)), have, source);
+        fprintf(stderr, "-r auto: even -r 1o:all%s%s (%s) does not fit %s (%s)\n", tile_flag(spec->tile_tokens, tiles, sizeof(tiles)),
+                segments, format_sizes(device_1o, host_1o, sizes, sizeof(sizes)), have, source);
     else
-        fprintf(stderr, "-r auto: even full recompute on every layer%s (%.1f MiB) does not fit %s (%s)\n",
-                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), mib(device_1), have, source);
+        fprintf(stderr, "-r auto: even full recompute on every layer%s%s (%.1f MiB) does not fit %s (%s)\n",
+                tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), segments, mib(device_1), have, source);
     spec->tile_tokens = given; /* the suggestions: flags that fit as they are */
     plan_print_suggestions(spec, budget, stderr);
     int offloaded_fits = 0;
@@ -354,6 +365,7 @@ static inline void plan_choice_broadcast(Run* run, PlanSpec* spec) {
     proc_broadcast(run->layer_mode, (size_t)L, "the broadcast of rank 0's recompute choice");
     proc_broadcast(run->layer_offload, (size_t)L, "the broadcast of rank 0's offload choice");
     proc_broadcast(&spec->tile_tokens, sizeof(spec->tile_tokens), "the broadcast of rank 0's tile size");
+    proc_broadcast(&spec->segment_layers, sizeof(spec->segment_layers), "the broadcast of rank 0's segment size");
 }
 
 /* Before the first step: the plan every rank built is the same (modes,
@@ -363,10 +375,11 @@ static inline void ranks_check_same_plan(const Run* run) {
     const MemoryPlan* p = &run->plan;
     int L = run->cfg.num_layers;
     static const char* const names[] = {"the per-layer recompute modes (-r)", "the offloaded layers", "the token tile size",
-                                        "the memory plan's device bytes", "the memory plan's host bytes"};
-    uint64_t v[5] = {fnv1a(FNV_START, run->layer_mode, (size_t)L), fnv1a(FNV_START, run->layer_offload, (size_t)L),
-                     (uint64_t)p->spec.tile_tokens, (uint64_t)p->total_bytes, (uint64_t)p->host_total_bytes};
-    ranks_check_same(NULL, NULL, names, v, 5);
+                                        "the segment size", "the memory plan's device bytes", "the memory plan's host bytes"};
+    uint64_t v[6] = {fnv1a(FNV_START, run->layer_mode, (size_t)L), fnv1a(FNV_START, run->layer_offload, (size_t)L),
+                     (uint64_t)p->spec.tile_tokens, (uint64_t)plan_segment_layers(&p->spec), (uint64_t)p->total_bytes,
+                     (uint64_t)p->host_total_bytes};
+    ranks_check_same(NULL, NULL, names, v, 6);
 }
 
 /* -r auto: the per-layer choice (and with search_tiles the tile size) with
@@ -397,7 +410,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     if (recompute_auto_plan(spec, budget, host_budget, search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
         /* the suggestions may offload where a host budget is known: --offload-checkpoints' own, or one given */
         if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
-        refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles);
+        refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles, search_segments);
     }
     plan_choice_broadcast(run, spec);
     run->opt.tile_tokens = spec->tile_tokens;
@@ -445,7 +458,10 @@ static inline void resolve_auto_segments(Run* run, PlanSpec* spec) {
         least = total;
         best_k = K;
     }
-    spec->segment_layers = run->opt.segment_layers = best_k;
+    spec->segment_layers = best_k;
+    plan_choice_broadcast(run, spec);
+    run->opt.segment_layers = spec->segment_layers;
+    best_k = spec->segment_layers;
     fprintf(setup_notes(&run->opt), "segments auto: --segment-layers %d (%s; budget %.1f MiB, %s)\n", best_k,
             found ? "the fastest predicted that fits" : "none fits: the least memory", mib(budget), source);
 }

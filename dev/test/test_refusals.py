@@ -219,11 +219,25 @@ def test_auto_refusal_claims_the_least_plan_with_offloading_and_tiles(data):
     layer with the smallest tile (less than -r 1's), with its host memory,
     and the shorter -t suggested is one that fits offloaded."""
     device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
-    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{device_1o * 0.8:.3f}MiB", "--offload-checkpoints",
-              "--host-mem-budget", "1GiB", "--plan", model=LONG_MODEL)
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--segment-layers", "1", "--mem-budget", f"{device_1o * 0.8:.3f}MiB",
+              "--offload-checkpoints", "--host-mem-budget", "1GiB", "--plan", model=LONG_MODEL)  # segments reach as low without host memory
     assert res.returncode == 1
     assert re.search(rf"even -r 1o:all --tile-tokens 64 \({device_1o:.1f} MiB, and {host_1o:.1f} MiB of host memory\) does not fit",
                      res.stderr), res.stderr
     m = re.search(r"^  -r 1o:all --tile-tokens 64 -t (\d+) \(", res.stderr, re.M)
     assert m, res.stderr
     assert plan_of(data, "-r", "1o:all", "--tile-tokens", "64", T=int(m.group(1)))[0] <= device_1o * 0.8
+
+
+def test_auto_refusal_claims_the_least_plan_over_segment_sizes(data):
+    """-r auto searches segment sizes too, so the minimum it claims is -r 1
+    with the smallest tile at the segment size of least memory (computed
+    here from each K's plan), and a budget just above that claim fits."""
+    least, k_least = min((plan_of(data, "-r", "1", "--tile-tokens", "64", "--segment-layers", str(k))[0], k) for k in range(1, 5))
+    assert k_least > 1 and least < plan_of(data, "-r", "1", "--tile-tokens", "64")[0]
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{least * 0.99:.3f}MiB", "--plan", model=LONG_MODEL)
+    assert res.returncode == 1
+    assert re.search(rf"even full recompute on every layer --tile-tokens 64 --segment-layers {k_least} \({least:.1f} MiB\) does not fit",
+                     res.stderr), res.stderr
+    fits = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{least + 0.1:.3f}MiB", "--plan", model=LONG_MODEL)
+    assert fits.returncode == 0 and "recompute auto: fits" in fits.stdout, fits.stderr

@@ -55,7 +55,7 @@ def test_every_k_every_mode_equals_r0(tiny_shards, tmp_path, reference, K, r):
     res = check_equal(tiny_shards, tmp_path, reference, ["-r", r, "--segment-layers", str(K)])
     S = -(-L // K)
     if K > 1:
-        assert f"segments: {S} of {K} layers (--segment-layers {K}; the last {L - (S - 1) * K})" in res.stdout, res.stdout
+        assert f"segments: {S} segments of {K} layers (--segment-layers {K}; the last of {L - (S - 1) * K})" in res.stdout, res.stdout
     else:
         assert "segments:" not in res.stdout
 
