@@ -403,7 +403,7 @@ typedef struct {
     int* inputs;                 /* (B, T) the data loader's token buffers (Backend.inputs) */
     int* targets;
     real* losses;                /* (N) per-token loss */
-    int* top1;                   /* (N) forward_loss's most probable tokens (host memory beside the plan's: 4 bytes a token) */
+    int* top1;                   /* (N) forward_loss's most probable tokens */
     real* final_res;             /* (N,C) output of the last block */
     real* lnf;                   /* (N,C) */
     real* lnf_mean;
@@ -425,7 +425,7 @@ typedef struct {
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
     DocumentOptions docs;        /* packed documents (llmc/documents.h; eot_token -1: off) */
-    int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start) */
+    int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start; NULL without documents) */
     int* ring_chunks;            /* (2N) which chunks each member of the group holds in the current call (Backend.ring_chunks) */
 } CpuModel;
 
@@ -499,8 +499,8 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
     for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
     cpu_set_shape(m, m->B, m->T);
-    m->doc_start = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "document starts");
-    m->top1 = (int*)malloc_check((size_t)m->B * m->T * sizeof(int), "top-1 tokens");
+    m->doc_start = plan->spec.documents & PLAN_DOC_STARTS ? (int*)(m->arena + plan->off_doc_start) : NULL;
+    m->top1 = (int*)(m->arena + plan->off_top1);
     m->zero = plan->spec.zero_stage == 1 && m->world > 1;
     if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
     else { m->shard_start = 0; m->shard_count = plan->num_params; }
@@ -968,8 +968,6 @@ static void cpu_model_free(CpuModel* m) {
     cpu_ring_free(&m->ring);
     free(m->arena);
     free(m->host_pool);
-    free(m->top1);
-    free(m->doc_start);
     free(m->ring_chunks);
     memset(m, 0, sizeof(*m));
 }

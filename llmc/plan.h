@@ -166,7 +166,7 @@ typedef struct {
     size_t io_chunk_floats; /* staging for file I/O and parameter init */
     size_t workspace_bytes; /* library workspaces (cuBLASLt), GPU only */
     int doc_len;            /* the time model's packed documents (--plan-doc-len): tokens each; 0: none (the causal triangle) */
-    int documents;          /* packed documents' device buffers (GPU): PLAN_DOC_STARTS, PLAN_DOC_POSITIONS; 0: none */
+    int documents;          /* packed documents' buffers: PLAN_DOC_STARTS, PLAN_DOC_POSITIONS (GPU only); 0: none */
     int host_shares_budget; /* the host pool draws on the device budget (the CPU trainer, whose device is the host) */
 } PlanSpec;
 
@@ -192,7 +192,7 @@ typedef struct {
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
     size_t off_att_rowsum, off_column_partials, off_norm_partials, off_token_buckets; /* GPU only */
-    size_t off_top1, off_doc_start, off_pos_runs; /* GPU only; the last two with spec.documents */
+    size_t off_top1, off_doc_start, off_pos_runs; /* the last two with spec.documents, the last on a GPU only */
     size_t off_ring_kv, off_ring_dkv; /* context parallelism: two K/V blocks in flight, two dK/dV blocks */
     size_t off_ring_acc;              /* context parallelism on the GPU: fp32 (B,T/N,C), out_acc, then dq_acc */
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
@@ -545,11 +545,12 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         p->off_column_partials = plan_add(p, "column_partials", SEC_SCRATCH, -1, (size_t)PLAN_GPU_COLUMN_SPLITS * 4 * C * 4);
         p->off_norm_partials = plan_add(p, "grad_norm_partials", SEC_SCRATCH, -1, ((size_t)PLAN_GPU_NORM_BLOCKS + 1) * 4);
         p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 12), 4));
-        p->off_top1 = plan_add(p, "top1", SEC_SCRATCH, -1, plan_tokens_bytes(s, 4)); /* evaluation's top-1 tokens */
-        if (s->documents & PLAN_DOC_STARTS) /* each token's document start, and the encoder's runs of positions */
-            p->off_doc_start = plan_add(p, "documents.starts", SEC_SCRATCH, -1, plan_tokens_bytes(s, 4));
-        if (s->documents & PLAN_DOC_POSITIONS) p->off_pos_runs = plan_add(p, "documents.position_runs", SEC_SCRATCH, -1, plan_tokens_bytes(s, 12));
     }
+    p->off_top1 = plan_add(p, "top1", SEC_SCRATCH, -1, plan_tokens_bytes(s, 4)); /* evaluation's top-1 tokens */
+    if (s->documents & PLAN_DOC_STARTS) /* each token's document start, and the GPU encoder's runs of positions */
+        p->off_doc_start = plan_add(p, "documents.starts", SEC_SCRATCH, -1, plan_tokens_bytes(s, 4));
+    if (s->backend == BACKEND_GPU && (s->documents & PLAN_DOC_POSITIONS))
+        p->off_pos_runs = plan_add(p, "documents.position_runs", SEC_SCRATCH, -1, plan_tokens_bytes(s, 12));
     if (plan_context_parallel(s) > 1) { /* double buffers: one block computed on while the next arrives */
         p->off_ring_kv = plan_add(p, "ring.kv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_kv_bytes(s)));
         p->off_ring_dkv = plan_add(p, "ring.dkv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_dkv_bytes(s)));

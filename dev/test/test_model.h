@@ -36,6 +36,7 @@ static void test_model_create_tiled(TestModel* tm, ModelConfig cfg, int B, int T
     s.layer_offload = offload;
     s.tile_tokens = tile;
     s.segment_layers = test_segment_layers;
+    s.documents = PLAN_DOC_STARTS; /* the tests may pack documents into any model */
     s.logits_chunk_rows = 3; /* several chunks, one partial, even in tiny tests */
     s.io_chunk_floats = 1024;
     plan_build(&tm->plan, &s);

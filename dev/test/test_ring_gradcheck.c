@@ -39,6 +39,7 @@ static void create(TestModel* tm, ModelConfig cfg, int world, int group_size, co
     s.stat_bytes = (int)sizeof(real);
     s.world_size = world;
     s.context_parallel = group_size;
+    s.documents = PLAN_DOC_STARTS; /* the tests may pack documents into any model */
     s.layer_mode = modes;
     s.logits_chunk_rows = 3;
     s.io_chunk_floats = 1024;
