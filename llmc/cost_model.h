@@ -113,6 +113,7 @@
 
 #include <stddef.h>
 #include "plan.h"
+#include "token_layout.h"
 
 /* Work of a span of the step. matmul_flops, attention_flops and memory_bytes
  * are the totals; the *_backward parts of the first two run at the backward's
@@ -296,11 +297,27 @@ static inline double spec_attended_pairs(const PlanSpec* s) {
     return whole * L * (L + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0;
 }
 
+/* Attended pairs of the busiest ring member: the ring's steps wait for it.
+ * Its chunks are paired by their work as the loader pairs them
+ * (ring_chunks_balance) for packed documents of doc_len tokens; without
+ * documents the zigzag gives every member 1/N of the causal pairs. */
+static inline double spec_busiest_member_pairs(const PlanSpec* s) {
+    int N = plan_context_parallel(s);
+    int64_t* work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + 2 * sizeof(int)), "the ring's shares");
+    int *chunks = (int*)(work + 2 * N), *order = chunks + 2 * N;
+    ring_packed_chunk_work(work, s->T, N, s->doc_len);
+    ring_chunks_balance(chunks, order, work, N);
+    double most = (double)ring_busiest_work(work, chunks, N);
+    free(work);
+    return most;
+}
+
 /* Causal attention forward FLOPs of one layer on this rank (4 C per pair:
  * QK^T and PV): all of the sequence's attended pairs, or under context
- * parallelism its 1/N share. */
+ * parallelism the busiest member's. */
 static inline double attention_forward_flops(const PlanSpec* s) {
-    return 4.0 * s->B * spec_attended_pairs(s) * s->cfg.channels / plan_context_parallel(s);
+    double pairs = plan_context_parallel(s) > 1 ? spec_busiest_member_pairs(s) : spec_attended_pairs(s);
+    return 4.0 * s->B * pairs * s->cfg.channels;
 }
 
 /* This rank's tokens of a micro-step: B*T, or B*T/N under context parallelism. */

@@ -53,13 +53,10 @@ static inline void plan_print_ring(const MemoryPlan* p, const CostModel* cm, FIL
  * chunks and with the chunks paired by their work as the loader pairs them
  * (ring_chunks_balance). */
 static inline void plan_print_ring_shares(const PlanSpec* s, FILE* out) {
-    int N = plan_context_parallel(s), Tc = s->T / (2 * N), L = s->doc_len < s->T ? s->doc_len : s->T;
+    int N = plan_context_parallel(s);
     int64_t* work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + 2 * sizeof(int)), "the ring's shares");
     int *chunks = (int*)(work + 2 * N), *order = chunks + 2 * N;
-    for (int c = 0; c < 2 * N; c++) {
-        work[c] = 0;
-        for (int p = c * Tc; p < (c + 1) * Tc; p++) work[c] += p % L + 1;
-    }
+    ring_packed_chunk_work(work, s->T, N, s->doc_len);
     char zigzag[1024], paired[1024];
     double busiest_zigzag = ring_member_shares(work, NULL, N, zigzag, sizeof(zigzag));
     int moved = ring_chunks_balance(chunks, order, work, N);

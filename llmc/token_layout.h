@@ -101,6 +101,21 @@ static inline int ring_chunks_balance(int* chunks, int* order, const int64_t* wo
     return 1;
 }
 
+/* Attended pairs of the queries before position x of documents of L tokens
+ * packed from position 0 (a query at p attends p mod L + 1 keys). */
+static inline int64_t packed_pairs_below(int64_t x, int64_t L) {
+    int64_t whole = x / L, rest = x % L;
+    return whole * (L * (L + 1) / 2) + rest * (rest + 1) / 2;
+}
+
+/* work[2N]: each chunk's attended pairs of a sequence of T tokens holding
+ * documents of doc_len tokens packed from position 0 (0 or >= T: one
+ * document, the causal triangle), chunks of T / 2N. */
+static inline void ring_packed_chunk_work(int64_t* work, int64_t T, int N, int64_t doc_len) {
+    int64_t Tc = T / (2 * N), L = doc_len > 0 && doc_len < T ? doc_len : T;
+    for (int c = 0; c < 2 * N; c++) work[c] = packed_pairs_below((c + 1) * Tc, L) - packed_pairs_below(c * Tc, L);
+}
+
 /* The most work any member has, given chunk work[2N] and chunks (NULL: the zigzag). */
 static inline int64_t ring_busiest_work(const int64_t* work, const int* chunks, int N) {
     int64_t most = 0;

@@ -445,6 +445,50 @@ static void check_tile_cost_formula(void) {
     printf("tile costs: -r 0 and -r 1 at 64 of 500 rows equal the formula\n");
 }
 
+/* The least over all pairings of 2N chunks into N members of the busiest
+ * member's work (chunks a bitmask of those not yet paired). */
+static int64_t least_busiest(const int64_t* work, int n, unsigned chunks) {
+    if (!chunks) return 0;
+    int a = __builtin_ctz(chunks);
+    int64_t best = INT64_MAX;
+    for (int b = a + 1; b < n; b++) {
+        if (!(chunks >> b & 1)) continue;
+        int64_t rest = least_busiest(work, n, chunks & ~(1u << a) & ~(1u << b)), pair = work[a] + work[b];
+        int64_t most = rest > pair ? rest : pair;
+        best = most < best ? most : best;
+    }
+    return best;
+}
+
+/* Under context parallelism the time model prices the busiest member's
+ * attention (the ring's steps wait for it): 4 C per pair of that member,
+ * whose pairs are here counted query by query for packed documents and
+ * minimised over every pairing of the chunks, as the loader pairs them. */
+static void check_ring_busiest_member_pricing(void) {
+    static const int Ns[] = {2, 3, 4}, docs[] = {0, 5, 17, 40, 96, 500};
+    int checked = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 6; j++) {
+            int N = Ns[i], T = 24 * N * 2, Tc = T / (2 * N), L = docs[j] > 0 && docs[j] < T ? docs[j] : T;
+            PlanSpec s;
+            memset(&s, 0, sizeof(s));
+            s.cfg = test_config(2, 2, 16, 50, T);
+            s.B = 3; s.T = T; s.doc_len = docs[j]; s.context_parallel = N; s.world_size = N; s.backend = BACKEND_CPU;
+            int64_t work[8];
+            for (int c = 0; c < 2 * N; c++) {
+                work[c] = 0;
+                for (int p = c * Tc; p < (c + 1) * Tc; p++) work[c] += p % L + 1;
+            }
+            double want = 4.0 * 3 * 16 * (double)least_busiest(work, 2 * N, (1u << 2 * N) - 1), got = attention_forward_flops(&s);
+            if (got != want) {
+                printf("  FAIL ring pricing N=%d T=%d documents of %d: %.17g FLOPs, the busiest member's %.17g\n", N, T, docs[j], got, want);
+                failures++;
+            }
+            checked++;
+        }
+    printf("ring pricing: %d settings priced at the busiest member's attention\n", checked);
+}
+
 /* Timed transfers from a known link fit back to it: two sizes give
  * bandwidth and latency, one size the bandwidth around the assumed
  * latency; the host link is bytes over seconds. */
@@ -599,6 +643,7 @@ int main(void) {
     check_auto_tiles_against_exhaustive();
     check_auto_segments_against_exhaustive();
     check_tile_cost_formula();
+    check_ring_busiest_member_pricing();
     check_link_calibration();
     check_calibration_round_trip();
     check_suggestions();

@@ -53,6 +53,7 @@ def independent_total(s, B, T, modes, processes=1, zero=0):
     total += 2 * a256(4 * N * C)             # backward buffers dres, dln (the others go over dead activations)
     total += a256(4 * min(256, N) * Vp)      # logits chunk
     total += a256(4 << 18) + a256(2 * (N + 1))  # io staging, dataloader window
+    total += a256(4 * N)                     # evaluation's top-1 tokens
     return total
 
 
