@@ -43,6 +43,7 @@ typedef struct {
     LinkTimes host, ring;
     double step_start_ms;
     double op_ms[NUM_CPU_OPS]; /* the profiled step's calls of each family */
+    int op_calls[NUM_CPU_OPS]; /* and how many (printed, so that a call left untimed shows) */
 } CpuLinkProfile;
 
 /* The profile's clock in ms: wall-clock, or with cpu_clock the process's CPU time. */
@@ -59,7 +60,10 @@ static inline double cpu_profile_ms(const CpuLinkProfile* p) {
     do {                                                                               \
         double cpu_timed_t0 = (prof)->active ? cpu_profile_ms(prof) : 0.0;             \
         call;                                                                          \
-        if ((prof)->active) (prof)->op_ms[op] += cpu_profile_ms(prof) - cpu_timed_t0;  \
+        if ((prof)->active) {                                                          \
+            (prof)->op_ms[op] += cpu_profile_ms(prof) - cpu_timed_t0;                  \
+            (prof)->op_calls[op]++;                                                    \
+        }                                                                              \
     } while (0)
 
 /* REMAT_PROFILE_COST_MODEL's step and file (cost_model_profile_request) and
@@ -77,7 +81,7 @@ static void cpu_profile_init(CpuLinkProfile* p) {
 static void cpu_profile_step_begin(CpuLinkProfile* p, int step) {
     p->active = p->path && step == p->step;
     if (!p->active) return;
-    for (int k = 0; k < NUM_CPU_OPS; k++) p->op_ms[k] = 0.0;
+    for (int k = 0; k < NUM_CPU_OPS; k++) { p->op_ms[k] = 0.0; p->op_calls[k] = 0; }
     p->step_start_ms = cpu_profile_ms(p);
 }
 
@@ -124,6 +128,9 @@ static void cpu_calibration_write(const CpuLinkProfile* p, const PlanSpec* s, in
            cm.attention_flops_per_s, cm.attention_backward_flops_per_s, cm.gelu_bytes_per_s, cm.memory_bytes_per_s, measured,
            measured == 1 ? "" : "s", cm.host_link_bytes_per_s, p->host.count, cm.ring_bytes_per_s, cm.ring_latency_s, p->ring.count,
            cm.matmul_half_rows);
+    const int* n = p->op_calls;
+    printf("cost model: step %d timed %d forward and %d backward matmuls, %d forward and %d backward attention calls, %d GELU calls\n", step,
+           n[OP_MATMUL_FORWARD], n[OP_MATMUL_BACKWARD], n[OP_ATTENTION_FORWARD], n[OP_ATTENTION_BACKWARD], n[OP_GELU]);
 }
 
 #endif

@@ -58,6 +58,24 @@ def test_calibration_writes_every_rate_and_the_plan_reads_them(calibrated):
     assert predicted(*MODEL, "-b", B, "-t", T, "-r", "0")["predicted_step_seconds"] != d["predicted_step_seconds"]
 
 
+@pytest.mark.parametrize("mode", ["0", "1", "2"])
+def test_every_call_of_a_family_is_timed(tiny_shards, tmp_path, mode):
+    """The profiled step times each call the model prices, counted here from
+    the block's structure (docs/DESIGN.md): per layer 4 forward matmuls, 8
+    backward (input and weight of each), attention forward and backward,
+    GELU forward and backward; the classifier's one chunk (B T = 128 rows)
+    1 forward, 2 backward; -r 1 runs each layer's forward again up to the
+    GELU (3 matmuls, attention, GELU), -r 2 the GELU. A call left untimed
+    (GELU's backward, say) would move its time into the memory rate unseen."""
+    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", B, "-t", T, "-s", "0", "-x", "2",
+               "-r", mode], env={"REMAT_PROFILE": "2", "REMAT_PROFILE_COST_MODEL": str(tmp_path / "cpu.cost")}, check=True)
+    again = {"0": (0, 0, 0), "1": (3, 1, 1), "2": (0, 0, 1)}[mode]  # matmuls, attention, GELU in the backward's forward again
+    want = (4 * L + 1 + again[0] * L, 8 * L + 2, L + again[1] * L, L, 2 * L + again[2] * L)
+    m = re.search(r"^cost model: step 2 timed (\d+) forward and (\d+) backward matmuls, (\d+) forward and (\d+) backward attention calls, "
+                  r"(\d+) GELU calls$", res.stdout, re.M)
+    assert m and tuple(map(int, m.groups())) == want, res.stdout[-1500:]
+
+
 def test_calibrated_recompute_costs_follow_the_formulas(calibrated):
     """Extra time over -r 0 per mode at the file's rates, written out:
     -r 2 applies two LayerNorms (4 N C E bytes at the memory rate) and GELU
