@@ -228,6 +228,15 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     struct stat dump_st;
     if (o->eval_dump[0] && stat(o->eval_dump, &dump_st) == 0 && S_ISDIR(dump_st.st_mode))
         fail("--eval-dump %s: is a directory (give the file to write)", o->eval_dump);
+    char dump_dir[4096];
+    const char* slash = strrchr(o->eval_dump, '/');
+    int dir_len = slash ? (slash == o->eval_dump ? 1 : (int)(slash - o->eval_dump)) : 0; /* 0: the working directory */
+    snprintf(dump_dir, sizeof(dump_dir), "%.*s", dir_len, o->eval_dump);
+    if (dir_len > 0 && (stat(dump_dir, &dump_st) != 0 || !S_ISDIR(dump_st.st_mode))) /* else the first evaluation fails, -o written */
+        fail("--eval-dump %s: the directory %s does not exist (create it first)", o->eval_dump, dump_dir);
+    /* -x 0 does only these three; with none of them the run would do nothing and report success */
+    if (o->max_steps == 0 && !ls->has_val && o->sample_every == 0 && !(o->out_dir[0] && run->resume_step < 0))
+        fail("flag -x 0: nothing to do: no validation (-j \"\" or -v 0), no samples (-s 0) and no -o to write the model to");
 }
 
 /* The first step that changes -o, taken only once everything that can be

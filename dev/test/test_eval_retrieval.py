@@ -275,3 +275,31 @@ def test_plot_log_and_passkey_read_a_dump(passkey, tmp_path):
     pytest.importorskip("matplotlib", reason="matplotlib is not installed: plot_log.py not checked")
     res = run([sys.executable, REPO / "dev" / "plot_log.py", "--dump", tmp_path / "d.bin", "-o", tmp_path / "p.png"])
     assert res.returncode == 0 and (tmp_path / "p.png").stat().st_size > 1000, res.stderr
+
+
+@pytest.fixture
+def random_model_args(tmp_path):
+    """A random 2-layer model and a validation shard: flag checks need no training."""
+    datafile.write_shard(tmp_path / "val.bin", np.arange(4 * T + 1) % 64)
+    return [binary("train_gpt_cpu"), "-e", "d6", *TINY, "--max-seq-len", T, "-t", T, "-b", 1, "-m", 1, "-x", 0]
+
+
+def test_eval_dump_into_a_missing_directory_is_refused_before_any_output(random_model_args, tmp_path):
+    """Refused with the flag named, before -o is created (not at the first
+    evaluation, naming a temporary file, with -o's log already written)."""
+    res = run([*random_model_args, "-v", 1, "-s", 0, "-j", tmp_path / "val.bin", "--eval-dump", tmp_path / "nodir" / "d.bin",
+               "-o", tmp_path / "out"])
+    assert res.returncode != 0 and res.stderr.count("\n") == 1, res.stderr
+    assert f"--eval-dump {tmp_path / 'nodir' / 'd.bin'}" in res.stderr and "does not exist" in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "nodir").exists()
+
+
+@pytest.mark.parametrize("flags", [["-j", ""], ["-v", 0]])
+def test_x0_with_nothing_to_evaluate_sample_or_write_is_refused(random_model_args, tmp_path, flags):
+    """-x 0 without validation, samples (-s 0) or -o would do nothing and exit 0;
+    with -o it writes the model (the resize-then-export path), so it runs."""
+    args = [*random_model_args, "-s", 0, "-j", tmp_path / "val.bin", *flags]
+    res = run(args)
+    assert res.returncode != 0 and res.stderr.count("\n") == 1 and "flag -x 0: nothing to do" in res.stderr, res.stderr
+    run([*args, "-o", tmp_path / "out"], env=ONE_THREAD, check=True)
+    assert (tmp_path / "out" / "model_00000000.bin").exists()
