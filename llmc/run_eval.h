@@ -62,14 +62,18 @@ static inline long position_edge(const char* spec, const char** p) {
 }
 
 /* --eval-by-position's buckets over positions 0..T-1 (T: the whole sequence). */
-static inline void position_buckets_parse(PositionLosses* pl, const char* spec, int T) {
-    const char* p = spec;
-    if (strncmp(spec, "every:", 6) == 0) {
+static inline void position_buckets_parse(PositionLosses* pl, const char* given, int T) {
+    const char* p = given;
+    char spec[56]; /* the flag as messages show it: a long list of edges cut short */
+    if (strlen(given) > 48) snprintf(spec, sizeof(spec), "%.45s...", given);
+    else snprintf(spec, sizeof(spec), "%s", given);
+    if (strncmp(given, "every:", 6) == 0) {
         p += 6;
         long w = position_edge(spec, &p);
         if (w < 1 || *p) fail("flag --eval-by-position: '%s': every:W needs one width W of at least 1", spec);
+        if (w > T) fail("flag --eval-by-position: every:%ld is beyond -t %d", w, T);
         for (long b = 0; b < T; b += w) position_bucket_add(pl, b, b + w < T ? b + w : T, spec);
-    } else if (strchr(spec, ',')) {
+    } else if (strchr(given, ',')) {
         long prev = position_edge(spec, &p);
         while (*p == ',') {
             p++;
