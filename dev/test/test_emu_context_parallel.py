@@ -30,7 +30,8 @@ What is compared with what, and why the bounds:
   process draws for the same tokens, so the same bounds hold.
 - every -r mode under N = 2 against -r 0, with dropout: bitwise (the ring
   merges blocks in step order, never in arrival order; -r 1 reruns the
-  forward ring in the backward, -r 2 and -r 3 keep attention's output).
+  forward ring in the backward, -r 2 and -r 3 keep attention's output); and
+  segments (the ring again in a segment's forward) against -r 0.
 - token tiles under the ring: FP32 the same bound (tiles only reassociate the
   weight-gradient sums, in fp32); -r 1 bitwise equal to -r 0 at the same tiles.
 - a checkpoint of 2 ranks at N = 2 resumed by 2 data-parallel ranks (N = 1,
@@ -105,6 +106,18 @@ def test_every_recompute_mode_bitwise_with_dropout(bins, data, tmp_path):
                    EMU_STREAM_ORDER=order)
         runs[r] = (res, steps(res))
     assert_runs_identical(runs, tmp_path, 2)
+
+
+def test_segments_under_the_ring_bitwise(bins, data, tmp_path):
+    """Segment checkpointing under the ring (three layers, --segment-layers 2:
+    the backward runs segment 0's forward again, its ring included, from its
+    offloaded input): the step lines and model file of -r 0, with dropout."""
+    runs = {}
+    for name, flags in {"r0": ["-r", "0"], "seg": ["-r", "1", "--segment-layers", "2", "--offload-checkpoints"]}.items():
+        res = ring(bins, data, "bf16", "--layers", "3", "-b", "2", "-x", "1", "-n", "1", "--dropout", "0.1", *flags, "-o", tmp_path / name)
+        runs[name] = (res, steps(res))
+    assert "segments: 2 segments of 2 layers" in runs["seg"][0].stdout, explain(runs["seg"][0])
+    assert_runs_identical(runs, tmp_path, 1)
 
 
 def test_token_tiles_under_the_ring(bins, data, tmp_path):
