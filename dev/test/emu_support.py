@@ -73,9 +73,15 @@ def mutant_sources(tmp, edits):
             shutil.copy2(obj, tmp / "build" / "emu" / "obj" / obj.name)
     for rel, (old, new) in edits.items():
         text = (tmp / rel).read_text()
-        assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
+        assert_mutant_applies(text, rel, old)
         (tmp / rel).write_text(text.replace(old, new))
     return tmp
+
+
+def assert_mutant_applies(text, rel, old):
+    """A mutant's text is in its source (text, of file rel) once. The slow sets' mutants are checked so in the fast
+    suite too: a source that changed under one would else go unnoticed until a slow run."""
+    assert text.count(old) == 1, f"{rel}: the text to mutate is not there once (the source changed: update the mutant)"
 
 
 def build_trainers(repo, out, precisions):

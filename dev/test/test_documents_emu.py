@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, binary, run
-from emu_support import EMU, OUT, emu_run, explain, mutant_sources, platform_problem, precision_param, slow
+from emu_support import EMU, OUT, assert_mutant_applies, emu_run, explain, mutant_sources, platform_problem, precision_param, slow
 import datafile
 
 CASES = ["docs:hs16:64:4:300:332", "docsdrop:hs64:128:2:300:200", "docs:hs20:80:4:300:100"]
@@ -119,6 +119,11 @@ MMA_MUTANTS = {
     # the forward reads its rows' starts in one tile too few (the last tile that crosses a start goes unmasked)
     "forward_starts_read_one_tile_short": ("if (k0 < kwarp_last) kf[0]", "if (k0 + Cfg::BC < kwarp_last) kf[0]"),
 }
+
+
+@pytest.mark.parametrize("what", list(MMA_MUTANTS))
+def test_mma_document_mutants_apply(what):
+    assert_mutant_applies((REPO / "llmc" / "attention_mma.cuh").read_text(), "llmc/attention_mma.cuh", MMA_MUTANTS[what][0])
 
 
 @slow

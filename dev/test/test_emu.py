@@ -36,7 +36,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from emu_support import EMU, JOBS, OUT, PRECISIONS, emu_run, explain, mutant_sources, precision_param, slow
+from emu_support import EMU, JOBS, OUT, PRECISIONS, assert_mutant_applies, emu_run, explain, mutant_sources, precision_param, slow
 
 # NAME:C:NH:V:T per precision. V=300 pads to Vp=384 everywhere. The T values
 # are multiples of no attention tile (64 query rows, 32 key rows, 16-key
@@ -358,15 +358,20 @@ def test_gpt_token_tiles_emulated(default_jobs, precision):
 # cap for cuBLASLt (recompute settings no longer bitwise equal; FP32, whose sums round in any order).
 TILE_MUTANTS = {
     "floatX sums across tiles": ("bf16", "tiles2:tilebound:hs16:64:4:300:77",
-                                 "const floatX* inp, int n, int IC, int OC) {\n    if (m->tile_rows) {",
+                                 "const floatX* inp, int n, int IC, int OC) {\n    if (m->tile_tokens) {",
                                  "const floatX* inp, int n, int IC, int OC) {\n    if (0) {"),
     "last tile's bias partial dropped": ("bf16", "tiles5:tilebound:hs16:64:4:300:77",
                                          "m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, inp",
-                                         "m->tile_grads.tensor[w], n == m->tile_rows ? m->tile_grads.tensor[b] : NULL, m->column_partials, dout, inp"),
+                                         "m->tile_grads.tensor[w], n == m->tile_tokens ? m->tile_grads.tensor[b] : NULL, m->column_partials, dout, inp"),
     "dqkv rows shifted": ("bf16", "tiles5:hs16:64:4:300:33", "    dqkv += (size_t)r0 * 3 * C;",
                           "    dqkv += (size_t)(r0 > 0 ? r0 - 1 : 0) * 3 * C;"),
     "no alignment cap": ("fp32", "tiles5:hs18:18:1:300:37", "    m->mm.align_cap = pointer_alignment(", "    m->mm.align_cap = 0 * pointer_alignment("),
 }
+
+
+@pytest.mark.parametrize("what", list(TILE_MUTANTS))
+def test_token_tile_mutants_apply(what):
+    assert_mutant_applies((REPO / "train_gpt.cu").read_text(), "train_gpt.cu", TILE_MUTANTS[what][2])
 
 
 @slow
