@@ -469,17 +469,23 @@ static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, s
 }
 
 
+/* Tokens of one micro-step of B sequences of T over `world` processes: one
+ * batch per data-parallel group (world / --context-parallel N), as -d counts. */
+static inline long long plan_micro_step_tokens(const PlanSpec* spec, int B, int world) {
+    return (long long)B * spec->T * (world / plan_context_parallel(spec));
+}
+
 /* The largest batch B' <= B with which -r 1 fits over `world` processes
- * (ZeRO-1 when more than one) and the tokens per step stay what they are
- * (B' * T * world divides them, so -d keeps them with more micro-steps);
+ * (ZeRO-1 when more than the run's: the run's own stage on its own) and the tokens per step stay what they are
+ * (B' * T * groups divides them, so -d keeps them with more micro-steps);
  * 0 when none. */
 static inline int plan_fitting_batch_keeping_tokens(const PlanSpec* spec, int world, size_t budget) {
     PlanSpec s = *spec;
-    long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
     s.world_size = world;
-    if (world > 1) s.zero_stage = 1;
+    if (world > spec->world_size) s.zero_stage = 1;
     for (int b = plan_max_fitting(&s, RECOMPUTE_FULL, 0, spec->B, budget); b >= 1; b--)
-        if (tokens % ((long long)b * spec->T * world) == 0) return b;
+        if (tokens % plan_micro_step_tokens(spec, b, world) == 0) return b;
     return 0;
 }
 
@@ -522,7 +528,7 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         free(modes);
     }
     if (fits) return;
-    long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
     int any = 0;
     int b = plan_fitting_batch_keeping_tokens(spec, spec->world_size, budget);
     if (b >= 1) {
