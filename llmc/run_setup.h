@@ -410,8 +410,10 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s%s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
             have, source, mib(device), flag, tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), 1e3 * secs, 100.0 * extra,
             spec_cost_model(spec).name);
+    char used[32], host_have[32];
     if (run->opt.offload_checkpoints)
-        fprintf(out, "recompute auto: host memory %.1f MiB of %.1f MiB (%s) for offloaded checkpoints\n", mib(host), mib(host_budget), host_source);
+        fprintf(out, "recompute auto: host memory %s of %s (%s) for offloaded checkpoints\n", format_size(host, used, sizeof(used)),
+                format_size(host_budget, host_have, sizeof(host_have)), host_source);
 }
 
 /* --tile-tokens auto with a fixed -r: the fastest predicted tile size that

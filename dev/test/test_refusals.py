@@ -37,6 +37,17 @@ def test_a_small_host_pool_is_printed_in_a_unit_that_shows_it(data):
     assert m and float(m.group(1)) > 0.3, line
 
 
+def test_host_budget_lines_print_small_sizes_in_a_unit_that_shows_them(data):
+    """--plan's host memory line and -r auto's, with a 300-byte host budget:
+    not '0.0 MiB of 0.0 MiB'."""
+    plan = cpu(data, "-b", "2", "-t", "8", "-r", "1o:all", "--host-mem-budget", "300", "--plan")
+    assert re.search(r"^host memory for offloaded checkpoints: [0-9.]+ KiB of 300 bytes \(--host-mem-budget\): does not fit$",
+                     plan.stdout, re.M), plan.stdout
+    auto = cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "auto", "--offload-checkpoints", "--host-mem-budget", "300")
+    assert auto.returncode == 0, auto.stderr
+    assert re.search(r"^recompute auto: host memory 0 bytes of 300 bytes \(--host-mem-budget\)", auto.stdout, re.M), auto.stdout
+
+
 # ---- limits with their reason (finding 10) ----
 
 def test_too_many_tokens_per_micro_step_names_the_limit(data):
