@@ -45,13 +45,15 @@ static inline size_t plan_total_for(const PlanSpec* base, int code, int B, int T
 
 /* Largest value in [1, hi] for which the plan with every layer in `code`
  * fits both budgets, by bisection (the plan grows monotonically with B and
- * with T); 0 when even 1 does not fit. */
+ * with T); 0 when even 1 does not fit. The CPU trainer's host pool draws
+ * on the plan's budget too (host_shares_budget). */
 static inline int plan_max_fitting_host(const PlanSpec* base, int code, int vary_T, int hi, size_t budget, size_t host_budget) {
     int lo = 0;
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
         size_t host = 0;
         size_t t = vary_T ? plan_totals_for(base, code, base->B, mid, &host) : plan_totals_for(base, code, mid, base->T, &host);
+        if (base->host_shares_budget) t = size_add_sat(t, host);
         if (t <= budget && host <= host_budget) lo = mid;
         else hi = mid - 1;
     }

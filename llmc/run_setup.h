@@ -487,17 +487,20 @@ static inline void check_host_budget(const Run* run) {
 }
 
 /* --mem-budget with a fixed -r is a limit the plan must keep: a plan over
- * it is refused with what would fit, not run past the budget in silence. */
+ * it is refused with what would fit, not run past the budget in silence.
+ * The CPU trainer's host pool is the same memory: it counts too. */
 static inline void check_fixed_plan_budget(const Run* run, const PlanSpec* spec) {
     const TrainOptions* o = &run->opt;
     if (!o->mem_budget[0] || strcmp(o->recompute, "auto") == 0 || o->plan_only || o->plan_json) return;
     const char* source = "";
     size_t budget = memory_budget(o->mem_budget, &source);
-    if (run->plan.total_bytes <= budget) return;
+    int pool = spec->host_shares_budget && run->plan.host_total_bytes;
+    size_t total = pool ? size_add_sat(run->plan.total_bytes, run->plan.host_total_bytes) : run->plan.total_bytes;
+    if (total <= budget) return;
     char need[32], have[32];
     fflush(stdout);
-    fprintf(stderr, "the plan of -r %s needs %s, more than --mem-budget %s\n", o->recompute, format_size(run->plan.total_bytes, need, sizeof(need)),
-            format_size(budget, have, sizeof(have)));
+    fprintf(stderr, "the plan of -r %s needs %s%s, more than --mem-budget %s\n", o->recompute, format_size(total, need, sizeof(need)),
+            pool ? " with its offloaded checkpoints' host pool (the same memory on the CPU)" : "", format_size(budget, have, sizeof(have)));
     plan_print_suggestions(spec, budget, stderr);
     fail("flag --mem-budget: the plan (%s with -r %s) does not fit %s; -r auto chooses recompute modes that do", need, o->recompute, have);
 }

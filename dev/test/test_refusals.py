@@ -238,3 +238,22 @@ def test_auto_refusal_claims_the_least_plan_with_offloading_and_tiles(data):
     m = re.search(r"^  -r 1o:all --tile-tokens 64 -t (\d+) \(", res.stderr, re.M)
     assert m, res.stderr
     assert plan_of(data, "-r", "1o:all", "--tile-tokens", "64", T=int(m.group(1)))[0] <= device_1o * 0.8
+
+
+def test_cpu_offload_pool_counts_against_the_one_memory_budget(data):
+    """The CPU trainer's host pool is the plan's memory (finding 6): with
+    --mem-budget alone, -r auto's suggested '-r 1o:all -t N' fits with its
+    pool, and a fixed -r 1o:all whose plan fits but not with its pool is
+    refused, not run past the budget."""
+    device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
+    budget = device_1o * 0.8
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{budget:.3f}MiB", "--offload-checkpoints", "--plan",
+              model=LONG_MODEL)
+    assert res.returncode == 1
+    m = re.search(r"^  -r 1o:all --tile-tokens 64 -t (\d+) \(.*the same memory as the plan", res.stderr, re.M)
+    assert m, res.stderr
+    assert sum(plan_of(data, "-r", "1o:all", "--tile-tokens", "64", T=int(m.group(1)))) <= budget
+    between = f"{device_1o + host_1o / 2:.3f}MiB"
+    fixed = cpu(data, "-b", "1", "-t", "4096", "-r", "1o:all", "--tile-tokens", "64", "--mem-budget", between, "-x", "1", model=LONG_MODEL)
+    line = fixed.stderr.strip().splitlines()[-1] if fixed.stderr.strip() else ""
+    assert fixed.returncode == 1 and line.startswith("error: flag --mem-budget: the plan") and f"({device_1o + host_1o:.1f} MiB with -r 1o:all)" in line, line
