@@ -473,9 +473,10 @@ static inline void check_host_budget(const Run* run) {
     const char* source = "";
     size_t host_budget = host_memory_budget(run->opt.host_mem_budget, &source);
     char need[32], have[32];
+    format_size_over(run->plan.host_total_bytes, host_budget, need, have, sizeof(need));
     if (run->plan.host_total_bytes > host_budget)
-        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget",
-             format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(host_budget, have, sizeof(have)), source);
+        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget", need,
+             have, source);
     /* the CPU trainer's plan lives in host memory too: one memory holds both */
     if (run->plan.spec.host_shares_budget && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget) {
         char plan_bytes[32];
@@ -498,9 +499,10 @@ static inline void check_fixed_plan_budget(const Run* run, const PlanSpec* spec)
     size_t total = pool ? size_add_sat(run->plan.total_bytes, run->plan.host_total_bytes) : run->plan.total_bytes;
     if (total <= budget) return;
     char need[32], have[32];
+    format_size_over(total, budget, need, have, sizeof(need));
     fflush(stdout);
-    fprintf(stderr, "the plan of -r %s needs %s%s, more than --mem-budget %s\n", o->recompute, format_size(total, need, sizeof(need)),
-            pool ? " with its offloaded checkpoints' host pool (the same memory on the CPU)" : "", format_size(budget, have, sizeof(have)));
+    fprintf(stderr, "the plan of -r %s needs %s%s, more than --mem-budget %s\n", o->recompute, need,
+            pool ? " with its offloaded checkpoints' host pool (the same memory on the CPU)" : "", have);
     plan_print_suggestions(spec, budget, stderr);
     fail("flag --mem-budget: the plan (%s with -r %s) does not fit %s; -r auto chooses recompute modes that do", need, o->recompute, have);
 }

@@ -48,6 +48,17 @@ def test_host_budget_lines_print_small_sizes_in_a_unit_that_shows_them(data):
     assert re.search(r"^recompute auto: host memory 0 bytes of 300 bytes \(--host-mem-budget\)", auto.stdout, re.M), auto.stdout
 
 
+def test_a_plan_just_over_the_budget_prints_sizes_that_differ(data):
+    """A --mem-budget one byte below the plan: 'needs N bytes, more than
+    N-1 bytes', not the same MiB twice."""
+    import json
+    plan = cpu(data, "-b", "2", "-t", "8", "-r", "0", "--plan-json")
+    total = json.loads(plan.stdout)["total_bytes"]
+    res = cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "0", "--mem-budget", str(total - 1))
+    first = res.stderr.strip().splitlines()[0]
+    assert res.returncode == 1 and first == f"the plan of -r 0 needs {total} bytes, more than --mem-budget {total - 1} bytes", res.stderr
+
+
 # ---- limits with their reason (finding 10) ----
 
 def test_too_many_tokens_per_micro_step_names_the_limit(data):
