@@ -301,7 +301,8 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
     int least_tile = spec->tile_tokens;
     size_t host_1o = 0, device_1o = plan_totals_for(spec, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, spec->B, spec->T, &host_1o);
     size_t device_1 = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
-    int offload_least = run->opt.offload_checkpoints && device_1o < device_1; /* what the search could reach */
+    size_t least_1o = spec->host_shares_budget ? size_add_sat(device_1o, host_1o) : device_1o; /* the CPU's pool: the same memory */
+    int offload_least = run->opt.offload_checkpoints && least_1o < device_1; /* what the search could reach */
     if (offload_least)
         fprintf(stderr, "-r auto: even -r 1o:all%s (%s) does not fit %s (%s)\n", tile_flag(spec->tile_tokens, tiles, sizeof(tiles)),
                 format_sizes(device_1o, host_1o, sizes, sizeof(sizes)), have, source);

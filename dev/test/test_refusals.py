@@ -257,10 +257,14 @@ def test_cpu_offload_pool_counts_against_the_one_memory_budget(data):
     pool, and a fixed -r 1o:all whose plan fits but not with its pool is
     refused, not run past the budget."""
     device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
+    device_1, _ = plan_of(data, "-r", "1", "--tile-tokens", "64")
+    assert device_1o < device_1 < device_1o + host_1o
     budget = device_1o * 0.8
     res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{budget:.3f}MiB", "--offload-checkpoints", "--plan",
               model=LONG_MODEL)
     assert res.returncode == 1
+    # the least plan claimed: -r 1, which takes less of the one memory than -r 1o with its pool
+    assert f"even full recompute on every layer --tile-tokens 64 ({device_1:.1f} MiB) does not fit" in res.stderr, res.stderr
     m = re.search(r"^  -r 1o:all --tile-tokens 64 -t (\d+) \(.*the same memory as the plan", res.stderr, re.M)
     assert m, res.stderr
     assert sum(plan_of(data, "-r", "1o:all", "--tile-tokens", "64", T=int(m.group(1)))) <= budget
