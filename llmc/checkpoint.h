@@ -355,7 +355,10 @@ static inline const char* state_slot_name(int i) {
     case ST_UPDATES: return "AdamW update count";
     case ST_RUN_ID_LO: case ST_RUN_ID_HI: return "run id";
     case ST_CONTEXT_PARALLEL: return "context-parallel degree";
-    default: return i >= ST_HPARAMS && i < ST_HPARAMS + STATE_NUM_HPARAMS ? "hyperparameters" : "data record";
+    case ST_DATA_COUNTS_LO: case ST_DATA_COUNTS_HI: case ST_DATA_GLOB_LO: case ST_DATA_GLOB_HI: return "data record";
+    default:
+        if (i >= ST_HPARAMS && i < ST_HPARAMS + STATE_NUM_HPARAMS) return "hyperparameter";
+        return i >= ST_DATA_TEXT && i < ST_DATA_TEXT + STATE_DATA_TEXT_BYTES / 4 ? "data record" : "unused slot";
     }
 }
 

@@ -132,9 +132,11 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
     if (remat_nccl_device_bytes)
         fprintf(out, "NCCL: %.1f MiB of device memory (communicators and their connection buffers, connected before the budget was "
                 "measured), outside the plan and the budget\n", mib(remat_nccl_device_bytes));
-    if (p->host_total_bytes)
-        fprintf(out, "host memory for offloaded checkpoints: %.1f MiB of %.1f MiB (%s): %s\n", mib(p->host_total_bytes), mib(host_budget),
-                host_source, p->host_total_bytes <= host_budget ? "fits" : "does not fit");
+    if (p->host_total_bytes) {
+        char need[32], have[32];
+        fprintf(out, "host memory for offloaded checkpoints: %s of %s (%s): %s\n", format_size(p->host_total_bytes, need, sizeof(need)),
+                format_size(host_budget, have, sizeof(have)), host_source, p->host_total_bytes <= host_budget ? "fits" : "does not fit");
+    }
     size_t by_act[NUM_LAYER_ACTS];
     plan_activation_by_tensor(p, by_act);
     fprintf(out, "activations by tensor (all layers):\n");

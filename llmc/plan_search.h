@@ -45,13 +45,15 @@ static inline size_t plan_total_for(const PlanSpec* base, int code, int B, int T
 
 /* Largest value in [1, hi] for which the plan with every layer in `code`
  * fits both budgets, by bisection (the plan grows monotonically with B and
- * with T); 0 when even 1 does not fit. */
+ * with T); 0 when even 1 does not fit. The CPU trainer's host pool draws
+ * on the plan's budget too (host_shares_budget). */
 static inline int plan_max_fitting_host(const PlanSpec* base, int code, int vary_T, int hi, size_t budget, size_t host_budget) {
     int lo = 0;
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
         size_t host = 0;
         size_t t = vary_T ? plan_totals_for(base, code, base->B, mid, &host) : plan_totals_for(base, code, mid, base->T, &host);
+        if (base->host_shares_budget) t = size_add_sat(t, host);
         if (t <= budget && host <= host_budget) lo = mid;
         else hi = mid - 1;
     }
@@ -469,17 +471,23 @@ static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, s
 }
 
 
+/* Tokens of one micro-step of B sequences of T over `world` processes: one
+ * batch per data-parallel group (world / --context-parallel N), as -d counts. */
+static inline long long plan_micro_step_tokens(const PlanSpec* spec, int B, int world) {
+    return (long long)B * spec->T * (world / plan_context_parallel(spec));
+}
+
 /* The largest batch B' <= B with which -r 1 fits over `world` processes
- * (ZeRO-1 when more than one) and the tokens per step stay what they are
- * (B' * T * world divides them, so -d keeps them with more micro-steps);
+ * (ZeRO-1 when more than the run's: the run's own stage on its own) and the tokens per step stay what they are
+ * (B' * T * groups divides them, so -d keeps them with more micro-steps);
  * 0 when none. */
 static inline int plan_fitting_batch_keeping_tokens(const PlanSpec* spec, int world, size_t budget) {
     PlanSpec s = *spec;
-    long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
     s.world_size = world;
-    if (world > 1) s.zero_stage = 1;
+    if (world > spec->world_size) s.zero_stage = 1;
     for (int b = plan_max_fitting(&s, RECOMPUTE_FULL, 0, spec->B, budget); b >= 1; b--)
-        if (tokens % ((long long)b * spec->T * world) == 0) return b;
+        if (tokens % plan_micro_step_tokens(spec, b, world) == 0) return b;
     return 0;
 }
 
@@ -522,7 +530,7 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         free(modes);
     }
     if (fits) return;
-    long long tokens = (long long)(spec->grad_accum > 0 ? spec->grad_accum : 1) * spec->B * spec->T * spec->world_size;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
     int any = 0;
     int b = plan_fitting_batch_keeping_tokens(spec, spec->world_size, budget);
     if (b >= 1) {

@@ -300,17 +300,18 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
     int least[PLAN_MAX_TILE_CANDIDATES], given = spec->tile_tokens, given_k = spec->segment_layers;
     if (search_tiles) spec->tile_tokens = least[plan_tile_candidates(spec, least) - 1];
     int least_tile = spec->tile_tokens;
-    size_t host_1o = 0, device_1o = SIZE_MAX, device_1 = SIZE_MAX;
+    size_t host_1o = 0, device_1o = SIZE_MAX, least_1o = SIZE_MAX, device_1 = SIZE_MAX;
     int k_lo = search_segments ? 1 : given_k, k_hi = search_segments ? run->cfg.num_layers : given_k, k_1 = k_lo, k_1o = k_lo;
-    for (int K = k_lo; K <= k_hi; K++) { /* the least device bytes, each way */
+    for (int K = k_lo; K <= k_hi; K++) { /* the least memory, each way */
         spec->segment_layers = K;
         size_t host = 0, device = plan_totals_for(spec, PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, spec->B, spec->T, &host);
-        if (device < device_1o) { device_1o = device; host_1o = host; k_1o = K; }
+        size_t least = spec->host_shares_budget ? size_add_sat(device, host) : device; /* the CPU's pool: the same memory */
+        if (least < least_1o) { least_1o = least; device_1o = device; host_1o = host; k_1o = K; }
         device = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T);
         if (device < device_1) { device_1 = device; k_1 = K; }
     }
     spec->segment_layers = given_k;
-    int offload_least = run->opt.offload_checkpoints && device_1o < device_1; /* what the search could reach */
+    int offload_least = run->opt.offload_checkpoints && least_1o < device_1; /* what the search could reach */
     int k = offload_least ? k_1o : k_1;
     if (k > 1) snprintf(segments, sizeof(segments), " --segment-layers %d", k);
     if (offload_least)
@@ -423,8 +424,10 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s%s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
             have, source, mib(device), flag, tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), 1e3 * secs, 100.0 * extra,
             spec_cost_model(spec).name);
+    char used[32], host_have[32];
     if (run->opt.offload_checkpoints)
-        fprintf(out, "recompute auto: host memory %.1f MiB of %.1f MiB (%s) for offloaded checkpoints\n", mib(host), mib(host_budget), host_source);
+        fprintf(out, "recompute auto: host memory %s of %s (%s) for offloaded checkpoints\n", format_size(host, used, sizeof(used)),
+                format_size(host_budget, host_have, sizeof(host_have)), host_source);
 }
 
 /* --tile-tokens auto with a fixed -r: the fastest predicted tile size that
@@ -487,9 +490,10 @@ static inline void check_host_budget(const Run* run) {
     const char* source = "";
     size_t host_budget = host_memory_budget(run->opt.host_mem_budget, &source);
     char need[32], have[32];
+    format_size_over(run->plan.host_total_bytes, host_budget, need, have, sizeof(need));
     if (run->plan.host_total_bytes > host_budget)
-        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget",
-             format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(host_budget, have, sizeof(have)), source);
+        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget", need,
+             have, source);
     /* the CPU trainer's plan lives in host memory too: one memory holds both */
     if (run->plan.spec.host_shares_budget && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget) {
         char plan_bytes[32];
@@ -501,17 +505,21 @@ static inline void check_host_budget(const Run* run) {
 }
 
 /* --mem-budget with a fixed -r is a limit the plan must keep: a plan over
- * it is refused with what would fit, not run past the budget in silence. */
+ * it is refused with what would fit, not run past the budget in silence.
+ * The CPU trainer's host pool is the same memory: it counts too. */
 static inline void check_fixed_plan_budget(const Run* run, const PlanSpec* spec) {
     const TrainOptions* o = &run->opt;
     if (!o->mem_budget[0] || strcmp(o->recompute, "auto") == 0 || o->plan_only || o->plan_json) return;
     const char* source = "";
     size_t budget = memory_budget(o->mem_budget, &source);
-    if (run->plan.total_bytes <= budget) return;
+    int pool = spec->host_shares_budget && run->plan.host_total_bytes;
+    size_t total = pool ? size_add_sat(run->plan.total_bytes, run->plan.host_total_bytes) : run->plan.total_bytes;
+    if (total <= budget) return;
     char need[32], have[32];
+    format_size_over(total, budget, need, have, sizeof(need));
     fflush(stdout);
-    fprintf(stderr, "the plan of -r %s needs %s, more than --mem-budget %s\n", o->recompute, format_size(run->plan.total_bytes, need, sizeof(need)),
-            format_size(budget, have, sizeof(have)));
+    fprintf(stderr, "the plan of -r %s needs %s%s, more than --mem-budget %s\n", o->recompute, need,
+            pool ? " with its offloaded checkpoints' host pool (the same memory on the CPU)" : "", have);
     plan_print_suggestions(spec, budget, stderr);
     fail("flag --mem-budget: the plan (%s with -r %s) does not fit %s; -r auto chooses recompute modes that do", need, o->recompute, have);
 }

@@ -237,6 +237,14 @@ static inline const char* format_size(size_t bytes, char* buf, size_t n) {
     return buf;
 }
 
+/* A size that exceeds a limit, and the limit: in bytes where format_size
+ * would print them alike ("9.0 MiB, more than 9.0 MiB" says nothing). */
+static inline void format_size_over(size_t need, size_t have, char* need_buf, char* have_buf, size_t n) {
+    format_size(need, need_buf, n);
+    format_size(have, have_buf, n);
+    if (strcmp(need_buf, have_buf) == 0) { snprintf(need_buf, n, "%zu bytes", need); snprintf(have_buf, n, "%zu bytes", have); }
+}
+
 static inline size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 /* Saturating size arithmetic: SIZE_MAX stands for "does not fit in 64 bits",

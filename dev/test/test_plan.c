@@ -609,7 +609,16 @@ static void check_suggestions(void) {
     expect_contains(text, "-r 1 -t ");
     if (strstr(text, "-r auto")) { printf("  FAIL suggested -r auto where nothing fits:\n%s", text); failures++; }
     free(text);
-    printf("out-of-memory suggestions: -r auto, -r 3, -r 1, -w 0; smaller -t below -r 1\n");
+    /* context parallelism: 2 processes share each sequence, one group of B=4,
+     * so a step is 4 x 8192 tokens (not x processes), which -d must keep */
+    s.B = 4; s.world_size = 2; s.context_parallel = 2;
+    f = open_memstream(&text, &len);
+    plan_print_suggestions(&s, plan_total_for(&s, RECOMPUTE_FULL, 2, 8192), f);
+    fclose(f);
+    expect_contains(text, " -d 32768 (the same 32768 tokens per step");
+    if (strstr(text, "-r 1 -b 4 ")) { printf("  FAIL suggested this run's -b 4 (ZeRO-1 it does not say):\n%s", text); failures++; }
+    free(text);
+    printf("out-of-memory suggestions: -r auto, -r 3, -r 1, -w 0; smaller -t below -r 1; -d under context parallelism\n");
 }
 
 int main(void) {

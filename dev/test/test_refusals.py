@@ -37,6 +37,28 @@ def test_a_small_host_pool_is_printed_in_a_unit_that_shows_it(data):
     assert m and float(m.group(1)) > 0.3, line
 
 
+def test_host_budget_lines_print_small_sizes_in_a_unit_that_shows_them(data):
+    """--plan's host memory line and -r auto's, with a 300-byte host budget:
+    not '0.0 MiB of 0.0 MiB'."""
+    plan = cpu(data, "-b", "2", "-t", "8", "-r", "1o:all", "--host-mem-budget", "300", "--plan")
+    assert re.search(r"^host memory for offloaded checkpoints: [0-9.]+ KiB of 300 bytes \(--host-mem-budget\): does not fit$",
+                     plan.stdout, re.M), plan.stdout
+    auto = cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "auto", "--offload-checkpoints", "--host-mem-budget", "300")
+    assert auto.returncode == 0, auto.stderr
+    assert re.search(r"^recompute auto: host memory 0 bytes of 300 bytes \(--host-mem-budget\)", auto.stdout, re.M), auto.stdout
+
+
+def test_a_plan_just_over_the_budget_prints_sizes_that_differ(data):
+    """A --mem-budget one byte below the plan: 'needs N bytes, more than
+    N-1 bytes', not the same MiB twice."""
+    import json
+    plan = cpu(data, "-b", "2", "-t", "8", "-r", "0", "--plan-json")
+    total = json.loads(plan.stdout)["total_bytes"]
+    res = cpu(data, "-b", "2", "-t", "8", "-x", "1", "-r", "0", "--mem-budget", str(total - 1))
+    first = res.stderr.strip().splitlines()[0]
+    assert res.returncode == 1 and first == f"the plan of -r 0 needs {total} bytes, more than --mem-budget {total - 1} bytes", res.stderr
+
+
 # ---- limits with their reason (finding 10) ----
 
 def test_too_many_tokens_per_micro_step_names_the_limit(data):
@@ -241,3 +263,26 @@ def test_auto_refusal_claims_the_least_plan_over_segment_sizes(data):
                      res.stderr), res.stderr
     fits = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--mem-budget", f"{least + 0.1:.3f}MiB", "--plan", model=LONG_MODEL)
     assert fits.returncode == 0 and "recompute auto: fits" in fits.stdout, fits.stderr
+
+
+def test_cpu_offload_pool_counts_against_the_one_memory_budget(data):
+    """The CPU trainer's host pool is the plan's memory (finding 6): with
+    --mem-budget alone, -r auto's suggested '-r 1o:all -t N' fits with its
+    pool, and a fixed -r 1o:all whose plan fits but not with its pool is
+    refused, not run past the budget."""
+    device_1o, host_1o = plan_of(data, "-r", "1o:all", "--tile-tokens", "64")
+    device_1, _ = plan_of(data, "-r", "1", "--tile-tokens", "64")
+    assert device_1o < device_1 < device_1o + host_1o
+    budget = device_1o * 0.8
+    res = cpu(data, "-b", "1", "-t", "4096", "-r", "auto", "--segment-layers", "1", "--mem-budget", f"{budget:.3f}MiB",
+              "--offload-checkpoints", "--plan", model=LONG_MODEL)  # segments would claim less
+    assert res.returncode == 1
+    # the least plan claimed: -r 1, which takes less of the one memory than -r 1o with its pool
+    assert f"even full recompute on every layer --tile-tokens 64 ({device_1:.1f} MiB) does not fit" in res.stderr, res.stderr
+    m = re.search(r"^  -r 1o:all --tile-tokens 64 -t (\d+) \(.*the same memory as the plan", res.stderr, re.M)
+    assert m, res.stderr
+    assert sum(plan_of(data, "-r", "1o:all", "--tile-tokens", "64", T=int(m.group(1)))) <= budget
+    between = f"{device_1o + host_1o / 2:.3f}MiB"
+    fixed = cpu(data, "-b", "1", "-t", "4096", "-r", "1o:all", "--tile-tokens", "64", "--mem-budget", between, "-x", "1", model=LONG_MODEL)
+    line = fixed.stderr.strip().splitlines()[-1] if fixed.stderr.strip() else ""
+    assert fixed.returncode == 1 and line.startswith("error: flag --mem-budget: the plan") and f"({device_1o + host_1o:.1f} MiB with -r 1o:all)" in line, line

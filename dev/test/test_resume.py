@@ -200,12 +200,14 @@ def two_rank_run(synthetic, tmp_path_factory):
     return d / "full", steps(res.stdout)
 
 
-@pytest.mark.parametrize("rank,slot,value", [(1, ST_STEP, 5), (0, ST_STEP, 3), (1, ST_RANK, 0), (1, ST_EPOCH, 1),
-                                             (0, ST_BATCH_POS_LO, 1), (1, ST_UPDATES, 3), (1, ST_LOSS_SCALE_BITS, 0x40000000)])
-def test_a_rank_state_that_disagrees_is_damage(synthetic, tmp_path, two_rank_run, rank, slot, value):
-    """One rank's state of step 4 edited: -y 1 says which file and field,
-    falls back to step 2 and continues as the run that never stopped (no
-    hang, no other loss)."""
+@pytest.mark.parametrize("rank,slot,value,named", [(1, ST_STEP, 5, None), (0, ST_STEP, 3, None), (1, ST_RANK, 0, None),
+                                                   (1, ST_EPOCH, 1, None), (0, ST_BATCH_POS_LO, 1, None), (1, ST_UPDATES, 3, None),
+                                                   (1, ST_LOSS_SCALE_BITS, 0x40000000, None), (1, 42, 7, "its hyperparameter (header slot 42: 7)"),
+                                                   (1, 250, 1, "its unused slot (header slot 250: 1)")])
+def test_a_rank_state_that_disagrees_is_damage(synthetic, tmp_path, two_rank_run, rank, slot, value, named):
+    """One rank's state of step 4 edited: -y 1 says which file and field
+    (by what the slot holds), falls back to step 2 and continues as the run
+    that never stopped (no hang, no other loss)."""
     full, ref_steps = two_rank_run
     part = tmp_path / "part"
     part.mkdir()
@@ -216,7 +218,7 @@ def test_a_rank_state_that_disagrees_is_damage(synthetic, tmp_path, two_rank_run
     set_slot(victim, slot, value)
     res = mpi_train(2, synthetic, "-b", "1", "-x", "6", "-n", "2", "-v", "0", "-z", "1", "-o", part, "-y", "1", timeout=120)
     line = next(l for l in res.stdout.splitlines() if l.startswith("resume: checkpoint of step 4 is damaged ("))
-    assert victim.name in line, line
+    assert victim.name in line and (named is None or named in line), line
     assert "resumed: step 2" in res.stdout
     assert steps(res.stdout) == ref_steps[2:]
 
