@@ -137,3 +137,12 @@ def copy_checkpoint(src, dst, step):
     dst.mkdir()
     for name in [f"model_{step:08d}.bin", f"state_{step:08d}_00000.bin", f"DONE_{step:08d}"]:
         shutil.copy(src / name, dst / name)
+
+
+def gpu_trainer():
+    """The GPU trainer for plans (--plan-json allocates nothing and runs no kernel): ./train_gpt or
+    build/train_gpt_bf16 when nvcc built it, else the emulated build of the same source."""
+    for p in (REPO / "train_gpt", REPO / "build" / "train_gpt_bf16", REPO / "build" / "emu" / "emu_train_gpt_bf16"):
+        if p.exists():
+            return p
+    pytest.skip("no GPU trainer built (make train_gpt, or make -C dev/emu)")

@@ -10,16 +10,9 @@ import re
 
 import pytest
 
-from conftest import REPO, run
+from conftest import REPO, gpu_trainer, run
 
 ROW = re.compile(r"^\| ([0-9,]+) \| (\d+) \| (\d) \| (\d) \| ([0-9.]+) \| (yes|no) \|", re.M)
-
-
-def gpu_trainer():
-    for p in (REPO / "train_gpt", REPO / "build" / "train_gpt_bf16", REPO / "build" / "emu" / "emu_train_gpt_bf16"):
-        if p.exists():
-            return p
-    pytest.skip("no GPU trainer built (make train_gpt, or make -C dev/emu)")
 
 
 def table_rows():

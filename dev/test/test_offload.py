@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import REPO, binary, run
+from conftest import REPO, binary, gpu_trainer, run
 from test_plan_cli import SHAPES, a256, independent_total
 
 # five layers: the staging ring's three slots wrap around
@@ -373,9 +373,7 @@ def test_docs_numbers_are_the_programs():
     """Every row of the table: the plan at its T fits both budgets with the
     device and host bytes, the -r choice and the tile size printed, and at T+1 it does not
     (unless T is --max-seq-len's limit)."""
-    exe = REPO / "train_gpt"
-    if not exe.exists():
-        pytest.skip(f"{exe} not built (make train_gpt needs nvcc); the table needs the GPU trainer's plan")
+    exe = gpu_trainer()
     import importlib.util
     spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
     lt = importlib.util.module_from_spec(spec)
