@@ -297,17 +297,26 @@ static inline double spec_attended_pairs(const PlanSpec* s) {
     return whole * L * (L + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0;
 }
 
-/* Attended pairs of the busiest ring member: the ring's steps wait for it.
- * Its chunks are paired by their work as the loader pairs them
- * (ring_chunks_balance) for packed documents of doc_len tokens; without
- * documents the zigzag gives every member 1/N of the causal pairs. */
-static inline double spec_busiest_member_pairs(const PlanSpec* s) {
+/* The ring's chunks for documents of doc_len tokens packed back to back
+ * (--plan-doc-len; 0: the causal triangle): each chunk's attended pairs
+ * (*work, 2N) and the pairing the loader would choose (*chunks, 2N,
+ * ring_chunks_balance), in one allocation at *work that the caller frees;
+ * returns whether the pairing moved a chunk from the zigzag. */
+static inline int spec_ring_pairing(const PlanSpec* s, int64_t** work, int** chunks) {
     int N = plan_context_parallel(s);
-    int64_t* work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + 2 * sizeof(int)), "the ring's shares");
-    int *chunks = (int*)(work + 2 * N), *order = chunks + 2 * N;
-    ring_packed_chunk_work(work, s->T, N, s->doc_len);
-    ring_chunks_balance(chunks, order, work, N);
-    double most = (double)ring_busiest_work(work, chunks, N);
+    *work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + 2 * sizeof(int)), "the ring's shares");
+    *chunks = (int*)(*work + 2 * N);
+    ring_packed_chunk_work(*work, s->T, N, s->doc_len);
+    return ring_chunks_balance(*chunks, *chunks + 2 * N, *work, N);
+}
+
+/* Attended pairs of the busiest ring member, which the ring's steps wait
+ * for; without documents the zigzag gives every member 1/N of them. */
+static inline double spec_busiest_member_pairs(const PlanSpec* s) {
+    int64_t* work;
+    int* chunks;
+    spec_ring_pairing(s, &work, &chunks);
+    double most = (double)ring_busiest_work(work, chunks, plan_context_parallel(s));
     free(work);
     return most;
 }

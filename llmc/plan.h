@@ -140,8 +140,8 @@ typedef struct {
 } RingLink;
 
 /* PlanSpec.documents: the flags of packed documents (llmc/documents.h) whose
- * device buffers the GPU plans: the starts (--reset-attention-mask or
- * --reset-position-ids), the position runs (--reset-position-ids). */
+ * buffers the plan holds: the starts (--reset-attention-mask or
+ * --reset-position-ids), and on the GPU the position runs (--reset-position-ids). */
 enum { PLAN_DOC_STARTS = 1, PLAN_DOC_POSITIONS = 2 };
 
 typedef struct {

@@ -47,19 +47,17 @@ static inline void plan_print_ring(const MemoryPlan* p, const CostModel* cm, FIL
             mib(size_mul_sat(size_mul_sat((size_t)(N - 1), kv), (size_t)L)), L, saved > 0 ? 1e3 * saved * L * micro : 0.0);
 }
 
-/* The plan's own mix: its -r flag, predicted step time and extra time. */
 /* --plan-doc-len under the ring: each member's share of the attended pairs
  * of documents of doc_len tokens packed from position 0, with the zigzag
  * chunks and with the chunks paired by their work as the loader pairs them
- * (ring_chunks_balance). */
+ * (spec_ring_pairing). */
 static inline void plan_print_ring_shares(const PlanSpec* s, FILE* out) {
     int N = plan_context_parallel(s);
-    int64_t* work = (int64_t*)malloc_check(2 * (size_t)N * (sizeof(int64_t) + 2 * sizeof(int)), "the ring's shares");
-    int *chunks = (int*)(work + 2 * N), *order = chunks + 2 * N;
-    ring_packed_chunk_work(work, s->T, N, s->doc_len);
+    int64_t* work;
+    int* chunks;
+    int moved = spec_ring_pairing(s, &work, &chunks);
     char zigzag[1024], paired[1024];
     double busiest_zigzag = ring_member_shares(work, NULL, N, zigzag, sizeof(zigzag));
-    int moved = ring_chunks_balance(chunks, order, work, N);
     double busiest = ring_member_shares(work, chunks, N, paired, sizeof(paired));
     fprintf(out, "  ring members' shares of the attended pairs: %s with the zigzag chunks (the busiest %.3fx the mean)", zigzag, busiest_zigzag);
     if (moved) fprintf(out, ", %s paired by their work (%.3fx)\n", paired, busiest);
@@ -67,6 +65,7 @@ static inline void plan_print_ring_shares(const PlanSpec* s, FILE* out) {
     free(work);
 }
 
+/* The plan's own mix: its -r flag, predicted step time and extra time. */
 static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     const PlanSpec* s = &p->spec;
     CostModel cm = spec_cost_model(s);

@@ -462,9 +462,8 @@ static inline void resolve_auto_segments(Run* run, PlanSpec* spec) {
         best_k = K;
     }
     spec->segment_layers = best_k;
-    plan_choice_broadcast(run, spec);
-    run->opt.segment_layers = spec->segment_layers;
-    best_k = spec->segment_layers;
+    plan_choice_broadcast(run, spec); /* rank 0's K, as for -r auto */
+    best_k = run->opt.segment_layers = spec->segment_layers;
     fprintf(setup_notes(&run->opt), "segments auto: --segment-layers %d (%s; budget %.1f MiB, %s)\n", best_k,
             found ? "the fastest predicted that fits" : "none fits: the least memory", mib(budget), source);
 }
