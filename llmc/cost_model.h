@@ -291,10 +291,7 @@ static inline Work work_add(Work a, Work b, double k) {
  * with packed documents of doc_len tokens (--plan-doc-len with
  * --reset-attention-mask, docs/documents.md) each document's. */
 static inline double spec_attended_pairs(const PlanSpec* s) {
-    const double T = s->T, L = s->doc_len;
-    if (s->doc_len <= 0 || s->doc_len >= s->T) return T * (T + 1.0) / 2.0;
-    const double whole = floor(T / L), rest = T - whole * L;
-    return whole * L * (L + 1.0) / 2.0 + rest * (rest + 1.0) / 2.0;
+    return (double)packed_pairs_below(s->T, s->doc_len > 0 && s->doc_len < s->T ? s->doc_len : s->T);
 }
 
 /* The ring's chunks for documents of doc_len tokens packed back to back
