@@ -34,7 +34,7 @@ else
   MPI_FLAGS =
 endif
 
-HEADERS = $(wildcard llmc/*.h)
+HEADERS = $(wildcard llmc/*/*.h)
 
 .PHONY: all test test-bins deps clean fuzz
 

@@ -64,9 +64,9 @@ NVCC_LDLIBS = -lcublasLt -lcublas -lgomp
 NVCC_TEST_FLAGS = -Xcompiler -Wno-unused-function $(if $(strip $(CPU_ARCH)),-Xcompiler $(strip $(CPU_ARCH)))
 NVCC_TEST_LDLIBS =
 
-CUDA_DEPS = $(wildcard llmc/*.h llmc/*.cuh)
+CUDA_DEPS = $(wildcard llmc/*/*.h llmc/*/*.cuh)
 
-# ---- several GPUs: NCCL + MPI (llmc/multigpu.cuh) ----
+# ---- several GPUs: NCCL + MPI (llmc/cuda/multigpu.cuh) ----
 # train_gpt and build/train_gpt_<precision> are built with -DUSE_MPI -DMULTI_GPU
 # (one process per GPU under mpirun or srun, NCCL collectives) when both nccl.h
 # with libnccl.so and an OpenMPI mpicc (for --showme:compile/--showme:link) are
@@ -150,7 +150,7 @@ $(BUILD)/bench_memory_%: dev/bench/bench_memory.cu $(CUDA_DEPS)
 
 # The attention kernels' register budgets, stack frames and spills, asserted
 # at build (dev/ptxas_check.py on dev/ptxas_attention.cu, BF16 and FP16): sm_90
-# whatever GPU_COMPUTE_CAPABILITY, as the budgets (llmc/attention_mma.cuh's
+# whatever GPU_COMPUTE_CAPABILITY, as the budgets (llmc/cuda/attention_mma.cuh's
 # AttMmaRegs) are sm_90 figures. The report is kept in build/ptxas_attention_*.log.
 cuda-all: $(BUILD)/ptxas_attention_bf16.ok $(BUILD)/ptxas_attention_fp16.ok
 $(BUILD)/ptxas_attention_%.ok: dev/ptxas_attention.cu dev/ptxas_check.py $(CUDA_DEPS)

@@ -483,7 +483,7 @@ static DropoutState step_dropout(const Case* c, int step) {
     return d;
 }
 
-/* The GPU's forward and backward of one step, as llmc/trainer.h's train_step
+/* The GPU's forward and backward of one step, as llmc/run/trainer.h's train_step
  * under loss scaling; r gets the losses and the unscaled gradients and norm. */
 static void gpu_step_gradients(GpuModel* gm, StepRecord* r, const Case* c) {
     gpu_zero_grads(gm);
@@ -1754,7 +1754,7 @@ static void check_attention_blocks(const Shape* sh, int B, int Tc, float dropout
     printf("%s: %s, %s Tc=%d\n", g_failures == fails_before ? "PASS" : "FAIL", what, sh->name, Tc);
 }
 
-/* ---- packed documents (llmc/documents.h) ----
+/* ---- packed documents (llmc/core/documents.h) ----
  * Rows of T tokens cut into documents: row 0 from a cycle of lengths 31, 1,
  * 32, 17, 46, 5, 130, 33 (starts at 31, 32, 64, 127: a tile's last key, a
  * tile's and a 64-row block's first row, a block's last row; a one-token

@@ -17,15 +17,15 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#include "llmc/trainer.h"
+#include "llmc/run/trainer.h"
 
-#include "llmc/cpu_real.h"
-#include "llmc/cpu_matmul.h"
-#include "llmc/cpu_offload.h"
-#include "llmc/cpu_adamw.h"
-#include "llmc/cpu_data_parallel.h"
-#include "llmc/cpu_calibrate.h"
-#include "llmc/cpu_ring.h" /* context parallelism: attention_block_* below on llmc/ring.h's schedule */
+#include "llmc/cpu/cpu_real.h"
+#include "llmc/cpu/cpu_matmul.h"
+#include "llmc/cpu/cpu_offload.h"
+#include "llmc/cpu/cpu_adamw.h"
+#include "llmc/cpu/cpu_data_parallel.h"
+#include "llmc/cpu/cpu_calibrate.h"
+#include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_block_* below on llmc/core/ring.h's schedule */
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5
@@ -310,7 +310,7 @@ static void gelu_backward(real* d, const real* x, size_t n) {
 
 /* ------------------------------------------------------------------------ */
 /* dropout at the embedding and residual sites, elementwise over n values of */
-/* a (B,T,C) tensor (llmc/dropout.h: one generator call per 8 elements)       */
+/* a (B,T,C) tensor (llmc/core/dropout.h: one generator call per 8 elements)       */
 
 /* Element e's factor at site s given its call's words: 1/keep or 0. A select,
  * not a product with 0, so a dropped inf stays out of the sum. */
@@ -418,13 +418,13 @@ typedef struct {
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
     ContextGroups cp;            /* context parallelism: this rank's place in its group (group_size 1: off) */
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
-    CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu_ring.h) */
+    CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu/cpu_ring.h) */
     size_t shard_start, shard_count; /* parameters this rank updates */
     CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
-    DocumentOptions docs;        /* packed documents (llmc/documents.h; eot_token -1: off) */
+    DocumentOptions docs;        /* packed documents (llmc/core/documents.h; eot_token -1: off) */
     int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start; NULL without documents) */
     int* ring_chunks;            /* (2N) which chunks each member of the group holds in the current call (Backend.ring_chunks) */
 } CpuModel;
@@ -677,7 +677,7 @@ static void block_backward(CpuModel* m, int l) {
     for (int r0 = 0; r0 < N; r0 += K) block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
 }
 
-/* offloaded checkpoints: llmc/cpu_offload.h, on this call's B*T tokens */
+/* offloaded checkpoints: llmc/cpu/cpu_offload.h, on this call's B*T tokens */
 static void offload_copy(CpuModel* m, int l, int to_host) { cpu_offload_copy(&m->offload, l, (size_t)m->B * m->T, to_host); }
 static void offload_release(CpuModel* m, int l) { cpu_offload_release(&m->offload, l, (size_t)m->B * m->T); }
 
@@ -717,7 +717,7 @@ static int argmax_row(const real* row, int V) {
 }
 
 /* Whether row n's loss counts: not where its input is end of text under
- * --eod-mask-loss (llmc/documents.h). */
+ * --eod-mask-loss (llmc/core/documents.h). */
 static inline int loss_counts(const CpuModel* m, const int* inputs, int n) {
     return !m->docs.eod_mask_loss || inputs[n] != m->docs.eot_token;
 }
@@ -799,9 +799,9 @@ static void model_backward(CpuModel* m, const int* inputs) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* data parallelism over MPI (llmc/multiproc.h)                               */
+/* data parallelism over MPI (llmc/core/multiproc.h)                               */
 
-/* Sums gradients across ranks (llmc/cpu_data_parallel.h). */
+/* Sums gradients across ranks (llmc/cpu/cpu_data_parallel.h). */
 static void cpu_sync_grads(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
     cpu_sum_grads(m->grads, m->plan->num_params, m->zero);
@@ -811,7 +811,7 @@ static void cpu_sync_grads(void* ctx) {
 /* optimizer                                                                  */
 
 /* Norm over this rank's shard (all parameters without ZeRO), summed across
- * ranks when the gradients are sharded (llmc/cpu_adamw.h). */
+ * ranks when the gradients are sharded (llmc/cpu/cpu_adamw.h). */
 static float cpu_grad_norm(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
     double total = cpu_grad_sumsq(m->grads + m->shard_start, m->shard_count);
@@ -976,7 +976,8 @@ static void cpu_model_free(CpuModel* m) {
 int main(int argc, char** argv) {
     proc_init(&argc, &argv);
     Run run;
-    run_setup(&run, argc, argv, FOR_CPU, (int)sizeof(real), (int)sizeof(real), 0, 0, CPU_LOGITS_CHUNK_ROWS);
+    const TrainerTraits cpu_trainer = {FOR_CPU, (int)sizeof(real), (int)sizeof(real), 0, 0, CPU_LOGITS_CHUNK_ROWS};
+    run_setup(&run, argc, argv, &cpu_trainer);
     run_print_header(&run);
 #ifdef _OPENMP
     printf("threads: %d (OpenMP)\n", omp_get_max_threads());

@@ -1,10 +1,10 @@
 /*
  * remat CUDA trainer: GPT-2 on one GPU, hand-written kernels (one .cuh per
  * op family in llmc/) and cuBLASLt matmuls; on several GPUs, one process per
- * GPU, with NCCL (llmc/multigpu.cuh: built with MULTI_GPU).
+ * GPU, with NCCL (llmc/cuda/multigpu.cuh: built with MULTI_GPU).
  *
  * The same model, flags, files and output as the CPU reference train_gpt.c,
- * through the shared driver in llmc/trainer.h; this file supplies the
+ * through the shared driver in llmc/run/trainer.h; this file supplies the
  * Backend. It mirrors train_gpt.c function by function (gpu_model_create,
  * gpu_block_forward_qkv/_mlp, gpu_block_forward, gpu_block_backward_mlp/_qkv,
  * gpu_block_backward, gpu_classifier, gpu_model_backward, gpu_backend,
@@ -23,22 +23,22 @@
  *
  * Status: see the status table in README.md.
  */
-#include "llmc/trainer.h"
-#include "llmc/cuda_common.cuh"
-#include "llmc/encoder.cuh"
-#include "llmc/layernorm.cuh"
-#include "llmc/matmul.cuh"
-#include "llmc/attention.cuh"
-#include "llmc/gelu.cuh"
-#include "llmc/dropout.cuh"
-#include "llmc/classifier.cuh"
-#include "llmc/adamw.cuh"
-#include "llmc/global_norm.cuh"
-#include "llmc/multigpu.cuh"
-#include "llmc/grad_accum.cuh"
-#include "llmc/profile.cuh"
-#include "llmc/nvtx_regions.cuh"
-#include "llmc/offload.cuh"
+#include "llmc/run/trainer.h"
+#include "llmc/cuda/cuda_common.cuh"
+#include "llmc/cuda/encoder.cuh"
+#include "llmc/cuda/layernorm.cuh"
+#include "llmc/cuda/matmul.cuh"
+#include "llmc/cuda/attention.cuh"
+#include "llmc/cuda/gelu.cuh"
+#include "llmc/cuda/dropout.cuh"
+#include "llmc/cuda/classifier.cuh"
+#include "llmc/cuda/adamw.cuh"
+#include "llmc/cuda/global_norm.cuh"
+#include "llmc/cuda/multigpu.cuh"
+#include "llmc/cuda/grad_accum.cuh"
+#include "llmc/cuda/profile.cuh"
+#include "llmc/cuda/nvtx_regions.cuh"
+#include "llmc/cuda/offload.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -128,7 +128,7 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
-    /* packed documents (llmc/documents.h): the device buffers are the plan's (documents.*), B*T ints each */
+    /* packed documents (llmc/core/documents.h): the device buffers are the plan's (documents.*), B*T ints each */
     DocumentOptions docs;
     int* h_doc_start;           /* pinned (B,T): the loader's starts (Backend.doc_start), or sampling's */
     int* doc_start;             /* device copy, uploaded with the tokens */
@@ -349,10 +349,10 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
 }
 
 /* ------------------------------------------------------------------------ */
-/* attention as a ring (context parallelism): llmc/ring.h's schedule, step
+/* attention as a ring (context parallelism): llmc/core/ring.h's schedule, step
  * for step train_gpt.c's ring_attention_forward/backward, while the ring
  * stream sends the K/V block on to the next member and receives the next
- * into the other buffer (llmc/multigpu.cuh). Two events order each
+ * into the other buffer (llmc/cuda/multigpu.cuh). Two events order each
  * transfer: one recorded on compute before it makes it wait for the compute
  * issued so far (the block sent is packed or has arrived; the buffer
  * received into was last read by the step before), and multigpu_ring_join
@@ -363,7 +363,7 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
 /* The device document starts attention masks with (NULL: none). */
 static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->docs.reset_attention_mask ? m->doc_start : NULL; }
 
-/* The chunk pairs of ring step `step` to launch (llmc/ring.h's, chosen on
+/* The chunk pairs of ring step `step` to launch (llmc/core/ring.h's, chosen on
  * the host copy of the document starts), each pointed at the device copy. */
 static int gpu_ring_step_blocks(const GpuModel* m, int step, int keep_first, RingBlock out[4]) {
     const int* device_starts = gpu_attention_doc_start(m);
@@ -599,7 +599,7 @@ static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles,
 }
 
 /* The gradient slices of one group: layer l's 12 tensors, or with -1 the
- * embeddings' and the final LayerNorm's (llmc/grad_accum.cuh). */
+ * embeddings' and the final LayerNorm's (llmc/cuda/grad_accum.cuh). */
 static GradSlices gpu_grad_group(const GpuModel* m, int layer) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
@@ -777,7 +777,7 @@ static void gpu_upload_tokens(GpuModel* m, const int* inputs, const int* targets
     CUDA_CHECK(cudaMemcpyAsync(m->pos_runs, m->h_pos_runs, (size_t)m->pos_run_count * 3 * sizeof(int), cudaMemcpyHostToDevice, m->stream));
 }
 
-/* Packed documents (llmc/documents.h): what the passes after it mask; the
+/* Packed documents (llmc/core/documents.h): what the passes after it mask; the
  * host buffers are made on the first call that needs them; the device ones
  * are the plan's (spec.documents, from the same flags). */
 static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
@@ -1060,7 +1060,7 @@ static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     if (!path || step != m->prof.step) return;
     LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0};
     offload_timing_collect(&m->off, &host);
-    if (m->cp.group_size > 1) { /* the ring's link (llmc/ring.h's timing messages) */
+    if (m->cp.group_size > 1) { /* the ring's link (llmc/core/ring.h's timing messages) */
         size_t kv = plan_ring_kv_bytes(&m->plan->spec);
         for (int i = 0; i < RING_TIMING_MESSAGES; i++)
             multigpu_time_ring(m->mg, m->stream, m->ring_kv[0], m->ring_kv[1], ring_timing_bytes(kv, i), &ring);
@@ -1077,7 +1077,7 @@ static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     cost_model_add_links(s, &host, &ring, &cm);
     snprintf(cm.name, sizeof(cm.name), "%.120s %s, calibrated at B=%d T=%d", g_device_name[0] ? g_device_name : "GPU", PRECISION_NAME, s->B, s->T);
     char how[128];
-    snprintf(how, sizeof(how), "from the profile of step %d (REMAT_PROFILE), see llmc/cost_model.h", step);
+    snprintf(how, sizeof(how), "from the profile of step %d (REMAT_PROFILE), see llmc/plan/cost_model.h", step);
     cost_model_write(&cm, path, how);
     printf("cost model: %s written to %s (matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s from %.0f timed copy groups of %.0f bytes,"
            " ring %.3g B/s and %.3g s a message from %.0f timed messages)\n",
@@ -1235,7 +1235,8 @@ int main(int argc, char** argv) {
     remat_attention_family_hook = gpu_attention_family;
     profile_cost_model_path(); /* a bad setting stops the run now, not after step N */
     Run run;
-    run_setup(&run, argc, argv, FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS);
+    const TrainerTraits gpu_trainer = {FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS};
+    run_setup(&run, argc, argv, &gpu_trainer);
     /* --plan and --plan-json, which price both, have exited in run_setup */
     int master_weights = run.plan.spec.master_weights;
     MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */

@@ -65,7 +65,7 @@ def pct(x):
     return f"+{100 * x:.0f}%"
 
 
-# ---- the flag table: --help, and the GPU-only flags from llmc/cli.h's table ----
+# ---- the flag table: --help, and the GPU-only flags from llmc/core/cli.h's table ----
 
 HELP_LINE = re.compile(r"^  (-[-a-z0-9]+)(?: [A-Z])?\s+(.*) \[(.*)\]$")
 
@@ -80,7 +80,7 @@ def default_cell(d):
 
 
 def gpu_only_flags():
-    src = (REPO / "llmc" / "cli.h").read_text()
+    src = (REPO / "llmc" / "core" / "cli.h").read_text()
     rows = []
     for name, field, help_text in re.findall(r'\{"(-[-a-z0-9]+)", FLAG_\w+, OPT\((\w+)\), [^,]+, [^,]+, FOR_GPU, "([^"]*)"\}', src):
         default = re.search(rf"o->{field} = ([^;]+);", src)
@@ -180,8 +180,8 @@ def table_cpu_gpu_functions():
     """Each function of the CPU reference (train_gpt.c, llmc/cpu_*.h) whose
     GPU twin is named gpu_ + its name (less a cpu_ prefix), and where that
     twin is defined: the map from one trainer to the other."""
-    cpu_files = [REPO / "train_gpt.c", *sorted((REPO / "llmc").glob("cpu_*.h"))]
-    gpu_files = [REPO / "train_gpt.cu", *sorted((REPO / "llmc").glob("*.cuh"))]
+    cpu_files = [REPO / "train_gpt.c", *sorted((REPO / "llmc" / "cpu").glob("*.h"))]
+    gpu_files = [REPO / "train_gpt.cu", *sorted((REPO / "llmc" / "cuda").glob("*.cuh"))]
     gpu_home = {}
     for f in gpu_files:
         for name in C_DEFINITION.findall(f.read_text()):

@@ -4,7 +4,7 @@
 # Stages in order of value, so that the first ones finish inside any budget:
 #   1. build every CUDA target for sm_90 in BF16, FP32 and FP16 (make cuda-all),
 #      then dev/ptxas_check.py (BF16, FP16): any register spill, or attention
-#      registers above llmc/attention_mma.cuh's budgets (AttMmaRegs), fails loudly
+#      registers above llmc/cuda/attention_mma.cuh's budgets (AttMmaRegs), fails loudly
 #   2. the default kernels correct: test_gpt in each precision, BF16 first with
 #      CUDA_LAUNCH_BLOCKING=1 (GPU against the CPU reference, bitwise
 #      equality across -r settings, loss scaling, inf/NaN gradients)
@@ -174,7 +174,7 @@ SUMMARY+=("| build, sm_90, bf16 + fp32 + fp16 (make cuda-all + train_gpt_nompi_b
 
 # ptxas -v of every kernel test_gpt instantiates (BF16 and FP16): any spill,
 # or an mma attention kernel above its register budget (AttMmaRegs)
-# (llmc/attention_mma.cuh), fails this stage loudly (its lines in the table).
+# (llmc/cuda/attention_mma.cuh), fails this stage loudly (its lines in the table).
 for p in bf16 fp16; do
     P=$(echo "$p" | tr a-z A-Z)
     stage "ptxas_$p" 240 python3 dev/ptxas_check.py --define "ENABLE_$P"

@@ -2,4 +2,4 @@
  * trainer launches), for dev/ptxas_check.py's register budgets and spill check
  * at build time (`make cuda-all`): a translation unit far quicker to compile
  * than test_gpt.cu. */
-#include "llmc/attention.cuh"
+#include "llmc/cuda/attention.cuh"

@@ -3,7 +3,7 @@
 
 Why: the mma attention kernels sit near the 255-register limit, and a spill
 (local-memory traffic in the inner loop) or a register count that changes
-the blocks per SM would cost speed silently; llmc/attention_mma.cuh states a
+the blocks per SM would cost speed silently; llmc/cuda/attention_mma.cuh states a
 register budget for each (AttMmaRegs: ATT_MMA_MAX_REGS, with headroom below
 255) that its occupancy arithmetic relies on (AttMmaResources). This compiles
 a translation unit that instantiates the kernels (default: test_gpt.cu, every
@@ -53,21 +53,21 @@ def demangle(names):
 
 
 def source_budgets():
-    """The register budgets llmc/attention_mma.cuh states (AttMmaRegs):
+    """The register budgets llmc/cuda/attention_mma.cuh states (AttMmaRegs):
     {demangled-name substring: max registers} for the mma kernels at head
     sizes 64 and 128, whole sequence (<HS, false>) and attention block
     (<HS, true>), and the stack cap in bytes. The names leave the template
     argument list open, so a kernel that gains a parameter (<HS, BLOCK, ...>)
     stays budgeted."""
-    text = (REPO / "llmc" / "attention_mma.cuh").read_text()
+    text = (REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text()
     defines = {}
     for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_BLOCK64", "ATT_MMA_MAX_STACK_BYTES"):
         m = re.search(r"^#define\s+" + name + r"\s+(\d+)\s*$", text, re.M)
         if not m:
-            sys.exit(f"ptxas_check: llmc/attention_mma.cuh: #define {name} not found (update dev/ptxas_check.py)")
+            sys.exit(f"ptxas_check: llmc/cuda/attention_mma.cuh: #define {name} not found (update dev/ptxas_check.py)")
         defines[name] = int(m.group(1))
     if not re.search(r"DQ\s*=\s*HS\s*==\s*64\s*&&\s*BLOCK\s*\?\s*ATT_MMA_MAX_REGS_DQ_BLOCK64\s*:\s*ATT_MMA_MAX_REGS", text):
-        sys.exit("ptxas_check: llmc/attention_mma.cuh: AttMmaRegs' DQ budget not found (update dev/ptxas_check.py)")
+        sys.exit("ptxas_check: llmc/cuda/attention_mma.cuh: AttMmaRegs' DQ budget not found (update dev/ptxas_check.py)")
     got = {}
     for kernel in ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
         for hs in (64, 128):
@@ -107,7 +107,7 @@ def main():
     ap.add_argument("--define", action="append", default=None, help="a -D macro (default ENABLE_BF16)")
     ap.add_argument("--expect", action="append", default=[], help="NAME=REGS: the kernel whose demangled name contains NAME uses REGS")
     ap.add_argument("--budget", action="append", default=[], help="NAME=MAX: the kernel whose demangled name contains NAME uses at most MAX "
-                    "registers and a stack frame of at most --max-stack bytes (besides llmc/attention_mma.cuh's budgets)")
+                    "registers and a stack frame of at most --max-stack bytes (besides llmc/cuda/attention_mma.cuh's budgets)")
     ap.add_argument("--max-stack", type=int, default=None, help="stack frame cap of --budget kernels (default: ATT_MMA_MAX_STACK_BYTES, or 0)")
     ap.add_argument("--no-source-asserts", action="store_true", help="no register budgets (for a source without the attention kernels)")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
@@ -159,7 +159,7 @@ def main():
             problems.append(f"{want}: budgeted at {budget} registers, but no such kernel in the ptxas report")
         for k in hits:
             if kernels[k]["regs"] > budget:
-                problems.append(f"{names[k]}: {kernels[k]['regs']} registers, above its budget of {budget} (llmc/attention_mma.cuh AttMmaRegs)")
+                problems.append(f"{names[k]}: {kernels[k]['regs']} registers, above its budget of {budget} (llmc/cuda/attention_mma.cuh AttMmaRegs)")
             if kernels[k].get("stack", 0) > max_stack:
                 problems.append(f"{names[k]}: {kernels[k]['stack']} bytes stack frame, above ATT_MMA_MAX_STACK_BYTES {max_stack}")
     print(f"ptxas_check: {len(kernels)} functions in the report; registers of the budgeted and asserted kernels:")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-GPU check of the multi-GPU build: the NCCL path (llmc/multigpu.cuh) runs
+# One-GPU check of the multi-GPU build: the NCCL path (llmc/cuda/multigpu.cuh) runs
 # with one rank and gives exactly the losses, gradient norms and validation
 # losses of the plain single-process build. One GPU exercises everything but
 # the arithmetic of a sum over ranks: NCCL setup, the per-layer gradient

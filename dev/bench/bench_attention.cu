@@ -1,8 +1,8 @@
 /*
  * bench_attention: the causal attention kernels alone on the GPU, all three
  * families side by side in one process on the same inputs: CUDA cores (simt,
- * llmc/attention.cuh), WMMA (tc, llmc/attention_tc.cuh) and inline-PTX
- * mma.sync/ldmatrix/cp.async (mma, llmc/attention_mma.cuh; head sizes 64 and
+ * llmc/cuda/attention.cuh), WMMA (tc, llmc/cuda/attention_tc.cuh) and inline-PTX
+ * mma.sync/ldmatrix/cp.async (mma, llmc/cuda/attention_mma.cuh; head sizes 64 and
  * 128, other head sizes run tc and say so): forward and backward time,
  * TFLOP/s, and how far each one's outputs are from the CUDA-core ones (the
  * first family run: the reference); then
@@ -39,10 +39,10 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include "llmc/attention.cuh"
-#include "llmc/rand.h"
+#include "llmc/cuda/attention.cuh"
+#include "llmc/core/rand.h"
 
-#include "llmc/ptx.cuh"
+#include "llmc/cuda/ptx.cuh"
 
 #if PRECISION_IS_FP32 || !ATTENTION_TENSOR_CORES
 #error "bench_attention compares the tensor-core kernels with the CUDA-core ones: build it in BF16 or FP16, without ATTENTION=simt"

@@ -17,7 +17,7 @@ excluded from the step time. Prints markdown tables.
 The H200 table uses train_gpt's plan when it is built (bf16 storage, the GPU's
 buffers), else train_gpt_cpu's with --cost-model h200 (fp32 storage: twice the
 activation bytes), and says which. Predicted times come from the time model
-(llmc/cost_model.h) with the NVLink link: compiles, unverified on a GPU.
+(llmc/plan/cost_model.h) with the NVLink link: compiles, unverified on a GPU.
 """
 import argparse
 import json

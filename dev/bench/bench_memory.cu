@@ -1,5 +1,5 @@
 /*
- * bench_memory: the memory-bound kernels (llmc/layernorm.cuh, gelu.cuh,
+ * bench_memory: the memory-bound kernels (llmc/cuda/layernorm.cuh, gelu.cuh,
  * classifier.cuh, adamw.cuh, encoder.cuh, matmul.cuh's bias gradient) on
  * their 16-byte vector path and, side by side in the same process on the
  * same data, on their scalar path (every buffer one element off 16-byte
@@ -11,12 +11,12 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include "llmc/layernorm.cuh"
-#include "llmc/gelu.cuh"
-#include "llmc/classifier.cuh"
-#include "llmc/adamw.cuh"
-#include "llmc/encoder.cuh"
-#include "llmc/matmul.cuh"
+#include "llmc/cuda/layernorm.cuh"
+#include "llmc/cuda/gelu.cuh"
+#include "llmc/cuda/classifier.cuh"
+#include "llmc/cuda/adamw.cuh"
+#include "llmc/cuda/encoder.cuh"
+#include "llmc/cuda/matmul.cuh"
 
 static floatX* dev_floatX(size_t n) {
     floatX* p = NULL;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The time model (llmc/cost_model.h) against the CPU reference's own steps:
+"""The time model (llmc/plan/cost_model.h) against the CPU reference's own steps:
 calibrate on one run, then predict and measure each setting side by side.
 
     python3 dev/bench/predict_vs_measure.py [--rounds 5] [--steps 3] [--threads 2] [--tile 256] [-- SHAPE FLAGS...]

@@ -5,7 +5,7 @@ For each model, sequence length T and recompute mode (-r 0, 2, 3, 1 on every
 layer), at B=4, one cell reports:
   planned bytes   the trainer's own plan (--plan-json; needs no GPU)
   predicted       the plan's predicted ms/step and extra time over -r 0 from the
-                  trainer's time model (llmc/cost_model.h: its GPU's defaults, or
+                  trainer's time model (llmc/plan/cost_model.h: its GPU's defaults, or
                   --cost-model FILE, e.g. one calibrated by REMAT_PROFILE_COST_MODEL),
                   beside the measured ones
   measured peak   device memory in use after step 1, as the trainer prints it
@@ -169,7 +169,7 @@ def ensure_model_file(model, cfg, args):
 # ---- one cell on the GPU --------------------------------------------------------------------
 
 def run_cell(exe, model_file, shard, T, mode, args, timeout):
-    # one step more than timed: the last is profiled (llmc/profile.cuh) and left out of ms/step
+    # one step more than timed: the last is profiled (llmc/cuda/profile.cuh) and left out of ms/step
     cmd = [str(exe), "-e", str(model_file), "-b", str(args.b), "-t", str(T), "-r", mode, "-x", str(args.steps + 1),
            "-i", str(shard), "-j", "", "-v", "0", "-s", "0"]
     t0 = time.time()

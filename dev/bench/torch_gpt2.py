@@ -11,8 +11,8 @@ optionally torch.compile. Nothing here is tuned to win or to lose.
 What makes the comparison fair:
   - the flags and their defaults are remat's (-e d12, -b, -t, -x, -i, -l, -u,
     -q, -k, -c, --beta1, --beta2, --eps, --grad-clip, --seed);
-  - the weights: -e dN initialises exactly as remat does (llmc/model.h and
-    llmc/rand.h: the same counter-based normal draws from --seed), and -e FILE
+  - the weights: -e dN initialises exactly as remat does (llmc/core/model.h and
+    llmc/core/rand.h: the same counter-based normal draws from --seed), and -e FILE
     (or --model FILE) loads an llm.c / remat model file, version 3 (fp32) or
     5 (bf16);
   - the data: token shards in remat's format, read in remat's order without
@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.join(REPO, "dev", "data"))
 import datafile  # noqa: E402  (remat's shard reader)
 
 MODEL_MAGIC = 20240326
-# remat's descriptors (llmc/model.h config_from_descriptor): layers, heads, channels
+# remat's descriptors (llmc/core/model.h config_from_descriptor): layers, heads, channels
 DESCRIPTORS = {"d6": (6, 6, 384), "d12": (12, 12, 768), "d24": (24, 16, 1024), "d36": (36, 20, 1280),
                "d48": (48, 25, 1600)}
 # the 16 tensors of a model file, in file order (docs/FORMATS.md)
@@ -117,7 +117,7 @@ def read_model_file(path):
 
 
 # ---------------------------------------------------------------------------
-# remat's initialisation, bit for bit (llmc/rand.h, llmc/model.h param_init_chunk)
+# remat's initialisation, bit for bit (llmc/core/rand.h, llmc/core/model.h param_init_chunk)
 #
 # Every value is a pure function of (seed, tensor index, element index): a
 # SplitMix64-style hash gives two 53-bit uniforms, Box-Muller in double, then
@@ -300,7 +300,7 @@ class GPT2(nn.Module):
 
 
 # ---------------------------------------------------------------------------
-# data: remat's order without shuffling (llmc/dataloader.h, one process)
+# data: remat's order without shuffling (llmc/core/dataloader.h, one process)
 
 
 class Loader:
@@ -344,7 +344,7 @@ class Loader:
 
 
 def learning_rate(schedule, peak, final_frac, warmup, step, total):
-    """llmc/schedule.h, with its float32 roundings; step is 0-based."""
+    """llmc/run/schedule.h, with its float32 roundings; step is 0-based."""
     f32 = np.float32
     if step < warmup:
         return float(f32(peak) * f32(step + 1) / f32(warmup))

@@ -26,7 +26,7 @@
 #include <cuda_fp16.h>
 #include <cublasLt.h>
 #include <mma.h>
-#include "llmc/nvtx_regions.cuh" /* the trainer's NVTX calls, without a plan */
+#include "llmc/cuda/nvtx_regions.cuh" /* the trainer's NVTX calls, without a plan */
 #include <emu/ptx.h>
 #include <math.h>
 #include <stdio.h>

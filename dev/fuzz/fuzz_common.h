@@ -14,7 +14,7 @@
 #include <setjmp.h>
 #include <stdint.h>
 #include <stddef.h>
-#include "llmc/utils.h"
+#include "llmc/core/utils.h"
 
 static jmp_buf fuzz_jump;
 static FILE* fuzz_last_open;

@@ -1,8 +1,8 @@
 /* The checkpoint directory scan: file names (DONE_, model_, state_), the DONE
  * marker's text, and the log lines a resume keeps. */
 #include "dev/fuzz/fuzz_common.h"
-#include "llmc/checkpoint.h"
-#include "llmc/logger.h"
+#include "llmc/core/checkpoint.h"
+#include "llmc/run/logger.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_setup();

@@ -2,7 +2,7 @@
  * set of --recompute-layers over 1..64 layers (the first byte) and the byte
  * size of --mem-budget, as the trainer parses them. */
 #include "dev/fuzz/fuzz_common.h"
-#include "llmc/cli.h"
+#include "llmc/core/cli.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (size < 1 || size > 4096) return 0;

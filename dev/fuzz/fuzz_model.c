@@ -1,6 +1,6 @@
 /* Model files, versions 3 (fp32) and 5 (bf16): header, size, then payload reads. */
 #include "dev/fuzz/fuzz_common.h"
-#include "llmc/model.h"
+#include "llmc/core/model.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_setup();

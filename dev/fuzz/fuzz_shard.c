@@ -1,7 +1,7 @@
 /* Token shards: header, exact size, every token below the vocabulary size
  * (the first input byte picks V among a few). */
 #include "dev/fuzz/fuzz_common.h"
-#include "llmc/dataloader.h"
+#include "llmc/core/dataloader.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static const int vocab[4] = {2, 64, 50257, 65536};

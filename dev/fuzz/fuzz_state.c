@@ -1,6 +1,6 @@
 /* Training-state files: header fields and size against the header. */
 #include "dev/fuzz/fuzz_common.h"
-#include "llmc/checkpoint.h"
+#include "llmc/core/checkpoint.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_setup();

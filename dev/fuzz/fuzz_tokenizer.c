@@ -1,7 +1,7 @@
 /* Tokenizer files, versions 1 and 2: header fields, token table, then
  * decoding every id around the table's ends and the end-of-text token. */
 #include "dev/fuzz/fuzz_common.h"
-#include "llmc/tokenizer.h"
+#include "llmc/core/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static Tokenizer tk;

@@ -20,7 +20,7 @@ JOBS = max(1, min(os.cpu_count() or 1, 4))
 
 
 def fp16_in_sources():
-    return re.search(r"typedef\s+__half\s+floatX", (REPO / "llmc/cuda_common.cuh").read_text()) is not None
+    return re.search(r"typedef\s+__half\s+floatX", (REPO / "llmc/cuda/cuda_common.cuh").read_text()) is not None
 
 
 PRECISIONS = ["bf16", "fp32", "fp16"]

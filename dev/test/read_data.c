@@ -1,12 +1,12 @@
 /*
  * Reads token shards and tokenizer files through the trainers' own loader
- * code (llmc/dataloader.h, llmc/tokenizer.h) and prints what it read, so the
+ * code (llmc/core/dataloader.h, llmc/core/tokenizer.h) and prints what it read, so the
  * Python tests can check that C reads exactly what Python wrote.
  *   read_data shards GLOB B T V [shuffle seed]   one line per batch of one epoch
  *   read_data tokenizer PATH                     "eot N", then "id hex" per token
  */
-#include "../../llmc/dataloader.h"
-#include "../../llmc/tokenizer.h"
+#include "../../llmc/core/dataloader.h"
+#include "../../llmc/core/tokenizer.h"
 
 static int dump_shards(const char* pattern, int B, int T, int V, int shuffle, int seed) {
     size_t BT = (size_t)B * T;

@@ -46,7 +46,7 @@ def test_checkpoint_model_file_is_llmc_format(tiny_shards, tmp_path):
     data = (tmp_path / "model_00000001.bin").read_bytes()
     header = np.frombuffer(data[:1024], dtype=np.int32)
     assert list(header[:8]) == [20240326, 3, 32, 64, 3, 4, 32, 128]
-    # slots 240-241: the run id, the same as in the DONE marker (llmc/checkpoint.h); the rest zero
+    # slots 240-241: the run id, the same as in the DONE marker (llmc/core/checkpoint.h); the rest zero
     assert not header[8:240].any() and not header[242:].any()
     run_id = int(np.frombuffer(header[240:242].tobytes(), dtype="<u8")[0])
     assert (tmp_path / "DONE_00000001").read_text() == f"run {run_id:016x}\n" and run_id != 0
@@ -111,7 +111,7 @@ def test_help_lists_every_flag_the_parser_takes():
     res = run([binary("train_gpt_cpu"), "--help"], check=True)
     flags = re.findall(r"^  (-[-a-z0-9]+)", res.stdout, re.M)
     assert len(flags) > 30
-    src = (REPO / "llmc/cli.h").read_text()
+    src = (REPO / "llmc/core/cli.h").read_text()
     table = re.findall(r'^\s*\{"(-[-a-z0-9]+)", FLAG_\w+, OPT\(\w+\), [^,]+, [^,]+, (FOR_\w+)', src, re.M)
     flags = [f for f in flags if f != "-h"]
     assert sorted(flags) == sorted(f for f, who in table if who != "FOR_GPU")

@@ -7,7 +7,7 @@
   --plan-json), so no number in the docs can go stale silently. The GPU plans
   need build/train_gpt_bf16 (make build/train_gpt_bf16 or make cuda-all: nvcc,
   no GPU); without it those blocks are skipped, saying so.
-- The flag table lists exactly the flags of llmc/cli.h's parser table.
+- The flag table lists exactly the flags of llmc/core/cli.h's parser table.
 """
 import re
 import subprocess
@@ -141,8 +141,8 @@ def test_generated_block_is_what_the_program_prints(path, name, body):
 
 
 def test_flag_table_lists_exactly_the_parsers_flags():
-    """Independent of the generator: the table's flags are llmc/cli.h's table's."""
-    src = (REPO / "llmc/cli.h").read_text()
+    """Independent of the generator: the table's flags are llmc/core/cli.h's table's."""
+    src = (REPO / "llmc/core/cli.h").read_text()
     parser = set(re.findall(r'^\s*\{"(-[-a-z0-9]+)", FLAG_\w+', src, re.M))
     text = (REPO / "docs/flags.md").read_text()
     rows = re.findall(r"^\| `(-[-a-z0-9]+)` \|", text, re.M)

@@ -1,5 +1,5 @@
 /*
- * Packed documents on the CPU reference (llmc/documents.h): built in fp32
+ * Packed documents on the CPU reference (llmc/core/documents.h): built in fp32
  * (build/test_documents) and in fp64 (build/test_documents_fp64, which adds
  * the finite differences). Rows of T = 24 tokens, end of text EOT = 36:
  *   row 0: a document cut by the packing (no end of text, 5 tokens), a

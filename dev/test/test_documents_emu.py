@@ -97,7 +97,7 @@ def test_mma_kernels_with_documents_emulated(precision):
     assert not others, others
 
 
-# Mutants of the mma kernels' document mask (llmc/attention_mma.cuh); each must fail MMA_CASES in BF16.
+# Mutants of the mma kernels' document mask (llmc/cuda/attention_mma.cuh); each must fail MMA_CASES in BF16.
 MMA_MUTANTS = {
     # the forward begins one key tile too late: the block's first rows lose their first keys
     "forward_tile_skipped_early": ("const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;\n    const int ntiles = max(",
@@ -123,14 +123,14 @@ MMA_MUTANTS = {
 
 @pytest.mark.parametrize("what", list(MMA_MUTANTS))
 def test_mma_document_mutants_apply(what):
-    assert_mutant_applies((REPO / "llmc" / "attention_mma.cuh").read_text(), "llmc/attention_mma.cuh", MMA_MUTANTS[what][0])
+    assert_mutant_applies((REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text(), "llmc/cuda/attention_mma.cuh", MMA_MUTANTS[what][0])
 
 
 @slow
 @pytest.mark.parametrize("what", list(MMA_MUTANTS))
 def test_mma_document_mutants_fail_emulated(tmp_path, what):
     built("emu_test_gpt_bf16")  # the runtime objects the mutant's build reuses
-    root = mutant_sources(tmp_path, {"llmc/attention_mma.cuh": MMA_MUTANTS[what]})
+    root = mutant_sources(tmp_path, {"llmc/cuda/attention_mma.cuh": MMA_MUTANTS[what]})
     exe, = built("emu_test_gpt_bf16", emu=root / "dev" / "emu", out=root / "build" / "emu")
     res = emu_run([exe, *MMA_CASES], timeout=900)
     assert res.returncode == 1 and re.search(r"^FAIL: documents", res.stdout, re.M), f"mutant {what} passes\n" + explain(res)

@@ -1,11 +1,11 @@
-/* The dropout generator alone (llmc/dropout.h): Philox4x32-10 against the
+/* The dropout generator alone (llmc/core/dropout.h): Philox4x32-10 against the
  * Random123 known-answer vectors, the attention draw layout as a bijection
  * onto (group, draw) that gives each mma.sync lane its own calls, and the
  * dropped fraction against the threshold's exact probability. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../../llmc/dropout.h"
+#include "../../llmc/core/dropout.h"
 
 static int failures = 0;
 #define CHECK(cond) do { if (!(cond)) { printf("FAIL line %d: %s\n", __LINE__, #cond); failures++; } } while (0)

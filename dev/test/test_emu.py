@@ -79,7 +79,7 @@ ATTENTION_DROPOUT_CASES = [c.replace("attention:", "dropout:", 1) for c in ATTEN
 # The mma kernels with attention dropout in the other block orders (the slow set): the 16-bit builds'
 # head sizes 64 and 128, T a multiple of no tile.
 MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333"], "fp16": ["dropout:hs64:64:1:300:70"], "fp32": []}
-# test_gpt's check_attention_blocks: the ring attention block kernels (llmc/attention.cuh's
+# test_gpt's check_attention_blocks: the ring attention block kernels (llmc/cuda/attention.cuh's
 # gpu_attention_block_*) against the CPU reference's attention_block_forward/backward on eight block sets
 # (diagonal, diagonal with keys in other rows, full, a band, the first rows masked, bands at q0 and k0
 # multiples of 16 and at q0 alone one, four blocks merged; the other offsets multiples of neither 16 nor

@@ -114,13 +114,13 @@ def test_tight_budget_with_nccls_memory_counted_runs(bins, data):
 
 def order_wait_line():
     lines, inside = [], None
-    for i, ln in enumerate((REPO / "llmc" / "multigpu.cuh").read_text().splitlines(), 1):
+    for i, ln in enumerate((REPO / "llmc" / "cuda" / "multigpu.cuh").read_text().splitlines(), 1):
         m = re.match(r"static inline \w+ (\w+)\(", ln)
         if m:
             inside = m.group(1)
         if inside == "multigpu_ring_order_launch" and "cudaStreamWaitEvent(" in ln:
             lines.append(i)
-    assert len(lines) == 1, "llmc/multigpu.cuh: expected one stream wait in multigpu_ring_order_launch"
+    assert len(lines) == 1, "llmc/cuda/multigpu.cuh: expected one stream wait in multigpu_ring_order_launch"
     return lines[0]
 
 
@@ -132,6 +132,6 @@ def test_the_two_communicators_launch_in_one_order(bins, data):
     ordered = train(bins, data, 2, "fp32", *flags, timeout=300, EMU_STREAM_ORDER="latest")
     assert ordered.returncode == 0 and len(steps(ordered)) == 2, explain(ordered)
     mutant = train(bins, data, 2, "fp32", *flags, timeout=300, EMU_STREAM_ORDER="latest",
-                   EMU_DELETE_SYNC=f"llmc/multigpu.cuh:{order_wait_line()}")
+                   EMU_DELETE_SYNC=f"llmc/cuda/multigpu.cuh:{order_wait_line()}")
     assert mutant.returncode != 0 and "while an operation of another communicator of this process is in flight" in mutant.stderr, \
         explain(mutant)

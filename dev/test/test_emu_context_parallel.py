@@ -1,5 +1,5 @@
 """Context parallelism of the CUDA trainer (--context-parallel N: train_gpt.cu's
-ring attention over llmc/multigpu.cuh's group communicator) under the CPU
+ring attention over llmc/cuda/multigpu.cuh's group communicator) under the CPU
 emulator (dev/emu; NOT a GPU, NOT NCCL): `mpirun -np 2` of
 emu_train_gpt_mpi_*, the ring's grouped ncclSend/ncclRecv on a stream of its
 own that interleaves with the compute stream (EMU_STREAM_ORDER), every
@@ -38,7 +38,7 @@ What is compared with what, and why the bounds:
   the same sequences per step), and the other way: the losses after the
   resume within the FP32 bound against the uninterrupted run.
 - mutants: each cudaStreamWaitEvent of the ring (multigpu_ring_pass and
-  multigpu_ring_join in llmc/multigpu.cuh) deleted at run time
+  multigpu_ring_join in llmc/cuda/multigpu.cuh) deleted at run time
   (EMU_DELETE_SYNC) must stop the run with a stream hazard on a ring buffer
   between the ring stream's NCCL group and compute.
 """
@@ -174,13 +174,13 @@ def ring_wait_lines():
             inside = m.group(1)
         if inside in ("multigpu_ring_pass", "multigpu_ring_join") and re.search(r"\bcudaStreamWaitEvent\(", ln):
             lines.append(i)
-    assert len(lines) == 2, "llmc/multigpu.cuh: expected one stream wait in the ring's pass and one in its join"
+    assert len(lines) == 2, "llmc/cuda/multigpu.cuh: expected one stream wait in the ring's pass and one in its join"
     return lines
 
 
 @pytest.mark.parametrize("line", ring_wait_lines())
 def test_deleting_a_ring_stream_wait_is_a_stream_hazard(bins, data, line):
-    res = ring(bins, data, "bf16", "-b", "2", "-x", "1", EMU_DELETE_SYNC=f"llmc/multigpu.cuh:{line}")
+    res = ring(bins, data, "bf16", "-b", "2", "-x", "1", EMU_DELETE_SYNC=f"llmc/cuda/multigpu.cuh:{line}")
     assert res.returncode != 0, explain(res)
     m = re.search(r"emu: stream hazard: (.+?) on (.+?) (reads|writes) byte \d+ of buffer '([\w.]+)' .*?, which (.+?) on (.+?) "
                   r"(wrote|read) before, and no event wait, stream wait or host synchronisation orders the two", res.stderr)

@@ -1,5 +1,5 @@
 """The emulated cuBLASLt's refusals (dev/emu/runtime/emu_cublaslt.cpp) and the
-trainer's answers to them (llmc/matmul.cuh): the real library can offer no
+trainer's answers to them (llmc/cuda/matmul.cuh): the real library can offer no
 algorithm for a shape or an epilogue (returnedAlgoCount 0), offers only
 algorithms that fit the workspace the caller allows, and refuses a workspace
 that is not 256-byte aligned or smaller than its algorithm needs

@@ -1,4 +1,4 @@
-"""The offload pool's pinned memory on the GPU's NUMA node (llmc/host_numa.cuh) under the CPU emulator: the
+"""The offload pool's pinned memory on the GPU's NUMA node (llmc/cuda/host_numa.cuh) under the CPU emulator: the
 emulated device states its node with EMU_HOST_NUMA_NODE (cudaDevAttrHostNumaId); the trainer allocates the pool
 under a preferred policy for that node and reads back where the pages landed; a node the system refuses, or a
 device that does not say, gives one line and the OS's placement. The node read back is the kernel's answer

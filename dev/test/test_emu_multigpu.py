@@ -1,4 +1,4 @@
-"""The NCCL data-parallel path of train_gpt (llmc/multigpu.cuh) under the CPU
+"""The NCCL data-parallel path of train_gpt (llmc/cuda/multigpu.cuh) under the CPU
 emulator (dev/emu; NOT a GPU, NOT NCCL): `mpirun -np 2` of emu_train_gpt_mpi_*,
 whose NCCL calls run over MPI (dev/emu/runtime/emu_nccl.cpp) on a stream of
 their own that really interleaves with the compute stream (EMU_STREAM_ORDER),
@@ -24,8 +24,8 @@ What is compared with what, and why the bounds:
   AdamW arithmetic per element, so the step lines and the model files are
   bitwise equal.
 - resume across ranks: bitwise, like the one-process resume.
-- mutants: each cudaStreamWaitEvent of llmc/multigpu.cuh deleted at run time
-  (EMU_DELETE_SYNC=llmc/multigpu.cuh:LINE) must stop the run with a stream
+- mutants: each cudaStreamWaitEvent of llmc/cuda/multigpu.cuh deleted at run time
+  (EMU_DELETE_SYNC=llmc/cuda/multigpu.cuh:LINE) must stop the run with a stream
   hazard naming the buffer, both streams and both operations.
 """
 import os
@@ -45,7 +45,7 @@ EMU = REPO / "dev" / "emu"
 OUT = REPO / "build" / "emu"
 TINY = ["-e", "d6", "--layers", "2", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
 STEP_RE = re.compile(r"^step +(\d+)/(\d+) \| loss ([0-9.]+) \| lr (\S+) \| norm ([0-9.]+)", re.M)
-MULTIGPU = REPO / "llmc" / "multigpu.cuh"
+MULTIGPU = REPO / "llmc" / "cuda" / "multigpu.cuh"
 
 if shutil.which("mpirun") is None or shutil.which("mpicc") is None:
     pytest.skip("mpirun/mpicc not found: the emulated multi-GPU runs need OpenMPI (apt-get install openmpi-bin libopenmpi-dev)",
@@ -209,13 +209,13 @@ def wait_lines():
         if (re.search(r"\bcudaStreamWaitEvent\(", ln.split("//")[0]) and not ln.lstrip().startswith(("*", "/*"))
                 and not (inside or "").startswith("multigpu_ring_")):
             lines.append(i)
-    assert len(lines) >= 2, "llmc/multigpu.cuh: fewer cudaStreamWaitEvent calls than the fork and the join"
+    assert len(lines) >= 2, "llmc/cuda/multigpu.cuh: fewer cudaStreamWaitEvent calls than the fork and the join"
     return lines
 
 
 @pytest.mark.parametrize("line", wait_lines())
 def test_deleting_a_stream_wait_is_a_stream_hazard(bins, data, line):
-    res = train(bins, data, 2, "bf16", "-b", "2", "-x", "2", "-z", "0", EMU_DELETE_SYNC=f"llmc/multigpu.cuh:{line}")
+    res = train(bins, data, 2, "bf16", "-b", "2", "-x", "2", "-z", "0", EMU_DELETE_SYNC=f"llmc/cuda/multigpu.cuh:{line}")
     assert res.returncode != 0, explain(res)
     m = re.search(r"emu: stream hazard: (.+?) on (.+?) (reads|writes) byte \d+ of buffer '(\w+)' .*?, which (.+?) on (.+?) (wrote|read) "
                   r"before, and no event wait, stream wait or host synchronisation orders the two", res.stderr)

@@ -9,13 +9,13 @@ records every shared-memory access (dev/emu/runtime/emu_racecheck.cpp),
 every access to the plan's guard zones (emu_memcheck.cpp) and which bytes of
 device memory were written (emu_initcheck.cpp); these tests show that it
 stops such mutants of the current kernels with a message naming the hazard:
-  - every __syncthreads()/__syncwarp() in llmc/*.cuh, deleted one at a time
+  - every __syncthreads()/__syncwarp() in llmc/cuda/*.cuh, deleted one at a time
     (EMU_DELETE_SYNC=FILE:LINE makes the emulator skip exactly that call, as
     if the line were gone), fails the kernel's emulated test with
     "racecheck: ... hazard", except the barriers listed in REDUNDANT, whose
     deletion is no race (another barrier orders the same accesses), which
     must then pass;
-  - every cp.async wait (ptx_cp_async_wait) in llmc/*.cuh, deleted one at a
+  - every cp.async wait (ptx_cp_async_wait) in llmc/cuda/*.cuh, deleted one at a
     time the same way, fails the kernel's emulated test: the copies land
     late (stale operands: a result off the CPU reference, or a hazard) or
     never (the emulator stops a thread whose copies pile up or outlive
@@ -41,19 +41,19 @@ GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
 # The mma kernels (head sizes 64 and 128; others fall back to tc) need T=333: six key tiles, so the
 # double buffer is reused (a barrier before tile j + 2's copy is only needed from the third tile on),
 # and six query blocks of the backward's dQ kernel and key blocks of its dK/dV kernel.
-RUNS = {"llmc/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/attention.cuh": ("fp32", ATTENTION_CASE),
-        "llmc/attention_mma.cuh": ("bf16", "attention:hs64:64:1:300:333")}
+RUNS = {"llmc/cuda/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/cuda/attention.cuh": ("fp32", ATTENTION_CASE),
+        "llmc/cuda/attention_mma.cuh": ("bf16", "attention:hs64:64:1:300:333")}
 DEFAULT_RUN = ("bf16", GPT_CASE)
 
 # (file, enclosing function, index of the barrier in it): why deleting it is no race.
 REDUNDANT = {
-    ("llmc/attention_tc.cuh", "att_tc_row_of", 1):
+    ("llmc/cuda/attention_tc.cuh", "att_tc_row_of", 1):
         "its only caller, the forward kernel, next writes the scratch (Sw) after the key loop's first __syncthreads",
-    ("llmc/attention_tc.cuh", "attention_tc_backward_dq_kernel", 5):
+    ("llmc/cuda/attention_tc.cuh", "attention_tc_backward_dq_kernel", 5):
         "dSw is next written after the __syncthreads that starts the next key tile; after the loop it is not written",
-    ("llmc/attention_tc.cuh", "attention_tc_backward_dkv_kernel", 4):
+    ("llmc/cuda/attention_tc.cuh", "attention_tc_backward_dkv_kernel", 4):
         "Pw and dSw are next written after the __syncthreads that starts the next query tile",
-    ("llmc/cuda_common.cuh", "block_sum", 0):
+    ("llmc/cuda/cuda_common.cuh", "block_sum", 0):
         "a previous call's reads of scratch[lane] are ordered by its second barrier, its reads of scratch[32] by this "
         "call's second barrier, before scratch[32] is rewritten",
 }
@@ -67,10 +67,10 @@ def code_only(line):
 
 
 def call_sites(pattern):
-    """(file, line, function, index in function) of every call matching pattern in llmc/*.cuh."""
+    """(file, line, function, index in function) of every call matching pattern in llmc/cuda/*.cuh."""
     sites = []
-    for path in sorted((REPO / "llmc").glob("*.cuh")):
-        rel = f"llmc/{path.name}"
+    for path in sorted((REPO / "llmc" / "cuda").glob("*.cuh")):
+        rel = f"llmc/cuda/{path.name}"
         func, count = None, {}
         for no, line in enumerate(path.read_text().splitlines(), 1):
             if re.match(r"[A-Za-z_]", line) and "(" in line and not line.startswith(("template", "typedef", "struct")):
@@ -89,10 +89,10 @@ WAIT_SITES = call_sites(WAIT_RE)
 
 
 def test_the_sweep_sees_the_barriers():
-    assert {(f, fn) for f, _, fn, _ in WAIT_SITES} >= {("llmc/attention_mma.cuh", k) for k in (
+    assert {(f, fn) for f, _, fn, _ in WAIT_SITES} >= {("llmc/cuda/attention_mma.cuh", k) for k in (
         "attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")}, WAIT_SITES
     files = {s[0] for s in SITES}
-    assert {"llmc/attention_tc.cuh", "llmc/attention.cuh", "llmc/layernorm.cuh", "llmc/cuda_common.cuh"} <= files, files
+    assert {"llmc/cuda/attention_tc.cuh", "llmc/cuda/attention.cuh", "llmc/cuda/layernorm.cuh", "llmc/cuda/cuda_common.cuh"} <= files, files
     listed = {(f, fn, k) for f, _, fn, k in SITES}
     assert set(REDUNDANT) <= listed, set(REDUNDANT) - listed  # a stale entry: the barrier moved or went
 
@@ -128,9 +128,9 @@ def test_deleting_a_cp_async_wait_is_caught(emu_build, site):
 # cp.async wait with the whole-sequence ones; the same deletions under check_attention_blocks' cases must
 # fail too. hs128 (mma, 32-row tiles) and hs32 (simt, 32-row tiles) at Tc=70 give three tiles a side, so
 # the double buffer is reused.
-BLOCK_KERNELS = {"llmc/attention_mma.cuh": (("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel",
+BLOCK_KERNELS = {"llmc/cuda/attention_mma.cuh": (("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel",
                                              "attention_mma_backward_dq_kernel"), "blocks:hs128:128:1:300:70"),
-                 "llmc/attention.cuh": (("attention_forward_kernel", "attention_backward_dq_kernel", "attention_backward_dkv_kernel"),
+                 "llmc/cuda/attention.cuh": (("attention_forward_kernel", "attention_backward_dq_kernel", "attention_backward_dkv_kernel"),
                                         "blocks:hs32:64:2:300:70")}
 BLOCK_SITES = [s for s in SITES + WAIT_SITES if s[0] in BLOCK_KERNELS and s[2] in BLOCK_KERNELS[s[0]][0]]
 
@@ -149,8 +149,8 @@ def test_deleting_a_barrier_or_wait_is_caught_in_attention_blocks(emu_build, sit
 
 
 def test_delete_sync_needs_file_and_line(emu_build):
-    res = emu_run([OUT / "emu_selftest"], EMU_DELETE_SYNC="llmc/attention_tc.cuh")
-    assert res.returncode != 0 and "EMU_DELETE_SYNC=llmc/attention_tc.cuh: expected FILE:LINE" in res.stderr, explain(res)
+    res = emu_run([OUT / "emu_selftest"], EMU_DELETE_SYNC="llmc/cuda/attention_tc.cuh")
+    assert res.returncode != 0 and "EMU_DELETE_SYNC=llmc/cuda/attention_tc.cuh: expected FILE:LINE" in res.stderr, explain(res)
 
 
 # ---- mutants of the real sources, built in a temporary tree ----
@@ -174,11 +174,11 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     a write one element past the embedding output and a read of partial sums nobody wrote, in one mutated build
     (the cp.async waits: test_deleting_a_cp_async_wait_is_caught)."""
     exe = mutant_tree(tmp_path, {
-        "llmc/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
-        "llmc/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x + i", "x + i + VEC")),  # one (vector) element past
+        "llmc/cuda/attention_tc.cuh": (FORWARD_SYNC, FORWARD_SYNC.replace("__syncwarp();", "")),
+        "llmc/cuda/encoder.cuh": (ENCODER_WRITE, ENCODER_WRITE.replace("x + i", "x + i + VEC")),  # one (vector) element past
         # an early exit for the row slices beyond N (11 rows in 32 slices here): their partial sums are never written, and
         # column_finish_kernel adds them up. On a GPU that reads stale data; the emulator's NaN bytes show only in the result.
-        "llmc/layernorm.cuh": (LN_PARTIALS_ROWS, LN_PARTIALS_ROWS + "    if (r0 >= N) return;\n"),
+        "llmc/cuda/layernorm.cuh": (LN_PARTIALS_ROWS, LN_PARTIALS_ROWS + "    if (r0 >= N) return;\n"),
     })
     race = emu_run([exe, ATTENTION_CASE], timeout=600)
     assert race.returncode != 0, explain(race)

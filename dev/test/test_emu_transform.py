@@ -96,7 +96,7 @@ def test_transform_covers_the_sources(tmp_path):
     assert res.returncode == 0, res.stderr
     t = load_transform()
     launches = 0
-    for src in [*REPO.glob("*.cu"), *(REPO / "llmc").glob("*.cuh")]:
+    for src in [*REPO.glob("*.cu"), *(REPO / "llmc" / "cuda").glob("*.cuh")]:
         code = t.mask_code(src.read_text())
         launches += code.count("<<<")
         out = (tmp_path / src.relative_to(REPO)).read_text()

@@ -1,5 +1,5 @@
 """--eval-by-position under --reset-position-ids buckets by the position
-within the document (llmc/run_eval.h): a bucket no token falls in (here
+within the document (llmc/run/run_eval.h): a bucket no token falls in (here
 positions 16 to 31, past every document of the validation shard) prints as
 having no tokens, "- top1 - (0 tokens)", never "nan", and the JSON log
 carries it as loss null, top1 null, tokens 0. The buckets that have tokens

@@ -1,5 +1,5 @@
 """The GPU trainer's evaluation top-1 buffer and packed documents' device
-buffers are the plan's (llmc/plan.h: top1, documents.starts,
+buffers are the plan's (llmc/plan/plan.h: top1, documents.starts,
 documents.position_runs), under the CPU emulator (dev/emu; NOT a GPU):
 --plan-json names them with their sizes (this rank's tokens, 4 bytes each;
 the position runs 12), only with the flags that need them, and a run on an

@@ -1,10 +1,10 @@
-/* The FP16 loss scaler's state machine (llmc/loss_scaler.h) and its
+/* The FP16 loss scaler's state machine (llmc/run/loss_scaler.h) and its
  * round trip through a checkpoint's state header, on the CPU. */
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
-#include "../../llmc/loss_scaler.h"
-#include "../../llmc/checkpoint.h"
+#include "../../llmc/run/loss_scaler.h"
+#include "../../llmc/core/checkpoint.h"
 
 static int failures = 0;
 #define CHECK(cond) do { if (!(cond)) { printf("FAIL line %d: %s\n", __LINE__, #cond); failures++; } } while (0)

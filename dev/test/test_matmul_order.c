@@ -6,7 +6,7 @@
  * the vector width) nor of the backward input pass's output chunk nor of the
  * backward weight pass's block of rows, with -0, zeros and mixed magnitudes
  * in the inputs. The orders are written out as the *_spec loops of
- * llmc/cpu_matmul.h, the oracle here.
+ * llmc/cpu/cpu_matmul.h, the oracle here.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"

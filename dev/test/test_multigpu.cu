@@ -1,5 +1,5 @@
 /*
- * Host-only test of llmc/multigpu.cuh's collective schedule, with NCCL and the
+ * Host-only test of llmc/cuda/multigpu.cuh's collective schedule, with NCCL and the
  * CUDA event calls stubbed (no GPU, no libnccl): for world sizes 1, 2, 3, 7, 8
  * (ragged shards included), ZeRO 0 and 1, overlap on and off, 1 and 3
  * micro-steps, every rank issues the same collectives in the same order (NCCL
@@ -18,7 +18,7 @@
  *   nvcc -std=c++17 -I. -DENABLE_BF16 -DUSE_MPI -DMULTI_GPU -DOMPI_SKIP_MPICXX $(mpicc --showme:compile) \
  *        -o build/test_multigpu dev/test/test_multigpu.cu $(mpicc --showme:link) && build/test_multigpu
  */
-#include "llmc/cuda_common.cuh"
+#include "llmc/cuda/cuda_common.cuh"
 #include <nccl.h>
 #include <vector>
 #include <string>
@@ -44,7 +44,7 @@ static cudaError_t stub_stream_query(cudaStream_t s) {
 }
 #define cudaStreamQuery(s) stub_stream_query(s)
 #define cudaEventQuery(e) ((void)(e), cudaSuccess)
-#include "llmc/multigpu.cuh"
+#include "llmc/cuda/multigpu.cuh"
 static double stub_clock_s(void) { return proc_clock_s(); }
 
 struct Call { std::string op; size_t off, cnt; int root; };

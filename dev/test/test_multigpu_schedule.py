@@ -1,4 +1,4 @@
-"""The multi-GPU collective schedule (llmc/multigpu.cuh) on the host, with NCCL
+"""The multi-GPU collective schedule (llmc/cuda/multigpu.cuh) on the host, with NCCL
 and CUDA events stubbed (dev/test/test_multigpu.cu): same calls on every rank,
 each gradient reduced once, ZeRO-1 pieces on their owners, full all-gather;
 multigpu_wait's handling of an asynchronous NCCL error (stop, never hang), and

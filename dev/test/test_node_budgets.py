@@ -20,7 +20,7 @@ from test_plan_cli import write_fake_cgroup
 
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-# llmc/budget.h: kept for the program (and in an MPI build its library), and under a launcher for MPI's state
+# llmc/plan/budget.h: kept for the program (and in an MPI build its library), and under a launcher for MPI's state
 PROGRAM_BYTES = (6 if (BUILD / ".mpi-cpu-on").exists() else 4) << 20
 MPI_PROGRAM_BYTES = 16 << 20
 

@@ -22,7 +22,7 @@ def train(tiny_shards, out, *extra):
 
 def files(out):
     """Every checkpoint file's bytes, each run's own id (in the headers and the
-    DONE markers, llmc/checkpoint.h) zeroed."""
+    DONE markers, llmc/core/checkpoint.h) zeroed."""
     run_id = int(next(out.glob("DONE_*")).read_text().split()[1], 16)
     raw, text = run_id.to_bytes(8, "little"), f"{run_id:016x}".encode()
     return {p.name: p.read_bytes().replace(raw, bytes(8)).replace(text, b"0" * 16)

@@ -4,7 +4,7 @@ to -r 0, with dropout and micro-steps, untiled and with token tiles of a size
 that divides no B*T (GPU token tiles are bitwise equal across recompute and
 offload settings at the same size); and mutants that drop the main
 stream's wait on a prefetch, or on a copy out before a staging slot is
-written again, change the results (llmc/offload.cuh: the emulator issues the
+written again, change the results (llmc/cuda/offload.cuh: the emulator issues the
 copy stream's work as late as its events allow, and released slots hold NaN).
 The copy stream's own waits on the main stream are left to dev/emu's
 cross-stream hazard check."""
@@ -70,8 +70,8 @@ ACQUIRE = "    offload_main_waits(o, o->out_done[s]);\n"
 
 
 def mutant(tmp, old, new):
-    """train_gpt with one edit of llmc/offload.cuh, built in a copy of the sources."""
-    mutant_sources(tmp, {"llmc/offload.cuh": (old, new)})
+    """train_gpt with one edit of llmc/cuda/offload.cuh, built in a copy of the sources."""
+    mutant_sources(tmp, {"llmc/cuda/offload.cuh": (old, new)})
     return build_trainers(tmp, tmp / "build" / "emu", ["bf16"])["bf16"]
 
 

@@ -418,7 +418,7 @@ static void check_auto_segments_against_exhaustive(void) {
            checked, segment_choices, offloaded_segments);
 }
 
-/* The tile costs against the formula of llmc/cost_model.h written out
+/* The tile costs against the formula of llmc/plan/cost_model.h written out
  * here: -r 0 and -r 1 at K rows over untiled, per micro-step and layer,
  * 4 (n-1) passes (-r 1: 5) and the block matmuls' 72 N C^2 (-r 1: 88)
  * FLOPs at h / K of the matmul rate more, and -r 1's LN1 again (2 N C E). */

@@ -1,6 +1,6 @@
 """--plan, --plan-json and -r auto of the CPU trainer (the same planner serves
 the GPU trainer). The JSON totals are checked against a count of every buffer
-written out here independently of llmc/plan.h."""
+written out here independently of llmc/plan/plan.h."""
 import json
 import re
 
@@ -280,7 +280,7 @@ def write_fake_cgroup(root, version, limit, usage, inactive):
 
 # The host budget keeps this much for the program beyond the plan (started
 # alone: no mpirun, whose share is more; the MPI library's 2 MiB in a build
-# with MPI; llmc/budget.h).
+# with MPI; llmc/plan/budget.h).
 PROGRAM_BYTES = (6 if (BUILD / ".mpi-cpu-on").exists() else 4) << 20
 
 

@@ -41,7 +41,7 @@ def test_plot_log_draws_a_resumed_run_once_per_step(tmp_path, synthetic):
     after = [json.loads(l) for l in (out / "log.jsonl").read_text().splitlines()]
     old7 = [r for r in map(json.loads, before.splitlines()) if r["step"] == 7 and "loss" in r]
     sevens = [r for r in after if r["step"] == 7 and "loss" in r]
-    # the trainer dropped the superseded lines itself (llmc/logger.h): step 7 once, the resumed run's
+    # the trainer dropped the superseded lines itself (llmc/run/logger.h): step 7 once, the resumed run's
     assert len(sevens) == 1 and len(old7) == 1 and sevens[0]["lr"] != old7[0]["lr"]
     # a log that holds both runs (appended without that trim, as older logs are): plot_log keeps the later run
     resumed = [r for r in after if r["step"] > 6 or (r["step"] == 6 and "val_loss" in r)]
@@ -74,7 +74,7 @@ def test_plot_plan_draws_the_trainers_plan(tmp_path):
 
 
 def write_log(run_dir, steps, norms, val_every=0, by_position=False):
-    """A log.jsonl in the trainer's record format (llmc/logger.h)."""
+    """A log.jsonl in the trainer's record format (llmc/run/logger.h)."""
     run_dir.mkdir(parents=True)
     lines = []
     for s, norm in zip(steps, norms):
@@ -205,7 +205,7 @@ def test_plot_plan_scale_modes_and_title_fit_the_plan(tmp_path, monkeypatch):
 
 
 def test_plot_log_reads_the_non_finite_values_the_trainer_prints(tmp_path):
-    """Logs of earlier versions of llmc/logger.h have printf's nan, -nan, inf or
+    """Logs of earlier versions of llmc/run/logger.h have printf's nan, -nan, inf or
     -inf for a non-finite value, which is not JSON; such a record is still read."""
     run_dir = tmp_path / "r"
     run_dir.mkdir()

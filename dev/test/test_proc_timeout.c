@@ -1,5 +1,5 @@
 /*
- * llmc/multiproc.h's --collective-timeout on its own, under mpirun, with
+ * llmc/core/multiproc.h's --collective-timeout on its own, under mpirun, with
  * collectives that ranks skip or diverge on by construction (the trainers
  * never do): run by dev/test/test_multiprocess.py. Every rank sets a 1 s
  * timeout and meets at "the first sum" of step 4; then, by mode:
@@ -9,7 +9,7 @@
  *   steps    rank 1 counts step 5 while the others count step 4, all in "a sum"
  * Ranks that leave the script sleep until the job is stopped.
  */
-#include "llmc/multiproc.h"
+#include "llmc/core/multiproc.h"
 
 static void sleep_until_stopped(void) {
     for (;;) sleep(1);

@@ -60,7 +60,7 @@ def test_an_asserted_kernel_missing_from_the_report_fails(tmp_path):
 
 
 def test_a_kernel_above_its_register_budget_fails(tmp_path):
-    """--budget (what `make cuda-all` applies to llmc/attention_mma.cuh's kernels): at most MAX registers."""
+    """--budget (what `make cuda-all` applies to llmc/cuda/attention_mma.cuh's kernels): at most MAX registers."""
     probe = check(tmp_path, "--budget", "many_live_kernel=16")
     assert probe.returncode == 1, probe.stdout + probe.stderr
     m = re.search(r"many_live_kernel\(float\*, float const\*, int\): (\d+) registers, above its budget of 16", probe.stdout)
@@ -91,13 +91,13 @@ def test_a_budgeted_kernel_with_a_stack_frame_fails(tmp_path):
 
 
 def test_the_source_budgets_are_found():
-    """The real check reads llmc/attention_mma.cuh's budgets; a rename there must not silently drop the check."""
+    """The real check reads llmc/cuda/attention_mma.cuh's budgets; a rename there must not silently drop the check."""
     sys.path.insert(0, str(REPO / "dev"))
     import ptxas_check
     got, max_stack = ptxas_check.source_budgets()
     kernels = ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")
     assert set(got) == {f"{k}<{hs}, {b}" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
     assert all(0 < r < 255 for r in got.values()) and max_stack == 0, got  # headroom below the hardware's 255
-    text = (REPO / "llmc" / "attention_mma.cuh").read_text()
+    text = (REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text()
     for field in ("FWD", "DKV", "DQ"):  # each kernel is compiled under its budget
         assert f"__maxnreg__((AttMmaRegs<HS, BLOCK>::{field}))" in text, field

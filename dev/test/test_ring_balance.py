@@ -1,5 +1,5 @@
 """The ring's chunks paired by their work under --reset-attention-mask
-(llmc/token_layout.h ring_chunks_balance; docs/context-parallel.md).
+(llmc/core/token_layout.h ring_chunks_balance; docs/context-parallel.md).
 
 Rows of very unequal documents (one long document somewhere in each row,
 the rest documents of one to four tokens) leave the zigzag's members very
@@ -154,7 +154,7 @@ def test_plan_shows_each_members_share(n, doc_len):
 
 
 def test_emulated_nccl_ring_against_one_process(tmp_path):
-    """The GPU trainer's ring (train_gpt.cu, llmc/ring.h's pairing; mpirun -np 2
+    """The GPU trainer's ring (train_gpt.cu, llmc/core/ring.h's pairing; mpirun -np 2
     of the emulated NCCL build, dev/emu: NOT a GPU) on rows of unequal
     documents against train_gpt_cpu in one process: FP32 losses, norms and
     validation within 1e-5 (test_emu_context_parallel.py's bound)."""

@@ -16,7 +16,7 @@
  *     relative (test_gradcheck.c says why that is tight);
  * once without dropout, once with dropout 0.3 at every site, and once more
  * with dropout and packed documents (--reset-attention-mask and
- * --reset-position-ids, llmc/documents.h): token 5 starts a document, so
+ * --reset-position-ids, llmc/core/documents.h): token 5 starts a document, so
  * documents begin inside the other rank's chunks and ring blocks hold
  * queries that see none of their keys.
  */

@@ -1,4 +1,4 @@
-"""Segment checkpointing (--segment-layers K, llmc/plan.h) through the CPU
+"""Segment checkpointing (--segment-layers K, llmc/plan/plan.h) through the CPU
 trainer: every K on a 6-layer model, in recompute mixes, with offloaded
 segment inputs, token tiles, dropout, micro-steps, resume and two-process
 context parallelism, writes model files, state files and losses byte-equal

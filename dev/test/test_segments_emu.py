@@ -1,7 +1,7 @@
 """Segment checkpointing (--segment-layers K) in train_gpt under the CPU
 emulator of CUDA (dev/emu): model and state files byte-identical to -r 0
 without segments, in recompute mixes, with offloaded segment inputs (the
-staging ring's slot s mod R per segment, llmc/offload.cuh), token tiles,
+staging ring's slot s mod R per segment, llmc/cuda/offload.cuh), token tiles,
 dropout and two micro-steps; and a mutant whose backward skips the
 segment's forward again, or the wait on a segment input's prefetch, changes
 the results."""

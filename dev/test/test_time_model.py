@@ -1,5 +1,5 @@
 """The time model's calibration on the CPU reference and its GPU defaults
-(llmc/cost_model.h, llmc/cpu_calibrate.h). No timing is asserted: the
+(llmc/plan/cost_model.h, llmc/cpu/cpu_calibrate.h). No timing is asserted: the
 calibrated rates are whatever this machine measured, and the checks are that
 every rate is written, that the planner reads each back, and that its
 predictions follow from them by the model's formulas written out here."""

@@ -158,7 +158,7 @@ PROFILE_RE = re.compile(r"^profile of step (\d+): ([0-9.]+) ms on the stream \| 
 @pytest.mark.parametrize("recompute", ["0", "1"])
 def test_step_profile_emulated(emu_build, tmp_path, recompute):
     """REMAT_PROFILE=2 prints one breakdown of step 2 (two micro-steps) whose
-    parts nest as documented (llmc/profile.cuh), and changes no result; with
+    parts nest as documented (llmc/cuda/profile.cuh), and changes no result; with
     REMAT_PROFILE_COST_MODEL it writes the time model calibrated from that step,
     which --cost-model reads back."""
     datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(5).integers(0, 64, 2000))
@@ -202,7 +202,7 @@ def test_step_profile_emulated(emu_build, tmp_path, recompute):
 
 def test_step_profile_times_the_offload_copies_emulated(emu_build, tmp_path):
     """With offloaded checkpoints REMAT_PROFILE_COST_MODEL measures the host link from step 2's own copies
-    (llmc/offload.cuh's timing events): each layer's copies out and back in, 2 layers x 2 micro-steps x 2
+    (llmc/cuda/offload.cuh's timing events): each layer's copies out and back in, 2 layers x 2 micro-steps x 2
     directions = 8 groups, their bytes over their seconds in the file, which --cost-model reads back; the
     results are those of the run without profiling."""
     datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(5).integers(0, 64, 2000))

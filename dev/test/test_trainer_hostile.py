@@ -310,7 +310,7 @@ def test_stop_signal_without_output_exits_with_the_signal_status(data):
 
 
 LOGGER_PROBE = r"""
-#include "llmc/logger.h"
+#include "llmc/run/logger.h"
 int main(int argc, char** argv) {
     (void)argc;
     Logger lg;

@@ -6,7 +6,7 @@
  * Why it exists: the trainer carves one cudaMalloc into all its buffers, so
  * a kernel running one element past a buffer stays inside valid memory. The
  * trainer registers the block as a sub-allocator heap and each buffer as a
- * region (llmc/nvtx_regions.cuh); the heap's bytes outside every region are
+ * region (llmc/cuda/nvtx_regions.cuh); the heap's bytes outside every region are
  * then guard zones:
  *   - any kernel access to a guard byte stops the program at once, naming
  *     the access (read or write, size, source line), the region it ran out

@@ -4,7 +4,7 @@
  * mpirun, and communicator rank r is MPI_COMM_WORLD rank r (ncclCommSplit
  * makes communicators of some of them, over MPI_Comm_split).
  *
- * Why it exists: llmc/multigpu.cuh (gradients summed per layer on a
+ * Why it exists: llmc/cuda/multigpu.cuh (gradients summed per layer on a
  * collective stream during the backward, ZeRO-1's reduce and all-gather,
  * the nonblocking communicator behind --collective-timeout) runs nowhere
  * without GPUs; here `mpirun -np 2 emu_train_gpt_mpi_bf16 ...` runs it.

@@ -1,11 +1,11 @@
 /*
- * emu/ptx.h: the inline-PTX instructions of llmc/ptx.cuh for remat's CPU
- * emulator of CUDA (dev/emu; not a GPU). llmc/ptx.cuh includes this header
+ * emu/ptx.h: the inline-PTX instructions of llmc/cuda/ptx.cuh for remat's CPU
+ * emulator of CUDA (dev/emu; not a GPU). llmc/cuda/ptx.cuh includes this header
  * instead of its asm when it is found on the include path (only the
  * emulator's build puts dev/emu/include there), so kernels are the same
  * source on both.
  *
- * Why it exists: the mma attention kernels (llmc/attention_mma.cuh) keep
+ * Why it exists: the mma attention kernels (llmc/cuda/attention_mma.cuh) keep
  * tiles in registers in the per-lane fragment layouts the PTX ISA fixes, so
  * their logic is right only if every lane's registers hold exactly the
  * elements the ISA says. Here:

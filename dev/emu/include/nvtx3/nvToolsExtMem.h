@@ -1,6 +1,6 @@
 /*
  * nvtx3/nvToolsExtMem.h stand-in for remat's CPU emulator of CUDA (dev/emu;
- * not a GPU): the NVTX memory-region calls llmc/nvtx_regions.cuh makes,
+ * not a GPU): the NVTX memory-region calls llmc/cuda/nvtx_regions.cuh makes,
  * with the real header's types and fields for them.
  *
  * Why it exists: on a GPU these calls tell compute-sanitizer's memcheck that

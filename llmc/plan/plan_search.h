@@ -1,0 +1,570 @@
+/*
+ * Searching plans: the bytes of a plan with other settings, the largest
+ * batch or length that fits, -r auto (the fastest per-layer recompute mix,
+ * offloading, token tile and segment size that fit the budgets, by the time
+ * model) and the flags suggested when nothing fits. All of it only computes.
+ */
+#ifndef REMAT_PLAN_SEARCH_H
+#define REMAT_PLAN_SEARCH_H
+
+#include "../core/multiproc.h"
+#include "cost_model.h"
+#include "plan.h"
+
+/* A per-layer choice as one code: the mode, plus PLAN_CODE_OFFLOAD when the
+ * layer offloads (modes 1 and 3 only). */
+#define PLAN_CODE_OFFLOAD 4
+
+/* The plan of `base` with every layer in `code` (or base's own modes and
+ * offload flags when code < 0), batch B and sequence length T: device bytes,
+ * and host bytes in *host (may be NULL). */
+static inline size_t plan_totals_for(const PlanSpec* base, int code, int B, int T, size_t* host) {
+    PlanSpec s = *base;
+    int L = s.cfg.num_layers;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    unsigned char* offload = (unsigned char*)malloc_check((size_t)L, "plan");
+    for (int l = 0; l < L; l++) {
+        modes[l] = (unsigned char)(code < 0 ? plan_layer_mode(base, l) : code % PLAN_CODE_OFFLOAD);
+        offload[l] = (unsigned char)(code < 0 ? plan_layer_offload(base, l) : code >= PLAN_CODE_OFFLOAD);
+    }
+    s.layer_mode = modes;
+    s.layer_offload = offload;
+    s.B = B;
+    s.T = T;
+    MemoryPlan p;
+    plan_build(&p, &s);
+    size_t total = p.total_bytes;
+    if (host) *host = p.host_total_bytes;
+    plan_free(&p);
+    free(modes);
+    free(offload);
+    return total;
+}
+
+static inline size_t plan_total_for(const PlanSpec* base, int code, int B, int T) { return plan_totals_for(base, code, B, T, NULL); }
+
+/* Largest value in [1, hi] for which the plan with every layer in `code`
+ * fits both budgets, by bisection (the plan grows monotonically with B and
+ * with T); 0 when even 1 does not fit. The CPU trainer's host pool draws
+ * on the plan's budget too (host_shares_budget). */
+static inline int plan_max_fitting_host(const PlanSpec* base, int code, int vary_T, int hi, size_t budget, size_t host_budget) {
+    int lo = 0;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        size_t host = 0;
+        size_t t = vary_T ? plan_totals_for(base, code, base->B, mid, &host) : plan_totals_for(base, code, mid, base->T, &host);
+        if (base->host_shares_budget) t = size_add_sat(t, host);
+        if (t <= budget && host <= host_budget) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+static inline int plan_max_fitting(const PlanSpec* base, int mode, int vary_T, int hi, size_t budget) {
+    return plan_max_fitting_host(base, mode, vary_T, hi, budget, SIZE_MAX);
+}
+
+#define PLAN_MAX_BATCH (1 << 16)
+
+/* Predicted time of a step with modes and offload flags (modes NULL: the
+ * spec's own, offload included), and the extra time over untiled -r 0 as a
+ * fraction of its time. */
+static inline double plan_predicted_seconds_offload(const PlanSpec* s, const unsigned char* modes, const unsigned char* offload,
+                                                    double* extra_fraction) {
+    CostModel cm = spec_cost_model(s);
+    if (!modes) { modes = s->layer_mode; offload = s->layer_offload; }
+    PlanSpec untiled = *s; /* -r 0: untiled, no segments */
+    untiled.tile_tokens = 0;
+    untiled.segment_layers = 0;
+    double t = predicted_step_seconds(s, &cm, modes, offload), base = predicted_step_seconds(&untiled, &cm, NULL, NULL);
+    if (extra_fraction) *extra_fraction = (t - base) / base;
+    return t;
+}
+
+/* The same without offloading when modes are given. */
+static inline double plan_predicted_seconds(const PlanSpec* s, const unsigned char* modes, double* extra_fraction) {
+    return plan_predicted_seconds_offload(s, modes, NULL, extra_fraction);
+}
+
+/* All layers in one mode, from most memory to least. */
+static const int mode_order[NUM_RECOMPUTE_MODES] = {RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_FULL};
+
+typedef struct {
+    int mode;
+    size_t total_bytes;
+    int max_batch, max_seq_len;
+    double step_seconds, extra_time_fraction;
+} ModeFit;
+
+static inline void plan_mode_fits(const PlanSpec* spec, size_t budget, ModeFit fits[NUM_RECOMPUTE_MODES]) {
+    int L = spec->cfg.num_layers;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++) {
+        fits[i].mode = mode_order[i];
+        fits[i].total_bytes = plan_total_for(spec, mode_order[i], spec->B, spec->T);
+        fits[i].max_batch = budget ? plan_max_fitting(spec, mode_order[i], 0, PLAN_MAX_BATCH, budget) : -1;
+        fits[i].max_seq_len = budget ? plan_max_fitting(spec, mode_order[i], 1, spec->cfg.max_seq_len, budget) : -1;
+        memset(modes, mode_order[i], (size_t)L);
+        fits[i].step_seconds = plan_predicted_seconds(spec, modes, &fits[i].extra_time_fraction);
+    }
+    free(modes);
+}
+
+/* ---- -r auto ---- */
+
+/* Bytes of one layer's kept activations in `mode`, as the plan aligns them,
+ * and of the shared recompute set when the modes in `present` (a bit per
+ * mode) occur: the plan's total is a constant plus the sum of these. */
+static inline size_t plan_kept_aligned_bytes(const PlanSpec* s, int mode) {
+    size_t b = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++)
+        if (layer_keeps(mode, a)) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+    return b;
+}
+
+static inline size_t plan_shared_set_bytes(const PlanSpec* s, unsigned present) {
+    size_t b = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++) {
+        int needed = 0;
+        for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) needed |= (present >> m & 1) && !layer_keeps(m, a);
+        if (needed) b += ceil_div(plan_shared_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+    }
+    return b;
+}
+
+/* Aligned bytes one offloaded layer in `mode` keeps in the host pool, and
+ * the staging ring's device bytes for o1 offloaded -r 1 and o3 -r 3 layers. */
+static inline size_t plan_offloaded_aligned_bytes(const PlanSpec* s, int mode) {
+    size_t b = 0;
+    for (int a = 0; a < NUM_LAYER_ACTS; a++)
+        if (layer_offloads(mode, 1, a)) b += ceil_div(plan_act_bytes(s, a), PLAN_ALIGN) * PLAN_ALIGN;
+    return b;
+}
+
+static inline size_t plan_staging_bytes(const PlanSpec* s, int o1, int o3) {
+    if (!o1 && !o3) return 0;
+    int L = s->cfg.num_layers, R = L < OFFLOAD_STAGING_SLOTS ? L : OFFLOAD_STAGING_SLOTS;
+    return (size_t)R * plan_offloaded_aligned_bytes(s, o3 ? RECOMPUTE_KEEP_ATTENTION : RECOMPUTE_FULL);
+}
+
+/* One -r auto candidate: layers per code (mode + PLAN_CODE_OFFLOAD when offloaded). */
+typedef struct {
+    int count[2 * NUM_RECOMPUTE_MODES];
+    double secs;
+    size_t bytes;
+} AutoChoice;
+
+/* The candidate with n1 -r 1 layers (o1 of them offloaded), n3 -r 3 (o3),
+ * and the fewest -r 2 layers that make it fit (with2: at least one, or
+ * none): 0, or -1 when it does not fit. */
+static inline int auto_candidate(const PlanSpec* spec, size_t budget, size_t fixed, const size_t kept[NUM_RECOMPUTE_MODES],
+                                 const double secs[2 * NUM_RECOMPUTE_MODES], int n1, int o1, int n3, int o3, int with2, AutoChoice* c) {
+    int L = spec->cfg.num_layers, rest = L - n1 - n3; /* layers in -r 0 or -r 2 */
+    if (with2 && !rest) return -1;
+    unsigned present = (n1 ? 1u << RECOMPUTE_FULL : 0) | (n3 ? 1u << RECOMPUTE_KEEP_ATTENTION : 0) | (with2 ? 1u << RECOMPUTE_SELECTIVE : 0);
+    size_t all_zero = fixed + (size_t)(n1 - o1) * kept[1] + (size_t)(n3 - o3) * kept[3] + (size_t)rest * kept[0] +
+                      plan_staging_bytes(spec, o1, o3) + plan_shared_set_bytes(spec, present);
+    size_t saving2 = kept[0] - kept[2];
+    int n2 = 0; /* with n2 >= 1 layers in -r 2 the total is all_zero - n2 * saving2 */
+    if (with2) n2 = all_zero > budget ? (int)ceil_div(all_zero - budget, saving2) : 1;
+    if (n2 > rest) return -1;
+    size_t bytes = all_zero - (size_t)n2 * saving2;
+    if (bytes > budget) return -1;
+    memset(c, 0, sizeof(*c));
+    c->count[RECOMPUTE_NONE] = rest - n2;
+    c->count[RECOMPUTE_SELECTIVE] = n2;
+    c->count[RECOMPUTE_FULL] = n1 - o1;
+    c->count[RECOMPUTE_KEEP_ATTENTION] = n3 - o3;
+    c->count[PLAN_CODE_OFFLOAD + RECOMPUTE_FULL] = o1;
+    c->count[PLAN_CODE_OFFLOAD + RECOMPUTE_KEEP_ATTENTION] = o3;
+    c->secs = 0.0;
+    for (int k = 0; k < 2 * NUM_RECOMPUTE_MODES; k++) c->secs += c->count[k] * secs[k];
+    c->bytes = bytes;
+    return 0;
+}
+
+/* Chooses per-layer modes and offload flags for spec (B, T fixed) that fit
+ * the device budget and the host budget (0: no offloading; offload may then
+ * be NULL) with the least predicted step time. Every layer has the same
+ * shape, so a choice is how many layers take each mode, offloaded or not:
+ * the device total is a constant, plus each layer's kept bytes (none for an
+ * offloaded one), plus the shared recompute set of the modes present, plus
+ * the staging ring when some layer offloads; the host total is the
+ * offloaded layers' kept bytes; the time is -r 0's plus each layer's
+ * recompute time plus each offloaded layer's unhidden copy time. For each
+ * count of -r 1 and -r 3 layers, offloaded or not, the fewest -r 2 layers
+ * that fit is the fastest (-r 2 costs time and saves memory over -r 0), so
+ * the search is exact, in O(L^4) with offloading (O(L^2) without). Ties go
+ * to less device memory. Layers get 1o first, then 1, 3o, 3, 2, 0, from
+ * layer 0 up. Returns 0 and fills modes (and offload), or -1 when nothing fits. */
+static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, size_t host_budget, unsigned char* modes,
+                                         unsigned char* offload) {
+    int L = spec->cfg.num_layers;
+    memset(modes, RECOMPUTE_NONE, (size_t)L);
+    if (offload) memset(offload, 0, (size_t)L);
+    else host_budget = 0;
+    /* the CPU trainer's "device" is the host: its offloaded pool draws on the
+     * same memory as the plan, so both must fit the one budget together */
+    int one_memory = spec->host_shares_budget;
+    CostModel cm = spec_cost_model(spec);
+    size_t kept[NUM_RECOMPUTE_MODES], hosted[NUM_RECOMPUTE_MODES];
+    double secs[2 * NUM_RECOMPUTE_MODES];
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+        kept[m] = plan_kept_aligned_bytes(spec, m);
+        hosted[m] = plan_offloaded_aligned_bytes(spec, m);
+        secs[m] = recompute_seconds(spec, &cm, m);
+        secs[PLAN_CODE_OFFLOAD + m] = secs[m] + offload_seconds(spec, &cm, m);
+    }
+    size_t fixed = plan_total_for(spec, RECOMPUTE_NONE, spec->B, spec->T) - (size_t)L * kept[0];
+    AutoChoice best = {{0}, 0.0, 0}, c;
+    int found = 0;
+    for (int n1 = 0; n1 <= L; n1++)
+        for (int n3 = 0; n1 + n3 <= L; n3++)
+            for (int o1 = 0; o1 <= (host_budget ? n1 : 0); o1++)
+                for (int o3 = 0; o3 <= (host_budget ? n3 : 0); o3++) {
+                    size_t device_budget = budget;
+                    if (o1 || o3) {
+                        size_t host = size_add_sat(size_mul_sat((size_t)o1, hosted[1]), size_mul_sat((size_t)o3, hosted[3]));
+                        if (host > host_budget) break;
+                        if (one_memory) device_budget = host < budget ? budget - host : 0;
+                    }
+                    for (int with2 = 0; with2 <= 1; with2++) {
+                        if (auto_candidate(spec, device_budget, fixed, kept, secs, n1, o1, n3, o3, with2, &c) != 0) continue;
+                        if (!found || c.secs < best.secs || (c.secs == best.secs && c.bytes < best.bytes)) best = c;
+                        found = 1;
+                    }
+                }
+    if (!found) return -1;
+    static const int fill_order[2 * NUM_RECOMPUTE_MODES - 2] = {PLAN_CODE_OFFLOAD + RECOMPUTE_FULL, RECOMPUTE_FULL,
+                                                                PLAN_CODE_OFFLOAD + RECOMPUTE_KEEP_ATTENTION, RECOMPUTE_KEEP_ATTENTION,
+                                                                RECOMPUTE_SELECTIVE, RECOMPUTE_NONE};
+    int l = 0;
+    for (int i = 0; i < 2 * NUM_RECOMPUTE_MODES - 2; i++)
+        for (int k = 0; k < best.count[fill_order[i]]; k++, l++) {
+            modes[l] = (unsigned char)(fill_order[i] % PLAN_CODE_OFFLOAD);
+            if (offload) offload[l] = (unsigned char)(fill_order[i] >= PLAN_CODE_OFFLOAD);
+        }
+    return 0;
+}
+
+/* ---- token tiles: -r auto and --tile-tokens auto ---- */
+
+/* The smallest tile tried: below it the passes' fixed costs and the
+ * matmuls' short rows cost more than any memory a tile saves is worth. */
+#define PLAN_TILE_MIN_ROWS 64
+#define PLAN_MAX_TILE_CANDIDATES 40
+
+/* Tile sizes the searches try: untiled (0), then the powers of two below
+ * this rank's B*T/N rows, halving down to PLAN_TILE_MIN_ROWS. */
+static inline int plan_tile_candidates(const PlanSpec* s, int out[PLAN_MAX_TILE_CANDIDATES]) {
+    size_t rows = (size_t)s->B * (size_t)plan_local_T(s), k = 1;
+    int n = 0;
+    out[n++] = 0;
+    while (2 * k < rows) k *= 2;
+    for (; k >= PLAN_TILE_MIN_ROWS && n < PLAN_MAX_TILE_CANDIDATES; k /= 2) out[n++] = (int)k;
+    return n;
+}
+
+/* ---- segments: -r auto over --segment-layers ---- */
+
+/* Modes in the order of what they keep, each a superset of the one before. */
+static inline int mode_keeps_rank(int mode) {
+    return mode == RECOMPUTE_FULL ? 0 : mode == RECOMPUTE_KEEP_ATTENTION ? 1 : mode == RECOMPUTE_SELECTIVE ? 2 : 3;
+}
+
+/* Time of `count` slots' layers in modes given per slot in order of least
+ * time first, the first `big` slots with S layers, the others S - 1. */
+static inline double segment_group_seconds(const int order[NUM_RECOMPUTE_MODES], const int count[NUM_RECOMPUTE_MODES], const double rec[NUM_RECOMPUTE_MODES],
+                                           int big, int S) {
+    double t = 0.0;
+    for (int i = 0; i < NUM_RECOMPUTE_MODES; i++) {
+        int m = order[i], b = count[m] < big ? count[m] : big;
+        t += (double)b * S * rec[m] + (double)(count[m] - b) * (S - 1) * rec[m];
+        big -= b;
+    }
+    return t;
+}
+
+/* -r auto at the spec's segment size K > 1 (B, T and tiles fixed): per-layer
+ * modes and the offloading of the segment inputs (all or none) with the
+ * least predicted time that fits both budgets. Slot i's bytes are the union
+ * of what its layers keep, so every layer of a slot takes the slot's mode
+ * (keeping more only saves time), except in slot K-1 where a segment's last
+ * layer reruns up to what it keeps: its layers below the top segment take
+ * the fastest mode within the slot's. With the modes present fixed (an
+ * outer loop, which sizes the shared recompute set), slot 0 (no x of its
+ * own: the segment inputs) and slot K-1 chosen, the other K-2 slots are a
+ * count per mode, their fastest modes going to the slots with one layer
+ * more; for each count of -r 1 and -r 3 slots the fewest -r 2 slots that fit
+ * are the fastest, as in recompute_auto_offload. Exact over that space, in
+ * O(K^2). Returns 0 and fills modes and offload (NULL: none), or -1. */
+static inline int recompute_auto_segments_at(const PlanSpec* spec, size_t budget, size_t host_budget, unsigned char* modes,
+                                             unsigned char* offload) {
+    int L = spec->cfg.num_layers, K = plan_segment_layers(spec), S = plan_num_segments(spec), r = L - (S - 1) * K;
+    int g = K - 2, big = r == K ? K - 2 : r - 1, R = S < OFFLOAD_STAGING_SLOTS ? S : OFFLOAD_STAGING_SLOTS;
+    CostModel cm = spec_cost_model(spec);
+    size_t xa = plan_aligned(plan_act_bytes(spec, ACT_X)), kept[NUM_RECOMPUTE_MODES];
+    double rec[NUM_RECOMPUTE_MODES], last[NUM_RECOMPUTE_MODES], seg_off = segment_offload_seconds(spec, &cm);
+    int order[NUM_RECOMPUTE_MODES];
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+        kept[m] = plan_kept_aligned_bytes(spec, m);
+        rec[m] = layer_extra_seconds(spec, &cm, m, 0);
+        last[m] = layer_extra_seconds(spec, &cm, m, 2);
+        order[m] = m;
+    }
+    for (int i = 1; i < NUM_RECOMPUTE_MODES; i++) /* by time, ties to more memory saved */
+        for (int j = i; j > 0 && (rec[order[j]] < rec[order[j - 1]] || (rec[order[j]] == rec[order[j - 1]] && kept[order[j]] < kept[order[j - 1]])); j--) {
+            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+    size_t fixed = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T) - (size_t)(S + K - 1) * xa -
+                   plan_shared_set_bytes(spec, 1u << RECOMPUTE_FULL);
+    int found = 0, best_m0 = 0, best_mk_low = 0, best_mk_top = 0, best_count[NUM_RECOMPUTE_MODES] = {0}, best_off = 0;
+    double best = 0.0;
+    size_t best_bytes = 0;
+    for (unsigned P = 1; P < (1u << NUM_RECOMPUTE_MODES); P++) {
+        size_t shared = plan_shared_set_bytes(spec, P);
+        for (int m0 = 0; m0 < NUM_RECOMPUTE_MODES; m0++) {
+            if (!(P >> m0 & 1)) continue;
+            for (int mk = 0; mk < NUM_RECOMPUTE_MODES; mk++) {
+                if (!(P >> mk & 1)) continue;
+                int low = mk, top = mk; /* slot K-1's layers below the top segment, and the top one's */
+                for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+                    if (!(P >> m & 1) || mode_keeps_rank(m) > mode_keeps_rank(mk)) continue;
+                    if (last[m] < last[low]) low = m;
+                    if (rec[m] < rec[top]) top = m;
+                }
+                double t_fixed = S * rec[m0] + (S - 1) * last[low] + (r == K ? rec[top] : 0.0);
+                size_t b_fixed = fixed + kept[m0] - xa + kept[mk] + shared;
+                for (int c1 = 0; c1 <= g && (c1 == 0 || (P >> RECOMPUTE_FULL & 1)); c1++)
+                    for (int c3 = 0; c1 + c3 <= g && (c3 == 0 || (P >> RECOMPUTE_KEEP_ATTENTION & 1)); c3++)
+                        for (int off = 0; off <= (offload && host_budget ? 1 : 0); off++) {
+                            if (off && (size_t)S * xa > host_budget) break;
+                            /* the CPU trainer's pool draws on the same memory as its plan (host_shares_budget) */
+                            size_t cap = off && spec->host_shares_budget ? ((size_t)S * xa < budget ? budget - (size_t)S * xa : 0) : budget;
+                            int rest = g - c1 - c3, has0 = P >> RECOMPUTE_NONE & 1, has2 = P >> RECOMPUTE_SELECTIVE & 1;
+                            if (rest && !has0 && !has2) continue;
+                            size_t bytes = b_fixed + (size_t)c1 * kept[1] + (size_t)c3 * kept[3] + (size_t)rest * kept[has0 ? 0 : 2] +
+                                           (off ? (size_t)R * xa : (size_t)S * xa);
+                            int c2 = has0 ? 0 : rest;
+                            if (has0 && has2 && bytes > cap) {
+                                c2 = (int)ceil_div(bytes - cap, kept[0] - kept[2]);
+                                if (c2 > rest) continue;
+                                bytes -= (size_t)c2 * (kept[0] - kept[2]);
+                            }
+                            if (bytes > cap) continue;
+                            int count[NUM_RECOMPUTE_MODES] = {rest - c2, c1, c2, c3};
+                            double t = t_fixed + segment_group_seconds(order, count, rec, big, S) + (off ? S * seg_off : 0.0);
+                            if (found && !(t < best || (t == best && bytes < best_bytes))) continue;
+                            found = 1;
+                            best = t;
+                            best_bytes = bytes;
+                            best_m0 = m0; best_mk_low = low; best_mk_top = top; best_off = off;
+                            memcpy(best_count, count, sizeof(count));
+                        }
+            }
+        }
+    }
+    if (!found) return -1;
+    int slot_mode[4096 + 1];
+    slot_mode[0] = best_m0;
+    for (int i = 0, k = 1; i < NUM_RECOMPUTE_MODES; i++) /* the fastest modes to slots 1..big, which have S layers */
+        for (int c = 0; c < best_count[order[i]]; c++) slot_mode[k++] = order[i];
+    for (int l = 0; l < L; l++) {
+        int i = l % K;
+        modes[l] = (unsigned char)(i < K - 1 ? slot_mode[i] : l / K < S - 1 ? best_mk_low : best_mk_top);
+        if (offload) offload[l] = (unsigned char)best_off;
+    }
+    return 0;
+}
+
+/* -r auto over tile sizes (search_tiles; else spec->tile_tokens) and
+ * segment sizes (search_segments: 1 to L; else spec->segment_layers): for
+ * each pair the exact choice (recompute_auto_offload without segments,
+ * recompute_auto_segments_at with them), and of those the least predicted
+ * step time, ties to fewer tiles and then to fewer layers per segment. Sets
+ * spec->tile_tokens and spec->segment_layers; returns 0, or -1 when nothing fits. */
+static inline int recompute_auto_plan(PlanSpec* spec, size_t budget, size_t host_budget, int search_tiles, int search_segments,
+                                      unsigned char* modes, unsigned char* offload) {
+    int L = spec->cfg.num_layers, cand[PLAN_MAX_TILE_CANDIDATES], n = 1, found = 0;
+    cand[0] = spec->tile_tokens;
+    if (search_tiles) n = plan_tile_candidates(spec, cand);
+    int k_lo = search_segments ? 1 : plan_segment_layers(spec), k_hi = search_segments ? (L > 1 ? L : 1) : k_lo;
+    unsigned char* try_modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    unsigned char* try_offload = (unsigned char*)malloc_check((size_t)L, "plan");
+    double best = 0.0;
+    int best_tile = cand[0], best_k = k_lo;
+    for (int i = 0; i < n; i++)
+        for (int K = k_lo; K <= k_hi; K++) {
+            PlanSpec s = *spec;
+            s.tile_tokens = cand[i];
+            s.segment_layers = K;
+            int rc = K == 1 ? recompute_auto_offload(&s, budget, host_budget, try_modes, offload ? try_offload : NULL)
+                            : recompute_auto_segments_at(&s, budget, host_budget, try_modes, offload ? try_offload : NULL);
+            if (rc != 0) continue;
+            double t = plan_predicted_seconds_offload(&s, try_modes, offload ? try_offload : NULL, NULL);
+            if (found && !(t < best)) continue;
+            found = 1;
+            best = t;
+            best_tile = cand[i];
+            best_k = K;
+            memcpy(modes, try_modes, (size_t)L);
+            if (offload) memcpy(offload, try_offload, (size_t)L);
+        }
+    free(try_modes);
+    free(try_offload);
+    spec->tile_tokens = best_tile;
+    spec->segment_layers = best_k;
+    return found ? 0 : -1;
+}
+
+/* -r auto with the tile size as a third choice (search_tiles; else at
+ * spec->tile_tokens), at the spec's segment size: for each candidate tile
+ * K the exact per-K choice (recompute_auto_plan), and of those the least predicted step time, ties
+ * to the earlier candidate (fewer tiles). Exact over modes, offloading and
+ * the candidates: at a fixed K every layer pays the same tile costs in its
+ * forward and backward, so the per-K search's ranking holds, and the
+ * outer minimum compares whole predicted steps. The tile is one size for
+ * the run because the shared recompute set it shrinks is one buffer for
+ * every layer: "per layer" reduces to per run. Sets spec->tile_tokens;
+ * returns 0, or -1 when nothing fits. */
+static inline int recompute_auto_tiles(PlanSpec* spec, size_t budget, size_t host_budget, int search_tiles, unsigned char* modes,
+                                       unsigned char* offload) {
+    return recompute_auto_plan(spec, budget, host_budget, search_tiles, 0, modes, offload);
+}
+
+/* --tile-tokens auto with the spec's own modes: of the candidates whose
+ * plan fits the device budget, the least predicted time (untiled when it
+ * fits: a tile only adds time); the smallest candidate when none fits. */
+static inline int plan_auto_tile(const PlanSpec* spec, size_t budget) {
+    int cand[PLAN_MAX_TILE_CANDIDATES], n = plan_tile_candidates(spec, cand), best_k = cand[n - 1], found = 0;
+    double best = 0.0;
+    for (int i = 0; i < n; i++) {
+        PlanSpec s = *spec;
+        s.tile_tokens = cand[i];
+        if (plan_total_for(&s, -1, s.B, s.T) > budget) continue;
+        double t = plan_predicted_seconds_offload(&s, NULL, NULL, NULL);
+        if (found && !(t < best)) continue;
+        found = 1;
+        best = t;
+        best_k = cand[i];
+    }
+    return best_k;
+}
+
+/* Without offloading. */
+static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned char* modes) {
+    return recompute_auto_offload(spec, budget, 0, modes, NULL);
+}
+
+/* The -r auto choice of spec under budget as a flag value and its predicted
+ * extra time; 0, or -1 when nothing fits. */
+static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, size_t n, double* extra) {
+    int L = spec->cfg.num_layers;
+    unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    int rc = recompute_auto(spec, budget, modes);
+    if (rc == 0) {
+        format_recompute_flag(modes, NULL, L, flag, n);
+        plan_predicted_seconds(spec, modes, extra);
+    }
+    free(modes);
+    return rc;
+}
+
+
+/* Tokens of one micro-step of B sequences of T over `world` processes: one
+ * batch per data-parallel group (world / --context-parallel N), as -d counts. */
+static inline long long plan_micro_step_tokens(const PlanSpec* spec, int B, int world) {
+    return (long long)B * spec->T * (world / plan_context_parallel(spec));
+}
+
+/* The largest batch B' <= B with which -r 1 fits over `world` processes
+ * (ZeRO-1 when more than the run's: the run's own stage on its own) and the tokens per step stay what they are
+ * (B' * T * groups divides them, so -d keeps them with more micro-steps);
+ * 0 when none. */
+static inline int plan_fitting_batch_keeping_tokens(const PlanSpec* spec, int world, size_t budget) {
+    PlanSpec s = *spec;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
+    s.world_size = world;
+    if (world > spec->world_size) s.zero_stage = 1;
+    for (int b = plan_max_fitting(&s, RECOMPUTE_FULL, 0, spec->B, budget); b >= 1; b--)
+        if (tokens % plan_micro_step_tokens(spec, b, world) == 0) return b;
+    return 0;
+}
+
+/* What would fit instead, as flags; printed when the plan does not fit.
+ * When no recompute choice fits at this batch, combinations of a smaller
+ * batch (tokens per step kept with -d), a shorter sequence and ZeRO-1 over
+ * more processes (only where this build runs several). */
+static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, FILE* out) {
+    char size[32];
+    fprintf(out, "what would fit in %s", format_size(budget, size, sizeof(size)));
+    if (spec->tile_tokens > 0) fprintf(out, " (each with --tile-tokens %d)", spec->tile_tokens);
+    fprintf(out, ":\n");
+    char flag[8192];
+    double extra = 0.0;
+    int fits = auto_choice(spec, budget, flag, sizeof(flag), &extra) == 0;
+    if (fits) {
+        fprintf(out, "  -r auto: the fastest predicted mix that fits, here -r %s (+%.1f%% predicted time)\n", flag, 100.0 * extra);
+        ModeFit fit[NUM_RECOMPUTE_MODES];
+        plan_mode_fits(spec, 0, fit);
+        for (int i = 1; i < NUM_RECOMPUTE_MODES; i++)
+            if (fit[i].total_bytes <= budget)
+                fprintf(out, "  -r %d on every layer: %.1f MiB (+%.1f%% predicted time)\n", fit[i].mode, mib(fit[i].total_bytes),
+                        100.0 * fit[i].extra_time_fraction);
+    }
+    if (spec->master_weights) {
+        PlanSpec w0 = *spec;
+        w0.master_weights = 0;
+        if (auto_choice(&w0, budget, flag, sizeof(flag), &extra) == 0)
+            fprintf(out, "  -w 0 -r %s: no fp32 master weights (%.1f MiB less; updates round to the storage precision), "
+                    "+%.1f%% predicted time\n", flag, mib(plan_total_for(spec, -1, spec->B, spec->T) - plan_total_for(&w0, -1, spec->B, spec->T)), 100.0 * extra);
+    }
+    if (!fits) { /* segments keep one input per segment: what per-layer recompute cannot reach */
+        PlanSpec seg = *spec;
+        unsigned char* modes = (unsigned char*)malloc_check((size_t)spec->cfg.num_layers, "plan");
+        if (recompute_auto_plan(&seg, budget, 0, 0, 1, modes, NULL) == 0) {
+            format_recompute_flag(modes, NULL, spec->cfg.num_layers, flag, sizeof(flag));
+            plan_predicted_seconds(&seg, modes, &extra);
+            fprintf(out, "  -r %s --segment-layers %d: segment checkpointing (+%.1f%% predicted time)\n", flag, seg.segment_layers, 100.0 * extra);
+        }
+        free(modes);
+    }
+    if (fits) return;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
+    int any = 0;
+    int b = plan_fitting_batch_keeping_tokens(spec, spec->world_size, budget);
+    if (b >= 1) {
+        fprintf(out, "  -r 1 -b %d -d %lld (the same %lld tokens per step, in more micro-steps)\n", b, tokens, tokens);
+        any = 1;
+    }
+    int t_step = plan_context_parallel(spec) > 1 ? 2 * plan_context_parallel(spec) : 1; /* -t a multiple of 2N under CP */
+    int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
+    if (t >= 1) { fprintf(out, "  -r 1 -t %d\n", t); any = 1; }
+    for (int n = 2 * spec->world_size; MULTIPROC_BUILT && n <= 4096; n *= 2) {
+        int bn = plan_fitting_batch_keeping_tokens(spec, n, budget);
+        if (bn < 1) continue;
+        if (bn < spec->B) fprintf(out, "  -r 1 -b %d -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", bn, tokens, n);
+        else fprintf(out, "  -r 1 -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", n);
+        any = 1;
+        break;
+    }
+    for (int n = 2 * spec->world_size; !any && MULTIPROC_BUILT && n <= 4096; n *= 2) { /* shorter and sharded */
+        PlanSpec more = *spec;
+        more.world_size = n;
+        more.zero_stage = 1;
+        more.B = 1;
+        int tn = plan_max_fitting(&more, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
+        if (tn < 1) continue;
+        fprintf(out, "  -r 1 -b 1 -t %d -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", tn, n);
+        any = 1;
+    }
+    if (!any) {
+        PlanSpec least = *spec;
+        if (MULTIPROC_BUILT) { least.world_size = 4096; least.zero_stage = 1; }
+        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t %d%s it still needs %s\n", t_step,
+                MULTIPROC_BUILT ? " -z 1 across 4096 processes" : " (this build runs one process: no ZeRO-1)",
+                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, t_step), size, sizeof(size)));
+    }
+}
+
+#endif
