@@ -223,22 +223,6 @@ typedef struct {
     float pdrop[MODEL_NUM_PDROP];
 } ModelFileInfo;
 
-static inline float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-/* Round to nearest even; NaN stays NaN. */
-static inline uint16_t float_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
 /* Opens a model file and validates its header and exact size; the stream
  * is positioned at the payload. NULL, with the reason in why[n], when the
  * file cannot be opened or is not a whole model file. */
