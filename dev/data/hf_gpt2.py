@@ -215,7 +215,7 @@ def shape_from_config(config: dict, where: str) -> dict:
         (not config.get("scale_attn_by_inverse_layer_idx", False), "scale_attn_by_inverse_layer_idx is not supported"),
         (not config.get("add_cross_attention", False), "add_cross_attention is not supported"),
         (C % config["n_head"] == 0, f"n_embd {C} is not divisible by n_head {config['n_head']}"),
-        (config["vocab_size"] <= df.MAX_TOKEN_ID + 1, f"vocab_size {config['vocab_size']}: tokens are uint16"),
+        (config["vocab_size"] <= df.MAX_VOCAB, f"vocab_size {config['vocab_size']}: the trainers hold at most {df.MAX_VOCAB}"),
     ]
     for ok, why in checks:
         if not ok:
