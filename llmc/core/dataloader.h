@@ -201,9 +201,11 @@ static inline void loader_reopen(DataLoader* dl, int s) {
     dl->open_shard = s;
     int token_bytes;
     size_t n = shard_open_validate_header(dl->file, dl->paths[s], &token_bytes);
-    if (n != dl->num_tokens[s] || token_bytes != dl->token_bytes[s])
-        fail("%s: now holds %zu tokens of %d bytes, %zu of %d when training started (the shard changed on disk)", dl->paths[s], n,
-             token_bytes, dl->num_tokens[s], dl->token_bytes[s]);
+    if (n != dl->num_tokens[s])
+        fail("%s: now holds %zu tokens, %zu when training started (the shard changed on disk)", dl->paths[s], n, dl->num_tokens[s]);
+    if (token_bytes != dl->token_bytes[s])
+        fail("%s: now holds tokens of %d bytes, %d when training started (the shard changed on disk)", dl->paths[s], token_bytes,
+             dl->token_bytes[s]);
 }
 
 static inline void loader_bad_token(const DataLoader* dl, int s, uint32_t token, size_t position) {
