@@ -42,7 +42,7 @@ TOKENIZER_VERSION = 2
 
 MAX_TOKEN_ID = 65535  # version-1 shards store uint16
 MAX_TOKEN_ID_U32 = 2**32 - 1  # version-7 shards store uint32
-MAX_VOCAB = 1 << 17  # the trainers' largest vocabulary (llmc/core/model.h: the padded vocabulary's bound)
+MAX_VOCAB = 1 << 18  # the trainers' largest vocabulary (llmc/core/model.h)
 MAX_SHARD_TOKENS = 2**31 - 1  # the count lives in an int32 header slot
 
 # --- GPT-2 tokenizer facts --------------------------------------------------------

@@ -410,7 +410,7 @@ REFUSALS = {
     "tied but lm_head differs": (llama_config(tie_word_embeddings=True), "lm_head", "lm_head.weight differs"),
     "unexpected tensor": (llama_config(), "extra", "unexpected tensor model.layers.0.self_attn.q_norm.weight"),
     "eos outside": (llama_config(eos_token_id=V), None, "eos_token_id 300"),
-    "vocabulary too large": (llama_config(vocab_size=200_000), None, "vocab_size 200000"),
+    "vocabulary too large": (llama_config(vocab_size=300_000), None, "vocab_size 300000: the trainers hold at most 262144"),
     "not a finite value": (llama_config(), "nan", "q_proj.weight[1, 2] is nan"),
     "missing shard": (llama_config(), "shard", "is missing"),
 }
