@@ -231,3 +231,22 @@ def test_uint16_and_uint32_shards_train_bit_for_bit_alike(tmp_path):
                  "-x", "3", "-s", "0", "-o", out, "--seed", 3], env={"OMP_NUM_THREADS": "1"}, check=True)
             outs.append((out / "model_00000003.bin").read_bytes()[1024:])
         assert outs[0] == outs[1]
+
+
+def test_prompt_tokens_beyond_uint16_from_a_version_7_shard_and_text(tmp_path):
+    """--prompt-tokens reads a version-7 shard (and a text file) with ids above
+    65,535; the sample starts with them; an id at V is refused by position."""
+    model, _ = big_vocab_model(tmp_path)
+    datafile.write_shard(tmp_path / "val.bin", np.random.default_rng(8).integers(0, BIG_V, 4 * NPOS + 1), version=7)
+    prompt = [66_000, BIG_V - 1, 5]
+    datafile.write_shard(tmp_path / "p.bin", prompt, version=7)
+    (tmp_path / "p.txt").write_text(" ".join(map(str, prompt)))
+    base = [binary("train_gpt_cpu"), "-e", model, "-i", tmp_path / "val.bin", "-j", "", "-b", 1, "-t", NPOS, "-x", 0, "-s", 1,
+            "--temperature", 0, "-g", 4]
+    for f in ("p.bin", "p.txt"):
+        out = run([*base, "--prompt-tokens", tmp_path / f], env={"OMP_NUM_THREADS": "1"}, check=True).stdout
+        sample = re.search(r"^sample at step \d+:\n---\n(.*?)\n---$", out, re.M | re.S).group(1)
+        assert [int(x) for x in re.findall(r"<(\d+)>", sample)][:3] == prompt, out
+    (tmp_path / "bad.txt").write_text(f"1 2 {BIG_V}")
+    res = run([*base, "--prompt-tokens", tmp_path / "bad.txt"])
+    assert res.returncode == 1 and f"token {BIG_V} at position 2 is not below the vocabulary size {BIG_V}" in res.stderr, res.stderr
