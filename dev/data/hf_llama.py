@@ -155,8 +155,9 @@ def read_config(hf_dir: Path) -> dict:
 
 
 def _int(config: dict, key: str, where: str, default=None, low: int = 1) -> int:
-    value = config.get(key, default)
-    if value is None and default is None:
+    value = config.get(key)
+    value = default if value is None else value  # null means absent, as transformers reads it
+    if value is None:
         raise DataError(f"{where}: {key} missing (an integer)")
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= mc.MAX_INT32:
         raise DataError(f"{where}: {key} {value!r} is not an integer in [{low}, {mc.MAX_INT32}]")
@@ -164,7 +165,8 @@ def _int(config: dict, key: str, where: str, default=None, low: int = 1) -> int:
 
 
 def _float(d: dict, key: str, where: str, default=None, positive: bool = True) -> float:
-    value = d.get(key, default)
+    value = d.get(key)
+    value = default if value is None else value  # null means absent
     if value is None:
         raise DataError(f"{where}: {key} missing (a number)")
     if not hf_gpt2._is_number(value) or not math.isfinite(value) or (positive and value <= 0) or abs(value) >= 3.4e38:
@@ -185,7 +187,7 @@ def rope_from_config(config: dict, where: str) -> dict:
     if scaling is not None and not isinstance(scaling, dict):
         raise DataError(f"{where}: {spelling} {scaling!r} is not an object")
     scaling = scaling or {}
-    theta = _float(theta_from, "rope_theta", where, config.get("rope_theta", 10000.0))
+    theta = _float(theta_from, "rope_theta", where, config.get("rope_theta") or 10000.0)
     kinds = {scaling[k] for k in ("rope_type", "type") if scaling.get(k) is not None}
     if len(kinds) > 1:
         raise DataError(f"{where}: {spelling} says rope_type {scaling['rope_type']!r} and type {scaling['type']!r}")
