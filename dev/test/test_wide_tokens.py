@@ -250,3 +250,31 @@ def test_prompt_tokens_beyond_uint16_from_a_version_7_shard_and_text(tmp_path):
     (tmp_path / "bad.txt").write_text(f"1 2 {BIG_V}")
     res = run([*base, "--prompt-tokens", tmp_path / "bad.txt"])
     assert res.returncode == 1 and f"token {BIG_V} at position 2 is not below the vocabulary size {BIG_V}" in res.stderr, res.stderr
+
+
+def test_two_processes_on_version_7_shards_match_one(tmp_path):
+    """Data parallelism on llama-3 shards (V = 70,000): 2 processes of batch 1 train
+    like 1 process of batch 2; with 2 shards each process scans its own share,
+    and a token at V in the other process's shard still stops both in one line."""
+    import shutil
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found: data parallelism on uint32 shards not checked")
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    rng = np.random.default_rng(9)
+    for i in range(2):
+        datafile.write_shard(tmp_path / f"t_{i}.bin", rng.integers(0, BIG_V, 600), version=7)
+    model = ["-e", "d6", "--layers", "1", "--channels", "16", "--heads", "2", "--vocab-size", BIG_V, "--max-seq-len", "16",
+             "-i", tmp_path / "t_*.bin", "-j", "", "-t", 16, "-x", 4, "-s", 0, "-l", "1e-3"]
+
+    def losses(np_, b, check=True):
+        res = run(["mpirun", "-np", np_, binary("train_gpt_cpu"), *model, "-b", b], env=env, check=check)
+        return res, [float(x) for x in re.findall(r"^step +\d+/\d+ \| loss ([0-9.]+)", res.stdout, re.M)]
+    _, one = losses(1, 2)
+    _, two = losses(2, 1)
+    assert len(one) == 4 and np.allclose(one, two, rtol=1e-5, atol=0), (one, two)
+    bad = datafile.read_shard(tmp_path / "t_1.bin").astype(np.int64)
+    bad[321] = BIG_V
+    datafile.write_shard(tmp_path / "t_1.bin", bad, version=7)
+    res, _ = losses(2, 1, check=False)
+    assert res.returncode != 0 and f"t_1.bin: token {BIG_V} at position 321 is out of range for vocabulary size {BIG_V}" in res.stderr
