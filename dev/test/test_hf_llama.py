@@ -272,6 +272,31 @@ def test_model_config_refuses_what_the_format_cannot_hold(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_version_8_rounds_to_nearest_even_and_reads_back(tmp_path):
+    """A Llama configuration written as version 8: every value rounded to bf16 to
+    nearest, ties to even (computed here from the bits), read back exactly."""
+    cfg = mc.gpt2_config(16, 300, 2, 4, 32)
+    cfg.update(family=2, num_kv_heads=2, head_dim=12, ffn_dim=40, norm=1, norm_eps=mc.fp32(1e-6), positions=1,
+               rope_theta=500000.0, mlp=1, biases=0, tied=0, bos=1, eos=2, hf_max_position_embeddings=16)
+    rng = np.random.default_rng(10)
+    params = {n: rng.standard_normal(s).astype(np.float32) for n, s in mc.tensor_shapes(cfg)}
+    params["lnfw"][:4] = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF], "<u4").view("<f4")
+    mc.write_model(tmp_path / "m.bin", cfg, params, 8)
+    raw = (tmp_path / "m.bin").read_bytes()
+    assert struct.unpack("<2i", raw[:8]) == (20240326, 8)
+    u = np.concatenate([params[n].ravel() for n, _ in mc.tensor_shapes(cfg)]).view("<u4").astype(np.uint64)
+    lower, rest = u >> 16, u & 0xFFFF
+    want = (lower + ((rest > 0x8000) | ((rest == 0x8000) & (lower & 1 == 1)))).astype("<u2")
+    assert raw[1024:] == want.tobytes()
+    back, got, version = mc.read_model(tmp_path / "m.bin")
+    assert version == 8 and back == cfg
+    assert np.array_equal(np.concatenate([got[n].ravel() for n, _ in mc.tensor_shapes(cfg)]).view("<u4"),
+                          want.astype("<u4") << 16)
+    assert [n for n, _ in mc.tensor_shapes(cfg)] == ["wte", "ln1w", "qkvw", "attprojw", "ln2w", "fcw", "fcprojw", "lnfw",
+                                                     "lm_head"]
+    assert dict(mc.tensor_shapes(cfg))["qkvw"] == (2, (4 + 2 * 2) * 12, 32) and dict(mc.tensor_shapes(cfg))["fcw"] == (2, 80, 32)
+
+
 # --- import: the file against the format ------------------------------------------------------
 
 
