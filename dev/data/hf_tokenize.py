@@ -18,8 +18,9 @@ delimiter, the token the trainers' --eot-token names (docs/documents.md):
 The family comes from config.json beside tokenizer.json (model_type) or
 --family; --delimiter TOKEN names another. Documents are packed as
 pack_documents.py packs GPT-2's: those of at least --min-tokens tokens (the
-delimiter included), shuffled with --seed if given, back to back, cut into shards
-of --shard-tokens (a document may continue in the next shard). The first
+delimiter included), shuffled with --seed if given (which holds every document in
+memory; without it they stream to disk), back to back, cut into shards of
+--shard-tokens (a document may continue in the next shard). The first
 --val-docs documents go to PREFIX_val.bin, the rest to PREFIX_train_000000.bin,
 ... Shards are version 7 (magic 20240801, uint32 tokens; docs/FORMATS.md).
 
@@ -182,14 +183,20 @@ def documents(paths: list[str], text_field: str, separator: str | None):
 
 
 def encode_documents(tok, texts, delimiter: int, batch: int = 256):
-    """Each document's ids with the delimiter first, as uint32; and how many held the
-    delimiter's own text (the tokenizer turns that text into the token)."""
-    inside = 0
+    """Each document's ids with the delimiter first, as uint32, and whether it held
+    the delimiter's own text (the tokenizer turns that text into the token)."""
     for chunk in df.iter_chunks(texts, batch):
         for enc in tok.encode_batch(chunk, add_special_tokens=False):
             ids = np.asarray(enc.ids, dtype=np.uint32)
-            inside += bool(np.any(ids == delimiter))
-            yield np.concatenate([np.array([delimiter], np.uint32), ids]), inside
+            yield np.concatenate([np.array([delimiter], np.uint32), ids]), bool(np.any(ids == delimiter))
+
+
+def counted(encoded, stats: dict):
+    """encode_documents' output, counting documents seen and those holding the delimiter."""
+    for ids, inside in encoded:
+        stats["seen"] += 1
+        stats["inside"] += inside
+        yield ids, inside
 
 
 def main(argv=None) -> None:
@@ -228,34 +235,33 @@ def main(argv=None) -> None:
     delim, delim_text = delimiter_id(tok, family, config, a.delimiter)
     prefix = a.prefix or family
     out = df.make_output_dir(a.output_dir, "--output-dir")
+    stats = {"seen": 0, "inside": 0}
 
-    kept, seen, inside = [], 0, 0
-    for ids, inside in encode_documents(tok, documents(a.inputs, a.text_field, a.doc_separator), delim):
-        seen += 1
-        if len(ids) >= a.min_tokens:
-            kept.append(ids)
-    if not kept:
-        raise DataError(f"no document of at least {a.min_tokens} tokens (of {seen})")
-    if a.seed is not None:
-        kept = [kept[i] for i in np.random.default_rng(a.seed).permutation(len(kept))]
-    if a.val_docs >= len(kept):
-        raise DataError(f"--val-docs {a.val_docs} leaves no training document (of {len(kept)} kept)")
-    val, train = kept[:a.val_docs], kept[a.val_docs:]
-    v7 = df.SHARD_VERSION_U32
-    if val:
-        df.write_shard(out / f"{prefix}_val.bin", np.concatenate(val), version=v7)
+    docs = (ids for ids, _ in counted(encode_documents(tok, documents(a.inputs, a.text_field, a.doc_separator), delim),
+                                      stats) if len(ids) >= a.min_tokens)
+    if a.seed is not None:  # shuffling needs every document at once; without it they stream to the shards
+        docs = list(docs)
+        docs = iter([docs[i] for i in np.random.default_rng(a.seed).permutation(len(docs))])
+    val = [ids for _, ids in zip(range(a.val_docs), docs)]  # the first --val-docs documents
+    kept_train = 0
     with df.ShardWriter(lambda i: out / f"{prefix}_train_{i:06d}.bin", a.shard_tokens, desc="train", progress=False,
-                        version=v7) as writer:
-        for ids in train:
+                        version=df.SHARD_VERSION_U32) as writer:
+        for ids in docs:
             writer.add(ids)
+            kept_train += 1
+        if not kept_train:  # nothing written stays: the writer aborts
+            raise DataError(f"no training document of at least {a.min_tokens} tokens (of {stats['seen']}; "
+                            f"--val-docs took {len(val)})")
+    if val:
+        df.write_shard(out / f"{prefix}_val.bin", np.concatenate(val), version=df.SHARD_VERSION_U32)
     df.write_tokenizer(out / f"{prefix}_tokenizer.bin", token_bytes_table(tok, spec, vocab), delim)
     shutil.copyfile(tok_path, out / f"{prefix}_tokenizer.json")
-    print(f"{family}: each document after {delim_text} ({delim}); kept {len(kept):,} of {seen:,} documents, "
-          f"{sum(map(len, train)):,} training tokens in {len(writer.paths)} shard(s), {sum(map(len, val)):,} validation "
-          f"tokens; vocabulary {vocab:,}; wrote {out}/{prefix}_*")
-    if inside:
-        print(f"note: {inside} document(s) hold the text of {delim_text}, which the tokenizer turned into that token: "
-              "those documents split there")
+    print(f"{family}: each document after {delim_text} ({delim}); kept {len(val) + kept_train:,} of {stats['seen']:,} "
+          f"documents, {writer.total_tokens:,} training tokens in {len(writer.paths)} shard(s), "
+          f"{sum(map(len, val)):,} validation tokens; vocabulary {vocab:,}; wrote {out}/{prefix}_*")
+    if stats["inside"]:
+        print(f"note: {stats['inside']} document(s) hold the text of {delim_text}, which the tokenizer turned into that "
+              "token: those documents split there")
 
 
 if __name__ == "__main__":

@@ -124,6 +124,7 @@ def test_min_tokens_and_seed(tmp_path):
     ("no tokenizer", "no tokenizer.json"),
     ("bad jsonl", "docs.jsonl:2: no string field 'text'"),
     ("vocab too small", "must hold the tokenizer's"),
+    ("all for validation", "no training document of at least 1 tokens (of 6; --val-docs took 6)"),
 ])
 def test_refusals_are_one_line(tmp_path, case, why):
     make_tokenizer(tmp_path / "model", "llama", config=case != "no family")
@@ -135,6 +136,8 @@ def test_refusals_are_one_line(tmp_path, case, why):
         (tmp_path / "docs.jsonl").write_text('{"text": "a"}\n{"body": "b"}\n')
     if case == "vocab too small":
         args += ["--vocab-size", 10]
+    if case == "all for validation":
+        args += ["--val-docs", 6, "--doc-separator", "\n\n"]
     res = tool(*args)
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1 and why in res.stderr, res.stderr
     assert not list((tmp_path / "out").glob("*.bin"))  # a missing folder globs to nothing too
