@@ -942,7 +942,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.inputs = m->inputs;
     be.targets = m->targets;
     be.io_chunk = (float*)(m->arena + m->plan->off_io_chunk);
-    be.window = (uint16_t*)(m->arena + m->plan->off_loader);
+    be.window = m->arena + m->plan->off_loader;
     be.model_file_version = 3;
     be.forward_backward = cpu_forward_backward;
     be.set_dropout = cpu_set_dropout;

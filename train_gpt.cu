@@ -98,7 +98,7 @@ typedef struct {
     float* h_losses;
     int* top1;          /* (B*T) device: forward_loss's top-1 tokens (the plan's "top1") */
     float* io_chunk;
-    uint16_t* window;
+    void* window; /* loader_token_bytes(V) per token */
     int* h_buckets;
     void* h_xfer;    /* io_chunk_floats floatX: parameter conversion staging */
     void* h_logits;  /* Vp floatX */
@@ -264,7 +264,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->h_losses = (float*)pinned_alloc(N * sizeof(float), "losses");
     m->top1 = (int*)(m->arena + plan->off_top1);
     m->io_chunk = (float*)pinned_alloc(io * sizeof(float), "file staging");
-    m->window = (uint16_t*)pinned_alloc((N + 1) * sizeof(uint16_t), "dataloader window");
+    m->window = pinned_alloc((N + 1) * loader_token_bytes(m->cfg.vocab_size), "dataloader window");
     m->h_buckets = (int*)pinned_alloc((3 * N + 1) * sizeof(int), "token buckets");
     m->h_xfer = pinned_alloc(io * sizeof(floatX), "parameter staging");
     m->h_logits = pinned_alloc((size_t)m->cfg.padded_vocab_size * sizeof(floatX), "logits row");

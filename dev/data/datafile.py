@@ -1,7 +1,8 @@
 """Shared reading and writing of remat's data files, used by every data script.
 
 The trainer reads two binary formats (docs/FORMATS.md): token shards (a
-1,024-byte header of 256 int32 values, then uint16 tokens) and tokenizer files
+1,024-byte header of 256 int32 values, then uint16 tokens, or uint32 tokens in
+llm.c's llama-3 shards for vocabularies beyond 65,536) and tokenizer files
 (same header size, then one length byte plus raw bytes per token). Keeping the
 one implementation here means the scripts, the tests and the C reader all agree
 on a single definition, and that every writer is atomic: a file only appears
@@ -31,10 +32,17 @@ HEADER_BYTES = HEADER_INTS * 4
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
+# llm.c's llama-3 shards: the same header with their own magic and version, uint32 tokens
+SHARD_MAGIC_U32 = 20240801
+SHARD_VERSION_U32 = 7
+# version -> (magic, token dtype)
+SHARD_FORMATS = {SHARD_VERSION: (SHARD_MAGIC, "<u2"), SHARD_VERSION_U32: (SHARD_MAGIC_U32, "<u4")}
 TOKENIZER_MAGIC = 20240328
 TOKENIZER_VERSION = 2
 
-MAX_TOKEN_ID = 65535  # shards store uint16
+MAX_TOKEN_ID = 65535  # version-1 shards store uint16
+MAX_TOKEN_ID_U32 = 2**32 - 1  # version-7 shards store uint32
+MAX_VOCAB = 1 << 18  # the trainers' largest vocabulary (llmc/core/model.h)
 MAX_SHARD_TOKENS = 2**31 - 1  # the count lives in an int32 header slot
 
 # --- GPT-2 tokenizer facts --------------------------------------------------------
@@ -112,34 +120,53 @@ def _progress(total: int | None, desc: str, enabled: bool | None):
 # --- token shards -----------------------------------------------------------------
 
 
-def as_tokens(tokens) -> np.ndarray:
-    """Validate token ids and return them as little-endian uint16."""
+def _shard_format(version: int) -> tuple[int, str]:
+    if version not in SHARD_FORMATS:
+        raise DataError(f"shard version {version}: the formats are {SHARD_VERSION} (uint16 tokens) "
+                        f"and {SHARD_VERSION_U32} (uint32 tokens)")
+    return SHARD_FORMATS[version]
+
+
+def shard_version_for(vocab_size: int) -> int:
+    """The shard version a vocabulary needs: uint16 tokens while every id fits."""
+    return SHARD_VERSION if vocab_size <= MAX_TOKEN_ID + 1 else SHARD_VERSION_U32
+
+
+def as_tokens(tokens, version: int = SHARD_VERSION) -> np.ndarray:
+    """Validate token ids and return them as the shard version's little-endian
+    integers (uint16 for version 1, uint32 for version 7)."""
+    _, dtype = _shard_format(version)
+    top = MAX_TOKEN_ID if version == SHARD_VERSION else MAX_TOKEN_ID_U32
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         arr = arr.reshape(-1)
     if arr.size == 0:
-        return np.zeros(0, dtype="<u2")
+        return np.zeros(0, dtype=dtype)
     if arr.dtype.kind not in "iu":
         raise DataError(f"token ids must be integers, got dtype {arr.dtype}")
     lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi > MAX_TOKEN_ID:
+    if lo < 0 or hi > top:
         bad = lo if lo < 0 else hi
-        raise DataError(f"token id {bad} does not fit in uint16 (0..{MAX_TOKEN_ID})")
-    return arr.astype("<u2", copy=False)
+        width = "uint16" if version == SHARD_VERSION else "uint32"
+        hint = f"; a version-{SHARD_VERSION_U32} shard holds uint32" if version == SHARD_VERSION and bad > 0 else ""
+        raise DataError(f"token id {bad} does not fit in {width} (0..{top}){hint}")
+    return arr.astype(dtype, copy=False)
 
 
-def shard_header(ntokens: int) -> bytes:
+def shard_header(ntokens: int, version: int = SHARD_VERSION) -> bytes:
+    magic, _ = _shard_format(version)
     if not 0 <= ntokens <= MAX_SHARD_TOKENS:
         raise DataError(f"a shard holds at most {MAX_SHARD_TOKENS} tokens, got {ntokens}")
-    return _header([SHARD_MAGIC, SHARD_VERSION, ntokens], "<i4")
+    return _header([magic, version, ntokens], "<i4")
 
 
-def write_shard(path, tokens, progress: bool | None = None) -> None:
-    """Write one token shard atomically; big arrays are written in chunks with a bar."""
-    arr = as_tokens(tokens)
+def write_shard(path, tokens, progress: bool | None = None, version: int = SHARD_VERSION) -> None:
+    """Write one token shard atomically; big arrays are written in chunks with a bar.
+    version 1: uint16 tokens (GPT-2's shards); 7: uint32 (llm.c's llama-3 shards)."""
+    arr = as_tokens(tokens, version)
     out = _AtomicFile(path)
     try:
-        out.f.write(shard_header(len(arr)))
+        out.f.write(shard_header(len(arr), version))
         chunk = 1 << 22
         with _progress(len(arr), f"write {os.path.basename(out.path)}", progress) as bar:
             for i in range(0, len(arr), chunk):
@@ -152,9 +179,8 @@ def write_shard(path, tokens, progress: bool | None = None) -> None:
         raise
 
 
-def read_shard(path, mmap: bool = False) -> np.ndarray:
-    """Read a token shard, refusing anything that is not exactly a valid one."""
-    path = os.fspath(path)
+def _shard_layout(path: str) -> tuple[int, int]:
+    """(version, token count) of a shard whose header and size agree; else DataError."""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
@@ -165,23 +191,40 @@ def read_shard(path, mmap: bool = False) -> np.ndarray:
         raise DataError(f"{path}: truncated header ({len(raw)} of {HEADER_BYTES} bytes)")
     header = np.frombuffer(raw, dtype="<i4")
     magic, version, ntokens = (int(x) for x in header[:3])
-    if magic != SHARD_MAGIC:
-        raise DataError(f"{path}: bad magic {magic} (a token shard has {SHARD_MAGIC})")
-    if version != SHARD_VERSION:
-        raise DataError(f"{path}: unsupported shard version {version} (expected {SHARD_VERSION})")
+    magics = {m: v for v, (m, _) in SHARD_FORMATS.items()}
+    if magic not in magics:
+        raise DataError(f"{path}: bad magic {magic} (a token shard has {SHARD_MAGIC}, "
+                        f"or {SHARD_MAGIC_U32} with uint32 tokens)")
+    if version != magics[magic]:
+        raise DataError(f"{path}: unsupported shard version {version} (magic {magic} has version {magics[magic]})")
     if ntokens < 0:
         raise DataError(f"{path}: negative token count {ntokens}")
-    expected = HEADER_BYTES + 2 * ntokens
+    width = np.dtype(SHARD_FORMATS[version][1]).itemsize
+    expected = HEADER_BYTES + width * ntokens
     if size != expected:
         what = "truncated" if size < expected else "trailing bytes"
         raise DataError(
             f"{path}: {what}: file is {size} bytes but header says {ntokens} tokens "
             f"({expected} bytes)"
         )
+    return version, ntokens
+
+
+def read_shard_version(path) -> int:
+    """1 (uint16 tokens) or 7 (uint32 tokens), after checking the shard is whole."""
+    return _shard_layout(os.fspath(path))[0]
+
+
+def read_shard(path, mmap: bool = False) -> np.ndarray:
+    """Read a token shard (version 1: uint16, version 7: uint32), refusing anything
+    that is not exactly a valid one."""
+    path = os.fspath(path)
+    version, ntokens = _shard_layout(path)
+    dtype = SHARD_FORMATS[version][1]
     if mmap:
-        return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(ntokens,))
-    data = np.fromfile(path, dtype="<u2", count=ntokens, offset=HEADER_BYTES)
-    return data.astype(np.uint16, copy=False)
+        return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(ntokens,))
+    data = np.fromfile(path, dtype=dtype, count=ntokens, offset=HEADER_BYTES)
+    return data.astype(np.uint16 if version == SHARD_VERSION else np.uint32, copy=False)
 
 
 class ShardWriter:
@@ -201,7 +244,10 @@ class ShardWriter:
         desc: str = "tokens",
         total: int | None = None,
         progress: bool | None = None,
+        version: int = SHARD_VERSION,
     ):
+        _shard_format(version)
+        self.version = version
         if shard_tokens is not None and not 0 < shard_tokens <= MAX_SHARD_TOKENS:
             raise DataError(f"shard size must be in 1..{MAX_SHARD_TOKENS}, got {shard_tokens}")
         self.path_for = path_for
@@ -213,7 +259,7 @@ class ShardWriter:
         self._bar = _progress(total, desc, True if progress is None else progress)
 
     def add(self, tokens) -> None:
-        arr = as_tokens(tokens)
+        arr = as_tokens(tokens, self.version)
         pos = 0
         while pos < len(arr):
             if self._out is None:
@@ -265,20 +311,20 @@ class ShardWriter:
             self.abort()
             raise DataError(f"{out.path}: more than {MAX_SHARD_TOKENS} tokens; use shards")
         out.f.seek(0)
-        out.f.write(shard_header(self._count))
+        out.f.write(shard_header(self._count, self.version))
         out.commit()
         self.paths.append(out.path)
         self._out = None
 
 
-def write_train_val(out_dir, prefix: str, train, val, progress: bool | None = None):
+def write_train_val(out_dir, prefix: str, train, val, progress: bool | None = None, version: int = SHARD_VERSION):
     """Write `<prefix>_train.bin` and `<prefix>_val.bin`; returns their paths."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     train_path = out_dir / f"{prefix}_train.bin"
     val_path = out_dir / f"{prefix}_val.bin"
-    write_shard(val_path, val, progress)
-    write_shard(train_path, train, progress)
+    write_shard(val_path, val, progress, version)
+    write_shard(train_path, train, progress, version)
     return train_path, val_path
 
 

@@ -91,8 +91,9 @@ def _safetensors_entry(path: Path, name: str, info, data_bytes: int) -> tuple[st
     return dtype, tuple(shape), begin, end
 
 
-def read_safetensors(path: Path) -> dict:
-    """All tensors of a safetensors file as float32 arrays, by name."""
+def safetensors_entries(path: Path) -> tuple[np.memmap, dict]:
+    """(the file mapped, {name: (numpy dtype, shape, start, end, safetensors dtype)}) of
+    a safetensors file, every entry checked; start/end are offsets into the file."""
     size = path.stat().st_size
     if size < 8:
         raise DataError(f"{path}: {size} bytes, too short for a safetensors file (8-byte header length first)")
@@ -107,14 +108,26 @@ def read_safetensors(path: Path) -> dict:
     if not isinstance(header, dict):
         raise DataError(f"{path}: the header is a JSON {type(header).__name__}, not an object of tensors by name")
     base = 8 + n
-    out = {}
+    entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         dtype, shape, begin, end = _safetensors_entry(path, name, info, len(data) - base)
-        arr = np.frombuffer(data[base + begin:base + end], dtype=dtype).reshape(shape)
-        out[name] = df.bf16_bits_to_float32(arr) if info["dtype"] == "BF16" else arr.astype(np.float32)
-    return out
+        entries[name] = (dtype, shape, base + begin, base + end, info["dtype"])
+    return data, entries
+
+
+def safetensors_tensor(data: np.memmap, entry) -> np.ndarray:
+    """One entry of safetensors_entries as a float32 array (exact for F16 and BF16)."""
+    dtype, shape, start, end, st_dtype = entry
+    arr = np.frombuffer(data[start:end], dtype=dtype).reshape(shape)
+    return df.bf16_bits_to_float32(arr) if st_dtype == "BF16" else arr.astype(np.float32)
+
+
+def read_safetensors(path: Path) -> dict:
+    """All tensors of a safetensors file as float32 arrays, by name."""
+    data, entries = safetensors_entries(path)
+    return {name: safetensors_tensor(data, entry) for name, entry in entries.items()}
 
 
 class _TorchPickle(pickle.Unpickler):
@@ -215,7 +228,7 @@ def shape_from_config(config: dict, where: str) -> dict:
         (not config.get("scale_attn_by_inverse_layer_idx", False), "scale_attn_by_inverse_layer_idx is not supported"),
         (not config.get("add_cross_attention", False), "add_cross_attention is not supported"),
         (C % config["n_head"] == 0, f"n_embd {C} is not divisible by n_head {config['n_head']}"),
-        (config["vocab_size"] <= df.MAX_TOKEN_ID + 1, f"vocab_size {config['vocab_size']}: tokens are uint16"),
+        (config["vocab_size"] <= df.MAX_VOCAB, f"vocab_size {config['vocab_size']}: the trainers hold at most {df.MAX_VOCAB}"),
     ]
     for ok, why in checks:
         if not ok:

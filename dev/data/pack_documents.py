@@ -1,7 +1,8 @@
 """Pack a long-document corpus for long-context fine-tuning (docs/finetune_long.md).
 
 Reads token shards in which the end-of-text token precedes each document (llm.c's
-and dev/data's shards), keeps the documents of at least --min-tokens tokens (the
+and dev/data's shards; uint16 or uint32 tokens, and the output is uint32 when any
+input is), keeps the documents of at least --min-tokens tokens (the
 end-of-text token included), optionally shuffles them (--seed), and writes them
 back to back, each still preceded by its end-of-text token, as new shards of at
 most --shard-tokens tokens. The trainers then cut sequences of T tokens from the
@@ -70,6 +71,8 @@ def main(argv=None):
     if a.min_tokens < 1 or a.shard_tokens < 1 or (a.seq_len is not None and a.seq_len < 1):
         p.error("--min-tokens, --shard-tokens and --seq-len must be positive")
     kept, seen, dropped_lead = [], 0, 0
+    # uint32 tokens in, uint32 tokens out (llm.c's llama-3 shards): the widest input's version
+    version = max(df.read_shard_version(path) for path in paths)
     for path in paths:
         docs, lead = documents(df.read_shard(path), a.eot)
         dropped_lead += lead
@@ -85,7 +88,7 @@ def main(argv=None):
     names = []
     for i, s in enumerate(range(0, len(stream), a.shard_tokens)):
         name = out / f"{a.prefix}_{i:06d}.bin"
-        df.write_shard(name, stream[s:s + a.shard_tokens])
+        df.write_shard(name, stream[s:s + a.shard_tokens], version=version)
         names.append(name.name)
     lengths = [len(d) for d in kept]
     print(f"kept {len(kept):,} of {seen:,} documents ({len(stream):,} tokens, mean {np.mean(lengths):.0f}, "

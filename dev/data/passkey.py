@@ -158,7 +158,7 @@ def cmd_make(args):
         samples.append(meta)
     stream = np.concatenate([*rows, [form.eot]])  # the last row's last target
     out = df.make_output_dir(args.out_dir, "OUT_DIR")  # only now: a refused request leaves nothing behind
-    df.write_shard(out / "passkey.bin", stream)
+    df.write_shard(out / "passkey.bin", stream, version=df.shard_version_for(form.vocab_size))
     meta = {"format": META_FORMAT, "version": META_VERSION, "seq_len": args.seq_len, "vocab_size": form.vocab_size,
             "form": "gpt2" if args.gpt2 else "small", "chance": None if args.gpt2 else 1.0 / form.key_count ** args.key_len,
             "shard": "passkey.bin", "samples": samples}

@@ -7,9 +7,12 @@ Prints the ids of TEXT separated by spaces (or writes them to -o FILE), the
 format `--prompt-tokens FILE` reads. `train_gpt --prompt TEXT` runs this
 script itself, passing the tokenizer file it loaded.
 
-The vocabulary: GPT-2's (tiktoken; offline with --tiktoken-file or
-$REMAT_TIKTOKEN_FILE) when no tokenizer file is given or the file is GPT-2's
-(50257 tokens, end-of-text 50256); for any other tokenizer file (the synthetic
+The vocabulary: a model's own tokenizer.json (the `tokenizers` package) when
+one lies beside the tokenizer file with its name (PREFIX_tokenizer.json beside
+PREFIX_tokenizer.bin, as dev/data/hf_tokenize.py writes them); GPT-2's (tiktoken;
+offline with --tiktoken-file or $REMAT_TIKTOKEN_FILE) when no tokenizer file is
+given or the file is GPT-2's (50257 tokens, end-of-text 50256); for any other
+tokenizer file (the synthetic
 dataset's, a byte-level one) a greedy longest match over its tokens, which is
 exact for vocabularies like those, where each token is a word or a byte.
 """
@@ -44,7 +47,18 @@ def longest_match_ids(text: bytes, vocab: list[bytes]) -> list[int]:
     return ids
 
 
+def hf_tokenizer_beside(tokenizer: str) -> Path | None:
+    """The tokenizer.json that dev/data/hf_tokenize.py copies beside the tokenizer
+    file it writes (PREFIX_tokenizer.bin, PREFIX_tokenizer.json), if there is one."""
+    path = Path(tokenizer).with_suffix(".json")
+    return path if path.is_file() else None
+
+
 def prompt_ids(text: str, tokenizer: str | None, tiktoken_file: str | None) -> list[int]:
+    if tokenizer and hf_tokenizer_beside(tokenizer):
+        import hf_tokenize
+        tok = hf_tokenize.load_tokenizer(hf_tokenizer_beside(tokenizer))
+        return tok.encode(text, add_special_tokens=False).ids
     if tokenizer:
         vocab, eot = df.read_tokenizer(tokenizer)
         if len(vocab) != df.GPT2_VOCAB_SIZE or eot != df.GPT2_EOT:

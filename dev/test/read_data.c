@@ -10,12 +10,12 @@
 
 static int dump_shards(const char* pattern, int B, int T, int V, int shuffle, int seed) {
     size_t BT = (size_t)B * T;
-    uint16_t* window = (uint16_t*)malloc_check((BT + 1) * 2, "window");
+    void* window = malloc_check((BT + 1) * loader_token_bytes(V), "window");
     int* inputs = (int*)malloc_check(BT * sizeof(int), "inputs");
     int* targets = (int*)malloc_check(BT * sizeof(int), "targets");
-    uint16_t staging[4096];
+    uint16_t staging[4096]; /* 8 KiB: several reads per shard */
     DataLoader dl;
-    dataloader_init(&dl, "shards", pattern, B, T, 0, 1, 0, 1, 0, 1, V, shuffle, (uint64_t)seed, window, inputs, targets, staging, 4096);
+    dataloader_init(&dl, "shards", pattern, B, T, 0, 1, 0, 1, 0, 1, V, shuffle, (uint64_t)seed, window, inputs, targets, staging, sizeof(staging));
     size_t n = dataloader_batches_per_epoch(&dl);
     printf("shards %d batches %zu\n", dl.num_shards, n);
     for (size_t b = 0; b < n; b++) {

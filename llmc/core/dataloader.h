@@ -1,5 +1,10 @@
 /*
- * Token-shard dataloader (docs/FORMATS.md: magic 20240520, version 1, uint16).
+ * Token-shard dataloader (docs/FORMATS.md): GPT-2's shards (magic 20240520,
+ * version 1, uint16 tokens) and llm.c's llama-3 shards (magic 20240801, version
+ * 7, uint32 tokens), mixed freely: each shard's header says its token width.
+ * The window holds tokens of 2 bytes while the vocabulary fits (V <= 65536: the
+ * plan's bytes for GPT-2 unchanged) and of 4 beyond (loader_token_bytes); a
+ * shard of the other width passes through a small buffer of the loader's own.
  *
  * A global batch is groups * B * T tokens; data-parallel group `group`
  * reads its own B*T+1 window of it, so N processes with batch B see exactly
@@ -29,11 +34,13 @@
 #include "documents.h"
 #include "loader_state.h"
 
-#define SHARD_MAGIC 20240520
+#define SHARD_MAGIC 20240520     /* version 1: uint16 tokens */
+#define SHARD_MAGIC_U32 20240801 /* version 7: uint32 tokens (llm.c's llama-3 shards) */
 
 typedef struct {
     char** paths;
     size_t* num_tokens;
+    int* token_bytes;      /* each shard's token width: 2 (version 1) or 4 (version 7) */
     size_t* batches;       /* global batches in each shard */
     int num_shards;
     int B, T, rank, world;
@@ -50,7 +57,9 @@ typedef struct {
     size_t batch_order_cap;
     FILE* file;
     int open_shard;
-    uint16_t* window;      /* B*T+1 tokens (from the plan) */
+    void* window;          /* B*T+1 tokens of window_bytes each (from the plan) */
+    int window_bytes;      /* 2 or 4: loader_token_bytes(vocab_size) */
+    unsigned char piece[4096]; /* a shard's tokens on their way into a window of the other width */
     int* inputs;           /* B*T (from the plan) */
     int* targets;
     int eot;               /* packed documents (llmc/core/documents.h): the token that starts one; -1: off */
@@ -62,30 +71,42 @@ typedef struct {
     int* ring_chunks;      /* (2N) which chunks each member holds, chosen per batch (NULL: the zigzag; llmc/core/token_layout.h) */
 } DataLoader;
 
-/* Reads and validates a shard header; returns the token count. */
-static inline size_t shard_open_validate_header(FILE* f, const char* path) {
+/* i-th of tokens `bytes` wide (2: uint16, 4: uint32; little-endian, as the host). */
+static inline uint32_t token_at(const void* tokens, int bytes, size_t i) {
+    return bytes == 4 ? ((const uint32_t*)tokens)[i] : ((const uint16_t*)tokens)[i];
+}
+
+/* Reads and validates a shard header; returns the token count and, in
+ * *token_bytes, the width of its tokens. */
+static inline size_t shard_open_validate_header(FILE* f, const char* path, int* token_bytes) {
     int32_t h[256];
     if (fread(h, sizeof(int32_t), 256, f) != 256) fail("%s: too short for a token shard header (1024 bytes)", path);
-    if (h[0] != SHARD_MAGIC) fail("%s: bad magic %d (expected %d: not an llm.c token shard)", path, h[0], SHARD_MAGIC);
-    if (h[1] != 1) fail("%s: unsupported shard version %d (expected 1)", path, h[1]);
+    if (h[0] != SHARD_MAGIC && h[0] != SHARD_MAGIC_U32)
+        fail("%s: bad magic %d (expected %d, or %d with uint32 tokens: not an llm.c token shard)", path, h[0], SHARD_MAGIC, SHARD_MAGIC_U32);
+    int version = h[0] == SHARD_MAGIC ? 1 : 7;
+    if (h[1] != version) fail("%s: unsupported shard version %d (magic %d has version %d)", path, h[1], h[0], version);
     if (h[2] < 0) fail("%s: negative token count %d in header", path, h[2]);
-    size_t n = (size_t)(uint32_t)h[2], actual = file_size_check(f, path);
-    if (actual != 1024 + 2 * n)
-        fail("%s: size %zu bytes does not match its header (expected %zu: %zu tokens)", path, actual, 1024 + 2 * n, n);
+    *token_bytes = version == 1 ? 2 : 4;
+    size_t n = (size_t)(uint32_t)h[2], actual = file_size_check(f, path), want = 1024 + (size_t)*token_bytes * n;
+    if (actual != want)
+        fail("%s: size %zu bytes does not match its header (expected %zu: %zu tokens of %d bytes)", path, actual, want, n, *token_bytes);
     return n;
 }
 
 /* Validation of one shard: header and size always; every token < vocab_size
- * when scan_tokens (with several processes each scans its share of shards). */
-static inline size_t shard_validate(const char* path, int vocab_size, uint16_t* buf, size_t buf_tokens, int scan_tokens) {
+ * when scan_tokens (with several processes each scans its share of shards).
+ * buf: buf_bytes of scratch. */
+static inline size_t shard_validate(const char* path, int vocab_size, void* buf, size_t buf_bytes, int scan_tokens, int* token_bytes) {
     FILE* f = fopen_check(path, "rb");
-    size_t n = shard_open_validate_header(f, path);
+    size_t n = shard_open_validate_header(f, path, token_bytes);
+    size_t buf_tokens = buf_bytes / (size_t)*token_bytes;
     for (size_t done = 0; scan_tokens && done < n;) {
         size_t k = n - done < buf_tokens ? n - done : buf_tokens;
-        fread_check(buf, 2, k, f, path);
+        fread_check(buf, (size_t)*token_bytes, k, f, path);
         for (size_t i = 0; i < k; i++)
-            if (buf[i] >= vocab_size)
-                fail("%s: token %u at position %zu is out of range for vocabulary size %d", path, buf[i], done + i, vocab_size);
+            if (token_at(buf, *token_bytes, i) >= (uint32_t)vocab_size)
+                fail("%s: token %u at position %zu is out of range for vocabulary size %d", path, token_at(buf, *token_bytes, i), done + i,
+                     vocab_size);
         done += k;
     }
     fclose(f);
@@ -128,11 +149,12 @@ static inline void loader_prepare_position(DataLoader* dl) {
 }
 
 /* Opens every shard matching `pattern`, validates all of them, and prepares
- * epoch 0. `staging` is scratch for validation reads. T is the whole
- * sequence; with group_size > 1 this rank loads B x T / group_size tokens. */
+ * epoch 0. `staging` is scratch for validation reads (staging_bytes). T is the
+ * whole sequence; with group_size > 1 this rank loads B x T / group_size
+ * tokens. window: B*T+1 tokens of loader_token_bytes(vocab_size) bytes. */
 static inline void dataloader_init(DataLoader* dl, const char* flag, const char* pattern, int B, int T, int rank, int world,
-                                   int group, int groups, int member, int group_size, int vocab_size, int shuffle, uint64_t seed, uint16_t* window, int* inputs, int* targets,
-                                   uint16_t* staging, size_t staging_tokens) {
+                                   int group, int groups, int member, int group_size, int vocab_size, int shuffle, uint64_t seed, void* window, int* inputs, int* targets,
+                                   void* staging, size_t staging_bytes) {
     memset(dl, 0, sizeof(*dl));
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
@@ -141,6 +163,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     dl->num_shards = (int)g.gl_pathc;
     dl->paths = (char**)malloc_check(g.gl_pathc * sizeof(char*), "dataloader");
     dl->num_tokens = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
+    dl->token_bytes = (int*)malloc_check(g.gl_pathc * sizeof(int), "dataloader");
     dl->batches = (size_t*)malloc_check(g.gl_pathc * sizeof(size_t), "dataloader");
     dl->shard_order = (int*)malloc_check(g.gl_pathc * sizeof(int), "dataloader");
     dl->B = B; dl->T = T; dl->rank = rank; dl->world = world; dl->vocab_size = vocab_size;
@@ -150,7 +173,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     for (int i = 0; i < dl->num_shards; i++) {
         dl->paths[i] = strdup(g.gl_pathv[i]);
         if (!dl->paths[i]) fail("out of host memory for the dataloader");
-        dl->num_tokens[i] = shard_validate(dl->paths[i], vocab_size, staging, staging_tokens, i % world == rank);
+        dl->num_tokens[i] = shard_validate(dl->paths[i], vocab_size, staging, staging_bytes, i % world == rank, &dl->token_bytes[i]);
         if (dl->num_tokens[i] < global_tokens + 1)
             fail("%s: %zu tokens, too few for one batch of %d x %d x %d data-parallel groups + 1 tokens", dl->paths[i],
                  dl->num_tokens[i], B, T, groups);
@@ -158,6 +181,7 @@ static inline void dataloader_init(DataLoader* dl, const char* flag, const char*
     }
     globfree(&g);
     dl->window = window; dl->inputs = inputs; dl->targets = targets;
+    dl->window_bytes = (int)loader_token_bytes(vocab_size);
     dl->open_shard = -1;
     dl->eot = -1;
     loader_prepare_position(dl);
@@ -175,21 +199,55 @@ static inline void loader_reopen(DataLoader* dl, int s) {
     if (dl->file) fclose(dl->file);
     dl->file = fopen_check(dl->paths[s], "rb");
     dl->open_shard = s;
-    size_t n = shard_open_validate_header(dl->file, dl->paths[s]);
+    int token_bytes;
+    size_t n = shard_open_validate_header(dl->file, dl->paths[s], &token_bytes);
     if (n != dl->num_tokens[s])
         fail("%s: now holds %zu tokens, %zu when training started (the shard changed on disk)", dl->paths[s], n, dl->num_tokens[s]);
+    if (token_bytes != dl->token_bytes[s])
+        fail("%s: now holds tokens of %d bytes, %d when training started (the shard changed on disk)", dl->paths[s], token_bytes,
+             dl->token_bytes[s]);
+}
+
+static inline void loader_bad_token(const DataLoader* dl, int s, uint32_t token, size_t position) {
+    fail("%s: token %u at position %zu is out of range for vocabulary size %d (the shard changed on disk after it was validated)",
+         dl->paths[s], token, position, dl->vocab_size);
+}
+
+/* count tokens of the open shard, from position `start` (the file is there),
+ * into the window, whose tokens are of the other width: through dl->piece,
+ * each checked before it is narrowed. */
+static inline void loader_read_converting(DataLoader* dl, int s, size_t start, size_t count) {
+    int w = dl->token_bytes[s];
+    size_t per_piece = sizeof(dl->piece) / (size_t)w;
+    for (size_t done = 0; done < count;) {
+        size_t k = count - done < per_piece ? count - done : per_piece;
+        fread_check(dl->piece, (size_t)w, k, dl->file, dl->paths[s]);
+        for (size_t i = 0; i < k; i++) {
+            uint32_t t = token_at(dl->piece, w, i);
+            if (t >= (uint32_t)dl->vocab_size) loader_bad_token(dl, s, t, start + done + i);
+            if (dl->window_bytes == 4) ((uint32_t*)dl->window)[done + i] = t;
+            else ((uint16_t*)dl->window)[done + i] = (uint16_t)t;
+        }
+        done += k;
+    }
 }
 
 /* Reads tokens [start, start + n] of the open shard into the window (n + 1
  * tokens: the last is the target of the n-th), checking each. */
 static inline void loader_read(DataLoader* dl, int s, size_t start, size_t n) {
-    fseek_check(dl->file, (long)(1024 + 2 * start), SEEK_SET, dl->paths[s]);
-    fread_check(dl->window, 2, n + 1, dl->file, dl->paths[s]);
+    int w = dl->token_bytes[s];
+    fseek_check(dl->file, (long)(1024 + (size_t)w * start), SEEK_SET, dl->paths[s]);
+    if (w != dl->window_bytes) {
+        loader_read_converting(dl, s, start, n + 1);
+        return;
+    }
+    fread_check(dl->window, (size_t)w, n + 1, dl->file, dl->paths[s]);
     for (size_t i = 0; i <= n; i++)
-        if (dl->window[i] >= dl->vocab_size)
-            fail("%s: token %u at position %zu is out of range for vocabulary size %d (the shard changed on disk after it was validated)",
-                 dl->paths[s], dl->window[i], start + i, dl->vocab_size);
+        if (token_at(dl->window, w, i) >= (uint32_t)dl->vocab_size) loader_bad_token(dl, s, token_at(dl->window, w, i), start + i);
 }
+
+/* The window's i-th token. */
+static inline int window_token(const DataLoader* dl, size_t i) { return (int)token_at(dl->window, dl->window_bytes, i); }
 
 /* Every loaded token's document start from here on (llmc/core/documents.h):
  * the loader builds them from the tokens, so that a context-parallel rank
@@ -223,7 +281,7 @@ static inline void loader_scan_documents(DataLoader* dl, int s, size_t window_st
             loader_read(dl, s, window_start + b * (size_t)dl->T + (size_t)c * Tc, (size_t)Tc);
             int64_t work = 0;
             for (int i = 0, p = c * Tc; i < Tc; i++, p++) {
-                if (dl->window[i] == dl->eot) cur = p;
+                if (window_token(dl, (size_t)i) == dl->eot) cur = p;
                 work += p - cur + 1;
             }
             dl->chunk_work[c] += work;
@@ -243,8 +301,8 @@ static inline void loader_read_chunks(DataLoader* dl, int s, size_t window_start
             size_t chunk = (size_t)ring_chunk(dl->ring_chunks, N, dl->member, k), at = b * Tl + (size_t)k * Tc;
             loader_read(dl, s, window_start + b * (size_t)dl->T + chunk * Tc, Tc);
             for (size_t i = 0; i < Tc; i++) {
-                dl->inputs[at + i] = dl->window[i];
-                dl->targets[at + i] = dl->window[i + 1];
+                dl->inputs[at + i] = window_token(dl, i);
+                dl->targets[at + i] = window_token(dl, i + 1);
             }
             if (dl->eot >= 0)
                 document_starts_extend(dl->doc_start + at, dl->inputs + at, (int)Tc, (int)(chunk * Tc),
@@ -264,8 +322,8 @@ static inline void dataloader_next(DataLoader* dl) {
     } else {
         loader_read(dl, s, start, BT);
         for (size_t i = 0; i < BT; i++) {
-            dl->inputs[i] = dl->window[i];
-            dl->targets[i] = dl->window[i + 1];
+            dl->inputs[i] = window_token(dl, i);
+            dl->targets[i] = window_token(dl, i + 1);
         }
         for (size_t b = 0; dl->eot >= 0 && b < (size_t)dl->B; b++)
             document_starts_extend(dl->doc_start + b * dl->T, dl->inputs + b * dl->T, dl->T, 0, 0, dl->eot);
@@ -299,7 +357,7 @@ static inline void dataloader_set_state(DataLoader* dl, DataLoaderState st, cons
 static inline void dataloader_free(DataLoader* dl) {
     if (dl->file) fclose(dl->file);
     for (int i = 0; i < dl->num_shards; i++) free(dl->paths[i]);
-    free(dl->paths); free(dl->num_tokens); free(dl->batches); free(dl->shard_order); free(dl->batch_order);
+    free(dl->paths); free(dl->num_tokens); free(dl->token_bytes); free(dl->batches); free(dl->shard_order); free(dl->batch_order);
     free(dl->chunk_start); free(dl->chunk_work); free(dl->chunk_order);
     memset(dl, 0, sizeof(*dl));
 }

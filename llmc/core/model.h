@@ -160,10 +160,10 @@ static inline int config_problem(const ModelConfig* c, const char* what, char* w
     else if (c->num_heads < 1) snprintf(why, n, "%s: number of heads %d must be positive", what, c->num_heads);
     else if (c->channels < 1 || c->channels > (1 << 16)) snprintf(why, n, "%s: channels %d out of range [1, 65536]", what, c->channels);
     else if (c->channels % c->num_heads != 0) snprintf(why, n, "%s: channels %d not divisible by heads %d", what, c->channels, c->num_heads);
-    else if (c->vocab_size < 2 || c->vocab_size > 65536)
-        snprintf(why, n, "%s: vocabulary size %d out of range [2, 65536] (tokens are uint16)", what, c->vocab_size);
-    else if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 17))
-        snprintf(why, n, "%s: padded vocabulary %d out of range [%d, 131072] (the vocabulary %d and up)", what, c->padded_vocab_size,
+    else if (c->vocab_size < 2 || c->vocab_size > (1 << 18)) /* Qwen2.5's 151,936 and Gemma's 256,000 fit */
+        snprintf(why, n, "%s: vocabulary size %d out of range [2, 262144]", what, c->vocab_size);
+    else if (c->padded_vocab_size < c->vocab_size || c->padded_vocab_size > (1 << 18))
+        snprintf(why, n, "%s: padded vocabulary %d out of range [%d, 262144] (the vocabulary %d and up)", what, c->padded_vocab_size,
                  c->vocab_size, c->vocab_size);
     /* 2^22: long enough for a context-parallel group's sequence (docs/context-parallel.md) */
     else if (c->max_seq_len < 1 || c->max_seq_len > (1 << 22))

@@ -152,7 +152,7 @@ static inline void prompt_parse_ids(Prompt* p, const char* text, size_t len, con
         long v = 0;
         while (i < len && text[i] >= '0' && text[i] <= '9') {
             v = v * 10 + (text[i++] - '0');
-            if (v > 65535) fail("%s: token id above 65535 (tokens are uint16)", what);
+            if (v > 2147483647L) fail("%s: token id above 2147483647 (token ids are int32)", what);
         }
         if ((size_t)p->n == cap) p->ids = (int*)realloc(p->ids, (cap *= 2) * sizeof(int));
         if (!p->ids) fail("out of memory reading %s", what);
@@ -169,17 +169,21 @@ static inline void prompt_load_file(Prompt* p, const char* path) {
     fclose(f);
     int32_t magic = 0;
     if (size >= 4) memcpy(&magic, buf, 4);
-    if (magic == 20240520) { /* a token shard */
+    if (magic == 20240520 || magic == 20240801) { /* a token shard: version 1 (uint16 tokens) or 7 (uint32) */
         int32_t h[3];
+        int version = magic == 20240520 ? 1 : 7;
+        size_t width = version == 1 ? 2 : 4;
         if (size < 1024) fail("%s: too short for a token shard header (1024 bytes)", path);
         memcpy(h, buf, sizeof(h));
-        if (h[1] != 1 || h[2] < 1 || size != 1024 + 2 * (size_t)h[2]) fail("%s: not a valid version-1 token shard (header and size disagree, or no tokens)", path);
+        if (h[1] != version || h[2] < 1 || size != 1024 + width * (size_t)h[2])
+            fail("%s: not a valid version-%d token shard (header and size disagree, or no tokens)", path, version);
         p->n = h[2];
         p->ids = (int*)malloc_check((size_t)p->n * sizeof(int), "prompt");
         for (int i = 0; i < p->n; i++) {
-            uint16_t t;
-            memcpy(&t, buf + 1024 + 2 * (size_t)i, 2);
-            p->ids[i] = t;
+            uint32_t t = 0; /* little-endian, as the host */
+            memcpy(&t, buf + 1024 + width * (size_t)i, width);
+            if (t > 2147483647u) fail("%s: token %u at position %d is above 2147483647 (token ids are int32)", path, t, i);
+            p->ids[i] = (int)t;
         }
     } else {
         prompt_parse_ids(p, buf, size, path);

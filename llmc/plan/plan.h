@@ -49,6 +49,7 @@
 
 #include "../core/model.h"
 #include "../core/gpu_scratch.h"
+#include "../core/loader_state.h" /* loader_token_bytes */
 
 /* -r 3 is full recompute that keeps attention's output and logsumexp: the
  * backward pass reruns everything of the block but attention itself, whose
@@ -534,7 +535,8 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     p->off_logits = plan_add(p, "logits_chunk", SEC_SCRATCH, -1, size_mul_sat(chunk_rows, (size_t)s->cfg.padded_vocab_size * E));
     if (s->backend == BACKEND_CPU) { /* on a GPU these live in host memory, outside the device plan */
         p->off_io_chunk = plan_add(p, "io_staging", SEC_SCRATCH, -1, s->io_chunk_floats * 4);
-        p->off_loader = plan_add(p, "dataloader_tokens", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 2), 2));
+        size_t token_bytes = loader_token_bytes(s->cfg.vocab_size); /* the window's B*T+1 tokens */
+        p->off_loader = plan_add(p, "dataloader_tokens", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, token_bytes), token_bytes));
     }
     if (s->backend == BACKEND_GPU) { /* device scratch of the CUDA kernels, fp32 and int32 */
         p->off_att_rowsum = plan_add(p, "attention_rowsum", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)s->cfg.num_heads * 4));

@@ -94,7 +94,7 @@ typedef struct {
     int loss_scaling;       /* 1: dynamic loss scaling (FP16 builds) */
     DeviceRecord device;    /* what it computes on, recorded in checkpoints */
     float* io_chunk;        /* host staging for files, Run.io_chunk_floats floats */
-    uint16_t* window;       /* host B*T+1 tokens for the dataloader */
+    void* window;           /* host B*T+1 tokens for the dataloader, loader_token_bytes(V) bytes each */
     int* doc_start;         /* host B*T: the data loader's document starts for inputs (llmc/core/documents.h) */
     int* ring_chunks;       /* host 2N (context parallelism): which chunks each member holds in the current batch, written by
                              * the loader (with --reset-attention-mask) and the sampler, read by every pass (llmc/core/token_layout.h) */

@@ -236,20 +236,20 @@ static inline void report_attended_pairs(const Run* run, const Backend* be, cons
  * buffers. Reads only: nothing in -o changes before open_output. */
 static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
     const TrainOptions* o = &run->opt;
-    uint16_t* staging = (uint16_t*)be->io_chunk;
-    size_t staging_tokens = run->io_chunk_floats * 2;
+    void* staging = be->io_chunk;
+    size_t staging_bytes = run->io_chunk_floats * 4;
     ls->log.fd = -1;
     const ContextGroups* g = &run->cp;
     memset(&ls->train, 0, sizeof(ls->train));
     if (o->max_steps != 0) /* -x 0 trains nothing: no training data is read */
         dataloader_init(&ls->train, "-i", o->train_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->group_size,
                         run->cfg.vocab_size,
-                        o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+                        o->shuffle, (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_bytes);
     ls->has_val = o->val_glob[0] != '\0' && o->val_every > 0;
     if (ls->has_val)
         dataloader_init(&ls->val, "-j", o->val_glob, o->B, o->T, run->rank, run->world, g->group, g->groups, g->member, g->group_size,
                         run->cfg.vocab_size, 0,
-                        (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_tokens);
+                        (uint64_t)o->seed, be->window, be->inputs, be->targets, staging, staging_bytes);
     load_tokenizer(run, &ls->tk);
     documents_resolve(run, be, ls);
     ls->probs = (float*)malloc_check((size_t)run->cfg.vocab_size * sizeof(float), "sampler");
