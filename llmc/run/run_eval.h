@@ -58,7 +58,7 @@ static inline long position_edge(const char* spec, const char** p) {
     char* end = NULL;
     errno = 0;
     long v = strtol(*p, &end, 10);
-    if (end == *p || errno == ERANGE || v < 0 || (*end && *end != ','))
+    if (end == *p || errno == ERANGE || v < 0 || (*end && *end != ',') || !number_starts_plainly(*p, 0))
         fail("flag --eval-by-position: '%s' is not 0, a width W, every:W, or increasing edges E0,E1,... (non-negative integers)", spec);
     *p = end;
     return v;

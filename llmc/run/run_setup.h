@@ -181,9 +181,14 @@ static inline void resolve_recompute(Run* run) {
         fail("flag --segment-layers: %d is more than the model's %d layers (at most %d: one segment)", run->opt.segment_layers, L, L);
     int K = run->opt.segment_layers;
     for (int l = 0; K > 1 && !run->opt.offload_checkpoints && l < L; l++)
-        if (run->layer_offload[l] && l % K != 0)
+        if (run->layer_offload[l] && l % K != 0) {
+            char starts[64]; /* the segment inputs there are, the model's, not a pattern past its last layer */
+            if (K >= L) snprintf(starts, sizeof(starts), "layer 0 alone: one segment");
+            else if (2 * K >= L) snprintf(starts, sizeof(starts), "layers 0 and %d", K);
+            else snprintf(starts, sizeof(starts), "layers 0, %d, ..., %d", K, (L - 1) / K * K);
             fail("flag -r: '%s' offloads layer %d, which starts no segment of --segment-layers %d: with segments only the "
-                 "segment inputs (layers 0, %d, ...) offload", run->opt.recompute, l, K, K);
+                 "segment inputs (%s) offload", run->opt.recompute, l, K, starts);
+        }
     if (!run->opt.offload_checkpoints || strcmp(run->opt.recompute, "auto") == 0) return;
     int any = 0, segments = K > 1;
     for (int l = 0; l < L; l++) { /* with segments: every segment's input */
