@@ -98,7 +98,7 @@ def test_plan_json_flags_reproduce_the_plan(choice):
 
 def test_every_plan_json_key_is_documented():
     keys = plan_json(*LONG, "-r", "1", "--segment-layers", "2", "--offload-checkpoints").keys()
-    text = (REPO / "docs" / "FORMATS.md").read_text()
+    text = (REPO / "docs/FORMATS.md").read_text()
     table = text[text.index("## `--plan-json`"):]
     table = table[:table.index("\n## ", 5)]
     missing = [k for k in keys if f"`{k}`" not in table]
