@@ -657,9 +657,10 @@ static inline void output_check(const char* dir, OutputUse use, const char* read
         fail("-o %s holds checkpoints of an earlier run (the latest complete: step %d): resume it with -y 1, or give "
              "--supersede to delete them", dir, latest_marked);
     for (int i = 0; use == OUTPUT_FRESH && i < n; i++)
-        if (files[i].run_id) fail("-o %s holds %s of run %016llx with no DONE marker (a checkpoint a run did not finish, or the model a -x 0 run "
-             "saved), which a fresh run would overwrite or delete: give another -o, or delete it (--supersede, without -y 1, "
-             "does)", dir, files[i].name, (unsigned long long)files[i].run_id);
+        if (files[i].run_id)
+            fail("-o %s holds %s of run %016llx with no DONE marker (a checkpoint a run did not finish, or the model a -x 0 "
+                 "run saved), which a fresh run would overwrite or delete: give another -o, or delete it (--supersede, "
+                 "without -y 1, does)", dir, files[i].name, (unsigned long long)files[i].run_id);
     for (int i = 0; use == OUTPUT_RESUME && resumed_id && i < n; i++)
         if (files[i].run_id && files[i].run_id != resumed_id && !output_step_marked_by(files, n, files[i].step, resumed_id))
             fail("-o %s holds %s of run %016llx, not of the run resumed (%016llx), which this run would overwrite or delete: move "

@@ -253,15 +253,17 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
         pl->tokens[i] = proc_sum(pl->tokens[i], "the validation sums by position");
     }
     float mean;
+    int none_counted = 0; /* every token masked: no mean to print (a diverged model's NaN still prints as nan) */
     if (run->docs.eod_mask_loss) { /* the mean over the tokens counted, all batches and processes */
         counted = proc_sum(counted, "the count of validation tokens counted");
         double total = proc_sum(sum, "the validation loss sum");
-        mean = counted > 0 ? (float)(total / counted) : NAN; /* no mean of nothing: the log's null */
+        none_counted = !(counted > 0);
+        mean = none_counted ? NAN : (float)(total / counted); /* no mean of nothing: the log's null */
     } else {
         mean = (float)proc_mean(sum / n, "the validation loss mean");
     }
     static const char* const none = "no token counted: under --eod-mask-loss every input evaluated is the end-of-text token";
-    if (isnan(mean)) printf("val loss - at step %d (%s)\n", step, none);
+    if (none_counted) printf("val loss - at step %d (%s)\n", step, none);
     else printf("val loss %.6f at step %d\n", (double)mean, step);
     logger_val(log, step, mean);
     if (pl->per_token) {
