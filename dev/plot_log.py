@@ -9,8 +9,9 @@ rate, gradient norm, tokens/s, memory (device memory in use on the GPU, peak
 resident memory on the CPU) and, when a run used --eval-by-position, the
 validation loss per position bucket at its last evaluation; with --dump (a
 trainer's --eval-dump, docs/FORMATS.md), the loss and top-1 accuracy at each
-position, averaged over the dump's sequences (in bins of positions when T is
-above 512), one line per dump. The format of -o
+position the model gave a token (within its document under
+--reset-position-ids), averaged over the tokens counted (not those
+--eod-mask-loss skips; in bins of positions when T is above 512), one line per dump. The format of -o
 follows its extension (PNG when it has none). Several runs are
 overlaid, one colour each. A run resumed into the same directory appends to
 its log; the steps it repeated (after the checkpoint it resumed from) are
@@ -195,15 +196,23 @@ def tokens_at(log: dict, step: int):
 
 
 def dump_by_position(dump: dict, bins: int = 512):
-    """(first position of each bin, mean loss, top-1 accuracy) over the dump's sequences."""
+    """(first position of each bin, mean loss, top-1 accuracy) over the tokens
+    the dump counts (position >= 0), by the position the model gave them (in
+    the document under --reset-position-ids): the means of --eval-by-position.
+    A bin no token reaches is NaN (a gap in the plot)."""
     import numpy as np
 
     T = dump["T"]
     width = max(1, -(-T // bins))
     edges = np.arange(0, T, width)
-    loss = dump["loss"].astype(np.float64).mean(axis=0)
-    hits = (dump["top1"] == dump["target"]).mean(axis=0)
-    return edges, np.add.reduceat(loss, edges) / np.diff(np.append(edges, T)), np.add.reduceat(hits, edges) / np.diff(np.append(edges, T))
+    pos = dump["position"]
+    counted = pos >= 0
+    where = pos[counted]
+    tokens = np.add.reduceat(np.bincount(where, minlength=T).astype(np.float64), edges)
+    loss = np.add.reduceat(np.bincount(where, weights=dump["loss"][counted].astype(np.float64), minlength=T), edges)
+    hits = np.add.reduceat(np.bincount(where, weights=(dump["top1"] == dump["target"])[counted].astype(np.float64), minlength=T), edges)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return edges, np.where(tokens > 0, loss / tokens, np.nan), np.where(tokens > 0, hits / tokens, np.nan)
 
 
 def plot(runs: list[tuple[str, dict]], out: Path, dumps: list[tuple[str, dict]] = ()) -> None:

@@ -511,26 +511,35 @@ def read_model(path) -> tuple[dict, dict, int]:
     return cfg, params, version
 
 
-EVAL_DUMP_MAGIC, EVAL_DUMP_VERSION = 20261203, 1
+EVAL_DUMP_MAGIC, EVAL_DUMP_VERSION = 20261203, 2
+EVAL_DUMP_ARRAYS = {1: 3, 2: 4}  # version 2 added `position`
 
 
 def read_eval_dump(path) -> dict:
-    """A trainer's --eval-dump (docs/FORMATS.md): T, sequences, step, vocab_size,
-    and target, top1 (int32) and loss (float32) as (sequences, T) arrays."""
+    """A trainer's --eval-dump (docs/FORMATS.md): version, T, sequences, step,
+    vocab_size, and target, top1 (int32), loss (float32) and position (int32:
+    the position the model gave the token, -1 where it was not counted) as
+    (sequences, T) arrays. A version 1 file has no position array: it is the
+    position in the sequence, every token counted (true of a run without
+    --reset-position-ids and --eod-mask-loss, the only runs it is right for)."""
     raw = Path(path).read_bytes()
     if len(raw) < HEADER_BYTES:
         raise DataError(f"{path}: too short for an evaluation dump header ({HEADER_BYTES} bytes)")
     h = np.frombuffer(raw[:HEADER_BYTES], dtype="<i4")
-    if h[0] != EVAL_DUMP_MAGIC or h[1] != EVAL_DUMP_VERSION:
+    if h[0] != EVAL_DUMP_MAGIC or int(h[1]) not in EVAL_DUMP_ARRAYS:
         raise DataError(f"{path}: not an evaluation dump (magic {h[0]}, version {h[1]}; expected {EVAL_DUMP_MAGIC}, "
-                        f"{EVAL_DUMP_VERSION})")
-    T, S = int(h[2]), int(h[3])
-    if T < 1 or S < 0 or len(raw) != HEADER_BYTES + 12 * S * T:
+                        f"versions 1 to {EVAL_DUMP_VERSION})")
+    version, T, S = int(h[1]), int(h[2]), int(h[3])
+    arrays = EVAL_DUMP_ARRAYS[version]
+    if T < 1 or S < 0 or len(raw) != HEADER_BYTES + 4 * arrays * S * T:
         raise DataError(f"{path}: {len(raw)} bytes, but its header says {S} sequences of {T} tokens "
-                        f"({HEADER_BYTES + 12 * S * T})")
-    body = np.frombuffer(raw[HEADER_BYTES:], dtype="<i4").reshape(3, S, T)
-    return {"T": T, "sequences": S, "step": int(h[4]), "vocab_size": int(h[5]), "target": body[0], "top1": body[1],
-            "loss": body[2].view("<f4")}
+                        f"({HEADER_BYTES + 4 * arrays * S * T} for version {version})")
+    body = np.frombuffer(raw[HEADER_BYTES:], dtype="<i4").reshape(arrays, S, T)
+    position = body[3] if version >= 2 else np.broadcast_to(np.arange(T, dtype="<i4"), (S, T))
+    if version >= 2 and (position.size and (position.min() < -1 or position.max() >= T)):
+        raise DataError(f"{path}: a position outside -1..{T - 1} (the dump is damaged)")
+    return {"version": version, "T": T, "sequences": S, "step": int(h[4]), "vocab_size": int(h[5]), "target": body[0],
+            "top1": body[1], "loss": body[2].view("<f4"), "position": position}
 
 
 def read_model_run_id(path) -> int:

@@ -2,7 +2,7 @@
 """GPT-2 checkpoints between Hugging Face's layout and llm.c model files.
 
     python3 dev/data/hf_gpt2.py import HF_DIR OUT.bin [--dtype fp32|bf16]
-    python3 dev/data/hf_gpt2.py export MODEL.bin OUT_DIR
+    python3 dev/data/hf_gpt2.py export MODEL.bin OUT_DIR [--eot-token N]
 
 import: HF_DIR holds config.json and model.safetensors (or an older
 pytorch_model.bin, read without torch). Tensor names may carry the
@@ -21,7 +21,11 @@ export: OUT_DIR/config.json and OUT_DIR/model.safetensors (fp32), which
 transformers' GPT2LMHeadModel.from_pretrained(OUT_DIR) loads: the true
 vocabulary (padding rows dropped), n_positions = the model's position table
 (an extended table included), tied embeddings, the dropout probabilities of the
-model file's header (those it was imported with or trained with; 0 where none). The tokenizer is not part of the export: GPT-2's own
+model file's header (those it was imported with or trained with; 0 where none),
+bos/eos the end-of-text token (--eot-token N; else the run's --eot-token, which
+the checkpoint's state file beside model_N.bin records under the packed-document
+flags; else 50256 for GPT-2's vocabulary, else V - 1; the line printed says
+which). The tokenizer is not part of the export: GPT-2's own
 (GPT2TokenizerFast.from_pretrained("gpt2")) fits a 50257-token model.
 
 Only numpy and safetensors are needed (dev/data/requirements.txt).
@@ -341,8 +345,9 @@ def cmd_import(args) -> None:
 # --- export -----------------------------------------------------------------------------
 
 
-def llmc_to_hf(cfg: dict, params: dict, dropout: dict) -> tuple[dict, dict]:
-    """(config.json dict, state dict with the `transformer.` prefix) of an llm.c model."""
+def llmc_to_hf(cfg: dict, params: dict, dropout: dict, eot: int) -> tuple[dict, dict]:
+    """(config.json dict, state dict with the `transformer.` prefix) of an
+    llm.c model whose end-of-text token is eot (bos and eos)."""
     L, C, V = cfg["num_layers"], cfg["channels"], cfg["vocab_size"]
     tensors = {PREFIX + "wte.weight": params["wte"][:V], PREFIX + "wpe.weight": params["wpe"],
                PREFIX + "ln_f.weight": params["lnfw"], PREFIX + "ln_f.bias": params["lnfb"]}
@@ -355,7 +360,6 @@ def llmc_to_hf(cfg: dict, params: dict, dropout: dict) -> tuple[dict, dict]:
             a = params[ours][i]
             tensors[f"{PREFIX}h.{i}.{theirs}"] = a.T if a.ndim == 2 else a  # Conv1D weights are (in, out)
     tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in tensors.items()}
-    eot = df.GPT2_EOT if V == df.GPT2_VOCAB_SIZE else V - 1
     config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "n_layer": L, "n_head": cfg["num_heads"], "n_embd": C,
@@ -366,6 +370,48 @@ def llmc_to_hf(cfg: dict, params: dict, dropout: dict) -> tuple[dict, dict]:
         "bos_token_id": eot, "eos_token_id": eot, "torch_dtype": "float32",
     }
     return config, tensors
+
+
+STATE_MAGIC, STATE_RUN_ID_SLOT, STATE_HPARAMS_SLOT = 20240527, 22, 32  # docs/FORMATS.md, the state file
+HP_DOCUMENT_FLAGS, HP_EOT_TOKEN = (17, 18, 19), 20  # the packed-document flags' and --eot-token's hyperparameters
+
+
+def run_eot_token(model_path: Path):
+    """The end-of-text token the run that wrote model_path trained with, and
+    where it is known: --eot-token as its checkpoint's state file
+    (state_N_00000.bin beside model_N.bin, carrying the model's run id)
+    records it when a packed-document flag was on. None when nothing records it."""
+    m = re.fullmatch(r"model_(\d{8})\.bin", model_path.name)
+    state = model_path.with_name(f"state_{m.group(1)}_00000.bin") if m else None
+    if state is None or not state.is_file():
+        return None, None
+    h = np.frombuffer(state.read_bytes()[:df.HEADER_BYTES], dtype="<i4")
+    if len(h) < df.HEADER_INTS or h[0] != STATE_MAGIC or h[1] not in (2, 3):
+        return None, None
+    run_id = int(h[STATE_RUN_ID_SLOT:STATE_RUN_ID_SLOT + 2].copy().view("<u8")[0])
+    if run_id == 0 or run_id != df.read_model_run_id(model_path):
+        return None, None
+    hp = h[STATE_HPARAMS_SLOT:]
+    if hp[0] <= HP_EOT_TOKEN or not any(hp[1 + i] for i in HP_DOCUMENT_FLAGS) or hp[1 + HP_EOT_TOKEN] < 0:
+        return None, None  # no document flag (no end of text in the run), or the tokenizer file's
+    return int(hp[1 + HP_EOT_TOKEN]), f"--eot-token of the run, from {state.name}"
+
+
+def export_eot_token(args, V: int) -> tuple[int, str]:
+    """bos/eos of the export: --eot-token, else the run's, else GPT-2's 50256
+    for its vocabulary, else V - 1 (a guess, said so)."""
+    if args.eot_token is not None:
+        if not 0 <= args.eot_token < V:
+            raise DataError(f"export: --eot-token {args.eot_token} is not a token of the model's vocabulary ({V})")
+        return args.eot_token, "--eot-token"
+    eot, source = run_eot_token(Path(args.model))
+    if eot is not None:
+        if eot >= V:
+            raise DataError(f"export: {source} says end of text is {eot}, beyond the model's vocabulary ({V})")
+        return eot, source
+    if V == df.GPT2_VOCAB_SIZE:
+        return df.GPT2_EOT, "GPT-2's"
+    return V - 1, "V - 1: no checkpoint state beside the model records the run's; give --eot-token N if it is another"
 
 
 def current_umask() -> int:
@@ -388,7 +434,8 @@ def cmd_export(args) -> None:
         print(f"note: {args.model}: padded rows {V}..{cfg['padded_vocab_size'] - 1} of wte are not zero; they are dropped")
     # float32 to the shortest decimal that reads back as the same float32 (0.1, not 0.10000000149)
     dropout = {k: float(np.format_float_positional(np.float32(v))) for k, v in df.read_model_dropout(args.model).items()}
-    config, tensors = llmc_to_hf(cfg, params, dropout)
+    eot, eot_source = export_eot_token(args, V)
+    config, tensors = llmc_to_hf(cfg, params, dropout, eot)
     # what import needs to give back this very file (Hugging Face ignores keys it does not know)
     config["remat_run_id"] = f"{df.read_model_run_id(args.model):016x}"
     config["remat_model_version"] = version
@@ -400,7 +447,7 @@ def cmd_export(args) -> None:
     (out / "config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
     os.replace(out / "config.json.tmp", out / "config.json")
     print(f"{out}: config.json and model.safetensors (n_positions {cfg['max_seq_len']}, vocab_size {V}, "
-          f"{sum(a.size for a in tensors.values()):,} parameters)")
+          f"{sum(a.size for a in tensors.values()):,} parameters; bos/eos token {eot}: {eot_source})")
 
 
 def main(argv=None) -> None:
@@ -415,6 +462,10 @@ def main(argv=None) -> None:
     pe = sub.add_parser("export", help="llm.c model file -> Hugging Face GPT-2 directory")
     pe.add_argument("model", help="model file (version 3 or 5), e.g. out/run/model_00001000.bin")
     pe.add_argument("out_dir", help="directory for config.json and model.safetensors")
+    pe.add_argument("--eot-token", type=int, default=None,
+                    help="the end-of-text token (config.json's bos/eos; default: the run's --eot-token, which the state "
+                         "file beside a checkpoint's model records under the packed-document flags, else 50256 for "
+                         "GPT-2's vocabulary, else V - 1)")
     args = p.parse_args(argv)
     (cmd_import if args.command == "import" else cmd_export)(args)
 

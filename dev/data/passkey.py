@@ -26,8 +26,10 @@ at the distances only the longer context reaches.
   mpirun -np 2 ... : python3 dev/data/passkey.py eval data/passkey_8k -- mpirun -np 2 ./train_gpt_cpu -e m.bin --context-parallel 2
 
 Every flag the trainer takes works in the command (-r, --tile-tokens,
---context-parallel); those that choose the data or the evaluation are the
-script's. Validation rows are contiguous (docs/FORMATS.md): row r's inputs are
+--context-parallel); those that choose the data or the evaluation (-x -v -s
+-b -t -m -j --eval-dump) are the script's, and a command that gives one is
+refused (to evaluate otherwise, run the trainer with --eval-dump and read the
+file with --dump). Validation rows are contiguous (docs/FORMATS.md): row r's inputs are
 sample r's T tokens, its last target the next sample's first token, so each
 sample ends with its answer and never needs a token of the next.
 """
@@ -194,6 +196,9 @@ def report(meta, dump, bucket_spec):
         if list(dump["target"][i, pos]) != s["answer_tokens"]:
             raise df.DataError(f"sample {i}: the dump's targets at the answer are {list(dump['target'][i, pos])}, the data's "
                                f"{s['answer_tokens']}: not a dump of this passkey shard")
+        if (dump["position"][i, pos] < 0).any():
+            raise df.DataError(f"sample {i}: the dump did not count the answer's tokens (the trainer's --eod-mask-loss skips "
+                               "tokens whose input is end of text): evaluate without it")
         hits = dump["top1"][i, pos] == dump["target"][i, pos]
         per.append((s["distance"], bool(hits.all()), float(hits.mean()), float(dump["loss"][i, pos].mean())))
     rows = []
@@ -205,7 +210,24 @@ def report(meta, dump, bucket_spec):
     return rows
 
 
+SCRIPT_FLAGS = ["-x", "-v", "-s", "-b", "-t", "-m", "-j", "--eval-dump"]  # the evaluation run_trainer sets
+
+
+def check_command(command):
+    """The trainer's flags in `command` (those after the trainer's own name,
+    so a launcher's -x is not one) must leave the evaluation's to the
+    script: refused, not silently overridden."""
+    names = [i for i, a in enumerate(command) if Path(a).name.startswith("train_gpt")]
+    for arg in command[names[-1] + 1 if names else 0:]:
+        flag = arg.split("=", 1)[0]
+        if flag in SCRIPT_FLAGS:
+            raise df.DataError(f"the trainer command gives {flag}: passkey.py eval sets {' '.join(SCRIPT_FLAGS)} itself (one "
+                               "evaluation of every sample at the data's T, into its own dump): drop it, or run the trainer "
+                               "yourself with --eval-dump and give that file as --dump")
+
+
 def run_trainer(meta_dir, meta, command, dump_path):
+    check_command(command)
     flags = ["-x", "0", "-v", "1", "-s", "0", "-b", "1", "-t", str(meta["seq_len"]), "-m", str(len(meta["samples"])),
              "-j", str(Path(meta_dir) / meta["shard"]), "--eval-dump", str(dump_path)]
     res = subprocess.run([*command, *flags], capture_output=True, text=True)

@@ -29,15 +29,21 @@ T = 16
 TINY = ["--layers", "2", "--channels", "64", "--heads", "2", "--vocab-size", "64"]
 
 
-def read_dump(path):
-    """The dump as docs/FORMATS.md lays it out, read here without passkey.py."""
+def read_dump_arrays(path):
+    """The dump as docs/FORMATS.md lays it out (version 2), read here without
+    passkey.py: the header and the four (S, T) arrays."""
     raw = path.read_bytes()
     h = np.frombuffer(raw[:1024], dtype="<i4")
-    assert (h[0], h[1]) == (20261203, 1), h[:2]
+    assert (h[0], h[1]) == (20261203, 2), h[:2]
     t, s = int(h[2]), int(h[3])
-    assert len(raw) == 1024 + 12 * s * t, (len(raw), s, t)
-    body = np.frombuffer(raw[1024:], dtype="<i4").reshape(3, s, t)
-    return h, body[0], body[1], body[2].view("<f4")
+    assert len(raw) == 1024 + 16 * s * t, (len(raw), s, t)
+    body = np.frombuffer(raw[1024:], dtype="<i4").reshape(4, s, t)
+    return h, body[0], body[1], body[2].view("<f4"), body[3]
+
+
+def read_dump(path):
+    """Header, target, top1 and loss of a dump."""
+    return read_dump_arrays(path)[:4]
 
 
 def val_loss(stdout):

@@ -430,3 +430,39 @@ def test_export_honours_the_umask(tmp_path, umask):
     assert res.returncode == 0, res.stderr
     for name in ("model.safetensors", "config.json"):
         assert oct((tmp_path / "out" / name).stat().st_mode & 0o777) == oct(0o666 & ~umask), name
+
+
+@pytest.mark.parametrize("eot, flags", [(0, ["--eod-mask-loss"]), (17, ["--reset-attention-mask", "--reset-position-ids"]),
+                                        (None, [])])
+def test_export_writes_the_runs_end_of_text_token(tmp_path, tokens, eot, flags):
+    """bos/eos in config.json are the end-of-text token the run trained with
+    (its --eot-token, which the state file beside model_N.bin records), not
+    V - 1; without document flags the run has none and V - 1 is said to be a
+    guess; --eot-token N of the export wins; a model whose state is of
+    another run (copied in) does not lend it its token."""
+    shard, _ = tokens
+    hf = write_hf(tmp_path / "hf", hf_state(np.random.default_rng(11)))
+    assert hf_tool("import", hf, tmp_path / "a.bin").returncode == 0
+    run([binary("train_gpt_cpu"), "-e", tmp_path / "a.bin", "-i", shard, "-j", "", "-b", 1, "-t", T, "-x", 1, "-s", 0, "-o",
+         tmp_path / "run", *flags, *(["--eot-token", eot] if eot is not None else [])], check=True)
+    model = tmp_path / "run" / "model_00000001.bin"
+    res = hf_tool("export", model, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    want = eot if eot is not None else V - 1
+    assert config["bos_token_id"] == config["eos_token_id"] == want, config
+    assert f"bos/eos token {want}: " + ("--eot-token of the run, from state_00000001_00000.bin" if eot is not None else "V - 1")\
+        in res.stdout, res.stdout
+    res = hf_tool("export", model, tmp_path / "out2", "--eot-token", "5")
+    assert res.returncode == 0 and json.loads((tmp_path / "out2" / "config.json").read_text())["eos_token_id"] == 5
+    bad = hf_tool("export", model, tmp_path / "out3", "--eot-token", str(V))
+    assert bad.returncode != 0 and f"--eot-token {V} is not a token of the model's vocabulary ({V})" in bad.stderr
+    # the same file copied beside another run's state: the state is not its run's, so it says nothing
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "model_00000001.bin").write_bytes(model.read_bytes())
+    state = bytearray((tmp_path / "run" / "state_00000001_00000.bin").read_bytes())
+    state[88:96] = (int.from_bytes(state[88:96], "little") ^ 1).to_bytes(8, "little")  # another run id (slots 22-23)
+    (other / "state_00000001_00000.bin").write_bytes(bytes(state))
+    assert hf_tool("export", other / "model_00000001.bin", tmp_path / "out4").returncode == 0
+    assert json.loads((tmp_path / "out4" / "config.json").read_text())["eos_token_id"] == V - 1

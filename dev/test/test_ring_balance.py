@@ -74,10 +74,13 @@ def train(np_, d, tmp, *flags):
 
 
 def dump(path):
+    """target, top1, loss and position of a version 2 dump (docs/FORMATS.md)."""
     raw = np.fromfile(path, dtype=np.int32)
+    assert raw[1] == 2
     n = raw[3] * raw[2]
     body = raw[256:]
-    return body[:n], body[n:2 * n], body[2 * n:].view(np.float32)
+    assert len(body) == 4 * n
+    return body[:n], body[n:2 * n], body[2 * n:3 * n].view(np.float32), body[3 * n:]
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -94,9 +97,10 @@ def test_balanced_ring_against_one_process(unequal, tmp_path, n):
     assert len(val(one)) == 3 and np.allclose(val(ring), val(one), rtol=REL, atol=0)
     by_pos = lambda s: [float(v) for v in re.findall(r"\d+-\d+ ([0-9.]+) top1", s)]  # noqa: E731
     assert len(by_pos(one)) == 3 * 4 and np.allclose(by_pos(ring), by_pos(one), rtol=REL, atol=0)
-    ta, ka, la = dump(tmp_path / "dump1.bin")
-    tb, kb, lb = dump(tmp_path / f"dump{n}.bin")
+    ta, ka, la, pa = dump(tmp_path / "dump1.bin")
+    tb, kb, lb, pb = dump(tmp_path / f"dump{n}.bin")
     assert np.array_equal(ta, tb) and np.mean(ka == kb) > 0.99 and np.allclose(lb, la, rtol=REL, atol=1e-6)
+    assert np.array_equal(pa, pb)  # the positions the model gave, whichever rank held the token
     sample = lambda s: re.findall(r"sample at step \d+:\n---\n(.*?)\n---", s, re.S)  # noqa: E731
     assert len(sample(one)) == 1 and sample(ring) == sample(one)
     # the report: shares that sum to one, and the pairing's busiest member below the zigzag's

@@ -537,6 +537,137 @@ static inline int checkpoint_remove_all(const char* dir) {
     return n;
 }
 
+/* ---- what -o holds, before a run changes it ---- */
+
+/* A file of -o named like a checkpoint's (model_%08d.bin, state_%08d_%05d.bin,
+ * DONE_%08d), with the run id it carries: a DONE marker's line, a model
+ * header's slots MODEL_RUN_ID_SLOT.. (llm.c's magic), a state header's
+ * ST_RUN_ID_* (this trainer's magic and versions); 0 where it carries none
+ * (llm.c's files, an empty marker) or its header cannot be read. */
+typedef struct {
+    char name[256]; /* a dirent name, though those matched are 24 characters at most */
+    int step, is_marker;
+    uint64_t run_id;
+    dev_t dev;
+    ino_t ino;
+} OutputFile;
+
+static inline uint64_t output_file_run_id(const char* path, int is_marker, int is_model) {
+    FILE* f = fopen(path, "rb");
+    if (!f) return 0;
+    int32_t h[256];
+    size_t got = fread(h, 1, sizeof(h), f);
+    fclose(f);
+    uint64_t id = 0;
+    if (is_marker) {
+        if (checkpoint_parse_marker((const char*)h, got, &id) != 0) id = 0;
+    } else if (got == sizeof(h)) {
+        if (is_model && h[0] == MODEL_MAGIC) id = get64(h, MODEL_RUN_ID_SLOT);
+        if (!is_model && h[ST_MAGIC] == STATE_MAGIC && h[ST_VERSION] >= STATE_OLDEST_VERSION && h[ST_VERSION] <= STATE_VERSION)
+            id = get64(h, ST_RUN_ID_LO);
+    }
+    return id;
+}
+
+/* The checkpoint-named files of dir (none when it cannot be listed), in
+ * *files (malloc'ed); returns how many. */
+static inline int output_files_list(const char* dir, OutputFile** files) {
+    int n = 0, cap = 16;
+    *files = (OutputFile*)malloc_check((size_t)cap * sizeof(OutputFile), "the list of -o");
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    char path[4400];
+    while (d && (e = readdir(d)) != NULL) {
+        int marker = checkpoint_step_of_name(e->d_name, "DONE", ""), model = checkpoint_step_of_name(e->d_name, "model", ".bin");
+        int step = marker >= 0 ? marker : model >= 0 ? model : state_step_of_name(e->d_name, "");
+        struct stat sb;
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (step < 0 || stat(path, &sb) != 0) continue;
+        if (n == cap && !(*files = (OutputFile*)realloc(*files, (size_t)(cap *= 2) * sizeof(OutputFile))))
+            fail("out of host memory listing -o %s", dir);
+        OutputFile* of = &(*files)[n++];
+        snprintf(of->name, sizeof(of->name), "%s", e->d_name);
+        of->step = step;
+        of->is_marker = marker >= 0;
+        of->run_id = output_file_run_id(path, marker >= 0, model >= 0);
+        of->dev = sb.st_dev;
+        of->ino = sb.st_ino;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Whether the files of `step` are this trainer's: its DONE marker carries a
+ * run id, or without a marker, one of its files does. */
+static inline int output_step_is_ours(const OutputFile* files, int n, int step) {
+    int any_id = 0;
+    for (int i = 0; i < n; i++)
+        if (files[i].step == step) {
+            if (files[i].is_marker) return files[i].run_id != 0;
+            any_id |= files[i].run_id != 0;
+        }
+    return any_id;
+}
+
+/* Whether `step` has a DONE marker naming run_id: its files are that run's
+ * checkpoint, damaged where one carries another id (-y 1 skipped it, and
+ * the run writes that step again). */
+static inline int output_step_marked_by(const OutputFile* files, int n, int step, uint64_t run_id) {
+    for (int i = 0; i < n; i++)
+        if (files[i].step == step && files[i].is_marker) return files[i].run_id == run_id;
+    return 0;
+}
+
+typedef enum { OUTPUT_FRESH, OUTPUT_SUPERSEDE, OUTPUT_RESUME } OutputUse;
+
+/* Refuses, in one line naming the file and what to do, a run that would
+ * lose a file of -o (checkpoint files are the only ones a run overwrites or
+ * deletes):
+ * - in every use, files named like checkpoints but not this trainer's
+ *   (llm.c's, an empty DONE marker): no run resumes, overwrites or deletes them;
+ * - a fresh run (also -y 1 with no DONE marker to resume): any checkpoint
+ *   file, as nothing in -o is provably its own; --supersede deletes them;
+ * - a fresh run or --supersede: the file -e (`reads`) names, found by inode;
+ * - a resume of run `resumed_id` (0: not known yet): a file of another run,
+ *   but for the files of its own marked steps (a damaged checkpoint of it).
+ * For rank 0, before anything in -o changes. */
+static inline void output_check(const char* dir, OutputUse use, const char* reads, uint64_t resumed_id) {
+    OutputFile* files;
+    int n = output_files_list(dir, &files), latest_marked = -1;
+    for (int i = 0; i < n; i++) {
+        const OutputFile* f = &files[i];
+        if (!output_step_is_ours(files, n, f->step)) {
+            for (int j = 0; j < n; j++) /* the marker, when the step has one, says best what the files are */
+                if (files[j].step == f->step && files[j].is_marker) f = &files[j];
+            fail("-o %s holds %s, %s: not a checkpoint of this trainer (llm.c writes such files), which it neither resumes nor "
+                 "deletes: give another -o, or move the files of step %d out of it", dir, f->name,
+                 f->is_marker ? "a DONE marker without the line \"run <16 hex digits>\"" : "which carries no run id and has no DONE marker",
+                 f->step);
+        }
+        if (f->is_marker && f->step > latest_marked) latest_marked = f->step;
+    }
+    if (use == OUTPUT_RESUME && latest_marked < 0) use = OUTPUT_FRESH; /* -y 1 with nothing to resume starts fresh */
+    struct stat sb;
+    if (use != OUTPUT_RESUME && reads && stat(reads, &sb) == 0)
+        for (int i = 0; i < n; i++)
+            if (files[i].dev == sb.st_dev && files[i].ino == sb.st_ino)
+                fail("-e %s is %s in -o %s, where this run writes its checkpoints (a fresh run's -o holds none of an earlier run; "
+                     "--supersede deletes them): copy it out of -o first, or give another -o", reads, files[i].name, dir);
+    if (use == OUTPUT_FRESH && latest_marked >= 0)
+        fail("-o %s holds checkpoints of an earlier run (the latest complete: step %d): resume it with -y 1, or give "
+             "--supersede to delete them", dir, latest_marked);
+    for (int i = 0; use == OUTPUT_FRESH && i < n; i++)
+        if (files[i].run_id)
+            fail("-o %s holds %s of run %016llx with no DONE marker (a checkpoint a run did not finish, or the model a -x 0 "
+                 "run saved), which a fresh run would overwrite or delete: give another -o, or delete it (--supersede, "
+                 "without -y 1, does)", dir, files[i].name, (unsigned long long)files[i].run_id);
+    for (int i = 0; use == OUTPUT_RESUME && resumed_id && i < n; i++)
+        if (files[i].run_id && files[i].run_id != resumed_id && !output_step_marked_by(files, n, files[i].step, resumed_id))
+            fail("-o %s holds %s of run %016llx, not of the run resumed (%016llx), which this run would overwrite or delete: move "
+                 "it out of -o", dir, files[i].name, (unsigned long long)files[i].run_id, (unsigned long long)resumed_id);
+    free(files);
+}
+
 /* Retention after checkpoint `newest` is complete: keep the last keep_last
  * whole checkpoints (0: all) and those whose step is a multiple of
  * keep_every; remove the other whole ones. A damaged checkpoint is never

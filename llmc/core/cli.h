@@ -130,7 +130,7 @@ static const FlagSpec flag_table[] = {
     {"--temperature", FLAG_FLOAT, OPT(temperature), 0, 100, FOR_BOTH, "sampling temperature (0: always the most probable token)"},
     {"--top-k", FLAG_INT, OPT(top_k), 0, 65536, FOR_BOTH, "sample only among the K most probable tokens (0: all)"},
     {"--eval-by-position", FLAG_STRING, OPT(eval_by_position), 0, 0, FOR_BOTH, "also report validation loss and top-1 accuracy per position bucket: W gives [0,W), [W,2W), [2W,4W), ... (1024: 0-1k, 1k-2k, 2k-4k), every:W buckets of width W, a list E0,E1,...,En the buckets [E0,E1), ..., [En-1,En) (positions outside are not counted; up to 256 buckets); 0: off. Validation rows are contiguous: row r's last target is row r+1's first token"},
-    {"--eval-dump", FLAG_STRING, OPT(eval_dump), 0, 0, FOR_BOTH, "write every validation token's target, loss and top-1 prediction to this file (its directory must exist) at each evaluation (docs/FORMATS.md; read by dev/plot_log.py --dump and dev/data/passkey.py)"},
+    {"--eval-dump", FLAG_STRING, OPT(eval_dump), 0, 0, FOR_BOTH, "write every validation token's target, top-1 prediction, loss and position (-1: not counted) to this file (its directory must exist) at each evaluation (docs/FORMATS.md; read by dev/plot_log.py --dump and dev/data/passkey.py)"},
     {"-r", FLAG_STRING, OPT(recompute), 0, 0, FOR_BOTH, "activation recompute: 0 keep all, 1 full per layer, 2 selective, 3 full but attention kept, auto (fastest predicted that fits --mem-budget, with the token tile size unless --tile-tokens gives one), or per layer MODE:LAYERS/... like 1:0-3/3:4-11 (layers not named: 0); MODEo (1o, 3o) offloads that group's kept tensors to host memory"},
     {"--recompute-layers", FLAG_STRING, OPT(recompute_layers), 0, 0, FOR_BOTH, "layers -r 1 or -r 3 applies to (the others keep everything): all|none|N (first N)|every:K|list like 0,2,5-7"},
     {"--plan", FLAG_SWITCH, OPT(plan_only), 0, 1, FOR_BOTH, "print the memory plan and the fit of each recompute mode, then exit"},
@@ -260,6 +260,18 @@ static inline void print_usage(const char* prog, int trainer) {
     printf("  %-22s show this help\n", "-h, --help");
 }
 
+/* Whether s starts as a number written plainly: a digit, or '-' then a
+ * digit (or '.', with `fraction`), or '.' with `fraction`. strtol and strtod
+ * alone would also take leading spaces and '+' (" 2", "+64"), and strtod
+ * hexadecimal ("0x10"): none is what the docs call a value. */
+static inline int number_starts_plainly(const char* s, int fraction) {
+    const char* d = s[0] == '-' ? s + 1 : s;
+    if (!((*d >= '0' && *d <= '9') || (fraction && *d == '.'))) return 0;
+    for (const char* c = s; *c && fraction; c++)
+        if (*c == 'x' || *c == 'X') return 0;
+    return 1;
+}
+
 static inline void parse_flag_value(const FlagSpec* f, const char* val, TrainOptions* o) {
     char* end = NULL;
     void* field = (char*)o + f->offset;
@@ -267,12 +279,14 @@ static inline void parse_flag_value(const FlagSpec* f, const char* val, TrainOpt
     errno = 0;
     if (f->type == FLAG_INT) {
         long v = strtol(val, &end, 10);
-        if (end == val || *end != '\0' || errno == ERANGE) fail("flag %s: '%s' is not an integer", f->name, val);
+        if (end == val || *end != '\0' || errno == ERANGE || !number_starts_plainly(val, 0))
+            fail("flag %s: '%s' is not an integer", f->name, val);
         if ((double)v < f->min || (double)v > f->max) fail("flag %s: %ld out of range [%.0f, %.0f]", f->name, v, f->min, f->max);
         *(int*)field = (int)v;
     } else {
         double v = strtod(val, &end);
-        if (end == val || *end != '\0' || errno == ERANGE || !isfinite(v)) fail("flag %s: '%s' is not a number", f->name, val);
+        if (end == val || *end != '\0' || errno == ERANGE || !isfinite(v) || !number_starts_plainly(val, 1))
+            fail("flag %s: '%s' is not a number", f->name, val);
         if (v < f->min || v > f->max) fail("flag %s: %g out of range [%g, %g]", f->name, v, f->min, f->max);
         *(float*)field = (float)v;
     }
@@ -335,7 +349,7 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         if (end != o->tile_tokens_flag && !*end && (errno == ERANGE || k > INT_MAX))
             fail("flag --tile-tokens: %s is more than 2^31-1 = 2147483647, the most tokens a tile (or a micro-step) can hold",
                  o->tile_tokens_flag);
-        if (end == o->tile_tokens_flag || *end || errno == ERANGE || k < 0)
+        if (end == o->tile_tokens_flag || *end || errno == ERANGE || k < 0 || !number_starts_plainly(o->tile_tokens_flag, 0))
             fail("flag --tile-tokens: '%s' is not 0, a positive number of tokens, or auto", o->tile_tokens_flag);
         o->tile_tokens = (int)k;
     }
@@ -344,7 +358,8 @@ static inline void parse_args(int argc, char** argv, TrainOptions* o, int traine
         char* end = NULL;
         errno = 0;
         long k = strtol(o->segment_layers_flag, &end, 10);
-        if (end == o->segment_layers_flag || *end || errno == ERANGE || k < 1 || k > INT_MAX)
+        if (end == o->segment_layers_flag || *end || errno == ERANGE || k < 1 || k > INT_MAX ||
+            !number_starts_plainly(o->segment_layers_flag, 0))
             fail("flag --segment-layers: '%s' is not a positive number of layers, or auto", o->segment_layers_flag);
         o->segment_layers = (int)k;
     }
@@ -393,13 +408,13 @@ static inline const char* parse_layer_list(const char* flag, const char* whole, 
     if (*p == '\0' || *p == stop) fail("flag %s: empty layer list in '%s'", flag, whole);
     while (*p && *p != stop) {
         long a = strtol(p, &end, 10);
-        if (end == p || a < 0) fail("flag %s: '%s' is not all, none, N, every:K or a list like 0,2,5-7", flag, whole);
+        if (end == p || a < 0 || !number_starts_plainly(p, 0)) fail("flag %s: '%s' is not all, none, N, every:K or a list like 0,2,5-7", flag, whole);
         long b = a;
         p = end;
         if (*p == '-') {
             const char* q = p + 1;
             b = strtol(q, &end, 10);
-            if (end == q || b < a) fail("flag %s: bad range in '%s'", flag, whole);
+            if (end == q || b < a || !number_starts_plainly(q, 0)) fail("flag %s: bad range in '%s'", flag, whole);
             p = end;
         }
         if (*p == ',') p++;
@@ -418,14 +433,14 @@ static inline void parse_layer_set(const char* spec, int L, unsigned char* mask)
     char* end = NULL;
     if (strncmp(spec, "every:", 6) == 0) {
         long k = strtol(spec + 6, &end, 10);
-        if (end == spec + 6 || *end || k < 1 || k > L)
+        if (end == spec + 6 || *end || k < 1 || k > L || !number_starts_plainly(spec + 6, 0))
             fail("flag --recompute-layers: '%s': every:K needs K in [1, %d] (the model's layers)", spec, L);
         for (long l = 0; l < L; l += k) mask[l] = 1;
         return;
     }
     if (strchr(spec, ',') == NULL && strchr(spec, '-') == NULL) { /* a single number N means the first N layers */
         long n = strtol(spec, &end, 10);
-        if (end == spec || *end || n < 0) fail("flag --recompute-layers: '%s' is not all, none, N, every:K or a list like 0,2,5-7", spec);
+        if (end == spec || *end || n < 0 || !number_starts_plainly(spec, 0)) fail("flag --recompute-layers: '%s' is not all, none, N, every:K or a list like 0,2,5-7", spec);
         if (n > L) fail("flag --recompute-layers: %ld layers requested, the model has %d", n, L);
         memset(mask, 1, (size_t)n);
         return;

@@ -175,6 +175,8 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
             s->B, s->T, s->elem_bytes, s->world_size, s->zero_stage, spec_grad_accum(s));
     char flag[8192];
     format_recompute_flag(s->layer_mode, s->layer_offload, c->num_layers, flag, sizeof(flag));
+    /* with the run's other flags, these reproduce the plan: what -r auto chose, or what was given */
+    fprintf(out, "\"flags\": \"-r %s --tile-tokens %d --segment-layers %d\", ", flag, s->tile_tokens, plan_segment_layers(s));
     fprintf(out, "\"recompute\": \"%s\", \"layer_modes\": [", flag);
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"layer_offload\": [");

@@ -15,6 +15,8 @@
  * none). */
 #define MAX_POSITION_BUCKETS 256
 #define EVAL_DUMP_MAGIC 20261203 /* docs/FORMATS.md: the per-token evaluation dump */
+#define EVAL_DUMP_VERSION 2       /* 2 added the `position` array */
+#define EVAL_DUMP_ARRAYS 4        /* target, top1, loss, position: (S, T) each, 4 bytes an element */
 typedef struct {
     int n;             /* buckets (0: no --eval-by-position) */
     int begin[MAX_POSITION_BUCKETS], end[MAX_POSITION_BUCKETS];
@@ -25,6 +27,7 @@ typedef struct {
     float* losses;     /* (B*Tl) host copy of the last batch's losses: this rank's Tl = T / N tokens of each row */
     int* top1;         /* (B*Tl) the last batch's top-1 tokens */
     int* position;     /* (Tl) global position of each of them in the last batch (llmc/core/dataloader.h) */
+    int* given_position; /* (B*Tl) the position the model gave each (within its document under --reset-position-ids), -1: not counted */
     const char* dump_path; /* --eval-dump ("": none) */
     FILE* dump;        /* during an evaluation: the dump's temporary file (rank 0: dump_af's) */
     AtomicFile dump_af;
@@ -55,7 +58,7 @@ static inline long position_edge(const char* spec, const char** p) {
     char* end = NULL;
     errno = 0;
     long v = strtol(*p, &end, 10);
-    if (end == *p || errno == ERANGE || v < 0 || (*end && *end != ','))
+    if (end == *p || errno == ERANGE || v < 0 || (*end && *end != ',') || !number_starts_plainly(*p, 0))
         fail("flag --eval-by-position: '%s' is not 0, a width W, every:W, or increasing edges E0,E1,... (non-negative integers)", spec);
     *p = end;
     return v;
@@ -102,6 +105,7 @@ static inline void position_losses_init(PositionLosses* pl, const TrainOptions* 
     pl->losses = (float*)malloc_check((size_t)B * Tl * sizeof(float), "per-token results");
     pl->top1 = (int*)malloc_check((size_t)B * Tl * sizeof(int), "per-token results");
     pl->position = (int*)malloc_check((size_t)Tl * sizeof(int), "per-token results");
+    pl->given_position = (int*)malloc_check((size_t)B * Tl * sizeof(int), "per-token results");
     for (int t = 0; t < T; t++) pl->bucket_of[t] = -1;
     for (int i = 0; i < pl->n; i++)
         for (int t = pl->begin[i]; t < pl->end[i]; t++) pl->bucket_of[t] = i;
@@ -117,9 +121,9 @@ static inline void eval_dump_begin(PositionLosses* pl, const Run* run, int batch
     if (run->rank == 0) {
         atomic_open(&pl->dump_af, pl->dump_path);
         int32_t h[256] = {0};
-        h[0] = EVAL_DUMP_MAGIC; h[1] = 1; h[2] = o->T; h[3] = (int32_t)pl->dump_sequences; h[4] = step; h[5] = run->cfg.vocab_size;
+        h[0] = EVAL_DUMP_MAGIC; h[1] = EVAL_DUMP_VERSION; h[2] = o->T; h[3] = (int32_t)pl->dump_sequences; h[4] = step; h[5] = run->cfg.vocab_size;
         fwrite_check(h, 4, 256, pl->dump_af.f, pl->dump_af.tmp_path);
-        if (fflush(pl->dump_af.f) != 0 || ftruncate(fileno(pl->dump_af.f), 1024 + 12L * pl->dump_sequences * o->T) != 0)
+        if (fflush(pl->dump_af.f) != 0 || ftruncate(fileno(pl->dump_af.f), 1024 + 4L * EVAL_DUMP_ARRAYS * pl->dump_sequences * o->T) != 0)
             fail("%s: cannot size the evaluation dump (%s)", pl->dump_af.tmp_path, write_error_why(errno));
         pl->dump = pl->dump_af.f;
     }
@@ -130,8 +134,9 @@ static inline void eval_dump_begin(PositionLosses* pl, const Run* run, int batch
     }
 }
 
-/* This rank's B x Tl tokens of batch `batch` into the dump's three arrays
- * (sequence, position): target (int32), top-1 (int32), loss (fp32). */
+/* This rank's B x Tl tokens of batch `batch` into the dump's four arrays
+ * (sequence, position): target (int32), top-1 (int32), loss (fp32), the
+ * position the model gave the token (int32, -1: not counted). */
 static inline void eval_dump_batch(PositionLosses* pl, const Run* run, const int* targets, int batch) {
     int B = run->opt.B, T = run->opt.T, Tl = T / run->cp.group_size;
     long plane = (long)pl->dump_sequences * T;
@@ -142,8 +147,8 @@ static inline void eval_dump_batch(PositionLosses* pl, const Run* run, const int
             while (i + k < Tl && pl->position[i + k] == pl->position[i] + k) k++;
             long at = seq * T + pl->position[i];
             size_t row = (size_t)b * Tl + i;
-            const void* arrays[3] = {targets + row, pl->top1 + row, pl->losses + row};
-            for (int a = 0; a < 3; a++) {
+            const void* arrays[EVAL_DUMP_ARRAYS] = {targets + row, pl->top1 + row, pl->losses + row, pl->given_position + row};
+            for (int a = 0; a < EVAL_DUMP_ARRAYS; a++) {
                 fseek_check(pl->dump, 1024 + 4 * ((long)a * plane + at), SEEK_SET, pl->dump_af.tmp_path);
                 fwrite_check(arrays[a], 4, (size_t)k, pl->dump, pl->dump_af.tmp_path);
             }
@@ -173,11 +178,13 @@ static inline void position_losses_add(PositionLosses* pl, Backend* be, const Ru
     for (int b = 0; b < B; b++)
         for (int i = 0; i < Tl; i++) {
             size_t k = (size_t)b * Tl + i;
+            pl->given_position[k] = -1;
             if (docs->eod_mask_loss && be->inputs[k] == docs->eot_token) continue;
+            pl->given_position[k] = pl->position[i] - (docs->reset_position_ids ? be->doc_start[k] : 0);
             double hit = pl->top1[k] == be->targets[k];
             pl->all_hits += hit;
             pl->all_tokens += 1.0;
-            int bucket = pl->bucket_of[pl->position[i] - (docs->reset_position_ids ? be->doc_start[k] : 0)];
+            int bucket = pl->bucket_of[pl->given_position[k]];
             if (bucket < 0) continue;
             pl->loss_sum[bucket] += (double)pl->losses[k];
             pl->hits[bucket] += hit;
@@ -191,6 +198,7 @@ static inline void position_losses_free(PositionLosses* pl) {
     free(pl->losses);
     free(pl->top1);
     free(pl->position);
+    free(pl->given_position);
 }
 
 /* "1k" for multiples of 1024, else the number. */
@@ -245,18 +253,23 @@ static inline float evaluate(Run* run, Backend* be, DataLoader* val, PositionLos
         pl->tokens[i] = proc_sum(pl->tokens[i], "the validation sums by position");
     }
     float mean;
+    int none_counted = 0; /* every token masked: no mean to print (a diverged model's NaN still prints as nan) */
     if (run->docs.eod_mask_loss) { /* the mean over the tokens counted, all batches and processes */
         counted = proc_sum(counted, "the count of validation tokens counted");
         double total = proc_sum(sum, "the validation loss sum");
-        mean = counted > 0 ? (float)(total / counted) : 0.0f;
+        none_counted = !(counted > 0);
+        mean = none_counted ? NAN : (float)(total / counted); /* no mean of nothing: the log's null */
     } else {
         mean = (float)proc_mean(sum / n, "the validation loss mean");
     }
-    printf("val loss %.6f at step %d\n", (double)mean, step);
+    static const char* const none = "no token counted: under --eod-mask-loss every input evaluated is the end-of-text token";
+    if (none_counted) printf("val loss - at step %d (%s)\n", step, none);
+    else printf("val loss %.6f at step %d\n", (double)mean, step);
     logger_val(log, step, mean);
     if (pl->per_token) {
         double hits = proc_sum(pl->all_hits, "the validation top-1 count"), tokens = proc_sum(pl->all_tokens, "the validation top-1 count");
-        if (run->rank == 0) printf("val top-1 accuracy %.6f at step %d (%.0f tokens)\n", hits / tokens, step, tokens);
+        if (run->rank == 0 && tokens == 0.0) printf("val top-1 accuracy - at step %d (%s)\n", step, none);
+        else if (run->rank == 0) printf("val top-1 accuracy %.6f at step %d (%.0f tokens)\n", hits / tokens, step, tokens);
     }
     if (pl->n && run->rank == 0) print_position_losses(pl, step, log);
     if (pl->dump_path[0] && run->rank == 0) printf("eval dump: %ld sequences of %d tokens written to %s\n", pl->dump_sequences, run->opt.T, pl->dump_path);

@@ -19,21 +19,17 @@ static inline int wants_random_init(const TrainOptions* o) {
     return config_from_descriptor(o->model, &tmp) == 0;
 }
 
-/* The run id: the checkpoint's on resume (checked against all its files),
- * else a new one. A fresh run into an -o holding complete checkpoints of an
- * earlier run is refused unless --supersede; -y 1 with none starts fresh. */
+/* The run id: the checkpoint's on resume (checked against all its files and
+ * every other file of -o), else a new one; -y 1 with no checkpoint starts
+ * fresh. What a fresh run refuses in -o: output_check, in resolve_model. */
 static inline void resolve_run_identity(Run* run) {
     const TrainOptions* o = &run->opt;
     FILE* notes = setup_notes(o);
     if (run->resume_step >= 0) {
         if (run->rank == 0) run->run_id = checkpoint_verify_run_id(o->out_dir, run->resume_step, remat_proc.world);
+        if (run->rank == 0) output_check(o->out_dir, OUTPUT_RESUME, NULL, run->run_id);
     } else {
         if (o->resume) fprintf(notes, "resume: no complete checkpoint (DONE_* marker) in %s: starting a fresh run\n", o->out_dir);
-        int existing = o->out_dir[0] && !o->resume && !o->supersede && !o->plan_only && !o->plan_json ? checkpoint_latest(o->out_dir) : -1;
-        proc_broadcast(&existing, sizeof(existing), "the check of -o for earlier runs");
-        if (existing >= 0)
-            fail("-o %s holds checkpoints of an earlier run (the latest complete: step %d): resume it with -y 1, or give "
-                 "--supersede to delete them", o->out_dir, existing);
         run->run_id = run_id_new();
     }
     proc_broadcast(&run->run_id, sizeof(run->run_id), "the run id broadcast");
@@ -117,7 +113,10 @@ static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* f
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
-    if (o->out_dir[0] && run->rank == 0 && !o->plan_only && !o->plan_json) output_lock(o->out_dir, 0); /* before -o is read */
+    if (o->out_dir[0] && run->rank == 0 && !o->plan_only && !o->plan_json) {
+        output_lock(o->out_dir, 0); /* before -o is read */
+        output_check(o->out_dir, o->supersede ? OUTPUT_SUPERSEDE : o->resume ? OUTPUT_RESUME : OUTPUT_FRESH, o->model, 0);
+    }
     run->resume_step = o->resume && run->rank == 0 ? checkpoint_latest_whole(o->out_dir, setup_notes(o)) : -1;
     proc_broadcast(&run->resume_step, sizeof(run->resume_step), "the resume step broadcast"); /* every rank resumes the same step */
     resolve_run_identity(run);
@@ -182,9 +181,14 @@ static inline void resolve_recompute(Run* run) {
         fail("flag --segment-layers: %d is more than the model's %d layers (at most %d: one segment)", run->opt.segment_layers, L, L);
     int K = run->opt.segment_layers;
     for (int l = 0; K > 1 && !run->opt.offload_checkpoints && l < L; l++)
-        if (run->layer_offload[l] && l % K != 0)
+        if (run->layer_offload[l] && l % K != 0) {
+            char starts[64]; /* the segment inputs there are, the model's, not a pattern past its last layer */
+            if (K >= L) snprintf(starts, sizeof(starts), "layer 0 alone: one segment");
+            else if (2 * K >= L) snprintf(starts, sizeof(starts), "layers 0 and %d", K);
+            else snprintf(starts, sizeof(starts), "layers 0, %d, ..., %d", K, (L - 1) / K * K);
             fail("flag -r: '%s' offloads layer %d, which starts no segment of --segment-layers %d: with segments only the "
-                 "segment inputs (layers 0, %d, ...) offload", run->opt.recompute, l, K, K);
+                 "segment inputs (%s) offload", run->opt.recompute, l, K, starts);
+        }
     if (!run->opt.offload_checkpoints || strcmp(run->opt.recompute, "auto") == 0) return;
     int any = 0, segments = K > 1;
     for (int l = 0; l < L; l++) { /* with segments: every segment's input */

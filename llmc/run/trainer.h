@@ -280,8 +280,8 @@ static inline void loop_open(Run* run, Backend* be, LoopState* ls) {
  * has been: creates -o (and locks it, if it did not exist before), removes
  * the DONE markers of damaged checkpoints newer than the one resumed, this
  * run's stale temporaries (left by
- * kill -9 or a second signal), for a fresh run the checkpoints of an earlier
- * one (--supersede) and incomplete leftovers, and opens the log (a fresh
+ * kill -9 or a second signal), with --supersede every checkpoint file of an
+ * earlier run (a fresh run without it was refused any: output_check), and opens the log (a fresh
  * run's starts empty; a resumed run's loses the lines it will write again). */
 static inline void open_output(Run* run, LoopState* ls) {
     const TrainOptions* o = &run->opt;
@@ -294,7 +294,7 @@ static inline void open_output(Run* run, LoopState* ls) {
                    "writes those steps again)\n", unmarked == 1 ? "" : "s", unmarked, unmarked == 1 ? "" : "s", run->resume_step);
         int stale = checkpoint_remove_temporaries(o->out_dir);
         if (stale) printf("checkpoints: removed %d stale temporary file%s (*.tmp) from %s\n", stale, stale == 1 ? "" : "s", o->out_dir);
-        int removed = run->resume_step < 0 ? checkpoint_remove_all(o->out_dir) : 0;
+        int removed = o->supersede ? checkpoint_remove_all(o->out_dir) : 0; /* else output_check refused any */
         if (removed) printf("checkpoints: removed %d earlier checkpoint%s from %s\n", removed, removed == 1 ? "" : "s", o->out_dir);
     }
     proc_barrier("the barrier after clearing -o");
