@@ -109,6 +109,7 @@ static inline void note_flags_ignored_on_resume(const Run* run, const char* mode
 static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* file) {
     if (!option_given(&run->opt, "--wpe-init") || run->resume_step >= 0) return;
     if (!file) fail("flag --wpe-init: applies to a model file whose position table --max-seq-len lengthens, not to random init");
+    if (file->cfg.positions != POS_LEARNED) fail("flag --wpe-init: %s uses RoPE and has no position table", run->model_path);
     if (run->cfg.max_seq_len <= file->cfg.max_seq_len)
         fail("flag --wpe-init: applies only when --max-seq-len lengthens the position table of %s (%d rows; this run: %d)",
              run->model_path, file->cfg.max_seq_len, run->cfg.max_seq_len);
@@ -130,7 +131,7 @@ static inline void resolve_model(Run* run) {
         run->model_path = NULL;
     } else {
         if (!file_exists(o->model) && !strchr(o->model, '/') && !strchr(o->model, '.'))
-            fail("-e: unknown model descriptor '%s' (d6, d12, d24, d36, d48), and no model file of that name", o->model);
+            fail("-e: unknown model descriptor '%s' (" MODEL_DESCRIPTOR_LIST "), and no model file of that name", o->model);
         if (o->layers || o->heads || o->channels || o->vocab_size)
             fail("flags --layers/--heads/--channels/--vocab-size apply to random init only, not to the model file %s", o->model);
         run->model_path = o->model;
@@ -141,7 +142,8 @@ static inline void resolve_model(Run* run) {
         run->cfg = info.cfg;
         resolve_dropout(run, info.pdrop, run->model_path);
         snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
-        if (run->resume_step < 0 && o->max_seq_len > info.cfg.max_seq_len && !option_given(o, "--wpe-init"))
+        int table = info.cfg.positions == POS_LEARNED; /* RoPE has no table: its longest length is a number */
+        if (run->resume_step < 0 && table && o->max_seq_len > info.cfg.max_seq_len && !option_given(o, "--wpe-init"))
             fail("--max-seq-len %d lengthens the position table of %s (%d rows): choose how its new rows start, --wpe-init "
                  "interpolate (the learned rows stretched over %d positions) or --wpe-init tile (row t = learned row t mod %d); "
                  "neither is better for every model (docs/finetune_long.md measures both)",
@@ -150,7 +152,9 @@ static inline void resolve_model(Run* run) {
             /* long-context fine-tuning: a longer (or shorter) position table */
             run->cfg.max_seq_len = o->max_seq_len;
             size_t used = strlen(run->model_desc);
-            snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
+            if (!table) snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", RoPE set up for %d positions (was %d)",
+                                 o->max_seq_len, info.cfg.max_seq_len);
+            else snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
                      info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len <= info.cfg.max_seq_len ? ""
                      : strcmp(o->wpe_init, "interpolate") == 0 ? " (learned rows interpolated)" : " (learned rows repeated)");
         }
@@ -573,7 +577,7 @@ static inline void run_resolve(Run* run, int argc, char** argv, const TrainerTra
     spec.layer_mode = run->layer_mode;
     spec.layer_offload = run->layer_offload;
     spec.grad_accum = run->grad_accum;
-    int hs = run->cfg.channels / run->cfg.num_heads;
+    int hs = block_widths(&run->cfg).HD;
     int family = remat_attention_family_hook ? remat_attention_family_hook(hs) : -1;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, family, hs, &spec.cost_model);
     spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
