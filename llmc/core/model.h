@@ -319,50 +319,78 @@ static inline int config_from_descriptor(const char* desc, ModelConfig* cfg) {
  * configurable family's may hold more (V + 127 must fit an int). */
 #define MODEL_MAX_VOCAB 2147483520
 
-/* What is wrong with the switches of a configurable-family shape, into why[n]; 0 when nothing. */
-static inline int config_switch_problem(const ModelConfig* c, const char* what, char* why, size_t n) {
-    int scaled = c->rope_scaling != ROPE_DEFAULT && c->positions == POS_ROPE;
-    if (c->family < FAMILY_GPT2 || c->family > FAMILY_QWEN2) snprintf(why, n, "%s: family %d unknown (1 gpt2, 2 llama, 3 qwen2)", what, c->family);
-    else if (c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads != 0)
-        snprintf(why, n, "%s: K/V heads %d must be positive and divide the %d query heads", what, c->num_kv_heads, c->num_heads);
-    else if (c->head_size < 1 || c->head_size > 4096) snprintf(why, n, "%s: head size %d out of range [1, 4096]", what, c->head_size);
-    else if ((long long)(c->num_heads + 2 * c->num_kv_heads) * c->head_size > (1 << 20))
-        snprintf(why, n, "%s: QKV width (%d + 2 x %d) x %d too large (at most 1048576)", what, c->num_heads, c->num_kv_heads, c->head_size);
-    else if (c->ffn < 1 || c->ffn > (1 << 20)) snprintf(why, n, "%s: MLP width %d out of range [1, 1048576]", what, c->ffn);
-    else if (c->norm != NORM_LAYERNORM && c->norm != NORM_RMSNORM) snprintf(why, n, "%s: norm %d unknown (0 LayerNorm, 1 RMSNorm)", what, c->norm);
-    else if (!(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) snprintf(why, n, "%s: norm epsilon %g not in (0, 1)", what, (double)c->norm_eps);
-    else if (c->positions != POS_LEARNED && c->positions != POS_ROPE) snprintf(why, n, "%s: positions %d unknown (0 learned, 1 RoPE)", what, c->positions);
-    else if (c->positions == POS_ROPE && c->head_size % 2 != 0) snprintf(why, n, "%s: head size %d must be even for RoPE", what, c->head_size);
-    else if (c->positions == POS_ROPE && !(c->rope_theta > 1.0f && isfinite(c->rope_theta)))
-        snprintf(why, n, "%s: RoPE theta %g must be a finite number above 1", what, (double)c->rope_theta);
-    else if (c->rope_scaling < ROPE_DEFAULT || c->rope_scaling > ROPE_YARN)
-        snprintf(why, n, "%s: RoPE scaling %d unknown (0 default, 1 linear, 2 llama3, 3 yarn)", what, c->rope_scaling);
-    else if (scaled && !(c->rope_factor >= 1.0f && isfinite(c->rope_factor)))
-        snprintf(why, n, "%s: RoPE scaling factor %g must be finite and at least 1", what, (double)c->rope_factor);
-    else if (c->positions == POS_ROPE && c->rope_scaling == ROPE_LLAMA3 &&
-             !(c->rope_low > 0.0f && c->rope_high > c->rope_low && isfinite(c->rope_high)))
-        snprintf(why, n, "%s: llama3 RoPE low_freq_factor %g and high_freq_factor %g must satisfy 0 < low < high", what, (double)c->rope_low,
-                 (double)c->rope_high);
-    else if (c->positions == POS_ROPE && c->rope_scaling == ROPE_YARN &&
-             !(c->rope_low > 0.0f && c->rope_high > 0.0f && isfinite(c->rope_low) && isfinite(c->rope_high)))
-        snprintf(why, n, "%s: yarn beta_fast %g and beta_slow %g must be positive", what, (double)c->rope_low, (double)c->rope_high);
-    else if (scaled && (c->rope_scaling == ROPE_LLAMA3 || c->rope_scaling == ROPE_YARN) && c->rope_original_max < 1)
-        snprintf(why, n, "%s: RoPE scaling %s needs original_max_position_embeddings (%d)", what, rope_type_names[c->rope_scaling],
-                 c->rope_original_max);
-    else if (!(c->rope_attn_factor >= 0.0f && c->rope_attn_factor < 100.0f))
-        snprintf(why, n, "%s: yarn attention factor %g out of range [0, 100)", what, (double)c->rope_attn_factor);
-    else if (c->mlp != MLP_GELU && c->mlp != MLP_SWIGLU) snprintf(why, n, "%s: MLP %d unknown (0 GELU, 1 SwiGLU)", what, c->mlp);
-    else if (c->bias < 0 || c->bias > BIAS_ALL) snprintf(why, n, "%s: bias mask %d out of range [0, 15]", what, c->bias);
-    else if (c->tied != 0 && c->tied != 1) snprintf(why, n, "%s: head %d unknown (1 tied, 0 untied)", what, c->tied);
-    else if (c->bos < -1 || c->bos >= c->vocab_size) snprintf(why, n, "%s: bos token %d not in the vocabulary (or -1)", what, c->bos);
-    else if (c->eos < -1 || c->eos >= c->vocab_size) snprintf(why, n, "%s: eos token %d not in the vocabulary (or -1)", what, c->eos);
-    else if (c->hf_max_positions < 0) snprintf(why, n, "%s: max_position_embeddings %d negative", what, c->hf_max_positions);
-    else return 0;
-    return -1;
-}
+/* Header slots 8-27 of versions 7/8 (docs/FORMATS.md): the switches. */
+enum {
+    SLOT_FAMILY = 8, SLOT_NKV, SLOT_HD, SLOT_FFN, SLOT_NORM, SLOT_NORM_EPS, SLOT_POSITIONS, SLOT_ROPE_THETA, SLOT_ROPE_SCALING,
+    SLOT_ROPE_FACTOR, SLOT_ROPE_LOW, SLOT_ROPE_HIGH, SLOT_ROPE_ORIGINAL_MAX, SLOT_ROPE_ATTN_FACTOR, SLOT_MLP, SLOT_BIAS, SLOT_TIED,
+    SLOT_BOS, SLOT_EOS, SLOT_HF_MAX_POS, SLOT_FIRST_UNUSED
+};
+static const char* const model_slot_names[SLOT_FIRST_UNUSED - SLOT_FAMILY] = {
+    "family", "K/V heads", "head size", "MLP width", "norm", "norm epsilon", "positions", "RoPE theta", "RoPE scaling",
+    "RoPE factor", "low_freq_factor/beta_fast", "high_freq_factor/beta_slow", "original_max_position_embeddings",
+    "yarn attention factor", "MLP kind", "bias mask", "tied head", "bos token", "eos token", "max_position_embeddings"};
 
-/* What is wrong with a shape, into why[n] (`what` names its source); 0 when nothing. */
-static inline int config_problem(const ModelConfig* c, const char* what, char* why, size_t n) {
+/* What is wrong with the switches of a configurable-family shape, into
+ * why[n], and *slot_out: the model file's header slot that holds it
+ * (docs/FORMATS.md); 0 when nothing. */
+/* A switch's problem: its message into why[n], its header slot into *slot_out. */
+#define SWITCH_PROBLEM(slot, ...)            \
+    do {                                     \
+        snprintf(why, n, __VA_ARGS__);       \
+        *slot_out = (slot);                  \
+        return -1;                           \
+    } while (0)
+
+static inline int config_switch_problem(const ModelConfig* c, const char* what, char* why, size_t n, int* slot_out) {
+    int rope = c->positions == POS_ROPE, scaled = rope && c->rope_scaling != ROPE_DEFAULT;
+    int llama3 = scaled && c->rope_scaling == ROPE_LLAMA3, yarn = scaled && c->rope_scaling == ROPE_YARN;
+    if (c->family < FAMILY_GPT2 || c->family > FAMILY_QWEN2)
+        SWITCH_PROBLEM(SLOT_FAMILY, "%s: family %d unknown (1 gpt2, 2 llama, 3 qwen2)", what, c->family);
+    if (c->num_kv_heads < 1 || c->num_heads % c->num_kv_heads != 0)
+        SWITCH_PROBLEM(SLOT_NKV, "%s: K/V heads %d must be positive and divide the %d query heads", what, c->num_kv_heads, c->num_heads);
+    if (c->head_size < 1 || c->head_size > 4096) SWITCH_PROBLEM(SLOT_HD, "%s: head size %d out of range [1, 4096]", what, c->head_size);
+    if ((long long)(c->num_heads + 2 * c->num_kv_heads) * c->head_size > (1 << 20))
+        SWITCH_PROBLEM(SLOT_HD, "%s: QKV width (%d + 2 x %d) x %d too large (at most 1048576)", what, c->num_heads, c->num_kv_heads,
+                       c->head_size);
+    if (c->ffn < 1 || c->ffn > (1 << 20)) SWITCH_PROBLEM(SLOT_FFN, "%s: MLP width %d out of range [1, 1048576]", what, c->ffn);
+    if (c->norm != NORM_LAYERNORM && c->norm != NORM_RMSNORM)
+        SWITCH_PROBLEM(SLOT_NORM, "%s: norm %d unknown (0 LayerNorm, 1 RMSNorm)", what, c->norm);
+    if (!(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) SWITCH_PROBLEM(SLOT_NORM_EPS, "%s: norm epsilon %g not in (0, 1)", what, (double)c->norm_eps);
+    if (c->positions != POS_LEARNED && !rope) SWITCH_PROBLEM(SLOT_POSITIONS, "%s: positions %d unknown (0 learned, 1 RoPE)", what, c->positions);
+    if (rope && c->head_size % 2 != 0) SWITCH_PROBLEM(SLOT_HD, "%s: head size %d must be even for RoPE", what, c->head_size);
+    if (rope && !(c->rope_theta > 1.0f && isfinite(c->rope_theta)))
+        SWITCH_PROBLEM(SLOT_ROPE_THETA, "%s: RoPE theta %g must be a finite number above 1", what, (double)c->rope_theta);
+    if (c->rope_scaling < ROPE_DEFAULT || c->rope_scaling > ROPE_YARN)
+        SWITCH_PROBLEM(SLOT_ROPE_SCALING, "%s: RoPE scaling %d unknown (0 default, 1 linear, 2 llama3, 3 yarn)", what, c->rope_scaling);
+    if (scaled && !(c->rope_factor >= 1.0f && isfinite(c->rope_factor)))
+        SWITCH_PROBLEM(SLOT_ROPE_FACTOR, "%s: RoPE scaling factor %g must be finite and at least 1", what, (double)c->rope_factor);
+    if (llama3 && !(c->rope_low > 0.0f))
+        SWITCH_PROBLEM(SLOT_ROPE_LOW, "%s: llama3 RoPE low_freq_factor %g must be positive", what, (double)c->rope_low);
+    if (llama3 && !(c->rope_high > c->rope_low && isfinite(c->rope_high)))
+        SWITCH_PROBLEM(SLOT_ROPE_HIGH, "%s: llama3 RoPE high_freq_factor %g must be above low_freq_factor %g", what, (double)c->rope_high,
+                       (double)c->rope_low);
+    if (yarn && !(c->rope_low > 0.0f)) SWITCH_PROBLEM(SLOT_ROPE_LOW, "%s: yarn beta_fast %g must be positive", what, (double)c->rope_low);
+    if (yarn && !(c->rope_high > 0.0f)) SWITCH_PROBLEM(SLOT_ROPE_HIGH, "%s: yarn beta_slow %g must be positive", what, (double)c->rope_high);
+    if ((llama3 || yarn) && c->rope_original_max < 1)
+        SWITCH_PROBLEM(SLOT_ROPE_ORIGINAL_MAX, "%s: RoPE scaling %s needs original_max_position_embeddings (%d)", what,
+                       rope_type_names[c->rope_scaling], c->rope_original_max);
+    if (!(c->rope_attn_factor >= 0.0f && c->rope_attn_factor < 100.0f))
+        SWITCH_PROBLEM(SLOT_ROPE_ATTN_FACTOR, "%s: yarn attention factor %g out of range [0, 100)", what, (double)c->rope_attn_factor);
+    if (c->mlp != MLP_GELU && c->mlp != MLP_SWIGLU) SWITCH_PROBLEM(SLOT_MLP, "%s: MLP %d unknown (0 GELU, 1 SwiGLU)", what, c->mlp);
+    if (c->bias < 0 || c->bias > BIAS_ALL) SWITCH_PROBLEM(SLOT_BIAS, "%s: bias mask %d out of range [0, 15]", what, c->bias);
+    if (c->tied != 0 && c->tied != 1) SWITCH_PROBLEM(SLOT_TIED, "%s: head %d unknown (1 tied, 0 untied)", what, c->tied);
+    if (c->bos < -1 || c->bos >= c->vocab_size) SWITCH_PROBLEM(SLOT_BOS, "%s: bos token %d not in the vocabulary (or -1)", what, c->bos);
+    if (c->eos < -1 || c->eos >= c->vocab_size) SWITCH_PROBLEM(SLOT_EOS, "%s: eos token %d not in the vocabulary (or -1)", what, c->eos);
+    if (c->hf_max_positions < 0) SWITCH_PROBLEM(SLOT_HF_MAX_POS, "%s: max_position_embeddings %d negative", what, c->hf_max_positions);
+    return 0;
+}
+#undef SWITCH_PROBLEM
+
+/* What is wrong with a shape, into why[n] (`what` names its source), and
+ * with a switch at fault the header slot that holds it in *slot (else 0);
+ * 0 when nothing. */
+static inline int config_problem_slot(const ModelConfig* c, const char* what, char* why, size_t n, int* slot) {
+    *slot = 0;
     int gpt2 = c->family == FAMILY_UNSET;
     long long max_vocab = gpt2 ? 65536 : MODEL_MAX_VOCAB, max_padded = gpt2 ? (1 << 17) : 2147483647LL;
     if (c->num_layers < 1 || c->num_layers > 4096) snprintf(why, n, "%s: number of layers %d out of range [1, 4096]", what, c->num_layers);
@@ -377,9 +405,14 @@ static inline int config_problem(const ModelConfig* c, const char* what, char* w
     /* 2^22: long enough for a context-parallel group's sequence (docs/context-parallel.md) */
     else if (c->max_seq_len < 1 || c->max_seq_len > (1 << 22))
         snprintf(why, n, "%s: max sequence length %d out of range [1, 4194304]", what, c->max_seq_len);
-    else if (!gpt2) return config_switch_problem(c, what, why, n);
+    else if (!gpt2) return config_switch_problem(c, what, why, n, slot);
     else return 0;
     return -1;
+}
+
+static inline int config_problem(const ModelConfig* c, const char* what, char* why, size_t n) {
+    int slot;
+    return config_problem_slot(c, what, why, n, &slot);
 }
 
 /* Checks a shape for internal consistency; `what` names its source. */
@@ -452,17 +485,6 @@ static inline uint16_t float_to_bf16(float f) {
 #define MODEL_SWITCHES_END 240 /* slots 240-244: run id and dropout */
 static inline int model_version_has_switches(int version) { return version == 7 || version == 8; }
 static inline int model_version_elem_bytes(int version) { return version == 3 || version == 7 ? 4 : 2; }
-
-/* Header slots 8-27 of versions 7/8 (docs/FORMATS.md): the switches. */
-enum {
-    SLOT_FAMILY = 8, SLOT_NKV, SLOT_HD, SLOT_FFN, SLOT_NORM, SLOT_NORM_EPS, SLOT_POSITIONS, SLOT_ROPE_THETA, SLOT_ROPE_SCALING,
-    SLOT_ROPE_FACTOR, SLOT_ROPE_LOW, SLOT_ROPE_HIGH, SLOT_ROPE_ORIGINAL_MAX, SLOT_ROPE_ATTN_FACTOR, SLOT_MLP, SLOT_BIAS, SLOT_TIED,
-    SLOT_BOS, SLOT_EOS, SLOT_HF_MAX_POS, SLOT_FIRST_UNUSED
-};
-static const char* const model_slot_names[SLOT_FIRST_UNUSED - SLOT_FAMILY] = {
-    "family", "K/V heads", "head size", "MLP width", "norm", "norm epsilon", "positions", "RoPE theta", "RoPE scaling",
-    "RoPE factor", "low_freq_factor/beta_fast", "high_freq_factor/beta_slow", "original_max_position_embeddings",
-    "yarn attention factor", "MLP kind", "bias mask", "tied head", "bos token", "eos token", "max_position_embeddings"};
 
 static inline int slot_is_float(int slot) {
     return slot == SLOT_NORM_EPS || slot == SLOT_ROPE_THETA || slot == SLOT_ROPE_FACTOR || slot == SLOT_ROPE_LOW ||
@@ -551,6 +573,7 @@ static inline int model_header_read_switches(const int32_t* h, ModelConfig* c, c
 static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, char* why, size_t n) {
     int32_t h[256];
     size_t elem = 0; /* declared before the gotos: C++ (nvcc) refuses a jump past an initialisation */
+    int slot = 0;
     char size_why[96];
     FILE* f = header_file_open(path, h, "model file", why, n);
     if (!f) return NULL;
@@ -568,7 +591,14 @@ static inline FILE* model_file_try_open(const char* path, ModelFileInfo* info, c
     info->cfg.channels = h[6];
     info->cfg.padded_vocab_size = h[7];
     if (model_version_has_switches(h[1]) && model_header_read_switches(h, &info->cfg, path, why, n)) goto bad;
-    if (config_problem(&info->cfg, path, why, n)) goto bad;
+    if (config_problem_slot(&info->cfg, path, why, n, &slot)) {
+        if (slot) { /* a switch: say which header slot holds it */
+            char what[4400];
+            snprintf(what, sizeof(what), "%s: header slot %d (%s)", path, slot, model_slot_names[slot - SLOT_FAMILY]);
+            config_problem_slot(&info->cfg, what, why, n, &slot);
+        }
+        goto bad;
+    }
     for (int k = 0; k < MODEL_NUM_PDROP; k++) {
         memcpy(&info->pdrop[k], &h[MODEL_DROPOUT_SLOT + k], 4);
         if (!(info->pdrop[k] >= 0.0f && info->pdrop[k] <= (float)DROPOUT_MAX_P)) {

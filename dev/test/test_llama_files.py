@@ -1,0 +1,118 @@
+"""Model files of the configurable family (versions 7 and 8, docs/FORMATS.md): the
+trainer reads a numpy-written version-7 file and writes it back with the same
+header slots and, after a step of learning rate 0, the same payload; version 8
+(bf16) loads as the same values; every switch slot with a bad value is refused
+with one line naming the slot. The presets plan without weights."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from conftest import binary, datafile, run
+from test_llama_reference import CASES, V, header, random_params, write_model
+
+
+def one_step(tmp_path, model, *extra):
+    return run([binary("train_gpt_cpu"), "-e", model, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "16",
+                "-x", "1", "-s", "0", *extra])
+
+
+@pytest.fixture
+def tokens(tmp_path):
+    datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(1).integers(0, V, 2 * 16 + 1))
+
+
+@pytest.mark.parametrize("name", ["llama3-untied", "qwen2-linear-tied", "yarn-attention-factor"])
+def test_version7_round_trip(tmp_path, tokens, name):
+    cfg = CASES[name]
+    write_model(tmp_path / "m.bin", cfg, random_params(cfg, 3))
+    res = one_step(tmp_path, tmp_path / "m.bin", "-l", "0", "-o", tmp_path / "ck")
+    assert res.returncode == 0, res.stderr
+    assert "(version 7)" in res.stdout
+    a, b = (tmp_path / "m.bin").read_bytes(), (tmp_path / "ck" / "model_00000001.bin").read_bytes()
+    ha, hb = np.frombuffer(a[:1024], np.int32), np.frombuffer(b[:1024], np.int32)
+    assert list(ha[:240]) == list(hb[:240])  # slots 240-244: the run id
+    assert a[1024:] == b[1024:]
+
+
+def test_version8_loads_as_its_values(tmp_path, tokens):
+    cfg = CASES["llama3-tied"]
+    write_model(tmp_path / "m7.bin", cfg, random_params(cfg, 4))
+    raw = (tmp_path / "m7.bin").read_bytes()
+    bits = np.frombuffer(raw[1024:], np.float32).view(np.uint32).astype(np.uint64)
+    bf16 = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    h = header(cfg)
+    h[1] = 8
+    (tmp_path / "m8.bin").write_bytes(h.tobytes() + bf16.tobytes())
+    h[1] = 7
+    (tmp_path / "m7w.bin").write_bytes(h.tobytes() + (bf16.astype(np.uint32) << 16).view(np.float32).tobytes())
+    losses = []
+    for name in ["m8.bin", "m7w.bin"]:
+        res = one_step(tmp_path, tmp_path / name)
+        assert res.returncode == 0, res.stderr
+        losses.append(re.search(r"^step +1/\d+ \| loss ([0-9.]+)", res.stdout, re.M).group(1))
+    assert losses[0] == losses[1]
+
+
+F32 = lambda v: int(np.array([v], np.float32).view(np.int32)[0])
+BAD_SLOTS = [  # (slot, value, words of the message)
+    (8, 0, "family"), (8, 4, "family"), (9, 3, "K/V heads"), (9, 0, "K/V heads"), (10, 7, "head size"),
+    (11, 0, "MLP width"), (12, 2, "norm"), (13, F32(float("nan")), "not a finite number"), (13, F32(0.0), "norm epsilon"),
+    (14, 2, "positions"), (15, F32(0.5), "theta"), (16, 4, "RoPE scaling"), (22, 2, "MLP"), (23, 16, "bias mask"),
+    (24, 2, "head"), (25, V, "bos token"), (26, -2, "eos token"), (27, -1, "max_position_embeddings"), (100, 1, "unused"),
+]
+
+
+@pytest.mark.parametrize("slot,value,words", BAD_SLOTS)
+def test_bad_switch_slot_refused_naming_it(tmp_path, tokens, slot, value, words):
+    cfg = CASES["llama-default-untied"]
+    write_model(tmp_path / "m.bin", cfg, random_params(cfg, 5))
+    raw = bytearray((tmp_path / "m.bin").read_bytes())
+    raw[4 * slot:4 * slot + 4] = np.array([value], np.int32).tobytes()
+    (tmp_path / "bad.bin").write_bytes(bytes(raw))
+    res = one_step(tmp_path, tmp_path / "bad.bin")
+    assert res.returncode != 0
+    err = res.stderr.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"header slot {slot}" in err and words in err, err
+
+
+@pytest.mark.parametrize("slot,value,words", [(18, F32(4.0), "high_freq_factor"), (17, F32(0.5), "factor"),
+                                              (20, 0, "original_max_position_embeddings")])
+def test_bad_llama3_slots_refused(tmp_path, tokens, slot, value, words):
+    cfg = CASES["llama3-tied"]
+    write_model(tmp_path / "m.bin", cfg, random_params(cfg, 6))
+    raw = bytearray((tmp_path / "m.bin").read_bytes())
+    raw[4 * slot:4 * slot + 4] = np.array([value], np.int32).tobytes()
+    (tmp_path / "bad.bin").write_bytes(bytes(raw))
+    res = one_step(tmp_path, tmp_path / "bad.bin")
+    assert res.returncode != 0 and len(res.stderr.strip().splitlines()) == 1
+    assert f"header slot" in res.stderr and words in res.stderr, res.stderr
+
+
+def test_truncated_version7_refused(tmp_path, tokens):
+    cfg = CASES["qwen2-default-untied"]
+    write_model(tmp_path / "m.bin", cfg, random_params(cfg, 7))
+    raw = (tmp_path / "m.bin").read_bytes()
+    (tmp_path / "short.bin").write_bytes(raw[:-4])
+    res = one_step(tmp_path, tmp_path / "short.bin")
+    assert res.returncode != 0 and "does not match its header" in res.stderr
+
+
+# Parameter counts of the Hugging Face models (their model cards), from the plan's fp32 parameter bytes.
+PRESETS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304,
+           "qwen2.5-7b": 7_615_616_512, "llama3.2-1b": 1_235_814_400, "llama3.2-3b": 3_212_749_824,
+           "llama3.1-8b": 8_030_261_248}
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_preset_plans_with_the_models_parameter_count(preset):
+    res = run([binary("train_gpt_cpu"), "-e", preset, "-b", "1", "-t", "256", "--plan-json"], check=True)
+    assert json.loads(res.stdout)["config"]["num_parameters"] == PRESETS[preset]
+
+
+def test_gpu_trainer_refuses_llama_source():
+    """The GPU trainer has no kernels for the configurable block: it must refuse, not compute GPT-2 on the file."""
+    src = (binary("train_gpt.c").parent / "train_gpt.cu").read_text()
+    assert 'the GPU trainer runs GPT-2 only so far' in src and "config_is_gpt2(&run.cfg)" in src
