@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import binary, datafile, run
-from test_llama_reference import CASES, V, header, random_params, write_model
+from test_llama_reference import CASES, ROPE_TYPES, V, header, random_params, write_model
 
 
 def one_step(tmp_path, model, *extra):
@@ -116,3 +116,44 @@ def test_gpu_trainer_refuses_llama_source():
     """The GPU trainer has no kernels for the configurable block: it must refuse, not compute GPT-2 on the file."""
     src = (binary("train_gpt.c").parent / "train_gpt.cu").read_text()
     assert 'the GPU trainer runs GPT-2 only so far' in src and "config_is_gpt2(&run.cfg)" in src
+
+
+@pytest.mark.parametrize("flag,rope,extra", [("linear:4", "linear", {}), ("llama3:8", "llama3", dict(low=1.0, high=4.0)),
+                                             ("yarn:4", "yarn", dict(low=32.0, high=1.0))])
+def test_rope_scaling_extends_context(tmp_path, flag, rope, extra):
+    """--rope-scaling TYPE:FACTOR with a longer --max-seq-len: the run computes the scaled RoPE (its first
+    loss is numpy's with that scaling, the original length the file's 64) and writes it into its model files."""
+    from test_llama_reference import B, MAXT, T, reference_loss
+    cfg = CASES["llama-default-untied"]
+    p = random_params(cfg, 9)
+    write_model(tmp_path / "m.bin", cfg, p)
+    tokens = np.random.default_rng(2).integers(0, V, B * T + 1)
+    datafile.write_shard(tmp_path / "t.bin", tokens)
+    res = run([binary("train_gpt_cpu"), "-e", tmp_path / "m.bin", "-i", tmp_path / "t.bin", "-j", "", "-b", str(B), "-t", str(T),
+               "-x", "1", "-s", "0", "-l", "0", "--max-seq-len", "256", "--rope-scaling", flag, "-o", tmp_path / "ck"], check=True)
+    scaled = dict(cfg, rope=rope, factor=float(flag.split(":")[1]), original=MAXT, **extra)
+    inputs, targets = tokens[:B * T].reshape(B, T), tokens[1:B * T + 1].reshape(B, T)
+    expected = reference_loss(scaled, p, inputs, targets, np.tile(np.arange(T), (B, 1)))
+    loss = float(re.search(r"^step +1/\d+ \| loss ([0-9.]+)", res.stdout, re.M).group(1))
+    assert abs(loss - expected) < 1e-5 * expected, (loss, expected)
+    assert abs(reference_loss(cfg, p, inputs, targets, np.tile(np.arange(T), (B, 1))) - expected) > 1e-4 * expected
+    h = np.frombuffer((tmp_path / "ck" / "model_00000001.bin").read_bytes()[:1024], np.int32)
+    f = h.view(np.float32)
+    assert h[2] == 256 and h[16] == ROPE_TYPES[rope] and f[17] == scaled["factor"] and h[20] == MAXT and h[27] == 256
+
+
+@pytest.mark.parametrize("args,words", [(["--rope-scaling", "linear:4"], "lengthens"),
+                                        (["--max-seq-len", "128", "--rope-scaling", "ntk:4"], "not linear, llama3 or yarn"),
+                                        (["--max-seq-len", "128", "--rope-scaling", "linear:0.5"], "factor")])
+def test_rope_scaling_refusals(tmp_path, tokens, args, words):
+    cfg = CASES["llama-default-untied"]
+    write_model(tmp_path / "m.bin", cfg, random_params(cfg, 9))
+    res = one_step(tmp_path, tmp_path / "m.bin", *args)
+    assert res.returncode != 0 and words in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_rope_scaling_over_a_scaling_refused(tmp_path, tokens):
+    cfg = CASES["llama3-tied"]
+    write_model(tmp_path / "m.bin", cfg, random_params(cfg, 9))
+    res = one_step(tmp_path, tmp_path / "m.bin", "--max-seq-len", "128", "--rope-scaling", "yarn:2")
+    assert res.returncode != 0 and "already has llama3" in res.stderr, res.stderr

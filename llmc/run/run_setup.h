@@ -115,6 +115,36 @@ static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* f
              run->model_path, file->cfg.max_seq_len, run->cfg.max_seq_len);
 }
 
+/* --rope-scaling TYPE:FACTOR onto a RoPE model file's configuration whose
+ * --max-seq-len this run lengthens from file_max (the original length). */
+static inline void apply_rope_scaling(Run* run, const ModelFileInfo* file) {
+    const char* flag = run->opt.rope_scaling;
+    if (!flag[0] || run->resume_step >= 0) return;
+    if (!file) fail("flag --rope-scaling: applies to a model file whose --max-seq-len this run lengthens, not to random init");
+    if (file->cfg.positions != POS_ROPE) fail("flag --rope-scaling: %s has learned positions, not RoPE (use --wpe-init)", run->model_path);
+    if (file->cfg.rope_scaling != ROPE_DEFAULT)
+        fail("flag --rope-scaling: %s already has %s RoPE scaling; one scaling over another is not defined", run->model_path,
+             rope_type_names[file->cfg.rope_scaling]);
+    if (run->cfg.max_seq_len <= file->cfg.max_seq_len)
+        fail("flag --rope-scaling: applies when --max-seq-len lengthens %s (%d positions; this run: %d)", run->model_path,
+             file->cfg.max_seq_len, run->cfg.max_seq_len);
+    char type[16];
+    float factor = 0.0f;
+    int used = 0;
+    if (sscanf(flag, "%15[a-z0-9]:%f%n", type, &factor, &used) != 2 || flag[used] != '\0')
+        fail("flag --rope-scaling: '%s' is not TYPE:FACTOR (linear:4, llama3:8, yarn:4)", flag);
+    if (!(factor >= 1.0f && factor <= 1e6f)) fail("flag --rope-scaling: factor %g must be from 1 to 1e6", (double)factor);
+    ModelConfig* c = &run->cfg;
+    c->rope_factor = factor;
+    c->rope_original_max = file->cfg.max_seq_len;
+    c->hf_max_positions = c->max_seq_len;
+    if (strcmp(type, "linear") == 0) c->rope_scaling = ROPE_LINEAR;
+    else if (strcmp(type, "llama3") == 0) { c->rope_scaling = ROPE_LLAMA3; c->rope_low = 1.0f; c->rope_high = 4.0f; }
+    else if (strcmp(type, "yarn") == 0) { c->rope_scaling = ROPE_YARN; c->rope_low = 32.0f; c->rope_high = 1.0f; c->rope_attn_factor = 0.0f; }
+    else fail("flag --rope-scaling: type '%s' is not linear, llama3 or yarn", type);
+    config_validate(c, "flag --rope-scaling");
+}
+
 static inline void resolve_model(Run* run) {
     TrainOptions* o = &run->opt;
     int shape_flags = o->layers || o->heads || o->channels || o->max_seq_len || o->vocab_size;
@@ -159,9 +189,15 @@ static inline void resolve_model(Run* run) {
                      : strcmp(o->wpe_init, "interpolate") == 0 ? " (learned rows interpolated)" : " (learned rows repeated)");
         }
         check_wpe_init_applies(run, &info);
+        apply_rope_scaling(run, &info);
+        if (run->opt.rope_scaling[0] && run->resume_step < 0) {
+            size_t used = strlen(run->model_desc);
+            snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", RoPE scaling %s", run->opt.rope_scaling);
+        }
         return;
     }
     check_wpe_init_applies(run, NULL);
+    apply_rope_scaling(run, NULL);
     config_from_descriptor(o->model, &run->cfg);
     static const float no_file_pdrop[MODEL_NUM_PDROP] = {0.0f, 0.0f, 0.0f};
     resolve_dropout(run, no_file_pdrop, NULL);
