@@ -483,8 +483,8 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
 }
 
 /* doc_start (B,T): each query's document start (NULL: no document mask). */
-static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, const BlockWidths* w, const int* doc_start,
-                              const DropoutSite* drop) {
+static void attention_forward_heads(real* out, real* lse, const real* qkv, int B, int T, int C, const BlockWidths* w, const int* doc_start,
+                                    const DropoutSite* drop) {
     AttentionBlock a = whole_sequence(B, T, C, w->NH);
     a.doc_start = doc_start;
     attention_set_heads(&a, w);
@@ -492,13 +492,36 @@ static void attention_forward(real* out, real* lse, const real* qkv, int B, int 
 }
 
 /* dqkv (B,T,QKV) is overwritten. */
-static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                               int B, int T, int C, const BlockWidths* w, const int* doc_start, const DropoutSite* drop) {
+static void attention_backward_heads(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
+                                     int B, int T, int C, const BlockWidths* w, const int* doc_start, const DropoutSite* drop) {
     AttentionBlock a = whole_sequence(B, T, C, w->NH);
     a.doc_start = doc_start;
     attention_set_heads(&a, w);
     memset(dqkv, 0, (size_t)B * T * w->qkv_width * sizeof(real));
     attention_block_backward(dqkv, dqkv + w->q_width, w->qkv_width, dout, qkv, qkv + w->q_width, w->qkv_width, out, lse, &a, drop);
+}
+
+/* GPT-2's heads (NH of C/NH): the whole-sequence attention the tests (and
+ * the GPU's, test_gpt.cu) compare with; inline, as the trainer itself runs
+ * the _heads versions. */
+static inline BlockWidths gpt2_heads(int C, int NH) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.channels = C;
+    c.num_heads = NH;
+    return block_widths(&c);
+}
+
+static inline void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const int* doc_start,
+                                     const DropoutSite* drop) {
+    BlockWidths w = gpt2_heads(C, NH);
+    attention_forward_heads(out, lse, qkv, B, T, C, &w, doc_start, drop);
+}
+
+static inline void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse, int B, int T, int C,
+                                      int NH, const int* doc_start, const DropoutSite* drop) {
+    BlockWidths w = gpt2_heads(C, NH);
+    attention_backward_heads(dqkv, dout, qkv, out, lse, B, T, C, &w, doc_start, drop);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -767,7 +790,7 @@ static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop)
     if (m->cp.group_size > 1)
         CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
                                                                               &m->w, attention_doc_start(m), out, lse, qkv, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, &m->w, attention_doc_start(m), drop));
+    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward_heads(out, lse, qkv, m->B, m->T, m->cfg.channels, &m->w, attention_doc_start(m), drop));
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
@@ -775,7 +798,7 @@ static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real*
     if (m->cp.group_size > 1)
         CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
                                                                                 &m->w, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, &m->w,
+    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward_heads(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, &m->w,
                                                                         attention_doc_start(m), drop));
 }
 
