@@ -157,3 +157,35 @@ def test_rope_scaling_over_a_scaling_refused(tmp_path, tokens):
     write_model(tmp_path / "m.bin", cfg, random_params(cfg, 9))
     res = one_step(tmp_path, tmp_path / "m.bin", "--max-seq-len", "128", "--rope-scaling", "yarn:2")
     assert res.returncode != 0 and "already has llama3" in res.stderr, res.stderr
+
+
+# A small random-init model of the configurable family from the command line: SmolLM2's switches (RMSNorm,
+# RoPE theta 1e5, 3 query heads on 3 K/V heads of 64, SwiGLU 1536, tied) at 2 layers of C 48.
+SMALL = ["-e", "smollm2-135m", "--layers", "2", "--heads", "3", "--channels", "48", "--vocab-size", "64", "--max-seq-len", "64"]
+
+
+def small_run(tmp_path, out, *flags):
+    return run([binary("train_gpt_cpu"), *SMALL, "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "16", "-s", "0",
+                "-l", "1e-3", "-o", tmp_path / out, *flags], check=True)
+
+
+def payload(path):
+    return path.read_bytes()[1024:]
+
+
+@pytest.mark.parametrize("flags", [["-r", "1"], ["-r", "2"], ["-r", "3"], ["-r", "1o:all", "--tile-tokens", "5"],
+                                   ["-r", "2", "--segment-layers", "2", "--dropout", "0.1"], ["-r", "3:0/1:1", "--tile-tokens", "7"]])
+def test_cli_modes_write_the_same_model(tmp_path, tokens, flags):
+    """Through the command line: every -r mode, offload, tiles and segments train the same bits as -r 0."""
+    drop = ["--dropout", "0.1"] if "--dropout" in flags else []
+    small_run(tmp_path, "ref", "-x", "3", "-r", "0", *drop)
+    small_run(tmp_path, "other", "-x", "3", *flags)
+    assert payload(tmp_path / "ref" / "model_00000003.bin") == payload(tmp_path / "other" / "model_00000003.bin")
+    assert (tmp_path / "ref" / "model_00000003.bin").read_bytes()[4:8] == np.int32(7).tobytes()  # version 7
+
+
+def test_cli_resume_bitwise(tmp_path, tokens):
+    small_run(tmp_path, "whole", "-x", "4")
+    small_run(tmp_path, "split", "-x", "2")
+    small_run(tmp_path, "split", "-x", "4", "-y", "1")
+    assert payload(tmp_path / "whole" / "model_00000004.bin") == payload(tmp_path / "split" / "model_00000004.bin")
