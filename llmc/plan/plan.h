@@ -389,12 +389,15 @@ static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
  * (grad_accum.cuh says why and how): every one with several micro-steps
  * (each adds to every gradient once); else the token table alone (index 0
  * on: its first rows) when the logits take several chunks (one addition per
- * chunk); else none, every gradient being written once from zero. */
+ * chunk; with an untied head all of them, lm_head being last); else none,
+ * every gradient being written once from zero. */
 static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout* pl) {
     if (!s->fp32_grad_sums) return 0;
     if (s->micro_steps > 1) return pl->total;
     size_t rows = (size_t)s->B * (size_t)plan_local_T(s);
-    return rows > (size_t)s->logits_chunk_rows ? pl->count[P_WTE] : 0;
+    if (rows <= (size_t)s->logits_chunk_rows) return 0;
+    /* an untied head, the last tensor, takes the chunks' additions instead of wte: the range from index 0 reaches it */
+    return config_resolved(&s->cfg).tied ? pl->count[P_WTE] : pl->total;
 }
 
 /* fp32 sums of one layer's parameter gradients across its token tiles (a
