@@ -1,8 +1,10 @@
 /*
- * GPT-2 model shape, parameter layout, initialisation and model files.
+ * Model shape and architecture switches (GPT-2, and the configurable family:
+ * Llama, Qwen2), parameter layout, initialisation, presets and model files.
  *
- * The 16 parameter tensors live back to back in one buffer in the order of
- * docs/FORMATS.md, so a model file's payload maps onto the buffer 1:1. Both
+ * The 17 parameter tensors (those the switches leave out have no elements)
+ * live back to back in one buffer in the order of docs/FORMATS.md, so a
+ * model file's payload maps onto the buffer 1:1. Both
  * trainers use these functions; they move parameters through small fp32
  * chunks so the same code serves fp32, fp64 (the gradient-check build) and
  * device memory.

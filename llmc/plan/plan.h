@@ -13,6 +13,9 @@
  *   -r 2  x qkv atty res2 fch                  = 10C elements + (4 + NH) floats
  *   -r 1  x                                    =  1C elements
  *   -r 3  x atty                               =  2C elements + NH floats (logsumexp)
+ * (GPT-2's widths; the configurable block keeps the same tensors at its own,
+ * layer_act_per_token: qkv (NH + 2 NKV) HD, atty NH HD, fch F or SwiGLU's 2F,
+ * fch_gelu F.)
  * Whatever a layer does not keep lives in one shared "recompute set" in the
  * scratch section, which the backward pass refills layer by layer.
  * Under context parallelism (--context-parallel N) every per-token buffer
