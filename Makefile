@@ -59,7 +59,7 @@ clean:
 # ---- tests ----
 # Tests include train_gpt.c whole and use part of it.
 TEST_CFLAGS = $(CFLAGS) -Wno-unused-function
-TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_dropout $(BUILD)/test_dropout_sites $(BUILD)/test_gradcheck $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data \
+TEST_BINS = $(BUILD)/test_loss_scaler $(BUILD)/test_dropout $(BUILD)/test_dropout_sites $(BUILD)/test_gradcheck $(BUILD)/test_gradcheck_llama $(BUILD)/test_recompute $(BUILD)/test_plan $(BUILD)/test_matmul_order $(BUILD)/read_data \
             $(BUILD)/test_documents $(BUILD)/test_documents_fp64
 SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 
@@ -67,6 +67,9 @@ $(BUILD):
 	mkdir -p $(BUILD)
 
 $(BUILD)/test_gradcheck: dev/test/test_gradcheck.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
+	$(CC) $(TEST_CFLAGS) -DREMAT_FP64 -o $@ $< $(LDLIBS)
+
+$(BUILD)/test_gradcheck_llama: dev/test/test_gradcheck_llama.c dev/test/test_model.h train_gpt.c $(HEADERS) | $(BUILD)
 	$(CC) $(TEST_CFLAGS) -DREMAT_FP64 -o $@ $< $(LDLIBS)
 
 # The fp64 check of the context-parallel ring: needs MPI, runs under mpirun -np 2.

@@ -270,6 +270,7 @@ static const Setting settings[] = {
 
 static ModelConfig test_shape_config(const Shape* sh) {
     ModelConfig c;
+    memset(&c, 0, sizeof(c)); /* no switches: GPT-2 */
     c.max_seq_len = 1024;
     c.vocab_size = sh->V;
     c.padded_vocab_size = pad_vocab(sh->V);
@@ -1538,7 +1539,7 @@ static int attention_block_sets(BlockSet* s, int Tc) {
 }
 
 static AttentionBlock set_block(const BlockSet* s, int k, int B, int C, int NH, int T, int Tl) {
-    AttentionBlock a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k], NULL};
+    AttentionBlock a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k], NULL, 0, 0};
     return a;
 }
 

@@ -9,6 +9,13 @@
  *
  * Shapes: B batch, T time, C channels, NH heads, hs = C/NH, N = B*T rows,
  * V vocabulary, Vp padded vocabulary, L layers. Weights are (out, in).
+ *
+ * One block with named switches (llmc/core/model.h's ModelConfig, the
+ * widths from block_widths): LayerNorm or RMSNorm; learned positions or
+ * RoPE on Q and K; NH query heads and NKV K/V heads of HD (GPT-2: NKV = NH,
+ * HD = C/NH), so qkv is (N, QKV) with QKV = (NH + 2 NKV) HD; GELU of width
+ * F or SwiGLU down(silu(gate) * up), the FC matmul then 2F wide; biases per
+ * the mask; the classifier wte or an untied lm_head.
  */
 #include <math.h>
 #include <stdint.h>
@@ -44,8 +51,12 @@ static void encoder_forward(real* x, const int* tokens, const real* wte, const r
     #pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * lay->T; bt++) {
         const real* te = wte + (size_t)tokens[bt] * C;
-        const real* pe = wpe + (size_t)encoder_position(lay, pos_start, (size_t)bt) * C;
         real* dst = x + (size_t)bt * C;
+        if (!wpe) { /* RoPE: positions enter in attention */
+            for (int c = 0; c < C; c++) dst[c] = te[c];
+            continue;
+        }
+        const real* pe = wpe + (size_t)encoder_position(lay, pos_start, (size_t)bt) * C;
         for (int c = 0; c < C; c++) dst[c] = te[c] + pe[c];
     }
 }
@@ -62,6 +73,7 @@ static void encoder_backward(real* dwte, real* dwpe, const real* dx, const int* 
         const real* src = dx + (size_t)bt * C;
         for (int c = 0; c < C; c++) dst[c] += src[c];
     }
+    if (!dwpe) return; /* RoPE: no position table */
     if (pos_start) {
         const int CB = 16; /* a cache line of fp32 per row */
         #pragma omp parallel for schedule(static)
@@ -95,11 +107,15 @@ static __attribute__((noinline)) void layernorm_apply(real* out, const real* x, 
         const real* xr = x + (size_t)n * C;
         real* o = out + (size_t)n * C;
         real m = mean[n], s = rstd[n];
+        if (!b) { /* no bias (RMSNorm: m = 0, so x * rstd * w in transformers' order) */
+            for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * w[c];
+            continue;
+        }
         for (int c = 0; c < C; c++) o[c] = (xr[c] - m) * s * w[c] + b[c];
     }
 }
 
-static void layernorm_forward(real* out, real* mean, real* rstd, const real* x, const real* w, const real* b, int N, int C) {
+static void layernorm_forward_eps(real* out, real* mean, real* rstd, const real* x, const real* w, const real* b, int N, int C, real eps) {
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const real* xr = x + (size_t)n * C;
@@ -109,9 +125,13 @@ static void layernorm_forward(real* out, real* mean, real* rstd, const real* x, 
         for (int c = 0; c < C; c++) v += (xr[c] - m) * (xr[c] - m);
         v /= (real)C;
         mean[n] = m;
-        rstd[n] = (real)1 / R_SQRT(v + (real)LN_EPS);
+        rstd[n] = (real)1 / R_SQRT(v + eps);
     }
     layernorm_apply(out, x, mean, rstd, w, b, N, C);
+}
+
+static void layernorm_forward(real* out, real* mean, real* rstd, const real* x, const real* w, const real* b, int N, int C) {
+    layernorm_forward_eps(out, mean, rstd, x, w, b, N, C, (real)LN_EPS);
 }
 
 /* dx (N,C) += input gradient; dw, db (C) += parameter gradients. */
@@ -137,25 +157,215 @@ static void layernorm_backward(real* dx, real* dw, real* db, const real* dout, c
     }
     #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
-        real gw = dw[c], gb = db[c];
+        real gw = dw[c], gb = db ? db[c] : 0; /* db NULL: a LayerNorm without bias */
         for (int n = 0; n < N; n++) {
             real dv = dout[(size_t)n * C + c];
             gw = madd(gw, dv * (x[(size_t)n * C + c] - mean[n]), rstd[n]);
             gb += dv;
         }
         dw[c] = gw;
-        db[c] = gb;
+        if (db) db[c] = gb;
     }
 }
 
 /* ------------------------------------------------------------------------ */
-/* attention: qkv (B,T,3C) = [q | k | v] with head h at channels h*hs;        */
-/* out (B,T,C); lse (B,NH,T) = log-sum-exp of each row's scaled scores.       */
+/* rmsnorm over C (Llama, Qwen2): out (N,C) = x * rstd * w, rstd (N) =       */
+/* 1 / sqrt(mean(x^2) + eps), no mean subtracted and no bias. transformers    */
+/* takes the statistics in fp32 and multiplies by the weight last; so does    */
+/* layernorm_apply with mean 0 (mean (N) holds 0s, so recomputation from the  */
+/* kept statistics is layernorm_apply's too).                                 */
+
+static void rmsnorm_forward(real* out, real* mean, real* rstd, const real* x, const real* w, int N, int C, real eps) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real* xr = x + (size_t)n * C;
+        real ss = 0;
+        for (int c = 0; c < C; c++) ss += xr[c] * xr[c];
+        ss /= (real)C;
+        mean[n] = 0;
+        rstd[n] = (real)1 / R_SQRT(ss + eps);
+    }
+    layernorm_apply(out, x, mean, rstd, w, NULL, N, C);
+}
+
+/* dx (N,C) += input gradient; dw (C) += weight gradient. With y = x r and
+ * g = dout w: dx = r (g - y mean(g y)) (LayerNorm's without the mean terms). */
+static void rmsnorm_backward(real* dx, real* dw, const real* dout, const real* x, const real* w, const real* rstd, int N, int C) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real* xr = x + (size_t)n * C;
+        const real* d = dout + (size_t)n * C;
+        real s = rstd[n], g_dot_y = 0;
+        for (int c = 0; c < C; c++) g_dot_y += d[c] * w[c] * (xr[c] * s);
+        g_dot_y /= (real)C;
+        real* dxr = dx + (size_t)n * C;
+        for (int c = 0; c < C; c++) dxr[c] += s * (d[c] * w[c] - xr[c] * s * g_dot_y);
+    }
+    #pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        real gw = dw[c];
+        for (int n = 0; n < N; n++) gw = madd(gw, dout[(size_t)n * C + c] * x[(size_t)n * C + c], rstd[n]);
+        dw[c] = gw;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* RoPE on the Q and K heads of qkv (N, QKV), in place, rotate_half pairing:  */
+/* in each head of HD, channel j < HD/2 pairs with j + HD/2 and the pair       */
+/* turns by pos * inv_freq[j] (Hugging Face's layout: its weights load as     */
+/* they are). Angles, cos and sin in double from the token's position (fp32   */
+/* angles drift by about 0.06 rad at position 10^6); cos and sin carry yarn's */
+/* attention factor, as transformers scales them.                            */
+
+typedef struct {
+    double* inv_freq; /* (HD/2) per-pair frequencies after scaling */
+    double mscale;    /* yarn's attention factor (1 otherwise) */
+} Rope;
+
+/* yarn's dimension index at which a wavelength fits `rotations` turns into the original context. */
+static double yarn_correction_dim(double rotations, int dim, double base, double original_max) {
+    return dim * log(original_max / (rotations * 2 * M_PI)) / (2 * log(base));
+}
+
+/* inv_freq (HD/2) and the attention factor of a configuration (transformers'
+ * modeling_rope_utils semantics for default, linear, llama3 and yarn with
+ * truncated correction bounds). */
+static void rope_frequencies(const ModelConfig* c, double* inv_freq, double* mscale) {
+    int half = c->head_size / 2, dim = c->head_size;
+    double base = c->rope_theta, factor = c->rope_factor, orig = c->rope_original_max;
+    *mscale = 1;
+    for (int j = 0; j < half; j++) inv_freq[j] = 1.0 / pow(base, (double)(2 * j) / dim);
+    if (c->rope_scaling == ROPE_LINEAR)
+        for (int j = 0; j < half; j++) inv_freq[j] /= factor;
+    if (c->rope_scaling == ROPE_LLAMA3) {
+        /* long wavelengths (beyond orig / low) slow down by factor, short ones
+         * (below orig / high) stay, those between ramp smoothly */
+        double low_wavelen = orig / c->rope_low, high_wavelen = orig / c->rope_high;
+        for (int j = 0; j < half; j++) {
+            double wavelen = 2 * M_PI / inv_freq[j];
+            if (wavelen > low_wavelen) inv_freq[j] /= factor;
+            else if (wavelen >= high_wavelen) {
+                double smooth = (orig / wavelen - c->rope_low) / (c->rope_high - c->rope_low);
+                inv_freq[j] = (1 - smooth) * inv_freq[j] / factor + smooth * inv_freq[j];
+            }
+        }
+    }
+    if (c->rope_scaling == ROPE_YARN) {
+        /* beta_fast (rope_low) and beta_slow (rope_high) turns bound the ramp
+         * from extrapolated (unchanged) to interpolated (slowed by factor) */
+        double lo = floor(yarn_correction_dim(c->rope_low, dim, base, orig));
+        double hi = ceil(yarn_correction_dim(c->rope_high, dim, base, orig));
+        if (lo < 0) lo = 0;
+        if (hi > dim - 1) hi = dim - 1;
+        if (lo == hi) hi += 0.001;
+        for (int j = 0; j < half; j++) {
+            double ramp = ((double)j - lo) / (hi - lo);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double extrapolate = 1 - ramp;
+            inv_freq[j] = inv_freq[j] / factor * (1 - extrapolate) + inv_freq[j] * extrapolate;
+        }
+        *mscale = c->rope_attn_factor > 0 ? c->rope_attn_factor : factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+    }
+}
+
+/* Turns the Q and K heads (the first `heads` heads of HD) of local rows
+ * [r0, r0+n) of qkv (its rows ld apart, qkv at row r0) by each token's
+ * position, the one the learned table would use (encoder_position: its
+ * place in the sequence, under the ring the global one, with documents
+ * from its document's start); sign -1 turns back: the transpose, which
+ * the backward applies to the gradient. */
+static void rope_rotate(real* qkv, int ld, const TokenLayout* lay, const int* pos_start, int r0, int n, int heads, int HD, const Rope* r,
+                        int sign) {
+    int half = HD / 2;
+    #pragma omp parallel
+    {
+        real* cs = (real*)malloc_check((size_t)HD * sizeof(real), "rope");
+        #pragma omp for schedule(static)
+        for (int i = 0; i < n; i++) {
+            double pos = (double)encoder_position(lay, pos_start, (size_t)(r0 + i));
+            for (int j = 0; j < half; j++) {
+                double angle = pos * r->inv_freq[j];
+                cs[j] = (real)(cos(angle) * r->mscale);
+                cs[half + j] = (real)(sign * sin(angle) * r->mscale);
+            }
+            real* row = qkv + (size_t)i * ld;
+            for (int h = 0; h < heads; h++) {
+                real* x = row + (size_t)h * HD;
+                for (int j = 0; j < half; j++) {
+                    real a = x[j], b = x[j + half], co = cs[j], si = cs[half + j];
+                    x[j] = a * co - b * si;
+                    x[j + half] = b * co + a * si;
+                }
+            }
+        }
+        free(cs);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* SwiGLU (Llama's MLP): fch (N, 2F) = [gate | up] rows, out (N, F) =          */
+/* silu(gate) * up, silu(g) = g / (1 + exp(-g)).                              */
+
+static __attribute__((noinline)) void swiglu_forward(real* out, const real* fch, int N, int F) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const real* g = fch + (size_t)n * 2 * F;
+        const real* u = g + F;
+        real* o = out + (size_t)n * F;
+        for (int i = 0; i < F; i++) o[i] = g[i] / ((real)1 + R_EXP(-g[i])) * u[i];
+    }
+}
+
+/* fch (N, 2F): [gate | up] on entry, their gradients on exit, from dout (N, F):
+ * d gate = dout up silu'(gate), d up = dout silu(gate), each element read
+ * before it is written over. */
+static void swiglu_backward(real* fch, const real* dout, int N, int F) {
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        real* g = fch + (size_t)n * 2 * F;
+        real* u = g + F;
+        const real* d = dout + (size_t)n * F;
+        for (int i = 0; i < F; i++) {
+            real sig = (real)1 / ((real)1 + R_EXP(-g[i])), silu = g[i] * sig;
+            real dgate = d[i] * u[i] * sig * ((real)1 + g[i] * ((real)1 - sig));
+            u[i] = d[i] * silu;
+            g[i] = dgate;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* attention: qkv (B,T,QKV) = [q | k | v], QKV = (NH + 2 NKV) HD, query head */
+/* h at channels h*HD, K/V head g at NH HD + g*HD and (NH + NKV) HD + g*HD;    */
+/* query head h reads K/V head h / (NH/NKV), no copies (GPT-2: NKV = NH,      */
+/* HD = C/NH, QKV = 3C); out (B,T,NH HD); lse (B,NH,T) = log-sum-exp of each  */
+/* row's scaled scores.                                                       */
 /* No (T,T) matrix: forward uses an online softmax, backward recomputes the   */
 /* probabilities from lse, one score at a time. With dropout (drop not NULL,  */
 /* threshold > 0) out = (mask * P / keep) V; lse stays that of P, and since   */
 /* dO.out = sum of dP' P' over the dropped P', the backward's row term does    */
 /* not change: dS = P (mask dP' / keep - dO.out).                             */
+
+/* Sets a block's head geometry from the model's widths. */
+static void attention_set_heads(AttentionBlock* a, const BlockWidths* w) {
+    a->NKV = w->NKV;
+    a->HD = w->HD;
+}
+
+/* A block's heads: NKV K/V heads of hs, its row widths (qkv's, out's) and
+ * the offset of V after K in a K/V row (GPT-2's when the block has none set). */
+typedef struct { int NKV, hs, group, q_ld, out_ld, v_off; } AttentionHeads;
+
+static inline AttentionHeads attention_heads(const AttentionBlock* a) {
+    AttentionHeads g;
+    g.NKV = a->NKV ? a->NKV : a->NH;
+    g.hs = a->HD ? a->HD : a->C / a->NH;
+    g.group = a->NH / g.NKV;
+    g.out_ld = a->NH * g.hs;
+    g.v_off = g.NKV * g.hs;
+    g.q_ld = g.out_ld + 2 * g.v_off;
+    return g;
+}
 
 /* The dropout factor of probability (t, u) of head bh: 0 or 1/keep. */
 static inline real attention_dropout_factor(const DropoutSite* drop, int bh, int T, int t, int u) {
@@ -174,12 +384,14 @@ static inline void attention_merge(real* o, real* lse, const real* part, real l,
     *lse = merged;
 }
 
-/* out (B,Tl,C), lse (B,NH,Tl): the block's rows written (first) or merged
- * into (a later block of the same queries). q from qkv (B,Tl,3C); keys from
- * kv, a (B,Tl,ld) tensor whose rows hold K at channel 0 and V at C. */
+/* out (B,Tl,NH HD), lse (B,NH,Tl): the block's rows written (first) or
+ * merged into (a later block of the same queries). q from qkv (B,Tl,QKV);
+ * keys from kv, a (B,Tl,ld) tensor whose rows hold K heads at channel 0 and
+ * V heads at NKV HD. */
 static void attention_block_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionBlock* a,
                                     int first, const DropoutSite* drop) {
-    int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
+    AttentionHeads g = attention_heads(a);
+    int C = g.out_ld, NH = a->NH, hs = g.hs, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel
     {
@@ -197,13 +409,13 @@ static void attention_block_forward(real* out, real* lse, const real* qkv, const
                     lse[((size_t)b * NH + h) * Tl + a->qi + i] = -INFINITY;
                     continue;
                 }
-                const real* q = qkv + row * 3 * C + h * hs;
+                const real* q = qkv + row * g.q_ld + h * hs;
                 real* o = first ? out + row * C + h * hs : part;
                 real run_max = -INFINITY, run_sum = 0;
                 for (int d = 0; d < hs; d++) o[d] = 0;
                 for (int j = from; j < seen; j++) {
-                    const real* k = kv + ((size_t)b * Tl + a->ki + j) * ld + h * hs;
-                    const real* v = k + C;
+                    const real* k = kv + ((size_t)b * Tl + a->ki + j) * ld + h / g.group * hs;
+                    const real* v = k + g.v_off;
                     real sc = 0;
                     for (int d = 0; d < hs; d++) sc += q[d] * k[d];
                     sc *= scale;
@@ -227,32 +439,35 @@ static void attention_block_forward(real* out, real* lse, const real* qkv, const
     }
 }
 
-/* The block's share of the backward: dq (in dqkv (B,Tl,3C)) and dk, dv (in
- * dkv, (B,Tl,ld) with dK at 0 and dV at C) accumulate; out and lse are the
- * merged ones of all blocks. Each (b,h) job owns its head's slices, so
- * parallel jobs never write the same element. */
+/* The block's share of the backward: dq (in dqkv (B,Tl,QKV)) and dk, dv
+ * (in dkv, (B,Tl,ld) with dK at 0 and dV at NKV HD) accumulate; out and lse
+ * are the merged ones of all blocks. Each (b, K/V head) job owns that head's
+ * dK/dV slices and its query heads' dQ, so parallel jobs never write the
+ * same element; a K/V head's gradient sums over its query heads in order. */
 static void attention_block_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
                                      const real* out, const real* lse, const AttentionBlock* a, const DropoutSite* drop) {
-    int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
+    AttentionHeads g = attention_heads(a);
+    int C = g.out_ld, NH = a->NH, hs = g.hs, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel for schedule(static)
-    for (int bh = 0; bh < a->B * NH; bh++) {
-        int b = bh / NH, h = bh % NH;
+    for (int bg = 0; bg < a->B * g.NKV; bg++)
+    for (int h = bg % g.NKV * g.group; h < (bg % g.NKV + 1) * g.group; h++) {
+        int b = bg / g.NKV, bh = b * NH + h;
         for (int i = 0; i < a->Tq; i++) {
             int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
             size_t row = (size_t)b * Tl + a->qi + i;
-            const real* q = qkv + row * 3 * C + h * hs;
+            const real* q = qkv + row * g.q_ld + h * hs;
             const real* o = out + row * C + h * hs;
             const real* dO = dout + row * C + h * hs;
-            real* dq = dqkv + row * 3 * C + h * hs;
+            real* dq = dqkv + row * g.q_ld + h * hs;
             real row_lse = lse[((size_t)b * NH + h) * Tl + a->qi + i], d_dot_o = 0;
             for (int d = 0; d < hs; d++) d_dot_o += dO[d] * o[d];
             for (int j = from; j < seen; j++) {
                 size_t row2 = (size_t)b * Tl + a->ki + j;
-                const real* k = kv + row2 * ld + h * hs;
-                const real* v = k + C;
-                real* dk = dkv + row2 * dld + h * hs;
-                real* dv = dk + C;
+                const real* k = kv + row2 * ld + h / g.group * hs;
+                const real* v = k + g.v_off;
+                real* dk = dkv + row2 * dld + h / g.group * hs;
+                real* dv = dk + g.v_off;
                 real sc = 0, dp = 0;
                 for (int d = 0; d < hs; d++) { sc += q[d] * k[d]; dp += dO[d] * v[d]; }
                 real p = R_EXP(sc * scale - row_lse), factor = attention_dropout_factor(drop, bh, a->T, t, a->k0 + j);
@@ -268,20 +483,45 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
 }
 
 /* doc_start (B,T): each query's document start (NULL: no document mask). */
-static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const int* doc_start,
-                              const DropoutSite* drop) {
-    AttentionBlock a = whole_sequence(B, T, C, NH);
+static void attention_forward_heads(real* out, real* lse, const real* qkv, int B, int T, int C, const BlockWidths* w, const int* doc_start,
+                                    const DropoutSite* drop) {
+    AttentionBlock a = whole_sequence(B, T, C, w->NH);
     a.doc_start = doc_start;
-    attention_block_forward(out, lse, qkv, qkv + C, 3 * C, &a, 1, drop);
+    attention_set_heads(&a, w);
+    attention_block_forward(out, lse, qkv, qkv + w->q_width, w->qkv_width, &a, 1, drop);
 }
 
-/* dqkv (B,T,3C) is overwritten. */
-static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
-                               int B, int T, int C, int NH, const int* doc_start, const DropoutSite* drop) {
-    AttentionBlock a = whole_sequence(B, T, C, NH);
+/* dqkv (B,T,QKV) is overwritten. */
+static void attention_backward_heads(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
+                                     int B, int T, int C, const BlockWidths* w, const int* doc_start, const DropoutSite* drop) {
+    AttentionBlock a = whole_sequence(B, T, C, w->NH);
     a.doc_start = doc_start;
-    memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(real));
-    attention_block_backward(dqkv, dqkv + C, 3 * C, dout, qkv, qkv + C, 3 * C, out, lse, &a, drop);
+    attention_set_heads(&a, w);
+    memset(dqkv, 0, (size_t)B * T * w->qkv_width * sizeof(real));
+    attention_block_backward(dqkv, dqkv + w->q_width, w->qkv_width, dout, qkv, qkv + w->q_width, w->qkv_width, out, lse, &a, drop);
+}
+
+/* GPT-2's heads (NH of C/NH): the whole-sequence attention the tests (and
+ * the GPU's, test_gpt.cu) compare with; inline, as the trainer itself runs
+ * the _heads versions. */
+static inline BlockWidths gpt2_heads(int C, int NH) {
+    ModelConfig c;
+    memset(&c, 0, sizeof(c));
+    c.channels = C;
+    c.num_heads = NH;
+    return block_widths(&c);
+}
+
+static inline void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const int* doc_start,
+                                     const DropoutSite* drop) {
+    BlockWidths w = gpt2_heads(C, NH);
+    attention_forward_heads(out, lse, qkv, B, T, C, &w, doc_start, drop);
+}
+
+static inline void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse, int B, int T, int C,
+                                      int NH, const int* doc_start, const DropoutSite* drop) {
+    BlockWidths w = gpt2_heads(C, NH);
+    attention_backward_heads(dqkv, dout, qkv, out, lse, B, T, C, &w, doc_start, drop);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -389,7 +629,9 @@ typedef PARAM_TENSORS(real) ParamTensors;
 typedef BLOCK_TENSORS(real) BlockTensors;
 
 typedef struct {
-    ModelConfig cfg;
+    ModelConfig cfg;             /* resolved: every switch set (config_resolved) */
+    BlockWidths w;               /* the block's widths (block_widths) */
+    Rope rope;                   /* RoPE's frequencies (positions POS_ROPE) */
     const MemoryPlan* plan;
     char* arena;
     char* host_pool;             /* offloaded checkpoints (plan.h): a second allocation, standing in for pinned memory */
@@ -412,7 +654,7 @@ typedef struct {
     int logits_rows;
     real* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;             /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    real* tile_datty;            /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
+    real* tile_datty;            /* plan_own_attention_grads: (N,NH HD) gradient of attention's output, (N,QKV) of qkv */
     real* tile_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
@@ -441,17 +683,48 @@ static inline real* act(const CpuModel* m, int layer, int a) {
     return (real*)(m->arena + m->plan->layer_act[layer][a]);
 }
 
+/* A block tensor the switches leave out (a bias) is NULL. */
+static inline BlockTensors absent_to_null(const CpuModel* m, BlockTensors w) {
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++)
+        if (m->layer_stride[FIRST_BLOCK_TENSOR + t] == 0) w.tensor[t] = NULL;
+    return w;
+}
+
 /* Layer l's parameters, and their gradients, by name. */
 static inline BlockTensors layer_params(const CpuModel* m, int l) {
     BlockTensors w;
     BLOCK_TENSORS_OF_LAYER(w, m->p, m->layer_stride, l);
-    return w;
+    return absent_to_null(m, w);
 }
 
 static inline BlockTensors layer_grads(const CpuModel* m, int l) {
     BlockTensors dw;
     BLOCK_TENSORS_OF_LAYER(dw, m->g, m->layer_stride, l);
-    return dw;
+    return absent_to_null(m, dw);
+}
+
+/* The classifier's weights (Vp, C) and their gradient: wte, or the untied lm_head. */
+static inline real* head_weights(const CpuModel* m) { return m->cfg.tied ? m->p.wte : m->p.lm_head; }
+static inline real* head_grads(const CpuModel* m) { return m->cfg.tied ? m->g.wte : m->g.lm_head; }
+
+/* The norms of the block and the final one: LayerNorm (bias b, or none) or
+ * RMSNorm (b unused), with the configuration's epsilon. */
+static void norm_forward(const CpuModel* m, real* out, real* mean, real* rstd, const real* x, const real* w, const real* b, int N) {
+    int C = m->cfg.channels;
+    if (m->cfg.norm == NORM_RMSNORM) rmsnorm_forward(out, mean, rstd, x, w, N, C, (real)m->cfg.norm_eps);
+    else if (m->cfg.family == FAMILY_GPT2 && m->cfg.norm_eps == 1e-5f) layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    else layernorm_forward_eps(out, mean, rstd, x, w, b, N, C, (real)m->cfg.norm_eps);
+}
+
+/* The normalisation from kept statistics (RMSNorm's mean slots hold 0). */
+static void norm_apply(const CpuModel* m, real* out, const real* x, const real* mean, const real* rstd, const real* w, const real* b, int N) {
+    layernorm_apply(out, x, mean, rstd, w, m->cfg.norm == NORM_RMSNORM ? NULL : b, N, m->cfg.channels);
+}
+
+static void norm_backward(const CpuModel* m, real* dx, real* dw, real* db, const real* dout, const real* x, const real* w, const real* mean,
+                          const real* rstd, int N) {
+    if (m->cfg.norm == NORM_RMSNORM) rmsnorm_backward(dx, dw, dout, x, w, rstd, N, m->cfg.channels);
+    else layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, m->cfg.channels);
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
@@ -465,7 +738,12 @@ static void cpu_set_shape(CpuModel* m, int B, int T) {
 
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m, 0, sizeof(*m));
-    m->cfg = plan->spec.cfg;
+    m->cfg = config_resolved(&plan->spec.cfg);
+    m->w = block_widths(&m->cfg);
+    if (m->cfg.positions == POS_ROPE) {
+        m->rope.inv_freq = (double*)malloc_check((size_t)m->w.HD / 2 * sizeof(double), "RoPE frequencies");
+        rope_frequencies(&m->cfg, m->rope.inv_freq, &m->rope.mscale);
+    }
     m->plan = plan;
     m->drop = &dropout_off;
     m->docs.eot_token = -1;
@@ -479,7 +757,7 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     CpuOffload offload = {plan, m->arena, m->host_pool, NULL};
     m->offload = offload;
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
-    if (m->tile_tokens) {
+    if (plan_own_attention_grads(&plan->spec)) {
         m->tile_datty = (real*)(m->arena + plan->off_tile_datty);
         m->tile_dqkv = (real*)(m->arena + plan->off_tile_dqkv);
     }
@@ -511,16 +789,16 @@ static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop)
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
     if (m->cp.group_size > 1)
         CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
-                                                                              m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop));
+                                                                              &m->w, attention_doc_start(m), out, lse, qkv, drop));
+    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward_heads(out, lse, qkv, m->B, m->T, m->cfg.channels, &m->w, attention_doc_start(m), drop));
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
     if (m->cp.group_size > 1)
         CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
-                                                                                m->cfg.num_heads, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
+                                                                                &m->w, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
+    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward_heads(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, &m->w,
                                                                         attention_doc_start(m), drop));
 }
 
@@ -531,14 +809,31 @@ static inline real* act_rows(const CpuModel* m, int l, int a, int r0) { return a
 /* The tiles of the current call: rows per tile, all B*T rows untiled. */
 static inline int tile_tokens(const CpuModel* m) { return call_tile_tokens((size_t)m->tile_tokens, m->B * m->T); }
 
-/* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
+/* RoPE on rows [r0, r0+n) of a (rows, QKV) tensor whose row r0 is at x:
+ * the Q and K heads turned by each token's position (sign 1), or a
+ * gradient turned back (-1); nothing with learned positions. */
+static void block_rope(const CpuModel* m, real* x, int r0, int n, int sign) {
+    if (m->cfg.positions != POS_ROPE) return;
+    rope_rotate(x, m->w.qkv_width, &m->layout, position_doc_start(m), r0, n, m->w.NH + m->w.NKV, m->w.HD, &m->rope, sign);
+}
+
+/* Block l up to attention, rows [r0, r0+n): the first norm, the QKV matmul
+ * and RoPE (qkv holds Q and K after it: attention, and the ring, read them
+ * so), from its stored input x. */
 static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
     int C = m->cfg.channels;
     BlockTensors w = layer_params(m, l);
     real* ln1 = act_rows(m, l, ACT_LN1, r0);
-    layernorm_forward(ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w,
-                      w.ln1b, n, C);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C));
+    real* qkv = act_rows(m, l, ACT_QKV, r0);
+    norm_forward(m, ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w, w.ln1b, n);
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(qkv, ln1, w.qkvw, w.qkvb, n, C, m->w.qkv_width));
+    block_rope(m, qkv, r0, n, 1);
+}
+
+/* The MLP's activation, rows of fch (n, fc_width) into out (n, F): GELU, or SwiGLU's product. */
+static void block_mlp_activation(CpuModel* m, real* out, const real* fch, int n) {
+    if (m->cfg.mlp == MLP_SWIGLU) CPU_TIMED(&m->links, OP_GELU, swiglu_forward(out, fch, n, m->w.F));
+    else CPU_TIMED(&m->links, OP_GELU, gelu_forward(out, fch, (size_t)n * m->w.F));
 }
 
 /* Block l after attention, rows [r0, r0+n), from x and the attention
@@ -557,13 +852,13 @@ static void block_forward_mlp(CpuModel* m, int l, int r0, int n, real* out) {
     real* fch = act_rows(m, l, ACT_FCH, r0);
     real* fch_gelu = act_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C));
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, m->w.q_width, C));
     residual_add(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn);
-    layernorm_forward(ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C));
-    CPU_TIMED(&m->links, OP_GELU, gelu_forward(fch_gelu, fch, (size_t)n * 4 * C));
+    norm_forward(m, ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n);
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, m->w.fc_width));
+    block_mlp_activation(m, fch_gelu, fch, n);
     if (!out) return;
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C));
+    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, m->w.F, C));
     residual_add(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp);
 }
 
@@ -592,29 +887,29 @@ static const real* branch_grad(CpuModel* m, const DropoutSite* s, int r0, int n)
 }
 
 /* What layer l did not keep of rows [r0, r0+n) after attention (-r 1, 3:
- * the block from the projection to the GELU; -r 2: LN2 and GELU). */
+ * the block from the projection to the activation; -r 2: the second norm
+ * and the activation, GELU or SwiGLU's product). */
 static void block_recompute_mlp(CpuModel* m, int l, int r0, int n) {
-    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    int mode = m->plan->spec.layer_mode[l];
     BlockTensors w = layer_params(m, l);
     if (!layer_keeps(mode, ACT_RES2)) { block_forward_mlp(m, l, r0, n, NULL); return; }
     if (!layer_keeps(mode, ACT_LN2))
-        layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
-                        act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
-    if (!layer_keeps(mode, ACT_FCH_GELU))
-        CPU_TIMED(&m->links, OP_GELU, gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
+        norm_apply(m, act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
+                   act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n);
+    if (!layer_keeps(mode, ACT_FCH_GELU)) block_mlp_activation(m, act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), n);
 }
 
 /* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
  * the kept statistics; -r 1 and 3 again from x when another tile has been
  * through the buffer since (else it still holds these rows). */
 static void block_recompute_ln1(CpuModel* m, int l, int r0, int n, int tiles) {
-    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    int mode = m->plan->spec.layer_mode[l];
     BlockTensors w = layer_params(m, l);
     real *ln1 = act_rows(m, l, ACT_LN1, r0), *x = act_rows(m, l, ACT_X, r0);
     real *mean = act_rows(m, l, ACT_LN1_MEAN, r0), *rstd = act_rows(m, l, ACT_LN1_RSTD, r0);
     if (layer_keeps(mode, ACT_LN1)) return;
-    if (layer_keeps(mode, ACT_LN1_MEAN)) layernorm_apply(ln1, x, mean, rstd, w.ln1w, w.ln1b, n, C);
-    else if (tiles > 1) layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C);
+    if (layer_keeps(mode, ACT_LN1_MEAN)) norm_apply(m, ln1, x, mean, rstd, w.ln1w, w.ln1b, n);
+    else if (tiles > 1) norm_forward(m, ln1, mean, rstd, x, w.ln1w, w.ln1b, n);
 }
 
 /* Rows [r0, r0+n) of the block's backward after its output (with what it
@@ -627,35 +922,41 @@ static void block_backward_mlp(CpuModel* m, int l, int r0, int n, real* datty) {
     BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
     real* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
-    real* dfch = act_rows(m, l, ACT_FCH_GELU, r0); /* over the GELU output, once its weight gradient has read it */
+    int F = m->w.F, FC = m->w.fc_width, Q = m->w.q_width;
+    real* dact = act_rows(m, l, ACT_FCH_GELU, r0); /* over the activation's output, once its weight gradient has read it */
+    /* the FC output's gradient: GELU's in place over dact; SwiGLU's (gate and up) over fch itself */
+    real* dfch = m->cfg.mlp == MLP_SWIGLU ? act_rows(m, l, ACT_FCH, r0) : dact;
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     block_recompute_mlp(m, l, r0, n);
     const real* dbranch = branch_grad(m, &resid_mlp, r0, n);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C));
-    CPU_TIMED(&m->links, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C));
-    layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
-                       act_rows(m, l, ACT_LN2_RSTD, r0), n, C);
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, F, C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dact, dbranch, w.fcprojw, n, F, C));
+    if (m->cfg.mlp == MLP_SWIGLU) CPU_TIMED(&m->links, OP_GELU, swiglu_backward(dfch, dact, n, F));
+    else CPU_TIMED(&m->links, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * F));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, FC));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, FC));
+    norm_backward(m, dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
+                  act_rows(m, l, ACT_LN2_RSTD, r0), n);
     dbranch = branch_grad(m, &resid_attn, r0, n);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * Q, dbranch, w.attprojw, n, Q, C));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, Q, C));
 }
 
-/* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
- * and LN1; dres rows become the gradient w.r.t. the block input x. */
-static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, const real* dqkv) {
-    int C = m->cfg.channels;
+/* Rows [r0, r0+n) of the block's backward below attention: RoPE turned
+ * back on the gradient (in place), the QKV matmul and the first norm; dres
+ * rows become the gradient w.r.t. the block input x. */
+static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, real* dqkv) {
+    int C = m->cfg.channels, QKV = m->w.qkv_width;
     BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
     real* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
-    dqkv += (size_t)r0 * 3 * C;
+    dqkv += (size_t)r0 * QKV;
     block_recompute_ln1(m, l, r0, n, tiles);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C));
-    layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
-                       act_rows(m, l, ACT_LN1_RSTD, r0), n, C);
+    block_rope(m, dqkv, r0, n, -1);
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, QKV));
+    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, QKV));
+    norm_backward(m, dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
+                  act_rows(m, l, ACT_LN1_RSTD, r0), n);
 }
 
 /* Layer l's recompute and backward: attention's inputs whole (qkv, with -r 1
@@ -668,8 +969,8 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, con
 static void block_backward(CpuModel* m, int l) {
     int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = tile_tokens(m), tiles = (N + K - 1) / K;
     DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    real* datty = m->tile_tokens ? m->tile_datty : act(m, l, ACT_RES2);
-    real* dqkv = m->tile_tokens ? m->tile_dqkv : act(m, l, ACT_FCH);
+    real* datty = m->tile_datty ? m->tile_datty : act(m, l, ACT_RES2);
+    real* dqkv = m->tile_dqkv ? m->tile_dqkv : act(m, l, ACT_FCH);
     if (!layer_keeps(mode, ACT_QKV)) for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     if (!layer_keeps(mode, ACT_ATTY)) block_attention_forward(m, l);
     for (int r0 = 0; r0 < N; r0 += K) block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
@@ -687,14 +988,15 @@ static void offload_release(CpuModel* m, int l) { cpu_offload_release(&m->offloa
 static void model_forward(CpuModel* m, const int* inputs) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
-    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, position_doc_start(m));
+    encoder_forward(act(m, 0, ACT_X), inputs, m->p.wte, m->cfg.positions == POS_LEARNED ? m->p.wpe : NULL, m->B, C, &m->layout,
+                    position_doc_start(m));
     if (embd.threshold) dropout_mask(act(m, 0, ACT_X), act(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd);
     for (int l = 0; l < L; l++) {
         block_forward(m, l, l + 1 < L ? act(m, l + 1, ACT_X) : m->final_res);
         offload_copy(m, l, 1);
         offload_release(m, l);
     }
-    layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C);
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->cfg.bias & BIAS_NORM ? m->p.lnfb : NULL, N);
 }
 
 /* Softmax over the first V logits of one row (in place, padded entries left
@@ -732,7 +1034,7 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const real* lnf = m->lnf + (size_t)r0 * C;
-        CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp));
+        CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, head_weights(m), NULL, rows, C, Vp));
         #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; r++) {
             real* row = m->logits + (size_t)r * Vp;
@@ -746,8 +1048,8 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
-        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp));
-        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp));
+        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, head_weights(m), rows, C, Vp));
+        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(head_grads(m), NULL, m->logits, lnf, rows, C, Vp));
     }
 }
 
@@ -782,8 +1084,8 @@ static void model_backward(CpuModel* m, const int* inputs) {
     int C = m->cfg.channels, N = m->B * m->T;
     real* dres = m->grad_act[GRAD_DRES];
     memset(dres, 0, (size_t)N * C * sizeof(real));
-    layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->grad_act[GRAD_DLN], m->final_res, m->p.lnfw,
-                       m->lnf_mean, m->lnf_rstd, N, C);
+    norm_backward(m, dres, m->g.lnfw, m->cfg.bias & BIAS_NORM ? m->g.lnfb : NULL, m->grad_act[GRAD_DLN], m->final_res, m->p.lnfw,
+                  m->lnf_mean, m->lnf_rstd, N);
     int L = m->cfg.num_layers, K = plan_segment_layers(&m->plan->spec);
     if (L > 0) offload_copy(m, (L - 1) / K * K, 0);
     for (int top = L - 1; top >= 0; top = top / K * K - 1) { /* segment by segment (K = 1: layer by layer) */
@@ -795,7 +1097,7 @@ static void model_backward(CpuModel* m, const int* inputs) {
     }
     DropoutSite embd = cpu_site(m, DROPOUT_EMBEDDING, 0);
     if (embd.threshold) dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd);
-    encoder_backward(m->g.wte, m->g.wpe, dres, inputs, m->B, C, &m->layout, position_doc_start(m));
+    encoder_backward(m->g.wte, m->cfg.positions == POS_LEARNED ? m->g.wpe : NULL, dres, inputs, m->B, C, &m->layout, position_doc_start(m));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -866,7 +1168,7 @@ static void cpu_token_top1(void* ctx, int* out) {
 /* Softmax probabilities over V at local row `row` of the last forward. */
 static void cpu_row_probs(CpuModel* m, int row, float* probs) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    matmul_forward(m->logits, m->lnf + (size_t)row * C, m->p.wte, NULL, 1, C, Vp);
+    matmul_forward(m->logits, m->lnf + (size_t)row * C, head_weights(m), NULL, 1, C, Vp);
     softmax_row(m->logits, V);
     for (int v = 0; v < V; v++) probs[v] = (float)m->logits[v];
 }
@@ -929,7 +1231,7 @@ static void cpu_step_end(void* ctx, int step) {
     if (m->rank != 0) return;
     /* the matmul timed from layer 0's ln2 rows into its fch: nothing reads them before the next step writes them */
     BlockTensors w = layer_params(m, 0);
-    double half_rows = cpu_time_matmul_half_rows(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, tile_tokens(m), m->cfg.channels,
+    double half_rows = cpu_time_matmul_half_rows(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, tile_tokens(m), m->cfg.channels, m->w.fc_width,
                                                  spec_cost_model(&m->plan->spec).matmul_half_rows);
     cpu_calibration_write(&m->links, &m->plan->spec, step, step_ms, half_rows);
 }
@@ -966,6 +1268,7 @@ static Backend cpu_backend(CpuModel* m) {
 
 static void cpu_model_free(CpuModel* m) {
     cpu_ring_free(&m->ring);
+    free(m->rope.inv_freq);
     free(m->arena);
     free(m->host_pool);
     free(m->ring_chunks);

@@ -10,7 +10,7 @@ from conftest import ONE_THREAD, REPO, STEP_RE, TINY_RUN_MODEL, binary, datafile
 
 # ---- C unit tests ----
 
-@pytest.mark.parametrize("name", ["test_gradcheck", "test_recompute", "test_plan", "test_loss_scaler", "test_matmul_order", "test_dropout",
+@pytest.mark.parametrize("name", ["test_gradcheck", "test_gradcheck_llama", "test_recompute", "test_plan", "test_loss_scaler", "test_matmul_order", "test_dropout",
                                   "test_dropout_sites"])
 def test_c_unit(name):
     res = run([binary(f"build/{name}")])

@@ -12,7 +12,37 @@ typedef struct {
 } TestModel;
 
 static ModelConfig test_config(int L, int NH, int C, int V, int maxT) {
-    ModelConfig c = {maxT, V, pad_vocab(V), L, NH, C};
+    ModelConfig c;
+    memset(&c, 0, sizeof(c)); /* no switches set: GPT-2 */
+    c.max_seq_len = maxT;
+    c.vocab_size = V;
+    c.padded_vocab_size = pad_vocab(V);
+    c.num_layers = L;
+    c.num_heads = NH;
+    c.channels = C;
+    return c;
+}
+
+/* A configurable-family shape (model.h's switches): Llama's block (RMSNorm
+ * eps 1e-5, RoPE theta 10000 unscaled, SwiGLU of width F, no biases,
+ * untied head); callers change the switches they test. */
+static ModelConfig test_llama_config(int L, int NH, int NKV, int HD, int C, int F, int V, int maxT) {
+    ModelConfig c = test_config(L, NH, C, V, maxT);
+    c.family = FAMILY_LLAMA;
+    c.num_kv_heads = NKV;
+    c.head_size = HD;
+    c.ffn = F;
+    c.norm = NORM_RMSNORM;
+    c.norm_eps = 1e-5f;
+    c.positions = POS_ROPE;
+    c.rope_theta = 10000.0f;
+    c.rope_scaling = ROPE_DEFAULT;
+    c.rope_factor = 1.0f;
+    c.mlp = MLP_SWIGLU;
+    c.bias = 0;
+    c.tied = 0;
+    c.bos = c.eos = -1;
+    config_validate(&c, "test shape");
     return c;
 }
 
@@ -56,7 +86,8 @@ static void test_model_randomize(TestModel* tm, uint64_t seed) {
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(&tm->m.cfg, seed, t, 0, pl.count[t], chunk + pl.offset[t]);
     size_t real_wte = (size_t)tm->m.cfg.vocab_size * tm->m.cfg.channels;
     for (size_t i = 0; i < pl.total; i++) {
-        int padded = i < real_wte ? 0 : i < pl.count[P_WTE];
+        size_t in_head = i - pl.offset[P_LMHEAD]; /* the untied head's padded rows stay 0 too */
+        int padded = (i < real_wte ? 0 : i < pl.count[P_WTE]) || (i >= pl.offset[P_LMHEAD] && in_head >= real_wte);
         tm->m.params[i] = padded ? 0 : (real)chunk[i] + (real)0.1 * (real)rand_normal(seed, 99, i);
     }
     free(chunk);

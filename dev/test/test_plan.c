@@ -86,12 +86,42 @@ static void check_allocation(void) {
     test_model_free(&tm);
 }
 
+/* The configurable block's widths in the plan, against numbers written out
+ * here from Llama 3.1 8B's config.json (C 4096, 32 heads, 8 K/V heads of
+ * 128, intermediate 14336, V 128256, untied): per token in bf16, qkv
+ * (32 + 16) x 128, atty 32 x 128, fch 2 x 14336 (gate, up), the product
+ * 14336; the ring's K/V block 2 x 8 x 128 per token (a quarter of
+ * copying K/V to all 32 heads); 8,030,261,248 parameters. */
+static void check_llama_widths(void) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    if (config_from_descriptor("llama3.1-8b", &s.cfg) != 0) { printf("  FAIL preset llama3.1-8b unknown\n"); failures++; return; }
+    s.B = 1; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.world_size = 2; s.context_parallel = 2;
+    s.logits_chunk_rows = 64; s.io_chunk_floats = 1024;
+    size_t tokens = 512; /* this rank's half of the sequence */
+    expect_eq("llama3.1-8b qkv bytes", plan_act_bytes(&s, ACT_QKV), tokens * 48 * 128 * 2);
+    expect_eq("llama3.1-8b atty bytes", plan_act_bytes(&s, ACT_ATTY), tokens * 4096 * 2);
+    expect_eq("llama3.1-8b fch bytes", plan_act_bytes(&s, ACT_FCH), tokens * 2 * 14336 * 2);
+    expect_eq("llama3.1-8b fch_gelu bytes", plan_act_bytes(&s, ACT_FCH_GELU), tokens * 14336 * 2);
+    expect_eq("llama3.1-8b ring K/V block", plan_ring_kv_bytes(&s), tokens * 2 * 8 * 128 * 2);
+    ParamLayout pl;
+    param_layout(&s.cfg, &pl);
+    expect_eq("llama3.1-8b parameters", pl.total, (size_t)8030261248ULL);
+    expect_eq("llama3.1-8b has no position table", pl.count[P_WPE], 0);
+    expect_eq("llama3.1-8b lm_head", pl.count[P_LMHEAD], (size_t)128256 * 4096);
+}
+
 /* The searches' model: L layers of C=64, 4 heads, V=50, T=256 at B=2, bf16
- * with fp32 master weights on one GPU, two micro-steps, priced by `cm`. */
+ * with fp32 master weights on one GPU, two micro-steps, priced by `cm`;
+ * with search_llama the configurable block instead (4 query heads on 2 K/V
+ * heads of 16, SwiGLU of 160, RoPE), whose widths change every mode's bytes
+ * and time. */
+static int search_llama = 0;
+
 static PlanSpec small_gpu_spec(int L, CostModel cm) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
-    s.cfg = test_config(L, 4, 64, 50, 256);
+    s.cfg = search_llama ? test_llama_config(L, 4, 2, 16, 64, 160, 50, 256) : test_config(L, 4, 64, 50, 256);
     s.B = 2; s.T = 256; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
     s.world_size = 1; s.logits_chunk_rows = 64; s.io_chunk_floats = 1 << 10; s.grad_accum = 2;
     s.cost_model = cm;
@@ -147,7 +177,7 @@ static void check_auto_against_exhaustive(void) {
             free(totals);
             free(secs);
         }
-    printf("auto against exhaustive search: %d (L, cost model, budget) cases\n", checked);
+    printf("auto against exhaustive search%s: %d (L, cost model, budget) cases\n", search_llama ? " (the configurable block)" : "", checked);
 }
 
 /* -r auto with offloading against an exhaustive search over all 6^L
@@ -647,7 +677,11 @@ int main(void) {
     check("d48 bf16 mixed 0/1/2/3", d48, 1, 1024, 2, 1, 0, mixed4);
     check("d12 fp32 mixed 2/3", d12, 2, 512, 4, 1, 0, sel_keep_att);
     check_allocation();
+    check_llama_widths();
     check_auto_against_exhaustive();
+    search_llama = 1;
+    check_auto_against_exhaustive();
+    search_llama = 0;
     check_auto_offload_against_exhaustive();
     check_auto_tiles_against_exhaustive();
     check_auto_segments_against_exhaustive();

@@ -11,6 +11,11 @@
  * And token tiles (the last number: rows per tile of the B*T = 32; 0
  * untiled): the token-wise work in tiles, weight gradients added up over
  * them in row order, so the same bits as untiled on the CPU.
+ * All of it twice: on GPT-2's block, and on the configurable block (a
+ * Llama shape: RMSNorm, llama3-scaled RoPE, 4 query heads on 2 K/V heads of
+ * 12 (NH HD 48 > C 32), SwiGLU, q/k/v biases, untied head), where -r 2
+ * recomputes the norms and SwiGLU's product, and segments of 2 layers join
+ * the settings.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
@@ -19,13 +24,18 @@
 #define L_TEST 4
 #define STEPS 4
 
-typedef struct { const char* name; unsigned char modes[L_TEST], offload[L_TEST]; int tile; } Setting;
+typedef struct { const char* name; unsigned char modes[L_TEST], offload[L_TEST]; int tile, segments; } Setting;
+
+/* The shape under test: GPT-2's, then the configurable block's (main). */
+static ModelConfig test_shape;
 
 /* Runs STEPS steps (with dropout, of two micro-steps each); records each
  * step's loss and gradients, and the final parameters. */
 static void run_setting(const Setting* s, const DropoutState* drop, float* losses, real* grads, real* params, size_t np) {
     TestModel tm;
-    test_model_create_tiled(&tm, test_config(L_TEST, 2, 32, 50, 16), 2, 16, s->modes, s->offload, s->tile);
+    test_segment_layers = s->segments;
+    test_model_create_tiled(&tm, test_shape, 2, 16, s->modes, s->offload, s->tile);
+    test_segment_layers = 0;
     test_model_randomize(&tm, 5);
     int micro_steps = dropout_active(drop) ? 2 : 1;
     for (int step = 0; step < STEPS; step++) {
@@ -51,35 +61,37 @@ static void run_setting(const Setting* s, const DropoutState* drop, float* losse
 /* Every setting against -r 0 under one dropout state; returns the failures. */
 static int compare_settings(const DropoutState* drop) {
     const Setting settings[] = {
-        {"-r 0", {0, 0, 0, 0}, {0}, 0},
-        {"-r 1 all layers", {1, 1, 1, 1}, {0}, 0},
-        {"-r 1 first layer", {1, 0, 0, 0}, {0}, 0},
-        {"-r 1 every:2", {1, 0, 1, 0}, {0}, 0},
-        {"-r 1 last layer", {0, 0, 0, 1}, {0}, 0},
-        {"-r 2", {2, 2, 2, 2}, {0}, 0},
-        {"mixed 0/1/2", {2, 1, 0, 1}, {0}, 0},
-        {"-r 3", {3, 3, 3, 3}, {0}, 0},
-        {"-r 3 last layers", {0, 0, 3, 3}, {0}, 0},
-        {"mixed 0/1/2/3", {3, 1, 0, 2}, {0}, 0},
-        {"mixed 3/1", {1, 3, 1, 3}, {0}, 0},
-        {"-r 1 offloaded", {1, 1, 1, 1}, {1, 1, 1, 1}, 0},
-        {"-r 3 offloaded", {3, 3, 3, 3}, {1, 1, 1, 1}, 0},
-        {"mixed 1o/3/3o/0", {1, 3, 3, 0}, {1, 0, 1, 0}, 0},
-        {"mixed 2/1o/0/3o", {2, 1, 0, 3}, {0, 1, 0, 1}, 0},
-        {"1o last layer", {0, 0, 0, 1}, {0, 0, 0, 1}, 0},
-        {"3o/1/3o/1o", {3, 1, 3, 1}, {1, 0, 1, 1}, 0},
-        {"-r 0 tiles of 5", {0, 0, 0, 0}, {0}, 5},
-        {"-r 1 tiles of 5", {1, 1, 1, 1}, {0}, 5},
-        {"-r 2 tiles of 7", {2, 2, 2, 2}, {0}, 7},
-        {"-r 3 tiles of 16", {3, 3, 3, 3}, {0}, 16},
-        {"mix tiles of 1", {3, 1, 0, 2}, {0}, 1},
-        {"1o/3o tiles of 32", {1, 3, 1, 3}, {1, 1, 0, 1}, 32},
-        {"2/1o/0/3o tiles 9", {2, 1, 0, 3}, {0, 1, 0, 1}, 9},
+        {"-r 0", {0, 0, 0, 0}, {0}, 0, 0},
+        {"-r 1 all layers", {1, 1, 1, 1}, {0}, 0, 0},
+        {"-r 1 first layer", {1, 0, 0, 0}, {0}, 0, 0},
+        {"-r 1 every:2", {1, 0, 1, 0}, {0}, 0, 0},
+        {"-r 1 last layer", {0, 0, 0, 1}, {0}, 0, 0},
+        {"-r 2", {2, 2, 2, 2}, {0}, 0, 0},
+        {"mixed 0/1/2", {2, 1, 0, 1}, {0}, 0, 0},
+        {"-r 3", {3, 3, 3, 3}, {0}, 0, 0},
+        {"-r 3 last layers", {0, 0, 3, 3}, {0}, 0, 0},
+        {"mixed 0/1/2/3", {3, 1, 0, 2}, {0}, 0, 0},
+        {"mixed 3/1", {1, 3, 1, 3}, {0}, 0, 0},
+        {"-r 1 offloaded", {1, 1, 1, 1}, {1, 1, 1, 1}, 0, 0},
+        {"-r 3 offloaded", {3, 3, 3, 3}, {1, 1, 1, 1}, 0, 0},
+        {"mixed 1o/3/3o/0", {1, 3, 3, 0}, {1, 0, 1, 0}, 0, 0},
+        {"mixed 2/1o/0/3o", {2, 1, 0, 3}, {0, 1, 0, 1}, 0, 0},
+        {"1o last layer", {0, 0, 0, 1}, {0, 0, 0, 1}, 0, 0},
+        {"3o/1/3o/1o", {3, 1, 3, 1}, {1, 0, 1, 1}, 0, 0},
+        {"-r 0 tiles of 5", {0, 0, 0, 0}, {0}, 5, 0},
+        {"-r 1 tiles of 5", {1, 1, 1, 1}, {0}, 5, 0},
+        {"-r 2 tiles of 7", {2, 2, 2, 2}, {0}, 7, 0},
+        {"-r 3 tiles of 16", {3, 3, 3, 3}, {0}, 16, 0},
+        {"mix tiles of 1", {3, 1, 0, 2}, {0}, 1, 0},
+        {"1o/3o tiles of 32", {1, 3, 1, 3}, {1, 1, 0, 1}, 32, 0},
+        {"2/1o/0/3o tiles 9", {2, 1, 0, 3}, {0, 1, 0, 1}, 9, 0},
+        {"segments of 2, -r 1", {1, 1, 1, 1}, {0}, 0, 2},
+        {"segments 2, 2/3/0/1", {2, 3, 0, 1}, {0}, 0, 2},
+        {"segments 2o, tiles 5", {1, 1, 1, 1}, {1, 0, 1, 0}, 5, 2},
     };
     int n_settings = (int)(sizeof(settings) / sizeof(settings[0]));
     ParamLayout pl;
-    ModelConfig cfg = test_config(L_TEST, 2, 32, 50, 16);
-    param_layout(&cfg, &pl);
+    param_layout(&test_shape, &pl);
     size_t np = pl.total;
     float ref_losses[STEPS], losses[STEPS];
     real* ref_grads = (real*)malloc_check(STEPS * np * sizeof(real), "test");
@@ -111,7 +123,17 @@ static int compare_settings(const DropoutState* drop) {
 
 int main(void) {
     DropoutState drop = {{0.2f, 0.2f, 0.2f, 0.2f}, 11, 0, 0, 0, 0, 0};
+    test_shape = test_config(L_TEST, 2, 32, 50, 16);
     int failures = compare_settings(&dropout_off) + compare_settings(&drop);
+    test_shape = test_llama_config(L_TEST, 4, 2, 12, 32, 40, 50, 16);
+    test_shape.rope_scaling = ROPE_LLAMA3;
+    test_shape.rope_factor = 8.0f;
+    test_shape.rope_low = 1.0f;
+    test_shape.rope_high = 4.0f;
+    test_shape.rope_original_max = 32;
+    test_shape.bias = BIAS_QKV;
+    printf("\nthe configurable block: llama3 RoPE, RMSNorm, GQA 4/2 heads of 12, SwiGLU 40, q/k/v bias, untied head\n");
+    failures += compare_settings(&dropout_off) + compare_settings(&drop);
     printf("%s: recompute bitwise equality, %d setting(s) failed\n", failures ? "FAIL" : "PASS", failures);
     return failures ? 1 : 0;
 }

@@ -18,7 +18,11 @@
  * with dropout and packed documents (--reset-attention-mask and
  * --reset-position-ids, llmc/core/documents.h): token 5 starts a document, so
  * documents begin inside the other rank's chunks and ring blocks hold
- * queries that see none of their keys.
+ * queries that see none of their keys. Then the dropout-and-documents check
+ * on the configurable block (llama3-scaled RoPE, RMSNorm, 4 query heads on 2
+ * K/V heads, SwiGLU, q/k/v bias, untied head): RoPE must turn each token by
+ * its global position (and under documents its distance from its
+ * document's start), and the ring carries the 2 K/V heads after RoPE.
  */
 #define REMAT_NO_MAIN
 #include "../../train_gpt.c"
@@ -78,8 +82,7 @@ static void set_documents(TestModel* one, TestModel* ring) {
             ring->m.doc_start[b * Tl + i] = one->m.doc_start[b * RING_T + context_position(i, Tl, ring->m.cp.member, RING_N)];
 }
 
-static int check(const DropoutState* drop, int documents) {
-    ModelConfig cfg = test_config(3, 2, 8, 37, RING_T);
+static int check_shape(ModelConfig cfg, const DropoutState* drop, int documents) {
     unsigned char modes[3] = {RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, RECOMPUTE_KEEP_ATTENTION};
     TestModel one, ring;
     create(&one, cfg, 1, 1, modes);
@@ -147,7 +150,18 @@ int main(int argc, char** argv) {
     for (int k = 0; k < DROPOUT_NUM_SITES; k++) drop.p[k] = 0.3f;
     drop.seed = 7;
     drop.step = 1;
-    int failures = check(&none, 0) + check(&drop, 0) + check(&drop, 1);
+    ModelConfig gpt2 = test_config(3, 2, 8, 37, RING_T);
+    int failures = check_shape(gpt2, &none, 0) + check_shape(gpt2, &drop, 0) + check_shape(gpt2, &drop, 1);
+    ModelConfig llama = test_llama_config(3, 4, 2, 4, 8, 12, 37, RING_T);
+    llama.rope_scaling = ROPE_LLAMA3;
+    llama.rope_factor = 4.0f;
+    llama.rope_low = 1.0f;
+    llama.rope_high = 4.0f;
+    llama.rope_original_max = 16;
+    llama.rope_theta = 100.0f; /* HD 4: wavelengths 6.3 (kept) and 63 (slowed) against original 16 */
+    llama.bias = BIAS_QKV;
+    printf("\nthe configurable block: llama3 RoPE, RMSNorm, GQA 4/2, SwiGLU, q/k/v bias, untied head\n");
+    failures += check_shape(llama, &none, 0) + check_shape(llama, &drop, 1);
     printf("%s: ring gradient check, %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
     proc_finalize();
     return failures ? 1 : 0;

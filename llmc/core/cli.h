@@ -45,6 +45,7 @@ typedef struct {
     float temperature;
     int top_k;
     const char* wpe_init;
+    const char* rope_scaling; /* TYPE:FACTOR for a RoPE model file a longer --max-seq-len extends ("": none) */
     /* memory */
     const char* recompute;
     const char* recompute_layers;
@@ -92,11 +93,12 @@ typedef struct {
 
 #define OPT(field) offsetof(TrainOptions, field)
 static const FlagSpec flag_table[] = {
-    {"-e", FLAG_STRING, OPT(model), 0, 0, FOR_BOTH, "model: an llm.c model file (v3 fp32 or v5 bf16), or d6|d12|d24|d36|d48 for random init"},
+    {"-e", FLAG_STRING, OPT(model), 0, 0, FOR_BOTH, "model: a model file (v3 fp32 or v5 bf16 GPT-2; v7 fp32 or v8 bf16 the configurable family: Llama, Qwen2), or for random init d6|d12|d24|d36|d48 (GPT-2) or a preset with the shape of a Hugging Face config.json: smollm2-135m|qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-7b|llama3.2-1b|llama3.2-3b|llama3.1-8b (the GPU trainer runs GPT-2 only so far)"},
     {"--layers", FLAG_INT, OPT(layers), 1, 4096, FOR_BOTH, "random init: number of layers (overrides the descriptor)"},
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},
     {"--max-seq-len", FLAG_INT, OPT(max_seq_len), 1, 4194304, FOR_BOTH, "rows of the position table; with a model file: resize it (long-context fine-tuning)"},
+    {"--rope-scaling", FLAG_STRING, OPT(rope_scaling), 0, 0, FOR_BOTH, "context extension of a RoPE model file (Llama, Qwen2) that a longer --max-seq-len lengthens: TYPE:FACTOR with TYPE linear, llama3 (low_freq_factor 1, high_freq_factor 4) or yarn (beta_fast 32, beta_slow 1, attention factor 0.1 ln FACTOR + 1), the original length being the file's; stored in the model files the run writes (a model that already has a scaling is refused)"},
     {"--wpe-init", FLAG_STRING, OPT(wpe_init), 0, 0, FOR_BOTH, "how the rows a longer --max-seq-len adds to a model file's position table start, required then (neither is better for every model: docs/finetune_long.md measures both): interpolate (the learned rows stretched linearly over the new length) or tile (row t = learned row t mod maxT: position 0's row recurs at maxT, 2maxT, ...)"},
     {"--vocab-size", FLAG_INT, OPT(vocab_size), 2, 262144, FOR_BOTH, "random init: vocabulary size V (padded to a multiple of 128)"},
     {"-i", FLAG_STRING, OPT(train_glob), 0, 0, FOR_BOTH, "training token shards (glob)"},
@@ -209,6 +211,7 @@ static inline void options_defaults(TrainOptions* o) {
     o->prompt_tokens = "";
     o->temperature = 1.0f;
     o->wpe_init = "";
+    o->rope_scaling = "";
     o->eval_by_position = "0";
     o->eval_dump = "";
     o->recompute = "0";

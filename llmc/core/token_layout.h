@@ -156,6 +156,9 @@ typedef struct {
     int B, C, NH, T, Tl;
     int Tq, Tk, q0, k0, qi, ki;
     const int* doc_start;
+    /* grouped-query heads (the CPU reference; 0: GPT-2's NH heads of C/NH):
+     * NKV K/V heads of HD, query head h reading K/V head h / (NH/NKV) */
+    int NKV, HD;
 } AttentionBlock;
 
 /* Keys of the block that query i sees: none, some (the diagonal) or all. */
@@ -183,7 +186,7 @@ static inline int block_has_pairs(const AttentionBlock* a) {
 
 /* The whole sequence on one process: one block. */
 static inline AttentionBlock whole_sequence(int B, int T, int C, int NH) {
-    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0, NULL};
+    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0, NULL, 0, 0};
     return a;
 }
 
@@ -196,7 +199,7 @@ static inline int context_chunk_block(int B, int C, int NH, int Tl, int group_si
     int Tc = Tl / 2;
     int gq = ring_chunk(chunks, group_size, member, qc), gk = ring_chunk(chunks, group_size, origin, kc);
     if (gk > gq) return 0;
-    AttentionBlock b = {B, C, NH, group_size * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL};
+    AttentionBlock b = {B, C, NH, group_size * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL, 0, 0};
     *a = b;
     return 1;
 }

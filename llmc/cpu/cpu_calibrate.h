@@ -85,19 +85,19 @@ static void cpu_profile_step_begin(CpuLinkProfile* p, int step) {
     p->step_start_ms = cpu_profile_ms(p);
 }
 
-/* matmul_half_rows timed: the (rows, C) x (4C, C)^T matmul of out = inp W^T
+/* matmul_half_rows timed: the (rows, C) x (OC, C)^T matmul of out = inp W^T
  * + b (layer 0's MLP, from its ln2 rows into its fch) at rows, a half, a
  * quarter and an eighth, three times each after one untimed call. The time
- * is a line in M, (M + h) 8 C^2 / rate (cost_model.h), so with FLOPs as the
+ * is a line in M, (M + h) 2 C OC / rate (cost_model.h), so with FLOPs as the
  * bytes link_fit's intercept over its slope is h in rows; when the times do
  * not tell (link_fit returns 1), h stays `planned`. */
-static double cpu_time_matmul_half_rows(real* out, const real* inp, const real* W, const real* b, int rows, int C, double planned) {
-    double per_row = 8.0 * C * C, rate = 0.0, intercept = 0.0;
+static double cpu_time_matmul_half_rows(real* out, const real* inp, const real* W, const real* b, int rows, int C, int OC, double planned) {
+    double per_row = 2.0 * C * OC, rate = 0.0, intercept = 0.0;
     LinkTimes t = {0, 0, 0, 0, 0};
     for (int i = -1; i < 12; i++) { /* i = -1: untimed, to warm the caches */
         int M = rows >> (i < 0 ? 0 : i % 4) > 0 ? rows >> (i < 0 ? 0 : i % 4) : 1;
         double t0 = now_ms();
-        matmul_forward(out, inp, W, b, M, C, 4 * C);
+        matmul_forward(out, inp, W, b, M, C, OC);
         if (i >= 0) link_times_add(&t, M * per_row, 1e-3 * (now_ms() - t0));
     }
     return link_fit(&t, 0.0, &rate, &intercept) == 0 ? intercept * rate / per_row : planned;

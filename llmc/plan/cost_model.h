@@ -23,7 +23,13 @@
  * costs over -r 0. The one communication priced is the context-parallel
  * ring's (below), because -r 1 repeats it and -r 3 does not.
  *
- * Work per micro-step of B*T = N tokens, C channels, E storage bytes:
+ * Work per micro-step of B*T = N tokens, C channels, E storage bytes, for
+ * GPT-2's block (the configurable block's widths, model.h's block_widths,
+ * in layer_widths below: its matmuls 2 C (QKV + NH HD + FC + F) per token
+ * with QKV = (NH + 2 NKV) HD and FC = F or SwiGLU's 2F; attention 4 NH HD
+ * per pair; the activation's bytes FC + F forward, 2 FC + F backward;
+ * RoPE's pass reads and writes the Q and K heads, forward, backward and in
+ * every recompute that reruns the QKV matmul):
  *   block forward    matmul 24 N C^2, attention 2 B T (T+1) C (QK^T and PV
  *                    over the T(T+1)/2 causal pairs), bytes 12 N C E (two
  *                    LayerNorms read and write C, GELU reads and writes 4C:
@@ -319,12 +325,35 @@ static inline double spec_busiest_member_pairs(const PlanSpec* s) {
     return most;
 }
 
-/* Causal attention forward FLOPs of one layer on this rank (4 C per pair:
- * QK^T and PV): all of the sequence's attended pairs, or under context
- * parallelism the busiest member's. */
+/* Causal attention forward FLOPs of one layer on this rank (4 NH HD per
+ * pair, GPT-2's 4 C: QK^T and PV): all of the sequence's attended pairs, or
+ * under context parallelism the busiest member's. */
 static inline double attention_forward_flops(const PlanSpec* s) {
     double pairs = plan_context_parallel(s) > 1 ? spec_busiest_member_pairs(s) : spec_attended_pairs(s);
-    return 4.0 * s->B * pairs * s->cfg.channels;
+    return 4.0 * s->B * pairs * block_widths(&s->cfg).q_width;
+}
+
+/* One layer's work per token from the block's widths (elements; x 2 for
+ * FLOPs of a matmul). GPT-2: qkv 3C, proj C, fc 4C, fcproj 4C. */
+typedef struct {
+    double mm_qkv, mm_proj, mm_fc, mm_fcproj; /* C x output of each matmul (in x out) */
+    double act_fwd, act_bwd;                  /* the MLP activation's elements read and written: GELU 8C / 12C */
+    double rope;                              /* RoPE's pass: the Q and K heads read and written (0: learned positions) */
+} LayerWidths;
+
+static inline LayerWidths layer_widths(const PlanSpec* s) {
+    BlockWidths b = block_widths(&s->cfg);
+    ModelConfig r = config_resolved(&s->cfg);
+    double C = s->cfg.channels;
+    LayerWidths w;
+    w.mm_qkv = C * b.qkv_width;
+    w.mm_proj = C * b.q_width;
+    w.mm_fc = C * b.fc_width;
+    w.mm_fcproj = C * b.F;
+    w.act_fwd = (double)b.fc_width + b.F;
+    w.act_bwd = 2.0 * b.fc_width + b.F;
+    w.rope = r.positions == POS_ROPE ? 2.0 * ((double)b.q_width + b.kv_width) : 0.0;
+    return w;
 }
 
 /* This rank's tokens of a micro-step: B*T, or B*T/N under context parallelism. */
@@ -350,12 +379,14 @@ static inline Work tile_cost(const PlanSpec* s, Work w, double passes) {
 /* Work of one layer's forward (backward = 0) or backward (backward = 1). */
 static inline Work layer_work(const PlanSpec* s, int backward) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = work_new(24.0 * N * C * C, attention_forward_flops(s), 12.0 * N * C * E, 8.0 * N * C * E);
+    LayerWidths lw = layer_widths(s);
+    double matmul = 2.0 * (lw.mm_qkv + lw.mm_proj + lw.mm_fc + lw.mm_fcproj); /* GPT-2: 24 C^2 */
+    Work w = work_new(matmul * N, attention_forward_flops(s), (4.0 * C + lw.act_fwd + lw.rope) * N * E, lw.act_fwd * N * E);
     if (backward) {
-        w.matmul_flops = w.matmul_backward_flops = 48.0 * N * C * C;
+        w.matmul_flops = w.matmul_backward_flops = 2.0 * matmul * N;
         w.attention_flops = w.attention_backward_flops = 2.5 * attention_forward_flops(s);
-        w.memory_bytes = 20.0 * N * C * E;
-        w.gelu_bytes = 12.0 * N * C * E; /* reads its input and the gradient, writes the gradient */
+        w.memory_bytes = (8.0 * C + lw.act_bwd + lw.rope) * N * E;
+        w.gelu_bytes = lw.act_bwd * N * E; /* reads its input and the gradient, writes the gradient */
     }
     return tile_cost(s, w, 2.0);
 }
@@ -363,10 +394,13 @@ static inline Work layer_work(const PlanSpec* s, int backward) {
 /* Extra work in one layer's backward pass under `mode`. */
 static inline Work recompute_work(const PlanSpec* s, int mode) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
-    Work w = work_new(0.0, 0.0, 12.0 * N * C * E, 8.0 * N * C * E); /* two LayerNorms (-r 2: applied) and GELU */
+    LayerWidths lw = layer_widths(s);
+    /* two norms (-r 2: applied) and the activation (GELU, SwiGLU's product) */
+    Work w = work_new(0.0, 0.0, (4.0 * C + lw.act_fwd) * N * E, lw.act_fwd * N * E);
     if (mode == RECOMPUTE_NONE) w.memory_bytes = w.gelu_bytes = 0.0;
     if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
-        w.matmul_flops = 16.0 * N * C * C;
+        w.matmul_flops = 2.0 * (lw.mm_qkv + lw.mm_proj + lw.mm_fc) * N; /* GPT-2: 16 C^2 */
+        w.memory_bytes += lw.rope * N * E;                                /* RoPE again after the QKV matmul */
         if (spec_tiles(s) > 1.0) w.memory_bytes += 2.0 * N * C * E; /* LN1 again, in the QKV pass */
         w = tile_cost(s, w, 1.0);
     }
@@ -391,9 +425,11 @@ static inline Work rerun_work(const PlanSpec* s, int mode, int rerun) {
     if (rerun == 0 || (rerun == 2 && mode == RECOMPUTE_FULL)) return none;
     if (rerun == 1) return layer_work(s, 0);
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
+    LayerWidths lw = layer_widths(s);
     int attention_only = mode == RECOMPUTE_KEEP_ATTENTION;
-    Work w = work_new((attention_only ? 6.0 : 16.0) * N * C * C, attention_forward_flops(s), (attention_only ? 3.0 : 10.0) * N * C * E,
-                      attention_only ? 0.0 : 8.0 * N * C * E);
+    double matmul = 2.0 * (attention_only ? lw.mm_qkv : lw.mm_qkv + lw.mm_proj + lw.mm_fc); /* GPT-2: 6 or 16 C^2 */
+    double act = attention_only ? 0.0 : lw.act_fwd;
+    Work w = work_new(matmul * N, attention_forward_flops(s), ((attention_only ? 3.0 : 2.0) * C + act + lw.rope) * N * E, act * N * E);
     return tile_cost(s, w, attention_only ? 1.0 : 2.0);
 }
 

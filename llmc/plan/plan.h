@@ -13,6 +13,9 @@
  *   -r 2  x qkv atty res2 fch                  = 10C elements + (4 + NH) floats
  *   -r 1  x                                    =  1C elements
  *   -r 3  x atty                               =  2C elements + NH floats (logsumexp)
+ * (GPT-2's widths; the configurable block keeps the same tensors at its own,
+ * layer_act_per_token: qkv (NH + 2 NKV) HD, atty NH HD, fch F or SwiGLU's 2F,
+ * fch_gelu F.)
  * Whatever a layer does not keep lives in one shared "recompute set" in the
  * scratch section, which the backward pass refills layer by layer.
  * Under context parallelism (--context-parallel N) every per-token buffer
@@ -73,16 +76,23 @@ static const char* const layer_act_names[NUM_LAYER_ACTS] = {
     "x", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "att_lse", "res2",
     "ln2", "ln2_mean", "ln2_rstd", "fch", "fch_gelu"};
 
-/* Elements per token of a layer activation, and whether it is an fp32 statistic. */
+/* Elements per token of a layer activation, and whether it is an fp32
+ * statistic; the widths come from the block's shape (model.h's
+ * block_widths): qkv (NH + 2 NKV) HD, atty NH HD, fch the FC matmul's
+ * output (GELU F, SwiGLU 2F: gate and up), fch_gelu F (GELU's output, or
+ * SwiGLU's product silu(gate) up). With RMSNorm the mean slots hold 0s. */
 static inline size_t layer_act_per_token(int act, const ModelConfig* cfg, int* is_stat) {
     size_t C = (size_t)cfg->channels;
+    BlockWidths w = block_widths(cfg);
     *is_stat = 0;
     switch (act) {
-    case ACT_X: case ACT_LN1: case ACT_ATTY: case ACT_RES2: case ACT_LN2: return C;
-    case ACT_QKV: return 3 * C;
-    case ACT_FCH: case ACT_FCH_GELU: return 4 * C;
+    case ACT_X: case ACT_LN1: case ACT_RES2: case ACT_LN2: return C;
+    case ACT_ATTY: return (size_t)w.q_width;
+    case ACT_QKV: return (size_t)w.qkv_width;
+    case ACT_FCH: return (size_t)w.fc_width;
+    case ACT_FCH_GELU: return (size_t)w.F;
     case ACT_ATT_LSE: *is_stat = 1; return (size_t)cfg->num_heads;
-    default: *is_stat = 1; return 1; /* LayerNorm mean and rstd */
+    default: *is_stat = 1; return 1; /* norm mean and rstd */
     }
 }
 
@@ -306,9 +316,11 @@ static inline size_t plan_tokens_bytes(const PlanSpec* s, size_t bytes_per_token
  * values, 2C elements a token), and of one dK/dV block (the same shape, in
  * the element type of the backward's sums: the storage's on the CPU, fp32
  * on the GPU). */
-static inline size_t plan_ring_kv_bytes(const PlanSpec* s) { return plan_tokens_bytes(s, 2 * (size_t)s->cfg.channels * (size_t)s->elem_bytes); }
+static inline size_t plan_ring_kv_bytes(const PlanSpec* s) {
+    return plan_tokens_bytes(s, 2 * (size_t)block_widths(&s->cfg).kv_width * (size_t)s->elem_bytes);
+}
 static inline size_t plan_ring_dkv_bytes(const PlanSpec* s) {
-    return plan_tokens_bytes(s, 2 * (size_t)s->cfg.channels * (size_t)(s->backend == BACKEND_CPU ? s->elem_bytes : 4));
+    return plan_tokens_bytes(s, 2 * (size_t)block_widths(&s->cfg).kv_width * (size_t)(s->backend == BACKEND_CPU ? s->elem_bytes : 4));
 }
 
 /* Bytes of activation `act` for B*T tokens. */
@@ -322,6 +334,15 @@ static inline size_t plan_act_bytes(const PlanSpec* s, int act) {
 static inline size_t plan_tile_tokens(const PlanSpec* s) {
     size_t N = (size_t)s->B * (size_t)plan_local_T(s);
     return s->tile_tokens <= 0 ? 0 : (size_t)s->tile_tokens < N ? (size_t)s->tile_tokens : N;
+}
+
+/* Whether the gradients of attention's output and of qkv have buffers of
+ * their own (backward.datty, backward.dqkv): with token tiles, and where
+ * the aliases over res2 (C) and fch do not fit them (NH HD > C, or a QKV
+ * wider than the FC matmul's output). GPT-2 untiled: the aliases. */
+static inline int plan_own_attention_grads(const PlanSpec* s) {
+    BlockWidths w = block_widths(&s->cfg);
+    return plan_tile_tokens(s) || w.q_width > s->cfg.channels || w.qkv_width > w.fc_width;
 }
 
 /* Whether activation `act` is computed token by token (and so tiles). */
@@ -372,12 +393,15 @@ static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
  * (grad_accum.cuh says why and how): every one with several micro-steps
  * (each adds to every gradient once); else the token table alone (index 0
  * on: its first rows) when the logits take several chunks (one addition per
- * chunk); else none, every gradient being written once from zero. */
+ * chunk; with an untied head all of them, lm_head being last); else none,
+ * every gradient being written once from zero. */
 static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout* pl) {
     if (!s->fp32_grad_sums) return 0;
     if (s->micro_steps > 1) return pl->total;
     size_t rows = (size_t)s->B * (size_t)plan_local_T(s);
-    return rows > (size_t)s->logits_chunk_rows ? pl->count[P_WTE] : 0;
+    if (rows <= (size_t)s->logits_chunk_rows) return 0;
+    /* an untied head, the last tensor, takes the chunks' additions instead of wte: the range from index 0 reaches it */
+    return config_resolved(&s->cfg).tied ? pl->count[P_WTE] : pl->total;
 }
 
 /* fp32 sums of one layer's parameter gradients across its token tiles (a
@@ -387,8 +411,11 @@ static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout*
  * carries each gradient in its own fp32 (or fp64) storage already. */
 static inline size_t plan_tile_grads_count(const PlanSpec* s) {
     if (s->backend != BACKEND_GPU || !plan_tile_tokens(s)) return 0;
-    size_t C = (size_t)s->cfg.channels;
-    return 12 * C * C + 13 * C;
+    ParamLayout pl;
+    param_layout(&s->cfg, &pl);
+    size_t n = 0;
+    for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) n += pl.count[t] / (size_t)s->cfg.num_layers;
+    return n;
 }
 
 /* Parameters whose optimizer state one process holds: all, or a ZeRO-1 shard. */
@@ -525,9 +552,10 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
         snprintf(name, sizeof(name), "backward.%s", grad_act_names[g]);
         p->grad_act[g] = plan_add(p, name, SEC_SCRATCH, -1, plan_tokens_bytes(s, C * grad_act_width[g] * E));
     }
-    if (plan_tile_tokens(s)) {
-        p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, C * E));
-        p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, 3 * C * E));
+    if (plan_own_attention_grads(s)) {
+        BlockWidths w = block_widths(&s->cfg);
+        p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)w.q_width * E));
+        p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)w.qkv_width * E));
         p->tile_grads_count = plan_tile_grads_count(s);
         if (p->tile_grads_count) p->off_tile_grads = plan_add(p, "backward.tile_grads", SEC_SCRATCH, -1, p->tile_grads_count * 4);
     }

@@ -69,6 +69,7 @@ static inline void load_parameters_from_file(Run* run, Backend* be, size_t chunk
     param_layout(&run->cfg, &run_pl);
     size_t C = (size_t)run->cfg.channels, file_rows = (size_t)info.cfg.max_seq_len, rows = (size_t)run->cfg.max_seq_len;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (run_pl.count[t] == 0) continue; /* a tensor the switches leave out (RoPE: no position table) */
         if (t != P_WPE) {
             copy_from_file(be, f, &info, t, 0, file_pl.offset[t], run_pl.offset[t], run_pl.count[t], chunk, run->model_path);
         } else if (rows > file_rows && strcmp(run->opt.wpe_init, "interpolate") == 0) {

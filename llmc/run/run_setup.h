@@ -105,9 +105,40 @@ static inline void note_flags_ignored_on_resume(const Run* run, const char* mode
 static inline void check_wpe_init_applies(const Run* run, const ModelFileInfo* file) {
     if (!option_given(&run->opt, "--wpe-init") || run->resume_step >= 0) return;
     if (!file) fail("flag --wpe-init: applies to a model file whose position table --max-seq-len lengthens, not to random init");
+    if (file->cfg.positions != POS_LEARNED) fail("flag --wpe-init: %s uses RoPE and has no position table", run->model_path);
     if (run->cfg.max_seq_len <= file->cfg.max_seq_len)
         fail("flag --wpe-init: applies only when --max-seq-len lengthens the position table of %s (%d rows; this run: %d)",
              run->model_path, file->cfg.max_seq_len, run->cfg.max_seq_len);
+}
+
+/* --rope-scaling TYPE:FACTOR onto a RoPE model file's configuration whose
+ * --max-seq-len this run lengthens from file_max (the original length). */
+static inline void apply_rope_scaling(Run* run, const ModelFileInfo* file) {
+    const char* flag = run->opt.rope_scaling;
+    if (!flag[0] || run->resume_step >= 0) return;
+    if (!file) fail("flag --rope-scaling: applies to a model file whose --max-seq-len this run lengthens, not to random init");
+    if (file->cfg.positions != POS_ROPE) fail("flag --rope-scaling: %s has learned positions, not RoPE (use --wpe-init)", run->model_path);
+    if (file->cfg.rope_scaling != ROPE_DEFAULT)
+        fail("flag --rope-scaling: %s already has %s RoPE scaling; one scaling over another is not defined", run->model_path,
+             rope_type_names[file->cfg.rope_scaling]);
+    if (run->cfg.max_seq_len <= file->cfg.max_seq_len)
+        fail("flag --rope-scaling: applies when --max-seq-len lengthens %s (%d positions; this run: %d)", run->model_path,
+             file->cfg.max_seq_len, run->cfg.max_seq_len);
+    char type[16];
+    float factor = 0.0f;
+    int used = 0;
+    if (sscanf(flag, "%15[a-z0-9]:%f%n", type, &factor, &used) != 2 || flag[used] != '\0')
+        fail("flag --rope-scaling: '%s' is not TYPE:FACTOR (linear:4, llama3:8, yarn:4)", flag);
+    if (!(factor >= 1.0f && factor <= 1e6f)) fail("flag --rope-scaling: factor %g must be from 1 to 1e6", (double)factor);
+    ModelConfig* c = &run->cfg;
+    c->rope_factor = factor;
+    c->rope_original_max = file->cfg.max_seq_len;
+    c->hf_max_positions = c->max_seq_len;
+    if (strcmp(type, "linear") == 0) c->rope_scaling = ROPE_LINEAR;
+    else if (strcmp(type, "llama3") == 0) { c->rope_scaling = ROPE_LLAMA3; c->rope_low = 1.0f; c->rope_high = 4.0f; }
+    else if (strcmp(type, "yarn") == 0) { c->rope_scaling = ROPE_YARN; c->rope_low = 32.0f; c->rope_high = 1.0f; c->rope_attn_factor = 0.0f; }
+    else fail("flag --rope-scaling: type '%s' is not linear, llama3 or yarn", type);
+    config_validate(c, "flag --rope-scaling");
 }
 
 static inline void resolve_model(Run* run) {
@@ -129,7 +160,7 @@ static inline void resolve_model(Run* run) {
         run->model_path = NULL;
     } else {
         if (!file_exists(o->model) && !strchr(o->model, '/') && !strchr(o->model, '.'))
-            fail("-e: unknown model descriptor '%s' (d6, d12, d24, d36, d48), and no model file of that name", o->model);
+            fail("-e: unknown model descriptor '%s' (" MODEL_DESCRIPTOR_LIST "), and no model file of that name", o->model);
         if (o->layers || o->heads || o->channels || o->vocab_size)
             fail("flags --layers/--heads/--channels/--vocab-size apply to random init only, not to the model file %s", o->model);
         run->model_path = o->model;
@@ -140,7 +171,8 @@ static inline void resolve_model(Run* run) {
         run->cfg = info.cfg;
         resolve_dropout(run, info.pdrop, run->model_path);
         snprintf(run->model_desc, sizeof(run->model_desc), "%s (version %d)", run->model_path, info.version);
-        if (run->resume_step < 0 && o->max_seq_len > info.cfg.max_seq_len && !option_given(o, "--wpe-init"))
+        int table = info.cfg.positions == POS_LEARNED; /* RoPE has no table: its longest length is a number */
+        if (run->resume_step < 0 && table && o->max_seq_len > info.cfg.max_seq_len && !option_given(o, "--wpe-init"))
             fail("--max-seq-len %d lengthens the position table of %s (%d rows): choose how its new rows start, --wpe-init "
                  "interpolate (the learned rows stretched over %d positions) or --wpe-init tile (row t = learned row t mod %d); "
                  "neither is better for every model (docs/finetune_long.md measures both)",
@@ -149,14 +181,22 @@ static inline void resolve_model(Run* run) {
             /* long-context fine-tuning: a longer (or shorter) position table */
             run->cfg.max_seq_len = o->max_seq_len;
             size_t used = strlen(run->model_desc);
-            snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
+            if (!table) snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", RoPE set up for %d positions (was %d)",
+                                 o->max_seq_len, info.cfg.max_seq_len);
+            else snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", position table resized from %d to %d rows%s",
                      info.cfg.max_seq_len, o->max_seq_len, o->max_seq_len <= info.cfg.max_seq_len ? ""
                      : strcmp(o->wpe_init, "interpolate") == 0 ? " (learned rows interpolated)" : " (learned rows repeated)");
         }
         check_wpe_init_applies(run, &info);
+        apply_rope_scaling(run, &info);
+        if (run->opt.rope_scaling[0] && run->resume_step < 0) {
+            size_t used = strlen(run->model_desc);
+            snprintf(run->model_desc + used, sizeof(run->model_desc) - used, ", RoPE scaling %s", run->opt.rope_scaling);
+        }
         return;
     }
     check_wpe_init_applies(run, NULL);
+    apply_rope_scaling(run, NULL);
     config_from_descriptor(o->model, &run->cfg);
     static const float no_file_pdrop[MODEL_NUM_PDROP] = {0.0f, 0.0f, 0.0f};
     resolve_dropout(run, no_file_pdrop, NULL);
@@ -577,7 +617,7 @@ static inline void run_resolve(Run* run, int argc, char** argv, const TrainerTra
     spec.layer_mode = run->layer_mode;
     spec.layer_offload = run->layer_offload;
     spec.grad_accum = run->grad_accum;
-    int hs = run->cfg.channels / run->cfg.num_heads;
+    int hs = block_widths(&run->cfg).HD;
     int family = remat_attention_family_hook ? remat_attention_family_hook(hs) : -1;
     cost_model_resolve(run->opt.cost_model, remat_device_name_hook ? remat_device_name_hook() : NULL, family, hs, &spec.cost_model);
     spec.ring_link = ring_link_resolve(run->opt.ring_link, spec.backend);
