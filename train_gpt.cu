@@ -350,7 +350,7 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
 
 /* ------------------------------------------------------------------------ */
 /* attention as a ring (context parallelism): llmc/core/ring.h's schedule, step
- * for step train_gpt.c's ring_attention_forward/backward, while the ring
+ * for step llmc/cpu/cpu_ring.h's cpu_ring_attention_forward/backward, while the ring
  * stream sends the K/V block on to the next member and receives the next
  * into the other buffer (llmc/cuda/multigpu.cuh). Two events order each
  * transfer: one recorded on compute before it makes it wait for the compute

@@ -8,7 +8,7 @@
  * is written into FILE: the compute rates from the step
  * (cost_model_calibrate_ops), the links measured (cost_model_add_links),
  * matmul_half_rows; only the tiles' pass cost o stays the planned one. The
- * GPU's twin is llmc/profile.cuh.
+ * GPU's twin is llmc/cuda/profile.cuh.
  *
  * REMAT_PROFILE_CLOCK=cpu (one thread only) times the step and the op
  * families in the process's CPU time instead of wall-clock time: on a

@@ -1,8 +1,11 @@
 /*
  * Causal self-attention without any (T,T) buffer: forward with an online
  * softmax over key tiles, backward recomputing the probabilities tile by tile
- * from the stored log-sum-exp. A simple, correct version (CUDA cores, fp32
- * math); tensor-core speed comes later.
+ * from the stored log-sum-exp. This file holds the launchers every family
+ * shares and the CUDA-core (simt, fp32 math) kernels, the plainest statement
+ * of the algorithm; the tensor-core families that BF16 and FP16 builds run by
+ * default are in attention_mma.cuh and attention_tc.cuh ("Which kernels run"
+ * below).
  *
  * Shapes, for B batch, T time, C channels, NH heads, hs = C/NH:
  *   qkv  (B,T,3C) floatX: q at channels [0,C), k at [C,2C), v at [2C,3C);

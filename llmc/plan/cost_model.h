@@ -374,7 +374,6 @@ static inline Work recompute_work(const PlanSpec* s, int mode) {
     return w;
 }
 
-/* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
 /* Segments (plan.h): how layer l runs forward again in the backward: 0 not
  * (no segments, or the top segment, whose tensors are still there), 1 whole
  * (to feed the next layer of its segment), 2 only up to what its mode keeps
@@ -400,6 +399,7 @@ static inline Work rerun_work(const PlanSpec* s, int mode, int rerun) {
 /* Whether that rerun includes attention (and so, under context parallelism, the ring's forward). */
 static inline int rerun_has_attention(int mode, int rerun) { return rerun == 1 || (rerun == 2 && mode != RECOMPUTE_FULL); }
 
+/* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
 static inline Work head_work(const PlanSpec* s) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
     Work w = work_new(6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0);
