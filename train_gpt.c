@@ -25,7 +25,7 @@
 #include "llmc/cpu/cpu_adamw.h"
 #include "llmc/cpu/cpu_data_parallel.h"
 #include "llmc/cpu/cpu_calibrate.h"
-#include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_block_* below on llmc/core/ring.h's schedule */
+#include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_tile_* below on llmc/core/ring.h's schedule */
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5
@@ -163,7 +163,7 @@ static inline real attention_dropout_factor(const DropoutSite* drop, int bh, int
     return dropout_keep_attention(drop, bh, T, t, u) ? (real)drop->scale : 0;
 }
 
-/* Merges one block's normalised output `part` (hs) and log-sum-exp `l` into
+/* Merges one tile's normalised output `part` (hs) and log-sum-exp `l` into
  * the running o (hs) and *lse: both are softmax-weighted means over disjoint
  * key sets, so the union's is their mean weighted by exp(lse - new lse). */
 static inline void attention_merge(real* o, real* lse, const real* part, real l, int hs) {
@@ -174,24 +174,24 @@ static inline void attention_merge(real* o, real* lse, const real* part, real l,
     *lse = merged;
 }
 
-/* out (B,Tl,C), lse (B,NH,Tl): the block's rows written (first) or merged
- * into (a later block of the same queries). q from qkv (B,Tl,3C); keys from
+/* out (B,Tl,C), lse (B,NH,Tl): the tile's rows written (first) or merged
+ * into (a later tile of the same queries). q from qkv (B,Tl,3C); keys from
  * kv, a (B,Tl,ld) tensor whose rows hold K at channel 0 and V at C. */
-static void attention_block_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionBlock* a,
+static void attention_tile_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionTile* a,
                                     int first, const DropoutSite* drop) {
     int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel
     {
-        real* part = first ? NULL : (real*)malloc_check((size_t)hs * sizeof(real), "attention block");
+        real* part = first ? NULL : (real*)malloc_check((size_t)hs * sizeof(real), "attention tile");
         #pragma omp for schedule(static)
         for (int bh = 0; bh < a->B * NH; bh++) {
             int b = bh / NH, h = bh % NH;
             for (int i = 0; i < a->Tq; i++) {
-                int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
+                int seen = tile_keys_seen(a, i), from = tile_keys_first(a, b, i), t = a->q0 + i;
                 size_t row = (size_t)b * Tl + a->qi + i;
-                if (seen == 0) continue; /* the causal mask empties the row here: the block leaves it alone */
-                if (from >= seen) { /* documents: no key here; a query's first block then holds nothing (lse -inf) for later ones to merge into */
+                if (seen == 0) continue; /* the causal mask empties the row here: the tile leaves it alone */
+                if (from >= seen) { /* documents: no key here; a query's first tile then holds nothing (lse -inf) for later ones to merge into */
                     if (!first) continue;
                     for (int d = 0; d < hs; d++) out[row * C + h * hs + d] = 0;
                     lse[((size_t)b * NH + h) * Tl + a->qi + i] = -INFINITY;
@@ -227,19 +227,19 @@ static void attention_block_forward(real* out, real* lse, const real* qkv, const
     }
 }
 
-/* The block's share of the backward: dq (in dqkv (B,Tl,3C)) and dk, dv (in
+/* The tile's share of the backward: dq (in dqkv (B,Tl,3C)) and dk, dv (in
  * dkv, (B,Tl,ld) with dK at 0 and dV at C) accumulate; out and lse are the
- * merged ones of all blocks. Each (b,h) job owns its head's slices, so
+ * merged ones of all tiles. Each (b,h) job owns its head's slices, so
  * parallel jobs never write the same element. */
-static void attention_block_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
-                                     const real* out, const real* lse, const AttentionBlock* a, const DropoutSite* drop) {
+static void attention_tile_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
+                                     const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop) {
     int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel for schedule(static)
     for (int bh = 0; bh < a->B * NH; bh++) {
         int b = bh / NH, h = bh % NH;
         for (int i = 0; i < a->Tq; i++) {
-            int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
+            int seen = tile_keys_seen(a, i), from = tile_keys_first(a, b, i), t = a->q0 + i;
             size_t row = (size_t)b * Tl + a->qi + i;
             const real* q = qkv + row * 3 * C + h * hs;
             const real* o = out + row * C + h * hs;
@@ -270,18 +270,18 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
 /* doc_start (B,T): each query's document start (NULL: no document mask). */
 static void attention_forward(real* out, real* lse, const real* qkv, int B, int T, int C, int NH, const int* doc_start,
                               const DropoutSite* drop) {
-    AttentionBlock a = whole_sequence(B, T, C, NH);
+    AttentionTile a = whole_sequence(B, T, C, NH);
     a.doc_start = doc_start;
-    attention_block_forward(out, lse, qkv, qkv + C, 3 * C, &a, 1, drop);
+    attention_tile_forward(out, lse, qkv, qkv + C, 3 * C, &a, 1, drop);
 }
 
 /* dqkv (B,T,3C) is overwritten. */
 static void attention_backward(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
                                int B, int T, int C, int NH, const int* doc_start, const DropoutSite* drop) {
-    AttentionBlock a = whole_sequence(B, T, C, NH);
+    AttentionTile a = whole_sequence(B, T, C, NH);
     a.doc_start = doc_start;
     memset(dqkv, 0, (size_t)B * T * 3 * C * sizeof(real));
-    attention_block_backward(dqkv, dqkv + C, 3 * C, dout, qkv, qkv + C, 3 * C, out, lse, &a, drop);
+    attention_tile_backward(dqkv, dqkv + C, 3 * C, dout, qkv, qkv + C, 3 * C, out, lse, &a, drop);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -412,15 +412,15 @@ typedef struct {
     int logits_rows;
     real* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;             /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    real* tile_datty;            /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
-    real* tile_dqkv;
+    real* whole_datty;           /* token tiles: whole-sequence (N,C) gradient of attention's output, (N,3C) of qkv */
+    real* whole_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
     int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
     ContextGroups cp;            /* context parallelism: this rank's place in its group (group_size 1: off) */
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
     CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu/cpu_ring.h) */
     size_t shard_start, shard_count; /* parameters this rank updates */
-    CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
+    CpuStepProfile profile;      /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
@@ -480,8 +480,8 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     m->offload = offload;
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
     if (m->tile_tokens) {
-        m->tile_datty = (real*)(m->arena + plan->off_tile_datty);
-        m->tile_dqkv = (real*)(m->arena + plan->off_tile_dqkv);
+        m->whole_datty = (real*)(m->arena + plan->off_whole_datty);
+        m->whole_dqkv = (real*)(m->arena + plan->off_whole_dqkv);
     }
     memset(m->grads, 0, plan->num_params * sizeof(real));
     memset(m->adam_m, 0, plan->shard_params * sizeof(float));
@@ -507,20 +507,22 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
 }
 
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
-static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
+static void layer_attention_forward(CpuModel* m, int l) {
+    DropoutSite site = cpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
     if (m->cp.group_size > 1)
-        CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
+        CPU_TIMED(&m->profile, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
                                                                               m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop));
+    else CPU_TIMED(&m->profile, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop));
 }
 
-static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
+static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty) {
+    DropoutSite site = cpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
     if (m->cp.group_size > 1)
-        CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
+        CPU_TIMED(&m->profile, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
                                                                                 m->cfg.num_heads, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
+    else CPU_TIMED(&m->profile, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
                                                                         attention_doc_start(m), drop));
 }
 
@@ -538,7 +540,7 @@ static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
     real* ln1 = act_rows(m, l, ACT_LN1, r0);
     layernorm_forward(ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w,
                       w.ln1b, n, C);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C));
 }
 
 /* Block l after attention, rows [r0, r0+n), from x and the attention
@@ -557,38 +559,42 @@ static void block_forward_mlp(CpuModel* m, int l, int r0, int n, real* out) {
     real* fch = act_rows(m, l, ACT_FCH, r0);
     real* fch_gelu = act_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C));
+    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C));
     residual_add(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn);
     layernorm_forward(ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C));
-    CPU_TIMED(&m->links, OP_GELU, gelu_forward(fch_gelu, fch, (size_t)n * 4 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C));
+    CPU_TIMED(&m->profile, OP_GELU, gelu_forward(fch_gelu, fch, (size_t)n * 4 * C));
     if (!out) return;
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C));
+    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C));
     residual_add(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp);
-}
-
-static void block_attention_forward(CpuModel* m, int l) {
-    DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    layer_attention_forward(m, l, &att);
 }
 
 /* Block l forward from its stored input x, tile by tile but for attention. */
 static void block_forward(CpuModel* m, int l, real* out) {
     int N = m->B * m->T, K = tile_tokens(m);
     for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
-    block_attention_forward(m, l);
+    layer_attention_forward(m, l);
     for (int r0 = 0; r0 < N; r0 += K) block_forward_mlp(m, l, r0, tile_len(r0, K, N), out);
 }
 
 /* The gradient a dropped residual branch receives, rows [r0, r0+n): dres
- * itself without dropout, else dres masked and scaled into dln, which is
- * free then. */
+ * itself without dropout, else dres masked and scaled into GRAD_DBRANCH
+ * (dln's buffer, free then: plan.h). */
 static const real* branch_grad(CpuModel* m, const DropoutSite* s, int r0, int n) {
     size_t e0 = (size_t)r0 * m->cfg.channels;
     real* dres = m->grad_act[GRAD_DRES] + e0;
     if (!s->threshold) return dres;
-    dropout_mask(m->grad_act[GRAD_DLN] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s);
-    return m->grad_act[GRAD_DLN] + e0;
+    dropout_mask(m->grad_act[GRAD_DBRANCH] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s);
+    return m->grad_act[GRAD_DBRANCH] + e0;
+}
+
+/* What layer l did not keep of attention's inputs, before its backward
+ * (-r 1 and 3: qkv, tile by tile; -r 1: attention's output too). */
+static void block_recompute_attention_inputs(CpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = tile_tokens(m);
+    if (layer_keeps(mode, ACT_QKV)) return;
+    for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
+    if (!layer_keeps(mode, ACT_ATTY)) layer_attention_forward(m, l);
 }
 
 /* What layer l did not keep of rows [r0, r0+n) after attention (-r 1, 3:
@@ -601,7 +607,7 @@ static void block_recompute_mlp(CpuModel* m, int l, int r0, int n) {
         layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
                         act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
     if (!layer_keeps(mode, ACT_FCH_GELU))
-        CPU_TIMED(&m->links, OP_GELU, gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
+        CPU_TIMED(&m->profile, OP_GELU, gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
 }
 
 /* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
@@ -627,20 +633,20 @@ static void block_backward_mlp(CpuModel* m, int l, int r0, int n, real* datty) {
     BlockTensors w = layer_params(m, l), dw = layer_grads(m, l);
     real* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
-    real* dfch = act_rows(m, l, ACT_FCH_GELU, r0); /* over the GELU output, once its weight gradient has read it */
+    real* dfch = act_rows(m, l, ACT_DFCH, r0); /* over the GELU output, once its weight gradient has read it */
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     block_recompute_mlp(m, l, r0, n);
     const real* dbranch = branch_grad(m, &resid_mlp, r0, n);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C));
-    CPU_TIMED(&m->links, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C));
+    CPU_TIMED(&m->profile, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C));
     layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
                        act_rows(m, l, ACT_LN2_RSTD, r0), n, C);
     dbranch = branch_grad(m, &resid_attn, r0, n);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C));
 }
 
 /* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
@@ -652,8 +658,8 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, con
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     dqkv += (size_t)r0 * 3 * C;
     block_recompute_ln1(m, l, r0, n, tiles);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C));
+    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C));
     layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
                        act_rows(m, l, ACT_LN1_RSTD, r0), n, C);
 }
@@ -666,14 +672,12 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, con
  * layer's res2 and fch (plan.h), whose last readers are done by then.
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void block_backward(CpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = tile_tokens(m), tiles = (N + K - 1) / K;
-    DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    real* datty = m->tile_tokens ? m->tile_datty : act(m, l, ACT_RES2);
-    real* dqkv = m->tile_tokens ? m->tile_dqkv : act(m, l, ACT_FCH);
-    if (!layer_keeps(mode, ACT_QKV)) for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
-    if (!layer_keeps(mode, ACT_ATTY)) block_attention_forward(m, l);
+    int N = m->B * m->T, K = tile_tokens(m), tiles = (N + K - 1) / K;
+    real* datty = m->tile_tokens ? m->whole_datty : act(m, l, ACT_DATTY);
+    real* dqkv = m->tile_tokens ? m->whole_dqkv : act(m, l, ACT_DQKV);
+    block_recompute_attention_inputs(m, l);
     for (int r0 = 0; r0 < N; r0 += K) block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
-    layer_attention_backward(m, l, dqkv, datty, &att);
+    layer_attention_backward(m, l, dqkv, datty);
     for (int r0 = 0; r0 < N; r0 += K) block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
 }
 
@@ -732,7 +736,7 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const real* lnf = m->lnf + (size_t)r0 * C;
-        CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp));
+        CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp));
         #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; r++) {
             real* row = m->logits + (size_t)r * Vp;
@@ -746,8 +750,8 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
-        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp));
-        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp));
+        CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp));
+        CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp));
     }
 }
 
@@ -774,7 +778,7 @@ static void segment_forward_again(CpuModel* m, int first, int last) {
     if (layer_keeps(mode, ACT_RES2)) block_forward(m, last, NULL); /* what it keeps runs through the MLP */
     else if (layer_keeps(mode, ACT_ATTY)) {                           /* -r 3: up to attention's output; -r 1 keeps x alone */
         for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, last, r0, tile_len(r0, K, N));
-        block_attention_forward(m, last);
+        layer_attention_forward(m, last);
     }
 }
 
@@ -915,23 +919,23 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
 
 static void cpu_step_begin(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
-    cpu_profile_step_begin(&m->links, step);
-    m->offload.timed = m->links.active ? &m->links.host : NULL;
+    cpu_profile_step_begin(&m->profile, step);
+    m->offload.timed = m->profile.active ? &m->profile.host : NULL;
 }
 
 static void cpu_step_end(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
-    if (!m->links.active) return;
-    double step_ms = cpu_profile_ms(&m->links) - m->links.step_start_ms;
-    m->links.active = 0;
+    if (!m->profile.active) return;
+    double step_ms = cpu_profile_ms(&m->profile) - m->profile.step_start_ms;
+    m->profile.active = 0;
     m->offload.timed = NULL;
-    if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
+    if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->profile.ring);
     if (m->rank != 0) return;
     /* the matmul timed from layer 0's ln2 rows into its fch: nothing reads them before the next step writes them */
     BlockTensors w = layer_params(m, 0);
     double half_rows = cpu_time_matmul_half_rows(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, tile_tokens(m), m->cfg.channels,
                                                  spec_cost_model(&m->plan->spec).matmul_half_rows);
-    cpu_calibration_write(&m->links, &m->plan->spec, step, step_ms, half_rows);
+    cpu_calibration_write(&m->profile, &m->plan->spec, step, step_ms, half_rows);
 }
 
 static Backend cpu_backend(CpuModel* m) {
@@ -960,7 +964,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.transfer = cpu_transfer;
     be.step_begin = cpu_step_begin;
     be.step_end = cpu_step_end;
-    cpu_profile_init(&m->links);
+    cpu_profile_init(&m->profile);
     return be;
 }
 

@@ -85,8 +85,8 @@ typedef struct {
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;        /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    floatX* tile_datty;     /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
-    floatX* tile_dqkv;
+    floatX* whole_datty;    /* token tiles: whole-sequence (N,C) gradient of attention's output, (N,3C) of qkv */
+    floatX* whole_dqkv;
     GpuTileGrads tile_grads; /* token tiles: the running layer's parameter gradients in fp32 (plan.h backward.tile_grads) */
     float* att_rowsum;      /* (B,NH,T) attention backward's D */
     float* column_partials; /* bias / LayerNorm parameter gradient partial sums */
@@ -194,8 +194,8 @@ static void* pinned_alloc(size_t bytes, const char* what) {
 static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
     if (!m->tile_tokens) return;
-    m->tile_datty = (floatX*)(m->arena + plan->off_tile_datty);
-    m->tile_dqkv = (floatX*)(m->arena + plan->off_tile_dqkv);
+    m->whole_datty = (floatX*)(m->arena + plan->off_whole_datty);
+    m->whole_dqkv = (floatX*)(m->arena + plan->off_whole_dqkv);
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     float* sums = (float*)(m->arena + plan->off_tile_grads);
@@ -365,11 +365,11 @@ static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->
 
 /* The chunk pairs of ring step `step` to launch (llmc/core/ring.h's, chosen on
  * the host copy of the document starts), each pointed at the device copy. */
-static int gpu_ring_step_blocks(const GpuModel* m, int step, int keep_first, RingBlock out[4]) {
+static int gpu_ring_step_tiles(const GpuModel* m, int step, int keep_first, RingTile out[4]) {
     const int* device_starts = gpu_attention_doc_start(m);
-    int n = ring_step_blocks(&m->cp, m->ring_chunks, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step,
+    int n = ring_step_tiles(&m->cp, m->ring_chunks, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step,
                              device_starts ? m->h_doc_start : NULL, keep_first, out);
-    for (int i = 0; i < n; i++) out[i].block.doc_start = device_starts;
+    for (int i = 0; i < n; i++) out[i].tile.doc_start = device_starts;
     return n;
 }
 
@@ -381,7 +381,7 @@ static void gpu_ring_pack_kv(floatX* kv, const floatX* qkv, size_t rows, int C, 
 
 /* The K/V block computed on at ring step `step` and its row stride: step 0
  * reads this rank's own keys straight out of qkv. */
-static const floatX* gpu_ring_block_kv(const GpuModel* m, const floatX* qkv, int step, int* ld) {
+static const floatX* gpu_ring_step_kv(const GpuModel* m, const floatX* qkv, int step, int* ld) {
     *ld = (step == 0 ? 3 : 2) * m->cfg.channels;
     return step == 0 ? qkv + m->cfg.channels : m->ring_kv[step % 2];
 }
@@ -395,10 +395,10 @@ static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, con
     for (int step = 0; step < N; step++) {
         if (step + 1 < N) multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], bytes, "the ring attention forward");
         int ld;
-        const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
-        RingBlock blocks[4];
-        int n = gpu_ring_step_blocks(m, step, 1, blocks);
-        for (int i = 0; i < n; i++) gpu_attention_block_forward(m->ring_acc, lse, qkv, kv, ld, &blocks[i].block, blocks[i].first, drop, s);
+        const floatX* kv = gpu_ring_step_kv(m, qkv, step, &ld);
+        RingTile tiles[4];
+        int n = gpu_ring_step_tiles(m, step, 1, tiles);
+        for (int i = 0; i < n; i++) gpu_attention_tile_forward(m->ring_acc, lse, qkv, kv, ld, &tiles[i].tile, tiles[i].first, drop, s);
         if (step + 1 < N) multigpu_ring_join(m->mg, s);
     }
     gpu_attention_ring_store_out(out, m->ring_acc, rows, C, s);
@@ -410,7 +410,7 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
     int N = m->cp.group_size, C = m->cfg.channels, NH = m->cfg.num_heads;
     size_t rows = (size_t)m->B * m->T, kv_bytes = rows * 2 * C * sizeof(floatX), dkv_bytes = rows * 2 * C * sizeof(float);
     cudaStream_t s = m->stream;
-    gpu_attention_block_rowsum(m->att_rowsum, dout, out, m->B, m->T, C, NH, s);
+    gpu_attention_tile_rowsum(m->att_rowsum, dout, out, m->B, m->T, C, NH, s);
     CUDA_CHECK(cudaMemsetAsync(m->ring_acc, 0, rows * C * sizeof(float), s));
     CUDA_CHECK(cudaMemsetAsync(m->ring_dkv[0], 0, dkv_bytes, s));
     gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
@@ -418,12 +418,12 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
         if (step + 1 < N)
             multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], kv_bytes, "the ring attention backward");
         int ld;
-        const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
+        const floatX* kv = gpu_ring_step_kv(m, qkv, step, &ld);
         float* dkv = m->ring_dkv[step % 2];
-        RingBlock blocks[4];
-        int n = gpu_ring_step_blocks(m, step, 0, blocks);
+        RingTile tiles[4];
+        int n = gpu_ring_step_tiles(m, step, 0, tiles);
         for (int i = 0; i < n; i++)
-            gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &blocks[i].block, drop, s);
+            gpu_attention_tile_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &tiles[i].tile, drop, s);
         /* the sums go on to the next member; the last step's reach their owner */
         multigpu_ring_pass(m->mg, s, dkv, m->ring_dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
         multigpu_ring_join(m->mg, s);
@@ -432,14 +432,16 @@ static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX*
 }
 
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
-static void gpu_layer_attention_forward(GpuModel* m, int l, const DropoutSite* drop) {
+static void gpu_layer_attention_forward(GpuModel* m, int l) {
+    DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
     float* lse = gstat(m, l, ACT_ATT_LSE);
     if (m->cp.group_size > 1) gpu_ring_attention_forward(m, out, lse, qkv, drop);
     else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream, gpu_attention_doc_start(m));
 }
 
-static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty, const DropoutSite* drop) {
+static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty) {
+    DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
     if (m->cp.group_size > 1) gpu_ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
@@ -452,10 +454,9 @@ static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const
 static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     int N = m->B * m->T, K = gpu_tile_tokens(m);
     ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
-    DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     prof_begin(&m->prof, att, m->stream);
-    gpu_layer_attention_forward(m, l, &att_drop);
+    gpu_layer_attention_forward(m, l);
     prof_end(&m->prof, att, m->stream);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_mlp(m, l, r0, tile_len(r0, K, N), out);
 }
@@ -469,9 +470,8 @@ static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     if (!layer_keeps(mode, ACT_ATTY)) {
-        DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
         prof_begin(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
-        gpu_layer_attention_forward(m, l, &att_drop);
+        gpu_layer_attention_forward(m, l);
         prof_end(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
     }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
@@ -520,8 +520,8 @@ static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s, int r0, 
     size_t e0 = (size_t)r0 * m->cfg.channels;
     floatX* dres = m->grad_act[GRAD_DRES] + e0;
     if (!s->threshold) return dres;
-    gpu_dropout_mask(m->grad_act[GRAD_DLN] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s, m->stream);
-    return m->grad_act[GRAD_DLN] + e0;
+    gpu_dropout_mask(m->grad_act[GRAD_DBRANCH] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s, m->stream);
+    return m->grad_act[GRAD_DBRANCH] + e0;
 }
 
 /* Layer l's weight gradient dW += dout^T inp and bias gradient over n rows
@@ -567,7 +567,7 @@ static void gpu_block_backward_mlp(GpuModel* m, int l, int r0, int n, floatX* da
     floatX* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     floatX* fch_gelu = gact_rows(m, l, ACT_FCH_GELU, r0);
-    floatX* dfch = fch_gelu; /* over the GELU output, once its weight gradient has read it */
+    floatX* dfch = gact_rows(m, l, ACT_DFCH, r0); /* over the GELU output, once its weight gradient has read it */
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
     gpu_block_recompute_mlp(m, l, r0, n);
     const floatX* dbranch = gpu_branch_grad(m, &resid_mlp, r0, n);
@@ -625,15 +625,14 @@ static void gpu_round_tile_grads(GpuModel* m, int l) {
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
     int N = m->B * m->T, K = gpu_tile_tokens(m), tiles = (N + K - 1) / K;
-    floatX* datty = m->tile_tokens ? m->tile_datty : gact(m, l, ACT_RES2);
-    floatX* dqkv = m->tile_tokens ? m->tile_dqkv : gact(m, l, ACT_FCH);
-    DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
+    floatX* datty = m->tile_tokens ? m->whole_datty : gact(m, l, ACT_DATTY);
+    floatX* dqkv = m->tile_tokens ? m->whole_dqkv : gact(m, l, ACT_DQKV);
     if (m->tile_tokens)
         CUDA_CHECK(cudaMemsetAsync(m->tile_grads.tensor[0], 0, m->plan->tile_grads_count * sizeof(float), m->stream));
     gpu_block_recompute_attention_inputs(m, l);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, m->stream);
-    gpu_layer_attention_backward(m, l, dqkv, datty, &att_drop);
+    gpu_layer_attention_backward(m, l, dqkv, datty);
     prof_end(&m->prof, PROF_ATT_BACKWARD, m->stream);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
     gpu_round_tile_grads(m, l);
@@ -715,9 +714,8 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     int mode = m->plan->spec.layer_mode[last], N = m->B * m->T, K = gpu_tile_tokens(m);
     if (layer_keeps(mode, ACT_RES2)) gpu_block_forward(m, last, NULL); /* what it keeps runs through the MLP */
     else if (layer_keeps(mode, ACT_ATTY)) {                               /* -r 3: up to attention's output; -r 1 keeps x alone */
-        DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, last);
         for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, last, r0, tile_len(r0, K, N));
-        gpu_layer_attention_forward(m, last, &att_drop);
+        gpu_layer_attention_forward(m, last);
     }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }

@@ -44,10 +44,10 @@ typedef struct {
     double step_start_ms;
     double op_ms[NUM_CPU_OPS]; /* the profiled step's calls of each family */
     int op_calls[NUM_CPU_OPS]; /* and how many (printed, so that a call left untimed shows) */
-} CpuLinkProfile;
+} CpuStepProfile;
 
 /* The profile's clock in ms: wall-clock, or with cpu_clock the process's CPU time. */
-static inline double cpu_profile_ms(const CpuLinkProfile* p) {
+static inline double cpu_profile_ms(const CpuStepProfile* p) {
     if (!p->cpu_clock) return now_ms();
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -68,7 +68,7 @@ static inline double cpu_profile_ms(const CpuLinkProfile* p) {
 
 /* REMAT_PROFILE_COST_MODEL's step and file (cost_model_profile_request) and
  * REMAT_PROFILE_CLOCK: unset or wall, or cpu with one thread. */
-static void cpu_profile_init(CpuLinkProfile* p) {
+static void cpu_profile_init(CpuStepProfile* p) {
     memset(p, 0, sizeof(*p));
     p->path = cost_model_profile_request(&p->step);
     const char* clock = getenv("REMAT_PROFILE_CLOCK");
@@ -78,7 +78,7 @@ static void cpu_profile_init(CpuLinkProfile* p) {
     p->cpu_clock = 1;
 }
 
-static void cpu_profile_step_begin(CpuLinkProfile* p, int step) {
+static void cpu_profile_step_begin(CpuStepProfile* p, int step) {
     p->active = p->path && step == p->step;
     if (!p->active) return;
     for (int k = 0; k < NUM_CPU_OPS; k++) { p->op_ms[k] = 0.0; p->op_calls[k] = 0; }
@@ -106,7 +106,7 @@ static double cpu_time_matmul_half_rows(real* out, const real* inp, const real* 
 /* Rank 0, after the profiled step that took `step_ms` (its end read before
  * the links and h were timed): every rate measured, into the profile's file;
  * the tiles' pass cost o stays the planned one. */
-static void cpu_calibration_write(const CpuLinkProfile* p, const PlanSpec* s, int step, double step_ms, double half_rows) {
+static void cpu_calibration_write(const CpuStepProfile* p, const PlanSpec* s, int step, double step_ms, double half_rows) {
     CostModel cm = spec_cost_model(s);
     cm.ring_bytes_per_s = cm.ring_latency_s = 0.0; /* only what this run measures */
     int measured = cost_model_add_links(s, &p->host, &p->ring, &cm);

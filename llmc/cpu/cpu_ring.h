@@ -1,9 +1,9 @@
 /*
  * Context parallelism's ring on the CPU reference: llmc/core/ring.h's schedule,
- * with train_gpt.c's attention block kernels run on each step's chunk pairs
+ * with train_gpt.c's attention tile kernels run on each step's chunk pairs
  * while MPI moves the K/V block on to the next member (and in the backward
  * the block's dK/dV sums). Part of train_gpt.c's translation unit: the
- * attention block kernels it calls are train_gpt.c's. Shapes: B rows
+ * attention tile kernels it calls are train_gpt.c's. Shapes: B rows
  * of Tl local tokens, C channels, NH heads; qkv (B,Tl,3C), out (B,Tl,C), lse
  * (B,NH,Tl); doc_start (B,Tl) or NULL (packed documents); chunks (2N): which
  * chunks each member holds (llmc/core/token_layout.h).
@@ -24,11 +24,11 @@ typedef struct {
 
 enum { RING_TAG_KV = 1, RING_TAG_DKV = 2 };
 
-/* train_gpt.c's attention on one block of queries against one of keys. */
-static void attention_block_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionBlock* a, int first,
+/* train_gpt.c's attention on one tile of queries against one of keys. */
+static void attention_tile_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionTile* a, int first,
                                     const DropoutSite* drop);
-static void attention_block_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
-                                     const real* out, const real* lse, const AttentionBlock* a, const DropoutSite* drop);
+static void attention_tile_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
+                                     const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop);
 
 #ifdef USE_MPI
 /* Member r's K/V (B,Tl,2C), packed from its qkv (B,Tl,3C) for sending. */
@@ -45,9 +45,9 @@ static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, const
     for (int s = 0; s < N; s++) {
         real* cur = r->kv[s % 2];
         if (s + 1 < N) ring_post(&r->transfer, g, cur, r->kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        RingBlock blocks[4];
-        int n = ring_step_blocks(g, chunks, B, C, NH, Tl, s, doc_start, 1, blocks);
-        for (int i = 0; i < n; i++) attention_block_forward(out, lse, qkv, cur, 2 * C, &blocks[i].block, blocks[i].first, drop);
+        RingTile tiles[4];
+        int n = ring_step_tiles(g, chunks, B, C, NH, Tl, s, doc_start, 1, tiles);
+        for (int i = 0; i < n; i++) attention_tile_forward(out, lse, qkv, cur, 2 * C, &tiles[i].tile, tiles[i].first, drop);
         ring_wait(&r->transfer, g, "the ring attention forward");
     }
 }
@@ -64,9 +64,9 @@ static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, cons
         real* cur = r->kv[s % 2];
         real* dcur = r->dkv[s % 2];
         if (s + 1 < N) ring_post(&r->transfer, g, cur, r->kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        RingBlock blocks[4];
-        int n = ring_step_blocks(g, chunks, B, C, NH, Tl, s, doc_start, 0, blocks);
-        for (int i = 0; i < n; i++) attention_block_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &blocks[i].block, drop);
+        RingTile tiles[4];
+        int n = ring_step_tiles(g, chunks, B, C, NH, Tl, s, doc_start, 0, tiles);
+        for (int i = 0; i < n; i++) attention_tile_backward(dqkv, dcur, 2 * C, dout, qkv, cur, 2 * C, out, lse, &tiles[i].tile, drop);
         /* the sums go on to the next member; the last step's reach their owner */
         ring_post(&r->transfer, g, dcur, r->dkv[(s + 1) % 2], bytes, RING_TAG_DKV);
         ring_wait(&r->transfer, g, "the ring attention backward");
