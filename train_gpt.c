@@ -290,15 +290,18 @@ static void attention_backward(real* dqkv, const real* dout, const real* qkv, co
 #define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 
 static __attribute__((noinline)) void gelu_forward(real* out, const real* x, size_t n) {
+    double t0 = cpu_op_begin();
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real v = x[i];
         out[i] = (real)0.5 * v * ((real)1 + R_TANH((real)GELU_K * (v + (real)0.044715 * v * v * v)));
     }
+    cpu_op_end(OP_GELU, t0);
 }
 
 /* d (n) holds the output gradient on entry and the input gradient on exit. */
 static void gelu_backward(real* d, const real* x, size_t n) {
+    double t0 = cpu_op_begin();
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real v = x[i];
@@ -306,6 +309,7 @@ static void gelu_backward(real* d, const real* x, size_t n) {
         real dudx = (real)GELU_K * ((real)1 + (real)3 * (real)0.044715 * v * v);
         d[i] *= (real)0.5 * ((real)1 + th) + (real)0.5 * v * ((real)1 - th * th) * dudx;
     }
+    cpu_op_end(OP_GELU, t0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -415,18 +419,16 @@ typedef struct {
     real* whole_datty;           /* token tiles: whole-sequence (N,C) gradient of attention's output, (N,3C) of qkv */
     real* whole_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
-    int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
-    ContextGroups cp;            /* context parallelism: this rank's place in its group (group_size 1: off) */
+    int rank, world;             /* data parallelism */
+    RankParallel par;            /* context-parallel group, ring chunks, ZeRO-1 shard (llmc/run/rank_parallel.h) */
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
     CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu/cpu_ring.h) */
-    size_t shard_start, shard_count; /* parameters this rank updates */
     CpuStepProfile profile;      /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
     DocumentOptions docs;        /* packed documents (llmc/core/documents.h; eot_token -1: off) */
     int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start; NULL without documents) */
-    int* ring_chunks;            /* (2N) which chunks each member of the group holds in the current call (Backend.ring_chunks) */
 } CpuModel;
 
 /* The document starts attention masks with, and those positions restart at
@@ -441,18 +443,17 @@ static inline real* act(const CpuModel* m, int layer, int a) {
     return (real*)(m->arena + m->plan->layer_act[layer][a]);
 }
 
-/* Layer l's parameters, and their gradients, by name. */
-static inline BlockTensors layer_params(const CpuModel* m, int l) {
-    BlockTensors w;
-    BLOCK_TENSORS_OF_LAYER(w, m->p, m->layer_stride, l);
-    return w;
+/* Layer l's slice of the block tensors of `all` (the parameters or their
+ * gradients), by name. */
+static inline BlockTensors layer_slice(const CpuModel* m, const ParamTensors* all, int l) {
+    BlockTensors b;
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++)
+        b.tensor[t] = all->tensor[FIRST_BLOCK_TENSOR + t] + (size_t)l * m->layer_stride[FIRST_BLOCK_TENSOR + t];
+    return b;
 }
 
-static inline BlockTensors layer_grads(const CpuModel* m, int l) {
-    BlockTensors dw;
-    BLOCK_TENSORS_OF_LAYER(dw, m->g, m->layer_stride, l);
-    return dw;
-}
+static inline BlockTensors layer_params(const CpuModel* m, int l) { return layer_slice(m, &m->p, l); }
+static inline BlockTensors layer_grads(const CpuModel* m, int l) { return layer_slice(m, &m->g, l); }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
  * context parallelism its chunks of sequences N T long, those ring_chunks
@@ -460,7 +461,7 @@ static inline BlockTensors layer_grads(const CpuModel* m, int l) {
 static void cpu_set_shape(CpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    m->layout = token_layout(T, m->cp.member, m->cp.group_size, m->ring_chunks);
+    m->layout = token_layout(T, m->par.cp.member, m->par.cp.group_size, m->par.ring_chunks);
 }
 
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
@@ -488,42 +489,44 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m->adam_v, 0, plan->shard_params * sizeof(float));
     m->rank = remat_proc.rank;
     m->world = plan->spec.world_size;
-    m->cp = context_groups(plan_context_parallel(&plan->spec), m->rank, m->world);
-    if (m->cp.group_size > 1) {
+    m->par = rank_parallel(plan, m->rank);
+    if (m->par.cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec) / sizeof(real);
         m->ring.kv[0] = (real*)(m->arena + plan->off_ring_kv);
         m->ring.kv[1] = m->ring.kv[0] + block;
         m->ring.dkv[0] = (real*)(m->arena + plan->off_ring_dkv);
         m->ring.dkv[1] = m->ring.dkv[0] + block;
     }
-    m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
-    for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
     cpu_set_shape(m, m->B, m->T);
     m->doc_start = plan->spec.documents & PLAN_DOC_STARTS ? (int*)(m->arena + plan->off_doc_start) : NULL;
     m->top1 = (int*)(m->arena + plan->off_top1);
-    m->zero = plan->spec.zero_stage == 1 && m->world > 1;
-    if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
-    else { m->shard_start = 0; m->shard_count = plan->num_params; }
 }
 
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
 static void layer_attention_forward(CpuModel* m, int l) {
     DropoutSite site = cpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
-    if (m->cp.group_size > 1)
-        CPU_TIMED(&m->profile, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
-                                                                              m->cfg.num_heads, attention_doc_start(m), out, lse, qkv, drop));
-    else CPU_TIMED(&m->profile, OP_ATTENTION_FORWARD, attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, attention_doc_start(m), drop));
+    int C = m->cfg.channels, NH = m->cfg.num_heads;
+    const int* docs = attention_doc_start(m);
+    double t0 = cpu_op_begin();
+    if (m->par.cp.group_size > 1)
+        cpu_ring_attention_forward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, C, NH, docs, out, lse, qkv,
+                                   drop);
+    else attention_forward(out, lse, qkv, m->B, m->T, C, NH, docs, drop);
+    cpu_op_end(OP_ATTENTION_FORWARD, t0);
 }
 
 static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty) {
     DropoutSite site = cpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
-    if (m->cp.group_size > 1)
-        CPU_TIMED(&m->profile, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
-                                                                                m->cfg.num_heads, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
-    else CPU_TIMED(&m->profile, OP_ATTENTION_BACKWARD, attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads,
-                                                                        attention_doc_start(m), drop));
+    int C = m->cfg.channels, NH = m->cfg.num_heads;
+    const int* docs = attention_doc_start(m);
+    double t0 = cpu_op_begin();
+    if (m->par.cp.group_size > 1)
+        cpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, C, NH, docs, dqkv, datty, qkv,
+                                    out, lse, drop);
+    else attention_backward(dqkv, datty, qkv, out, lse, m->B, m->T, C, NH, docs, drop);
+    cpu_op_end(OP_ATTENTION_BACKWARD, t0);
 }
 
 /* Rows [r0, ...) of layer l's activation a (plan_act_row_offset: a tiled
@@ -540,7 +543,7 @@ static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
     real* ln1 = act_rows(m, l, ACT_LN1, r0);
     layernorm_forward(ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w,
                       w.ln1b, n, C);
-    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C));
+    matmul_forward(act_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, n, C, 3 * C);
 }
 
 /* Block l after attention, rows [r0, r0+n), from x and the attention
@@ -559,13 +562,13 @@ static void block_forward_mlp(CpuModel* m, int l, int r0, int n, real* out) {
     real* fch = act_rows(m, l, ACT_FCH, r0);
     real* fch_gelu = act_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C));
+    matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, C, C);
     residual_add(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn);
     layernorm_forward(ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C);
-    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C));
-    CPU_TIMED(&m->profile, OP_GELU, gelu_forward(fch_gelu, fch, (size_t)n * 4 * C));
+    matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, 4 * C);
+    gelu_forward(fch_gelu, fch, (size_t)n * 4 * C);
     if (!out) return;
-    CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C));
+    matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, 4 * C, C);
     residual_add(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp);
 }
 
@@ -607,7 +610,7 @@ static void block_recompute_mlp(CpuModel* m, int l, int r0, int n) {
         layernorm_apply(act_rows(m, l, ACT_LN2, r0), act_rows(m, l, ACT_RES2, r0), act_rows(m, l, ACT_LN2_MEAN, r0),
                         act_rows(m, l, ACT_LN2_RSTD, r0), w.ln2w, w.ln2b, n, C);
     if (!layer_keeps(mode, ACT_FCH_GELU))
-        CPU_TIMED(&m->profile, OP_GELU, gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
+        gelu_forward(act_rows(m, l, ACT_FCH_GELU, r0), act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
 }
 
 /* LN1's output of rows [r0, r0+n) where layer l did not keep it: -r 2 from
@@ -637,16 +640,16 @@ static void block_backward_mlp(CpuModel* m, int l, int r0, int n, real* datty) {
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     block_recompute_mlp(m, l, r0, n);
     const real* dbranch = branch_grad(m, &resid_mlp, r0, n);
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C));
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C));
-    CPU_TIMED(&m->profile, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C));
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C));
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C));
+    matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, 4 * C, C);
+    matmul_backward_input(dfch, dbranch, w.fcprojw, n, 4 * C, C);
+    gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C);
+    matmul_backward_input(dln, dfch, w.fcw, n, C, 4 * C);
+    matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, 4 * C);
     layernorm_backward(dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
                        act_rows(m, l, ACT_LN2_RSTD, r0), n, C);
     dbranch = branch_grad(m, &resid_attn, r0, n);
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C));
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C));
+    matmul_backward_input(datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C);
+    matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, C, C);
 }
 
 /* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
@@ -658,8 +661,8 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, con
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     dqkv += (size_t)r0 * 3 * C;
     block_recompute_ln1(m, l, r0, n, tiles);
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C));
-    CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C));
+    matmul_backward_input(dln, dqkv, w.qkvw, n, C, 3 * C);
+    matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, 3 * C);
     layernorm_backward(dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
                        act_rows(m, l, ACT_LN1_RSTD, r0), n, C);
 }
@@ -736,7 +739,7 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const real* lnf = m->lnf + (size_t)r0 * C;
-        CPU_TIMED(&m->profile, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp));
+        matmul_forward(m->logits, lnf, m->p.wte, NULL, rows, C, Vp);
         #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; r++) {
             real* row = m->logits + (size_t)r * Vp;
@@ -750,8 +753,8 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
-        CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp));
-        CPU_TIMED(&m->profile, OP_MATMUL_BACKWARD, matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp));
+        matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp);
+        matmul_backward_weight(m->g.wte, NULL, m->logits, lnf, rows, C, Vp);
     }
 }
 
@@ -808,7 +811,7 @@ static void model_backward(CpuModel* m, const int* inputs) {
 /* Sums gradients across ranks (llmc/cpu/cpu_data_parallel.h). */
 static void cpu_sync_grads(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    cpu_sum_grads(m->grads, m->plan->num_params, m->zero);
+    cpu_sum_grads(m->grads, m->plan->num_params, m->par.zero);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -818,8 +821,8 @@ static void cpu_sync_grads(void* ctx) {
  * ranks when the gradients are sharded (llmc/cpu/cpu_adamw.h). */
 static float cpu_grad_norm(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    double total = cpu_grad_sumsq(m->grads + m->shard_start, m->shard_count);
-    if (m->zero) total = proc_sum(total, "the gradient norm sum");
+    double total = cpu_grad_sumsq(m->grads + m->par.shard_start, m->par.shard_count);
+    if (m->par.zero) total = proc_sum(total, "the gradient norm sum");
     return (float)sqrt(total);
 }
 
@@ -827,8 +830,9 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
     CpuModel* m = (CpuModel*)ctx;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    cpu_adamw_update(m->params, m->grads, m->adam_m, m->adam_v, &pl, m->shard_start, m->shard_start + m->shard_count, s);
-    if (m->zero) cpu_allgather_params(m->params, m->plan->num_params);
+    size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
+    cpu_adamw_update(m->params, m->grads, m->adam_m, m->adam_v, &pl, lo, hi, s);
+    if (m->par.zero) cpu_allgather_params(m->params, m->plan->num_params);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -884,14 +888,14 @@ static void cpu_row_probs(CpuModel* m, int row, float* probs) {
  * others. */
 static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     CpuModel* m = (CpuModel*)ctx;
-    int N = m->cp.group_size, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
+    int N = m->par.cp.group_size, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
     m->drop = &dropout_off;
     cpu_set_shape(m, 1, padded / N);
-    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->ring_chunks : NULL, tokens, len, padded,
+    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->par.ring_chunks : NULL, tokens, len, padded,
                   documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->inputs, m->doc_start);
     model_forward(m, m->inputs);
-    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->ring_chunks, &row) : 0;
-    if (owner == m->cp.member) cpu_row_probs(m, row, probs);
+    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->par.ring_chunks, &row) : 0;
+    if (owner == m->par.cp.member) cpu_row_probs(m, row, probs);
     proc_ring_broadcast(probs, (size_t)m->cfg.vocab_size * sizeof(float), owner);
 }
 
@@ -910,9 +914,9 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         return;
     }
     if (tensor == TENSOR_MASTER) fail("the CPU trainer keeps no master weights");
-    if (start < m->shard_start || start + n > m->shard_start + m->shard_count)
+    if (start < m->par.shard_start || start + n > m->par.shard_start + m->par.shard_count)
         fail("optimizer state range outside this rank's shard");
-    float* dst = (tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v) + (start - m->shard_start);
+    float* dst = (tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v) + (start - m->par.shard_start);
     if (to_host) memcpy(host, dst, n * sizeof(float));
     else memcpy(dst, host, n * sizeof(float));
 }
@@ -926,10 +930,10 @@ static void cpu_step_begin(void* ctx, int step) {
 static void cpu_step_end(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
     if (!m->profile.active) return;
-    double step_ms = cpu_profile_ms(&m->profile) - m->profile.step_start_ms;
-    m->profile.active = 0;
+    double step_ms = cpu_profile_step_end(&m->profile);
     m->offload.timed = NULL;
-    if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->profile.ring);
+    size_t kv_bytes = plan_ring_kv_bytes(&m->plan->spec);
+    if (m->par.cp.group_size > 1) cpu_ring_time(&m->ring, &m->par.cp, kv_bytes, &m->profile.ring);
     if (m->rank != 0) return;
     /* the matmul timed from layer 0's ln2 rows into its fch: nothing reads them before the next step writes them */
     BlockTensors w = layer_params(m, 0);
@@ -952,7 +956,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.set_dropout = cpu_set_dropout;
     be.set_documents = cpu_set_documents;
     be.doc_start = m->doc_start;
-    be.ring_chunks = m->ring_chunks;
+    be.ring_chunks = m->par.ring_chunks;
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
     be.token_top1 = cpu_token_top1;
@@ -972,7 +976,7 @@ static void cpu_model_free(CpuModel* m) {
     cpu_ring_free(&m->ring);
     free(m->arena);
     free(m->host_pool);
-    free(m->ring_chunks);
+    rank_parallel_free(&m->par);
     memset(m, 0, sizeof(*m));
 }
 

@@ -282,6 +282,47 @@ static void check_auto_tiles_against_exhaustive(void) {
     printf("auto with tiles against exhaustive search: %d (L, cost model, offloading, budget) cases, %d chose tiles\n", checked, tiled_choices);
 }
 
+/* rank_parallel (both trainers' setup): with -z 1 over W > 1 processes the
+ * ranks' shards are ceil(P/W) parameters each (the last the rest), in rank
+ * order, together every parameter once, none beyond the plan's shard_params;
+ * with -z 1 and one process, or -z 0, every rank holds all P and nothing is
+ * sharded. The context-parallel group and the zigzag come with it. */
+/* (noinline, here and below: inlined into main they change GCC's inlining of
+ * ring_link_resolve there, whose constant name then trips -Wstring-compare.) */
+static __attribute__((noinline)) void check_rank_parallel(void) {
+    ModelConfig cfg = test_config(3, 4, 64, 50, 256);
+    for (int W = 1; W <= 4; W++)
+        for (int z = 0; z <= 1; z++) {
+            PlanSpec s = small_gpu_spec(3, cost_model_defaults[0]);
+            s.cfg = cfg; s.world_size = W; s.zero_stage = z;
+            s.context_parallel = W % 2 == 0 ? 2 : 1;
+            MemoryPlan p;
+            plan_build(&p, &s);
+            size_t P = p.num_params, next = 0, per = (P + (size_t)W - 1) / (size_t)W;
+            for (int r = 0; r < W; r++) {
+                RankParallel rp = rank_parallel(&p, r);
+                int sharded = z == 1 && W > 1;
+                size_t want_start = sharded ? next : 0, want_count = sharded ? (r < W - 1 ? per : P - next) : P;
+                if (rp.zero != sharded || rp.shard_start != want_start || rp.shard_count != want_count || rp.shard_count > p.shard_params) {
+                    printf("  FAIL rank_parallel W=%d -z %d rank %d: zero %d, shard [%zu, +%zu), want %d [%zu, +%zu), plan's shard %zu\n", W, z, r,
+                           rp.zero, rp.shard_start, rp.shard_count, sharded, want_start, want_count, p.shard_params);
+                    failures++;
+                }
+                int N = s.context_parallel;
+                if (rp.cp.group_size != N || rp.cp.member != r % N || rp.ring_chunks[0] != 0 || rp.ring_chunks[2 * N - 1] != N) {
+                    printf("  FAIL rank_parallel W=%d rank %d: group of %d, member %d, chunks %d..%d\n", W, r, rp.cp.group_size, rp.cp.member,
+                           rp.ring_chunks[0], rp.ring_chunks[2 * N - 1]);
+                    failures++;
+                }
+                next += sharded ? want_count : 0;
+                rank_parallel_free(&rp);
+            }
+            if (z == 1 && W > 1 && next != P) { printf("  FAIL rank_parallel W=%d: the shards cover %zu of %zu parameters\n", W, next, P); failures++; }
+            plan_free(&p);
+        }
+    printf("rank_parallel: ZeRO-1 shards over 2 to 4 processes, none over one\n");
+}
+
 /* recompute_auto_segments_at on its own, at each segment size K = 2..L,
  * against an exhaustive search over every per-layer mode with the segment
  * inputs offloaded or not, each planned by plan_build and timed by the time
@@ -294,8 +335,6 @@ static void check_auto_tiles_against_exhaustive(void) {
  * pool draws on the plan's budget). Every mode and offloaded inputs must be
  * chosen somewhere, and some case must give a segment's last layers two
  * modes (below the top segment and in it). */
-/* (noinline: inlined into main it changes GCC's inlining of ring_link_resolve
- * there, whose constant name then trips -Wstring-compare.) */
 static __attribute__((noinline)) void check_segments_at_against_exhaustive(void) {
     CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
     CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
@@ -733,6 +772,7 @@ int main(void) {
     check_auto_against_exhaustive();
     check_auto_offload_against_exhaustive();
     check_auto_tiles_against_exhaustive();
+    check_rank_parallel();
     check_segments_at_against_exhaustive();
     check_auto_segments_against_exhaustive();
     check_tile_cost_formula();

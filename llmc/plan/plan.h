@@ -397,10 +397,13 @@ static inline size_t plan_tile_grads_count(const PlanSpec* s) {
     return 12 * C * C + 13 * C;
 }
 
+/* Whether ZeRO-1 shards the optimizer state: asked for, and more than one
+ * process to shard it over (with one, its shard would be everything). */
+static inline int plan_zero_sharded(const PlanSpec* s) { return s->zero_stage >= 1 && s->world_size > 1; }
+
 /* Parameters whose optimizer state one process holds: all, or a ZeRO-1 shard. */
 static inline size_t plan_shard_params(const PlanSpec* s, size_t num_params) {
-    int sharded = s->zero_stage >= 1 && s->world_size > 1;
-    return sharded ? ceil_div(num_params, (size_t)s->world_size) : num_params;
+    return plan_zero_sharded(s) ? ceil_div(num_params, (size_t)s->world_size) : num_params;
 }
 
 static inline void plan_add_model_state(MemoryPlan* p) {
