@@ -34,6 +34,7 @@
 #include <string.h>
 #include "../core/utils.h"
 #include "../core/gpu_scratch.h"
+#include "../core/model.h" /* bf16_to_float, float_to_bf16: the host side of floatX */
 
 /* ---- storage precision ---- */
 
