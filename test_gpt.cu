@@ -1712,7 +1712,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
                     AttentionTile a;
                     if (context_chunk_tile(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
                         gpu_attention_tile_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], 2 * C, d_lse[r],
-                                                     &a, drop, 0);
+                                                    &a, drop, 0);
                 }
         }
     for (int r = 0; r < N; r++) {

@@ -178,7 +178,7 @@ static inline void attention_merge(real* o, real* lse, const real* part, real l,
  * into (a later tile of the same queries). q from qkv (B,Tl,3C); keys from
  * kv, a (B,Tl,ld) tensor whose rows hold K at channel 0 and V at C. */
 static void attention_tile_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionTile* a,
-                                    int first, const DropoutSite* drop) {
+                                   int first, const DropoutSite* drop) {
     int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel
@@ -232,7 +232,7 @@ static void attention_tile_forward(real* out, real* lse, const real* qkv, const 
  * merged ones of all tiles. Each (b,h) job owns its head's slices, so
  * parallel jobs never write the same element. */
 static void attention_tile_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
-                                     const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop) {
+                                    const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop) {
     int C = a->C, NH = a->NH, hs = C / NH, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel for schedule(static)

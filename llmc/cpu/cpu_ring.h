@@ -26,9 +26,9 @@ enum { RING_TAG_KV = 1, RING_TAG_DKV = 2 };
 
 /* train_gpt.c's attention on one tile of queries against one of keys. */
 static void attention_tile_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionTile* a, int first,
-                                    const DropoutSite* drop);
+                                   const DropoutSite* drop);
 static void attention_tile_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
-                                     const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop);
+                                    const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop);
 
 #ifdef USE_MPI
 /* Member r's K/V (B,Tl,2C), packed from its qkv (B,Tl,3C) for sending. */

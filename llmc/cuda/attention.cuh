@@ -909,7 +909,7 @@ static inline unsigned attention_elementwise_blocks(size_t n) {
  * (the family, 16-byte aligned rows for cp.async: kv_ld a multiple of 8
  * elements too) and 8-byte aligned fp32 accumulators (float2 accesses). */
 static inline bool attention_tile_mma_fits(int HS, const AttentionTile* a, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
-                                            const float* acc1) {
+                                           const float* acc1) {
     return attention_mma_fits(ATTENTION_KIND, HS, a->C / a->NH, qkv, kv, kv) && kv_ld % 8 == 0 && (((uintptr_t)acc0 | (uintptr_t)acc1) % 8 == 0);
 }
 
@@ -920,7 +920,7 @@ static inline bool attention_tile_empty(const AttentionTile* a) {
 
 template <int HS, bool DROPOUT>
 static void attention_tile_forward_as(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
-                                       int first, const DropoutSite& drop, cudaStream_t stream) {
+                                      int first, const DropoutSite& drop, cudaStream_t stream) {
     const int hs = a->C / a->NH;
     const float scale = 1.0f / sqrtf((float)hs);
     const AttTileArgs blk = {*a, kv, kv_ld, out_acc, first};
@@ -931,7 +931,7 @@ static void attention_tile_forward_as(float* out_acc, float* lse, const floatX* 
 
 template <int HS>
 static void attention_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
-                                           int first, const DropoutSite& drop, cudaStream_t stream) {
+                                          int first, const DropoutSite& drop, cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_tile_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
@@ -946,8 +946,8 @@ static void attention_tile_forward_launch(float* out_acc, float* lse, const floa
 
 template <int HS, bool DROPOUT>
 static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                        const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
-                                        cudaStream_t stream) {
+                                       const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
+                                       cudaStream_t stream) {
     const int hs = a->C / a->NH;
     const float scale = 1.0f / sqrtf((float)hs);
     /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
@@ -961,8 +961,8 @@ static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const floa
 
 template <int HS>
 static void attention_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                            const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
-                                            cudaStream_t stream) {
+                                           const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
+                                           cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_tile_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
@@ -981,7 +981,7 @@ static void attention_tile_backward_launch(float* dq_acc, float* dkv_acc, const 
  * attention_merge), in launch order: deterministic, no atomics. drop: the
  * layer's attention site (masks at global positions), or NULL. */
 static inline void gpu_attention_tile_forward(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld,
-                                               const AttentionTile* a, int first, const DropoutSite* drop, cudaStream_t s) {
+                                              const AttentionTile* a, int first, const DropoutSite* drop, cudaStream_t s) {
     if (attention_tile_empty(a)) return;
     const DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(a->C / a->NH)) {
@@ -1004,8 +1004,8 @@ static inline void gpu_attention_tile_rowsum(float* rowsum, const floatX* dout, 
  * (its key rows; dK at 0, dV at C) accumulate (+=) the tile's share; lse:
  * the merged forward's; drop: the forward's site. */
 static inline void gpu_attention_tile_backward(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                                const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite* drop,
-                                                cudaStream_t s) {
+                                               const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite* drop,
+                                               cudaStream_t s) {
     if (attention_tile_empty(a)) return;
     const DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(a->C / a->NH)) {
