@@ -51,8 +51,8 @@
  * Attention alone (check_attention): the attention kernels against the CPU
  * reference's on random q, k, v large enough for a sharp softmax, which the
  * models above (at initialisation, near-uniform attention) do not exercise.
- * Attention blocks (check_attention_blocks): context parallelism's block
- * kernels against the CPU reference's attention_block_forward/_backward on
+ * Attention tiles (check_attention_tiles): context parallelism's block
+ * kernels against the CPU reference's attention_tile_forward/_backward on
  * the same blocks, and a two-member ring against whole-sequence attention.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
@@ -1500,10 +1500,10 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     free(dqkv_gpu);
 }
 
-/* ---- attention blocks (context parallelism), against the CPU reference ----
- * gpu_attention_block_forward / _rowsum / _backward / ring_store_* on the
+/* ---- attention tiles (context parallelism), against the CPU reference ----
+ * gpu_attention_tile_forward / _rowsum / _backward / ring_store_* on the
  * blocks the ring runs, with the sharp softmax above, against train_gpt.c's
- * attention_block_forward / attention_block_backward run on the same blocks
+ * attention_tile_forward / attention_tile_backward run on the same blocks
  * in the same order. Chunks of Tc rows (Tc a multiple of no tile: 37, 70),
  * local offsets qi, ki and global positions q0, k0 that are multiples of
  * neither 16 nor 64. Each set's accumulators start from the same random
@@ -1516,11 +1516,11 @@ typedef struct {
     const char* name;
     int n, packed; /* blocks; K/V from a packed (B,Tl,2C) tensor, else qkv itself (kv = qkv + C, ld 3C) */
     int Tq[4], Tk[4], q0[4], k0[4], qi[4], ki[4];
-} BlockSet;
+} TileSet;
 
-/* The blocks of check_attention_blocks for chunks of Tc rows, in local rows of Tl = 2 Tc + 16. */
-static int attention_block_sets(BlockSet* s, int Tc) {
-    const BlockSet sets[] = {
+/* The blocks of check_attention_tiles for chunks of Tc rows, in local rows of Tl = 2 Tc + 16. */
+static int attention_tile_sets(TileSet* s, int Tc) {
+    const TileSet sets[] = {
         {"diagonal", 1, 0, {Tc}, {Tc}, {Tc + 5}, {Tc + 5}, {3}, {3}},
         {"diagonal, keys in other rows", 1, 1, {Tc}, {Tc}, {21}, {21}, {Tc + 9}, {7}},
         {"full block", 1, 1, {Tc}, {Tc + 11}, {2 * Tc + 27}, {5}, {2}, {Tc + 3}},
@@ -1538,8 +1538,8 @@ static int attention_block_sets(BlockSet* s, int Tc) {
     return (int)(sizeof(sets) / sizeof(sets[0]));
 }
 
-static AttentionBlock set_block(const BlockSet* s, int k, int B, int C, int NH, int T, int Tl) {
-    AttentionBlock a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k], NULL, 0, 0};
+static AttentionTile set_tile(const TileSet* s, int k, int B, int C, int NH, int T, int Tl) {
+    AttentionTile a = {B, C, NH, T, Tl, s->Tq[k], s->Tk[k], s->q0[k], s->k0[k], s->qi[k], s->ki[k], NULL, 0, 0};
     return a;
 }
 
@@ -1551,7 +1551,7 @@ static float* gpu_zeros_f32(size_t n) {
 }
 
 /* One set of blocks through the forward and the backward, GPU against CPU. */
-static void check_block_set(const BlockSet* set, const Shape* sh, int B, int Tc, const DropoutSite* drop) {
+static void check_tile_set(const TileSet* set, const Shape* sh, int B, int Tc, const DropoutSite* drop) {
     const int C = sh->C, NH = sh->NH, Tl = 2 * Tc + 16, T = 4 * Tc + 32, hs = C / NH;
     const size_t rows = (size_t)B * Tl, n_qkv = rows * 3 * C, n_kv = rows * 2 * C, n_out = rows * C, n_stat = rows * NH;
     float* qkv = rand_rounded(n_qkv, 3100, ATT_TEST_STD, 0.0f);
@@ -1585,9 +1585,9 @@ static void check_block_set(const BlockSet* set, const Shape* sh, int B, int Tc,
     const int ld = set->packed ? 2 * C : 3 * C;
     printf("  %s: %d block%s\n", set->name, set->n, set->n == 1 ? "" : "s");
     for (int k = 0; k < set->n; k++) {
-        const AttentionBlock a = set_block(set, k, B, C, NH, T, Tl);
-        gpu_attention_block_forward(d_out_acc, d_lse, d_qkv, d_kv, ld, &a, k == 0, drop, 0);
-        attention_block_forward(out_cpu, lse_cpu, qkv, kv, ld, &a, k == 0, drop);
+        const AttentionTile a = set_tile(set, k, B, C, NH, T, Tl);
+        gpu_attention_tile_forward(d_out_acc, d_lse, d_qkv, d_kv, ld, &a, k == 0, drop, 0);
+        attention_tile_forward(out_cpu, lse_cpu, qkv, kv, ld, &a, k == 0, drop);
     }
     gpu_fetch_f32(out_gpu, d_out_acc, n_out);
     gpu_fetch_f32(lse_gpu, d_lse, n_stat);
@@ -1601,13 +1601,13 @@ static void check_block_set(const BlockSet* set, const Shape* sh, int B, int Tc,
     gpu_fetch(outx, d_out, n_out);
     for (size_t i = 0; i < n_out; i++) out_cpu[i] = host_round_floatX(out_gpu[i]);
     expect(same_bits(outx, out_cpu, n_out), "ring_store_out: out is out_acc rounded", 0.0f);
-    gpu_attention_block_rowsum(d_rowsum, d_dout, d_out, B, Tl, C, NH, 0);
+    gpu_attention_tile_rowsum(d_rowsum, d_dout, d_out, B, Tl, C, NH, 0);
     for (size_t r = 0; r < rows; r++)
         for (int c = 0; c < 3 * C; c++) dqkv_cpu[r * 3 * C + c] = c < C ? dq_init[r * C + c] : 0.0f;
     for (int k = 0; k < set->n; k++) {
-        const AttentionBlock a = set_block(set, k, B, C, NH, T, Tl);
-        gpu_attention_block_backward(d_dq, d_dkv, d_rowsum, d_dout, d_qkv, d_kv, ld, d_lse, &a, drop, 0);
-        attention_block_backward(dqkv_cpu, dkv_cpu, 2 * C, dout, qkv, kv, ld, outx, lse_gpu, &a, drop);
+        const AttentionTile a = set_tile(set, k, B, C, NH, T, Tl);
+        gpu_attention_tile_backward(d_dq, d_dkv, d_rowsum, d_dout, d_qkv, d_kv, ld, d_lse, &a, drop, 0);
+        attention_tile_backward(dqkv_cpu, dkv_cpu, 2 * C, dout, qkv, kv, ld, outx, lse_gpu, &a, drop);
     }
     for (size_t r = 0; r < rows; r++) memcpy(dq_cpu + r * C, dqkv_cpu + r * 3 * C, (size_t)C * sizeof(float));
     gpu_fetch_f32(dq_gpu, d_dq, n_out);
@@ -1634,7 +1634,7 @@ static void check_block_set(const BlockSet* set, const Shape* sh, int B, int Tc,
 
 /* One process playing both members of a context-parallel group of 2: each
  * sequence of T = 4 Tc tokens cut in four chunks, member r holding chunks r
- * and 3 - r (Tl = 2 Tc local rows); the ring's blocks (context_chunk_block)
+ * and 3 - r (Tl = 2 Tc local rows); the ring's blocks (context_chunk_tile)
  * in its order (step s: member r's queries against member (r - s) mod 2's
  * K/V; first at step 0, key chunk 0), then the rounded output, and the
  * backward's dQ per member and dK/dV summed into the keys' owner, against
@@ -1683,9 +1683,9 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
             const int origin = (r - s + N) % N;
             for (int qc = 0; qc < 2; qc++)
                 for (int kc = 0; kc < 2; kc++) {
-                    AttentionBlock a;
-                    if (context_chunk_block(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
-                        gpu_attention_block_forward(d_acc[r], d_lse[r], d_qkv[r], d_kv[origin], 2 * C, &a, s == 0 && kc == 0, drop, 0);
+                    AttentionTile a;
+                    if (context_chunk_tile(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
+                        gpu_attention_tile_forward(d_acc[r], d_lse[r], d_qkv[r], d_kv[origin], 2 * C, &a, s == 0 && kc == 0, drop, 0);
                 }
         }
     for (int r = 0; r < N; r++) {
@@ -1704,16 +1704,16 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
     check_row_slices("ring out, every row", out_gpu, out_cpu, grows, T, C, hs, TOL_ACT, 1);
     check_row_slices("ring lse, every row", lse_gpu, lse_cpu, grows * NH, T, 1, 1, TOL_LSE, 1);
 
-    for (int r = 0; r < N; r++) gpu_attention_block_rowsum(d_rowsum[r], d_dout[r], d_out[r], B, Tl, C, NH, 0);
+    for (int r = 0; r < N; r++) gpu_attention_tile_rowsum(d_rowsum[r], d_dout[r], d_out[r], B, Tl, C, NH, 0);
     for (int s = 0; s < N; s++)
         for (int r = 0; r < N; r++) {
             const int origin = (r - s + N) % N;
             for (int qc = 0; qc < 2; qc++)
                 for (int kc = 0; kc < 2; kc++) {
-                    AttentionBlock a;
-                    if (context_chunk_block(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
-                        gpu_attention_block_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], 2 * C, d_lse[r],
-                                                     &a, drop, 0);
+                    AttentionTile a;
+                    if (context_chunk_tile(B, C, NH, Tl, N, NULL, r, origin, qc, kc, &a) && (a.doc_start = d_docs[r], 1))
+                        gpu_attention_tile_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], 2 * C, d_lse[r],
+                                                    &a, drop, 0);
                 }
         }
     for (int r = 0; r < N; r++) {
@@ -1739,17 +1739,17 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
 
 /* Every block set, then the two-member ring, at chunk length Tc; with
  * dropout_p > 0 at the attention site (masks keyed by global position). */
-static void check_attention_blocks(const Shape* sh, int B, int Tc, float dropout_p) {
+static void check_attention_tiles(const Shape* sh, int B, int Tc, float dropout_p) {
     DropoutState drop_state = {{0}, TEST_SEED, 2, 5, 1, 48, 3}; /* sequences from 2: group0 */
     drop_state.p[DROPOUT_ATTENTION] = dropout_p;
     const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
-    char what[64] = "attention blocks";
-    if (dropout_p > 0) snprintf(what, sizeof(what), "attention blocks with dropout %g", dropout_p);
+    char what[64] = "attention tiles";
+    if (dropout_p > 0) snprintf(what, sizeof(what), "attention tiles with dropout %g", dropout_p);
     printf("\n%s, %s (C=%d, NH=%d, hs=%d), B=%d Tc=%d, q/k/v std %.1f\n", what, sh->name, sh->C, sh->NH, sh->C / sh->NH, B, Tc, ATT_TEST_STD);
     const int fails_before = g_failures;
-    BlockSet sets[8];
-    const int n = attention_block_sets(sets, Tc);
-    for (int i = 0; i < n; i++) check_block_set(&sets[i], sh, B, Tc, &drop);
+    TileSet sets[8];
+    const int n = attention_tile_sets(sets, Tc);
+    for (int i = 0; i < n; i++) check_tile_set(&sets[i], sh, B, Tc, &drop);
     printf("  two-member ring against whole-sequence attention (T=%d)\n", 4 * Tc);
     check_attention_ring2(sh, B, Tc, &drop);
     printf("%s: %s, %s Tc=%d\n", g_failures == fails_before ? "PASS" : "FAIL", what, sh->name, Tc);
@@ -2002,12 +2002,12 @@ int main(int argc, char** argv) {
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) check_attention(&main_shapes[s], TEST_B, 1024, 0.1f);
     for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention(&odd_shapes[s], TEST_B, 333, 0.1f);
-    /* attention blocks (context parallelism's ring): chunks of 70 rows (ragged) and 48 (q0, k0 multiples of 16) */
+    /* attention tiles (context parallelism's ring): chunks of 70 rows (ragged) and 48 (q0, k0 multiples of 16) */
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) {
-        check_attention_blocks(&main_shapes[s], TEST_B, 70, 0);
-        check_attention_blocks(&main_shapes[s], TEST_B, 48, 0.1f);
+        check_attention_tiles(&main_shapes[s], TEST_B, 70, 0);
+        check_attention_tiles(&main_shapes[s], TEST_B, 48, 0.1f);
     }
-    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention_blocks(&odd_shapes[s], TEST_B, 37, 0.1f);
+    for (size_t s = 0; s < sizeof(odd_shapes) / sizeof(odd_shapes[0]); s++) check_attention_tiles(&odd_shapes[s], TEST_B, 37, 0.1f);
     for (size_t s = 0; s < sizeof(main_shapes) / sizeof(main_shapes[0]); s++) {
         check_documents(&main_shapes[s], TEST_B, 332, 0);
         check_documents(&main_shapes[s], TEST_B, 332, 0.1f);

@@ -32,7 +32,7 @@
 #include "llmc/cpu/cpu_adamw.h"
 #include "llmc/cpu/cpu_data_parallel.h"
 #include "llmc/cpu/cpu_calibrate.h"
-#include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_block_* below on llmc/core/ring.h's schedule */
+#include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_tile_* below on llmc/core/ring.h's schedule */
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5
@@ -307,6 +307,7 @@ static void rope_rotate(real* qkv, int ld, const TokenLayout* lay, const int* po
 /* silu(gate) * up, silu(g) = g / (1 + exp(-g)).                              */
 
 static __attribute__((noinline)) void swiglu_forward(real* out, const real* fch, int N, int F) {
+    double t0 = cpu_op_begin(); /* the calibration prices it with GELU, the activation family */
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const real* g = fch + (size_t)n * 2 * F;
@@ -314,12 +315,14 @@ static __attribute__((noinline)) void swiglu_forward(real* out, const real* fch,
         real* o = out + (size_t)n * F;
         for (int i = 0; i < F; i++) o[i] = g[i] / ((real)1 + R_EXP(-g[i])) * u[i];
     }
+    cpu_op_end(OP_GELU, t0);
 }
 
 /* fch (N, 2F): [gate | up] on entry, their gradients on exit, from dout (N, F):
  * d gate = dout up silu'(gate), d up = dout silu(gate), each element read
  * before it is written over. */
 static void swiglu_backward(real* fch, const real* dout, int N, int F) {
+    double t0 = cpu_op_begin();
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         real* g = fch + (size_t)n * 2 * F;
@@ -332,6 +335,7 @@ static void swiglu_backward(real* fch, const real* dout, int N, int F) {
             g[i] = dgate;
         }
     }
+    cpu_op_end(OP_GELU, t0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -347,7 +351,7 @@ static void swiglu_backward(real* fch, const real* dout, int N, int F) {
 /* not change: dS = P (mask dP' / keep - dO.out).                             */
 
 /* Sets a block's head geometry from the model's widths. */
-static void attention_set_heads(AttentionBlock* a, const BlockWidths* w) {
+static void attention_set_heads(AttentionTile* a, const BlockWidths* w) {
     a->NKV = w->NKV;
     a->HD = w->HD;
 }
@@ -356,7 +360,7 @@ static void attention_set_heads(AttentionBlock* a, const BlockWidths* w) {
  * the offset of V after K in a K/V row (GPT-2's when the block has none set). */
 typedef struct { int NKV, hs, group, q_ld, out_ld, v_off; } AttentionHeads;
 
-static inline AttentionHeads attention_heads(const AttentionBlock* a) {
+static inline AttentionHeads attention_heads(const AttentionTile* a) {
     AttentionHeads g;
     g.NKV = a->NKV ? a->NKV : a->NH;
     g.hs = a->HD ? a->HD : a->C / a->NH;
@@ -373,7 +377,7 @@ static inline real attention_dropout_factor(const DropoutSite* drop, int bh, int
     return dropout_keep_attention(drop, bh, T, t, u) ? (real)drop->scale : 0;
 }
 
-/* Merges one block's normalised output `part` (hs) and log-sum-exp `l` into
+/* Merges one tile's normalised output `part` (hs) and log-sum-exp `l` into
  * the running o (hs) and *lse: both are softmax-weighted means over disjoint
  * key sets, so the union's is their mean weighted by exp(lse - new lse). */
 static inline void attention_merge(real* o, real* lse, const real* part, real l, int hs) {
@@ -384,26 +388,26 @@ static inline void attention_merge(real* o, real* lse, const real* part, real l,
     *lse = merged;
 }
 
-/* out (B,Tl,NH HD), lse (B,NH,Tl): the block's rows written (first) or
- * merged into (a later block of the same queries). q from qkv (B,Tl,QKV);
+/* out (B,Tl,NH HD), lse (B,NH,Tl): the tile's rows written (first) or
+ * merged into (a later tile of the same queries). q from qkv (B,Tl,QKV);
  * keys from kv, a (B,Tl,ld) tensor whose rows hold K heads at channel 0 and
  * V heads at NKV HD. */
-static void attention_block_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionBlock* a,
-                                    int first, const DropoutSite* drop) {
+static void attention_tile_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionTile* a,
+                                   int first, const DropoutSite* drop) {
     AttentionHeads g = attention_heads(a);
     int C = g.out_ld, NH = a->NH, hs = g.hs, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
     #pragma omp parallel
     {
-        real* part = first ? NULL : (real*)malloc_check((size_t)hs * sizeof(real), "attention block");
+        real* part = first ? NULL : (real*)malloc_check((size_t)hs * sizeof(real), "attention tile");
         #pragma omp for schedule(static)
         for (int bh = 0; bh < a->B * NH; bh++) {
             int b = bh / NH, h = bh % NH;
             for (int i = 0; i < a->Tq; i++) {
-                int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
+                int seen = tile_keys_seen(a, i), from = tile_keys_first(a, b, i), t = a->q0 + i;
                 size_t row = (size_t)b * Tl + a->qi + i;
-                if (seen == 0) continue; /* the causal mask empties the row here: the block leaves it alone */
-                if (from >= seen) { /* documents: no key here; a query's first block then holds nothing (lse -inf) for later ones to merge into */
+                if (seen == 0) continue; /* the causal mask empties the row here: the tile leaves it alone */
+                if (from >= seen) { /* documents: no key here; a query's first tile then holds nothing (lse -inf) for later ones to merge into */
                     if (!first) continue;
                     for (int d = 0; d < hs; d++) out[row * C + h * hs + d] = 0;
                     lse[((size_t)b * NH + h) * Tl + a->qi + i] = -INFINITY;
@@ -439,13 +443,13 @@ static void attention_block_forward(real* out, real* lse, const real* qkv, const
     }
 }
 
-/* The block's share of the backward: dq (in dqkv (B,Tl,QKV)) and dk, dv
+/* The tile's share of the backward: dq (in dqkv (B,Tl,QKV)) and dk, dv
  * (in dkv, (B,Tl,ld) with dK at 0 and dV at NKV HD) accumulate; out and lse
- * are the merged ones of all blocks. Each (b, K/V head) job owns that head's
+ * are the merged ones of all tiles. Each (b, K/V head) job owns that head's
  * dK/dV slices and its query heads' dQ, so parallel jobs never write the
  * same element; a K/V head's gradient sums over its query heads in order. */
-static void attention_block_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
-                                     const real* out, const real* lse, const AttentionBlock* a, const DropoutSite* drop) {
+static void attention_tile_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
+                                    const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop) {
     AttentionHeads g = attention_heads(a);
     int C = g.out_ld, NH = a->NH, hs = g.hs, Tl = a->Tl;
     real scale = (real)1 / R_SQRT((real)hs);
@@ -454,7 +458,7 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
     for (int h = bg % g.NKV * g.group; h < (bg % g.NKV + 1) * g.group; h++) {
         int b = bg / g.NKV, bh = b * NH + h;
         for (int i = 0; i < a->Tq; i++) {
-            int seen = block_keys_seen(a, i), from = block_keys_first(a, b, i), t = a->q0 + i;
+            int seen = tile_keys_seen(a, i), from = tile_keys_first(a, b, i), t = a->q0 + i;
             size_t row = (size_t)b * Tl + a->qi + i;
             const real* q = qkv + row * g.q_ld + h * hs;
             const real* o = out + row * C + h * hs;
@@ -485,20 +489,20 @@ static void attention_block_backward(real* dqkv, real* dkv, int dld, const real*
 /* doc_start (B,T): each query's document start (NULL: no document mask). */
 static void attention_forward_heads(real* out, real* lse, const real* qkv, int B, int T, int C, const BlockWidths* w, const int* doc_start,
                                     const DropoutSite* drop) {
-    AttentionBlock a = whole_sequence(B, T, C, w->NH);
+    AttentionTile a = whole_sequence(B, T, C, w->NH);
     a.doc_start = doc_start;
     attention_set_heads(&a, w);
-    attention_block_forward(out, lse, qkv, qkv + w->q_width, w->qkv_width, &a, 1, drop);
+    attention_tile_forward(out, lse, qkv, qkv + w->q_width, w->qkv_width, &a, 1, drop);
 }
 
 /* dqkv (B,T,QKV) is overwritten. */
 static void attention_backward_heads(real* dqkv, const real* dout, const real* qkv, const real* out, const real* lse,
                                      int B, int T, int C, const BlockWidths* w, const int* doc_start, const DropoutSite* drop) {
-    AttentionBlock a = whole_sequence(B, T, C, w->NH);
+    AttentionTile a = whole_sequence(B, T, C, w->NH);
     a.doc_start = doc_start;
     attention_set_heads(&a, w);
     memset(dqkv, 0, (size_t)B * T * w->qkv_width * sizeof(real));
-    attention_block_backward(dqkv, dqkv + w->q_width, w->qkv_width, dout, qkv, qkv + w->q_width, w->qkv_width, out, lse, &a, drop);
+    attention_tile_backward(dqkv, dqkv + w->q_width, w->qkv_width, dout, qkv, qkv + w->q_width, w->qkv_width, out, lse, &a, drop);
 }
 
 /* GPT-2's heads (NH of C/NH): the whole-sequence attention the tests (and
@@ -530,15 +534,18 @@ static inline void attention_backward(real* dqkv, const real* dout, const real* 
 #define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 
 static __attribute__((noinline)) void gelu_forward(real* out, const real* x, size_t n) {
+    double t0 = cpu_op_begin();
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real v = x[i];
         out[i] = (real)0.5 * v * ((real)1 + R_TANH((real)GELU_K * (v + (real)0.044715 * v * v * v)));
     }
+    cpu_op_end(OP_GELU, t0);
 }
 
 /* d (n) holds the output gradient on entry and the input gradient on exit. */
 static void gelu_backward(real* d, const real* x, size_t n) {
+    double t0 = cpu_op_begin();
     #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         real v = x[i];
@@ -546,6 +553,7 @@ static void gelu_backward(real* d, const real* x, size_t n) {
         real dudx = (real)GELU_K * ((real)1 + (real)3 * (real)0.044715 * v * v);
         d[i] *= (real)0.5 * ((real)1 + th) + (real)0.5 * v * ((real)1 - th * th) * dudx;
     }
+    cpu_op_end(OP_GELU, t0);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -654,21 +662,19 @@ typedef struct {
     int logits_rows;
     real* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;             /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    real* tile_datty;            /* plan_own_attention_grads: (N,NH HD) gradient of attention's output, (N,QKV) of qkv */
-    real* tile_dqkv;
+    real* whole_datty;            /* plan_own_attention_grads: (N,NH HD) gradient of attention's output, (N,QKV) of qkv */
+    real* whole_dqkv;
     int B, T;                    /* shape of the current call; at most the plan's */
-    int rank, world, zero;       /* data parallelism; zero: optimizer state sharded */
-    ContextGroups cp;            /* context parallelism: this rank's place in its group (group_size 1: off) */
+    int rank, world;             /* data parallelism */
+    RankParallel par;            /* context-parallel group, ring chunks, ZeRO-1 shard (llmc/run/rank_parallel.h) */
     TokenLayout layout;          /* where the current call's token rows sit in their sequences */
     CpuRing ring;                /* context parallelism: its buffers and messages (llmc/cpu/cpu_ring.h) */
-    size_t shard_start, shard_count; /* parameters this rank updates */
-    CpuLinkProfile links;        /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
+    CpuStepProfile profile;      /* REMAT_PROFILE_COST_MODEL: the step whose ops and transfers are timed */
     CpuOffload offload;          /* the plan's staging slots and host pool; offload.timed during the profiled step */
     DropoutState train_dropout;  /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;    /* the running pass's: &train_dropout, or &dropout_off */
     DocumentOptions docs;        /* packed documents (llmc/core/documents.h; eot_token -1: off) */
     int* doc_start;              /* (B,T) document starts of the current call's rows (Backend.doc_start; NULL without documents) */
-    int* ring_chunks;            /* (2N) which chunks each member of the group holds in the current call (Backend.ring_chunks) */
 } CpuModel;
 
 /* The document starts attention masks with, and those positions restart at
@@ -683,6 +689,15 @@ static inline real* act(const CpuModel* m, int layer, int a) {
     return (real*)(m->arena + m->plan->layer_act[layer][a]);
 }
 
+/* Layer l's slice of the block tensors of `all` (the parameters or their
+ * gradients), by name. */
+static inline BlockTensors layer_slice(const CpuModel* m, const ParamTensors* all, int l) {
+    BlockTensors b;
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++)
+        b.tensor[t] = all->tensor[FIRST_BLOCK_TENSOR + t] + (size_t)l * m->layer_stride[FIRST_BLOCK_TENSOR + t];
+    return b;
+}
+
 /* A block tensor the switches leave out (a bias) is NULL. */
 static inline BlockTensors absent_to_null(const CpuModel* m, BlockTensors w) {
     for (int t = 0; t < NUM_BLOCK_TENSORS; t++)
@@ -690,18 +705,8 @@ static inline BlockTensors absent_to_null(const CpuModel* m, BlockTensors w) {
     return w;
 }
 
-/* Layer l's parameters, and their gradients, by name. */
-static inline BlockTensors layer_params(const CpuModel* m, int l) {
-    BlockTensors w;
-    BLOCK_TENSORS_OF_LAYER(w, m->p, m->layer_stride, l);
-    return absent_to_null(m, w);
-}
-
-static inline BlockTensors layer_grads(const CpuModel* m, int l) {
-    BlockTensors dw;
-    BLOCK_TENSORS_OF_LAYER(dw, m->g, m->layer_stride, l);
-    return absent_to_null(m, dw);
-}
+static inline BlockTensors layer_params(const CpuModel* m, int l) { return absent_to_null(m, layer_slice(m, &m->p, l)); }
+static inline BlockTensors layer_grads(const CpuModel* m, int l) { return absent_to_null(m, layer_slice(m, &m->g, l)); }
 
 /* The classifier's weights (Vp, C) and their gradient: wte, or the untied lm_head. */
 static inline real* head_weights(const CpuModel* m) { return m->cfg.tied ? m->p.wte : m->p.lm_head; }
@@ -733,7 +738,7 @@ static void norm_backward(const CpuModel* m, real* dx, real* dw, real* db, const
 static void cpu_set_shape(CpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    m->layout = token_layout(T, m->cp.member, m->cp.group_size, m->ring_chunks);
+    m->layout = token_layout(T, m->par.cp.member, m->par.cp.group_size, m->par.ring_chunks);
 }
 
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
@@ -758,48 +763,49 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     m->offload = offload;
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
     if (plan_own_attention_grads(&plan->spec)) {
-        m->tile_datty = (real*)(m->arena + plan->off_tile_datty);
-        m->tile_dqkv = (real*)(m->arena + plan->off_tile_dqkv);
+        m->whole_datty = (real*)(m->arena + plan->off_whole_datty);
+        m->whole_dqkv = (real*)(m->arena + plan->off_whole_dqkv);
     }
     memset(m->grads, 0, plan->num_params * sizeof(real));
     memset(m->adam_m, 0, plan->shard_params * sizeof(float));
     memset(m->adam_v, 0, plan->shard_params * sizeof(float));
     m->rank = remat_proc.rank;
     m->world = plan->spec.world_size;
-    m->cp = context_groups(plan_context_parallel(&plan->spec), m->rank, m->world);
-    if (m->cp.group_size > 1) {
+    m->par = rank_parallel(plan, m->rank);
+    if (m->par.cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec) / sizeof(real);
         m->ring.kv[0] = (real*)(m->arena + plan->off_ring_kv);
         m->ring.kv[1] = m->ring.kv[0] + block;
         m->ring.dkv[0] = (real*)(m->arena + plan->off_ring_dkv);
         m->ring.dkv[1] = m->ring.dkv[0] + block;
     }
-    m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
-    for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
     cpu_set_shape(m, m->B, m->T);
     m->doc_start = plan->spec.documents & PLAN_DOC_STARTS ? (int*)(m->arena + plan->off_doc_start) : NULL;
     m->top1 = (int*)(m->arena + plan->off_top1);
-    m->zero = plan->spec.zero_stage == 1 && m->world > 1;
-    if (m->zero) shard_range(plan->num_params, m->world, m->rank, &m->shard_start, &m->shard_count);
-    else { m->shard_start = 0; m->shard_count = plan->num_params; }
 }
 
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
-static void layer_attention_forward(CpuModel* m, int l, const DropoutSite* drop) {
+static void layer_attention_forward(CpuModel* m, int l) {
+    DropoutSite site = cpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     real *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE), *qkv = act(m, l, ACT_QKV);
-    if (m->cp.group_size > 1)
-        CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, cpu_ring_attention_forward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
-                                                                              &m->w, attention_doc_start(m), out, lse, qkv, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_FORWARD, attention_forward_heads(out, lse, qkv, m->B, m->T, m->cfg.channels, &m->w, attention_doc_start(m), drop));
+    const int* docs = attention_doc_start(m);
+    double t0 = cpu_op_begin();
+    if (m->par.cp.group_size > 1)
+        cpu_ring_attention_forward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, m->cfg.channels, &m->w, docs, out, lse, qkv, drop);
+    else attention_forward_heads(out, lse, qkv, m->B, m->T, m->cfg.channels, &m->w, docs, drop);
+    cpu_op_end(OP_ATTENTION_FORWARD, t0);
 }
 
-static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty, const DropoutSite* drop) {
+static void layer_attention_backward(CpuModel* m, int l, real* dqkv, const real* datty) {
+    DropoutSite site = cpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const real *qkv = act(m, l, ACT_QKV), *out = act(m, l, ACT_ATTY), *lse = act(m, l, ACT_ATT_LSE);
-    if (m->cp.group_size > 1)
-        CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, cpu_ring_attention_backward(&m->ring, &m->cp, m->ring_chunks, m->B, m->T, m->cfg.channels,
-                                                                                &m->w, attention_doc_start(m), dqkv, datty, qkv, out, lse, drop));
-    else CPU_TIMED(&m->links, OP_ATTENTION_BACKWARD, attention_backward_heads(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, &m->w,
-                                                                        attention_doc_start(m), drop));
+    const int* docs = attention_doc_start(m);
+    double t0 = cpu_op_begin();
+    if (m->par.cp.group_size > 1)
+        cpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, m->cfg.channels, &m->w, docs, dqkv, datty, qkv,
+                                    out, lse, drop);
+    else attention_backward_heads(dqkv, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, &m->w, docs, drop);
+    cpu_op_end(OP_ATTENTION_BACKWARD, t0);
 }
 
 /* Rows [r0, ...) of layer l's activation a (plan_act_row_offset: a tiled
@@ -826,14 +832,14 @@ static void block_forward_qkv(CpuModel* m, int l, int r0, int n) {
     real* ln1 = act_rows(m, l, ACT_LN1, r0);
     real* qkv = act_rows(m, l, ACT_QKV, r0);
     norm_forward(m, ln1, act_rows(m, l, ACT_LN1_MEAN, r0), act_rows(m, l, ACT_LN1_RSTD, r0), act_rows(m, l, ACT_X, r0), w.ln1w, w.ln1b, n);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(qkv, ln1, w.qkvw, w.qkvb, n, C, m->w.qkv_width));
+    matmul_forward(qkv, ln1, w.qkvw, w.qkvb, n, C, m->w.qkv_width);
     block_rope(m, qkv, r0, n, 1);
 }
 
 /* The MLP's activation, rows of fch (n, fc_width) into out (n, F): GELU, or SwiGLU's product. */
 static void block_mlp_activation(CpuModel* m, real* out, const real* fch, int n) {
-    if (m->cfg.mlp == MLP_SWIGLU) CPU_TIMED(&m->links, OP_GELU, swiglu_forward(out, fch, n, m->w.F));
-    else CPU_TIMED(&m->links, OP_GELU, gelu_forward(out, fch, (size_t)n * m->w.F));
+    if (m->cfg.mlp == MLP_SWIGLU) swiglu_forward(out, fch, n, m->w.F);
+    else gelu_forward(out, fch, (size_t)n * m->w.F);
 }
 
 /* Block l after attention, rows [r0, r0+n), from x and the attention
@@ -852,38 +858,42 @@ static void block_forward_mlp(CpuModel* m, int l, int r0, int n, real* out) {
     real* fch = act_rows(m, l, ACT_FCH, r0);
     real* fch_gelu = act_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, m->w.q_width, C));
+    matmul_forward(res2, act_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, n, m->w.q_width, C);
     residual_add(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn);
     norm_forward(m, ln2, act_rows(m, l, ACT_LN2_MEAN, r0), act_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n);
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, m->w.fc_width));
+    matmul_forward(fch, ln2, w.fcw, w.fcb, n, C, m->w.fc_width);
     block_mlp_activation(m, fch_gelu, fch, n);
     if (!out) return;
-    CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, m->w.F, C));
+    matmul_forward(out + e0, fch_gelu, w.fcprojw, w.fcprojb, n, m->w.F, C);
     residual_add(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp);
-}
-
-static void block_attention_forward(CpuModel* m, int l) {
-    DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    layer_attention_forward(m, l, &att);
 }
 
 /* Block l forward from its stored input x, tile by tile but for attention. */
 static void block_forward(CpuModel* m, int l, real* out) {
     int N = m->B * m->T, K = tile_tokens(m);
     for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
-    block_attention_forward(m, l);
+    layer_attention_forward(m, l);
     for (int r0 = 0; r0 < N; r0 += K) block_forward_mlp(m, l, r0, tile_len(r0, K, N), out);
 }
 
 /* The gradient a dropped residual branch receives, rows [r0, r0+n): dres
- * itself without dropout, else dres masked and scaled into dln, which is
- * free then. */
+ * itself without dropout, else dres masked and scaled into GRAD_DBRANCH
+ * (dln's buffer, free then: plan.h). */
 static const real* branch_grad(CpuModel* m, const DropoutSite* s, int r0, int n) {
     size_t e0 = (size_t)r0 * m->cfg.channels;
     real* dres = m->grad_act[GRAD_DRES] + e0;
     if (!s->threshold) return dres;
-    dropout_mask(m->grad_act[GRAD_DLN] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s);
-    return m->grad_act[GRAD_DLN] + e0;
+    dropout_mask(m->grad_act[GRAD_DBRANCH] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s);
+    return m->grad_act[GRAD_DBRANCH] + e0;
+}
+
+/* What layer l did not keep of attention's inputs, before its backward
+ * (-r 1 and 3: qkv, tile by tile; -r 1: attention's output too). */
+static void block_recompute_attention_inputs(CpuModel* m, int l) {
+    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = tile_tokens(m);
+    if (layer_keeps(mode, ACT_QKV)) return;
+    for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
+    if (!layer_keeps(mode, ACT_ATTY)) layer_attention_forward(m, l);
 }
 
 /* What layer l did not keep of rows [r0, r0+n) after attention (-r 1, 3:
@@ -923,23 +933,23 @@ static void block_backward_mlp(CpuModel* m, int l, int r0, int n, real* datty) {
     real* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     real* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     int F = m->w.F, FC = m->w.fc_width, Q = m->w.q_width;
-    real* dact = act_rows(m, l, ACT_FCH_GELU, r0); /* over the activation's output, once its weight gradient has read it */
+    real* dact = act_rows(m, l, ACT_DFCH, r0); /* over the activation's output, once its weight gradient has read it */
     /* the FC output's gradient: GELU's in place over dact; SwiGLU's (gate and up) over fch itself */
     real* dfch = m->cfg.mlp == MLP_SWIGLU ? act_rows(m, l, ACT_FCH, r0) : dact;
     DropoutSite resid_attn = cpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = cpu_site(m, DROPOUT_RESID_MLP, l);
     block_recompute_mlp(m, l, r0, n);
     const real* dbranch = branch_grad(m, &resid_mlp, r0, n);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, F, C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dact, dbranch, w.fcprojw, n, F, C));
-    if (m->cfg.mlp == MLP_SWIGLU) CPU_TIMED(&m->links, OP_GELU, swiglu_backward(dfch, dact, n, F));
-    else CPU_TIMED(&m->links, OP_GELU, gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * F));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dfch, w.fcw, n, C, FC));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, FC));
+    matmul_backward_weight(dw.fcprojw, dw.fcprojb, dbranch, act_rows(m, l, ACT_FCH_GELU, r0), n, F, C);
+    matmul_backward_input(dact, dbranch, w.fcprojw, n, F, C);
+    if (m->cfg.mlp == MLP_SWIGLU) swiglu_backward(dfch, dact, n, F);
+    else gelu_backward(dfch, act_rows(m, l, ACT_FCH, r0), (size_t)n * F);
+    matmul_backward_input(dln, dfch, w.fcw, n, C, FC);
+    matmul_backward_weight(dw.fcw, dw.fcb, dfch, act_rows(m, l, ACT_LN2, r0), n, C, FC);
     norm_backward(m, dres, dw.ln2w, dw.ln2b, dln, act_rows(m, l, ACT_RES2, r0), w.ln2w, act_rows(m, l, ACT_LN2_MEAN, r0),
                   act_rows(m, l, ACT_LN2_RSTD, r0), n);
     dbranch = branch_grad(m, &resid_attn, r0, n);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(datty + (size_t)r0 * Q, dbranch, w.attprojw, n, Q, C));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, Q, C));
+    matmul_backward_input(datty + (size_t)r0 * Q, dbranch, w.attprojw, n, Q, C);
+    matmul_backward_weight(dw.attprojw, dw.attprojb, dbranch, act_rows(m, l, ACT_ATTY, r0), n, Q, C);
 }
 
 /* Rows [r0, r0+n) of the block's backward below attention: RoPE turned
@@ -953,8 +963,8 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, rea
     dqkv += (size_t)r0 * QKV;
     block_recompute_ln1(m, l, r0, n, tiles);
     block_rope(m, dqkv, r0, n, -1);
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(dln, dqkv, w.qkvw, n, C, QKV));
-    CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, QKV));
+    matmul_backward_input(dln, dqkv, w.qkvw, n, C, QKV);
+    matmul_backward_weight(dw.qkvw, dw.qkvb, dqkv, act_rows(m, l, ACT_LN1, r0), n, C, QKV);
     norm_backward(m, dres, dw.ln1w, dw.ln1b, dln, act_rows(m, l, ACT_X, r0), w.ln1w, act_rows(m, l, ACT_LN1_MEAN, r0),
                   act_rows(m, l, ACT_LN1_RSTD, r0), n);
 }
@@ -967,14 +977,12 @@ static void block_backward_qkv(CpuModel* m, int l, int r0, int n, int tiles, rea
  * layer's res2 and fch (plan.h), whose last readers are done by then.
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void block_backward(CpuModel* m, int l) {
-    int mode = m->plan->spec.layer_mode[l], N = m->B * m->T, K = tile_tokens(m), tiles = (N + K - 1) / K;
-    DropoutSite att = cpu_site(m, DROPOUT_ATTENTION, l);
-    real* datty = m->tile_datty ? m->tile_datty : act(m, l, ACT_RES2);
-    real* dqkv = m->tile_dqkv ? m->tile_dqkv : act(m, l, ACT_FCH);
-    if (!layer_keeps(mode, ACT_QKV)) for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, l, r0, tile_len(r0, K, N));
-    if (!layer_keeps(mode, ACT_ATTY)) block_attention_forward(m, l);
+    int N = m->B * m->T, K = tile_tokens(m), tiles = (N + K - 1) / K;
+    real* datty = m->whole_datty ? m->whole_datty : act(m, l, ACT_DATTY);
+    real* dqkv = m->whole_dqkv ? m->whole_dqkv : act(m, l, ACT_DQKV);
+    block_recompute_attention_inputs(m, l);
     for (int r0 = 0; r0 < N; r0 += K) block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
-    layer_attention_backward(m, l, dqkv, datty, &att);
+    layer_attention_backward(m, l, dqkv, datty);
     for (int r0 = 0; r0 < N; r0 += K) block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
 }
 
@@ -1034,7 +1042,7 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const real* lnf = m->lnf + (size_t)r0 * C;
-        CPU_TIMED(&m->links, OP_MATMUL_FORWARD, matmul_forward(m->logits, lnf, head_weights(m), NULL, rows, C, Vp));
+        matmul_forward(m->logits, lnf, head_weights(m), NULL, rows, C, Vp);
         #pragma omp parallel for schedule(static)
         for (int r = 0; r < rows; r++) {
             real* row = m->logits + (size_t)r * Vp;
@@ -1048,8 +1056,8 @@ static void classifier(CpuModel* m, const int* inputs, const int* targets, real 
             for (int v = V; v < Vp; v++) row[v] = 0;
         }
         if (dloss_per_token == 0) continue;
-        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, head_weights(m), rows, C, Vp));
-        CPU_TIMED(&m->links, OP_MATMUL_BACKWARD, matmul_backward_weight(head_grads(m), NULL, m->logits, lnf, rows, C, Vp));
+        matmul_backward_input(m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, head_weights(m), rows, C, Vp);
+        matmul_backward_weight(head_grads(m), NULL, m->logits, lnf, rows, C, Vp);
     }
 }
 
@@ -1076,7 +1084,7 @@ static void segment_forward_again(CpuModel* m, int first, int last) {
     if (layer_keeps(mode, ACT_RES2)) block_forward(m, last, NULL); /* what it keeps runs through the MLP */
     else if (layer_keeps(mode, ACT_ATTY)) {                           /* -r 3: up to attention's output; -r 1 keeps x alone */
         for (int r0 = 0; r0 < N; r0 += K) block_forward_qkv(m, last, r0, tile_len(r0, K, N));
-        block_attention_forward(m, last);
+        layer_attention_forward(m, last);
     }
 }
 
@@ -1106,7 +1114,7 @@ static void model_backward(CpuModel* m, const int* inputs) {
 /* Sums gradients across ranks (llmc/cpu/cpu_data_parallel.h). */
 static void cpu_sync_grads(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    cpu_sum_grads(m->grads, m->plan->num_params, m->zero);
+    cpu_sum_grads(m->grads, m->plan->num_params, m->par.zero);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1116,8 +1124,8 @@ static void cpu_sync_grads(void* ctx) {
  * ranks when the gradients are sharded (llmc/cpu/cpu_adamw.h). */
 static float cpu_grad_norm(void* ctx) {
     CpuModel* m = (CpuModel*)ctx;
-    double total = cpu_grad_sumsq(m->grads + m->shard_start, m->shard_count);
-    if (m->zero) total = proc_sum(total, "the gradient norm sum");
+    double total = cpu_grad_sumsq(m->grads + m->par.shard_start, m->par.shard_count);
+    if (m->par.zero) total = proc_sum(total, "the gradient norm sum");
     return (float)sqrt(total);
 }
 
@@ -1125,8 +1133,9 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
     CpuModel* m = (CpuModel*)ctx;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    cpu_adamw_update(m->params, m->grads, m->adam_m, m->adam_v, &pl, m->shard_start, m->shard_start + m->shard_count, s);
-    if (m->zero) cpu_allgather_params(m->params, m->plan->num_params);
+    size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
+    cpu_adamw_update(m->params, m->grads, m->adam_m, m->adam_v, &pl, lo, hi, s);
+    if (m->par.zero) cpu_allgather_params(m->params, m->plan->num_params);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1182,14 +1191,14 @@ static void cpu_row_probs(CpuModel* m, int row, float* probs) {
  * others. */
 static void cpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     CpuModel* m = (CpuModel*)ctx;
-    int N = m->cp.group_size, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
+    int N = m->par.cp.group_size, padded = N > 1 ? ring_padded_length(len, N) : len, row = len - 1;
     m->drop = &dropout_off;
     cpu_set_shape(m, 1, padded / N);
-    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->ring_chunks : NULL, tokens, len, padded,
+    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->par.ring_chunks : NULL, tokens, len, padded,
                   documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->inputs, m->doc_start);
     model_forward(m, m->inputs);
-    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->ring_chunks, &row) : 0;
-    if (owner == m->cp.member) cpu_row_probs(m, row, probs);
+    int owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->par.ring_chunks, &row) : 0;
+    if (owner == m->par.cp.member) cpu_row_probs(m, row, probs);
     proc_ring_broadcast(probs, (size_t)m->cfg.vocab_size * sizeof(float), owner);
 }
 
@@ -1208,32 +1217,32 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         return;
     }
     if (tensor == TENSOR_MASTER) fail("the CPU trainer keeps no master weights");
-    if (start < m->shard_start || start + n > m->shard_start + m->shard_count)
+    if (start < m->par.shard_start || start + n > m->par.shard_start + m->par.shard_count)
         fail("optimizer state range outside this rank's shard");
-    float* dst = (tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v) + (start - m->shard_start);
+    float* dst = (tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v) + (start - m->par.shard_start);
     if (to_host) memcpy(host, dst, n * sizeof(float));
     else memcpy(dst, host, n * sizeof(float));
 }
 
 static void cpu_step_begin(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
-    cpu_profile_step_begin(&m->links, step);
-    m->offload.timed = m->links.active ? &m->links.host : NULL;
+    cpu_profile_step_begin(&m->profile, step);
+    m->offload.timed = m->profile.active ? &m->profile.host : NULL;
 }
 
 static void cpu_step_end(void* ctx, int step) {
     CpuModel* m = (CpuModel*)ctx;
-    if (!m->links.active) return;
-    double step_ms = cpu_profile_ms(&m->links) - m->links.step_start_ms;
-    m->links.active = 0;
+    if (!m->profile.active) return;
+    double step_ms = cpu_profile_step_end(&m->profile);
     m->offload.timed = NULL;
-    if (m->cp.group_size > 1) cpu_ring_time(&m->ring, &m->cp, plan_ring_kv_bytes(&m->plan->spec), &m->links.ring);
+    size_t kv_bytes = plan_ring_kv_bytes(&m->plan->spec);
+    if (m->par.cp.group_size > 1) cpu_ring_time(&m->ring, &m->par.cp, kv_bytes, &m->profile.ring);
     if (m->rank != 0) return;
     /* the matmul timed from layer 0's ln2 rows into its fch: nothing reads them before the next step writes them */
     BlockTensors w = layer_params(m, 0);
     double half_rows = cpu_time_matmul_half_rows(act(m, 0, ACT_FCH), act(m, 0, ACT_LN2), w.fcw, w.fcb, tile_tokens(m), m->cfg.channels, m->w.fc_width,
                                                  spec_cost_model(&m->plan->spec).matmul_half_rows);
-    cpu_calibration_write(&m->links, &m->plan->spec, step, step_ms, half_rows);
+    cpu_calibration_write(&m->profile, &m->plan->spec, step, step_ms, half_rows);
 }
 
 static Backend cpu_backend(CpuModel* m) {
@@ -1250,7 +1259,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.set_dropout = cpu_set_dropout;
     be.set_documents = cpu_set_documents;
     be.doc_start = m->doc_start;
-    be.ring_chunks = m->ring_chunks;
+    be.ring_chunks = m->par.ring_chunks;
     be.forward_loss = cpu_forward_loss;
     be.token_losses = cpu_token_losses;
     be.token_top1 = cpu_token_top1;
@@ -1262,7 +1271,7 @@ static Backend cpu_backend(CpuModel* m) {
     be.transfer = cpu_transfer;
     be.step_begin = cpu_step_begin;
     be.step_end = cpu_step_end;
-    cpu_profile_init(&m->links);
+    cpu_profile_init(&m->profile);
     return be;
 }
 
@@ -1271,7 +1280,7 @@ static void cpu_model_free(CpuModel* m) {
     free(m->rope.inv_freq);
     free(m->arena);
     free(m->host_pool);
-    free(m->ring_chunks);
+    rank_parallel_free(&m->par);
     memset(m, 0, sizeof(*m));
 }
 

@@ -35,6 +35,7 @@
 #include "llmc/cuda/adamw.cuh"
 #include "llmc/cuda/global_norm.cuh"
 #include "llmc/cuda/multigpu.cuh"
+#include "llmc/cuda/ring.cuh"
 #include "llmc/cuda/grad_accum.cuh"
 #include "llmc/cuda/profile.cuh"
 #include "llmc/cuda/nvtx_regions.cuh"
@@ -85,8 +86,8 @@ typedef struct {
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;        /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    floatX* tile_datty;     /* token tiles: (N,C) gradient of attention's output, (N,3C) of qkv */
-    floatX* tile_dqkv;
+    floatX* whole_datty;    /* token tiles: whole-sequence (N,C) gradient of attention's output, (N,3C) of qkv */
+    floatX* whole_dqkv;
     GpuTileGrads tile_grads; /* token tiles: the running layer's parameter gradients in fp32 (plan.h backward.tile_grads) */
     float* att_rowsum;      /* (B,NH,T) attention backward's D */
     float* column_partials; /* bias / LayerNorm parameter gradient partial sums */
@@ -107,22 +108,15 @@ typedef struct {
     MatmulContext mm;
     cudaStream_t stream;
     int B, T; /* shape of the current call; at most the plan's (under context parallelism: this rank's tokens of each row) */
-    ContextGroups cp;     /* context parallelism: this rank's place in its group (group_size 1: off) */
+    RankParallel par;     /* context-parallel group, ring chunks, ZeRO-1 shard (llmc/run/rank_parallel.h) */
     TokenLayout layout;   /* where the current call's token rows sit in their sequences */
-    int* ring_chunks;     /* host (2N): which chunks each member of the group holds in the current call (Backend.ring_chunks) */
-    floatX* ring_kv[2];   /* (B,T,2C) K/V blocks of the ring: the one computed on, the one arriving */
-    float* ring_dkv[2];   /* (B,T,2C) fp32 dK/dV sums of those blocks, travelling back to their owner */
-    float* ring_acc;      /* (B,T,C) fp32: the forward's merged output, then the backward's dQ */
+    GpuRing ring;         /* context parallelism: its buffers (llmc/cuda/ring.cuh) */
     uint64_t seed;
     /* reporting */
     double flops_per_step, peak_flops;
     size_t used_context, used_library, used_arena, used_peak; /* device memory in use after each setup stage */
     size_t used_nccl; /* NCCL's part of used_context (it connects first) */
     int memory_reported;
-    /* data parallelism: the parameters whose optimizer state (moments, master
-     * weights) this rank holds: all of them, or its ZeRO-1 shard */
-    int zero;
-    size_t shard_start, shard_count;
     MultiGpu* mg; /* NCCL (MULTI_GPU builds), else NULL */
     Profiler prof; /* REMAT_PROFILE (profile.cuh); inactive unless main sets it up */
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
@@ -148,18 +142,17 @@ static inline float* gstat(const GpuModel* m, int layer, int a) { return (float*
  * communicator for asynchronous errors meanwhile (multigpu_wait). */
 static inline void gpu_wait(GpuModel* m) { multigpu_wait(m->mg, m->stream); }
 
-/* Layer l's parameters, and their gradients, by name. */
-static inline GpuBlockTensors gpu_layer_params(const GpuModel* m, int l) {
-    GpuBlockTensors w;
-    BLOCK_TENSORS_OF_LAYER(w, m->p, m->layer_stride, l);
-    return w;
+/* Layer l's slice of the block tensors of `all` (the parameters or their
+ * gradients), by name. */
+static inline GpuBlockTensors gpu_layer_slice(const GpuModel* m, const GpuParamTensors* all, int l) {
+    GpuBlockTensors b;
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++)
+        b.tensor[t] = all->tensor[FIRST_BLOCK_TENSOR + t] + (size_t)l * m->layer_stride[FIRST_BLOCK_TENSOR + t];
+    return b;
 }
 
-static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) {
-    GpuBlockTensors dw;
-    BLOCK_TENSORS_OF_LAYER(dw, m->g, m->layer_stride, l);
-    return dw;
-}
+static inline GpuBlockTensors gpu_layer_params(const GpuModel* m, int l) { return gpu_layer_slice(m, &m->p, l); }
+static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) { return gpu_layer_slice(m, &m->g, l); }
 
 static inline size_t gpu_used_memory(void) {
     size_t free_b = 0, total_b = 0;
@@ -194,8 +187,8 @@ static void* pinned_alloc(size_t bytes, const char* what) {
 static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
     if (!m->tile_tokens) return;
-    m->tile_datty = (floatX*)(m->arena + plan->off_tile_datty);
-    m->tile_dqkv = (floatX*)(m->arena + plan->off_tile_dqkv);
+    m->whole_datty = (floatX*)(m->arena + plan->off_whole_datty);
+    m->whole_dqkv = (floatX*)(m->arena + plan->off_whole_dqkv);
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     float* sums = (float*)(m->arena + plan->off_tile_grads);
@@ -212,7 +205,7 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
 static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->B = B;
     m->T = T;
-    m->layout = token_layout(T, m->cp.member, m->cp.group_size, m->ring_chunks);
+    m->layout = token_layout(T, m->par.cp.member, m->par.cp.group_size, m->par.ring_chunks);
 }
 
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
@@ -271,21 +264,16 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
     m->docs.eot_token = -1;
     m->h_doc_start = (int*)pinned_alloc(N * sizeof(int), "document starts");
-    m->cp = context_groups(plan_context_parallel(&plan->spec), remat_proc.rank, plan->spec.world_size);
-    m->ring_chunks = (int*)malloc_check(2 * (size_t)m->cp.group_size * sizeof(int), "the ring's chunks");
-    for (int c = 0; c < 2 * m->cp.group_size; c++) m->ring_chunks[c] = ring_chunk(NULL, m->cp.group_size, c / 2, c % 2);
-    if (m->cp.group_size > 1) {
+    m->par = rank_parallel(plan, remat_proc.rank);
+    if (m->par.cp.group_size > 1) {
         size_t block = plan_ring_kv_bytes(&plan->spec);
-        m->ring_kv[0] = (floatX*)(m->arena + plan->off_ring_kv);
-        m->ring_kv[1] = (floatX*)(m->arena + plan->off_ring_kv + block);
-        m->ring_dkv[0] = (float*)(m->arena + plan->off_ring_dkv);
-        m->ring_dkv[1] = (float*)(m->arena + plan->off_ring_dkv + plan_ring_dkv_bytes(&plan->spec));
-        m->ring_acc = (float*)(m->arena + plan->off_ring_acc);
+        m->ring.kv[0] = (floatX*)(m->arena + plan->off_ring_kv);
+        m->ring.kv[1] = (floatX*)(m->arena + plan->off_ring_kv + block);
+        m->ring.dkv[0] = (float*)(m->arena + plan->off_ring_dkv);
+        m->ring.dkv[1] = (float*)(m->arena + plan->off_ring_dkv + plan_ring_dkv_bytes(&plan->spec));
+        m->ring.acc = (float*)(m->arena + plan->off_ring_acc);
+        m->ring.rowsum = m->att_rowsum;
     }
-    m->zero = plan->spec.zero_stage == 1; /* with one rank the shard is everything */
-    if (m->zero) shard_range(plan->num_params, plan->spec.world_size, remat_proc.rank, &m->shard_start, &m->shard_count);
-    else { m->shard_start = 0; m->shard_count = plan->num_params; }
-    if (m->shard_count > plan->shard_params) fail("internal: shard of %zu parameters exceeds the plan's %zu", m->shard_count, plan->shard_params);
 }
 
 static void gpu_model_free(GpuModel* m) {
@@ -297,7 +285,7 @@ static void gpu_model_free(GpuModel* m) {
                       m->h_doc_start, m->h_counted_targets, m->h_pos_runs};
     for (size_t i = 0; i < sizeof(pinned) / sizeof(pinned[0]); i++)
         if (pinned[i]) CUDA_CHECK(cudaFreeHost(pinned[i]));
-    free(m->ring_chunks);
+    rank_parallel_free(&m->par);
     free(m->bucket_count);
     memset(m, 0, sizeof(*m));
 }
@@ -348,101 +336,31 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
     if (resid_mlp.threshold) gpu_dropout_residual(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp, s);
 }
 
-/* ------------------------------------------------------------------------ */
-/* attention as a ring (context parallelism): llmc/core/ring.h's schedule, step
- * for step train_gpt.c's ring_attention_forward/backward, while the ring
- * stream sends the K/V block on to the next member and receives the next
- * into the other buffer (llmc/cuda/multigpu.cuh). Two events order each
- * transfer: one recorded on compute before it makes it wait for the compute
- * issued so far (the block sent is packed or has arrived; the buffer
- * received into was last read by the step before), and multigpu_ring_join
- * makes the compute issued next wait for the one recorded after it. The
- * blocks are summed in fp32 (ring_acc; dK/dV in ring_dkv) and stored as
- * floatX once, after the ring. */
-
 /* The device document starts attention masks with (NULL: none). */
 static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->docs.reset_attention_mask ? m->doc_start : NULL; }
 
-/* The chunk pairs of ring step `step` to launch (llmc/core/ring.h's, chosen on
- * the host copy of the document starts), each pointed at the device copy. */
-static int gpu_ring_step_blocks(const GpuModel* m, int step, int keep_first, RingBlock out[4]) {
-    const int* device_starts = gpu_attention_doc_start(m);
-    int n = ring_step_blocks(&m->cp, m->ring_chunks, m->B, m->cfg.channels, m->cfg.num_heads, m->T, step,
-                             device_starts ? m->h_doc_start : NULL, keep_first, out);
-    for (int i = 0; i < n; i++) out[i].block.doc_start = device_starts;
-    return n;
-}
-
-/* Member r's K/V (B,T,2C), packed out of its qkv (B,T,3C) for sending. */
-static void gpu_ring_pack_kv(floatX* kv, const floatX* qkv, size_t rows, int C, cudaStream_t s) {
-    size_t row = (size_t)C * sizeof(floatX);
-    CUDA_CHECK(cudaMemcpy2DAsync(kv, 2 * row, qkv + C, 3 * row, 2 * row, rows, cudaMemcpyDeviceToDevice, s));
-}
-
-/* The K/V block computed on at ring step `step` and its row stride: step 0
- * reads this rank's own keys straight out of qkv. */
-static const floatX* gpu_ring_block_kv(const GpuModel* m, const floatX* qkv, int step, int* ld) {
-    *ld = (step == 0 ? 3 : 2) * m->cfg.channels;
-    return step == 0 ? qkv + m->cfg.channels : m->ring_kv[step % 2];
-}
-
-/* out (B,T,C), lse (B,NH,T) of this rank's queries over the whole sequence. */
-static void gpu_ring_attention_forward(GpuModel* m, floatX* out, float* lse, const floatX* qkv, const DropoutSite* drop) {
-    int N = m->cp.group_size, C = m->cfg.channels;
-    size_t rows = (size_t)m->B * m->T, bytes = rows * 2 * C * sizeof(floatX);
-    cudaStream_t s = m->stream;
-    gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
-    for (int step = 0; step < N; step++) {
-        if (step + 1 < N) multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], bytes, "the ring attention forward");
-        int ld;
-        const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
-        RingBlock blocks[4];
-        int n = gpu_ring_step_blocks(m, step, 1, blocks);
-        for (int i = 0; i < n; i++) gpu_attention_block_forward(m->ring_acc, lse, qkv, kv, ld, &blocks[i].block, blocks[i].first, drop, s);
-        if (step + 1 < N) multigpu_ring_join(m->mg, s);
-    }
-    gpu_attention_ring_store_out(out, m->ring_acc, rows, C, s);
-}
-
-/* dqkv (B,T,3C) is overwritten; the forward's lse is reused. */
-static void gpu_ring_attention_backward(GpuModel* m, floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out,
-                                        const float* lse, const DropoutSite* drop) {
-    int N = m->cp.group_size, C = m->cfg.channels, NH = m->cfg.num_heads;
-    size_t rows = (size_t)m->B * m->T, kv_bytes = rows * 2 * C * sizeof(floatX), dkv_bytes = rows * 2 * C * sizeof(float);
-    cudaStream_t s = m->stream;
-    gpu_attention_block_rowsum(m->att_rowsum, dout, out, m->B, m->T, C, NH, s);
-    CUDA_CHECK(cudaMemsetAsync(m->ring_acc, 0, rows * C * sizeof(float), s));
-    CUDA_CHECK(cudaMemsetAsync(m->ring_dkv[0], 0, dkv_bytes, s));
-    gpu_ring_pack_kv(m->ring_kv[0], qkv, rows, C, s);
-    for (int step = 0; step < N; step++) {
-        if (step + 1 < N)
-            multigpu_ring_pass(m->mg, s, m->ring_kv[step % 2], m->ring_kv[(step + 1) % 2], kv_bytes, "the ring attention backward");
-        int ld;
-        const floatX* kv = gpu_ring_block_kv(m, qkv, step, &ld);
-        float* dkv = m->ring_dkv[step % 2];
-        RingBlock blocks[4];
-        int n = gpu_ring_step_blocks(m, step, 0, blocks);
-        for (int i = 0; i < n; i++)
-            gpu_attention_block_backward(m->ring_acc, dkv, m->att_rowsum, dout, qkv, kv, ld, lse, &blocks[i].block, drop, s);
-        /* the sums go on to the next member; the last step's reach their owner */
-        multigpu_ring_pass(m->mg, s, dkv, m->ring_dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
-        multigpu_ring_join(m->mg, s);
-    }
-    gpu_attention_ring_store_dqkv(dqkv, m->ring_acc, m->ring_dkv[N % 2], rows, C, s);
-}
-
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
-static void gpu_layer_attention_forward(GpuModel* m, int l, const DropoutSite* drop) {
+static void gpu_layer_attention_forward(GpuModel* m, int l) {
+    DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
     float* lse = gstat(m, l, ACT_ATT_LSE);
-    if (m->cp.group_size > 1) gpu_ring_attention_forward(m, out, lse, qkv, drop);
+    if (m->par.cp.group_size > 1) {
+        RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
+        gpu_ring_attention_forward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, m->cfg.channels, m->cfg.num_heads, docs, out, lse,
+                                   qkv, drop, m->mg, m->stream);
+    }
     else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream, gpu_attention_doc_start(m));
 }
 
-static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty, const DropoutSite* drop) {
+static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty) {
+    DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
-    if (m->cp.group_size > 1) gpu_ring_attention_backward(m, dqkv, datty, qkv, out, lse, drop);
+    if (m->par.cp.group_size > 1) {
+        RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
+        gpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, m->cfg.channels, m->cfg.num_heads, docs, dqkv,
+                                    datty, qkv, out, lse, drop, m->mg, m->stream);
+    }
     else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream,
                                 gpu_attention_doc_start(m));
 }
@@ -452,10 +370,9 @@ static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const
 static void gpu_block_forward(GpuModel* m, int l, floatX* out) {
     int N = m->B * m->T, K = gpu_tile_tokens(m);
     ProfKind att = out ? PROF_ATT_FORWARD : PROF_ATT_RECOMPUTE;
-    DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     prof_begin(&m->prof, att, m->stream);
-    gpu_layer_attention_forward(m, l, &att_drop);
+    gpu_layer_attention_forward(m, l);
     prof_end(&m->prof, att, m->stream);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_mlp(m, l, r0, tile_len(r0, K, N), out);
 }
@@ -469,9 +386,8 @@ static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, l, r0, tile_len(r0, K, N));
     if (!layer_keeps(mode, ACT_ATTY)) {
-        DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
         prof_begin(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
-        gpu_layer_attention_forward(m, l, &att_drop);
+        gpu_layer_attention_forward(m, l);
         prof_end(&m->prof, PROF_ATT_RECOMPUTE, m->stream);
     }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
@@ -520,8 +436,8 @@ static const floatX* gpu_branch_grad(GpuModel* m, const DropoutSite* s, int r0, 
     size_t e0 = (size_t)r0 * m->cfg.channels;
     floatX* dres = m->grad_act[GRAD_DRES] + e0;
     if (!s->threshold) return dres;
-    gpu_dropout_mask(m->grad_act[GRAD_DLN] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s, m->stream);
-    return m->grad_act[GRAD_DLN] + e0;
+    gpu_dropout_mask(m->grad_act[GRAD_DBRANCH] + e0, dres, (size_t)r0, (size_t)n, m->cfg.channels, &m->layout, s, m->stream);
+    return m->grad_act[GRAD_DBRANCH] + e0;
 }
 
 /* Layer l's weight gradient dW += dout^T inp and bias gradient over n rows
@@ -567,7 +483,7 @@ static void gpu_block_backward_mlp(GpuModel* m, int l, int r0, int n, floatX* da
     floatX* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     floatX* fch_gelu = gact_rows(m, l, ACT_FCH_GELU, r0);
-    floatX* dfch = fch_gelu; /* over the GELU output, once its weight gradient has read it */
+    floatX* dfch = gact_rows(m, l, ACT_DFCH, r0); /* over the GELU output, once its weight gradient has read it */
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
     gpu_block_recompute_mlp(m, l, r0, n);
     const floatX* dbranch = gpu_branch_grad(m, &resid_mlp, r0, n);
@@ -625,15 +541,14 @@ static void gpu_round_tile_grads(GpuModel* m, int l) {
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
     int N = m->B * m->T, K = gpu_tile_tokens(m), tiles = (N + K - 1) / K;
-    floatX* datty = m->tile_tokens ? m->tile_datty : gact(m, l, ACT_RES2);
-    floatX* dqkv = m->tile_tokens ? m->tile_dqkv : gact(m, l, ACT_FCH);
-    DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, l);
+    floatX* datty = m->tile_tokens ? m->whole_datty : gact(m, l, ACT_DATTY);
+    floatX* dqkv = m->tile_tokens ? m->whole_dqkv : gact(m, l, ACT_DQKV);
     if (m->tile_tokens)
         CUDA_CHECK(cudaMemsetAsync(m->tile_grads.tensor[0], 0, m->plan->tile_grads_count * sizeof(float), m->stream));
     gpu_block_recompute_attention_inputs(m, l);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_backward_mlp(m, l, r0, tile_len(r0, K, N), datty);
     prof_begin(&m->prof, PROF_ATT_BACKWARD, m->stream);
-    gpu_layer_attention_backward(m, l, dqkv, datty, &att_drop);
+    gpu_layer_attention_backward(m, l, dqkv, datty);
     prof_end(&m->prof, PROF_ATT_BACKWARD, m->stream);
     for (int r0 = 0; r0 < N; r0 += K) gpu_block_backward_qkv(m, l, r0, tile_len(r0, K, N), tiles, dqkv);
     gpu_round_tile_grads(m, l);
@@ -715,9 +630,8 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     int mode = m->plan->spec.layer_mode[last], N = m->B * m->T, K = gpu_tile_tokens(m);
     if (layer_keeps(mode, ACT_RES2)) gpu_block_forward(m, last, NULL); /* what it keeps runs through the MLP */
     else if (layer_keeps(mode, ACT_ATTY)) {                               /* -r 3: up to attention's output; -r 1 keeps x alone */
-        DropoutSite att_drop = gpu_site(m, DROPOUT_ATTENTION, last);
         for (int r0 = 0; r0 < N; r0 += K) gpu_block_forward_qkv(m, last, r0, tile_len(r0, K, N));
-        gpu_layer_attention_forward(m, last, &att_drop);
+        gpu_layer_attention_forward(m, last);
     }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
@@ -805,13 +719,13 @@ static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
 static float gpu_grad_norm(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
-    gpu_global_norm_squared(m->norm_partials, m->grads + m->shard_start, m->shard_count, m->stream);
+    gpu_global_norm_squared(m->norm_partials, m->grads + m->par.shard_start, m->par.shard_count, m->stream);
     prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* first: a copy into pageable memory would block on the reduction without watching NCCL */
     float sumsq = 0.0f;
     CUDA_CHECK(cudaMemcpy(&sumsq, m->norm_partials + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
     double total = (double)sumsq;
-    if (m->zero) total = proc_sum(total, "the gradient norm sum");
+    if (m->par.zero) total = proc_sum(total, "the gradient norm sum");
     return (float)sqrt(total);
 }
 
@@ -819,7 +733,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     GpuModel* m = (GpuModel*)ctx;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    size_t lo = m->shard_start, hi = m->shard_start + m->shard_count; /* this rank's parameters */
+    size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
@@ -924,18 +838,18 @@ static void gpu_row_probs(GpuModel* m, int row, float* probs) {
  * the member holding position len-1 sends the probabilities to the others. */
 static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* probs) {
     GpuModel* m = (GpuModel*)ctx;
-    int V = m->cfg.vocab_size, N = m->cp.group_size;
+    int V = m->cfg.vocab_size, N = m->par.cp.group_size;
     int T = sampling_length(len, m->plan->spec.T);
     if (N > 1) T = ring_padded_length(T, N);
     gpu_set_shape(m, 1, T / N);
-    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->ring_chunks : NULL, tokens, len, T,
+    sampling_rows(&m->layout, m->docs.reset_attention_mask ? m->par.ring_chunks : NULL, tokens, len, T,
                   documents_need_starts(&m->docs) ? m->docs.eot_token : -1, m->h_inputs, m->h_doc_start);
-    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->ring_chunks, &row) : 0;
+    int row = len - 1, owner = N > 1 ? ring_position_owner(len - 1, m->T, N, m->par.ring_chunks, &row) : 0;
     m->drop = &dropout_off;
     gpu_upload_tokens(m, m->h_inputs, NULL);
     gpu_model_forward(m);
     offload_finish(&m->off);
-    if (owner == m->cp.member) gpu_row_probs(m, row, probs);
+    if (owner == m->par.cp.member) gpu_row_probs(m, row, probs);
     else gpu_wait(m);
     proc_ring_broadcast(probs, (size_t)V * sizeof(float), owner);
 }
@@ -966,9 +880,9 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         for (size_t i = 0; i < n; i++) host_floatX_store(m->h_xfer, i, host[i]);
         CUDA_CHECK(cudaMemcpy(dev, m->h_xfer, n * sizeof(floatX), kind));
         if (!m->master) return;
-        size_t lo = start > m->shard_start ? start : m->shard_start; /* master weights: this rank's shard only */
-        size_t hi = start + n < m->shard_start + m->shard_count ? start + n : m->shard_start + m->shard_count;
-        if (lo < hi) CUDA_CHECK(cudaMemcpy(m->master + (lo - m->shard_start), host + (lo - start), (hi - lo) * sizeof(float), kind));
+        size_t lo = start > m->par.shard_start ? start : m->par.shard_start; /* master weights: this rank's shard only */
+        size_t hi = start + n < m->par.shard_start + m->par.shard_count ? start + n : m->par.shard_start + m->par.shard_count;
+        if (lo < hi) CUDA_CHECK(cudaMemcpy(m->master + (lo - m->par.shard_start), host + (lo - start), (hi - lo) * sizeof(float), kind));
         return;
     }
     float* dev = NULL;
@@ -979,9 +893,9 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         dev = tensor == TENSOR_ADAM_M ? m->adam_m : m->adam_v;
     }
     /* `start` is a global parameter index inside this rank's shard */
-    if (start < m->shard_start || start + n > m->shard_start + m->shard_count)
+    if (start < m->par.shard_start || start + n > m->par.shard_start + m->par.shard_count)
         fail("optimizer state range outside this rank's shard");
-    dev += start - m->shard_start;
+    dev += start - m->par.shard_start;
     if (to_host) CUDA_CHECK(cudaMemcpy(host, dev, n * sizeof(float), kind));
     else CUDA_CHECK(cudaMemcpy(dev, host, n * sizeof(float), kind));
 }
@@ -1060,10 +974,10 @@ static void gpu_write_profile_cost_model(GpuModel* m, int step) {
     if (!path || step != m->prof.step) return;
     LinkTimes host = {0, 0, 0, 0, 0}, ring = {0, 0, 0, 0, 0};
     offload_timing_collect(&m->off, &host);
-    if (m->cp.group_size > 1) { /* the ring's link (llmc/core/ring.h's timing messages) */
+    if (m->par.cp.group_size > 1) { /* the ring's link (llmc/core/ring.h's timing messages) */
         size_t kv = plan_ring_kv_bytes(&m->plan->spec);
         for (int i = 0; i < RING_TIMING_MESSAGES; i++)
-            multigpu_time_ring(m->mg, m->stream, m->ring_kv[0], m->ring_kv[1], ring_timing_bytes(kv, i), &ring);
+            multigpu_time_ring(m->mg, m->stream, m->ring.kv[0], m->ring.kv[1], ring_timing_bytes(kv, i), &ring);
     }
     if (remat_proc.rank != 0) return;
     const float* t = m->prof.total_ms;
@@ -1124,7 +1038,7 @@ static Backend gpu_backend(GpuModel* m) {
     be.set_dropout = gpu_set_dropout;
     be.set_documents = gpu_set_documents;
     be.doc_start = m->h_doc_start;
-    be.ring_chunks = m->ring_chunks;
+    be.ring_chunks = m->par.ring_chunks;
     be.forward_loss = gpu_forward_loss;
     be.token_losses = gpu_token_losses;
     be.token_top1 = gpu_token_top1;

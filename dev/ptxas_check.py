@@ -14,7 +14,7 @@ dev/ptxas_attention.cu, the attention kernels alone) with
   - any spill: a "Registers are spilled" warning or a nonzero spill-store or
     spill-load count in the -v report;
   - an mma kernel (forward, dK/dV, dQ at head sizes 64 and 128, whole
-    sequence and attention block) above its register budget, or with a stack
+    sequence and attention tile) above its register budget, or with a stack
     frame above ATT_MMA_MAX_STACK_BYTES;
   - a kernel whose register count differs from an --expect NAME=REGS given
     (NAME a substring of the demangled kernel name);
@@ -55,25 +55,25 @@ def demangle(names):
 def source_budgets():
     """The register budgets llmc/cuda/attention_mma.cuh states (AttMmaRegs):
     {demangled-name substring: max registers} for the mma kernels at head
-    sizes 64 and 128, whole sequence (<HS, false>) and attention block
+    sizes 64 and 128, whole sequence (<HS, false>) and attention tile
     (<HS, true>), and the stack cap in bytes. The names leave the template
-    argument list open, so a kernel that gains a parameter (<HS, BLOCK, ...>)
+    argument list open, so a kernel that gains a parameter (<HS, TILE, ...>)
     stays budgeted."""
     text = (REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text()
     defines = {}
-    for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_BLOCK64", "ATT_MMA_MAX_STACK_BYTES"):
+    for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_TILE64", "ATT_MMA_MAX_STACK_BYTES"):
         m = re.search(r"^#define\s+" + name + r"\s+(\d+)\s*$", text, re.M)
         if not m:
             sys.exit(f"ptxas_check: llmc/cuda/attention_mma.cuh: #define {name} not found (update dev/ptxas_check.py)")
         defines[name] = int(m.group(1))
-    if not re.search(r"DQ\s*=\s*HS\s*==\s*64\s*&&\s*BLOCK\s*\?\s*ATT_MMA_MAX_REGS_DQ_BLOCK64\s*:\s*ATT_MMA_MAX_REGS", text):
+    if not re.search(r"DQ\s*=\s*HS\s*==\s*64\s*&&\s*TILE\s*\?\s*ATT_MMA_MAX_REGS_DQ_TILE64\s*:\s*ATT_MMA_MAX_REGS", text):
         sys.exit("ptxas_check: llmc/cuda/attention_mma.cuh: AttMmaRegs' DQ budget not found (update dev/ptxas_check.py)")
     got = {}
     for kernel in ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
         for hs in (64, 128):
-            for block in ("false", "true"):
-                special = kernel == "attention_mma_backward_dq_kernel" and hs == 64 and block == "true"
-                got[f"{kernel}<{hs}, {block}"] = defines["ATT_MMA_MAX_REGS_DQ_BLOCK64" if special else "ATT_MMA_MAX_REGS"]
+            for tile in ("false", "true"):
+                special = kernel == "attention_mma_backward_dq_kernel" and hs == 64 and tile == "true"
+                got[f"{kernel}<{hs}, {tile}"] = defines["ATT_MMA_MAX_REGS_DQ_TILE64" if special else "ATT_MMA_MAX_REGS"]
     return got, defines["ATT_MMA_MAX_STACK_BYTES"]
 
 

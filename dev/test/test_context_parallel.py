@@ -15,7 +15,7 @@ but do not amplify them (observed: at most 2e-7 relative on losses near 5.5).
 The bound, 1e-5 relative, is the data-parallel tests' (test_multiprocess.py:
 two ranks against one with twice the batch, the same kind of regrouping)
 and 50x what is observed; a chunk of tokens at the wrong position, a skipped
-or doubled attention block, a mask drawn at a local index, a missing dK/dV
+or doubled attention tile, a mask drawn at a local index, a missing dK/dV
 contribution or a wrong loss scale moves step 1 or the later steps by 1e-4 or
 more (the mutants in the commit message).
 

@@ -20,7 +20,7 @@ residual dropout (the CPU's masks, regenerated bitwise by every recompute
 setting), and test_gpt's non-finite gradient checks; the bias fallback for
 shapes without a cuBLASLt bias epilogue; token tiles (run_case with tiled GPU
 plans; tiled gradients within TOL_TILES of the untiled ones) and their
-mutants; the ring's block kernels; one long sequence through the attention
+mutants; the ring's tile kernels; one long sequence through the attention
 kernels; the launch report, the attention benchmark and misaligned biases.
 The emulated runs go through a pool with one process per core. Skipped (with
 the reason) without g++ or off x86-64 Linux. The default runs use a different
@@ -79,8 +79,8 @@ ATTENTION_DROPOUT_CASES = [c.replace("attention:", "dropout:", 1) for c in ATTEN
 # The mma kernels with attention dropout in the other block orders (the slow set): the 16-bit builds'
 # head sizes 64 and 128, T a multiple of no tile.
 MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333"], "fp16": ["dropout:hs64:64:1:300:70"], "fp32": []}
-# test_gpt's check_attention_blocks: the ring attention block kernels (llmc/cuda/attention.cuh's
-# gpu_attention_block_*) against the CPU reference's attention_block_forward/backward on eight block sets
+# test_gpt's check_attention_tiles: the ring attention tile kernels (llmc/cuda/attention.cuh's
+# gpu_attention_tile_*) against the CPU reference's attention_tile_forward/backward on eight block sets
 # (diagonal, diagonal with keys in other rows, full, a band, the first rows masked, bands at q0 and k0
 # multiples of 16 and at q0 alone one, four blocks merged; the other offsets multiples of neither 16 nor
 # 64; chunks of 37, 48 and 70 rows: ragged tiles), then a two-member ring (the N=2 chunk layout run block
@@ -260,7 +260,7 @@ def check_gpt_output(res, cases):
         cases = [c for c in cases if c != ACCUM_CASE]
     for case in [c for c in cases if c.startswith(("blocks:", "blocksdrop:"))]:
         kind, name, _, _, _, Tcs = case.split(":")
-        what = "attention blocks" if kind == "blocks" else "attention blocks with dropout 0.1"
+        what = "attention tiles" if kind == "blocks" else "attention tiles with dropout 0.1"
         for Tc in Tcs.split(","):
             assert re.search(rf"^PASS: {what}, {name} Tc={Tc}$", out, re.M), f"{what} {name} Tc={Tc} missing\n" + out[-3000:]
         cases = [c for c in cases if c != case]
@@ -322,8 +322,8 @@ def test_gpt_other_attention_kernels_emulated(other_kernel_builds, kind):
 
 
 @pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
-def test_attention_blocks_emulated(emu_build, precision):
-    """The ring attention block kernels (BLOCK_CASES) against the CPU reference, in each precision's default family."""
+def test_attention_tiles_emulated(emu_build, precision):
+    """The ring attention tile kernels (BLOCK_CASES) against the CPU reference, in each precision's default family."""
     exe = OUT / f"emu_test_gpt_{precision}"
     if not exe.exists():
         pytest.skip(f"{precision} not built (make -C dev/emu precisions)")

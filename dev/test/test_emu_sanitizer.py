@@ -119,13 +119,13 @@ def test_deleting_a_cp_async_wait_is_caught(emu_build, site):
     res = emu_run([OUT / f"emu_test_gpt_{precision}", case], timeout=600, EMU_DELETE_SYNC=f"{rel}:{line}")
     assert res.returncode != 0, f"deleting the cp.async wait at {rel}:{line} ({func}) went unnoticed\n" + explain(res)
     late = re.search(r"^FAIL: attention alone", res.stdout, re.M) or "racecheck: " in res.stderr
-    never = re.search(r"cp\.async \(\S*llmc/attention_mma\.cuh:\d+\): (more than 64 copies pending in one thread|thread \d+ has \d+ "
+    never = re.search(r"cp\.async \(\S*llmc/cuda/attention_mma\.cuh:\d+\): (more than 64 copies pending in one thread|thread \d+ has \d+ "
                       r"copies pending from an earlier block)", res.stderr)
     assert late or never, explain(res)
 
 
-# The attention kernels' BLOCK instantiations (context parallelism's ring blocks) share every barrier and
-# cp.async wait with the whole-sequence ones; the same deletions under check_attention_blocks' cases must
+# The attention kernels' TILE instantiations (context parallelism's ring tiles) share every barrier and
+# cp.async wait with the whole-sequence ones; the same deletions under check_attention_tiles' cases must
 # fail too. hs128 (mma, 32-row tiles) and hs32 (simt, 32-row tiles) at Tc=70 give three tiles a side, so
 # the double buffer is reused.
 BLOCK_KERNELS = {"llmc/cuda/attention_mma.cuh": (("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel",
@@ -141,11 +141,11 @@ def test_the_block_sweep_sees_the_kernels():
 
 @slow
 @pytest.mark.parametrize("site", BLOCK_SITES, ids=[f"{f}:{n}" for f, n, _, _ in BLOCK_SITES])
-def test_deleting_a_barrier_or_wait_is_caught_in_attention_blocks(emu_build, site):
+def test_deleting_a_barrier_or_wait_is_caught_in_attention_tiles(emu_build, site):
     rel, line, func, _ = site
     res = emu_run([OUT / "emu_test_gpt_bf16", BLOCK_KERNELS[rel][1]], timeout=900, EMU_DELETE_SYNC=f"{rel}:{line}")
     assert res.returncode != 0, f"deleting {rel}:{line} ({func}) went unnoticed in the block cases\n" + explain(res)
-    assert re.search(r"^FAIL: attention blocks", res.stdout, re.M) or "racecheck: " in res.stderr or "cp.async (" in res.stderr, explain(res)
+    assert re.search(r"^FAIL: attention tiles", res.stdout, re.M) or "racecheck: " in res.stderr or "cp.async (" in res.stderr, explain(res)
 
 
 def test_delete_sync_needs_file_and_line(emu_build):
@@ -183,7 +183,7 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     race = emu_run([exe, ATTENTION_CASE], timeout=600)
     assert race.returncode != 0, explain(race)
     assert re.search(r"racecheck: read-after-write hazard on shared memory .*every lane of warp \d+ \(a WMMA operation\) wrote it at "
-                     r"\S*llmc/attention_tc\.cuh:\d+ and thread \d+ .* reads it at .*llmc/attention_tc\.cuh:\d+", race.stderr), explain(race)
+                     r"\S*llmc/cuda/attention_tc\.cuh:\d+ and thread \d+ .* reads it at .*llmc/cuda/attention_tc\.cuh:\d+", race.stderr), explain(race)
     assert "in kernel attention_tc_forward_kernel" in race.stderr, explain(race)
     bounds = emu_run([exe, GPT_CASE], timeout=600)
     assert bounds.returncode != 0, explain(bounds)
@@ -197,9 +197,9 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     uninit = emu_run([exe, "kernels"], timeout=600)
     assert uninit.returncode != 0, explain(uninit)
     assert re.search(r"emu: initcheck: uninitialised read of 4 bytes at \S+ by a load at (void )?column_finish_kernel(<[^>]*>)?\(.*?\) at "
-                     r"\S*llmc/cuda_common\.cuh:\d+.*: byte 880 of the 5120-byte cudaMalloc block at \S+ was not written",
+                     r"\S*llmc/cuda/cuda_common\.cuh:\d+.*: byte 880 of the 5120-byte cudaMalloc block at \S+ was not written",
                      uninit.stderr), explain(uninit)
-    assert re.search(r"in kernel column_finish_kernel(<\w+>)? launched at \S*llmc/cuda_common\.cuh:\d+, block \(0,0,0\) of \(1,1,1\), "
+    assert re.search(r"in kernel column_finish_kernel(<\w+>)? launched at \S*llmc/cuda/cuda_common\.cuh:\d+, block \(0,0,0\) of \(1,1,1\), "
                      r"thread \(0,0,0\)", uninit.stderr), explain(uninit)
     # without initcheck the same mutant is only a wrong (NaN) gradient, reported without a culprit
     blind = emu_run([exe, "kernels"], timeout=600, EMU_INITCHECK="0")

@@ -312,6 +312,128 @@ static void check_auto_tiles_against_exhaustive(void) {
     printf("auto with tiles against exhaustive search: %d (L, cost model, offloading, budget) cases, %d chose tiles\n", checked, tiled_choices);
 }
 
+/* rank_parallel (both trainers' setup): with -z 1 over W > 1 processes the
+ * ranks' shards are ceil(P/W) parameters each (the last the rest), in rank
+ * order, together every parameter once, none beyond the plan's shard_params;
+ * with -z 1 and one process, or -z 0, every rank holds all P and nothing is
+ * sharded. The context-parallel group and the zigzag come with it. */
+/* (noinline, here and below: inlined into main they change GCC's inlining of
+ * ring_link_resolve there, whose constant name then trips -Wstring-compare.) */
+static __attribute__((noinline)) void check_rank_parallel(void) {
+    ModelConfig cfg = test_config(3, 4, 64, 50, 256);
+    for (int W = 1; W <= 4; W++)
+        for (int z = 0; z <= 1; z++) {
+            PlanSpec s = small_gpu_spec(3, cost_model_defaults[0]);
+            s.cfg = cfg; s.world_size = W; s.zero_stage = z;
+            s.context_parallel = W % 2 == 0 ? 2 : 1;
+            MemoryPlan p;
+            plan_build(&p, &s);
+            size_t P = p.num_params, next = 0, per = (P + (size_t)W - 1) / (size_t)W;
+            for (int r = 0; r < W; r++) {
+                RankParallel rp = rank_parallel(&p, r);
+                int sharded = z == 1 && W > 1;
+                size_t want_start = sharded ? next : 0, want_count = sharded ? (r < W - 1 ? per : P - next) : P;
+                if (rp.zero != sharded || rp.shard_start != want_start || rp.shard_count != want_count || rp.shard_count > p.shard_params) {
+                    printf("  FAIL rank_parallel W=%d -z %d rank %d: zero %d, shard [%zu, +%zu), want %d [%zu, +%zu), plan's shard %zu\n", W, z, r,
+                           rp.zero, rp.shard_start, rp.shard_count, sharded, want_start, want_count, p.shard_params);
+                    failures++;
+                }
+                int N = s.context_parallel;
+                if (rp.cp.group_size != N || rp.cp.member != r % N || rp.ring_chunks[0] != 0 || rp.ring_chunks[2 * N - 1] != N) {
+                    printf("  FAIL rank_parallel W=%d rank %d: group of %d, member %d, chunks %d..%d\n", W, r, rp.cp.group_size, rp.cp.member,
+                           rp.ring_chunks[0], rp.ring_chunks[2 * N - 1]);
+                    failures++;
+                }
+                next += sharded ? want_count : 0;
+                rank_parallel_free(&rp);
+            }
+            if (z == 1 && W > 1 && next != P) { printf("  FAIL rank_parallel W=%d: the shards cover %zu of %zu parameters\n", W, next, P); failures++; }
+            plan_free(&p);
+        }
+    printf("rank_parallel: ZeRO-1 shards over 2 to 4 processes, none over one\n");
+}
+
+/* recompute_auto_segments_at on its own, at each segment size K = 2..L,
+ * against an exhaustive search over every per-layer mode with the segment
+ * inputs offloaded or not, each planned by plan_build and timed by the time
+ * model, at device budgets across the range and host budgets of none, less
+ * than the segment inputs and all: its choice fits both budgets and its
+ * predicted time is the least (to rounding), or both find nothing. L = 3..5
+ * at every K, and L = 7 at K = 2 (four segments: the staging ring's three
+ * slots save memory over keeping the inputs only from four on). On the
+ * GPU's separate memories and on the CPU's one (host_shares_budget: the
+ * pool draws on the plan's budget). Every mode and offloaded inputs must be
+ * chosen somewhere, and some case must give a segment's last layers two
+ * modes (below the top segment and in it). */
+static __attribute__((noinline)) void check_segments_at_against_exhaustive(void) {
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    int checked = 0, chose_mode[NUM_RECOMPUTE_MODES] = {0}, chose_offload = 0, split_last = 0;
+    for (int L = 3; L <= 7; L += L == 5 ? 2 : 1)
+        for (int c = 0; c < (L == 7 ? 1 : NUM_COST_MODEL_DEFAULTS + 2); c++)
+            for (int one_memory = 0; one_memory <= 1; one_memory++)
+                for (int K = 2; K <= (L == 7 ? 2 : L); K++) {
+                    PlanSpec s = small_gpu_spec(L, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? slow_memory : slow_link);
+                    s.host_shares_budget = one_memory;
+                    s.segment_layers = K;
+                    int n4 = 1;
+                    for (int l = 0; l < L; l++) n4 *= 4;
+                    int all = 2 * n4;
+                    size_t* totals = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
+                    size_t* hosts = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
+                    double* secs = (double*)malloc_check((size_t)all * sizeof(double), "test");
+                    unsigned char modes[7], offload[7], chosen[7], chosen_off[7];
+                    size_t lo = SIZE_MAX, hi = 0;
+                    for (int i = 0; i < all; i++) {
+                        for (int l = 0, r = i % n4; l < L; l++, r /= 4) { modes[l] = (unsigned char)(r % 4); offload[l] = (unsigned char)(i >= n4); }
+                        s.layer_mode = modes; s.layer_offload = offload;
+                        totals[i] = plan_totals_for(&s, -1, s.B, s.T, &hosts[i]);
+                        if (one_memory) totals[i] = size_add_sat(totals[i], hosts[i]); /* one memory holds both */
+                        secs[i] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                        if (totals[i] < lo) lo = totals[i];
+                        if (totals[i] > hi) hi = totals[i];
+                    }
+                    size_t inputs = (size_t)plan_num_segments(&s) * plan_aligned(plan_act_bytes(&s, ACT_X));
+                    size_t host_budgets[3] = {0, inputs - 1, SIZE_MAX};
+                    for (int h = 0; h < 3; h++)
+                        for (int step = 0; step <= 30; step++) {
+                            size_t budget = lo - 1 + (hi + 1 - lo) / 30 * (size_t)step + (step == 30 ? 1 : 0);
+                            double best = -1.0;
+                            for (int j = 0; j < all; j++)
+                                if (totals[j] <= budget && hosts[j] <= host_budgets[h] && (best < 0 || secs[j] < best)) best = secs[j];
+                            s.layer_mode = NULL; s.layer_offload = NULL;
+                            int rc = recompute_auto_segments_at(&s, budget, host_budgets[h], chosen, chosen_off);
+                            checked++;
+                            if (best < 0) {
+                                if (rc == 0) { printf("  FAIL segments at K=%d L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", K, L, s.cost_model.name, budget); failures++; }
+                                continue;
+                            }
+                            s.layer_mode = chosen; s.layer_offload = chosen_off;
+                            size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                            if (one_memory) t = size_add_sat(t, host);
+                            double secs_at = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                            if (rc != 0 || t > budget || host > host_budgets[h] || secs_at > best * (1 + 1e-12)) {
+                                printf("  FAIL segments at K=%d L=%d %s one memory %d budget %zu host %zu: rc %d, %zu bytes, host %zu, %.9g s; "
+                                       "exhaustive best %.9g s\n", K, L, s.cost_model.name, one_memory, budget, host_budgets[h], rc, t, host, secs_at, best);
+                                failures++;
+                                continue;
+                            }
+                            for (int l = 0; l < L; l++) chose_mode[chosen[l]]++;
+                            chose_offload += chosen_off[0];
+                            split_last += L >= 2 * K && chosen[K - 1] != chosen[L - 1] && L % K == 0;
+                        }
+                    free(totals);
+                    free(hosts);
+                    free(secs);
+                }
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++)
+        if (!chose_mode[m]) { printf("  FAIL segments at: no case chose -r %d, so it went untested\n", m); failures++; }
+    if (!chose_offload) { printf("  FAIL segments at: no case offloaded the segment inputs, so it went untested\n"); failures++; }
+    if (!split_last) { printf("  FAIL segments at: no case gave a segment's last layers two modes, so it went untested\n"); failures++; }
+    printf("segments at each K against exhaustive search: %d (L, K, cost model, memories, budgets) cases, %d offloaded the inputs, "
+           "%d split the last slot\n", checked, chose_offload, split_last);
+}
+
 /* -r auto choosing the segment size too (recompute_auto_plan), against an
  * exhaustive search over K = 1 to L, every per-layer mode (and without
  * segments 1o and 3o, with them the segment inputs offloaded or not, with a
@@ -684,6 +806,8 @@ int main(void) {
     search_llama = 0;
     check_auto_offload_against_exhaustive();
     check_auto_tiles_against_exhaustive();
+    check_rank_parallel();
+    check_segments_at_against_exhaustive();
     check_auto_segments_against_exhaustive();
     check_tile_cost_formula();
     check_ring_busiest_member_pricing();

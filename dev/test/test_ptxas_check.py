@@ -100,4 +100,4 @@ def test_the_source_budgets_are_found():
     assert all(0 < r < 255 for r in got.values()) and max_stack == 0, got  # headroom below the hardware's 255
     text = (REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text()
     for field in ("FWD", "DKV", "DQ"):  # each kernel is compiled under its budget
-        assert f"__maxnreg__((AttMmaRegs<HS, BLOCK>::{field}))" in text, field
+        assert f"__maxnreg__((AttMmaRegs<HS, TILE>::{field}))" in text, field

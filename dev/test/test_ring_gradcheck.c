@@ -49,7 +49,7 @@ static void create(TestModel* tm, ModelConfig cfg, int world, int group_size, co
     s.io_chunk_floats = 1024;
     plan_build(&tm->plan, &s);
     cpu_model_create(&tm->m, &tm->plan);
-    proc_context_init(&tm->m.cp);
+    proc_context_init(&tm->m.par.cp);
 }
 
 static double group_sum(double v) {
@@ -79,7 +79,7 @@ static void set_documents(TestModel* one, TestModel* ring) {
     int Tl = RING_T / RING_N;
     for (int b = 0; b < RING_B; b++)
         for (int i = 0; i < Tl; i++)
-            ring->m.doc_start[b * Tl + i] = one->m.doc_start[b * RING_T + context_position(i, Tl, ring->m.cp.member, RING_N)];
+            ring->m.doc_start[b * Tl + i] = one->m.doc_start[b * RING_T + context_position(i, Tl, ring->m.par.cp.member, RING_N)];
 }
 
 static int check_shape(ModelConfig cfg, const DropoutState* drop, int documents) {
@@ -95,7 +95,7 @@ static int check_shape(ModelConfig cfg, const DropoutState* drop, int documents)
     int Tl = RING_T / RING_N;
     for (int b = 0; b < RING_B; b++)
         for (int i = 0; i < Tl; i++) {
-            int pos = context_position(i, Tl, m->cp.member, RING_N);
+            int pos = context_position(i, Tl, m->par.cp.member, RING_N);
             m->inputs[b * Tl + i] = one.m.inputs[b * RING_T + pos];
             m->targets[b * Tl + i] = one.m.targets[b * RING_T + pos];
         }

@@ -94,7 +94,7 @@ REMAT_HOST_DEVICE static inline void dropout_draws(const DropoutSite* s, uint64_
 /* 1 when draw d (0..7) of a call's words keeps its element. */
 REMAT_HOST_DEVICE static inline int dropout_keeps(const DropoutSite* s, const uint32_t words[4], int d) {
     /* the word selected, not indexed: an index known only at run time put a kernel's
-     * words in local memory (the mma attention-block kernels' 16-byte stack frame) */
+     * words in local memory (the mma attention-tile kernels' 16-byte stack frame) */
     const int i = d >> 1;
     const uint32_t word = i == 0 ? words[0] : i == 1 ? words[1] : i == 2 ? words[2] : words[3];
     return ((word >> (16 * (d & 1))) & 0xffffu) >= s->threshold;

@@ -162,20 +162,6 @@ enum {
         };                                                                                \
     }
 
-/* Points `all` (a PARAM_TENSORS) at a buffer `base` laid out by `pl`, and
- * `layer_stride[t]` at the elements per layer of tensor t. */
-#define PARAM_TENSORS_POINT(all, layer_stride, base, pl, num_layers)                      \
-    for (int pt_ = 0; pt_ < NUM_PARAM_TENSORS; pt_++) {                                   \
-        (all).tensor[pt_] = (base) + (pl)->offset[pt_];                                   \
-        (layer_stride)[pt_] = (pl)->count[pt_] / (size_t)(num_layers);                    \
-    }
-
-/* Sets `block` (a BLOCK_TENSORS) to layer l's slice of `all`. */
-#define BLOCK_TENSORS_OF_LAYER(block, all, layer_stride, l)                               \
-    for (int bt_ = 0; bt_ < NUM_BLOCK_TENSORS; bt_++)                                     \
-        (block).tensor[bt_] = (all).tensor[FIRST_BLOCK_TENSOR + bt_] +                    \
-                              (size_t)(l) * (layer_stride)[FIRST_BLOCK_TENSOR + bt_]
-
 static const char* const param_tensor_names[NUM_PARAM_TENSORS] = {
     "wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
     "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb", "lm_head"};

@@ -1,5 +1,5 @@
 /*
- * One AdamW step's settings, as the driver (run/train_loop.h) hands them to a
+ * One AdamW step's settings, as the driver (run/trainer.h) hands them to a
  * backend's update (cpu/cpu_adamw.h, cuda/adamw.cuh).
  */
 #ifndef REMAT_OPTIMIZER_H

@@ -4,8 +4,8 @@
  * each step of the ring and in what order, which member holds a position,
  * the sizes of the link-timing messages, and the CPU's transport over MPI.
  * The GPU's transport (NCCL send/receive on a ring stream) is in
- * llmc/cuda/multigpu.cuh; the attention of one block in train_gpt.c
- * (attention_block_*) and llmc/cuda/attention.cuh (gpu_attention_block_*).
+ * llmc/cuda/multigpu.cuh; the attention of one tile in train_gpt.c
+ * (attention_tile_*) and llmc/cuda/attention.cuh (gpu_attention_tile_*).
  *
  * The ring: member r of a group of N holds chunks r and 2N-1-r (Tc = Tl/2
  * tokens each of its Tl per row; llmc/core/dataloader.h loads them), or with
@@ -15,11 +15,11 @@
  * s it computes its queries against the K/V block of member r - s while
  * sending that block on to r + 1 and receiving the next from r - 1 (two
  * buffers); chunk pairs the causal mask empties are skipped. Each query
- * chunk's first block is written and later ones are merged by log-sum-exp in
+ * chunk's first tile is written and later ones are merged by log-sum-exp in
  * step order, then chunk order: a fixed order, so the result does not depend
  * on when messages arrive. Backward passes the K/V blocks round again with
  * their dK/dV sums, which each member adds to and passes on after its
- * block's work; after N steps they are back with their owner. dQ stays
+ * tiles' work; after N steps they are back with their owner. dQ stays
  * local; the forward's lse is reused.
  */
 #ifndef REMAT_RING_H
@@ -49,12 +49,12 @@ static inline ContextGroups context_groups(int group_size, int rank, int world) 
 static inline int ring_prev_rank(const ContextGroups* g) { return g->group * g->group_size + (g->member + g->group_size - 1) % g->group_size; }
 static inline int ring_next_rank(const ContextGroups* g) { return g->group * g->group_size + (g->member + 1) % g->group_size; }
 
-/* One chunk pair of a ring step: the attention block, and whether it is the
+/* One chunk pair of a ring step: the attention tile, and whether it is the
  * first its query chunk sees (the forward writes it; later ones merge). */
 typedef struct {
-    AttentionBlock block;
+    AttentionTile tile;
     int first;
-} RingBlock;
+} RingTile;
 
 /* The chunk pairs member g->member computes at ring step `step` (on the K/V
  * block that started at member - step; which chunks each member holds:
@@ -63,18 +63,18 @@ typedef struct {
  * of B x Tl local tokens. With doc_start (B, Tl: packed documents, the
  * document start of each row, in host memory) a pair in which no query
  * shares a document with a key is left out too, except with keep_first a
- * query chunk's first block: the forward writes the row there even when it
- * sees nothing, for later blocks to merge into. Returns how many (at most 4). */
-static inline int ring_step_blocks(const ContextGroups* g, const int* chunks, int B, int C, int NH, int Tl, int step, const int* doc_start,
-                                   int keep_first, RingBlock out[4]) {
+ * query chunk's first tile: the forward writes the row there even when it
+ * sees nothing, for later tiles to merge into. Returns how many (at most 4). */
+static inline int ring_step_tiles(const ContextGroups* g, const int* chunks, int B, int C, int NH, int Tl, int step, const int* doc_start,
+                                   int keep_first, RingTile out[4]) {
     int N = g->group_size, origin = (g->member - step + N) % N, n = 0;
     for (int qc = 0; qc < 2; qc++)
         for (int kc = 0; kc < 2; kc++) {
-            RingBlock* r = &out[n];
-            if (!context_chunk_block(B, C, NH, Tl, N, chunks, g->member, origin, qc, kc, &r->block)) continue;
-            r->block.doc_start = doc_start;
+            RingTile* r = &out[n];
+            if (!context_chunk_tile(B, C, NH, Tl, N, chunks, g->member, origin, qc, kc, &r->tile)) continue;
+            r->tile.doc_start = doc_start;
             r->first = step == 0 && kc == 0;
-            if (doc_start && !(keep_first && r->first) && !block_has_pairs(&r->block)) continue;
+            if (doc_start && !(keep_first && r->first) && !tile_has_pairs(&r->tile)) continue;
             n++;
         }
     return n;

@@ -1,5 +1,5 @@
 /*
- * Where a rank's token rows sit in their sequences, and the blocks of
+ * Where a rank's token rows sit in their sequences, and the tiles of
  * attention over them: shared by the CPU reference, the CUDA trainer and
  * its kernels (host and device code).
  *
@@ -139,13 +139,13 @@ static inline double ring_member_shares(const int64_t* work, const int* chunks, 
     return all > 0.0 ? (double)ring_busiest_work(work, chunks, N) * N / all : 1.0;
 }
 
-/* One block of causal attention: the Tq queries of one stretch of a row
+/* One tile of causal attention: the Tq queries of one stretch of a row
  * against the Tk keys of another, each stretch given by its global position
  * (q0, k0) and its local index in the row (qi in this rank's rows, ki in the
  * K/V block's rows); key u is seen by query t when u <= t. A whole sequence
- * is the block q0 = k0 = qi = ki = 0, Tq = Tk = T; under context
- * parallelism a block is one chunk of queries against one chunk of keys
- * (context_chunk_block). T is the whole sequence's length (dropout's masks
+ * is the tile q0 = k0 = qi = ki = 0, Tq = Tk = T; under context
+ * parallelism a tile is one chunk of queries against one chunk of keys
+ * (context_chunk_tile). T is the whole sequence's length (dropout's masks
  * are laid out on it), Tl the tokens of each row the tensors hold.
  * doc_start (packed documents, llmc/core/documents.h; NULL: none) holds, for
  * each of this rank's B x Tl rows, the global position where its document
@@ -159,47 +159,47 @@ typedef struct {
     /* grouped-query heads (the CPU reference; 0: GPT-2's NH heads of C/NH):
      * NKV K/V heads of HD, query head h reading K/V head h / (NH/NKV) */
     int NKV, HD;
-} AttentionBlock;
+} AttentionTile;
 
-/* Keys of the block that query i sees: none, some (the diagonal) or all. */
-REMAT_HOST_DEVICE static inline int block_keys_seen(const AttentionBlock* a, int i) {
+/* Keys of the tile that query i sees: none, some (the diagonal) or all. */
+REMAT_HOST_DEVICE static inline int tile_keys_seen(const AttentionTile* a, int i) {
     int n = a->q0 + i - a->k0 + 1;
     return n < 0 ? 0 : n < a->Tk ? n : a->Tk;
 }
 
-/* The first key of the block that query i of row b sees: 0, or with
- * documents the one at its document's start (block_keys_seen or more: none). */
-REMAT_HOST_DEVICE static inline int block_keys_first(const AttentionBlock* a, int b, int i) {
+/* The first key of the tile that query i of row b sees: 0, or with
+ * documents the one at its document's start (tile_keys_seen or more: none). */
+REMAT_HOST_DEVICE static inline int tile_keys_first(const AttentionTile* a, int b, int i) {
     if (!a->doc_start) return 0;
     int first = a->doc_start[(size_t)b * (size_t)a->Tl + (size_t)(a->qi + i)] - a->k0;
     return first > 0 ? first : 0;
 }
 
-/* Whether any query of the block sees any of its keys (with documents the
- * ring skips a block none does). */
-static inline int block_has_pairs(const AttentionBlock* a) {
+/* Whether any query of the tile sees any of its keys (with documents the
+ * ring skips a tile none does). */
+static inline int tile_has_pairs(const AttentionTile* a) {
     for (int b = 0; b < a->B; b++)
         for (int i = 0; i < a->Tq; i++)
-            if (block_keys_first(a, b, i) < block_keys_seen(a, i)) return 1;
+            if (tile_keys_first(a, b, i) < tile_keys_seen(a, i)) return 1;
     return 0;
 }
 
-/* The whole sequence on one process: one block. */
-static inline AttentionBlock whole_sequence(int B, int T, int C, int NH) {
-    AttentionBlock a = {B, C, NH, T, T, T, T, 0, 0, 0, 0, NULL, 0, 0};
+/* The whole sequence on one process: one tile. */
+static inline AttentionTile whole_sequence(int B, int T, int C, int NH) {
+    AttentionTile a = {B, C, NH, T, T, T, T, 0, 0, 0, 0, NULL, 0, 0};
     return a;
 }
 
 /* The chunk pair (query chunk qc of member `member`, key chunk kc of member
  * `origin`, each 0 or 1: the member's first or second chunk) of a group of
  * `group_size` members holding B x Tl tokens each (which chunks: `chunks`,
- * NULL the zigzag), as an attention block; 0 when the causal mask empties it. */
-static inline int context_chunk_block(int B, int C, int NH, int Tl, int group_size, const int* chunks, int member, int origin, int qc,
-                                      int kc, AttentionBlock* a) {
+ * NULL the zigzag), as an attention tile; 0 when the causal mask empties it. */
+static inline int context_chunk_tile(int B, int C, int NH, int Tl, int group_size, const int* chunks, int member, int origin, int qc,
+                                      int kc, AttentionTile* a) {
     int Tc = Tl / 2;
     int gq = ring_chunk(chunks, group_size, member, qc), gk = ring_chunk(chunks, group_size, origin, kc);
     if (gk > gq) return 0;
-    AttentionBlock b = {B, C, NH, group_size * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL, 0, 0};
+    AttentionTile b = {B, C, NH, group_size * Tl, Tl, Tc, Tc, gq * Tc, gk * Tc, qc * Tc, kc * Tc, NULL, 0, 0};
     *a = b;
     return 1;
 }

@@ -1,6 +1,6 @@
 /*
  * AdamW on the CPU reference, and the squared gradient norm it clips with;
- * the GPU's twins are in llmc/cuda/adamw.cuh and llmc/global_norm.cuh. Both
+ * the GPU's twins are in llmc/cuda/adamw.cuh and llmc/cuda/global_norm.cuh. Both
  * update fp32 moments and parameters element by element from the step's
  * settings (AdamWStep, llmc/core/optimizer.h). Needs `real` (cpu_real.h).
  */

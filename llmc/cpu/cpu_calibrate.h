@@ -2,13 +2,13 @@
  * The CPU reference's calibration of the time model (llmc/plan/cost_model.h):
  * REMAT_PROFILE=N with REMAT_PROFILE_COST_MODEL=FILE times step N whole and,
  * call by call, each op family the model prices at a rate of its own
- * (CPU_TIMED: forward and backward matmuls, attention forward and backward,
- * GELU) and every offload copy (llmc/cpu/cpu_offload.h); after the step the
+ * (cpu_op_clock.h: forward and backward matmuls, attention forward and
+ * backward, GELU) and every offload copy (llmc/cpu/cpu_offload.h); after the step the
  * ring's messages (cpu_ring_time) and the matmul's row efficiency. Every rate
  * is written into FILE: the compute rates from the step
  * (cost_model_calibrate_ops), the links measured (cost_model_add_links),
  * matmul_half_rows; only the tiles' pass cost o stays the planned one. The
- * GPU's twin is llmc/profile.cuh.
+ * GPU's twin is llmc/cuda/profile.cuh.
  *
  * REMAT_PROFILE_CLOCK=cpu (one thread only) times the step and the op
  * families in the process's CPU time instead of wall-clock time: on a
@@ -21,6 +21,7 @@
 #define REMAT_CPU_CALIBRATE_H
 
 #include "../plan/cost_model.h"
+#include "cpu_op_clock.h"
 #include "cpu_matmul.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -34,55 +35,40 @@ static int cpu_threads(void) {
 #endif
 }
 
-typedef enum { OP_MATMUL_FORWARD, OP_MATMUL_BACKWARD, OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD, OP_GELU, NUM_CPU_OPS } CpuOp;
-
+/* The profiled step: which, where its rates go, and what it timed besides
+ * the op families (cpu_op_clock): the copies and, after it, the ring. */
 typedef struct {
     int step, active;
-    int cpu_clock; /* REMAT_PROFILE_CLOCK=cpu */
     const char* path;
     LinkTimes host, ring;
     double step_start_ms;
-    double op_ms[NUM_CPU_OPS]; /* the profiled step's calls of each family */
-    int op_calls[NUM_CPU_OPS]; /* and how many (printed, so that a call left untimed shows) */
-} CpuLinkProfile;
-
-/* The profile's clock in ms: wall-clock, or with cpu_clock the process's CPU time. */
-static inline double cpu_profile_ms(const CpuLinkProfile* p) {
-    if (!p->cpu_clock) return now_ms();
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-/* `call`, timed into family `op` while the profiled step runs (a clock read
- * on each side: well under a microsecond against calls of milliseconds). */
-#define CPU_TIMED(prof, op, call)                                                      \
-    do {                                                                               \
-        double cpu_timed_t0 = (prof)->active ? cpu_profile_ms(prof) : 0.0;             \
-        call;                                                                          \
-        if ((prof)->active) {                                                          \
-            (prof)->op_ms[op] += cpu_profile_ms(prof) - cpu_timed_t0;                  \
-            (prof)->op_calls[op]++;                                                    \
-        }                                                                              \
-    } while (0)
+} CpuStepProfile;
 
 /* REMAT_PROFILE_COST_MODEL's step and file (cost_model_profile_request) and
  * REMAT_PROFILE_CLOCK: unset or wall, or cpu with one thread. */
-static void cpu_profile_init(CpuLinkProfile* p) {
+static void cpu_profile_init(CpuStepProfile* p) {
     memset(p, 0, sizeof(*p));
+    memset(&cpu_op_clock, 0, sizeof(cpu_op_clock));
     p->path = cost_model_profile_request(&p->step);
     const char* clock = getenv("REMAT_PROFILE_CLOCK");
     if (!clock || !clock[0] || strcmp(clock, "wall") == 0) return;
     if (strcmp(clock, "cpu") != 0) fail("REMAT_PROFILE_CLOCK: '%s' is neither wall nor cpu", clock);
     if (cpu_threads() != 1) fail("REMAT_PROFILE_CLOCK=cpu times one thread's CPU time: run with OMP_NUM_THREADS=1, not %d threads", cpu_threads());
-    p->cpu_clock = 1;
+    cpu_op_clock.cpu_clock = 1;
 }
 
-static void cpu_profile_step_begin(CpuLinkProfile* p, int step) {
-    p->active = p->path && step == p->step;
+static void cpu_profile_step_begin(CpuStepProfile* p, int step) {
+    p->active = cpu_op_clock.active = p->path && step == p->step;
     if (!p->active) return;
-    for (int k = 0; k < NUM_CPU_OPS; k++) { p->op_ms[k] = 0.0; p->op_calls[k] = 0; }
-    p->step_start_ms = cpu_profile_ms(p);
+    for (int k = 0; k < NUM_CPU_OPS; k++) { cpu_op_clock.op_ms[k] = 0.0; cpu_op_clock.op_calls[k] = 0; }
+    p->step_start_ms = cpu_op_clock_ms();
+}
+
+/* The profiled step's time in ms, the op clock stopped. */
+static double cpu_profile_step_end(CpuStepProfile* p) {
+    double ms = cpu_op_clock_ms() - p->step_start_ms;
+    p->active = cpu_op_clock.active = 0;
+    return ms;
 }
 
 /* matmul_half_rows timed: the (rows, C) x (OC, C)^T matmul of out = inp W^T
@@ -106,19 +92,19 @@ static double cpu_time_matmul_half_rows(real* out, const real* inp, const real* 
 /* Rank 0, after the profiled step that took `step_ms` (its end read before
  * the links and h were timed): every rate measured, into the profile's file;
  * the tiles' pass cost o stays the planned one. */
-static void cpu_calibration_write(const CpuLinkProfile* p, const PlanSpec* s, int step, double step_ms, double half_rows) {
+static void cpu_calibration_write(const CpuStepProfile* p, const PlanSpec* s, int step, double step_ms, double half_rows) {
     CostModel cm = spec_cost_model(s);
     cm.ring_bytes_per_s = cm.ring_latency_s = 0.0; /* only what this run measures */
     int measured = cost_model_add_links(s, &p->host, &p->ring, &cm);
     cm.matmul_half_rows = half_rows;
-    const double* ms = p->op_ms;
+    const double* ms = cpu_op_clock.op_ms;
     OpTimes t = {1e-3 * step_ms, 1e-3 * ms[OP_MATMUL_FORWARD], 1e-3 * ms[OP_MATMUL_BACKWARD], 1e-3 * ms[OP_ATTENTION_FORWARD],
                  1e-3 * ms[OP_ATTENTION_BACKWARD], 1e-3 * ms[OP_GELU], p->host.seconds};
     char why[200];
     if (cost_model_calibrate_ops(s, &t, &cm, why, sizeof(why)) != 0)
         fail("REMAT_PROFILE_COST_MODEL: step %d does not calibrate the time model: %s", step, why);
     snprintf(cm.name, sizeof(cm.name), "train_gpt_cpu, %d thread%s%s, calibrated at B=%d T=%d", cpu_threads(), cpu_threads() == 1 ? "" : "s",
-             p->cpu_clock ? " (CPU time)" : "", s->B, s->T);
+             cpu_op_clock.cpu_clock ? " (CPU time)" : "", s->B, s->T);
     char how[200];
     snprintf(how, sizeof(how), "every rate timed in step %d (REMAT_PROFILE) of train_gpt_cpu but tile_pass_s (planned), see llmc/cpu/cpu_calibrate.h", step);
     cost_model_write(&cm, p->path, how);
@@ -128,7 +114,7 @@ static void cpu_calibration_write(const CpuLinkProfile* p, const PlanSpec* s, in
            cm.attention_flops_per_s, cm.attention_backward_flops_per_s, cm.gelu_bytes_per_s, cm.memory_bytes_per_s, measured,
            measured == 1 ? "" : "s", cm.host_link_bytes_per_s, p->host.count, cm.ring_bytes_per_s, cm.ring_latency_s, p->ring.count,
            cm.matmul_half_rows);
-    const int* n = p->op_calls;
+    const int* n = cpu_op_clock.op_calls;
     printf("cost model: step %d timed %d forward and %d backward matmuls, %d forward and %d backward attention calls, %d GELU calls\n", step,
            n[OP_MATMUL_FORWARD], n[OP_MATMUL_BACKWARD], n[OP_ATTENTION_FORWARD], n[OP_ATTENTION_BACKWARD], n[OP_GELU]);
 }

@@ -8,13 +8,15 @@
  * trainer runs are register-tiled for AVX2/AVX-512 and threaded, and give
  * exactly the spec's bits for any shape, tile or thread count, which is what
  * makes recomputation bitwise (docs/DESIGN.md). Needs `real` and R_FMA
- * (cpu_real.h) first.
+ * (cpu_real.h) first. The three kernels read the calibration's clock
+ * (cpu_op_clock.h) around their work.
  */
 #ifndef REMAT_CPU_MATMUL_H
 #define REMAT_CPU_MATMUL_H
 
 #include <string.h>
 #include "cpu_real.h"
+#include "cpu_op_clock.h"
 
 /* 32-byte vectors of real; one lane of partial sums per element. */
 typedef real rvec __attribute__((vector_size(32)));
@@ -205,6 +207,7 @@ static inline real forward_one(const real* a, const real* w, const real* bias, i
 }
 
 static void matmul_forward(real* out, const real* inp, const real* W, const real* bias, int N, int IC, int OC) {
+    double t0 = cpu_op_begin();
     int vec_end = IC - IC % RLANES;
     #pragma omp parallel
     {
@@ -227,6 +230,7 @@ static void matmul_forward(real* out, const real* inp, const real* W, const real
         }
         free(packed);
     }
+    cpu_op_end(OP_MATMUL_FORWARD, t0);
 }
 
 /* dinp (N,IC) = dout (N,OC) @ W (OC,IC), overwritten; each element is summed
@@ -261,6 +265,7 @@ static inline __attribute__((always_inline)) void backward_input_tile(real* d, c
 }
 
 static void matmul_backward_input(real* dinp, const real* dout, const real* W, int N, int IC, int OC) {
+    double t0 = cpu_op_begin();
     const int IB = 2 * WLANES;
     int strips = IC / IB, tile_rows = N - N % 4;
     #pragma omp parallel for schedule(dynamic, 1)
@@ -287,6 +292,7 @@ static void matmul_backward_input(real* dinp, const real* dout, const real* W, i
             for (int o = 0; o < OC; o++) acc = madd(acc, dout[(size_t)n * OC + o], W[(size_t)o * IC + i]);
             dinp[(size_t)n * IC + i] = acc;
         }
+    cpu_op_end(OP_MATMUL_BACKWARD, t0);
 }
 
 /* dW (OC,IC) += dout^T @ inp and dbias (OC) += column sums of dout. Register
@@ -323,6 +329,7 @@ static inline void backward_weight_tile(real* dW, const real* dout, const real* 
 }
 
 static void matmul_backward_weight(real* dW, real* dbias, const real* dout, const real* inp, int N, int IC, int OC) {
+    double t0 = cpu_op_begin();
     const int IB = 2 * WLANES;
     int iblocks = (IC + IB - 1) / IB, oblocks = (OC + BWD_W_ROWS - 1) / BWD_W_ROWS;
     #pragma omp parallel for schedule(dynamic, 4)
@@ -344,13 +351,15 @@ static void matmul_backward_weight(real* dW, real* dbias, const real* dout, cons
                 }
         }
     }
-    if (!dbias) return;
-    #pragma omp parallel for schedule(dynamic, 64)
-    for (int o = 0; o < OC; o++) {
-        real acc = dbias[o];
-        for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
-        dbias[o] = acc;
+    if (dbias) {
+        #pragma omp parallel for schedule(dynamic, 64)
+        for (int o = 0; o < OC; o++) {
+            real acc = dbias[o];
+            for (int n = 0; n < N; n++) acc += dout[(size_t)n * OC + o];
+            dbias[o] = acc;
+        }
     }
+    cpu_op_end(OP_MATMUL_BACKWARD, t0);
 }
 
 #endif

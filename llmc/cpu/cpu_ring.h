@@ -1,9 +1,9 @@
 /*
  * Context parallelism's ring on the CPU reference: llmc/core/ring.h's schedule,
- * with train_gpt.c's attention block kernels run on each step's chunk pairs
+ * with train_gpt.c's attention tile kernels run on each step's chunk pairs
  * while MPI moves the K/V block on to the next member (and in the backward
  * the block's dK/dV sums). Part of train_gpt.c's translation unit: the
- * attention block kernels it calls are train_gpt.c's. Shapes: B rows
+ * attention tile kernels it calls are train_gpt.c's. Shapes: B rows
  * of Tl local tokens, C channels, heads w (model.h's BlockWidths: NH query
  * heads, NKV K/V heads of HD); qkv (B,Tl,QKV) with QKV = (NH + 2 NKV) HD,
  * out (B,Tl,NH HD), lse (B,NH,Tl); the ring circulates K/V (B,Tl,2 NKV HD),
@@ -26,12 +26,12 @@ typedef struct {
 
 enum { RING_TAG_KV = 1, RING_TAG_DKV = 2 };
 
-/* train_gpt.c's attention on one block of queries against one of keys. */
-static void attention_block_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionBlock* a, int first,
-                                    const DropoutSite* drop);
-static void attention_block_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
-                                     const real* out, const real* lse, const AttentionBlock* a, const DropoutSite* drop);
-static void attention_set_heads(AttentionBlock* a, const BlockWidths* w);
+/* train_gpt.c's attention on one tile of queries against one of keys. */
+static void attention_tile_forward(real* out, real* lse, const real* qkv, const real* kv, int ld, const AttentionTile* a, int first,
+                                   const DropoutSite* drop);
+static void attention_tile_backward(real* dqkv, real* dkv, int dld, const real* dout, const real* qkv, const real* kv, int ld,
+                                    const real* out, const real* lse, const AttentionTile* a, const DropoutSite* drop);
+static void attention_set_heads(AttentionTile* a, const BlockWidths* w);
 
 #ifdef USE_MPI
 /* Member r's K/V (B,Tl,2 NKV HD), packed from its qkv (B,Tl,QKV) for sending. */
@@ -49,11 +49,11 @@ static void cpu_ring_attention_forward(CpuRing* r, const ContextGroups* g, const
     for (int s = 0; s < N; s++) {
         real* cur = r->kv[s % 2];
         if (s + 1 < N) ring_post(&r->transfer, g, cur, r->kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        RingBlock blocks[4];
-        int n = ring_step_blocks(g, chunks, B, C, w->NH, Tl, s, doc_start, 1, blocks);
+        RingTile tiles[4];
+        int n = ring_step_tiles(g, chunks, B, C, w->NH, Tl, s, doc_start, 1, tiles);
         for (int i = 0; i < n; i++) {
-            attention_set_heads(&blocks[i].block, w);
-            attention_block_forward(out, lse, qkv, cur, (int)kvw, &blocks[i].block, blocks[i].first, drop);
+            attention_set_heads(&tiles[i].tile, w);
+            attention_tile_forward(out, lse, qkv, cur, (int)kvw, &tiles[i].tile, tiles[i].first, drop);
         }
         ring_wait(&r->transfer, g, "the ring attention forward");
     }
@@ -72,11 +72,11 @@ static void cpu_ring_attention_backward(CpuRing* r, const ContextGroups* g, cons
         real* cur = r->kv[s % 2];
         real* dcur = r->dkv[s % 2];
         if (s + 1 < N) ring_post(&r->transfer, g, cur, r->kv[(s + 1) % 2], bytes, RING_TAG_KV);
-        RingBlock blocks[4];
-        int n = ring_step_blocks(g, chunks, B, C, w->NH, Tl, s, doc_start, 0, blocks);
+        RingTile tiles[4];
+        int n = ring_step_tiles(g, chunks, B, C, w->NH, Tl, s, doc_start, 0, tiles);
         for (int i = 0; i < n; i++) {
-            attention_set_heads(&blocks[i].block, w);
-            attention_block_backward(dqkv, dcur, (int)kvw, dout, qkv, cur, (int)kvw, out, lse, &blocks[i].block, drop);
+            attention_set_heads(&tiles[i].tile, w);
+            attention_tile_backward(dqkv, dcur, (int)kvw, dout, qkv, cur, (int)kvw, out, lse, &tiles[i].tile, drop);
         }
         /* the sums go on to the next member; the last step's reach their owner */
         ring_post(&r->transfer, g, dcur, r->dkv[(s + 1) % 2], bytes, RING_TAG_DKV);

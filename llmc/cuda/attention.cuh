@@ -1,8 +1,11 @@
 /*
  * Causal self-attention without any (T,T) buffer: forward with an online
  * softmax over key tiles, backward recomputing the probabilities tile by tile
- * from the stored log-sum-exp. A simple, correct version (CUDA cores, fp32
- * math); tensor-core speed comes later.
+ * from the stored log-sum-exp. This file holds the launchers every family
+ * shares and the CUDA-core (simt, fp32 math) kernels, the plainest statement
+ * of the algorithm; the tensor-core families that BF16 and FP16 builds run by
+ * default are in attention_mma.cuh and attention_tc.cuh ("Which kernels run"
+ * below).
  *
  * Shapes, for B batch, T time, C channels, NH heads, hs = C/NH:
  *   qkv  (B,T,3C) floatX: q at channels [0,C), k at [C,2C), v at [2C,3C);
@@ -128,7 +131,7 @@ __device__ __forceinline__ float att_drop_factor(unsigned keep, int j, float kee
     return (keep >> j) & 1u ? keep_scale : 0.0f;
 }
 
-/* att_drop_keep_row16 for any first key u0: an attention block's keys start
+/* att_drop_keep_row16 for any first key u0: an attention tile's keys start
  * at its global k0, which need not be a multiple of 16; then each key draws
  * on its own (16 calls). */
 __device__ __forceinline__ unsigned att_drop_keep_row16_any(const DropoutSite& drop, int bh, int T, int t, int u0) {
@@ -138,7 +141,7 @@ __device__ __forceinline__ unsigned att_drop_keep_row16_any(const DropoutSite& d
     return bits;
 }
 
-/* att_drop_keep_col16 for any first query t0 (a block's global q0 need not be a multiple of 16). */
+/* att_drop_keep_col16 for any first query t0 (a tile's global q0 need not be a multiple of 16). */
 __device__ __forceinline__ unsigned att_drop_keep_col16_any(const DropoutSite& drop, int bh, int T, int t0, int u) {
     if (t0 % 16 == 0) return att_drop_keep_col16(drop, bh, T, t0, u);
     unsigned bits = 0;
@@ -146,19 +149,19 @@ __device__ __forceinline__ unsigned att_drop_keep_col16_any(const DropoutSite& d
     return bits;
 }
 
-/* ---- attention blocks (context parallelism) ----
- * An AttentionBlock (token_layout.h) is Tq query rows from local row qi of
+/* ---- attention tiles (context parallelism) ----
+ * An AttentionTile (token_layout.h) is Tq query rows from local row qi of
  * qkv (B,Tl,3C) against Tk key rows from local row ki of kv (B,Tl,kv_ld; K
  * at channel 0, V at C), key j seen by query i when k0 + j <= q0 + i. The
- * block launches run each family's kernels with BLOCK = true: the same
+ * tile launches run each family's kernels with TILE = true: the same
  * loops over query index i and key index j, with key j seen by query i
  * when j <= i + diag (diag = q0 - k0; 0 for a whole sequence), dropout
  * drawn at the global positions (q0 + i, k0 + j) of a sequence of T
  * tokens, and an fp32 epilogue that writes or merges (forward) or adds
- * (backward) instead of storing floatX. What a block kernel gets besides
+ * (backward) instead of storing floatX. What a tile kernel gets besides
  * the whole-sequence arguments (unused, zero, in those launches): */
-struct AttBlockArgs {
-    AttentionBlock a;
+struct AttTileArgs {
+    AttentionTile a;
     const floatX* kv; /* (B,Tl,kv_ld): K at channel 0, V at C */
     /* a.doc_start: packed documents' starts (device, (B,Tl) global positions;
      * NULL: none), in whole-sequence launches too (the rest zero there) */
@@ -167,7 +170,7 @@ struct AttBlockArgs {
     int first;        /* forward: write (1) or merge into (0) out_acc and lse */
 };
 
-/* Merges a block's normalised output (n values of one head row, part[e] at
+/* Merges a tile's normalised output (n values of one head row, part[e] at
  * acc[chan[e]]) and its log-sum-exp lpart into acc and *lse (the CPU's
  * attention_merge): weights exp(old - merged) and exp(lpart - merged). All
  * threads sharing the row compute the same weights; the caller has every
@@ -190,12 +193,12 @@ struct AttSpan {
     int nq, nk, diag, tq0, tk0, T;
 };
 
-template <bool BLOCK>
-__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int NH, int hs, const AttBlockArgs& blk) {
+template <bool TILE>
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int NH, int hs, const AttTileArgs& blk) {
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     AttSpan sp;
-    if constexpr (BLOCK) {
-        const AttentionBlock& a = blk.a;
+    if constexpr (TILE) {
+        const AttentionTile& a = blk.a;
         sp.qrow = (size_t)b * a.Tl + a.qi;
         sp.krow = (size_t)b * a.Tl + a.ki;
         sp.stat = (size_t)blockIdx.y * a.Tl + a.qi;
@@ -225,7 +228,7 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int
 
 /* The first key (the kernel's key index) that query row t (clamped to the
  * span's rows) sees under the document mask: 0 without one. */
-__device__ __forceinline__ int att_first_key(const AttBlockArgs& blk, const AttSpan& sp, int t) {
+__device__ __forceinline__ int att_first_key(const AttTileArgs& blk, const AttSpan& sp, int t) {
     if (!blk.a.doc_start) return 0;
     const int tc = min(max(t, 0), sp.nq - 1);
     return max(blk.a.doc_start[sp.qrow + tc] - sp.tk0, 0);
@@ -234,7 +237,7 @@ __device__ __forceinline__ int att_first_key(const AttBlockArgs& blk, const AttS
 /* One past the last query of [t_begin, sp.nq) that sees key s_last or one
  * before it (att_first_key <= s_last): the queries a block of keys up to
  * s_last needs; the first keys never decrease, so a binary search. */
-__device__ __forceinline__ int att_queries_end(const AttBlockArgs& blk, const AttSpan& sp, int t_begin, int s_last) {
+__device__ __forceinline__ int att_queries_end(const AttTileArgs& blk, const AttSpan& sp, int t_begin, int s_last) {
     if (!blk.a.doc_start) return sp.nq;
     int lo = max(t_begin, 0), hi = sp.nq; /* the answer is in [lo, hi] */
     while (lo < hi) {
@@ -347,13 +350,13 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
  * last-first (the causal mask makes them the longest). Dropout: each
  * 16-key sub-tile draws its row's 16 keep bits once (the G threads of a row
  * draw the same bits); the kept p, scaled, weighs v, while l sums every p.
- * BLOCK: an attention block's rows (AttSpan); the normalised output and
+ * TILE: an attention tile's rows (AttSpan); the normalised output and
  * lse of each query that sees a key are written to blk.acc and lse (first)
  * or merged into them. */
-template <int HS, bool DROPOUT, bool BLOCK>
+template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale, DropoutSite drop,
-                         AttBlockArgs blk) {
+                         AttTileArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
@@ -361,13 +364,13 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     const int b = blockIdx.y / NH, h = blockIdx.y % NH;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
-    /* where the rows are: an attention block's (AttSpan), or the whole
-     * sequence's in the expressions whose code the BLOCK = false
+    /* where the rows are: an attention tile's (AttSpan), or the whole
+     * sequence's in the expressions whose code the TILE = false
      * instantiation keeps (its registers and speed stay the same) */
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
+    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, hs, blk);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     float q[CH], o[CH];
     att_load_row<HS>(q, base + (size_t)min(t, nqr - 1) * ld, hs, g, t < nqr);
 #pragma unroll
@@ -379,11 +382,11 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE;
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
+        att_stage_tile<HS>(ks, vs, TILE ? sp.k : base + C, TILE ? sp.v : base + 2 * C, TILE ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
             unsigned keep = ~0u;
-            if constexpr (DROPOUT && BLOCK) keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
+            if constexpr (DROPOUT && TILE) keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
             else if constexpr (DROPOUT) keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0);
             float s[ATT_SUB];
             float mx = -INFINITY;
@@ -409,9 +412,9 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             m = mnew;
         }
     }
-    if constexpr (BLOCK) {
-        const bool seen = t < sp.nq && t + sp.diag >= 0; /* else the block leaves the row alone */
-        /* documents: a row may see none of the block's keys; a first block
+    if constexpr (TILE) {
+        const bool seen = t < sp.nq && t + sp.diag >= 0; /* else the tile leaves the row alone */
+        /* documents: a row may see none of the tile's keys; a first tile
          * then writes an empty part (0, lse -inf) for later ones to merge into */
         const bool any = seen && kfirst <= t + sp.diag && kfirst < sp.nk;
         float* l_row = lse + sp.stat + min(t, sp.nq - 1);
@@ -439,12 +442,12 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
  * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS; one query row per G threads.
  * Dropout: each key tile draws the row's 32 keep bits again (the forward's
  * mask), and only dp is masked and scaled: D = dout.out is already the
- * dropped row sum (header). BLOCK: D comes from rowsum (the block rowsum
+ * dropped row sum (header). TILE: D comes from rowsum (the tile rowsum
  * kernel's), and dq is added to blk.acc (rows that see a key). */
-template <int HS, bool DROPOUT, bool BLOCK>
+template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                             const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop, AttBlockArgs blk) {
+                             const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop, AttTileArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
@@ -453,19 +456,19 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
     /* where the rows are: as in the forward */
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
-    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, hs, blk);
+    const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     const bool valid = t < nqr;
     const int tc = min(t, nqr - 1);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const size_t orow = BLOCK ? (sp.qrow + tc) * C + (size_t)h * hs : ((size_t)b * T + tc) * C + (size_t)h * hs;
+    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const size_t orow = TILE ? (sp.qrow + tc) * C + (size_t)h * hs : ((size_t)b * T + tc) * C + (size_t)h * hs;
     float q[CH], dO[CH], dq[CH];
     att_load_row<HS>(q, base + (size_t)tc * ld, hs, g, valid);
     att_load_row<HS>(dO, dout + orow, hs, g, valid);
-    const size_t srow = BLOCK ? sp.stat + tc : ((size_t)b * NH + h) * T + tc;
+    const size_t srow = TILE ? sp.stat + tc : ((size_t)b * NH + h) * T + tc;
     float D;
-    if constexpr (BLOCK) {
+    if constexpr (TILE) {
         D = valid ? rowsum[srow] : 0.0f;
     } else {
         float o[CH];
@@ -484,10 +487,10 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE; /* as in the forward */
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C, BLOCK ? sp.kv_ld : ld, k0, nkr, hs);
+        att_stage_tile<HS>(ks, vs, TILE ? sp.k : base + C, TILE ? sp.v : base + 2 * C, TILE ? sp.kv_ld : ld, k0, nkr, hs);
         __syncthreads();
         unsigned keep = ~0u;
-        if constexpr (DROPOUT && BLOCK)
+        if constexpr (DROPOUT && TILE)
             keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0) |
                    att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + 16) << 16;
         else if constexpr (DROPOUT)
@@ -501,7 +504,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
             att_axpy_smem<HS>(dq, ds, ks[j], g);
         }
     }
-    if constexpr (BLOCK) {
+    if constexpr (TILE) {
         if (valid && t + diag >= 0) {
             float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
 #pragma unroll
@@ -520,13 +523,13 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
  * queries that see the block's first key (t >= s0 - diag) stream through
  * shared memory. Key tiles are visited first-first (the longest). Dropout:
  * each query tile draws the key's column of 32 keep bits again; dv takes
- * the dropped, scaled p, ds masks dp only (D unchanged, header). BLOCK: dk
+ * the dropped, scaled p, ds masks dp only (D unchanged, header). TILE: dk
  * and dv are added to blk.acc (K at channel 0, V at C; keys some query of
- * the block sees). */
-template <int HS, bool DROPOUT, bool BLOCK>
+ * the tile sees). */
+template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                              int T, int C, int NH, int hs, float scale, DropoutSite drop, AttBlockArgs blk) {
+                              int T, int C, int NH, int hs, float scale, DropoutSite drop, AttTileArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32 && ATT_ROWS % 16 == 0, "a tile's keep bits are two att_drop_keep_col16 (t0 a multiple of 16)");
     __shared__ __align__(16) float qs[ATT_TILE][HS];
@@ -537,21 +540,21 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
     const int s0 = blockIdx.x * ATT_ROWS;
     const int g = threadIdx.x % G, s = s0 + threadIdx.x / G;
     /* where the rows are: as in the forward */
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, hs, blk);
-    const int nqr = BLOCK ? sp.nq : T, nkr = BLOCK ? sp.nk : T, diag = BLOCK ? sp.diag : 0;
+    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, hs, blk);
+    const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     const bool valid = s < nkr;
     const int sc = min(s, nkr - 1);
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const floatX* obase = BLOCK ? dout + sp.qrow * C + (size_t)h * hs : dout + (size_t)b * T * C + (size_t)h * hs;
-    const size_t stat0 = BLOCK ? sp.stat : ((size_t)b * NH + h) * T;
+    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const floatX* obase = TILE ? dout + sp.qrow * C + (size_t)h * hs : dout + (size_t)b * T * C + (size_t)h * hs;
+    const size_t stat0 = TILE ? sp.stat : ((size_t)b * NH + h) * T;
     float k[CH], v[CH], dk[CH], dv[CH];
-    att_load_row<HS>(k, BLOCK ? sp.k + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + C, hs, g, valid);
-    att_load_row<HS>(v, BLOCK ? sp.v + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + 2 * C, hs, g, valid);
+    att_load_row<HS>(k, TILE ? sp.k + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + C, hs, g, valid);
+    att_load_row<HS>(v, TILE ? sp.v + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + 2 * C, hs, g, valid);
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int t_begin = BLOCK ? max(s0 - diag, 0) : s0;
+    const int t_begin = TILE ? max(s0 - diag, 0) : s0;
     /* documents: no query past the last one whose document starts at or before this block's last key */
     const int t_end = att_queries_end(blk, sp, t_begin, min(s0 + ATT_ROWS, nkr) - 1);
     for (int t0 = t_begin; t0 < t_end; t0 += ATT_TILE) {
@@ -571,7 +574,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
         }
         __syncthreads();
         unsigned keep = ~0u;
-        if constexpr (DROPOUT && BLOCK)
+        if constexpr (DROPOUT && TILE)
             keep = att_drop_keep_col16_any(drop, blockIdx.y, sp.T, sp.tq0 + t0, sp.tk0 + s) |
                    att_drop_keep_col16_any(drop, blockIdx.y, sp.T, sp.tq0 + t0 + 16, sp.tk0 + s) << 16;
         else if constexpr (DROPOUT)
@@ -587,7 +590,7 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
             att_axpy_smem<HS>(dk, ds, qs[j], g);
         }
     }
-    if constexpr (BLOCK) {
+    if constexpr (TILE) {
         if (valid && s <= nqr - 1 + diag) {
             float* row = blk.acc + (sp.krow + s) * 2 * C + (size_t)h * hs;
 #pragma unroll
@@ -663,7 +666,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            AttBlockArgs docs{};
+            AttTileArgs docs{};
             docs.a.doc_start = doc_start;
             attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
                                                                                                                          scale, drop, docs);
@@ -680,7 +683,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #else
     (void)kind;
 #endif
-    AttBlockArgs docs{};
+    AttTileArgs docs{};
     docs.a.doc_start = doc_start;
     attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
                                                                                                                     docs);
@@ -724,7 +727,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     (void)kind;
 #endif
     dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
-    AttBlockArgs docs{};
+    AttTileArgs docs{};
     docs.a.doc_start = doc_start;
     attention_backward_dq_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
                                                                                        docs);
@@ -848,29 +851,29 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
     }
 }
 
-/* ---- attention blocks (context parallelism's ring attention) ----
- * The GPU's side of the CPU reference's attention_block_forward,
- * attention_block_backward and attention_merge (train_gpt.c), for the ring
- * driver: each ring step runs the blocks of its K/V chunk in a fixed order,
+/* ---- attention tiles (context parallelism's ring attention) ----
+ * The GPU's side of the CPU reference's attention_tile_forward,
+ * attention_tile_backward and attention_merge (train_gpt.c), for the ring
+ * driver: each ring step runs the tiles of its K/V chunk in a fixed order,
  * so every result is deterministic (no atomics; one thread owns each
- * accumulator element, blocks add in launch order on one stream). Tensors:
+ * accumulator element, tiles add in launch order on one stream). Tensors:
  *   out_acc (B,Tl,C), lse (B,NH,Tl), rowsum (B,NH,Tl) fp32;
  *   dq_acc (B,Tl,C), dkv_acc (B,Tl,2C; dK at 0, dV at C) fp32;
  *   qkv (B,Tl,3C), kv (B,Tl,kv_ld; K at 0, V at C), dout, out (B,Tl,C) floatX.
- * A block whose causal mask is empty (k0 > q0 + Tq - 1) launches nothing;
- * rows (queries or keys) a block's mask empties are left untouched.
- * Families: the mma family runs its kernels' BLOCK instantiations
- * (attention_mma.cuh) where attention_block_mma_fits; every other case, the
+ * A tile whose causal mask is empty (k0 > q0 + Tq - 1) launches nothing;
+ * rows (queries or keys) a tile's mask empties are left untouched.
+ * Families: the mma family runs its kernels' TILE instantiations
+ * (attention_mma.cuh) where attention_tile_mma_fits; every other case, the
  * tc family included (head sizes other than 64 and 128 in the 16-bit
  * builds, or ATTENTION=tc), runs the simt kernels' (CUDA cores, fp32 math):
- * the WMMA kernels have no block variant yet (docs/attention_kernels.md).
+ * the WMMA kernels have no tile variant yet (docs/attention_kernels.md).
  * Packed documents (a->doc_start, a device pointer) are masked by the mma
- * and simt block kernels alike. */
+ * and simt tile kernels alike. */
 
 /* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
  * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
 __global__ void __launch_bounds__(256)
-attention_block_rowsum_kernel(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH) {
+attention_tile_rowsum_kernel(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH) {
     const size_t idx = (size_t)blockIdx.x * 256 + threadIdx.x;
     if (idx >= (size_t)B * Tl * NH) return;
     const int h = (int)(idx % NH), hs = C / NH;
@@ -902,114 +905,114 @@ static inline unsigned attention_elementwise_blocks(size_t n) {
     return (unsigned)ceil_div(n, 256);
 }
 
-/* The mma block kernels run: attention_mma_fits for the block's head size
+/* The mma tile kernels run: attention_mma_fits for the tile's head size
  * (the family, 16-byte aligned rows for cp.async: kv_ld a multiple of 8
  * elements too) and 8-byte aligned fp32 accumulators (float2 accesses). */
-static inline bool attention_block_mma_fits(int HS, const AttentionBlock* a, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
-                                            const float* acc1) {
+static inline bool attention_tile_mma_fits(int HS, const AttentionTile* a, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
+                                           const float* acc1) {
     return attention_mma_fits(ATTENTION_KIND, HS, a->C / a->NH, qkv, kv, kv) && kv_ld % 8 == 0 && (((uintptr_t)acc0 | (uintptr_t)acc1) % 8 == 0);
 }
 
-/* The block's mask keeps no (query, key) pair: nothing to launch. */
-static inline bool attention_block_empty(const AttentionBlock* a) {
+/* The tile's mask keeps no (query, key) pair: nothing to launch. */
+static inline bool attention_tile_empty(const AttentionTile* a) {
     return a->Tq <= 0 || a->Tk <= 0 || a->k0 > a->q0 + a->Tq - 1;
 }
 
 template <int HS, bool DROPOUT>
-static void attention_block_forward_as(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
-                                       int first, const DropoutSite& drop, cudaStream_t stream) {
+static void attention_tile_forward_as(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
+                                      int first, const DropoutSite& drop, cudaStream_t stream) {
     const int hs = a->C / a->NH;
     const float scale = 1.0f / sqrtf((float)hs);
-    const AttBlockArgs blk = {*a, kv, kv_ld, out_acc, first};
+    const AttTileArgs blk = {*a, kv, kv_ld, out_acc, first};
     attention_forward_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
         nullptr, lse, qkv, a->Tl, a->C, a->NH, hs, scale, drop, blk);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-static void attention_block_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
-                                           int first, const DropoutSite& drop, cudaStream_t stream) {
+static void attention_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
+                                          int first, const DropoutSite& drop, cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
-            attention_mma_block_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
+        if (attention_tile_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
+            attention_mma_tile_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }
     }
 #endif
-    if (drop.threshold) attention_block_forward_as<HS, true>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
-    else attention_block_forward_as<HS, false>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
+    if (drop.threshold) attention_tile_forward_as<HS, true>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
+    else attention_tile_forward_as<HS, false>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
 }
 
 template <int HS, bool DROPOUT>
-static void attention_block_backward_as(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                        const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite& drop,
-                                        cudaStream_t stream) {
+static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                       const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
+                                       cudaStream_t stream) {
     const int hs = a->C / a->NH;
     const float scale = 1.0f / sqrtf((float)hs);
     /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
     attention_backward_dq_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttBlockArgs{*a, kv, kv_ld, dq_acc, 0});
+        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttBlockArgs{*a, kv, kv_ld, dkv_acc, 0});
+        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-static void attention_block_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                            const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite& drop,
-                                            cudaStream_t stream) {
+static void attention_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                           const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
+                                           cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (attention_block_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
+        if (attention_tile_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
             attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
-            attention_mma_block_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
+            attention_mma_tile_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }
     }
 #endif
-    if (drop.threshold) attention_block_backward_as<HS, true>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
-    else attention_block_backward_as<HS, false>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
+    if (drop.threshold) attention_tile_backward_as<HS, true>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
+    else attention_tile_backward_as<HS, false>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
 }
 
-/* out_acc (B,Tl,C) fp32, lse (B,NH,Tl) fp32: first != 0 writes the block's
+/* out_acc (B,Tl,C) fp32, lse (B,NH,Tl) fp32: first != 0 writes the tile's
  * query rows, else merges into them by log-sum-exp (the CPU's
  * attention_merge), in launch order: deterministic, no atomics. drop: the
  * layer's attention site (masks at global positions), or NULL. */
-static inline void gpu_attention_block_forward(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld,
-                                               const AttentionBlock* a, int first, const DropoutSite* drop, cudaStream_t s) {
-    if (attention_block_empty(a)) return;
+static inline void gpu_attention_tile_forward(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld,
+                                              const AttentionTile* a, int first, const DropoutSite* drop, cudaStream_t s) {
+    if (attention_tile_empty(a)) return;
     const DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(a->C / a->NH)) {
-    case 16: attention_block_forward_launch<16>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    case 32: attention_block_forward_launch<32>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    case 64: attention_block_forward_launch<64>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    case 128: attention_block_forward_launch<128>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 16: attention_tile_forward_launch<16>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 32: attention_tile_forward_launch<32>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 64: attention_tile_forward_launch<64>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
+    case 128: attention_tile_forward_launch<128>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
     default: attention_check_shape(a->C, a->NH);
     }
 }
 
 /* rowsum (B,NH,Tl) = dout . out per (row, head); out: the merged output as
  * the layer stores it (floatX (B,Tl,C)). */
-static inline void gpu_attention_block_rowsum(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH, cudaStream_t s) {
-    attention_block_rowsum_kernel<<<attention_elementwise_blocks((size_t)B * Tl * NH), 256, 0, s>>>(rowsum, dout, out, B, Tl, C, NH);
+static inline void gpu_attention_tile_rowsum(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH, cudaStream_t s) {
+    attention_tile_rowsum_kernel<<<attention_elementwise_blocks((size_t)B * Tl * NH), 256, 0, s>>>(rowsum, dout, out, B, Tl, C, NH);
     CUDA_CHECK_LAUNCH();
 }
 
-/* dq_acc (B,Tl,C) fp32 (the block's query rows) and dkv_acc (B,Tl,2C) fp32
- * (its key rows; dK at 0, dV at C) accumulate (+=) the block's share; lse:
+/* dq_acc (B,Tl,C) fp32 (the tile's query rows) and dkv_acc (B,Tl,2C) fp32
+ * (its key rows; dK at 0, dV at C) accumulate (+=) the tile's share; lse:
  * the merged forward's; drop: the forward's site. */
-static inline void gpu_attention_block_backward(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                                const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, const DropoutSite* drop,
-                                                cudaStream_t s) {
-    if (attention_block_empty(a)) return;
+static inline void gpu_attention_tile_backward(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                               const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite* drop,
+                                               cudaStream_t s) {
+    if (attention_tile_empty(a)) return;
     const DropoutSite d = drop ? *drop : attention_no_dropout();
     switch (attention_head_bucket(a->C / a->NH)) {
-    case 16: attention_block_backward_launch<16>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    case 32: attention_block_backward_launch<32>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    case 64: attention_block_backward_launch<64>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    case 128: attention_block_backward_launch<128>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 16: attention_tile_backward_launch<16>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 32: attention_tile_backward_launch<32>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 64: attention_tile_backward_launch<64>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
+    case 128: attention_tile_backward_launch<128>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
     default: attention_check_shape(a->C, a->NH);
     }
 }

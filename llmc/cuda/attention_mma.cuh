@@ -58,11 +58,11 @@
  *   backward dkv hs64 233 / 56320 dynamic (2)  hs128 232 / 70144 dynamic (2)
  *   backward dq  hs64 236 / 36864 static (2)   hs128 230 / 34816 static (2)
  *   rowsum (256)  32 / 0
- * and their attention-block instantiations (BLOCK = true, for context
+ * and their attention-tile instantiations (TILE = true, for context
  * parallelism's ring; below): forward hs64 240 (one M-tile per warp),
  * hs128 229; dkv hs64 235, hs128 236; dq hs64 248, hs128 240 (same shared
  * memory, 2 blocks per SM). Under the compiler's own choice (255 allowed)
- * they took 250-255 registers and the block kernels a 16-byte stack frame
+ * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
  * the budget: which is faster is unmeasured on a GPU. The forward reads its
@@ -105,14 +105,14 @@
  * inner loop with nothing but a slower kernel to show. __maxnreg__ makes
  * ptxas allocate within the budget; 240 leaves 15 registers of headroom and
  * keeps the backward's 2 blocks (8 warps) per SM (the occupancy asserts of
- * AttMmaResources use these figures). The dQ attention-block kernel at hs64
+ * AttMmaResources use these figures). The dQ attention-tile kernel at hs64
  * spills 8 bytes at 240 (CUDA 13.0): its budget is 248 until it is reduced. */
 #define ATT_MMA_MAX_REGS 240
-#define ATT_MMA_MAX_REGS_DQ_BLOCK64 248
+#define ATT_MMA_MAX_REGS_DQ_TILE64 248
 #define ATT_MMA_MAX_STACK_BYTES 0
-template <int HS, bool BLOCK> struct AttMmaRegs {
+template <int HS, bool TILE> struct AttMmaRegs {
     static constexpr int FWD = ATT_MMA_MAX_REGS, DKV = ATT_MMA_MAX_REGS;
-    static constexpr int DQ = HS == 64 && BLOCK ? ATT_MMA_MAX_REGS_DQ_BLOCK64 : ATT_MMA_MAX_REGS;
+    static constexpr int DQ = HS == 64 && TILE ? ATT_MMA_MAX_REGS_DQ_TILE64 : ATT_MMA_MAX_REGS;
 };
 
 template <int HS> struct AttMma {
@@ -314,7 +314,7 @@ __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int 
 
 /* att_mma_drop_rows (COLS false: queries t0.. as rows, keys u0.. as
  * columns) or att_mma_drop_cols (COLS true: the transpose) at global
- * positions (an attention block's q0, k0): their one call per 16x16 block
+ * positions (an attention tile's q0, k0): their one call per 16x16 block
  * where t0 and u0 are multiples of 16, else one call per element (32 or 16 a
  * lane and tile: the slow path of blocks at odd offsets). */
 template <int HS, bool COLS>
@@ -336,7 +336,7 @@ __device__ __forceinline__ void att_mma_drop_at(float f[][4], const DropoutSite&
 
 /* Adds a warp's 16 x HS accumulators to rows r0.. of an fp32 tensor (rows:
  * row 0, this head's channel 0; stride ld), rows t with lo <= t < hi only:
- * an attention block's backward epilogue. */
+ * an attention tile's backward epilogue. */
 template <int HS>
 __device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0, int lo, int hi, const float acc[][4]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
@@ -356,15 +356,15 @@ __device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0,
     }
 }
 
-/* An attention block's forward epilogue for a warp's 16 query rows r0..
+/* An attention tile's forward epilogue for a warp's 16 query rows r0..
  * (accumulators o, raw-score maxima m and this lane's sums l of the two row
- * halves): each row some key of the block reaches (r0 + ... < nq, t + diag
+ * halves): each row some key of the tile reaches (r0 + ... < nq, t + diag
  * >= 0) gets its normalised output and lse written (first) or merged into
  * out_acc (rows: row 0, this head's channel 0; stride C) and lse (row 0's
  * statistic) by log-sum-exp, as the CPU's attention_merge. A row's lse is
  * read and written by lane tq 0 of its four alone; the others get the old
- * value by a shuffle. Documents: a row may see none of the block's keys (its
- * sum is 0; else at least 1, its largest score's term); a first block then
+ * value by a shuffle. Documents: a row may see none of the tile's keys (its
+ * sum is 0; else at least 1, its largest score's term); a first tile then
  * writes an empty part (0, lse -inf) for later ones to merge into, a later
  * one leaves the row alone. */
 template <int HS>
@@ -425,26 +425,26 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
  * fully masked, an exact no-op (corr = 1, P = 0), so each row's result is
  * the same whatever FWD_MT. ptxas (sm_90): AttMmaResources below. */
 /* M-tiles per warp and rows per block of the forward: the whole sequence's
- * FWD_MT; an attention block's one M-tile (the merge epilogue on top of two
+ * FWD_MT; an attention tile's one M-tile (the merge epilogue on top of two
  * M-tiles spills at hs64). */
-template <int HS, bool BLOCK> struct AttMmaForward {
-    static constexpr int MT = BLOCK ? 1 : AttMma<HS>::FWD_MT;
+template <int HS, bool TILE> struct AttMmaForward {
+    static constexpr int MT = TILE ? 1 : AttMma<HS>::FWD_MT;
     static constexpr int ROWS = 16 * MT * ATT_MMA_WARPS;
 };
 
-template <int HS, bool BLOCK>
-__global__ void __maxnreg__((AttMmaRegs<HS, BLOCK>::FWD)) /* launched with ATT_MMA_THREADS */
+template <int HS, bool TILE>
+__global__ void __maxnreg__((AttMmaRegs<HS, TILE>::FWD)) /* launched with ATT_MMA_THREADS */
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop,
-                             const AttBlockArgs blk) {
+                             const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
-    constexpr int MT = AttMmaForward<HS, BLOCK>::MT, ROWS = AttMmaForward<HS, BLOCK>::ROWS;
+    constexpr int MT = AttMmaForward<HS, TILE>::MT, ROWS = AttMmaForward<HS, TILE>::ROWS;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
     const int h = blockIdx.y % NH;
     const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
+    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, HS, blk);
     const int kend = min(q0 + ROWS + sp.diag, sp.nk);
-    if constexpr (BLOCK)
+    if constexpr (TILE)
         if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
     const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
@@ -452,7 +452,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
     ptx_cp_async_commit();
-    if (!BLOCK || ntiles > 0) { /* an attention block's rows may see no key of it (documents): then only the epilogue runs */
+    if (!TILE || ntiles > 0) { /* an attention tile's rows may see no key of it (documents): then only the epilogue runs */
         att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, sp.v, sp.kv_ld, j0 * Cfg::BC, sp.nk);
     }
     ptx_cp_async_commit();
@@ -529,7 +529,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                     for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
                 if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
                     float f[Cfg::NT][4];
-                    if constexpr (BLOCK) att_mma_drop_at<HS, false>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
+                    if constexpr (TILE) att_mma_drop_at<HS, false>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
                     else att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
 #pragma unroll
                     for (int nt = 0; nt < Cfg::NT; nt++)
@@ -544,7 +544,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     }
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
-        if constexpr (BLOCK) {
+        if constexpr (TILE) {
             att_mma_merge_rows<HS>(blk.acc + sp.qrow * C + (size_t)h * HS, C, lse + sp.stat, r0 + 16 * mt, sp.nq, sp.diag, blk.first, o[mt],
                                    m[mt], l[mt], scale);
         } else {
@@ -561,12 +561,12 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     }
 }
 
-/* ---- attention blocks (BLOCK = true) ----
- * The forward, dK/dV and dQ kernels run an AttentionBlock (attention.cuh's
- * gpu_attention_block_*): query rows i < Tq from local row qi of qkv, key
+/* ---- attention tiles (TILE = true) ----
+ * The forward, dK/dV and dQ kernels run an AttentionTile (attention.cuh's
+ * gpu_attention_tile_*): query rows i < Tq from local row qi of qkv, key
  * rows j < Tk from local row ki of kv (stride kv_ld, K at 0, V at C), key j
  * seen by query i when j <= i + diag (diag = q0 - k0). Tiles are cut on the
- * block's local indices, so a tile straddles the diagonal wherever diag is
+ * tile's local indices, so a tile straddles the diagonal wherever diag is
  * no multiple of the tile: the tile skip tests (a warp's last query + diag
  * against the tile's first key, and the reverse) and the per-element mask
  * take diag. The dK/dV kernel streams the query tiles from the first query
@@ -579,13 +579,13 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
  * forward writes (first) or merges by log-sum-exp (att_mma_merge_rows) the
  * normalised output and lse of each row a key reaches; the backward adds dQ
  * (rows a key reaches) and dK, dV (keys a query reaches) with float2 loads
- * and stores (att_mma_add_rows). With documents a forward block's row may
+ * and stores (att_mma_add_rows). With documents a forward tile's row may
  * see none of its keys (a CTA none at all: it stages no key tile and runs
  * the epilogue alone), which att_mma_merge_rows writes as an empty part
- * where the block is the first and leaves alone otherwise; the backward's
+ * where the tile is the first and leaves alone otherwise; the backward's
  * CTAs whose rows see no key return at once. The forward keeps one M-tile
  * per warp (AttMmaForward): two with the merge epilogue spill at hs64. The
- * whole-sequence instantiations (BLOCK = false) keep their expressions and
+ * whole-sequence instantiations (TILE = false) keep their expressions and
  * registers (AttMmaResources). */
 
 /* ---- backward ----
@@ -652,9 +652,9 @@ __global__ void __launch_bounds__(256) attention_mma_rowsum_kernel(float* rowsum
     rowsum[(b * NH + h) * T + t] = acc;
 }
 
-/* Where a backward kernel's rows are, for one (b, h): an attention block's
+/* Where a backward kernel's rows are, for one (b, h): an attention tile's
  * (AttSpan), or the whole sequence's in the expressions whose code (and
- * register count, AttMmaResources) the BLOCK = false instantiations keep.
+ * register count, AttMmaResources) the TILE = false instantiations keep.
  * q, k, v, dout: row 0 of this head's slices (rows ld, kv_ld, kv_ld, C
  * apart); stat: the index of query 0's statistics (lse, D); nq query and nk
  * key rows, key j seen by query i when j <= i + diag. */
@@ -664,14 +664,14 @@ struct AttMmaRows {
     int nq, nk, diag;
 };
 
-template <int HS, bool BLOCK>
+template <int HS, bool TILE>
 __device__ __forceinline__ AttMmaRows att_mma_rows(const AttSpan& sp, const floatX* qkv, const floatX* dout, int T, int C, int b, int h) {
     const size_t ld = 3 * (size_t)C;
-    const floatX* base = BLOCK ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
-    return AttMmaRows{base, BLOCK ? sp.k : base + C, BLOCK ? sp.v : base + 2 * C,
-                      BLOCK ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS,
-                      ld, BLOCK ? sp.kv_ld : ld, BLOCK ? sp.stat : (size_t)blockIdx.y * T,
-                      BLOCK ? sp.nq : T, BLOCK ? sp.nk : T, BLOCK ? sp.diag : 0};
+    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
+    return AttMmaRows{base, TILE ? sp.k : base + C, TILE ? sp.v : base + 2 * C,
+                      TILE ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS,
+                      ld, TILE ? sp.kv_ld : ld, TILE ? sp.stat : (size_t)blockIdx.y * T,
+                      TILE ? sp.nq : T, TILE ? sp.nk : T, TILE ? sp.diag : 0};
 }
 
 /* Shared memory of the dK/dV kernel (dynamic: above the 48 KiB static limit):
@@ -686,10 +686,10 @@ template <int HS> struct AttMmaBwd {
     static_assert(SMEM_BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
-template <int HS, bool BLOCK>
-__global__ void __maxnreg__((AttMmaRegs<HS, BLOCK>::DKV)) /* launched with ATT_MMA_THREADS */
+template <int HS, bool TILE>
+__global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DKV)) /* launched with ATT_MMA_THREADS */
 attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
-                                  int NH, float scale, const DropoutSite drop, const AttBlockArgs blk) {
+                                  int NH, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     typedef AttMmaBwd<HS> Bwd;
     extern __shared__ __align__(128) unsigned char smem[];
@@ -698,17 +698,17 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
     const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
-    const AttMmaRows rw = att_mma_rows<HS, BLOCK>(sp, qkv, dout, T, C, b, h);
+    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, HS, blk);
+    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, qkv, dout, T, C, b, h);
     const int nqr = rw.nq, diag = rw.diag;
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
-    const int tstart = BLOCK ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
+    const int tstart = TILE ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
     /* documents: no query past the last one whose document starts at or before the block's last key */
     const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, rw.nk) - 1);
     const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC;
-    if constexpr (BLOCK)
-        if (tstart >= tend) return; /* no query of the block sees these keys: no copies are started that nothing waits for */
+    if constexpr (TILE)
+        if (tstart >= tend) return; /* no query of the tile sees these keys: no copies are started that nothing waits for */
     /* query tile i: rows tstart + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
     auto stage = [&](int i) {
         const int t0 = tstart + i * Cfg::BC;
@@ -754,7 +754,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
             }
             float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
             if (drop.threshold) {
-                if constexpr (BLOCK) att_mma_drop_at<HS, true>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
+                if constexpr (TILE) att_mma_drop_at<HS, true>(f, drop, bh, sp.T, sp.tq0 + t0, sp.tk0 + r0);
                 else att_mma_drop_cols<HS>(f, drop, bh, T, t0, r0);
             }
 #pragma unroll
@@ -779,7 +779,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         }
         __syncthreads(); /* buffer i & 1 and its stats are no longer read: tile i + 2 goes there */
     }
-    if constexpr (BLOCK) { /* keys some query of the block sees: s <= nq - 1 + diag */
+    if constexpr (TILE) { /* keys some query of the tile sees: s <= nq - 1 + diag */
         float* rows = blk.acc + sp.krow * 2 * C + (size_t)h * HS;
         const int hi = min(sp.nk, sp.nq + sp.diag);
         att_mma_add_rows<HS>(rows, 2 * (size_t)C, r0, 0, hi, dk);
@@ -795,22 +795,22 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
 /* grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS, static shared memory:
  * the forward's double buffer of K, V tiles (Q and dO staged through it
  * first); query blocks last-first. */
-template <int HS, bool BLOCK>
-__global__ void __maxnreg__((AttMmaRegs<HS, BLOCK>::DQ)) /* launched with ATT_MMA_THREADS */
+template <int HS, bool TILE>
+__global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DQ)) /* launched with ATT_MMA_THREADS */
 attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
-                                 int NH, float scale, const DropoutSite drop, const AttBlockArgs blk) {
+                                 int NH, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const AttMmaThread at = att_mma_thread(NH, true);
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * NH + at.h;
-    const AttSpan sp = att_span<BLOCK>(qkv, T, C, NH, HS, blk);
-    const AttMmaRows rw = att_mma_rows<HS, BLOCK>(sp, qkv, dout, T, C, at.b, at.h);
+    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, HS, blk);
+    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, qkv, dout, T, C, at.b, at.h);
     const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
     const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
     const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC - j0;
-    if constexpr (BLOCK)
+    if constexpr (TILE)
         if (ntiles <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
@@ -854,7 +854,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
             att_mma_scores<HS, 1>(&dp, &dO, Vs);
             float f[Cfg::NT][4]; /* dropout factors: dS = P (f dP' - D) */
             if (drop.threshold) {
-                if constexpr (BLOCK) att_mma_drop_at<HS, false>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
+                if constexpr (TILE) att_mma_drop_at<HS, false>(f, drop, bh, sp.T, sp.tq0 + r0, sp.tk0 + k0);
                 else att_mma_drop_rows<HS>(f, drop, bh, T, r0, k0);
             }
             const int kf[2] = {att_first_key(blk, sp, r0 + g), att_first_key(blk, sp, r0 + g + 8)}; /* documents: each row's first key */
@@ -873,7 +873,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         }
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
-    if constexpr (BLOCK) { /* query rows that see a key of the block: t + diag >= 0 */
+    if constexpr (TILE) { /* query rows that see a key of the tile: t + diag >= 0 */
         att_mma_add_rows<HS>(blk.acc + sp.qrow * C + (size_t)at.h * HS, C, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
@@ -892,7 +892,7 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NH));
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    AttBlockArgs docs{};
+    AttTileArgs docs{};
     docs.a.doc_start = doc_start;
     attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
@@ -900,31 +900,31 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     CUDA_CHECK_LAUNCH();
 }
 
-/* An attention block's forward (attention.cuh's gpu_attention_block_forward): grid (ceil(Tq/64), B*NH). */
+/* An attention tile's forward (attention.cuh's gpu_attention_tile_forward): grid (ceil(Tq/64), B*NH). */
 template <int HS>
-static void attention_mma_block_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionBlock* a,
+static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
                                                int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
     const dim3 grid((unsigned)ceil_div((size_t)a->Tq, AttMmaForward<HS, true>::ROWS), (unsigned)(a->B * a->NH));
     attention_mma_forward_kernel<HS, true><<<grid, ATT_MMA_THREADS, 0, stream>>>(nullptr, lse, qkv, a->Tl, a->C, a->NH, scale, drop,
-                                                                                 AttBlockArgs{*a, kv, kv_ld, out_acc, first});
+                                                                                 AttTileArgs{*a, kv, kv_ld, out_acc, first});
     CUDA_CHECK_LAUNCH();
 }
 
-/* An attention block's backward: the dK/dV kernel over the block's key
+/* An attention tile's backward: the dK/dV kernel over the tile's key
  * tiles, grid (ceil(Tk/64), B*NH), then the dQ kernel over its query tiles,
- * grid (ceil(Tq/64), B*NH); rowsum: gpu_attention_block_rowsum's. */
+ * grid (ceil(Tq/64), B*NH); rowsum: gpu_attention_tile_rowsum's. */
 template <int HS>
-static void attention_mma_block_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                                const floatX* kv, int kv_ld, const float* lse, const AttentionBlock* a, float scale,
+static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
+                                                const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, float scale,
                                                 const DropoutSite& drop, cudaStream_t stream) {
     const unsigned bh = (unsigned)(a->B * a->NH);
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attention_mma_backward_dkv_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tk, ATT_MMA_ROWS), bh), ATT_MMA_THREADS, smem, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttBlockArgs{*a, kv, kv_ld, dkv_acc, 0});
+        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
     attention_mma_backward_dq_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tq, ATT_MMA_ROWS), bh), ATT_MMA_THREADS, 0, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttBlockArgs{*a, kv, kv_ld, dq_acc, 0});
+        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
 
@@ -954,7 +954,7 @@ constexpr int att_sm90_blocks_per_sm(int regs, int threads, size_t smem) {
 template <int HS> struct AttMmaResources {
     static constexpr int FWD_REGS = AttMmaRegs<HS, false>::FWD, DKV_REGS = AttMmaRegs<HS, false>::DKV, DQ_REGS = AttMmaRegs<HS, false>::DQ,
                          ROWSUM_REGS = 32;
-    /* the attention-block instantiations (BLOCK = true; gpu_attention_block_forward/backward) */
+    /* the attention-tile instantiations (TILE = true; gpu_attention_tile_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
     static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
     static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
@@ -963,7 +963,7 @@ template <int HS> struct AttMmaResources {
     static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&
                       att_sm90_blocks_per_sm(DKV_BLOCK_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_BLOCK_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
-                  "the attention blocks' blocks per SM");
+                  "the attention tiles' blocks per SM");
     static_assert(att_sm90_blocks_per_sm(FWD_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2, "the forward's 2 blocks per SM (header)");
     static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,

@@ -485,7 +485,7 @@ static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
 
 /* The plan's part: which gradients go where, and the ring. After multigpu_connect. */
 static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
-    mg->zero = plan->spec.zero_stage == 1;
+    mg->zero = plan_zero_sharded(&plan->spec);
     mg->num_params = plan->num_params;
     mg->num_layers = plan->spec.cfg.num_layers;
     param_layout(&plan->spec.cfg, &mg->layout);

@@ -391,24 +391,32 @@ static inline Work layer_work(const PlanSpec* s, int backward) {
     return tile_cost(s, w, 2.0);
 }
 
+/* What a layer in `mode` recomputes before its backward, as plan.h's
+ * layer_keeps says: attention (its output not kept: -r 1); the block's
+ * matmuls up to the GELU (their outputs not kept: -r 1, 3); the two
+ * LayerNorms (-r 2: applied from the kept statistics) and GELU (its output
+ * not kept: all but -r 0). */
+static inline int recomputes_attention(int mode) { return !layer_keeps(mode, ACT_ATTY); }
+static inline int recomputes_matmuls(int mode) { return !layer_keeps(mode, ACT_QKV); }
+static inline int recomputes_gelu(int mode) { return !layer_keeps(mode, ACT_FCH_GELU); }
+
 /* Extra work in one layer's backward pass under `mode`. */
 static inline Work recompute_work(const PlanSpec* s, int mode) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
     LayerWidths lw = layer_widths(s);
     /* two norms (-r 2: applied) and the activation (GELU, SwiGLU's product) */
     Work w = work_new(0.0, 0.0, (4.0 * C + lw.act_fwd) * N * E, lw.act_fwd * N * E);
-    if (mode == RECOMPUTE_NONE) w.memory_bytes = w.gelu_bytes = 0.0;
-    if (mode == RECOMPUTE_FULL || mode == RECOMPUTE_KEEP_ATTENTION) {
+    if (!recomputes_gelu(mode)) w.memory_bytes = w.gelu_bytes = 0.0;
+    if (recomputes_matmuls(mode)) {
         w.matmul_flops = 2.0 * (lw.mm_qkv + lw.mm_proj + lw.mm_fc) * N; /* GPT-2: 16 C^2 */
         w.memory_bytes += lw.rope * N * E;                                /* RoPE again after the QKV matmul */
         if (spec_tiles(s) > 1.0) w.memory_bytes += 2.0 * N * C * E; /* LN1 again, in the QKV pass */
         w = tile_cost(s, w, 1.0);
     }
-    if (mode == RECOMPUTE_FULL) w.attention_flops = attention_forward_flops(s);
+    if (recomputes_attention(mode)) w.attention_flops = attention_forward_flops(s);
     return w;
 }
 
-/* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
 /* Segments (plan.h): how layer l runs forward again in the backward: 0 not
  * (no segments, or the top segment, whose tensors are still there), 1 whole
  * (to feed the next layer of its segment), 2 only up to what its mode keeps
@@ -420,22 +428,25 @@ static inline int segment_rerun(const PlanSpec* s, int l) {
     return l % K == K - 1 ? 2 : 1;
 }
 
+/* Whether that rerun includes attention (and so, under context parallelism,
+ * the ring's forward): a whole one does, and one up to what the layer keeps
+ * when it keeps attention's output (all but -r 1). */
+static inline int rerun_has_attention(int mode, int rerun) { return rerun == 1 || (rerun == 2 && layer_keeps(mode, ACT_ATTY)); }
+
 static inline Work rerun_work(const PlanSpec* s, int mode, int rerun) {
     Work none = work_new(0.0, 0.0, 0.0, 0.0);
-    if (rerun == 0 || (rerun == 2 && mode == RECOMPUTE_FULL)) return none;
+    if (rerun == 0 || (rerun == 2 && !rerun_has_attention(mode, rerun))) return none; /* -r 1 keeps x alone */
     if (rerun == 1) return layer_work(s, 0);
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes;
     LayerWidths lw = layer_widths(s);
-    int attention_only = mode == RECOMPUTE_KEEP_ATTENTION;
+    int attention_only = !layer_keeps(mode, ACT_RES2); /* keeps attention's output, not the residual after it: -r 3 */
     double matmul = 2.0 * (attention_only ? lw.mm_qkv : lw.mm_qkv + lw.mm_proj + lw.mm_fc); /* GPT-2: 6 or 16 C^2 */
     double act = attention_only ? 0.0 : lw.act_fwd;
     Work w = work_new(matmul * N, attention_forward_flops(s), ((attention_only ? 3.0 : 2.0) * C + act + lw.rope) * N * E, act * N * E);
     return tile_cost(s, w, attention_only ? 1.0 : 2.0);
 }
 
-/* Whether that rerun includes attention (and so, under context parallelism, the ring's forward). */
-static inline int rerun_has_attention(int mode, int rerun) { return rerun == 1 || (rerun == 2 && mode != RECOMPUTE_FULL); }
-
+/* Classifier, encoder and final LayerNorm of one micro-step, forward and backward. */
 static inline Work head_work(const PlanSpec* s) {
     double N = spec_local_tokens(s), C = s->cfg.channels, E = s->elem_bytes, Vp = s->cfg.padded_vocab_size;
     Work w = work_new(6.0 * N * C * Vp, 0.0, 2.0 * N * Vp * E + 10.0 * N * C * E, 0.0);
@@ -497,7 +508,7 @@ static inline double ring_step_seconds(const PlanSpec* s, const CostModel* cm, c
     double per_layer = ring_forward_seconds(s, cm) + ring_backward_seconds(s, cm), total = 0.0;
     for (int l = 0; l < s->cfg.num_layers; l++) {
         int mode = modes ? (int)modes[l] : (int)RECOMPUTE_NONE;
-        total += per_layer + (mode == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0);
+        total += per_layer + (recomputes_attention(mode) ? ring_forward_seconds(s, cm) : 0.0);
         if (rerun_has_attention(mode, segment_rerun(s, l))) total += ring_forward_seconds(s, cm); /* the segment's forward again */
     }
     return spec_grad_accum(s) * total;
@@ -528,8 +539,6 @@ static inline double offload_seconds(const PlanSpec* s, const CostModel* cm, int
     return spec_grad_accum(s) * copies_exposed(s, copy, fwd, bwd);
 }
 
-/* Modes and offload flags per layer (NULL: -r 0, no offloading): the work,
- * the ring's exposed transfers and the offloaded copies' excess. */
 /* An offloaded segment input's copies not hidden: out behind its first
  * layer's forward, back behind the layer backward of the segment above. */
 static inline double segment_offload_seconds(const PlanSpec* s, const CostModel* cm) {
@@ -538,6 +547,8 @@ static inline double segment_offload_seconds(const PlanSpec* s, const CostModel*
     return spec_grad_accum(s) * copies_exposed(s, copy, fwd, bwd);
 }
 
+/* Modes and offload flags per layer (NULL: -r 0, no offloading): the work,
+ * the ring's exposed transfers and the offloaded copies' excess. */
 static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes,
                                             const unsigned char* offload) {
     double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
@@ -554,13 +565,14 @@ static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* 
  * (segment_rerun): its recompute, its segment's forward again, and their
  * ring; the step's prediction is -r 0's plus these over the layers. */
 static inline double layer_extra_seconds(const PlanSpec* s, const CostModel* cm, int mode, int rerun) {
-    double ring = (mode == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0) + (rerun_has_attention(mode, rerun) ? ring_forward_seconds(s, cm) : 0.0);
+    double ring = (recomputes_attention(mode) ? ring_forward_seconds(s, cm) : 0.0) +
+                  (rerun_has_attention(mode, rerun) ? ring_forward_seconds(s, cm) : 0.0);
     return spec_grad_accum(s) * (work_seconds(work_add(recompute_work(s, mode), rerun_work(s, mode, rerun), 1.0), cm) + ring);
 }
 
 /* Extra time per optimizer step of one layer in `mode`, over -r 0: -r 1 runs the ring again. */
 static inline double recompute_seconds(const PlanSpec* s, const CostModel* cm, int mode) {
-    double ring = mode == RECOMPUTE_FULL ? ring_forward_seconds(s, cm) : 0.0;
+    double ring = recomputes_attention(mode) ? ring_forward_seconds(s, cm) : 0.0;
     return spec_grad_accum(s) * (work_seconds(recompute_work(s, mode), cm) + ring);
 }
 

@@ -124,8 +124,15 @@ static inline int layer_offloads(int mode, int offload, int act) {
  *   d(attention output) (C) over the attention residual, after LN2 backward;
  *   dqkv (3C) over the FC pre-activation (4C), after GELU backward.
  * In every recompute mode these activations are the layer's own (kept) or
- * the shared recompute set's, so the aliasing holds for any mix. */
+ * the shared recompute set's, so the aliasing holds for any mix. ACT_DFCH,
+ * ACT_DATTY and ACT_DQKV name those slots when they hold the gradients (with
+ * token tiles datty and dqkv have whole-sequence buffers of their own,
+ * backward.datty and backward.dqkv: attention runs whole).
+ * GRAD_DBRANCH is dln's buffer in its other use: a dropped residual branch's
+ * gradient (dres masked), written and read between two LayerNorm backward
+ * passes, when no LayerNorm output's gradient is alive. */
 enum { GRAD_DRES, GRAD_DLN, NUM_GRAD_ACTS };
+enum { ACT_DFCH = ACT_FCH_GELU, ACT_DATTY = ACT_RES2, ACT_DQKV = ACT_FCH, GRAD_DBRANCH = GRAD_DLN };
 static const size_t grad_act_width[NUM_GRAD_ACTS] = {1, 1}; /* x C */
 static const char* const grad_act_names[NUM_GRAD_ACTS] = {"dres", "dln"};
 
@@ -199,7 +206,7 @@ typedef struct {
     size_t (*layer_act)[NUM_LAYER_ACTS]; /* [L][act]: arena offset each layer uses */
     size_t layer_stored_bytes_max;       /* largest per-layer kept bytes */
     size_t grad_act[NUM_GRAD_ACTS];      /* arena offsets of backward buffers */
-    size_t off_tile_datty, off_tile_dqkv; /* token tiles only: whole-sequence gradients of atty and qkv */
+    size_t off_whole_datty, off_whole_dqkv; /* token tiles only: whole-sequence gradients of atty and qkv */
     size_t off_tile_grads, tile_grads_count; /* token tiles on a GPU: fp32 sums of one layer's parameter gradients; 0: none */
     size_t off_inputs, off_targets, off_final_res, off_lnf, off_lnf_mean, off_lnf_rstd;
     size_t off_losses, off_logits, off_io_chunk, off_loader;
@@ -418,10 +425,13 @@ static inline size_t plan_tile_grads_count(const PlanSpec* s) {
     return n;
 }
 
+/* Whether ZeRO-1 shards the optimizer state: asked for, and more than one
+ * process to shard it over (with one, its shard would be everything). */
+static inline int plan_zero_sharded(const PlanSpec* s) { return s->zero_stage >= 1 && s->world_size > 1; }
+
 /* Parameters whose optimizer state one process holds: all, or a ZeRO-1 shard. */
 static inline size_t plan_shard_params(const PlanSpec* s, size_t num_params) {
-    int sharded = s->zero_stage >= 1 && s->world_size > 1;
-    return sharded ? ceil_div(num_params, (size_t)s->world_size) : num_params;
+    return plan_zero_sharded(s) ? ceil_div(num_params, (size_t)s->world_size) : num_params;
 }
 
 static inline void plan_add_model_state(MemoryPlan* p) {
@@ -554,8 +564,8 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     }
     if (plan_own_attention_grads(s)) {
         BlockWidths w = block_widths(&s->cfg);
-        p->off_tile_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)w.q_width * E));
-        p->off_tile_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)w.qkv_width * E));
+        p->off_whole_datty = plan_add(p, "backward.datty", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)w.q_width * E));
+        p->off_whole_dqkv = plan_add(p, "backward.dqkv", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)w.qkv_width * E));
         p->tile_grads_count = plan_tile_grads_count(s);
         if (p->tile_grads_count) p->off_tile_grads = plan_add(p, "backward.tile_grads", SEC_SCRATCH, -1, p->tile_grads_count * 4);
     }

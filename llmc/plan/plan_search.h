@@ -285,94 +285,188 @@ static inline double segment_group_seconds(const int order[NUM_RECOMPUTE_MODES],
     return t;
 }
 
+/* -r auto at one segment size K > 1: what the search knows before it
+ * chooses. Layer l sits in slot l % K of its segment; slot i's bytes are the
+ * union of what its layers keep (the plan keeps one slot per position, as
+ * wide as its widest layer). */
+typedef struct {
+    int K, segments;              /* layers per segment, and segments (the top one may be short) */
+    int top_full;                 /* the top segment has all K layers, so slot K-1 has a top-segment layer */
+    int middle;                   /* slots 1..K-2: neither the segment inputs' slot nor the last */
+    int middle_big;               /* how many of them (from slot 1 up) hold a layer of the top segment too */
+    int staging;                  /* staging slots of offloaded segment inputs */
+    size_t x_bytes;               /* one layer's input x, as the plan aligns it */
+    size_t kept[NUM_RECOMPUTE_MODES];
+    size_t fixed;                 /* the plan's bytes less every slot's and segment input's and the shared recompute set */
+    double rerun[NUM_RECOMPUTE_MODES]; /* a layer's extra time in a mode, run forward once more for its segment */
+    double last[NUM_RECOMPUTE_MODES];  /* the same for a segment's last layer, which reruns only up to what it keeps */
+    double input_offload;         /* unhidden copy time of one offloaded segment input */
+    int by_time[NUM_RECOMPUTE_MODES]; /* modes by rerun time, least first (ties: the one keeping less) */
+} SegmentSearch;
+
+/* One choice: a mode for slot 0 (the segment inputs' layers), two for slot
+ * K-1 (its layers below the top segment, and the top segment's own), how
+ * many middle slots take each mode, and whether the segment inputs go to
+ * the host. */
+typedef struct {
+    int input_mode, last_mode_low, last_mode_top;
+    int middle_count[NUM_RECOMPUTE_MODES];
+    int offload_inputs;
+    double secs;
+    size_t bytes;
+} SegmentChoice;
+
+static inline int mode_present(unsigned present, int mode) { return present >> mode & 1; }
+
+/* Whether mode a comes before mode b in by_time: it reruns faster, or as fast keeping less. */
+static inline int segment_mode_before(const SegmentSearch* ss, int a, int b) {
+    return ss->rerun[a] < ss->rerun[b] || (ss->rerun[a] == ss->rerun[b] && ss->kept[a] < ss->kept[b]);
+}
+
+static inline SegmentSearch segment_search_new(const PlanSpec* spec) {
+    SegmentSearch ss;
+    int L = spec->cfg.num_layers, top_layers;
+    CostModel cm = spec_cost_model(spec);
+    ss.K = plan_segment_layers(spec);
+    ss.segments = plan_num_segments(spec);
+    top_layers = L - (ss.segments - 1) * ss.K;
+    ss.top_full = top_layers == ss.K;
+    ss.middle = ss.K - 2;
+    ss.middle_big = ss.top_full ? ss.K - 2 : top_layers - 1;
+    ss.staging = ss.segments < OFFLOAD_STAGING_SLOTS ? ss.segments : OFFLOAD_STAGING_SLOTS;
+    ss.x_bytes = plan_aligned(plan_act_bytes(spec, ACT_X));
+    ss.input_offload = segment_offload_seconds(spec, &cm);
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+        ss.kept[m] = plan_kept_aligned_bytes(spec, m);
+        ss.rerun[m] = layer_extra_seconds(spec, &cm, m, 0);
+        ss.last[m] = layer_extra_seconds(spec, &cm, m, 2);
+        ss.by_time[m] = m;
+    }
+    int* o = ss.by_time;
+    for (int i = 1; i < NUM_RECOMPUTE_MODES; i++) /* insertion sort */
+        for (int j = i; j > 0 && segment_mode_before(&ss, o[j], o[j - 1]); j--) {
+            int t = o[j]; o[j] = o[j - 1]; o[j - 1] = t;
+        }
+    ss.fixed = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T) - (size_t)(ss.segments + ss.K - 1) * ss.x_bytes -
+               plan_shared_set_bytes(spec, 1u << RECOMPUTE_FULL);
+    return ss;
+}
+
+/* Slot K-1 in `slot_mode`: its layers may take any present mode keeping no
+ * more (the slot is as wide as slot_mode either way); below the top segment
+ * the one whose partial rerun is fastest, in the top segment the one whose
+ * recompute is. */
+static inline void segment_last_slot_modes(const SegmentSearch* ss, unsigned present, int slot_mode, int* low, int* top) {
+    *low = *top = slot_mode;
+    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
+        if (!mode_present(present, m) || mode_keeps_rank(m) > mode_keeps_rank(slot_mode)) continue;
+        if (ss->last[m] < ss->last[*low]) *low = m;
+        if (ss->rerun[m] < ss->rerun[*top]) *top = m;
+    }
+}
+
+/* The middle slots with n_full in -r 1 and n_keep_att in -r 3: the others
+ * in -r 0 or -r 2, as many -r 2 as make `bytes` (everything else counted)
+ * fit `cap` and no more (-r 2 saves memory and costs time over -r 0).
+ * Returns 0 and fills c->middle_count and c->bytes, or -1 when it cannot fit. */
+static inline int segment_middle_fit(const SegmentSearch* ss, unsigned present, int n_full, int n_keep_att, size_t bytes, size_t cap,
+                                     SegmentChoice* c) {
+    int rest = ss->middle - n_full - n_keep_att;
+    int has_none = mode_present(present, RECOMPUTE_NONE), has_selective = mode_present(present, RECOMPUTE_SELECTIVE);
+    if (rest && !has_none && !has_selective) return -1;
+    const size_t* kept = ss->kept;
+    bytes += (size_t)n_full * kept[RECOMPUTE_FULL] + (size_t)n_keep_att * kept[RECOMPUTE_KEEP_ATTENTION] +
+             (size_t)rest * kept[has_none ? RECOMPUTE_NONE : RECOMPUTE_SELECTIVE];
+    int n_selective = has_none ? 0 : rest;
+    if (has_none && has_selective && bytes > cap) {
+        size_t saving = kept[RECOMPUTE_NONE] - kept[RECOMPUTE_SELECTIVE];
+        n_selective = (int)ceil_div(bytes - cap, saving);
+        if (n_selective > rest) return -1;
+        bytes -= (size_t)n_selective * saving;
+    }
+    if (bytes > cap) return -1;
+    c->middle_count[RECOMPUTE_NONE] = rest - n_selective;
+    c->middle_count[RECOMPUTE_FULL] = n_full;
+    c->middle_count[RECOMPUTE_SELECTIVE] = n_selective;
+    c->middle_count[RECOMPUTE_KEEP_ATTENTION] = n_keep_att;
+    c->bytes = bytes;
+    return 0;
+}
+
+/* The middle slots' time: their fastest modes go to the middle_big slots with a layer more. */
+static inline double segment_middle_seconds(const SegmentSearch* ss, const int count[NUM_RECOMPUTE_MODES]) {
+    return segment_group_seconds(ss->by_time, count, ss->rerun, ss->middle_big, ss->segments);
+}
+
+/* The mode of middle slot i (1..K-2): the counts laid out by time, fastest first. */
+static inline int segment_middle_slot_mode(const SegmentSearch* ss, const int count[NUM_RECOMPUTE_MODES], int i) {
+    int k = 1;
+    for (int j = 0; j < NUM_RECOMPUTE_MODES; j++) {
+        k += count[ss->by_time[j]];
+        if (i < k) return ss->by_time[j];
+    }
+    return ss->by_time[NUM_RECOMPUTE_MODES - 1]; /* not reached: the counts fill every middle slot */
+}
+
 /* -r auto at the spec's segment size K > 1 (B, T and tiles fixed): per-layer
  * modes and the offloading of the segment inputs (all or none) with the
- * least predicted time that fits both budgets. Slot i's bytes are the union
- * of what its layers keep, so every layer of a slot takes the slot's mode
- * (keeping more only saves time), except in slot K-1 where a segment's last
- * layer reruns up to what it keeps: its layers below the top segment take
- * the fastest mode within the slot's. With the modes present fixed (an
- * outer loop, which sizes the shared recompute set), slot 0 (no x of its
- * own: the segment inputs) and slot K-1 chosen, the other K-2 slots are a
- * count per mode, their fastest modes going to the slots with one layer
- * more; for each count of -r 1 and -r 3 slots the fewest -r 2 slots that fit
- * are the fastest, as in recompute_auto_offload. Exact over that space, in
- * O(K^2). Returns 0 and fills modes and offload (NULL: none), or -1. */
+ * least predicted time that fits both budgets. Every layer of a slot takes
+ * the slot's mode (keeping more only saves time), except in slot K-1 where
+ * a segment's last layer reruns up to what it keeps: its layers below the
+ * top segment take the fastest mode within the slot's. With the modes
+ * present fixed (an outer loop, which sizes the shared recompute set), slot
+ * 0 (no x of its own: the segment inputs) and slot K-1 chosen, the middle
+ * slots are a count per mode, their fastest modes going to the slots with
+ * one layer more; for each count of -r 1 and -r 3 slots the fewest -r 2
+ * slots that fit are the fastest, as in recompute_auto_offload. Exact over
+ * that space, in O(K^2). Ties go to fewer bytes. Returns 0 and fills modes
+ * and offload (NULL: none), or -1. */
 static inline int recompute_auto_segments_at(const PlanSpec* spec, size_t budget, size_t host_budget, unsigned char* modes,
                                              unsigned char* offload) {
-    int L = spec->cfg.num_layers, K = plan_segment_layers(spec), S = plan_num_segments(spec), r = L - (S - 1) * K;
-    int g = K - 2, big = r == K ? K - 2 : r - 1, R = S < OFFLOAD_STAGING_SLOTS ? S : OFFLOAD_STAGING_SLOTS;
-    CostModel cm = spec_cost_model(spec);
-    size_t xa = plan_aligned(plan_act_bytes(spec, ACT_X)), kept[NUM_RECOMPUTE_MODES];
-    double rec[NUM_RECOMPUTE_MODES], last[NUM_RECOMPUTE_MODES], seg_off = segment_offload_seconds(spec, &cm);
-    int order[NUM_RECOMPUTE_MODES];
-    for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
-        kept[m] = plan_kept_aligned_bytes(spec, m);
-        rec[m] = layer_extra_seconds(spec, &cm, m, 0);
-        last[m] = layer_extra_seconds(spec, &cm, m, 2);
-        order[m] = m;
-    }
-    for (int i = 1; i < NUM_RECOMPUTE_MODES; i++) /* by time, ties to more memory saved */
-        for (int j = i; j > 0 && (rec[order[j]] < rec[order[j - 1]] || (rec[order[j]] == rec[order[j - 1]] && kept[order[j]] < kept[order[j - 1]])); j--) {
-            int t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
-        }
-    size_t fixed = plan_total_for(spec, RECOMPUTE_FULL, spec->B, spec->T) - (size_t)(S + K - 1) * xa -
-                   plan_shared_set_bytes(spec, 1u << RECOMPUTE_FULL);
-    int found = 0, best_m0 = 0, best_mk_low = 0, best_mk_top = 0, best_count[NUM_RECOMPUTE_MODES] = {0}, best_off = 0;
-    double best = 0.0;
-    size_t best_bytes = 0;
-    for (unsigned P = 1; P < (1u << NUM_RECOMPUTE_MODES); P++) {
-        size_t shared = plan_shared_set_bytes(spec, P);
-        for (int m0 = 0; m0 < NUM_RECOMPUTE_MODES; m0++) {
-            if (!(P >> m0 & 1)) continue;
-            for (int mk = 0; mk < NUM_RECOMPUTE_MODES; mk++) {
-                if (!(P >> mk & 1)) continue;
-                int low = mk, top = mk; /* slot K-1's layers below the top segment, and the top one's */
-                for (int m = 0; m < NUM_RECOMPUTE_MODES; m++) {
-                    if (!(P >> m & 1) || mode_keeps_rank(m) > mode_keeps_rank(mk)) continue;
-                    if (last[m] < last[low]) low = m;
-                    if (rec[m] < rec[top]) top = m;
-                }
-                double t_fixed = S * rec[m0] + (S - 1) * last[low] + (r == K ? rec[top] : 0.0);
-                size_t b_fixed = fixed + kept[m0] - xa + kept[mk] + shared;
-                for (int c1 = 0; c1 <= g && (c1 == 0 || (P >> RECOMPUTE_FULL & 1)); c1++)
-                    for (int c3 = 0; c1 + c3 <= g && (c3 == 0 || (P >> RECOMPUTE_KEEP_ATTENTION & 1)); c3++)
-                        for (int off = 0; off <= (offload && host_budget ? 1 : 0); off++) {
-                            if (off && (size_t)S * xa > host_budget) break;
-                            /* the CPU trainer's pool draws on the same memory as its plan (host_shares_budget) */
-                            size_t cap = off && spec->host_shares_budget ? ((size_t)S * xa < budget ? budget - (size_t)S * xa : 0) : budget;
-                            int rest = g - c1 - c3, has0 = P >> RECOMPUTE_NONE & 1, has2 = P >> RECOMPUTE_SELECTIVE & 1;
-                            if (rest && !has0 && !has2) continue;
-                            size_t bytes = b_fixed + (size_t)c1 * kept[1] + (size_t)c3 * kept[3] + (size_t)rest * kept[has0 ? 0 : 2] +
-                                           (off ? (size_t)R * xa : (size_t)S * xa);
-                            int c2 = has0 ? 0 : rest;
-                            if (has0 && has2 && bytes > cap) {
-                                c2 = (int)ceil_div(bytes - cap, kept[0] - kept[2]);
-                                if (c2 > rest) continue;
-                                bytes -= (size_t)c2 * (kept[0] - kept[2]);
-                            }
-                            if (bytes > cap) continue;
-                            int count[NUM_RECOMPUTE_MODES] = {rest - c2, c1, c2, c3};
-                            double t = t_fixed + segment_group_seconds(order, count, rec, big, S) + (off ? S * seg_off : 0.0);
-                            if (found && !(t < best || (t == best && bytes < best_bytes))) continue;
+    const SegmentSearch ss = segment_search_new(spec);
+    const int S = ss.segments;
+    const size_t inputs_bytes = (size_t)S * ss.x_bytes; /* one x per segment */
+    const int may_offload = offload && host_budget && inputs_bytes <= host_budget;
+    /* the CPU trainer's pool draws on the same memory as its plan (host_shares_budget) */
+    const size_t offload_cap = spec->host_shares_budget ? (inputs_bytes < budget ? budget - inputs_bytes : 0) : budget;
+    SegmentChoice best, c;
+    memset(&best, 0, sizeof(best));
+    memset(&c, 0, sizeof(c));
+    int found = 0;
+    for (unsigned present = 1; present < (1u << NUM_RECOMPUTE_MODES); present++) {
+        size_t shared = plan_shared_set_bytes(spec, present);
+        for (c.input_mode = 0; c.input_mode < NUM_RECOMPUTE_MODES; c.input_mode++) {
+            if (!mode_present(present, c.input_mode)) continue;
+            for (int last_slot = 0; last_slot < NUM_RECOMPUTE_MODES; last_slot++) {
+                if (!mode_present(present, last_slot)) continue;
+                segment_last_slot_modes(&ss, present, last_slot, &c.last_mode_low, &c.last_mode_top);
+                double ends_secs = S * ss.rerun[c.input_mode] + (S - 1) * ss.last[c.last_mode_low] +
+                                   (ss.top_full ? ss.rerun[c.last_mode_top] : 0.0);
+                size_t ends_bytes = ss.fixed + ss.kept[c.input_mode] - ss.x_bytes + ss.kept[last_slot] + shared;
+                int max_full = mode_present(present, RECOMPUTE_FULL) ? ss.middle : 0;
+                int max_keep_att = mode_present(present, RECOMPUTE_KEEP_ATTENTION) ? ss.middle : 0;
+                for (int n_full = 0; n_full <= max_full; n_full++)
+                    for (int n_keep_att = 0; n_full + n_keep_att <= ss.middle && n_keep_att <= max_keep_att; n_keep_att++)
+                        for (c.offload_inputs = 0; c.offload_inputs <= may_offload; c.offload_inputs++) {
+                            size_t inputs = c.offload_inputs ? (size_t)ss.staging * ss.x_bytes : inputs_bytes;
+                            size_t cap = c.offload_inputs ? offload_cap : budget;
+                            if (segment_middle_fit(&ss, present, n_full, n_keep_att, ends_bytes + inputs, cap, &c) != 0) continue;
+                            c.secs = ends_secs + segment_middle_seconds(&ss, c.middle_count) +
+                                     (c.offload_inputs ? S * ss.input_offload : 0.0);
+                            if (found && !(c.secs < best.secs || (c.secs == best.secs && c.bytes < best.bytes))) continue;
                             found = 1;
-                            best = t;
-                            best_bytes = bytes;
-                            best_m0 = m0; best_mk_low = low; best_mk_top = top; best_off = off;
-                            memcpy(best_count, count, sizeof(count));
+                            best = c;
                         }
             }
         }
     }
     if (!found) return -1;
-    int slot_mode[4096 + 1];
-    slot_mode[0] = best_m0;
-    for (int i = 0, k = 1; i < NUM_RECOMPUTE_MODES; i++) /* the fastest modes to slots 1..big, which have S layers */
-        for (int c = 0; c < best_count[order[i]]; c++) slot_mode[k++] = order[i];
-    for (int l = 0; l < L; l++) {
-        int i = l % K;
-        modes[l] = (unsigned char)(i < K - 1 ? slot_mode[i] : l / K < S - 1 ? best_mk_low : best_mk_top);
-        if (offload) offload[l] = (unsigned char)best_off;
+    for (int l = 0; l < spec->cfg.num_layers; l++) {
+        int slot = l % ss.K, below_top = l / ss.K < S - 1;
+        int mode = slot == 0 ? best.input_mode : slot < ss.K - 1 ? segment_middle_slot_mode(&ss, best.middle_count, slot)
+                 : below_top ? best.last_mode_low : best.last_mode_top;
+        modes[l] = (unsigned char)mode;
+        if (offload) offload[l] = (unsigned char)best.offload_inputs;
     }
     return 0;
 }

@@ -50,8 +50,11 @@ static const DropoutState dropout_off = {{0.0f}, 0, 0, 0, 0, 0, 0};
         (m)->adam_v = (float*)(carve_base_ + carve_plan_->off_adam_v);                                   \
         ParamLayout carve_pl_;                                                                           \
         param_layout(&carve_plan_->spec.cfg, &carve_pl_);                                                \
-        PARAM_TENSORS_POINT((m)->p, (m)->layer_stride, (m)->params, &carve_pl_, carve_plan_->spec.cfg.num_layers); \
-        PARAM_TENSORS_POINT((m)->g, (m)->layer_stride, (m)->grads, &carve_pl_, carve_plan_->spec.cfg.num_layers);  \
+        for (int carve_t_ = 0; carve_t_ < NUM_PARAM_TENSORS; carve_t_++) { /* each tensor, and its elements per layer */      \
+            (m)->p.tensor[carve_t_] = (m)->params + carve_pl_.offset[carve_t_];                          \
+            (m)->g.tensor[carve_t_] = (m)->grads + carve_pl_.offset[carve_t_];                           \
+            (m)->layer_stride[carve_t_] = carve_pl_.count[carve_t_] / (size_t)carve_plan_->spec.cfg.num_layers; \
+        }                                                                                                \
         (m)->inputs = (int*)(carve_base_ + carve_plan_->off_inputs);                                     \
         (m)->targets = (int*)(carve_base_ + carve_plan_->off_targets);                                   \
         (m)->losses = (STAT*)(carve_base_ + carve_plan_->off_losses);                                    \

@@ -3,6 +3,7 @@
  * over its micro-steps, what happens between steps, the step printout, stop
  * signals), here; the rest by job:
  *   backend.h          what a trainer supplies (Backend) and the run's settings (Run)
+ *   rank_parallel.h    one process's part: its context-parallel group, ring chunks, ZeRO-1 shard
  *   run_setup.h        flags, model, recompute choice, memory plan, run identity
  *                      (run_setup, below, adds --plan's printout)
  *   run_checkpoints.h  parameters in (model file, init, resume) and out (checkpoints)
@@ -13,6 +14,7 @@
 #define REMAT_TRAINER_H
 
 #include "backend.h"
+#include "rank_parallel.h"
 #include "run_setup.h"
 #include "run_checkpoints.h"
 #include "run_eval.h"

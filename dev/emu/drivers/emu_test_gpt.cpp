@@ -18,7 +18,7 @@
  *                                              long:NAME:C:NH:V:T[,T...]       check_attention at B=1, T up to 4096
  *                                              longdrop:NAME:C:NH:V:T[,T...]   the same with attention dropout 0.1
  *                                              dropmodel:NAME:C:NH:V:T[,T...]  run_case with model_dropout()
- *                                              blocks:NAME:C:NH:V:Tc[,Tc...]   check_attention_blocks (chunks of Tc rows)
+ *                                              blocks:NAME:C:NH:V:Tc[,Tc...]   check_attention_tiles (chunks of Tc rows)
  *                                              blocksdrop:NAME:C:NH:V:Tc[,...] the same with attention dropout 0.1
  *                                              docs:NAME:C:NH:V:T[,T...]       check_documents (packed documents)
  *                                              docsdrop:NAME:C:NH:V:T[,T...]   the same with attention dropout 0.1
@@ -169,8 +169,8 @@ int main(int argc, char** argv) {
             else if (c.kind == LONG) check_attention(&sh, 1, T, 0);
             else if (c.kind == LONG_DROPOUT) check_attention(&sh, 1, T, 0.1f);
             else if (c.kind == ACCUM) check_grad_accumulation(&sh, T);
-            else if (c.kind == BLOCKS) check_attention_blocks(&sh, TEST_B, T, 0);
-            else if (c.kind == BLOCKS_DROPOUT) check_attention_blocks(&sh, TEST_B, T, 0.1f);
+            else if (c.kind == BLOCKS) check_attention_tiles(&sh, TEST_B, T, 0);
+            else if (c.kind == BLOCKS_DROPOUT) check_attention_tiles(&sh, TEST_B, T, 0.1f);
             else if (c.kind == DOCUMENTS) check_documents(&sh, TEST_B, T, 0);
             else if (c.kind == DOCUMENTS_DROPOUT) check_documents(&sh, TEST_B, T, 0.1f);
             else if (c.kind == SEGMENTS) {
