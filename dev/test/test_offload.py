@@ -234,6 +234,34 @@ def test_resume_with_another_tile_size_continues_bitwise_on_the_cpu(tiny_shards,
     assert losses(part)[-1] == losses(full)[-1] and losses(full)[-1][2] is not None  # the last validation
 
 
+@pytest.mark.parametrize("chooser", [["-r", "auto"], ["-r", "1", "--tile-tokens", "auto"]], ids=["r-auto", "tile-auto"])
+def test_gpu_resume_keeps_the_checkpoints_tile_where_it_fits(tiny_shards, tmp_path, chooser):
+    """Issue 44, 4, on the GPU trainer's plan (--plan: no GPU needed), over a
+    checkpoint the CPU trainer wrote at --tile-tokens 16: a GPU run's bits
+    depend on the tile, so -r auto (or --tile-tokens auto) resumes at 16
+    where a plan at 16 fits, and says so; where none does it refuses naming
+    --resume-override, with which it chooses another tile."""
+    exe = gpu_trainer()
+    out = tmp_path / "run"
+    train(tiny_shards, out, "--tile-tokens", "16")
+    base = [str(exe), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "6", "-o", out,
+            "-y", "1", *chooser]
+    res = run([*base, "--mem-budget", "1GiB", "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["tile_tokens"] == 16
+    assert re.search(r"--tile-tokens 16(,| is) the checkpoint's, kept on resume \(a GPU run's bits depend on the tile size", res.stderr), res.stderr
+    plan = [str(exe), *MODEL, "-b", "2", "-t", "32", "-i", "x", "-r", "1", "--plan-json"]
+    at16 = min(json.loads(run([*plan, "--tile-tokens", "16", "--segment-layers", K]).stdout)["total_bytes"] for K in "12345")
+    # -r auto: below every plan at 16; --tile-tokens auto with -r 1: below -r 1's own plan at 16
+    tight = str(at16 - 1 if chooser[1] == "auto" else json.loads(run([*plan, "--tile-tokens", "16"]).stdout)["total_bytes"] - 1)
+    res = run([*base, "--mem-budget", tight, "--plan"])
+    assert res.returncode == 1 and "trained with --tile-tokens 16" in res.stderr and "--resume-override" in res.stderr, res.stderr
+    res = run([*base, "--mem-budget", tight, "--resume-override", "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["tile_tokens"] != 16 and d["total_bytes"] <= int(tight)  # (untiled may fit: on a GPU tiles add buffers of their own)
+
+
 def test_tiled_plan_holds_one_tile_of_the_token_wise_tensors():
     flags, s = SHAPES["d12"]
     C, NH, N, K = s["C"], s["NH"], 2 * 512, 100

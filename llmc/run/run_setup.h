@@ -330,12 +330,15 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
         int L = run->cfg.num_layers;
         unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
         unsigned char* offload = (unsigned char*)malloc_check((size_t)L, "plan");
+        size_t host = 0, device = SIZE_MAX;
         if (recompute_auto_tiles(&s, budget, host_budget, search_tiles, modes, offload) == 0) {
-            char flag[8192];
-            format_recompute_flag(modes, offload, L, flag, sizeof(flag));
             s.layer_mode = modes;
             s.layer_offload = offload;
-            size_t host = 0, device = plan_totals_for(&s, -1, s.B, s.T, &host);
+            device = plan_totals_for(&s, -1, s.B, s.T, &host); /* the plan the run would build: it must fit */
+        }
+        if (device <= budget && host <= host_budget && (!s.host_shares_budget || size_add_sat(device, host) <= budget)) {
+            char flag[8192];
+            format_recompute_flag(modes, offload, L, flag, sizeof(flag));
             fprintf(stderr, "  --offload-checkpoints -r auto: here -r %s%s (%s of %s, %s)\n", flag,
                     tile_flag(s.tile_tokens, tiles, sizeof(tiles)), format_sizes(device, host, sizes, sizeof(sizes)), host_have, host_source);
             offloaded_fits = 1;
