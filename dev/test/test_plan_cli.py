@@ -276,6 +276,21 @@ def test_every_suggestion_fits_when_run(given, mib):
     check_every_suggestion_fits(base, budget, res.stderr)
 
 
+@pytest.mark.parametrize("mib", [30, 20, 12, 9])
+def test_every_suggestion_fits_when_run_over_processes(mib):
+    """4 layers at T=8192 planned over 4 processes in rings of 2: the
+    suggestions with more processes, more ring members, ZeRO-1, a smaller -b
+    or a shorter -t each fit when the trainer plans them over the processes
+    they name."""
+    budget = mib << 20
+    base = {"-e": "d6", "--layers": "4", "--heads": "2", "--channels": "64", "--max-seq-len": "8192", "--vocab-size": "64", "-b": "2",
+            "-t": "8192", "-i": "x", "--plan-processes": "4", "--context-parallel": "2"}
+    res = run([binary("train_gpt_cpu"), *[a for kv in base.items() for a in kv], "-r", "auto", "--mem-budget", budget, "--plan"])
+    assert res.returncode == 1 and "what would fit in" in res.stderr, res.stderr
+    sets = check_every_suggestion_fits(base, budget, res.stderr)
+    assert any("--context-parallel" in f for f in sets), res.stderr  # the ring grows before the sequence has to shrink alone
+
+
 def test_segments_advice_names_the_plan_that_fits():
     """The issue's case: -r 1 --segment-layers 2 in 70 MiB: -r 1 with
     segments and a tile fits at -t 4096 and is offered, not a per-layer mix

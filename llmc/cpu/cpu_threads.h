@@ -125,6 +125,10 @@ static inline int cpu_affinity_count(void) {
  * nothing is to be done, or when the second execution failed (then the
  * runtime's own default stands). */
 static inline void cpu_threads_wait_policy(char** argv) {
+#ifndef _OPENMP
+    (void)argv; /* no OpenMP runtime to tell */
+    return;
+#endif
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") || getenv(CPU_THREADS_REEXEC_MARK) || proc_launched()) return;
     if (setenv("OMP_WAIT_POLICY", "passive", 1) != 0 || setenv(CPU_THREADS_REEXEC_MARK, "1", 1) != 0) return;
     fflush(NULL);

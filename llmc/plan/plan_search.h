@@ -664,15 +664,28 @@ static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, F
         fprintf(out, "  %s -t %d\n", flag, s.T);
         any = 1;
     }
-    for (int n = 2 * world; MULTIPROC_BUILT && n <= 4096; n *= 2) {
+    for (int n = 2 * world, sharded = 0; MULTIPROC_BUILT && n <= 4096 && !sharded; n *= 2) {
+        int best_b = 0, best_ring = N; /* of the ring sizes on n processes, the one that keeps the largest batch */
+        for (int ring = N; ring <= n; ring *= 2) {
+            if (n % ring || (ring > 1 && spec->T % (2 * ring))) continue;
+            s = *spec;
+            s.zero_stage = 1;
+            s.context_parallel = ring;
+            int bn = plan_fitting_batch_keeping_tokens(&s, n, tokens, budget);
+            if (bn > best_b && plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra) == 0) { best_b = bn; best_ring = ring; }
+        }
+        if (!best_b) continue;
         s = *spec;
         s.zero_stage = 1;
-        int bn = plan_fitting_batch_keeping_tokens(&s, n, tokens, budget);
-        if (bn < 1 || plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra) != 0) continue;
-        if (bn < spec->B) fprintf(out, "  %s -b %d -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", flag, bn, tokens, n);
-        else fprintf(out, "  %s -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", flag, tokens, n);
-        any = 1;
-        break;
+        s.context_parallel = best_ring;
+        plan_fitting_batch_keeping_tokens(&s, n, tokens, budget);
+        plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra);
+        char batch[32] = "", ring[48] = "";
+        if (best_b < spec->B) snprintf(batch, sizeof(batch), " -b %d", best_b);
+        if (best_ring != N) snprintf(ring, sizeof(ring), " --context-parallel %d", best_ring);
+        fprintf(out, "  %s%s%s -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state%s)\n", flag, batch, ring, tokens, n,
+                best_ring != N ? "; more processes share each sequence" : "");
+        any = sharded = 1;
     }
     for (int n = 2 * world; !any && MULTIPROC_BUILT && n <= 4096; n *= 2) { /* shorter and sharded */
         s = *spec;
