@@ -476,9 +476,10 @@ static inline void resolve_auto_tiles(Run* run, PlanSpec* spec, int resume_tile)
     if (resume_tile >= 0) { /* the checkpoint's, as with -r auto (resolve_auto_recompute) */
         spec->tile_tokens = resume_tile;
         if (plan_total_for(spec, -1, spec->B, spec->T) <= budget) {
-            run->opt.tile_tokens = resume_tile;
+            plan_choice_broadcast(run, spec); /* rank 0's verdict, as below */
+            run->opt.tile_tokens = spec->tile_tokens;
             fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d, the checkpoint's, kept on resume (a GPU run's bits "
-                    "depend on the tile size; it fits %.1f MiB, %s)\n", resume_tile, mib(budget), source);
+                    "depend on the tile size; it fits %.1f MiB, %s)\n", spec->tile_tokens, mib(budget), source);
             return;
         }
         if (!run->opt.resume_override)
