@@ -165,8 +165,9 @@ def test_small_budgets_print_in_kib():
 @pytest.mark.parametrize("exe", ["train_gpt_cpu", "build/train_gpt_cpu_asan"])
 def test_zero_sharding_is_suggested_only_where_the_build_runs_processes(exe):
     """d12 at -b 1 -t 64: a budget between the plan over two processes with
-    ZeRO-1 and the plan of one process; the combination of a smaller -b,
-    -d ... and -z 1 across 2 processes is what fits (the batch of 4 does not)."""
+    ZeRO-1 and the plan of one process; -z 1 across 2 processes with -d ...
+    is what fits, with a smaller -b or both processes on each sequence (the
+    batch of 4 on one does not)."""
     one = plan_total("-b", "1", "-t", "64", "-r", "1")
     two = plan_total("-b", "1", "-t", "64", "-r", "1", "-z", "1", "--plan-processes", "2")
     assert two < one
@@ -174,7 +175,9 @@ def test_zero_sharding_is_suggested_only_where_the_build_runs_processes(exe):
     assert res.returncode == 1
     mpi = exe == "train_gpt_cpu" and built_with_mpi()
     if mpi:
-        assert re.search(r"^  -r \S+(?: --(?:segment-layers|tile-tokens) \d+)* -b \d -d 256 -z 1 across 2 processes", res.stderr, re.M), res.stderr
+        # a smaller -b, or the batch kept with both processes on each sequence
+        assert re.search(r"^  -r \S+(?: --(?:segment-layers|tile-tokens) \d+)*(?: -b \d| --context-parallel 2) -d 256 -z 1 across 2 processes",
+                         res.stderr, re.M), res.stderr
     else:
         assert "-z 1" not in res.stderr and "this build runs one process: no ZeRO-1" in res.stderr, res.stderr
 
