@@ -438,7 +438,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
         spec->tile_tokens = resume_tile;
         kept_tile = recompute_auto_plan(spec, budget, host_budget, 0, search_segments, run->layer_mode, run->layer_offload) == 0;
         if (!kept_tile && !run->opt.resume_override)
-            fail("-r auto: the checkpoint in %s was trained with --tile-tokens %d (chosen by -r auto), and no plan at that tile fits %s "
+            fail("-r auto: the checkpoint in %s was trained with --tile-tokens %d, and no plan at that tile fits %s "
                  "(%s); a GPU run's bits depend on the tile size: a larger --mem-budget, or --resume-override to let -r auto choose "
                  "another tile", run->opt.out_dir, resume_tile, have, source);
     }
