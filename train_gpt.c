@@ -33,6 +33,7 @@
 #include "llmc/cpu/cpu_data_parallel.h"
 #include "llmc/cpu/cpu_calibrate.h"
 #include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_tile_* below on llmc/core/ring.h's schedule */
+#include "llmc/cpu/cpu_threads.h"
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5
@@ -1286,13 +1287,16 @@ static void cpu_model_free(CpuModel* m) {
 
 #ifndef REMAT_NO_MAIN
 int main(int argc, char** argv) {
+    cpu_threads_wait_policy(argv); /* may execute the trainer again: before anything else */
     proc_init(&argc, &argv);
+    char threads_from[300];
+    cpu_threads_setup(threads_from, sizeof(threads_from));
     Run run;
     const TrainerTraits cpu_trainer = {FOR_CPU, (int)sizeof(real), (int)sizeof(real), 0, 0, CPU_LOGITS_CHUNK_ROWS};
     run_setup(&run, argc, argv, &cpu_trainer);
     run_print_header(&run);
 #ifdef _OPENMP
-    printf("threads: %d (OpenMP)\n", omp_get_max_threads());
+    printf("threads: %d (OpenMP: %s)\n", omp_get_max_threads(), threads_from);
 #endif
     CpuModel m;
     cpu_model_create(&m, &run.plan);

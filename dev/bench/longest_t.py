@@ -12,8 +12,8 @@ offloaded, the host budget, found by bisection (a plan grows with T).
   techniques   none           -r 0
                recompute      -r 1
                offload        -r 1 --offload-checkpoints (every layer's input in host memory)
-               tiles          -r 1 --tile-tokens auto (untiled where that fits, else the largest
-                              power-of-two tile of at least 64 rows that does)
+               tiles          -r 1 --tile-tokens auto (untiled where that fits, else the fastest
+                              power-of-two tile, down to one row, that does)
                segments       -r auto --tile-tokens auto, no host memory: the segment size
                               (--segment-layers), modes and tile chosen for the least predicted
                               time that fits the device

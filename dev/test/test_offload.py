@@ -4,10 +4,11 @@ to the same run without it (and to -r 0); the plan's device and host bytes
 against a count written out here; -r auto within both budgets; bad input."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO, binary, gpu_trainer, run
+from conftest import REPO, binary, copy_checkpoint, gpu_trainer, run
 from test_plan_cli import SHAPES, a256, independent_total
 
 # five layers: the staging ring's three slots wrap around
@@ -198,12 +199,68 @@ def test_tiled_runs_write_identical_files(tiny_shards, tmp_path, tile):
     assert losses(tmp_path / "r1") == losses(untiled)
 
 
-def test_resume_with_another_tile_size_is_refused(tiny_shards, tmp_path):
+def auto_tile_budget():
+    """A budget where -r auto on MODEL at -b 2 -t 32 must tile: below the
+    least untiled plan (-r 1 at any segment size), at or above a tiled one."""
+    base = [*MODEL, "-b", "2", "-t", "32", "-i", "x", "-r", "1"]
+    untiled = min(plan_json(*base, "--segment-layers", K)["total_bytes"] for K in range(1, 6))
+    tiled = min(plan_json(*base, "--segment-layers", K, "--tile-tokens", 1)["total_bytes"] for K in range(1, 6))
+    assert tiled < untiled
+    return untiled - 1
+
+
+@pytest.mark.parametrize("first,then", [(["--tile-tokens", "5"], ["--tile-tokens", "8"]),
+                                        (["-r", "auto", "--mem-budget", "TILED"], ["-r", "auto"]),
+                                        (["-r", "auto", "--mem-budget", "TILED"], ["-r", "1", "--segment-layers", "2"])],
+                         ids=["typed", "auto-chose-a-tile-then-none", "auto-then-fixed"])
+def test_resume_with_another_tile_size_continues_bitwise_on_the_cpu(tiny_shards, tmp_path, first, then):
+    """Issue 44, 4: on the CPU every tile size gives the untiled bits, so a
+    resume whose tile differs from the checkpoint's, typed or chosen by
+    -r auto under another budget (and its segments and modes with it), goes
+    on, says so, and writes the model files and losses of the run that did
+    not stop."""
+    budget = str(auto_tile_budget())
+    first = [budget if a == "TILED" else a for a in first]
+    full, part = tmp_path / "full", tmp_path / "part"
+    res = train(tiny_shards, full, *first)
+    if "auto" in first:
+        assert re.search(r"^recompute auto: .* --tile-tokens \d+;", res.stdout, re.M), res.stdout
+    copy_checkpoint(full, part, 2)
+    res = train(tiny_shards, part, *then, "-y", "1")
+    assert re.search(r"^resume: --tile-tokens \d+, the checkpoint's \d+: the CPU trainer's results do not depend on the tile size$",
+                     res.stdout, re.M), res.stdout
+    assert model_files(part) == {n: b for n, b in model_files(full).items() if n in model_files(part)} and "model_00000004.bin" in model_files(part)
+    trained = [e for e in losses(full) if e[0] > 2 and e[1] is not None]
+    assert [e for e in losses(part) if e[1] is not None] == trained and len(trained) == 2
+    assert losses(part)[-1] == losses(full)[-1] and losses(full)[-1][2] is not None  # the last validation
+
+
+@pytest.mark.parametrize("chooser", [["-r", "auto"], ["-r", "1", "--tile-tokens", "auto"]], ids=["r-auto", "tile-auto"])
+def test_gpu_resume_keeps_the_checkpoints_tile_where_it_fits(tiny_shards, tmp_path, chooser):
+    """Issue 44, 4, on the GPU trainer's plan (--plan: no GPU needed), over a
+    checkpoint the CPU trainer wrote at --tile-tokens 16: a GPU run's bits
+    depend on the tile, so -r auto (or --tile-tokens auto) resumes at 16
+    where a plan at 16 fits, and says so; where none does it refuses naming
+    --resume-override, with which it chooses another tile."""
+    exe = gpu_trainer()
     out = tmp_path / "run"
-    train(tiny_shards, out, "--tile-tokens", "5")
-    res = run([binary("train_gpt_cpu"), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", tiny_shards / "tiny_val.bin", "-b", "2",
-               "-t", "32", "-v", "2", "-m", "2", "-s", "0", "-l", "1e-3", "-x", "6", "-n", "2", "-o", out, "-y", "1", "--tile-tokens", "8"])
-    assert res.returncode != 0 and "--tile-tokens" in res.stderr.strip().splitlines()[-1], res.stderr
+    train(tiny_shards, out, "--tile-tokens", "16")
+    base = [str(exe), *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-s", "0", "-x", "6", "-o", out,
+            "-y", "1", *chooser]
+    res = run([*base, "--mem-budget", "1GiB", "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["tile_tokens"] == 16
+    assert re.search(r"--tile-tokens 16(,| is) the checkpoint's, kept on resume \(a GPU run's bits depend on the tile size", res.stderr), res.stderr
+    plan = [str(exe), *MODEL, "-b", "2", "-t", "32", "-i", "x", "-r", "1", "--plan-json"]
+    at16 = min(json.loads(run([*plan, "--tile-tokens", "16", "--segment-layers", K]).stdout)["total_bytes"] for K in "12345")
+    # -r auto: below every plan at 16; --tile-tokens auto with -r 1: below -r 1's own plan at 16
+    tight = str(at16 - 1 if chooser[1] == "auto" else json.loads(run([*plan, "--tile-tokens", "16"]).stdout)["total_bytes"] - 1)
+    res = run([*base, "--mem-budget", tight, "--plan"])
+    assert res.returncode == 1 and "trained with --tile-tokens 16" in res.stderr and "--resume-override" in res.stderr, res.stderr
+    res = run([*base, "--mem-budget", tight, "--resume-override", "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d["tile_tokens"] != 16 and d["total_bytes"] <= int(tight)  # (untiled may fit: on a GPU tiles add buffers of their own)
 
 
 def test_tiled_plan_holds_one_tile_of_the_token_wise_tensors():
@@ -253,7 +310,7 @@ def test_auto_tile_is_the_fastest_that_fits():
     """-r auto's choice against every (uniform -r, tile) plan the program
     gives: none that fits is predicted faster; a fixed -r with --tile-tokens
     auto takes the fastest tile that fits among untiled and the powers of two
-    from 2048 down to 64."""
+    from 2048 down, and the smallest (one row) where none fits."""
     flags, _ = SHAPES["24x2048"]
     tiles = [0, 2048, 1024, 512, 256, 128, 64]
     r1_tiled = plan_json(*flags, "-b", 1, "-t", 4096, "-r", "1", "--tile-tokens", 64)["total_bytes"]
@@ -271,7 +328,7 @@ def test_auto_tile_is_the_fastest_that_fits():
                 fastest = min(mine, key=lambda p: (p["predicted_step_seconds"], -p["tile_tokens"] if p["tile_tokens"] else -1e9))
                 assert got["tile_tokens"] == fastest["tile_tokens"], (r, budget)
             else:
-                assert got["tile_tokens"] == 64 and "no tile fits" in res.stderr
+                assert got["tile_tokens"] == 1 and "no tile fits" in res.stderr
 
 
 def test_gpu_tiled_plan_adds_the_fp32_tile_gradient_sums():
@@ -381,10 +438,21 @@ def test_docs_numbers_are_the_programs():
     rows = NUMBERS_ROW.findall((REPO / "docs/offload-and-tiles.md").read_text())
     assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
     host = 120 << 30
+    # The emulated build pads every device buffer with guard bytes (dev/emu/Makefile), so its plan is the
+    # table's plus that much per buffer; at the longest T, where only the smallest tiles fit, which one fits
+    # turns on those bytes: there each tiled row is checked with its own flags, the guard bytes taken out.
+    guard = re.search(r"-DPLAN_GUARD_BYTES=(\d+)", (REPO / "dev/emu/Makefile").read_text())
+    guard_bytes = int(guard.group(1)) if "emu" in Path(exe).name else 0
     for model, card, tech, T, limit, dev_gib, host_gib, flag, tile, _ in rows:
         cost_model, mib = lt.CARDS[card]
         budget, T = (mib - lt.HEADROOM_MIB) << 20, int(T)
         args = (lt.MODELS[model], lt.TECHNIQUES[tech])
+        if guard_bytes and int(tile):
+            d = lt.plan(str(exe), args[0], T, ["-r", *flag.split(), "--tile-tokens", tile], budget + guard_bytes * 4096, host, cost_model)
+            device = d["total_bytes"] - guard_bytes * len(d["buffers"])
+            assert device <= budget and d["host_total_bytes"] <= host, (model, card, tech, T)
+            assert f"{device / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib, (model, card, tech)
+            continue
         d = lt.plan(str(exe), args[0], T, args[1], budget, host, cost_model)
         assert lt.fits(d, budget, host), (model, card, tech, T)
         assert f"{d['total_bytes'] / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib

@@ -243,7 +243,8 @@ static void check_auto_offload_against_exhaustive(void) {
 
 /* -r auto choosing the tile size too, against an exhaustive search over
  * every per-layer choice (modes 0-3, and 1o, 3o with a host budget) at
- * every tile size it may take (untiled, 256, 128, 64 of 512 rows), each
+ * every tile size it may take (untiled, and the powers of two from 256 down
+ * to 1 of 512 rows: plan_tile_candidates, counted here), each
  * planned by plan_build and timed by the time model: at device budgets
  * across the range of all of them, auto's choice fits both budgets and its
  * predicted time is the least, or both find nothing. The cost models
@@ -252,7 +253,7 @@ static void check_auto_tiles_against_exhaustive(void) {
     CostModel cheap_tiles = {"cheap tiles", 1e14, 5e13, 1e12, 1e9, 1e-9, 1.0, 0, 0, 0, 0, 0};
     CostModel dear_tiles = {"dear tiles", 1e14, 5e13, 1e12, 1e11, 1e-3, 4096.0, 0, 0, 0, 0, 0};
     static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
-    static const int tiles[4] = {0, 256, 128, 64};
+    static const int tiles[10] = {0, 256, 128, 64, 32, 16, 8, 4, 2, 1};
     int checked = 0, tiled_choices = 0;
     for (int L = 1; L <= 3; L++)
         for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
@@ -260,13 +261,13 @@ static void check_auto_tiles_against_exhaustive(void) {
                 PlanSpec s = small_gpu_spec(L, c < NUM_COST_MODEL_DEFAULTS ? cost_model_defaults[c] : c == NUM_COST_MODEL_DEFAULTS ? cheap_tiles : dear_tiles);
                 int choices = with_offload ? 6 : 4, n = 1;
                 for (int l = 0; l < L; l++) n *= choices;
-                int all = 4 * n;
+                int all = 10 * n;
                 size_t* totals = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
                 size_t* hosts = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
                 double* secs = (double*)malloc_check((size_t)all * sizeof(double), "test");
                 unsigned char modes[3], offload[3], chosen[3], chosen_off[3];
                 size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
-                for (int k = 0; k < 4; k++)
+                for (int k = 0; k < 10; k++)
                     for (int code = 0; code < n; code++) {
                         int i = k * n + code;
                         for (int l = 0, r = code; l < L; l++, r /= choices) {
@@ -437,8 +438,8 @@ static __attribute__((noinline)) void check_segments_at_against_exhaustive(void)
 /* -r auto choosing the segment size too (recompute_auto_plan), against an
  * exhaustive search over K = 1 to L, every per-layer mode (and without
  * segments 1o and 3o, with them the segment inputs offloaded or not, with a
- * host budget), at every tile size it may take (untiled, 256, 128, 64 of
- * 512 rows), each planned by
+ * host budget), at every tile size it may take (untiled, and 256 down to 1
+ * of 512 rows), each planned by
  * plan_build and timed by the time model: at device budgets across the
  * range, auto's choice fits both budgets and its predicted time is the
  * least, or both find nothing. The cost models include one whose memory is
@@ -448,7 +449,7 @@ static void check_auto_segments_against_exhaustive(void) {
     CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
     CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
     static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
-    static const int tiles[4] = {0, 256, 128, 64};
+    static const int tiles[10] = {0, 256, 128, 64, 32, 16, 8, 4, 2, 1};
     int checked = 0, segment_choices = 0, offloaded_segments = 0;
     for (int L = 2; L <= 5; L++)
         for (int c = 0; c < NUM_COST_MODEL_DEFAULTS + 2; c++)
@@ -457,14 +458,14 @@ static void check_auto_segments_against_exhaustive(void) {
                 int n4 = 1, n6 = 1;
                 for (int l = 0; l < L; l++) { n4 *= 4; n6 *= 6; }
                 if (!with_offload) n6 = n4;
-                int per_tile = (with_offload ? n6 : n4) + (L - 1) * n4 * (with_offload ? 2 : 1), all = 4 * per_tile;
+                int per_tile = (with_offload ? n6 : n4) + (L - 1) * n4 * (with_offload ? 2 : 1), all = 10 * per_tile;
                 size_t* totals = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
                 size_t* hosts = (size_t*)malloc_check((size_t)all * sizeof(size_t), "test");
                 double* secs = (double*)malloc_check((size_t)all * sizeof(double), "test");
                 unsigned char modes[5], offload[5], chosen[5], chosen_off[5];
                 size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
                 int i = 0;
-                for (int k = 0; k < 4; k++)
+                for (int k = 0; k < 10; k++)
                     for (int K = 1; K <= L; K++) {
                         int choices = K == 1 && with_offload ? 6 : 4, n = K == 1 ? (with_offload ? n6 : n4) : n4;
                         for (int off = 0; off <= (K > 1 && with_offload ? 1 : 0); off++)
@@ -568,6 +569,62 @@ static void check_auto_segments_against_exhaustive(void) {
     }
     printf("auto with segments against exhaustive search: %d (L, cost model, offloading, budget) cases, %d chose segments, %d offloaded them\n",
            checked, segment_choices, offloaded_segments);
+}
+
+/* The CPU trainer's plans (one memory: host_shares_budget) of tiny models,
+ * B*T = 48 rows (not a power of two): an exhaustive search over every
+ * per-layer mode, K = 1 to L and every tile size the trainer accepts (0 and
+ * 1 to 48 rows, not only the candidates), each planned by plan_build. At
+ * budgets from below the least total found to above it, -r auto with tiles
+ * and segments searched (recompute_auto_plan) finds a plan exactly when the
+ * exhaustive search does, and plan_build says its plan fits; the
+ * suggestions' least plan (plan_least_layout) is the exhaustive least. */
+static void check_auto_finds_whatever_fits_on_the_cpu(void) {
+    int checked = 0;
+    for (int L = 1; L <= 4; L++)
+        for (int shape = 0; shape < 2; shape++) {
+            PlanSpec s;
+            memset(&s, 0, sizeof(s));
+            s.cfg = test_config(L, 2, shape ? 48 : 32, 50, 48);
+            s.B = shape ? 1 : 2; s.T = shape ? 48 : 24; s.backend = BACKEND_CPU; s.elem_bytes = 4; s.stat_bytes = 4;
+            s.world_size = 1; s.logits_chunk_rows = 16; s.io_chunk_floats = 1 << 10; s.host_shares_budget = 1;
+            s.cost_model = cost_model_defaults[0];
+            int cand[PLAN_MAX_TILE_CANDIDATES], n = plan_tile_candidates(&s, cand), want[7] = {0, 32, 16, 8, 4, 2, 1};
+            if (n != 7 || memcmp(cand, want, sizeof(want)) != 0) {
+                printf("  FAIL tile candidates of 48 rows: %d of them, not untiled and 32 down to 1\n", n);
+                failures++;
+            }
+            int codes = 1;
+            for (int l = 0; l < L; l++) codes *= 4;
+            unsigned char modes[4], chosen[4];
+            size_t least = SIZE_MAX;
+            for (int tile = 0; tile <= 48; tile++)
+                for (int K = 1; K <= L; K++)
+                    for (int code = 0; code < codes; code++) {
+                        for (int l = 0, r = code; l < L; l++, r /= 4) modes[l] = (unsigned char)(r % 4);
+                        s.layer_mode = modes; s.tile_tokens = tile; s.segment_layers = K;
+                        size_t t = plan_total_for(&s, -1, s.B, s.T);
+                        if (t < least) least = t;
+                    }
+            PlanSpec probe = s;
+            probe.layer_mode = NULL;
+            expect_eq("the suggestions' least plan against the exhaustive least", plan_least_layout(&probe), least);
+            size_t budgets[5] = {least - 4096, least - 1, least, least + 1, least + least / 8};
+            for (int i = 0; i < 5; i++) {
+                s.layer_mode = NULL; s.tile_tokens = 0; s.segment_layers = 1;
+                int rc = recompute_auto_plan(&s, budgets[i], 0, 1, 1, chosen, NULL);
+                checked++;
+                int exhaustive = budgets[i] >= least;
+                s.layer_mode = chosen;
+                size_t t = rc == 0 ? plan_total_for(&s, -1, s.B, s.T) : 0;
+                if ((rc == 0) != exhaustive || t > budgets[i]) {
+                    printf("  FAIL auto on the cpu L=%d shape %d budget %zu: rc %d (K %d, tile %d, %zu bytes); exhaustive least %zu\n", L,
+                           shape, budgets[i], rc, s.segment_layers, s.tile_tokens, t, least);
+                    failures++;
+                }
+            }
+        }
+    printf("auto on the cpu finds a plan whenever an exhaustive search over modes, segments and every tile does: %d cases\n", checked);
 }
 
 /* The tile costs against the formula of llmc/plan/cost_model.h written out
@@ -731,9 +788,25 @@ static void check_calibration_round_trip(void) {
 
 /* What an out-of-memory report suggests, on a GPU spec with master
  * weights: between -r 3's and -r 0's totals, -r auto's mix, -r 3 and -r 1
- * on every layer, and -w 0; below -r 1's total, smaller -b and -t. */
+ * on every layer, and -w 0; below -r 1's total but above the least plan
+ * with tiles and segments, those at this -b and -t and no shorter -t; below
+ * the least plan, a shorter -t; under context parallelism the levers of the
+ * run's own processes (ZeRO-1) before a smaller batch. */
 static void expect_contains(const char* text, const char* needle) {
     if (!strstr(text, needle)) { printf("  FAIL suggestions lack '%s':\n%s", needle, text); failures++; }
+}
+
+static void expect_lacks(const char* text, const char* needle) {
+    if (strstr(text, needle)) { printf("  FAIL suggestions have '%s':\n%s", needle, text); failures++; }
+}
+
+static char* suggestions_at(const PlanSpec* s, size_t budget) {
+    char* text = NULL;
+    size_t len = 0;
+    FILE* f = open_memstream(&text, &len);
+    plan_print_suggestions(s, budget, f);
+    fclose(f);
+    return text;
 }
 
 static void check_suggestions(void) {
@@ -745,32 +818,45 @@ static void check_suggestions(void) {
     s.cfg = wide; s.B = 1; s.T = 8192; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
     s.world_size = 1; s.logits_chunk_rows = 2048; s.io_chunk_floats = 1 << 18;
     size_t t3 = plan_total_for(&s, RECOMPUTE_KEEP_ATTENTION, 1, 8192), t1 = plan_total_for(&s, RECOMPUTE_FULL, 1, 8192);
-    char* text = NULL;
-    size_t len = 0;
-    FILE* f = open_memstream(&text, &len);
-    plan_print_suggestions(&s, t3 + 1, f);
-    fclose(f);
+    PlanSpec probe = s;
+    size_t least = plan_least_layout(&probe);
+    if (!(least < t1)) { printf("  FAIL the least plan with tiles and segments (%zu) is not below -r 1's (%zu)\n", least, t1); failures++; }
+    char* text = suggestions_at(&s, t3 + 1);
     expect_contains(text, "-r auto: the fastest predicted mix that fits, here -r ");
     expect_contains(text, "-r 3 on every layer");
     expect_contains(text, "-r 1 on every layer");
     expect_contains(text, "-w 0 -r ");
     free(text);
-    f = open_memstream(&text, &len);
-    plan_print_suggestions(&s, t1 - 1, f);
-    fclose(f);
-    expect_contains(text, "-r 1 -t ");
-    if (strstr(text, "-r auto")) { printf("  FAIL suggested -r auto where nothing fits:\n%s", text); failures++; }
+    text = suggestions_at(&s, (least + t1) / 2);
+    expect_contains(text, "token tiles and segment checkpointing, keeping the batch and the sequence length");
+    expect_lacks(text, " -t ");
+    expect_lacks(text, " -b ");
+    expect_lacks(text, "-r auto");
+    free(text);
+    text = suggestions_at(&s, least - 1);
+    expect_contains(text, " -t ");
+    expect_lacks(text, "-r auto");
+    expect_lacks(text, "keeping the batch");
     free(text);
     /* context parallelism: 2 processes share each sequence, one group of B=4,
-     * so a step is 4 x 8192 tokens (not x processes), which -d must keep */
+     * so a step is 4 x 8192 tokens (not x processes), which -d must keep;
+     * ZeRO-1 over the two is the lever where it fits, else a smaller -b */
     s.B = 4; s.world_size = 2; s.context_parallel = 2;
-    f = open_memstream(&text, &len);
-    plan_print_suggestions(&s, plan_total_for(&s, RECOMPUTE_FULL, 2, 8192), f);
-    fclose(f);
-    expect_contains(text, " -d 32768 (the same 32768 tokens per step");
-    if (strstr(text, "-r 1 -b 4 ")) { printf("  FAIL suggested this run's -b 4 (ZeRO-1 it does not say):\n%s", text); failures++; }
+    probe = s;
+    probe.zero_stage = 1;
+    size_t least_z1 = plan_least_layout(&probe);
+    text = suggestions_at(&s, least_z1);
+    expect_contains(text, " -z 1: ZeRO-1 shards the optimizer state over this run's 2 processes");
+    expect_lacks(text, " -b ");
     free(text);
-    printf("out-of-memory suggestions: -r auto, -r 3, -r 1, -w 0; smaller -t below -r 1; -d under context parallelism\n");
+    s.zero_stage = 1; /* sharded already: a smaller batch is what is left */
+    probe = s;
+    probe.B = 2;
+    text = suggestions_at(&s, plan_least_layout(&probe));
+    expect_contains(text, " -b 2 -d 32768 (the same 32768 tokens per step");
+    if (strstr(text, " -b 4 ")) { printf("  FAIL suggested this run's -b 4 (ZeRO-1 it does not say):\n%s", text); failures++; }
+    free(text);
+    printf("out-of-memory suggestions: -r auto, -r 3, -r 1, -w 0; tiles and segments before a shorter -t; ZeRO-1, then -d, under context parallelism\n");
 }
 
 int main(void) {
@@ -809,6 +895,7 @@ int main(void) {
     check_rank_parallel();
     check_segments_at_against_exhaustive();
     check_auto_segments_against_exhaustive();
+    check_auto_finds_whatever_fits_on_the_cpu();
     check_tile_cost_formula();
     check_ring_busiest_member_pricing();
     check_link_calibration();

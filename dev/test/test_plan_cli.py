@@ -193,11 +193,151 @@ def test_auto_just_below_mode_zero_needs_some_recompute():
 
 
 def test_auto_nothing_fits_says_what_would():
+    """Below -r 1 untiled without segments: tiles and segments keep -t (no
+    shorter -t is offered); below the least of those, a shorter -t."""
     tot = mode_totals()
     res = auto(tot["1"] - 1)
     assert res.returncode == 1
-    assert "what would fit" in res.stderr and "-r 1 -t" in res.stderr
+    assert "what would fit" in res.stderr and "keeping the batch and the sequence length" in res.stderr, res.stderr
+    assert not re.search(r" -t \d+", res.stderr), res.stderr
     assert res.stderr.strip().splitlines()[-1].startswith("error: -r auto: nothing fits")
+    least = min(plan_json(*SHAPES["24x2048"][0], "-b", 1, "-t", 4096, "-r", 1, "--tile-tokens", tile, "--segment-layers", K)["total_bytes"]
+                for tile in (0, 1) for K in range(1, 25))
+    res = auto(least - 1)
+    assert res.returncode == 1 and re.search(r"^  -r 1\S*( --segment-layers \d+)?( --tile-tokens \d+)? -t \d+$", res.stderr, re.M), res.stderr
+    assert "keeping the batch" not in res.stderr
+
+
+# ---- what would fit: every suggestion is a plan that fits (issue 44, 3 and 6) ----
+
+def suggested_flags(stderr):
+    """Each line of 'what would fit' as trainer flags {flag: value} (its
+    processes as --plan-processes), skipping 'nothing at this model size'."""
+    lines = stderr.split("what would fit in", 1)[1].splitlines()[1:]
+    sets = []
+    for line in lines:
+        if not line.startswith("  "):
+            break
+        line = line.strip()
+        if line.startswith("nothing at this model size"):
+            continue
+        if line.startswith("-r auto:"):
+            text = re.search(r"here (-r .*?) \(\+", line).group(1)
+        elif " on every layer:" in line:
+            text = line.split(" on every layer:")[0]
+        else:
+            text = re.split(r": | \(", line)[0]
+        m = re.search(r" across (\d+) processes", text)
+        if m:
+            text = text[:m.start()] + f" --plan-processes {m.group(1)}"
+        words = text.split()
+        assert len(words) % 2 == 0, line
+        sets.append(dict(zip(words[::2], words[1::2])))
+    return sets
+
+
+def check_every_suggestion_fits(base, budget, stderr):
+    """Runs the trainer's --plan-json with each suggestion over `base`
+    ({flag: value}): the plan, device and host memory together (the CPU's
+    one memory), fits `budget`; the batch and length it keeps are base's or
+    less, and -d keeps the tokens per step. Returns the suggestions."""
+    sets = suggested_flags(stderr)
+    assert sets, stderr
+    for flags in sets:
+        run_flags = {**base, **flags}
+        if run_flags.get("--context-parallel", "1") != "1" or "--plan-processes" in flags:
+            run_flags.setdefault("--plan-processes", base.get("--plan-processes", "1"))
+        args = [a for kv in run_flags.items() for a in kv]
+        d = plan_json(*args)
+        assert d["total_bytes"] + d["host_total_bytes"] <= budget, (flags, d["total_bytes"], budget, stderr)
+        assert int(run_flags["-t"]) <= int(base["-t"]) and int(run_flags["-b"]) <= int(base["-b"]), (flags, stderr)
+    return sets
+
+
+MODEL_8x128 = {"-e": "d6", "--layers": "8", "--heads": "4", "--channels": "128", "--max-seq-len": "4096", "--vocab-size": "256",
+               "-b": "1", "-t": "4096", "-i": "x"}
+
+
+@pytest.mark.parametrize("mib", [80, 70, 68.3, 60, 45])
+@pytest.mark.parametrize("given", [["-r", "1", "--segment-layers", "2"], ["-r", "2"], ["-r", "auto", "--tile-tokens", "0"],
+                                   ["-r", "auto"]], ids=["r1-K2", "r2", "auto-untiled", "auto"])
+def test_every_suggestion_fits_when_run(given, mib):
+    """8 layers of C=128 at T=4096 (the issue's segments case: -r 1
+    --segment-layers 2 in 70 MiB was told -r 2:0-4, which needs 125 MiB):
+    whatever the run gave, each suggested flag set, planned by the trainer,
+    fits the budget."""
+    budget = int(mib * 2**20)
+    base = dict(MODEL_8x128)
+    plan = ["--plan"] if "auto" in given else []  # a fixed -r is held to --mem-budget only when it would run
+    res = run([binary("train_gpt_cpu"), *[a for kv in base.items() for a in kv], *given, "--mem-budget", budget, *plan])
+    if res.returncode == 0:
+        return  # -r auto found a plan: nothing to suggest
+    assert res.returncode == 1 and "what would fit in" in res.stderr, res.stderr
+    check_every_suggestion_fits(base, budget, res.stderr)
+
+
+@pytest.mark.parametrize("mib", [30, 20, 12, 9])
+def test_every_suggestion_fits_when_run_over_processes(mib):
+    """4 layers at T=8192 planned over 4 processes in rings of 2: the
+    suggestions with more processes, more ring members, ZeRO-1, a smaller -b
+    or a shorter -t each fit when the trainer plans them over the processes
+    they name."""
+    budget = mib << 20
+    base = {"-e": "d6", "--layers": "4", "--heads": "2", "--channels": "64", "--max-seq-len": "8192", "--vocab-size": "64", "-b": "2",
+            "-t": "8192", "-i": "x", "--plan-processes": "4", "--context-parallel": "2"}
+    res = run([binary("train_gpt_cpu"), *[a for kv in base.items() for a in kv], "-r", "auto", "--mem-budget", budget, "--plan"])
+    assert res.returncode == 1 and "what would fit in" in res.stderr, res.stderr
+    sets = check_every_suggestion_fits(base, budget, res.stderr)
+    assert any("--context-parallel" in f for f in sets), res.stderr  # the ring grows before the sequence has to shrink alone
+
+
+def test_segments_advice_names_the_plan_that_fits():
+    """The issue's case: -r 1 --segment-layers 2 in 70 MiB: -r 1 with
+    segments and a tile fits at -t 4096 and is offered, not a per-layer mix
+    that ignores the segments; -r auto itself finds it."""
+    budget = 70 << 20
+    args = [binary("train_gpt_cpu"), *[a for kv in MODEL_8x128.items() for a in kv], "--mem-budget", budget]
+    res = run([*args, "-r", "1", "--segment-layers", "2"])
+    assert res.returncode == 1
+    sets = check_every_suggestion_fits(MODEL_8x128, budget, res.stderr)
+    assert any(f.get("--segment-layers", "1") != "1" and "--tile-tokens" in f and "-t" not in f for f in sets), res.stderr
+    res = run([*args, "-r", "auto", "--plan"])
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^recompute auto: fits .* --segment-layers \d+ --tile-tokens \d+;", res.stdout, re.M), res.stdout
+
+
+def test_auto_searches_tiles_below_64():
+    """At 68.3 MiB the 8x128 model fits -r 1 --segment-layers 2 only with a
+    tile below 64 rows (64: 68.5 MiB): -r auto finds one, and its least plan
+    when nothing fits is at the smallest tile, one row."""
+    args = [binary("train_gpt_cpu"), *[a for kv in MODEL_8x128.items() for a in kv], "-r", "auto"]
+    tile64 = plan_json(*[a for kv in MODEL_8x128.items() for a in kv], "-r", "1", "--segment-layers", "2", "--tile-tokens", "64")
+    budget = tile64["total_bytes"] - 1
+    res = run([*args, "--mem-budget", budget, "--plan-json"])
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert 0 < d["tile_tokens"] < 64 and d["total_bytes"] <= budget, d["tile_tokens"]
+    res = run([*args, "--mem-budget", 40 << 20, "--plan"])
+    assert res.returncode == 1
+    assert re.search(r"^-r auto: even full recompute on every layer --tile-tokens 1( --segment-layers \d+)? \(", res.stderr, re.M), res.stderr
+
+
+def test_context_parallel_advice_adds_ring_members_before_cutting_t():
+    """--context-parallel 4 on 8 processes where nothing fits at T = 8192
+    but 8 ring members with ZeRO-1 do: that is offered, with -d keeping the
+    tokens per step, and no shorter -t or smaller -b."""
+    model = {"-e": "d6", "--layers": "4", "--heads": "4", "--channels": "256", "--max-seq-len": "8192", "--vocab-size": "256",
+             "-b": "1", "-t": "8192", "-i": "x", "--plan-processes": "8", "--context-parallel": "4"}
+    flat = [a for kv in model.items() for a in kv]
+    cp8 = plan_json(*flat[:-2], "--context-parallel", "8", "-r", "1", "-z", "1", "--tile-tokens", "1", "--segment-layers", "2")
+    cp4 = min(plan_json(*flat, "-r", "1", "-z", "1", "--tile-tokens", t, "--segment-layers", K)["total_bytes"] for t in (0, 1) for K in (1, 2, 4))
+    assert cp8["total_bytes"] < cp4
+    budget = (cp8["total_bytes"] + cp4) // 2
+    res = run([binary("train_gpt_cpu"), *flat, "-r", "auto", "--mem-budget", budget, "--plan"])
+    assert res.returncode == 1
+    sets = check_every_suggestion_fits(model, budget, res.stderr)
+    assert any(f.get("--context-parallel") == "8" and f.get("-d") == "16384" for f in sets), res.stderr
+    assert not re.search(r" -t \d+| -b \d+", res.stderr), res.stderr
 
 
 def test_keep_attention_costs_a_small_fraction_of_full_recompute_at_long_T():

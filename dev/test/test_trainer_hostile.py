@@ -136,16 +136,24 @@ def plan_total(*extra):
     return json.loads(res.stdout)["total_bytes"]
 
 
+def least_plan(*extra):
+    """The least plan the suggestions' levers reach: -r 1, untiled or at a
+    tile of one row, at any of d12's segment sizes."""
+    return min(plan_total(*extra, "-r", "1", "--tile-tokens", tile, "--segment-layers", K) for tile in ("0", "1") for K in map(str, range(1, 13)))
+
+
 def test_smaller_batch_suggestions_keep_the_tokens_per_step():
-    """-b 8 -t 256 -d 2048: a budget where -r 1 fits up to -b 7, but only
-    -b 1, 2, 4 (and 8) keep 2048 tokens per step (untiled: a token tile
-    would let -b 8 fit, and so would segments)."""
-    b7 = plan_total("-b", "7", "-t", "256", "-r", "1")
+    """-b 8 -t 256 -d 2048: a budget where the least plan (tiles and
+    segments) fits up to -b 7, but only -b 1, 2, 4 (and 8) keep 2048
+    tokens per step; and no lever keeps -b 8."""
+    b7 = least_plan("-b", "7", "-t", "256")
+    assert least_plan("-b", "8", "-t", "256") > b7
     res = run([binary("train_gpt_cpu"), "-e", "d12", "-i", "x", "-b", "8", "-t", "256", "-d", "2048", "-r", "auto",
                "--tile-tokens", "0", "--segment-layers", "1", "--mem-budget", str(b7), "--plan"])
     assert res.returncode == 1
-    m = re.search(r"^  -r 1 -b (\d+) -d (\d+) ", res.stderr, re.M)
+    m = re.search(r"^  -r \S+(?: --(?:segment-layers|tile-tokens) \d+)* -b (\d+) -d (\d+) ", res.stderr, re.M)
     assert m and (int(m.group(1)), int(m.group(2))) == (4, 2048), res.stderr
+    assert "keeping the batch" not in res.stderr
 
 
 def test_small_budgets_print_in_kib():
@@ -157,8 +165,9 @@ def test_small_budgets_print_in_kib():
 @pytest.mark.parametrize("exe", ["train_gpt_cpu", "build/train_gpt_cpu_asan"])
 def test_zero_sharding_is_suggested_only_where_the_build_runs_processes(exe):
     """d12 at -b 1 -t 64: a budget between the plan over two processes with
-    ZeRO-1 and the plan of one process; the combination -r 1 -b 1 -d ... -z 1
-    is what fits (the batch of 4 does not)."""
+    ZeRO-1 and the plan of one process; -z 1 across 2 processes with -d ...
+    is what fits, with a smaller -b or both processes on each sequence (the
+    batch of 4 on one does not)."""
     one = plan_total("-b", "1", "-t", "64", "-r", "1")
     two = plan_total("-b", "1", "-t", "64", "-r", "1", "-z", "1", "--plan-processes", "2")
     assert two < one
@@ -166,7 +175,9 @@ def test_zero_sharding_is_suggested_only_where_the_build_runs_processes(exe):
     assert res.returncode == 1
     mpi = exe == "train_gpt_cpu" and built_with_mpi()
     if mpi:
-        assert re.search(r"^  -r 1 -b \d -d 256 -z 1 across 2 processes", res.stderr, re.M), res.stderr
+        # a smaller -b, or the batch kept with both processes on each sequence
+        assert re.search(r"^  -r \S+(?: --(?:segment-layers|tile-tokens) \d+)*(?: -b \d| --context-parallel 2) -d 256 -z 1 across 2 processes",
+                         res.stderr, re.M), res.stderr
     else:
         assert "-z 1" not in res.stderr and "this build runs one process: no ZeRO-1" in res.stderr, res.stderr
 

@@ -140,7 +140,7 @@ static const FlagSpec flag_table[] = {
     {"--plan-processes", FLAG_INT, OPT(plan_processes), 0, 65536, FOR_BOTH, "--plan, --plan-json: plan for this many processes (per-process bytes; with -z 1 the optimizer state is sharded; 0: the processes running)"},
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
     {"--offload-checkpoints", FLAG_SWITCH, OPT(offload_checkpoints), 0, 1, FOR_BOTH, "keep what -r 1 and -r 3 layers keep (their input; -r 3 also attention's output) in host memory, copied out after the layer's forward and back during the backward; with -r auto: let it choose which layers offload"},
-    {"--tile-tokens", FLAG_STRING, OPT(tile_tokens_flag), 0, 0, FOR_BOTH, "token tiles: LayerNorms, matmuls, GELU and residual adds over K of the B*T rows at a time, so the recompute set's token-wise tensors hold K rows (0: off; auto: the size -r auto would choose, untiled or a power of two from 64 up, the least predicted time that fits --mem-budget; not given: -r auto chooses it and prints it)"},
+    {"--tile-tokens", FLAG_STRING, OPT(tile_tokens_flag), 0, 0, FOR_BOTH, "token tiles: LayerNorms, matmuls, GELU and residual adds over K of the B*T rows at a time, so the recompute set's token-wise tensors hold K rows (0: off; auto: the size -r auto would choose, untiled or a power of two (down to one row), the least predicted time that fits --mem-budget; not given: -r auto chooses it and prints it)"},
     {"--segment-layers", FLAG_STRING, OPT(segment_layers_flag), 0, 0, FOR_BOTH, "segment checkpointing: keep only the input of the first layer of each segment of K layers and, in the backward, run a segment's forward again from it before its layers' backward; the -r modes apply inside a segment (-r 1: about L/K + K kept inputs, 2 sqrt(L) at K = sqrt(L), for one more forward of all but the top segment); --offload-checkpoints then offloads the segment inputs (1: off; auto: the K -r auto would choose; not given: -r auto chooses it and prints it)"},
     {"--host-mem-budget", FLAG_STRING, OPT(host_mem_budget), 0, 0, FOR_BOTH, "host memory for offloaded checkpoints (--plan, -r auto, and a run's check), e.g. 120GiB; default: available host memory within cgroup and ulimit -v limits"},
     {"--host-link", FLAG_STRING, OPT(host_link), 0, 0, FOR_BOTH, "device-host link of the time model, for offloading: pcie4|pcie5|nvlink-c2c or bytes/s per direction like 40e9 (default: the cost model's, measured in a file REMAT_PROFILE_COST_MODEL wrote)"},
@@ -261,6 +261,14 @@ static inline void print_usage(const char* prog, int trainer) {
         printf("  %-22s %s [%s]\n", head, f->help, def);
     }
     printf("  %-22s show this help\n", "-h, --help");
+    if (trainer != FOR_CPU) return;
+    /* OpenMP's own variables, whose defaults the CPU trainer sets (llmc/cpu/cpu_threads.h) */
+    printf("\nenvironment (each, when set, overrides the trainer's default; neither changes the results' bits):\n");
+    printf("  %-22s OpenMP threads [the CPUs this process may run on (its affinity), at most the cgroup's CPU quota; under an MPI "
+           "launcher, the launcher's placement]\n", "OMP_NUM_THREADS=N");
+    printf("  %-22s passive: idle threads sleep at once, which holds up when other jobs share the cores; active: they spin, a little "
+           "faster on cores of its own [passive, unless GOMP_SPINCOUNT is set; under an MPI launcher, the OpenMP runtime's]\n",
+           "OMP_WAIT_POLICY=S");
 }
 
 /* Whether s starts as a number written plainly: a digit, or '-' then a

@@ -249,19 +249,23 @@ static inline int recompute_auto_offload(const PlanSpec* spec, size_t budget, si
 
 /* ---- token tiles: -r auto and --tile-tokens auto ---- */
 
-/* The smallest tile tried: below it the passes' fixed costs and the
- * matmuls' short rows cost more than any memory a tile saves is worth. */
-#define PLAN_TILE_MIN_ROWS 64
+/* The smallest tile the trainers accept, and so the searches' smallest:
+ * one row. Small tiles cost time (a pass per tile, matmuls of few rows),
+ * which the time model prices, so a search takes them only where nothing
+ * larger fits. */
+#define PLAN_TILE_MIN_ROWS 1
 #define PLAN_MAX_TILE_CANDIDATES 40
 
 /* Tile sizes the searches try: untiled (0), then the powers of two below
- * this rank's B*T/N rows, halving down to PLAN_TILE_MIN_ROWS. */
+ * this rank's B*T/N rows, halving down to PLAN_TILE_MIN_ROWS. A plan
+ * shrinks with its tile, so where a tile of any size fits, the power of two
+ * at or below it fits too. */
 static inline int plan_tile_candidates(const PlanSpec* s, int out[PLAN_MAX_TILE_CANDIDATES]) {
     size_t rows = (size_t)s->B * (size_t)plan_local_T(s), k = 1;
     int n = 0;
     out[n++] = 0;
     while (2 * k < rows) k *= 2;
-    for (; k >= PLAN_TILE_MIN_ROWS && n < PLAN_MAX_TILE_CANDIDATES; k /= 2) out[n++] = (int)k;
+    for (; k >= PLAN_TILE_MIN_ROWS && k < rows && n < PLAN_MAX_TILE_CANDIDATES; k /= 2) out[n++] = (int)k;
     return n;
 }
 
@@ -550,20 +554,93 @@ static inline int recompute_auto(const PlanSpec* spec, size_t budget, unsigned c
     return recompute_auto_offload(spec, budget, 0, modes, NULL);
 }
 
-/* The -r auto choice of spec under budget as a flag value and its predicted
- * extra time; 0, or -1 when nothing fits. */
-static inline int auto_choice(const PlanSpec* spec, size_t budget, char* flag, size_t n, double* extra) {
-    int L = spec->cfg.num_layers;
+/* ---- what would fit: the suggestions printed when a plan does not ---- */
+
+/* Device bytes of s's plan with modes (NULL: s's own), counting the host
+ * pool where it is the same memory (host_shares_budget): what a budget must hold. */
+static inline size_t plan_budget_bytes(const PlanSpec* s, unsigned char* modes) {
+    PlanSpec p = *s;
+    if (modes) { p.layer_mode = modes; p.layer_offload = NULL; }
+    size_t host = 0, device = plan_totals_for(&p, -1, p.B, p.T, &host);
+    return p.host_shares_budget ? size_add_sat(device, host) : device;
+}
+
+/* " --segment-layers K --tile-tokens k" as far as s segments and tiles. */
+static inline const char* plan_layout_flags(const PlanSpec* s, char* buf, size_t n) {
+    size_t used = 0;
+    buf[0] = '\0';
+    if (plan_segment_layers(s) > 1) used = (size_t)snprintf(buf, n, " --segment-layers %d", plan_segment_layers(s));
+    if (s->tile_tokens > 0 && used < n) snprintf(buf + used, n - used, " --tile-tokens %d", s->tile_tokens);
+    return buf;
+}
+
+/* s at batch B over `world` processes, `N` sharing each sequence, keeping
+ * `tokens` per step: the micro-steps follow (0 when B*T*groups does not
+ * divide the tokens). */
+static inline int plan_respread(PlanSpec* s, int B, int T, int world, int N, long long tokens) {
+    s->B = B;
+    s->T = T;
+    s->world_size = world;
+    s->context_parallel = N;
+    long long micro = (long long)B * T * (world / N);
+    if (micro <= 0 || tokens % micro != 0) return 0;
+    s->grad_accum = s->micro_steps = (int)(tokens / micro);
+    return 1;
+}
+
+/* The least device memory the levers reach at s's batch and length: -r 1
+ * on every layer (it keeps the least), untiled or at the smallest tile
+ * (a plan shrinks with its tile; tiles add buffers of their own, so
+ * untiled may be less), at the segment size of least memory. Sets s's
+ * tile and segment size to that plan's; returns its bytes (plan_budget_bytes). */
+static inline size_t plan_least_layout(PlanSpec* s) {
+    int cand[PLAN_MAX_TILE_CANDIDATES], n = plan_tile_candidates(s, cand), L = s->cfg.num_layers;
+    int tiles[2] = {0, cand[n - 1]}, best_tile = 0, best_k = 1;
+    size_t least = SIZE_MAX;
+    unsigned char* full = (unsigned char*)malloc_check((size_t)L, "plan");
+    memset(full, RECOMPUTE_FULL, (size_t)L);
+    for (int i = 0; i < 2; i++)
+        for (int K = 1; K <= L; K++) {
+            s->tile_tokens = tiles[i];
+            s->segment_layers = K;
+            size_t b = plan_budget_bytes(s, full);
+            if (b < least) { least = b; best_tile = tiles[i]; best_k = K; }
+        }
+    free(full);
+    s->tile_tokens = best_tile;
+    s->segment_layers = best_k;
+    return least;
+}
+
+/* The plan to suggest at s (batch, length, processes as set): -r auto's
+ * choice, with the tile and segment size searched too (search) or s's,
+ * as flags ("-r MIX --segment-layers K --tile-tokens k") and its predicted
+ * extra time. Every suggestion is checked by plan_build against the budget
+ * (the plan that would run); with search, when -r auto's choice did not
+ * check out, the least plan (plan_least_layout) stands in. Returns 0, or -1
+ * when nothing fits. */
+static inline int plan_suggest(const PlanSpec* base, size_t budget, int search, char* flag, size_t n, double* extra) {
+    PlanSpec s = *base;
+    int L = s.cfg.num_layers, rc = -1;
     unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
-    int rc = recompute_auto(spec, budget, modes);
+    if (recompute_auto_plan(&s, budget, 0, search, search, modes, NULL) == 0 && plan_budget_bytes(&s, modes) <= budget) rc = 0;
+    if (rc != 0 && search && plan_least_layout(&s) <= budget) {
+        memset(modes, RECOMPUTE_FULL, (size_t)L);
+        rc = 0;
+    }
     if (rc == 0) {
-        format_recompute_flag(modes, NULL, L, flag, n);
-        plan_predicted_seconds(spec, modes, extra);
+        char layout[96];
+        size_t used = (size_t)snprintf(flag, n, "-r ");
+        format_recompute_flag(modes, NULL, L, flag + used, n - used);
+        used = strlen(flag);
+        snprintf(flag + used, n - used, "%s", plan_layout_flags(&s, layout, sizeof(layout)));
+        s.layer_mode = modes;
+        s.layer_offload = NULL;
+        plan_predicted_seconds(&s, modes, extra);
     }
     free(modes);
     return rc;
 }
-
 
 /* Tokens of one micro-step of B sequences of T over `world` processes: one
  * batch per data-parallel group (world / --context-parallel N), as -d counts. */
@@ -571,93 +648,158 @@ static inline long long plan_micro_step_tokens(const PlanSpec* spec, int B, int 
     return (long long)B * spec->T * (world / plan_context_parallel(spec));
 }
 
-/* The largest batch B' <= B with which -r 1 fits over `world` processes
- * (ZeRO-1 when more than the run's: the run's own stage on its own) and the tokens per step stay what they are
- * (B' * T * groups divides them, so -d keeps them with more micro-steps);
- * 0 when none. */
-static inline int plan_fitting_batch_keeping_tokens(const PlanSpec* spec, int world, size_t budget) {
-    PlanSpec s = *spec;
-    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
-    s.world_size = world;
-    if (world > spec->world_size) s.zero_stage = 1;
-    for (int b = plan_max_fitting(&s, RECOMPUTE_FULL, 0, spec->B, budget); b >= 1; b--)
-        if (tokens % plan_micro_step_tokens(spec, b, world) == 0) return b;
+/* The largest batch B' <= B with which s's least plan (plan_least_layout)
+ * fits over `world` processes and the tokens per step stay `tokens` (B' *
+ * T * groups divides them, so -d keeps them with more micro-steps); 0 when
+ * none. Sets s to that batch. */
+static inline int plan_fitting_batch_keeping_tokens(PlanSpec* s, int world, long long tokens, size_t budget) {
+    PlanSpec probe = *s;
+    int lo = 0, hi = s->B, N = plan_context_parallel(s);
+    while (lo < hi) { /* the least plan grows with B */
+        int mid = lo + (hi - lo + 1) / 2;
+        long long micro = (long long)mid * s->T * (world / N);
+        probe.B = mid;
+        probe.world_size = world;
+        probe.grad_accum = probe.micro_steps = (int)((tokens + micro - 1) / micro); /* a GPU sums several in fp32 */
+        if (plan_least_layout(&probe) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    for (int b = lo; b >= 1; b--)
+        if (plan_respread(s, b, s->T, world, N, tokens)) return b;
     return 0;
 }
 
+/* The longest T' <= s's T, a multiple of 2N under context parallelism, with
+ * which s's least plan fits; 0 when none. Sets s to that length. */
+static inline int plan_fitting_length(PlanSpec* s, size_t budget) {
+    PlanSpec probe = *s;
+    int N = plan_context_parallel(s), t_step = N > 1 ? 2 * N : 1, lo = 0, hi = s->T / t_step;
+    while (lo < hi) { /* in steps of 2N; the least plan grows with T */
+        int mid = lo + (hi - lo + 1) / 2;
+        probe.T = mid * t_step;
+        if (plan_least_layout(&probe) <= budget) lo = mid;
+        else hi = mid - 1;
+    }
+    s->T = lo * t_step;
+    return s->T;
+}
+
 /* What would fit instead, as flags; printed when the plan does not fit.
- * When no recompute choice fits at this batch, combinations of a smaller
- * batch (tokens per step kept with -d), a shorter sequence and ZeRO-1 over
- * more processes (only where this build runs several). */
+ * Every line is a plan that plan_build says fits (plan_suggest). First
+ * -r auto's mix at the run's tile and segment size (and the modes on every
+ * layer that fit), -w 0 where there are master weights. When no mix fits,
+ * the levers that keep the batch and the sequence, on this run's processes:
+ * token tiles and segments, ZeRO-1, more members in each context-parallel
+ * ring; only when none of them fits, what changes the run's shape: a smaller
+ * batch keeping the tokens per step (-d), ZeRO-1 over more processes (only
+ * where this build runs several), a shorter sequence, each with the levers. */
 static inline void plan_print_suggestions(const PlanSpec* spec, size_t budget, FILE* out) {
-    char size[32];
-    fprintf(out, "what would fit in %s", format_size(budget, size, sizeof(size)));
-    if (spec->tile_tokens > 0) fprintf(out, " (each with --tile-tokens %d)", spec->tile_tokens);
-    fprintf(out, ":\n");
-    char flag[8192];
+    char size[32], flag[8192], layout[96];
     double extra = 0.0;
-    int fits = auto_choice(spec, budget, flag, sizeof(flag), &extra) == 0;
+    fprintf(out, "what would fit in %s:\n", format_size(budget, size, sizeof(size)));
+    int fits = plan_suggest(spec, budget, 0, flag, sizeof(flag), &extra) == 0;
     if (fits) {
-        fprintf(out, "  -r auto: the fastest predicted mix that fits, here -r %s (+%.1f%% predicted time)\n", flag, 100.0 * extra);
+        fprintf(out, "  -r auto: the fastest predicted mix that fits, here %s (+%.1f%% predicted time)\n", flag, 100.0 * extra);
         ModeFit fit[NUM_RECOMPUTE_MODES];
         plan_mode_fits(spec, 0, fit);
         for (int i = 1; i < NUM_RECOMPUTE_MODES; i++)
             if (fit[i].total_bytes <= budget)
-                fprintf(out, "  -r %d on every layer: %.1f MiB (+%.1f%% predicted time)\n", fit[i].mode, mib(fit[i].total_bytes),
-                        100.0 * fit[i].extra_time_fraction);
+                fprintf(out, "  -r %d%s on every layer: %.1f MiB (+%.1f%% predicted time)\n", fit[i].mode,
+                        plan_layout_flags(spec, layout, sizeof(layout)), mib(fit[i].total_bytes), 100.0 * fit[i].extra_time_fraction);
     }
     if (spec->master_weights) {
         PlanSpec w0 = *spec;
         w0.master_weights = 0;
-        if (auto_choice(&w0, budget, flag, sizeof(flag), &extra) == 0)
-            fprintf(out, "  -w 0 -r %s: no fp32 master weights (%.1f MiB less; updates round to the storage precision), "
+        if (plan_suggest(&w0, budget, 0, flag, sizeof(flag), &extra) == 0)
+            fprintf(out, "  -w 0 %s: no fp32 master weights (%.1f MiB less; updates round to the storage precision), "
                     "+%.1f%% predicted time\n", flag, mib(plan_total_for(spec, -1, spec->B, spec->T) - plan_total_for(&w0, -1, spec->B, spec->T)), 100.0 * extra);
     }
-    if (!fits) { /* segments keep one input per segment: what per-layer recompute cannot reach */
-        PlanSpec seg = *spec;
-        unsigned char* modes = (unsigned char*)malloc_check((size_t)spec->cfg.num_layers, "plan");
-        if (recompute_auto_plan(&seg, budget, 0, 0, 1, modes, NULL) == 0) {
-            format_recompute_flag(modes, NULL, spec->cfg.num_layers, flag, sizeof(flag));
-            plan_predicted_seconds(&seg, modes, &extra);
-            fprintf(out, "  -r %s --segment-layers %d: segment checkpointing (+%.1f%% predicted time)\n", flag, seg.segment_layers, 100.0 * extra);
-        }
-        free(modes);
-    }
     if (fits) return;
-    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, spec->world_size);
-    int any = 0;
-    int b = plan_fitting_batch_keeping_tokens(spec, spec->world_size, budget);
-    if (b >= 1) {
-        fprintf(out, "  -r 1 -b %d -d %lld (the same %lld tokens per step, in more micro-steps)\n", b, tokens, tokens);
+    int world = spec->world_size, N = plan_context_parallel(spec), any = 0;
+    long long tokens = spec_grad_accum(spec) * plan_micro_step_tokens(spec, spec->B, world);
+    /* the levers: this batch, this sequence, these processes */
+    if (plan_suggest(spec, budget, 1, flag, sizeof(flag), &extra) == 0) {
+        fprintf(out, "  %s: token tiles and segment checkpointing, keeping the batch and the sequence length (+%.1f%% predicted time)\n", flag, 100.0 * extra);
         any = 1;
     }
-    int t_step = plan_context_parallel(spec) > 1 ? 2 * plan_context_parallel(spec) : 1; /* -t a multiple of 2N under CP */
-    int t = plan_max_fitting(spec, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
-    if (t >= 1) { fprintf(out, "  -r 1 -t %d\n", t); any = 1; }
-    for (int n = 2 * spec->world_size; MULTIPROC_BUILT && n <= 4096; n *= 2) {
-        int bn = plan_fitting_batch_keeping_tokens(spec, n, budget);
-        if (bn < 1) continue;
-        if (bn < spec->B) fprintf(out, "  -r 1 -b %d -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", bn, tokens, n);
-        else fprintf(out, "  -r 1 -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", n);
-        any = 1;
-        break;
+    if (world > 1 && spec->zero_stage == 0) {
+        PlanSpec z = *spec;
+        z.zero_stage = 1;
+        if (plan_suggest(&z, budget, 1, flag, sizeof(flag), &extra) == 0) {
+            fprintf(out, "  %s -z 1: ZeRO-1 shards the optimizer state over this run's %d processes (+%.1f%% predicted time)\n", flag,
+                    world, 100.0 * extra);
+            any = 1;
+        }
     }
-    for (int n = 2 * spec->world_size; !any && MULTIPROC_BUILT && n <= 4096; n *= 2) { /* shorter and sharded */
-        PlanSpec more = *spec;
-        more.world_size = n;
-        more.zero_stage = 1;
-        more.B = 1;
-        int tn = plan_max_fitting(&more, RECOMPUTE_FULL, 1, spec->T, budget) / t_step * t_step;
-        if (tn < 1) continue;
-        fprintf(out, "  -r 1 -b 1 -t %d -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", tn, n);
+    for (int n = 2 * N; n <= world && !any; n *= 2) { /* more ring members: each holds T/n of a row */
+        if (world % n || spec->T % (2 * n)) continue;
+        for (int z = spec->zero_stage; z <= 1 && !any; z++) {
+            PlanSpec ring = *spec;
+            ring.zero_stage = z;
+            plan_respread(&ring, spec->B, spec->T, world, n, tokens);
+            if (plan_suggest(&ring, budget, 1, flag, sizeof(flag), &extra) != 0) continue;
+            fprintf(out, "  %s --context-parallel %d%s -d %lld: each sequence shared by %d of this run's %d processes "
+                    "(the same %lld tokens per step; +%.1f%% predicted time)\n", flag, n, z > spec->zero_stage ? " -z 1" : "", tokens, n,
+                    world, tokens, 100.0 * extra);
+            any = 1;
+        }
+    }
+    if (any) return;
+    /* what changes the run's shape: a smaller batch (the same tokens per
+     * step), more processes, a shorter sequence */
+    PlanSpec s = *spec;
+    int b = plan_fitting_batch_keeping_tokens(&s, world, tokens, budget);
+    if (b >= 1 && plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra) == 0) {
+        fprintf(out, "  %s -b %d -d %lld (the same %lld tokens per step, in more micro-steps)\n", flag, b, tokens, tokens);
+        any = 1;
+    }
+    s = *spec;
+    if (plan_fitting_length(&s, budget) >= 1 && plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra) == 0) {
+        fprintf(out, "  %s -t %d\n", flag, s.T);
+        any = 1;
+    }
+    for (int n = 2 * world, sharded = 0; MULTIPROC_BUILT && n <= 4096 && !sharded; n *= 2) {
+        int best_b = 0, best_ring = N; /* of the ring sizes on n processes, the one that keeps the largest batch */
+        for (int ring = N; ring <= n; ring *= 2) {
+            if (n % ring || (ring > 1 && spec->T % (2 * ring))) continue;
+            s = *spec;
+            s.zero_stage = 1;
+            s.context_parallel = ring;
+            int bn = plan_fitting_batch_keeping_tokens(&s, n, tokens, budget);
+            if (bn > best_b && plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra) == 0) { best_b = bn; best_ring = ring; }
+        }
+        if (!best_b) continue;
+        s = *spec;
+        s.zero_stage = 1;
+        s.context_parallel = best_ring;
+        plan_fitting_batch_keeping_tokens(&s, n, tokens, budget);
+        plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra);
+        char batch[32] = "", ring[48] = "";
+        if (best_b < spec->B) snprintf(batch, sizeof(batch), " -b %d", best_b);
+        if (best_ring != N) snprintf(ring, sizeof(ring), " --context-parallel %d", best_ring);
+        fprintf(out, "  %s%s%s -d %lld -z 1 across %d processes (ZeRO-1 shards the optimizer state%s)\n", flag, batch, ring, tokens, n,
+                best_ring != N ? "; more processes share each sequence" : "");
+        any = sharded = 1;
+    }
+    for (int n = 2 * world; !any && MULTIPROC_BUILT && n <= 4096; n *= 2) { /* shorter and sharded */
+        s = *spec;
+        s.world_size = n;
+        s.zero_stage = 1;
+        s.B = 1;
+        if (plan_fitting_length(&s, budget) < 1 || plan_suggest(&s, budget, 1, flag, sizeof(flag), &extra) != 0) continue;
+        fprintf(out, "  %s -b 1 -t %d -z 1 across %d processes (ZeRO-1 shards the optimizer state)\n", flag, s.T, n);
         any = 1;
     }
     if (!any) {
-        PlanSpec least = *spec;
-        if (MULTIPROC_BUILT) { least.world_size = 4096; least.zero_stage = 1; }
-        fprintf(out, "  nothing at this model size: with -r 1 -b 1 -t %d%s it still needs %s\n", t_step,
-                MULTIPROC_BUILT ? " -z 1 across 4096 processes" : " (this build runs one process: no ZeRO-1)",
-                format_size(plan_total_for(&least, RECOMPUTE_FULL, 1, t_step), size, sizeof(size)));
+        int t_step = N > 1 ? 2 * N : 1; /* -t a multiple of 2N under CP */
+        s = *spec;
+        if (MULTIPROC_BUILT) { s.world_size = 4096; s.zero_stage = 1; }
+        s.B = 1;
+        s.T = t_step;
+        size_t least = plan_least_layout(&s);
+        fprintf(out, "  nothing at this model size: with -r 1%s -b 1 -t %d%s it still needs %s\n", plan_layout_flags(&s, layout, sizeof(layout)),
+                t_step, MULTIPROC_BUILT ? " -z 1 across 4096 processes" : " (this build runs one process: no ZeRO-1)",
+                format_size(least, size, sizeof(size)));
     }
 }
 

@@ -7,9 +7,10 @@
  * the DONE marker carry the same id, and keeps it. The hyperparameters that
  * change the computation (learning rate and schedule, warmup, tokens per
  * step, seed, weight decay, betas, epsilon, clipping, shuffling, dropout, the
- * number of steps where the schedule decays over them) and the training data
- * (-i) are saved in each state file; a resume with a different value is
- * refused naming the flag, unless --resume-override.
+ * number of steps where the schedule decays over them, the token tile size)
+ * and the training data (-i) are saved in each state file; a resume with a
+ * different value is refused naming the flag, unless --resume-override. The
+ * tile size is compared only where it changes the bits (the GPU trainer).
  */
 #ifndef REMAT_RUN_IDENTITY_H
 #define REMAT_RUN_IDENTITY_H
@@ -49,6 +50,9 @@ typedef struct {
     /* the flag each dropout site's value came from as typed (--dropout or
      * the site's own), NULL when not typed: named when it differs */
     const char* dropout_flag[MODEL_NUM_PDROP];
+    /* whether the tile size changes the bits (the GPU trainer: a tile's
+     * fp32 sums; the CPU trainer gives the untiled bits for every K) */
+    int tiles_change_bits;
 } HparamContext;
 
 #define HP_OPT(field) offsetof(TrainOptions, field)
@@ -74,8 +78,12 @@ static const HparamSpec hparam_table[] = {
 #define HPARAMS_BEFORE_DROPOUT 12
 #define HPARAMS_BEFORE_STEPS 15
 #define HP_FIRST_DROPOUT 12
+#define HP_TILE_TOKENS 16
 #undef HP_OPT
 #define NUM_HPARAMS ((int)(sizeof(hparam_table) / sizeof(hparam_table[0])))
+
+/* The tile size a state's run trained with: 0 (untiled) in a state saved before the slot. */
+static inline int hparams_saved_tile_tokens(const int32_t* saved) { return saved[0] > HP_TILE_TOKENS ? saved[1 + HP_TILE_TOKENS] : 0; }
 
 static inline int schedule_index(const char* s) { return strcmp(s, "cosine") == 0 ? 0 : strcmp(s, "linear") == 0 ? 1 : 2; }
 static const char* const schedule_names[3] = {"cosine", "linear", "constant"};
@@ -133,6 +141,10 @@ static inline void hparams_check(const TrainOptions* o, const HparamContext* ctx
         char was[48], is[48];
         hparam_format(&hparam_table[i], saved[1 + i], was, sizeof(was));
         hparam_format(&hparam_table[i], now, is, sizeof(is));
+        if (i == HP_TILE_TOKENS && !ctx->tiles_change_bits) { /* no refusal: the bits are the same */
+            printf("resume: --tile-tokens %s, the checkpoint's %s: the CPU trainer's results do not depend on the tile size\n", is, was);
+            continue;
+        }
         const char* flag = hparam_flag_as_typed(i, ctx);
         const char* what = hparam_table[i].kind == HP_STEPS ? " steps (the learning-rate schedule decays over them)" : "";
         if (!o->resume_override)

@@ -374,12 +374,15 @@ static inline void refuse_auto_recompute(Run* run, PlanSpec* spec, size_t budget
         int L = run->cfg.num_layers;
         unsigned char* modes = (unsigned char*)malloc_check((size_t)L, "plan");
         unsigned char* offload = (unsigned char*)malloc_check((size_t)L, "plan");
+        size_t host = 0, device = SIZE_MAX;
         if (recompute_auto_tiles(&s, budget, host_budget, search_tiles, modes, offload) == 0) {
-            char flag[8192];
-            format_recompute_flag(modes, offload, L, flag, sizeof(flag));
             s.layer_mode = modes;
             s.layer_offload = offload;
-            size_t host = 0, device = plan_totals_for(&s, -1, s.B, s.T, &host);
+            device = plan_totals_for(&s, -1, s.B, s.T, &host); /* the plan the run would build: it must fit */
+        }
+        if (device <= budget && host <= host_budget && (!s.host_shares_budget || size_add_sat(device, host) <= budget)) {
+            char flag[8192];
+            format_recompute_flag(modes, offload, L, flag, sizeof(flag));
             fprintf(stderr, "  --offload-checkpoints -r auto: here -r %s%s (%s of %s, %s)\n", flag,
                     tile_flag(s.tile_tokens, tiles, sizeof(tiles)), format_sizes(device, host, sizes, sizeof(sizes)), host_have, host_source);
             offloaded_fits = 1;
@@ -442,7 +445,27 @@ static inline void auto_recompute_flags(const Run* run, const PlanSpec* spec, ch
     if (K > 1) snprintf(flag + used, n - used, " --segment-layers %d%s", K, off ? " --offload-checkpoints" : "");
 }
 
-static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_tiles, int search_segments) {
+/* -y 1 where the planner chooses the tile on the GPU: the tile size the
+ * checkpoint trained with, which a GPU run's bits depend on (another size
+ * sums in another fp32 order; docs/DESIGN.md, token tiles); -1 elsewhere:
+ * the CPU trainer's bits do not depend on it. */
+static inline int resume_tile_tokens(const Run* run, int trainer) {
+    int tile = -1;
+    if (run->resume_step >= 0 && trainer == FOR_GPU && run->rank == 0) {
+        char path[4200];
+        TrainState st;
+        checkpoint_path(path, sizeof(path), run->opt.out_dir, "state", run->resume_step, 0);
+        fclose(state_open(path, &st));
+        tile = hparams_saved_tile_tokens(st.hparams);
+    }
+    proc_broadcast(&tile, sizeof(tile), "the broadcast of the checkpoint's tile size");
+    return tile;
+}
+
+/* With resume_tile >= 0 (resume_tile_tokens), -r auto keeps the
+ * checkpoint's tile where some plan at it fits, and says so; where none
+ * does it refuses, unless --resume-override lets it choose another. */
+static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_tiles, int search_segments, int resume_tile) {
     const char* source = "";
     const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
@@ -454,7 +477,17 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     }
     char have[32], tiles[48];
     format_size(budget, have, sizeof(have));
-    if (recompute_auto_plan(spec, budget, host_budget, search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
+    int kept_tile = 0;
+    if (resume_tile >= 0) {
+        spec->tile_tokens = resume_tile;
+        kept_tile = recompute_auto_plan(spec, budget, host_budget, 0, search_segments, run->layer_mode, run->layer_offload) == 0;
+        if (!kept_tile && !run->opt.resume_override)
+            fail("-r auto: the checkpoint in %s was trained with --tile-tokens %d, and no plan at that tile fits %s "
+                 "(%s); a GPU run's bits depend on the tile size: a larger --mem-budget, or --resume-override to let -r auto choose "
+                 "another tile", run->opt.out_dir, resume_tile, have, source);
+    }
+    if (!kept_tile &&
+        recompute_auto_plan(spec, budget, host_budget, search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
         /* the suggestions may offload where a host budget is known: --offload-checkpoints' own, or one given */
         if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
         refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles, search_segments);
@@ -470,6 +503,9 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     fprintf(out, "recompute auto: fits %s (%s) with %.1f MiB: -r %s%s; predicted %.1f ms per step, +%.1f%% time over -r 0 (cost model %s)\n",
             have, source, mib(device), flag, tile_flag(spec->tile_tokens, tiles, sizeof(tiles)), 1e3 * secs, 100.0 * extra,
             spec_cost_model(spec).name);
+    if (kept_tile)
+        fprintf(out, "recompute auto: --tile-tokens %d is the checkpoint's, kept on resume (a GPU run's bits depend on the tile size; "
+                "it fits)\n", spec->tile_tokens);
     char used[32], host_have[32];
     if (run->opt.offload_checkpoints)
         fprintf(out, "recompute auto: host memory %s of %s (%s) for offloaded checkpoints\n", format_size(host, used, sizeof(used)),
@@ -478,9 +514,23 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
 
 /* --tile-tokens auto with a fixed -r: the fastest predicted tile size that
  * fits (plan_auto_tile). With -r auto the tile is part of its search. */
-static inline void resolve_auto_tiles(Run* run, PlanSpec* spec) {
+static inline void resolve_auto_tiles(Run* run, PlanSpec* spec, int resume_tile) {
     const char* source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
+    if (resume_tile >= 0) { /* the checkpoint's, as with -r auto (resolve_auto_recompute) */
+        spec->tile_tokens = resume_tile;
+        if (plan_total_for(spec, -1, spec->B, spec->T) <= budget) {
+            plan_choice_broadcast(run, spec); /* rank 0's verdict, as below */
+            run->opt.tile_tokens = spec->tile_tokens;
+            fprintf(setup_notes(&run->opt), "token tiles auto: --tile-tokens %d, the checkpoint's, kept on resume (a GPU run's bits "
+                    "depend on the tile size; it fits %.1f MiB, %s)\n", spec->tile_tokens, mib(budget), source);
+            return;
+        }
+        if (!run->opt.resume_override)
+            fail("--tile-tokens auto: the checkpoint in %s was trained with --tile-tokens %d, whose plan does not fit %.1f MiB (%s); a "
+                 "GPU run's bits depend on the tile size: a larger --mem-budget, or --resume-override to choose another tile",
+                 run->opt.out_dir, resume_tile, mib(budget), source);
+    }
     spec->tile_tokens = plan_auto_tile(spec, budget);
     plan_choice_broadcast(run, spec);
     int k = spec->tile_tokens;
@@ -642,10 +692,12 @@ static inline void run_resolve(Run* run, int argc, char** argv, const TrainerTra
     spec.tile_tokens = run->opt.tile_tokens;
     spec.segment_layers = run->opt.segment_layers;
     int choose_tiles = tiles_chosen_by_planner(run, trainer), choose_segments = segments_chosen_by_planner(run);
-    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec, choose_tiles, choose_segments);
+    int resume_tile = choose_tiles ? resume_tile_tokens(run, trainer) : -1;
+    run->hp.tiles_change_bits = trainer == FOR_GPU;
+    if (strcmp(run->opt.recompute, "auto") == 0) resolve_auto_recompute(run, &spec, choose_tiles, choose_segments, resume_tile);
     else {
         if (choose_segments) resolve_auto_segments(run, &spec);
-        if (choose_tiles) resolve_auto_tiles(run, &spec);
+        if (choose_tiles) resolve_auto_tiles(run, &spec, resume_tile);
     }
     plan_build(&run->plan, &spec);
     if (run->plan.overflow)
