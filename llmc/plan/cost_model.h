@@ -221,9 +221,13 @@ static inline void cost_model_attention_default(CostModel* cm, const char* card,
     }
 }
 
-/* --ring-link's link ("": MPI on the CPU trainer, NVLink on the GPU's). */
+/* The ring's link when --ring-link is not given: MPI on the CPU trainer,
+ * NVLink on the GPU's (ring_links' entries 2 and 0). */
+static inline RingLink ring_link_default(int backend) { return ring_links[backend == BACKEND_CPU ? 2 : 0]; }
+
+/* --ring-link's link ("": the backend's default). */
 static inline RingLink ring_link_resolve(const char* name, int backend) {
-    if (!name[0]) name = backend == BACKEND_CPU ? "mpi" : "nvlink";
+    if (!name[0]) return ring_link_default(backend);
     for (int i = 0; i < NUM_RING_LINKS; i++)
         if (strcmp(name, ring_links[i].name) == 0) return ring_links[i];
     fail("flag --ring-link: '%s' is not nvlink, infiniband or mpi", name);
@@ -243,7 +247,7 @@ static inline CostModel spec_cost_model(const PlanSpec* s) {
 
 /* The spec's link, or its backend's default when none was set. */
 static inline RingLink spec_ring_link(const PlanSpec* s) {
-    return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_resolve("", s->backend);
+    return s->ring_link.bytes_per_s > 0 ? s->ring_link : ring_link_default(s->backend);
 }
 
 /* Work of the forward's kind (nothing at the backward's rates, no tiles);
