@@ -188,7 +188,7 @@ def test_source_mutants_are_caught(emu_build, tmp_path):
     bounds = emu_run([exe, GPT_CASE], timeout=600)
     assert bounds.returncode != 0, explain(bounds)
     # the access's line: encoder.cuh's kernel, or cuda_common.cuh's vstore inlined into it
-    assert re.search(r"memcheck: invalid write of \d+ bytes at \S+ at .*llmc/\w+\.cuh:\d+.*: a guard zone of heap 'remat memory plan', "
+    assert re.search(r"memcheck: invalid write of \d+ bytes at \S+ at .*llmc/cuda/\w+\.cuh:\d+.*: a guard zone of heap 'remat memory plan', "
                      r"1 bytes past the end of buffer 'layer0\.\w+'", bounds.stderr), explain(bounds)
     assert "in kernel encoder_forward_kernel" in bounds.stderr, explain(bounds)
     # the memory-bound kernels alone (LayerNorm first, N=11 rows of C=20, on test_gpt's own cudaMalloc blocks): stopped at the
