@@ -38,6 +38,10 @@
 #                    the usual choice for a pretrained GPT-2's smooth table) or tile
 #                    (row t = learned row t mod the old length); docs/finetune_long.md
 #                    measures both. Used only when SEQ_LEN lengthens the table.
+#   ROPE_SCALING     for a RoPE model (Llama, Qwen2: model file version 7 or 8),
+#                    which has no table: --rope-scaling TYPE:FACTOR when SEQ_LEN
+#                    is longer than the file's length (default: none, positions
+#                    beyond it as they are).
 #   PASSKEY          a directory dev/data/passkey.py make wrote at SEQ_LEN: passkey
 #                    retrieval by distance is printed for the resized model before
 #                    training and for the last checkpoint after it.
@@ -88,8 +92,16 @@ common=(-e "$model" --max-seq-len "$seq_len" -t "$seq_len" -b 1 -i "$train" -j "
 [[ -z "${MEM_BUDGET:-}" ]] || common+=(--mem-budget "$MEM_BUDGET")
 # the model's position table rows: header slot 2 (docs/FORMATS.md)
 rows=$(od -An -t d4 -j 8 -N 4 "$model" | tr -d ' ')
+# RoPE: header slot 14 of a version 7 or 8 file (slot 1) is 1
+version=$(od -An -t d4 -j 4 -N 4 "$model" | tr -d ' ')
+rope=0
+if [[ "$version" == 7 || "$version" == 8 ]]; then rope=$(od -An -t d4 -j 56 -N 4 "$model" | tr -d ' '); fi
 lengthen=()
-(( seq_len <= rows )) || lengthen=(--wpe-init "${WPE_INIT:-interpolate}")
+if (( seq_len > rows && rope == 1 )); then
+    [[ -z "${ROPE_SCALING:-}" ]] || lengthen=(--rope-scaling "$ROPE_SCALING")
+elif (( seq_len > rows )); then
+    lengthen=(--wpe-init "${WPE_INIT:-interpolate}")
+fi
 common+=(${lengthen[@]+"${lengthen[@]}"})
 
 # What each recompute mode costs at this length, and the largest B and T that
