@@ -1160,7 +1160,9 @@ int main(int argc, char** argv) {
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);
-    if (mg) multigpu_configure(mg, &run.plan);
+    if (mg)
+        multigpu_configure(mg, &run.plan.spec.cfg, run.plan.num_params, plan_zero_sharded(&run.plan.spec),
+                           plan_context_parallel(&run.plan.spec));
     GpuModel m;
     gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
     m.mg = mg;

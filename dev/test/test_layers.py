@@ -22,8 +22,10 @@ ALLOWED = {
     "cuda": {"core", "cuda"},
     "run": {"core", "plan", "run"},
 }
-# The one CUDA file that reads the planner: it registers the plan's arena with a memory checker, entry by entry.
-CUDA_READS_PLAN = {"cuda/nvtx_regions.cuh": {"plan/plan.h"}}
+# The two CUDA files that read the plan, both host-side orchestration and no kernel: nvtx_regions.cuh registers the
+# plan's arena with a memory checker, entry by entry; offload.cuh copies the layers the plan sends to the host through
+# the staging slots it lays out.
+CUDA_READS_PLAN = {"cuda/nvtx_regions.cuh": {"plan/plan.h"}, "cuda/offload.cuh": {"plan/plan.h"}}
 MAX_FLOORS = 7
 TOP_LEVEL_MAX_FILES = 0
 

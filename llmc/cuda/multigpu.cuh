@@ -483,12 +483,15 @@ static inline void multigpu_ring_connect(MultiGpu* mg, const ContextGroups* g) {
 }
 
 
-/* The plan's part: which gradients go where, and the ring. After multigpu_connect. */
-static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
-    mg->zero = plan_zero_sharded(&plan->spec);
-    mg->num_params = plan->num_params;
-    mg->num_layers = plan->spec.cfg.num_layers;
-    param_layout(&plan->spec.cfg, &mg->layout);
+/* The plan's part: which gradients go where (num_params of the model cfg,
+ * sharded under ZeRO-1 when `zero`), and the ring of `context_parallel`
+ * members. After multigpu_connect. The trainer reads these off its plan, so
+ * that the transport does not include the planner. */
+static inline void multigpu_configure(MultiGpu* mg, const ModelConfig* cfg, size_t num_params, int zero, int context_parallel) {
+    mg->zero = zero;
+    mg->num_params = num_params;
+    mg->num_layers = cfg->num_layers;
+    param_layout(cfg, &mg->layout);
     if (mg->layout.total != mg->num_params) fail("internal: parameter layout and plan disagree");
     const char* ov = getenv("REMAT_NCCL_OVERLAP");
     mg->overlap = !(ov && strcmp(ov, "0") == 0);
@@ -499,7 +502,7 @@ static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
            mg->zero ? "ZeRO-1 (optimizer state and master weights sharded, parameters all-gathered)" : "no sharding",
            mg->zero ? "reduced onto their shard's rank" : "all-reduced",
            mg->overlap ? "per layer during the last micro-step's backward" : "after the backward (REMAT_NCCL_OVERLAP=0)");
-    int N = plan_context_parallel(&plan->spec);
+    int N = context_parallel;
     if (N == 1) return;
     ContextGroups g = context_groups(N, mg->rank, mg->world);
     if (!mg->ring_comm) multigpu_ring_connect(mg, &g); /* else connected before the budget (multigpu_ring_connect_early) */
@@ -752,9 +755,12 @@ static inline MultiGpu* multigpu_connect(MultiGpu* mg) {
     (void)mg;
     return NULL;
 }
-static inline void multigpu_configure(MultiGpu* mg, const MemoryPlan* plan) {
+static inline void multigpu_configure(MultiGpu* mg, const ModelConfig* cfg, size_t num_params, int zero, int context_parallel) {
     (void)mg;
-    (void)plan;
+    (void)cfg;
+    (void)num_params;
+    (void)zero;
+    (void)context_parallel;
 }
 static inline void multigpu_free(MultiGpu* mg) { (void)mg; }
 static inline void multigpu_ring_connect_early(MultiGpu* mg, int group_size) { (void)mg; (void)group_size; }

@@ -42,6 +42,7 @@
 
 #include "cuda_common.cuh"
 #include "host_numa.cuh"
+#include "../plan/plan.h" /* which layers go to the host, and its staging slots */
 
 #ifdef REMAT_EMU_CUDA_RUNTIME_H /* the emulator's cuda_runtime.h */
 #define OFFLOAD_LATE_COPIES 1
