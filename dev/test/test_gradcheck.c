@@ -19,15 +19,6 @@
 #include "../../train_gpt.c"
 #include "test_model.h"
 
-/* The loss in full precision (the Backend interface rounds it to float),
- * with the dropout forward_backward ran with. */
-static double loss_at(TestModel* tm) {
-    tm->m.drop = &tm->m.train_dropout;
-    model_forward(&tm->m, tm->m.inputs);
-    classifier(&tm->m, tm->m.inputs, tm->m.targets, 0);
-    return (double)mean_loss(&tm->m, tm->m.inputs);
-}
-
 /* Checks every gradient element; returns the tensors that failed. *loss_out: the loss. */
 static int check_gradients(const DropoutState* drop, int tile, int segments, double* loss_out) {
     ModelConfig cfg = test_config(segments ? 3 : 2, 2, 8, 37, 8);
@@ -47,34 +38,9 @@ static int check_gradients(const DropoutState* drop, int tile, int segments, dou
     *loss_out = loss;
     printf("\n%s%s%s: loss %.12f (uniform would be %.6f)\n", dropout_active(drop) ? "dropout 0.3 at every site" : "no dropout",
            tile ? ", token tiles of 3 rows" : "", segments ? ", segments of 2 layers" : "", loss, log(37.0));
-    ParamLayout pl;
-    param_layout(&cfg, &pl);
-    const double h = 1e-5, tol_abs = 1e-9, tol_rel = 1e-6;
-    int failures = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        if (pl.count[t] == 0) continue; /* GPT-2 has no lm_head */
-        double worst = 0, max_grad = 0;
-        size_t worst_i = 0;
-        for (size_t k = 0; k < pl.count[t]; k++) {
-            size_t i = pl.offset[t] + k;
-            real saved = m->params[i];
-            m->params[i] = saved + h;
-            double up = loss_at(&tm);
-            m->params[i] = saved - h;
-            double down = loss_at(&tm);
-            m->params[i] = saved;
-            double numeric = (up - down) / (2 * h), analytic = m->grads[i];
-            double excess = fabs(analytic - numeric) / (tol_abs + tol_rel * fabs(numeric));
-            if (excess > worst) { worst = excess; worst_i = k; }
-            if (fabs(analytic) > max_grad) max_grad = fabs(analytic);
-        }
-        int ok = worst <= 1.0 && max_grad > 0;
-        printf("%-9s %6zu elements  max|grad| %.3e  worst error/tolerance %.3f at %zu  %s\n", param_tensor_names[t],
-               pl.count[t], max_grad, worst, worst_i, ok ? "ok" : "FAIL");
-        failures += !ok;
-    }
+    int failures = test_model_check_gradients(&tm, 1e-5, 1e-9, 1e-6);
     /* padded vocabulary rows never receive gradient */
-    for (size_t i = (size_t)cfg.vocab_size * cfg.channels; i < pl.count[P_WTE]; i++)
+    for (size_t i = (size_t)cfg.vocab_size * cfg.channels; i < (size_t)cfg.padded_vocab_size * cfg.channels; i++)
         if (m->grads[i] != 0) { printf("padded wte row has gradient %g\n", (double)m->grads[i]); failures++; break; }
     test_model_free(&tm);
     return failures;

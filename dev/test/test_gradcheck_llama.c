@@ -15,13 +15,6 @@
 #include "../../train_gpt.c"
 #include "test_model.h"
 
-static double loss_at(TestModel* tm) {
-    tm->m.drop = &tm->m.train_dropout;
-    model_forward(&tm->m, tm->m.inputs);
-    classifier(&tm->m, tm->m.inputs, tm->m.targets, 0);
-    return (double)mean_loss(&tm->m, tm->m.inputs);
-}
-
 typedef struct {
     const char* name;
     ModelConfig cfg;
@@ -42,32 +35,7 @@ static int check_case(const Case* c) {
     MicroBatch mb = {m->inputs, m->targets, 0, 1};
     double loss = cpu_forward_backward(m, &mb, 1.0f);
     printf("\n%s: loss %.12f\n", c->name, loss);
-    ParamLayout pl;
-    param_layout(&c->cfg, &pl);
-    const double h = 1e-5, tol_abs = 1e-9, tol_rel = 1e-6;
-    int failures = 0;
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
-        if (pl.count[t] == 0) continue; /* left out by the switches */
-        double worst = 0, max_grad = 0;
-        size_t worst_i = 0;
-        for (size_t k = 0; k < pl.count[t]; k++) {
-            size_t i = pl.offset[t] + k;
-            real saved = m->params[i];
-            m->params[i] = saved + h;
-            double up = loss_at(&tm);
-            m->params[i] = saved - h;
-            double down = loss_at(&tm);
-            m->params[i] = saved;
-            double numeric = (up - down) / (2 * h), analytic = m->grads[i];
-            double excess = fabs(analytic - numeric) / (tol_abs + tol_rel * fabs(numeric));
-            if (excess > worst) { worst = excess; worst_i = k; }
-            if (fabs(analytic) > max_grad) max_grad = fabs(analytic);
-        }
-        int ok = worst <= 1.0 && max_grad > 0;
-        printf("%-9s %6zu elements  max|grad| %.3e  worst error/tolerance %.3f at %zu  %s\n", param_tensor_names[t], pl.count[t], max_grad,
-               worst, worst_i, ok ? "ok" : "FAIL");
-        failures += !ok;
-    }
+    int failures = test_model_check_gradients(&tm, 1e-5, 1e-9, 1e-6);
     test_model_free(&tm);
     return failures;
 }

@@ -106,4 +106,48 @@ static void test_model_free(TestModel* tm) {
     plan_free(&tm->plan);
 }
 
+/* The loss in full precision (the Backend interface rounds it to float),
+ * with the dropout forward_backward ran with. */
+static double test_model_loss(TestModel* tm) {
+    tm->m.drop = &tm->m.train_dropout;
+    model_forward(&tm->m, tm->m.inputs);
+    classifier(&tm->m, tm->m.inputs, tm->m.targets, 0);
+    return (double)mean_loss(&tm->m, tm->m.inputs);
+}
+
+/* Central differences (step h) of the loss against every parameter element
+ * the configuration has, beside the gradients a forward_backward left in
+ * m->grads: one line per tensor; returns the tensors whose worst element
+ * is off by more than tol_abs + tol_rel |numeric|, or whose gradient is all
+ * zero. For the fp64 builds (REMAT_FP64). */
+static int test_model_check_gradients(TestModel* tm, double h, double tol_abs, double tol_rel) {
+    CpuModel* m = &tm->m;
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    int failures = 0;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        if (pl.count[t] == 0) continue; /* left out by the switches (GPT-2 has no lm_head) */
+        double worst = 0, max_grad = 0;
+        size_t worst_i = 0;
+        for (size_t k = 0; k < pl.count[t]; k++) {
+            size_t i = pl.offset[t] + k;
+            real saved = m->params[i];
+            m->params[i] = saved + h;
+            double up = test_model_loss(tm);
+            m->params[i] = saved - h;
+            double down = test_model_loss(tm);
+            m->params[i] = saved;
+            double numeric = (up - down) / (2 * h), analytic = m->grads[i];
+            double excess = fabs(analytic - numeric) / (tol_abs + tol_rel * fabs(numeric));
+            if (excess > worst) { worst = excess; worst_i = k; }
+            if (fabs(analytic) > max_grad) max_grad = fabs(analytic);
+        }
+        int ok = worst <= 1.0 && max_grad > 0;
+        printf("%-9s %6zu elements  max|grad| %.3e  worst error/tolerance %.3f at %zu  %s\n", param_tensor_names[t],
+               pl.count[t], max_grad, worst, worst_i, ok ? "ok" : "FAIL");
+        failures += !ok;
+    }
+    return failures;
+}
+
 #endif
