@@ -230,13 +230,23 @@ static void gpu_fetch(float* out, const floatX* dev, size_t n) {
     free(tmp);
 }
 
-static floatX* gpu_put(const float* host, size_t n) {
+/* dev[at .. at+n) = host[0..n) rounded to floatX. */
+static void gpu_put_at(floatX* dev, size_t at, const float* host, size_t n) {
     void* tmp = malloc_check(n * sizeof(floatX), "test");
     for (size_t i = 0; i < n; i++) host_floatX_store(tmp, i, host[i]);
+    CUDA_CHECK(cudaMemcpy(dev + at, tmp, n * sizeof(floatX), cudaMemcpyHostToDevice));
+    free(tmp);
+}
+
+static floatX* gpu_alloc(size_t n) {
     floatX* dev = NULL;
     CUDA_CHECK(cudaMalloc((void**)&dev, n * sizeof(floatX)));
-    CUDA_CHECK(cudaMemcpy(dev, tmp, n * sizeof(floatX), cudaMemcpyHostToDevice));
-    free(tmp);
+    return dev;
+}
+
+static floatX* gpu_put(const float* host, size_t n) {
+    floatX* dev = gpu_alloc(n);
+    gpu_put_at(dev, 0, host, n);
     return dev;
 }
 
@@ -1079,7 +1089,7 @@ static void check_encoder_kernels(int C, TokenLayout lay) {
     int *h_buckets = (int*)malloc_check((3 * N + 1) * sizeof(int), "test"), *count = (int*)malloc_check(V * sizeof(int), "test");
     TokenBuckets tb = encoder_build_buckets(h_buckets, count, tokens, N, V);
     snprintf(what, sizeof(what), "encoder C=%d, part %d of %d: the hot token split into 3 segments", C, lay.member, lay.group_size);
-    expect(tb.splits == 1 && tb.segments == 3 && tb.ints <= 3 * N + 1, what, tb.segments);
+    expect(tb.splits == 1 && tb.segments == 3 && tb.ints <= 3 * (size_t)N + 1, what, tb.segments);
     int *d_tokens = NULL, *d_buckets = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_tokens, N * sizeof(int)));
     CUDA_CHECK(cudaMalloc((void**)&d_buckets, (3 * N + 1) * sizeof(int)));
@@ -1119,6 +1129,17 @@ static void check_encoder_kernels(int C, TokenLayout lay) {
     for (int i = 0; i < 12; i++) free(host[i]);
 }
 
+/* Softmax cross-entropy of one row z (Vp logits, V real) in double: its
+ * loss and dlogits (padded columns 0). */
+static void classifier_reference(const float* z, int V, int Vp, int target, float dloss, float* loss, float* dlog) {
+    double mx = -INFINITY, sum = 0;
+    for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+    for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
+    double lse = mx + log(sum);
+    *loss = (float)(lse - z[target]);
+    for (int v = 0; v < Vp; v++) dlog[v] = v < V ? (float)((exp(z[v] - lse) - (v == target)) * dloss) : 0.0f;
+}
+
 /* Softmax cross-entropy in double: losses and dlogits (dloss 1/rows), padded columns 0. */
 static void check_classifier_kernel(int rows, int V, int Vp) {
     char what[96];
@@ -1128,14 +1149,8 @@ static void check_classifier_kernel(int rows, int V, int Vp) {
     const float dloss = 1.0f / (float)rows;
     for (int r = 0; r < rows; r++) { /* padded columns far above the rest: counting one in the softmax changes everything */
         for (int v = V; v < Vp; v++) logits[(size_t)r * Vp + v] = 30.0f;
-        const float* z = logits + (size_t)r * Vp;
         targets[r] = r == 0 ? V - 1 : (int)(rand_uniform(TEST_SEED, 5401, r) * V) % V;
-        double mx = -INFINITY, sum = 0;
-        for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-        for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
-        double lse = mx + log(sum);
-        loss[r] = (float)(lse - z[targets[r]]);
-        for (int v = 0; v < Vp; v++) dlog[(size_t)r * Vp + v] = v < V ? (float)((exp(z[v] - lse) - (v == targets[r])) * dloss) : 0.0f;
+        classifier_reference(logits + (size_t)r * Vp, V, Vp, targets[r], dloss, &loss[r], dlog + (size_t)r * Vp);
     }
     floatX* d_logits = gpu_put(logits, (size_t)rows * Vp);
     float* d_loss = NULL;
@@ -1182,28 +1197,41 @@ static void check_top1_kernel(int rows, int V, int Vp) {
     free(logits); free(want); free(got);
 }
 
+/* The AdamW step the kernel checks take (gpu_adamw's arguments). */
+static const float ADAMW_LR = 1e-3f, ADAMW_B1 = 0.9f, ADAMW_B2 = 0.95f, ADAMW_EPS = 1e-8f, ADAMW_WD = 0.1f, ADAMW_SCALE = 0.5f,
+                   ADAMW_BC1 = 0.19f, ADAMW_BC2 = 0.0975f;
+
+/* n parameters p and gradients g (random, rounded; stream offset i0) and
+ * moments m, v, and the step's moments and master weights in double. */
+static void adamw_reference(float* p, float* g, float* m, float* v, float* want_m, float* want_v, float* want_p, size_t n, size_t i0) {
+    const double b1 = ADAMW_B1, b2 = ADAMW_B2;
+    for (size_t i = 0; i < n; i++) {
+        p[i] = host_round_floatX(rand_normal(TEST_SEED, 5500, i0 + i));
+        g[i] = host_round_floatX(rand_normal(TEST_SEED, 5501, i0 + i));
+        m[i] = 0.1f * rand_normal(TEST_SEED, 5502, i0 + i);
+        v[i] = 0.01f * fabsf(rand_normal(TEST_SEED, 5503, i0 + i));
+        double gi = (double)g[i] * ADAMW_SCALE, mm = b1 * (double)m[i] + (1.0 - b1) * gi, vv = b2 * (double)v[i] + (1.0 - b2) * gi * gi;
+        want_m[i] = (float)mm;
+        want_v[i] = (float)vv;
+        want_p[i] = (float)(p[i] - ADAMW_LR * (mm / ADAMW_BC1 / (sqrt(vv / ADAMW_BC2) + ADAMW_EPS) + ADAMW_WD * p[i]));
+    }
+}
+
 /* One AdamW step with fp32 master weights: the moments and master weights
  * against the formulas in double (the parameters are their rounding). */
 static void check_adamw_kernel(size_t n, int shift) {
     char what[96];
-    const float lr = 1e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, scale = 0.5f, bc1 = 0.19f, bc2 = 0.0975f;
-    float *p = rand_rounded(n, 5500, 1.0f, 0), *g = rand_rounded(n, 5501, 1.0f, 0), *m = alloc_floats(n), *v = alloc_floats(n);
+    float *p = alloc_floats(n), *g = alloc_floats(n), *m = alloc_floats(n), *v = alloc_floats(n);
     float *got = alloc_floats(n), *want_m = alloc_floats(n), *want_v = alloc_floats(n), *want_p = alloc_floats(n);
-    for (size_t i = 0; i < n; i++) {
-        m[i] = 0.1f * rand_normal(TEST_SEED, 5502, i);
-        v[i] = 0.01f * fabsf(rand_normal(TEST_SEED, 5503, i));
-        double gi = (double)g[i] * scale, mm = b1 * (double)m[i] + (1.0 - b1) * gi, vv = b2 * (double)v[i] + (1.0 - b2) * gi * gi;
-        want_m[i] = (float)mm;
-        want_v[i] = (float)vv;
-        want_p[i] = (float)(p[i] - lr * (mm / bc1 / (sqrt(vv / bc2) + eps) + wd * p[i]));
-    }
+    adamw_reference(p, g, m, v, want_m, want_v, want_p, n, 0);
     floatX *bp, *bg;
     floatX *d_p = gpu_put_shifted(p, n, shift, &bp), *d_g = gpu_put_shifted(g, n, shift, &bg);
     float *d_m = gpu_put_f32(m, n + 4) + shift, *d_v = gpu_put_f32(v, n + 4) + shift, *d_master = gpu_put_f32(p, n + 4) + shift;
     CUDA_CHECK(cudaMemcpy(d_m, m, n * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_v, v, n * sizeof(float), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_master, p, n * sizeof(float), cudaMemcpyHostToDevice));
-    gpu_adamw(d_p, d_master, d_g, d_m, d_v, n, 0, lr, b1, b2, bc1, bc2, eps, wd, scale, TEST_SEED, 1, 0);
+    gpu_adamw(d_p, d_master, d_g, d_m, d_v, n, 0, ADAMW_LR, ADAMW_B1, ADAMW_B2, ADAMW_BC1, ADAMW_BC2, ADAMW_EPS, ADAMW_WD, ADAMW_SCALE,
+              TEST_SEED, 1, 0);
     snprintf(what, sizeof(what), "adamw n=%zu%s m", n, shift ? " shifted" : "");
     gpu_fetch_f32(got, d_m, n);
     check(what, 0, got, want_m, n, TOL_NORM_KERNEL, 1, NULL);
@@ -1219,6 +1247,258 @@ static void check_adamw_kernel(size_t n, int shift) {
     CUDA_CHECK(cudaFree(bp)); CUDA_CHECK(cudaFree(bg));
     CUDA_CHECK(cudaFree(d_m - shift)); CUDA_CHECK(cudaFree(d_v - shift)); CUDA_CHECK(cudaFree(d_master - shift));
     free(p); free(g); free(m); free(v); free(got); free(want_m); free(want_v); free(want_p); free(rounded);
+}
+
+/* ---- offsets past element 2^31 (check_wide_offsets) ----
+ * Each kernel runs on a tensor of more than 2^31 elements, and the rows of
+ * its grid's last blocks, which start past element 2^31, are compared with
+ * the CPU reference on the same rows: a row x width product left in 32 bits
+ * wraps there, and the kernel reads or writes outside the tensor (memcheck
+ * or initcheck stops the run) or other rows (the comparison fails). Under
+ * the emulator only those blocks run (emu_block_window), and a huge
+ * cudaMalloc block costs only the pages written (dev/emu/README.md); on a
+ * GPU every block runs, over whatever the unwritten rows hold, and the same
+ * rows are compared. */
+#define WIDE_ELEMS ((size_t)1 << 31)
+
+/* Kernels launched from here on run (under the emulator) the blocks
+ * [x_lo, x_hi) of their grid's x; (0, 0): every block. */
+static void wide_window(size_t x_lo, size_t x_hi) {
+#ifdef REMAT_EMU_CUDA_RUNTIME_H
+    emu_block_window(x_lo, x_hi);
+#else
+    (void)x_lo; (void)x_hi;
+#endif
+}
+
+/* LayerNorm forward, recompute and input gradient: the last two blocks' rows of N, C = 1024. */
+static void wide_layernorm(void) {
+    const int C = 1024, k = 2 * LN_ROWS_PER_BLOCK, N = (int)(WIDE_ELEMS / C) + k;
+    const size_t at = (size_t)(N - k) * C, n = (size_t)k * C;
+    float *x = rand_rounded(n, 5600, 1.5f, 0.3f), *w = rand_rounded(C, 5601, 0.5f, 1.0f), *b = rand_rounded(C, 5602, 0.2f, 0);
+    float *dout = rand_rounded(n, 5603, 1.0f, 0), *dx = rand_rounded(n, 5604, 0.5f, 0), *dwb = rand_rounded(2 * C, 5605, 0.1f, 0);
+    float *out = alloc_floats(n), *mean = alloc_floats(k), *rstd = alloc_floats(k), *got = alloc_floats(n), *again = alloc_floats(n);
+    floatX *d_x = gpu_alloc(at + n), *d_out = gpu_alloc(at + n), *d_dout = gpu_alloc(at + n), *d_dx = gpu_alloc(at + n);
+    floatX *d_w = gpu_put(w, C), *d_b = gpu_put(b, C), *d_dwb = gpu_put(dwb, 2 * C);
+    float *d_mean = NULL, *d_rstd = NULL, *d_part = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_mean, (size_t)N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_rstd, (size_t)N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_part, (size_t)COLUMN_SPLITS * 2 * C * sizeof(float)));
+    gpu_put_at(d_x, at, x, n);
+    gpu_put_at(d_dout, at, dout, n);
+    gpu_put_at(d_dx, at, dx, n);
+    layernorm_forward(out, mean, rstd, x, w, b, k, C);
+    wide_window((size_t)(N - k) / LN_ROWS_PER_BLOCK, (size_t)N / LN_ROWS_PER_BLOCK);
+    gpu_layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+    gpu_fetch(got, d_out + at, n);
+    check("wide: layernorm, rows past element 2^31 (C=1024) out", 0, got, out, n, TOL_KERNEL, 1, NULL);
+    gpu_layernorm_apply(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0);
+    gpu_fetch(again, d_out + at, n);
+    expect(memcmp(got, again, n * sizeof(float)) == 0, "  apply from the stored statistics: the forward's bits", 0);
+    /* the weight gradients' column sums run over every row: not these blocks' (their grid's x is the columns) */
+    layernorm_backward(dx, dwb, dwb + C, dout, x, w, mean, rstd, k, C);
+    gpu_layernorm_backward(d_dx, d_dwb, d_dwb + C, d_part, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0);
+    gpu_fetch(got, d_dx + at, n);
+    check("  dx", 0, got, dx, n, TOL_KERNEL, 1, NULL);
+    wide_window(0, 0);
+    void* dev[] = {d_x, d_out, d_dout, d_dx, d_w, d_b, d_dwb, d_mean, d_rstd, d_part};
+    for (int i = 0; i < 10; i++) CUDA_CHECK(cudaFree(dev[i]));
+    float* host[] = {x, w, b, dout, dx, dwb, out, mean, rstd, got, again};
+    for (int i = 0; i < 11; i++) free(host[i]);
+}
+
+/* GELU forward and backward over n = 2^31 + 2 blocks' elements + 3, on the
+ * vector path (aligned) and the scalar one (shift 1): the last blocks. */
+static void wide_gelu(int shift) {
+    const size_t per_block = (size_t)GELU_THREADS * (shift ? 1 : XVEC), n = WIDE_ELEMS + 2 * per_block + 3;
+    const size_t blocks = ceil_div(n, per_block), at = (blocks - 3) * per_block, k = n - at;
+    float *x = rand_rounded(k, 5610, 2.0f, 0), *d = rand_rounded(k, 5611, 1.0f, 0), *out = alloc_floats(k), *got = alloc_floats(k);
+    floatX *bx = gpu_alloc(n + shift), *bd = gpu_alloc(n + shift), *bo = gpu_alloc(n + shift);
+    floatX *d_x = bx + shift, *d_d = bd + shift, *d_out = bo + shift;
+    gpu_put_at(d_x, at, x, k);
+    gpu_put_at(d_d, at, d, k);
+    gelu_forward(out, x, k);
+    gelu_backward(d, x, k);
+    wide_window(blocks - 3, blocks);
+    gpu_gelu_forward(d_out, d_x, n, 0);
+    gpu_gelu_backward(d_d, d_x, n, 0);
+    gpu_fetch(got, d_out + at, k);
+    char what[96];
+    snprintf(what, sizeof(what), "wide: gelu, elements past 2^31%s forward", shift ? " (scalar path)" : "");
+    check(what, 0, got, out, k, TOL_KERNEL, 1, NULL);
+    gpu_fetch(got, d_d + at, k);
+    check("  backward", 0, got, d, k, TOL_KERNEL, 1, NULL);
+    wide_window(0, 0);
+    CUDA_CHECK(cudaFree(bx)); CUDA_CHECK(cudaFree(bd)); CUDA_CHECK(cudaFree(bo));
+    free(x); free(d); free(out); free(got);
+}
+
+/* The encoder over one sequence of T rows of C = 1024 whose last k rows
+ * start at element 2^31 (tokens, positions and the position table's rows
+ * there): the forward, the position table's gradient, and the token table's
+ * (the last k rows hold k tokens of their own, the highest, so their work
+ * items are the last; every other row is token 0, cut into segments). */
+static void wide_encoder(void) {
+    const int C = 1024, k = 2 * 256 * XVEC / C, T = (int)(WIDE_ELEMS / C) + k, V = 64;
+    const size_t at = (size_t)(T - k) * C, n = (size_t)k * C;
+    int* tokens = (int*)malloc_check((size_t)T * sizeof(int), "test");
+    for (int i = 0; i < T; i++) tokens[i] = i < T - k ? 0 : V - k + (i - (T - k));
+    float *wte = rand_rounded((size_t)V * C, 5620, 1.0f, 0), *wpe = rand_rounded(n, 5621, 1.0f, 0), *dx = rand_rounded(n, 5622, 1.0f, 0);
+    float *dwte = rand_rounded((size_t)V * C, 5623, 0.5f, 0), *dwpe = rand_rounded(n, 5624, 0.5f, 0), *x = alloc_floats(n), *got = alloc_floats(n);
+    floatX *d_wte = gpu_put(wte, (size_t)V * C), *d_dwte = gpu_put(dwte, (size_t)V * C), *d_x = gpu_alloc(at + n), *d_wpe = gpu_alloc(at + n);
+    floatX *d_dx = gpu_alloc(at + n), *d_dwpe = gpu_alloc(at + n);
+    gpu_put_at(d_wpe, at, wpe, n);
+    gpu_put_at(d_dx, at, dx, n);
+    gpu_put_at(d_dwpe, at, dwpe, n);
+    int *h_buckets = (int*)malloc_check((3 * (size_t)T + 1) * sizeof(int), "test"), *count = (int*)malloc_check(V * sizeof(int), "test");
+    TokenBuckets tb = encoder_build_buckets(h_buckets, count, tokens, T, V);
+    int *d_tokens = NULL, *d_buckets = NULL;
+    float* d_scratch = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_tokens, (size_t)T * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&d_buckets, (size_t)tb.ints * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&d_scratch, (size_t)WTE_MAX_SEGMENTS * C * sizeof(float)));
+    CUDA_CHECK(cudaMemcpy(d_tokens, tokens, (size_t)T * sizeof(int), cudaMemcpyHostToDevice)); /* every row's: a GPU runs them all */
+    CUDA_CHECK(cudaMemcpy(d_buckets, h_buckets, (size_t)tb.ints * sizeof(int), cudaMemcpyHostToDevice));
+    TokenLayout lay = {T, 0, 1, 0, 0}, last = {k, 0, 1, 0, 0}; /* the CPU's: the last k rows alone, wpe from their rows */
+    encoder_forward(x, tokens + (T - k), wte, wpe, 1, C, &last, NULL);
+    wide_window((size_t)(T - k) * C / (256 * XVEC), (size_t)T * C / (256 * XVEC));
+    gpu_encoder_forward(d_x, d_tokens, d_wte, d_wpe, 1, C, &lay, 0);
+    gpu_fetch(got, d_x + at, n);
+    check("wide: encoder, rows past element 2^31 (C=1024) forward", 0, got, x, n, TOL_KERNEL, 1, NULL);
+    encoder_backward(dwte, dwpe, dx, tokens + (T - k), 1, C, &last, NULL);
+    TokenBuckets no_tokens = tb;
+    no_tokens.items = 0; /* the position table's gradient alone first: its blocks are these rows' */
+    gpu_encoder_backward(d_dwte, d_dwpe, d_dx, d_buckets, &no_tokens, d_scratch, 1, C, &lay, 0);
+    gpu_fetch(got, d_dwpe + at, n);
+    check("  dwpe", 0, got, dwpe, n, TOL_KERNEL, 1, NULL);
+    wide_window((size_t)(tb.items - k), (size_t)tb.items); /* the last k tokens' work items */
+    encoder_backward_wte_launch<XVEC, floatX>(d_dwte, d_scratch, d_dx, d_buckets, &tb, T, C, 0);
+    gpu_fetch(got, d_dwte + (size_t)(V - k) * C, (size_t)k * C);
+    check("  dwte (the last rows' tokens)", 0, got, dwte + (size_t)(V - k) * C, (size_t)k * C, TOL_KERNEL, 1, NULL);
+    wide_window(0, 0);
+    void* dev[] = {d_wte, d_dwte, d_x, d_wpe, d_dx, d_dwpe, d_tokens, d_buckets, d_scratch};
+    for (int i = 0; i < 9; i++) CUDA_CHECK(cudaFree(dev[i]));
+    void* host[] = {tokens, wte, wpe, dx, dwte, dwpe, x, got, h_buckets, count};
+    for (int i = 0; i < 10; i++) free(host[i]);
+}
+
+/* Dropout (mask, residual add) on rows of C = 1024 past element 2^31: the
+ * last blocks of one call over every row, and a token tile that starts
+ * there (host offsets: the tile's first element and the site's). */
+static void wide_dropout(void) {
+    const int C = 1024, k = 2 * DROPOUT_THREADS * DROPOUT_GROUP / C;
+    const size_t rows = WIDE_ELEMS / C + (size_t)k, at = (rows - (size_t)k) * C, n = (size_t)k * C;
+    DropoutState st = {{0.3f, 0.3f, 0.3f, 0.3f}, TEST_SEED, 1, 7, 2, 13, 0};
+    DropoutSite site = dropout_site(&st, DROPOUT_RESID_MLP, 5);
+    TokenLayout lay = {(int)rows, 0, 1, 0, 0};
+    float *x = rand_rounded(n, 5630, 1.0f, 0), *res = rand_rounded(n, 5631, 1.0f, 0), *want = alloc_floats(n), *got = alloc_floats(n);
+    floatX *d_x = gpu_alloc(at + n), *d_res = gpu_alloc(at + n);
+    gpu_put_at(d_x, at, x, n);
+    gpu_put_at(d_res, at, res, n);
+    dropout_mask(want, x, rows - (size_t)k, (size_t)k, C, &lay, &site);
+    wide_window(at / (DROPOUT_THREADS * DROPOUT_GROUP), (at + n) / (DROPOUT_THREADS * DROPOUT_GROUP));
+    gpu_dropout_mask(d_x, d_x, 0, rows, C, &lay, &site, 0);
+    gpu_fetch(got, d_x + at, n);
+    check("wide: dropout, rows past element 2^31 (C=1024) mask", 0, got, want, n, TOL_KERNEL, 1, NULL);
+    gpu_put_at(d_x, at, x, n);
+    residual_add(want, x, res, rows - (size_t)k, (size_t)k, C, &lay, &site);
+    gpu_dropout_residual(d_x, d_x, d_res, 0, rows, C, &lay, &site, 0);
+    gpu_fetch(got, d_x + at, n);
+    check("  residual add", 0, got, want, n, TOL_KERNEL, 1, NULL);
+    wide_window(0, 0);
+    gpu_put_at(d_x, at, x, n);
+    gpu_dropout_mask(d_x + at, d_x + at, rows - (size_t)k, (size_t)k, C, &lay, &site, 0);
+    dropout_mask(want, x, rows - (size_t)k, (size_t)k, C, &lay, &site);
+    gpu_fetch(got, d_x + at, n);
+    check("  mask, a tile of those rows alone", 0, got, want, n, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(d_x)); CUDA_CHECK(cudaFree(d_res));
+    free(x); free(res); free(want); free(got);
+}
+
+/* The classifier (loss, dlogits in place, top-1) on the last rows of a
+ * logits chunk of Vp = 65536 columns that start past element 2^31. */
+static void wide_classifier(void) {
+    const int V = 65500, Vp = 65536, k = 2, rows = (int)(WIDE_ELEMS / Vp) + k;
+    const size_t at = (size_t)(rows - k) * Vp, n = (size_t)k * Vp;
+    float *logits = rand_rounded(n, 5640, 3.0f, 0), *loss = alloc_floats(k), *dlog = alloc_floats(n), *got = alloc_floats(n);
+    int* targets = (int*)calloc(rows, sizeof(int)); /* every row's: a GPU runs them all */
+    int want_top1[2], got_top1[2];
+    const float dloss = 1.0f / (float)rows;
+    for (int r = 0; r < k; r++) {
+        float* z = logits + (size_t)r * Vp;
+        for (int v = V; v < Vp; v++) z[v] = 30.0f;
+        targets[rows - k + r] = r == 0 ? V - 1 : 12345;
+        want_top1[r] = 0;
+        for (int v = 1; v < V; v++) if (z[v] > z[want_top1[r]]) want_top1[r] = v;
+        classifier_reference(z, V, Vp, targets[rows - k + r], dloss, &loss[r], dlog + (size_t)r * Vp);
+    }
+    floatX* d_logits = gpu_alloc(at + n);
+    float* d_loss = NULL;
+    int *d_targets = NULL, *d_top1 = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_loss, (size_t)rows * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_targets, (size_t)rows * sizeof(int)));
+    CUDA_CHECK(cudaMalloc((void**)&d_top1, (size_t)rows * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_targets, targets, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice));
+    gpu_put_at(d_logits, at, logits, n);
+    wide_window((size_t)(rows - k), (size_t)rows);
+    gpu_classifier_top1(d_logits, d_top1, rows, V, Vp, 0);
+    CUDA_CHECK(cudaMemcpy(got_top1, d_top1 + (rows - k), k * sizeof(int), cudaMemcpyDeviceToHost));
+    expect(got_top1[0] == want_top1[0] && got_top1[1] == want_top1[1], "wide: classifier top-1, rows past element 2^31 (Vp=65536)",
+           got_top1[0]);
+    gpu_classifier_fused(d_logits, d_loss, d_targets, rows, V, Vp, dloss, 0);
+    gpu_fetch_f32(got, d_loss + (rows - k), k);
+    check("  losses", 0, got, loss, k, TOL_KERNEL, 1, NULL);
+    gpu_fetch(got, d_logits + at, n);
+    check("  dlogits", 0, got, dlog, n, TOL_KERNEL, 1, NULL);
+    wide_window(0, 0);
+    CUDA_CHECK(cudaFree(d_logits)); CUDA_CHECK(cudaFree(d_loss)); CUDA_CHECK(cudaFree(d_targets)); CUDA_CHECK(cudaFree(d_top1));
+    free(logits); free(loss); free(dlog); free(got); free(targets);
+}
+
+/* One AdamW step over 2^31 + 2 blocks' parameters: the last blocks'. */
+static void wide_adamw(void) {
+    const size_t per_block = 256 * (size_t)XVEC, n = WIDE_ELEMS + 2 * per_block, at = WIDE_ELEMS, k = n - at;
+    float *p = alloc_floats(k), *g = alloc_floats(k), *m = alloc_floats(k), *v = alloc_floats(k);
+    float *got = alloc_floats(k), *want_m = alloc_floats(k), *want_v = alloc_floats(k), *want_p = alloc_floats(k);
+    adamw_reference(p, g, m, v, want_m, want_v, want_p, k, at);
+    floatX *d_p = gpu_alloc(n), *d_g = gpu_alloc(n);
+    float *d_m = NULL, *d_v = NULL, *d_master = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_m, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_v, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_master, n * sizeof(float)));
+    gpu_put_at(d_p, at, p, k);
+    gpu_put_at(d_g, at, g, k);
+    CUDA_CHECK(cudaMemcpy(d_m + at, m, k * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_v + at, v, k * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_master + at, p, k * sizeof(float), cudaMemcpyHostToDevice));
+    wide_window(at / per_block, n / per_block);
+    gpu_adamw(d_p, d_master, d_g, d_m, d_v, n, 0, ADAMW_LR, ADAMW_B1, ADAMW_B2, ADAMW_BC1, ADAMW_BC2, ADAMW_EPS, ADAMW_WD, ADAMW_SCALE,
+              TEST_SEED, 1, 0);
+    gpu_fetch_f32(got, d_m + at, k);
+    check("wide: adamw, parameters past 2^31 m", 0, got, want_m, k, TOL_NORM_KERNEL, 1, NULL);
+    gpu_fetch_f32(got, d_v + at, k);
+    check("  v", 0, got, want_v, k, TOL_NORM_KERNEL, 1, NULL);
+    gpu_fetch_f32(got, d_master + at, k);
+    check("  master", 0, got, want_p, k, TOL_NORM_KERNEL, 1, NULL);
+    wide_window(0, 0);
+    void* dev[] = {d_p, d_g, d_m, d_v, d_master};
+    for (int i = 0; i < 5; i++) CUDA_CHECK(cudaFree(dev[i]));
+    float* host[] = {p, g, m, v, got, want_m, want_v, want_p};
+    for (int i = 0; i < 8; i++) free(host[i]);
+}
+
+/* See the section's comment: every row-wise kernel at offsets past 2^31. */
+static void check_wide_offsets(void) {
+    printf("\noffsets past element 2^31 (the last blocks of huge grids)\n");
+    int fails_before = g_failures;
+    wide_layernorm();
+    wide_gelu(0);
+    wide_gelu(1);
+    wide_encoder();
+    wide_dropout();
+    wide_classifier();
+    wide_adamw();
+    printf("%s: offsets past element 2^31\n", g_failures == fails_before ? "PASS" : "FAIL");
 }
 
 static void check_memory_kernels(void) {
@@ -2015,5 +2295,6 @@ int main(int argc, char** argv) {
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();
+    check_wide_offsets();
     return test_gpt_verdict();
 }

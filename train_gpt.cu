@@ -258,7 +258,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->top1 = (int*)(m->arena + plan->off_top1);
     m->io_chunk = (float*)pinned_alloc(io * sizeof(float), "file staging");
     m->window = pinned_alloc((N + 1) * loader_token_bytes(m->cfg.vocab_size), "dataloader window");
-    m->h_buckets = (int*)pinned_alloc((3 * N + 1) * sizeof(int), "token buckets");
+    m->h_buckets = (int*)pinned_alloc((3 * (size_t)N + 1) * sizeof(int), "token buckets");
     m->h_xfer = pinned_alloc(io * sizeof(floatX), "parameter staging");
     m->h_logits = pinned_alloc((size_t)m->cfg.padded_vocab_size * sizeof(floatX), "logits row");
     m->bucket_count = (int*)malloc_check((size_t)m->cfg.vocab_size * sizeof(int), "token buckets");
@@ -706,7 +706,7 @@ static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
     }
     if (d->reset_position_ids && !m->pos_runs) {
         if (!(p->spec.documents & PLAN_DOC_POSITIONS)) fail("internal: the plan has no device buffer for the position runs");
-        m->h_pos_runs = (int*)pinned_alloc(3 * N * sizeof(int), "position runs");
+        m->h_pos_runs = (int*)pinned_alloc(3 * (size_t)N * sizeof(int), "position runs");
         m->pos_runs = (int*)(m->arena + p->off_pos_runs);
     }
 }

@@ -5,7 +5,7 @@ technique and all together, with the time model's predicted step time.
 
 Every number comes from `train_gpt --plan-json` (the GPU trainer's own plan,
 BF16 with fp32 master weights; no GPU needed to plan): for each setting the
-longest T in [1, 1048576] (train_gpt's limit of tokens per rank; the learned position table
+longest T in [1, 1048576] (the search's ceiling, once train_gpt's limit of tokens per rank; the learned position table
 grows with it) whose plan fits the device budget and, where checkpoints are
 offloaded, the host budget, found by bisection (a plan grows with T).
 

@@ -11,7 +11,8 @@ memory model, real cuBLASLt algorithms and performance are not tested
 trainer's driver, emulated, is test_train_emu.py's.
 
 Tests: the emulator's self-test and the misuse it must stop; test_gpt's
-memory-bound kernels alone (vector and scalar paths, a hot token); test_gpt's
+memory-bound kernels alone (vector and scalar paths, a hot token), and the
+row-wise ones past element 2^31 (check_wide_offsets, with mutants); test_gpt's
 own run_case on small shapes per precision (bf16, fp32, fp16), which together
 cover head sizes 16/32/64 (and 48 through the padded template), T that is a
 multiple of no tile, the padded vocabulary, every recompute mode's bitwise
@@ -153,6 +154,7 @@ def default_jobs(pool):
     for p in PRECISIONS:
         if p in built:
             submit(pool, ("kernels", p), gpt_job, p, ["kernels"], DEFAULT_ORDER[p])
+            submit(pool, ("wide", p), gpt_job, p, ["wide"], DEFAULT_ORDER[p])
     return built
 
 
@@ -409,6 +411,55 @@ def test_memory_bound_kernels_emulated(default_jobs, precision):
     assert res.returncode == 0, explain(res)
     assert re.search(r"^PASS: memory-bound kernels$", res.stdout, re.M) and "FAIL" not in res.stdout, res.stdout[-4000:]
     assert len(re.findall(r" ok$", res.stdout, re.M)) >= 90, res.stdout[-4000:]  # every comparison printed and passed
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_wide_offsets_emulated(default_jobs, precision):
+    """test_gpt's check_wide_offsets: LayerNorm, GELU (vector and scalar), the
+    encoder (forward, dwpe, dwte), dropout, the classifier (loss, dlogits,
+    top-1) and AdamW on tensors of more than 2^31 elements, the rows of each
+    grid's last blocks (past element 2^31) against the CPU reference; the
+    emulator runs only those blocks (emu_block_window) and backs the huge
+    cudaMalloc blocks only where written, so this takes about a second and
+    some 100 MB. A 32-bit row x width product there reads outside the tensor."""
+    if precision not in default_jobs:
+        pytest.skip(f"{precision} not built")
+    res = _futures[("wide", precision)].result()
+    assert res.returncode == 0, explain(res)
+    assert re.search(r"^PASS: offsets past element 2\^31$", res.stdout, re.M) and "FAIL" not in res.stdout, res.stdout[-4000:]
+    assert len(re.findall(r" ok$", res.stdout, re.M)) == 19, res.stdout[-4000:]  # every comparison printed and passed
+
+
+# Offsets left in 32 bits, each of which check_wide_offsets must catch: in a kernel (LayerNorm's and
+# the classifier's row x width) and in a host wrapper (the encoder's element count, hence its grid).
+WIDE_MUTANTS = {
+    "layernorm row offset": ("llmc/cuda/layernorm.cuh",
+                             "    if (row >= N) return; /* whole warps leave together: no block-wide sync below */\n"
+                             "    const floatX* xr = x + (size_t)row * C;",
+                             "    if (row >= N) return; /* whole warps leave together: no block-wide sync below */\n"
+                             "    const floatX* xr = x + row * C;"),
+    "classifier row offset": ("llmc/cuda/classifier.cuh", "    floatX* x = logits + (size_t)row * Vp;", "    floatX* x = logits + row * Vp;"),
+    "encoder element count": ("llmc/cuda/encoder.cuh", "    size_t n = (size_t)N * C;\n    if (C % XVEC == 0 && all_aligned16(x, wte, wpe))",
+                              "    size_t n = N * C;\n    if (C % XVEC == 0 && all_aligned16(x, wte, wpe))"),
+}
+
+
+@pytest.mark.parametrize("what", list(WIDE_MUTANTS))
+def test_wide_offset_mutants_apply(what):
+    rel, old, _ = WIDE_MUTANTS[what]
+    assert_mutant_applies((REPO / rel).read_text(), rel, old)
+
+
+@slow
+@pytest.mark.parametrize("what", list(WIDE_MUTANTS))
+def test_wide_offset_mutants_fail_emulated(emu_build, tmp_path, what):
+    rel, old, new = WIDE_MUTANTS[what]
+    src = mutant_sources(tmp_path, {rel: (old, new)})
+    exe = src / "build" / "emu" / "emu_test_gpt_bf16"
+    res = subprocess.run(["make", "-s", "-C", str(src / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = emu_run([exe, "wide"])
+    assert res.returncode != 0 and "PASS: offsets past element 2^31" not in res.stdout, f"{what}: the mutant passes\n" + explain(res)
 
 
 @pytest.fixture(scope="session")

@@ -859,6 +859,37 @@ static void check_suggestions(void) {
     printf("out-of-memory suggestions: -r auto, -r 3, -r 1, -w 0; tiles and segments before a shorter -t; ZeRO-1, then -d, under context parallelism\n");
 }
 
+/* Row offsets past 2^31 elements: GPT-2 1.5B's widths (C = 1600, QKV 4800,
+ * MLP 6400) at T = 4,194,304 (-t's limit), the last row of each activation,
+ * against the products in 64 bits written out here; with token tiles, what a
+ * layer does not keep lives in a one-tile buffer (offset 0). */
+static void check_wide_row_offsets(void) {
+    ModelConfig d48;
+    config_from_descriptor("d48", &d48);
+    d48.max_seq_len = 4194304;
+    unsigned char all1[48];
+    memset(all1, 1, sizeof(all1));
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    s.cfg = d48; s.B = 1; s.T = 4194304; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+    s.world_size = 1; s.logits_chunk_rows = 1024; s.io_chunk_floats = 1 << 18; s.layer_mode = NULL;
+    MemoryPlan p;
+    plan_build(&p, &s);
+    const int r0 = 4194303;
+    const size_t C = 1600, r = (size_t)r0;
+    expect_eq("row offset of x past 2^31", plan_act_row_offset(&p, 3, ACT_X, r0), r * C);
+    expect_eq("row offset of qkv past 2^31", plan_act_row_offset(&p, 3, ACT_QKV, r0), r * 3 * C);
+    expect_eq("row offset of fch past 2^31", plan_act_row_offset(&p, 3, ACT_FCH, r0), r * 4 * C);
+    expect_eq("row offset of the attention lse", plan_act_row_offset(&p, 3, ACT_ATT_LSE, r0), r * 25);
+    expect_eq("row offset of a norm's mean", plan_act_row_offset(&p, 3, ACT_LN2_MEAN, r0), r);
+    s.tile_tokens = 4096; s.layer_mode = all1;
+    plan_build(&p, &s);
+    const int tile_r0 = r0 / 4096 * 4096;
+    expect_eq("tiles: x kept, row offset past 2^31", plan_act_row_offset(&p, 3, ACT_X, tile_r0), (size_t)tile_r0 * C);
+    expect_eq("tiles: fch in a one-tile buffer", plan_act_row_offset(&p, 3, ACT_FCH, tile_r0), 0);
+    printf("row offsets past 2^31 elements (d48 at T = 4194304)%s\n", failures ? "" : ": ok");
+}
+
 int main(void) {
     ModelConfig d12, d48, wide, tiny;
     config_from_descriptor("d12", &d12);
@@ -886,6 +917,7 @@ int main(void) {
     check("d12 fp32 mixed 2/3", d12, 2, 512, 4, 1, 0, sel_keep_att);
     check_allocation();
     check_llama_widths();
+    check_wide_row_offsets();
     check_auto_against_exhaustive();
     search_llama = 1;
     check_auto_against_exhaustive();

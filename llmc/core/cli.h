@@ -111,7 +111,7 @@ static const FlagSpec flag_table[] = {
     {"--eot-token", FLAG_INT, OPT(eot_token), -1, 262143, FOR_BOTH, "the end-of-text token that starts each document, for the three flags above (-1: the tokenizer file's, else 50256 with GPT-2's vocabulary)"},
     {"--plan-doc-len", FLAG_INT, OPT(plan_doc_len), 0, 4194304, FOR_BOTH, "with --reset-attention-mask: the time model of --plan and -r auto assumes documents of N tokens packed back to back, so attention attends their pairs only (0: the whole causal triangle)"},
     {"-b", FLAG_INT, OPT(B), 1, 1 << 20, FOR_BOTH, "batch size B (per process)"},
-    {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (train_gpt: at most 1048576 tokens per rank, T / --context-parallel)"},
+    {"-t", FLAG_INT, OPT(T), 1, 4194304, FOR_BOTH, "sequence length T (up to 4194304 in either trainer, whatever --context-parallel: train_gpt's offsets past 2^31 elements are 64-bit)"},
     {"-d", FLAG_INT, OPT(total_batch_tokens), -1, INT_MAX, FOR_BOTH, "total tokens per optimizer step, all processes (-1: B*T*groups); must be a multiple of B*T*groups, groups = processes / --context-parallel"},
     {"-x", FLAG_INT, OPT(max_steps), -1, INT_MAX, FOR_BOTH, "optimizer steps (-1: one epoch of the training data; 0: only evaluate and sample the model: no training data is read, and with -o the model evaluated, resized if --max-seq-len resized it, is written as model_00000000.bin; with no validation, no samples and no -o: refused)"},
     {"-l", FLAG_FLOAT, OPT(lr), 0, 10, FOR_BOTH, "peak learning rate"},

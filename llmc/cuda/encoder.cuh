@@ -96,7 +96,7 @@ static inline int wte_segment_positions(int N) {
  *                          slots up to the next one's first, or `segments`) */
 typedef struct {
     int items, splits, segments; /* W, H, scratch rows used */
-    int ints;                     /* entries used, 2W + 1 + N + 2H */
+    size_t ints;                  /* entries used, 2W + 1 + N + 2H (past 2^31 for N past 2^31 / 3: offsets are 64-bit) */
 } TokenBuckets;
 
 /* `count` is scratch of V ints. */
@@ -113,7 +113,7 @@ static inline TokenBuckets encoder_build_buckets(int* out, int* count, const int
     const int W = tb.items;
     int* dest = out;
     int* starts = out + W;
-    int* pos = out + 2 * W + 1;
+    int* pos = out + 2 * (size_t)W + 1;
     int* split_token = pos + N;
     int* split_first = split_token + tb.splits;
     int run = 0, item = 0, h = 0;
@@ -136,7 +136,7 @@ static inline TokenBuckets encoder_build_buckets(int* out, int* count, const int
     }
     starts[W] = run;
     for (int i = 0; i < N; i++) pos[count[tokens[i]]++] = i;
-    tb.ints = 2 * W + 1 + N + 2 * tb.splits;
+    tb.ints = 2 * (size_t)W + 1 + (size_t)N + 2 * (size_t)tb.splits;
     return tb;
 }
 
@@ -198,7 +198,7 @@ __global__ void encoder_backward_wte_kernel(G* dwte, float* scratch, const float
     const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
     if (c0 >= C) return;
     const int* starts = buckets + W;
-    const int* pos = buckets + 2 * W + 1;
+    const int* pos = buckets + 2 * (size_t)W + 1;
     float acc[VEC];
     wte_sum_rows<VEC>(acc, dx, pos, starts[u], starts[u + 1], C, c0);
     const int dest = buckets[u];
@@ -269,12 +269,14 @@ static inline int encoder_position_runs(int* out, const int* pos_start, const To
     int n = 0, top = 0, N = B * lay->T;
     for (int r = 0; r < N; r++) {
         int pos = token_position(lay, (size_t)r) - pos_start[r];
-        if (n > 0 && r % lay->T != 0 && pos == out[3 * (n - 1) + 1] + out[3 * (n - 1) + 2]) {
-            out[3 * (n - 1) + 2]++;
+        int* last = n > 0 ? out + 3 * (size_t)(n - 1) : NULL; /* 3n passes 2^31 for n past 2^31 / 3 */
+        if (last && r % lay->T != 0 && pos == last[1] + last[2]) {
+            last[2]++;
         } else {
-            out[3 * n] = r;
-            out[3 * n + 1] = pos;
-            out[3 * n + 2] = 1;
+            int* run = out + 3 * (size_t)n;
+            run[0] = r;
+            run[1] = pos;
+            run[2] = 1;
             n++;
         }
         top = pos + 1 > top ? pos + 1 : top;
@@ -292,7 +294,8 @@ __global__ void encoder_backward_wpe_runs_kernel(floatX* dwpe, const floatX* dx,
     const int p = (int)(i / C), c = (int)(i % C);
     float acc = 0.0f;
     for (int k = 0; k < n; k++) {
-        const int row = runs[3 * k], p0 = runs[3 * k + 1], len = runs[3 * k + 2];
+        const int* run = runs + 3 * (size_t)k;
+        const int row = run[0], p0 = run[1], len = run[2];
         if (p >= p0 && p < p0 + len) acc += to_f32(dx[(size_t)(row + p - p0) * C + c]);
     }
     dwpe[i] = from_f32<floatX>(to_f32(dwpe[i]) + acc);
@@ -316,7 +319,7 @@ static inline void encoder_backward_wte_launch(G* dwte, float* scratch, const fl
                                                                                                   tb->items, C);
     CUDA_CHECK_LAUNCH();
     if (tb->splits == 0) return;
-    const int* split_list = d_buckets + 2 * tb->items + 1 + N;
+    const int* split_list = d_buckets + 2 * (size_t)tb->items + 1 + N;
     encoder_backward_wte_segments_kernel<VEC, G><<<dim3((unsigned)tb->splits, col_blocks), 32, 0, stream>>>(
         dwte, scratch, split_list, tb->splits, tb->segments, C);
     CUDA_CHECK_LAUNCH();

@@ -268,20 +268,6 @@ static inline void resolve_context_parallel(Run* run) {
     if (run->world == remat_proc.world) remat_ring_degree_hint = N; /* not for --plan-processes: no ring to connect */
 }
 
-/* The GPU trainer's kernels are audited for the tokens one rank holds, T / N
- * of each row (docs/context-parallel.md, "Index widths"), up to 2^20: the
- * limit applies per rank, so --context-parallel N runs N times as long a sequence. Checked
- * before --plan exits, so that a plan never shows a row the run refuses. */
-#define GPU_MAX_TOKENS_PER_RANK (1 << 20)
-static inline void check_tokens_per_rank(const Run* run, int trainer) {
-    int local = run->opt.T / run->cp.group_size;
-    if (trainer == FOR_GPU && local > GPU_MAX_TOKENS_PER_RANK)
-        fail("flag -t: %d tokens, %d per rank%s; the GPU trainer is checked up to %d tokens per rank (its kernels' index arithmetic "
-             "beyond that is not): --context-parallel %d or more", run->opt.T, local,
-             run->cp.group_size > 1 ? " under --context-parallel" : "", GPU_MAX_TOKENS_PER_RANK,
-             (run->opt.T + GPU_MAX_TOKENS_PER_RANK - 1) / GPU_MAX_TOKENS_PER_RANK);
-}
-
 /* Under context parallelism -t must be a multiple of 2N: the refusal names
  * the neighbours that are, within the model's length. */
 static inline void check_context_parallel_length(const Run* run) {
@@ -644,8 +630,7 @@ static inline void run_resolve(Run* run, int argc, char** argv, const TrainerTra
         fprintf(setup_notes(&run->opt), "note: -z 1 with one process shards nothing\n");
     if (run->opt.collective_timeout_s > 0 && remat_proc.world == 1) /* (a build without MPI refused it above) */
         fprintf(setup_notes(&run->opt), "note: --collective-timeout with one process: no collective to time out\n");
-    resolve_context_parallel(run);
-    check_tokens_per_rank(run, trainer);
+    resolve_context_parallel(run); /* no limit on T / N beyond -t's: the GPU's offsets are 64-bit (docs/DESIGN.md, "Index widths") */
     resolve_model(run);
     resolve_recompute(run);
     resolve_batch(run);

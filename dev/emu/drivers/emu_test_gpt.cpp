@@ -30,6 +30,7 @@
  *        emu_test_gpt_PREC presence      check_gpu_presence (when "no GPU" is a skip)
  *        emu_test_gpt_PREC bias          check_bias_fallback (a misaligned bias takes the bias kernel)
  *        emu_test_gpt_PREC kernels       check_memory_kernels (the memory-bound kernels' vector and scalar paths)
+ *        emu_test_gpt_PREC wide          check_wide_offsets (row-wise kernels on rows past element 2^31: the last blocks alone)
  *        emu_test_gpt_PREC --full        test_gpt's own main (every shape; slow)
  *        emu_test_gpt_PREC --quick       test_gpt's own main with --quick (what dev/gpu_check.sh's sanitizers ran before)
  *        emu_test_gpt_PREC --sanitize    test_gpt's own main with --sanitize (what they run: the default attention too)
@@ -53,6 +54,7 @@ static int usage(void) {
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
+                    "       emu_test_gpt wide      (row-wise kernels on rows past element 2^31: their grids' last blocks)\n"
                     "       emu_test_gpt --full    (test_gpt's own main: every shape, slow)\n"
                     "       emu_test_gpt --quick|--sanitize   (test_gpt's own main with that flag: dev/gpu_check.sh's sanitizer cases)\n");
     return 2;
@@ -67,10 +69,12 @@ int main(int argc, char** argv) {
         printf("emu: test_gpt's own main returned %d (emulated, not GPU verification)\n", rc);
         return rc;
     }
-    if (argc == 2 && (strcmp(argv[1], "presence") == 0 || strcmp(argv[1], "bias") == 0 || strcmp(argv[1], "kernels") == 0)) {
+    if (argc == 2 && (strcmp(argv[1], "presence") == 0 || strcmp(argv[1], "bias") == 0 || strcmp(argv[1], "kernels") == 0 ||
+                      strcmp(argv[1], "wide") == 0)) {
         banner();
         if (argv[1][0] == 'p') check_gpu_presence();
         else if (argv[1][0] == 'b') check_bias_fallback();
+        else if (argv[1][0] == 'w') check_wide_offsets();
         else check_memory_kernels();
         return g_failures ? 1 : 0;
     }

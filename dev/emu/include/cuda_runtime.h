@@ -78,6 +78,14 @@ struct cudaDeviceProp {
     int memoryBusWidth;
 };
 
+/* Emulator only (no CUDA call): kernels launched from now on run only the
+ * blocks whose blockIdx.x is in [x_lo, x_hi) (every y and z), the others
+ * skipped as if a GPU had run them out of sight; (0, 0) restores whole
+ * grids. For tests of offsets that a large grid's last blocks reach
+ * (test_gpt.cu's check_wide_offsets): those blocks run on the rows they own
+ * of a huge cudaMalloc block, which costs only the pages they touch. */
+void emu_block_window(uint64_t x_lo, uint64_t x_hi);
+
 const char* cudaGetErrorString(cudaError_t err);
 const char* cudaGetErrorName(cudaError_t err);
 cudaError_t cudaGetLastError(void);

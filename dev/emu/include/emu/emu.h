@@ -87,8 +87,12 @@ extern uint3 cur_thread_idx, cur_block_idx;
 extern dim3 cur_block_dim, cur_grid_dim;
 
 /* The current kernel's grid is run block by block (blocks in the order set by
- * EMU_ORDER), each block's threads as coroutines. body() is one thread. */
-void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()>& body);
+ * EMU_ORDER), each block's threads as coroutines. body() is one thread.
+ * Only blocks whose blockIdx.x is in [x_lo, x_hi) run (emu_block_window). */
+void run_grid(const Site& site, dim3 grid, dim3 block, size_t dyn_smem, const std::function<void()>& body, uint64_t x_lo = 0,
+              uint64_t x_hi = UINT64_MAX);
+/* The window emu_block_window set, read when a kernel is launched. */
+void block_window(uint64_t* x_lo, uint64_t* x_hi);
 
 /* Launch checks and deferral: everything on a stream runs in its order at the
  * next synchronisation point (cudaStreamSynchronize, cudaDeviceSynchronize,
@@ -269,10 +273,12 @@ static inline void emu_launch(const emu::Site& site, dim3 grid, dim3 block, size
         (emu::check_arg(site, i++, v), ...);
     }, params);
     emu::Site s = site;
+    uint64_t x_lo, x_hi;
+    emu::block_window(&x_lo, &x_hi);
     std::string what;
     if (emu::stream_check_on()) what = std::string("kernel ") + site.kernel + " launched at " + site.file + ":" + std::to_string(site.line);
-    emu::enqueue_named(stream, std::move(what), [s, grid, block, smem, kernel, params]() {
-        emu::run_grid(s, grid, block, smem, [&kernel, &params]() { std::apply(kernel, params); });
+    emu::enqueue_named(stream, std::move(what), [s, grid, block, smem, kernel, params, x_lo, x_hi]() {
+        emu::run_grid(s, grid, block, smem, [&kernel, &params]() { std::apply(kernel, params); }, x_lo, x_hi);
     });
 }
 
