@@ -272,7 +272,7 @@ static inline void resolve_context_parallel(Run* run) {
  * of each row (docs/context-parallel.md, "Index widths"), up to 2^20: the
  * limit applies per rank, so --context-parallel N runs N times as long a sequence. Checked
  * before --plan exits, so that a plan never shows a row the run refuses. */
-#define GPU_MAX_TOKENS_PER_RANK (1 << 20)
+#define GPU_MAX_TOKENS_PER_RANK (1 << 22)
 static inline void check_tokens_per_rank(const Run* run, int trainer) {
     int local = run->opt.T / run->cp.group_size;
     if (trainer == FOR_GPU && local > GPU_MAX_TOKENS_PER_RANK)
