@@ -111,6 +111,41 @@ static void check_llama_widths(void) {
     expect_eq("llama3.1-8b lm_head", pl.count[P_LMHEAD], (size_t)128256 * 4096);
 }
 
+static void expect_work(const char* what, double got, double want) {
+    if (!(fabs(got - want) <= 1e-12 * fabs(want))) { printf("  FAIL %s: time model %.17g, by hand %.17g\n", what, got, want); failures++; }
+}
+
+/* The time model's work of one Llama 3.1 8B layer at T = 4096, B = 1 (bf16,
+ * no context parallelism), counted here from the block: matmuls 2 C x (QKV
+ * 48 x 128 + O 4096 + gate/up 2 x 14336 + down 14336) per token; attention
+ * 4 x 32 query heads x 128 per causal pair (T(T+1)/2), the K/V heads shared,
+ * backward 2.5x; bytes: two RMSNorms 4C forward and 8C backward, SwiGLU 3F
+ * forward (2F read, F written) and 5F backward (2F and F read, 2F written),
+ * at GELU's rate, RoPE 2 x (32 + 8) x 128 both ways; -r 1 reruns the QKV, O
+ * and gate/up matmuls, RoPE, both norms and SwiGLU, and attention. A mutant
+ * that counts attention for the K/V heads, RoPE for Q only, or SwiGLU's
+ * bytes as GELU's (F in, F out) fails here. */
+static void check_llama_work(void) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    if (config_from_descriptor("llama3.1-8b", &s.cfg) != 0) { printf("  FAIL preset llama3.1-8b unknown\n"); failures++; return; }
+    s.B = 1; s.T = 4096; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.world_size = 1;
+    double N = 4096, C = 4096, F = 14336, E = 2, pairs = 4096.0 * 4097.0 / 2.0, rope = 2.0 * (32 + 8) * 128;
+    double matmul = 2.0 * C * (48 * 128 + 4096 + 2 * F + F) * N, attention = 4.0 * 32 * 128 * pairs;
+    Work f = layer_work(&s, 0), b = layer_work(&s, 1), r = recompute_work(&s, RECOMPUTE_FULL);
+    expect_work("llama3.1-8b forward matmul FLOPs", f.matmul_flops, matmul);
+    expect_work("llama3.1-8b forward attention FLOPs (32 query heads)", f.attention_flops, attention);
+    expect_work("llama3.1-8b forward bytes", f.memory_bytes, (4 * C + 3 * F + rope) * N * E);
+    expect_work("llama3.1-8b forward SwiGLU bytes", f.gelu_bytes, 3 * F * N * E);
+    expect_work("llama3.1-8b backward matmul FLOPs", b.matmul_backward_flops, 2 * matmul);
+    expect_work("llama3.1-8b backward attention FLOPs", b.attention_backward_flops, 2.5 * attention);
+    expect_work("llama3.1-8b backward bytes", b.memory_bytes, (8 * C + 5 * F + rope) * N * E);
+    expect_work("llama3.1-8b backward SwiGLU bytes", b.gelu_bytes, 5 * F * N * E);
+    expect_work("llama3.1-8b -r 1 recompute matmul FLOPs", r.matmul_flops, 2.0 * C * (48 * 128 + 4096 + 2 * F) * N);
+    expect_work("llama3.1-8b -r 1 recompute attention FLOPs", r.attention_flops, attention);
+    expect_work("llama3.1-8b -r 1 recompute bytes", r.memory_bytes, (4 * C + 3 * F + rope) * N * E);
+}
+
 /* The searches' model: L layers of C=64, 4 heads, V=50, T=256 at B=2, bf16
  * with fp32 master weights on one GPU, two micro-steps, priced by `cm`;
  * with search_llama the configurable block instead (4 query heads on 2 K/V
@@ -886,6 +921,7 @@ int main(void) {
     check("d12 fp32 mixed 2/3", d12, 2, 512, 4, 1, 0, sel_keep_att);
     check_allocation();
     check_llama_widths();
+    check_llama_work();
     check_auto_against_exhaustive();
     search_llama = 1;
     check_auto_against_exhaustive();
