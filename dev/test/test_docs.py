@@ -171,7 +171,7 @@ def test_readme_sequence_table_is_the_docs_numbers():
     for model, where, settings, T in rows:
         T = int(T.replace(",", ""))
         gib = re.search(r"([0-9.]+) GiB per GPU", settings)
-        if gib:  # context-parallel.md's rows
+        if gib:  # the rows of docs/context-parallel.md
             assert model == "d48" and "--context-parallel 8" in where and ring.get(T) == gib.group(1), (where, settings, T, ring)
             checked_ring += 1
             continue
