@@ -9,11 +9,18 @@
 #      CUDA_LAUNCH_BLOCKING=1 (GPU against the CPU reference, bitwise
 #      equality across -r settings, loss scaling, inf/NaN gradients)
 #      (if BF16 fails: test_gpt bf16 again with ATTENTION=simt, to tell a
-#      tensor-core attention fault from the rest)
+#      tensor-core attention fault from the rest); the Llama family's cases
+#      (RMSNorm, RoPE, SwiGLU, grouped-query attention: the shapes test_gpt names
+#      llama*/qwen2*) get a row of their own, from that log or from
+#      $LLAMA_TEST_GPT when a flag runs them alone
 #   3. throughput of d12 at T=1024 (random init, random GPT-2-vocabulary
 #      tokens) with -r 0, -r 2 and -r 1: ms/step, tok/s, MFU, planned and
 #      measured device memory, step-1 loss, and step 10's breakdown
-#      (REMAT_PROFILE: forward, attention, recompute, ...); then the same shape side by side in
+#      (REMAT_PROFILE: forward, attention, recompute, ...), whose phases calibrate the time
+#      model (REMAT_PROFILE_COST_MODEL: cost_model_d12.txt for --cost-model); the
+#      smollm2-135m shape (Llama block: RMSNorm, RoPE, SwiGLU, 9 query heads on 3 K/V
+#      heads of 64) the same way at -r 0 and -r 1, on random tokens of its 49,152-token
+#      vocabulary (its calibrated rates: cost_model_smollm2.txt); then the d12 shape side by side in
 #      PyTorch (dev/bench/torch_gpt2.py: our own minimal GPT-2 trainer, eager,
 #      SDPA attention, fused AdamW, bf16 autocast), from the same init (remat's
 #      draws from --seed) and the same first batch, so the step-1 losses agree
@@ -49,6 +56,8 @@
 # env:   GPU_CHECK_BUDGET  seconds for everything (default 530)
 #        JOBS              parallel make jobs (default 8)
 #        D12_BATCH         -b of the throughput runs (default 16)
+#        LLAMA_TEST_GPT    a command that runs test_gpt's Llama/Qwen2 cases alone (default empty:
+#                          they run inside stage 2's test_gpt bf16, whose log gives their row)
 set -u
 cd "$(dirname "$0")/.." || exit 1
 LOGDIR=out/gpu_check
@@ -57,6 +66,7 @@ mkdir -p "$LOGDIR"
 BUDGET=${GPU_CHECK_BUDGET:-530}
 JOBS=${JOBS:-8}
 D12_B=${D12_BATCH:-16}
+LLAMA_TEST_GPT=${LLAMA_TEST_GPT:-}
 T0=$(date +%s)
 SUMMARY=()
 THR=()
@@ -121,7 +131,8 @@ print_summary() {
     echo "| --- | --- |"
     printf '%s\n' "${SUMMARY[@]}"
     echo
-    echo "d12 (124M), B=$D12_B T=1024, bf16, random init (seed 1337, the same weights in both trainers) and tokens, 30 steps"
+    echo "d12 (124M), B=$D12_B T=1024, bf16, random init (seed 1337, the same weights in both trainers) and tokens, 30 steps;"
+    echo "the smollm2-135m rows: remat alone, the same B, T and steps, random tokens of its 49,152-token vocabulary"
     echo "(average excludes step 1); MFU: PaLM model FLOPs over 989 TFLOPS; measured MiB: device memory in use after step 1"
     echo "(cudaMemGetInfo, CUDA context included, in both trainers); less context: minus the CUDA context and cuBLASLt"
     echo "handle remat measured before its one allocation (what the plan should account for)"
@@ -224,6 +235,19 @@ if (( BF16_RC == 1 )); then
         SUMMARY+=("| test_gpt bf16, ATTENTION=simt | not built |")
     fi
 fi
+# The Llama family's cases: alone when $LLAMA_TEST_GPT names a command for them, else
+# counted in the bf16 log (their check lines name a llama* or qwen2* shape or kernel)
+if [[ -n "$LLAMA_TEST_GPT" ]]; then
+    test_gpt_result "test_gpt Llama/Qwen2 cases ($LLAMA_TEST_GPT)" "$LLAMA_TEST_GPT" test_gpt_llama
+elif [[ -s "$LOGDIR/test_gpt_bf16.log" ]]; then
+    n=$(grep -ciE 'llama|qwen2|rmsnorm|swiglu|rope' "$LOGDIR/test_gpt_bf16.log")
+    bad=$(grep -iE 'llama|qwen2|rmsnorm|swiglu|rope' "$LOGDIR/test_gpt_bf16.log" | grep -c 'FAIL')
+    word="$n lines, $bad FAIL"
+    (( n == 0 )) && word="no Llama/Qwen2 lines in test_gpt_bf16.log (this test_gpt has no such cases)"
+    SUMMARY+=("| test_gpt bf16, Llama/Qwen2 cases (RMSNorm, RoPE, SwiGLU, GQA; in test_gpt_bf16.log) | $word |")
+else
+    SUMMARY+=("| test_gpt bf16, Llama/Qwen2 cases | not run (no test_gpt_bf16 log) |")
+fi
 
 # ---- 3. d12 throughput at T=1024 on random GPT-2-vocabulary tokens ----
 RANDOM_PY='
@@ -237,15 +261,22 @@ rng = np.random.default_rng(0)
 df.write_shard(out + "/random50257_train.bin", rng.integers(0, 50257, size=2_000_000))
 df.write_shard(out + "/random50257_val.bin", rng.integers(0, 50257, size=100_000))
 print("wrote", out)
+out = "data/random49152"  # the vocabulary of SmolLM2
+os.makedirs(out, exist_ok=True)
+df.write_shard(out + "/random49152_train.bin", rng.integers(0, 49152, size=2_000_000))
+print("wrote", out)
 '
 stage random_shards 60 python3 -c "$RANDOM_PY"
 THR=()
 PROF=()
-for r in 0 2 1; do
-    name="d12_r$r"
-    if [[ -x build/train_gpt_nompi_bf16 && -f data/random50257/random50257_train.bin ]]; then
-        stage "$name" 150 env REMAT_PROFILE=10 build/train_gpt_nompi_bf16 -e d12 -b "$D12_B" -t 1024 -x 30 -r "$r" \
-            -i data/random50257/random50257_train.bin -j "" -v 0 -s 0
+# throughput_run NAME LABEL MODEL R SHARD LIMIT [COST_MODEL_FILE]: 30 steps of MODEL at B=$D12_B, T=1024, -r R
+# on SHARD, step 10 profiled (and written as a calibrated cost model to COST_MODEL_FILE when given);
+# adds its rows to THR and PROF
+throughput_run() {
+    local name=$1 label=$2 model=$3 r=$4 shard=$5 limit=$6 cm=${7:-}
+    if [[ -x build/train_gpt_nompi_bf16 && -f $shard ]]; then
+        stage "$name" "$limit" env REMAT_PROFILE=10 ${cm:+REMAT_PROFILE_COST_MODEL=$cm} build/train_gpt_nompi_bf16 -e "$model" \
+            -b "$D12_B" -t 1024 -x 30 -r "$r" -i "$shard" -j "" -v 0 -s 0
         rc=$?
         log="$LOGDIR/$name.log"
         ms=$(grep '^average step time' "$log" | awk '{print $4}')
@@ -257,12 +288,27 @@ for r in 0 2 1; do
         ctx=$(sed -n 's/^ *difference .* = CUDA context and other processes \([0-9.]*\) + cuBLASLt handle \([0-9.]*\) .*/\1 \2/p' "$log")
         arena=$( [[ -n "$meas" && -n "$ctx" && -n "$plan" ]] && python3 -c "import sys; m, a, b, p = map(float, sys.argv[1:]); print('%.1f (%.1f%% of plan)' % (m - a - b, 100 * (m - a - b) / p))" "$meas" $ctx "$plan" || echo "?")
         loss1=$(grep -E '^step +1/' "$log" | awk '{print $5}')
-        THR+=("| remat -r $r | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} | $arena | ${loss1:-?} |")
+        THR+=("| $label | $(status_word $rc) | ${ms:-?} | ${toks:-?} | ${mfu:-?} | ${plan:-?} | ${meas:-?} | $arena | ${loss1:-?} |")
         prof=$(grep -m 1 '^profile of step' "$log" | sed 's/^profile of //')
-        PROF+=("-r $r: ${prof:-no profile line (see $name.log)}")
+        PROF+=("$label: ${prof:-no profile line (see $name.log)}")
+        if [[ -n "$cm" ]]; then
+            rates=$(grep -m 1 '^cost model: ' "$log" | sed -n 's/.*(\(matmul [^,]*, attention [^,]*, memory [^,]*\),.*/\1/p')
+            PROF+=("$label: calibrated time model ${rates:-not written (see $name.log)}${rates:+, in $cm}")
+        fi
     else
-        THR+=("| remat -r $r | not run | | | | | | | |")
+        THR+=("| $label | not run | | | | | | | |")
     fi
+}
+for r in 0 2 1; do
+    cm=
+    (( r == 0 )) && cm="$LOGDIR/cost_model_d12.txt"
+    throughput_run "d12_r$r" "remat -r $r" d12 "$r" data/random50257/random50257_train.bin 150 $cm
+done
+# The Llama block beside GPT-2's: SmolLM2-135M's shape (30 layers of 576, GQA 9/3, SwiGLU 1536, tied head)
+for r in 0 1; do
+    cm=
+    (( r == 0 )) && cm="$LOGDIR/cost_model_smollm2.txt"
+    throughput_run "smollm2_r$r" "remat smollm2-135m -r $r" smollm2-135m "$r" data/random49152/random49152_train.bin 90 $cm
 done
 # The PyTorch baseline on the same shape, data and init (about 20-40 s: import,
 # CUDA context, init on the GPU, 30 eager steps); exit 77 = no torch here.

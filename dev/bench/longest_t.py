@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """The longest sequence that fits, by the memory plan: GPT-2 124M, 350M, 774M
-and 1.5B (d12, d24, d36, d48) on an 80 GB and a 141 GB card, batch 1, per
-technique and all together, with the time model's predicted step time.
+and 1.5B (d12, d24, d36, d48) on an 80 GB and a 141 GB card, and Llama 3.2 1B,
+3.2 3B and 3.1 8B (the presets llama3.2-1b, llama3.2-3b, llama3.1-8b) on one
+141 GB card and on eight sharing each sequence (--context-parallel 8), batch 1,
+per technique and all together, with the time model's predicted step time.
 
 Every number comes from `train_gpt --plan-json` (the GPU trainer's own plan,
 BF16 with fp32 master weights; no GPU needed to plan): for each setting the
-longest T in [1, 1048576] (the search's ceiling, once train_gpt's limit of tokens per rank; the learned position table
-grows with it) whose plan fits the device budget and, where checkpoints are
-offloaded, the host budget, found by bisection (a plan grows with T).
+longest T in [1, 4194304] (--max-seq-len's limit, and train_gpt's of tokens per rank;
+GPT-2's learned position table grows with T, RoPE has none) whose plan fits the device
+budget and, where checkpoints are offloaded, the host budget, found by bisection (a plan
+grows with T). On eight cards (8x141GB) each rank holds T/8 tokens, T a multiple of 16 (2N
+chunks), the AdamW state and master weights sharded over the eight (-z 1), the NVLink ring;
+the budgets are per GPU (the plan is rank 0's; every rank's is the same size).
 
   techniques   none           -r 0
                recompute      -r 1
@@ -22,9 +27,11 @@ offloaded, the host budget, found by bisection (a plan grows with T).
                               predicted time within both budgets)
   budgets      a card's memory as nvidia-smi reports it (H100 80GB: 81559 MiB, H200: 143771 MiB)
                less 1 GiB for the CUDA context and libraries; host memory --host-gib (default 120)
+               per GPU
+  cards        GPT-2's rows 80GB and 141GB, Llama's 141GB and 8x141GB (--cards picks for all)
 
 usage: python3 dev/bench/longest_t.py [--exe ./train_gpt] [--host-gib 120] [--models 124M,...]
-       [--cards 80GB,141GB] [--techniques none,...] [--json]
+       [--cards 80GB,141GB,8x141GB] [--techniques none,...] [--json]
 Prints a Markdown table (docs/offload-and-tiles.md holds one; dev/test/test_offload.py
 reruns a row of it against the program).
 """
@@ -33,8 +40,11 @@ import json
 import subprocess
 import sys
 
-MODELS = {"124M": "d12", "350M": "d24", "774M": "d36", "1.5B": "d48"}
-CARDS = {"80GB": ("h100", 81559), "141GB": ("h200", 143771)}  # cost model, MiB
+MODELS = {"124M": "d12", "350M": "d24", "774M": "d36", "1.5B": "d48",
+          "llama3.2-1b": "llama3.2-1b", "llama3.2-3b": "llama3.2-3b", "llama3.1-8b": "llama3.1-8b"}
+CARDS = {"80GB": ("h100", 81559, 1), "141GB": ("h200", 143771, 1), "8x141GB": ("h200", 143771, 8)}  # cost model, MiB, GPUs
+# the cards each family's rows take unless --cards says
+DEFAULT_CARDS = {"d": ("80GB", "141GB"), "llama": ("141GB", "8x141GB")}
 TECHNIQUES = {
     "none": ["-r", "0"],
     "recompute": ["-r", "1"],
@@ -43,8 +53,37 @@ TECHNIQUES = {
     "segments": ["-r", "auto", "--tile-tokens", "auto"],
     "all": ["-r", "auto", "--offload-checkpoints", "--tile-tokens", "auto"],
 }
-MAX_T = 1048576
+MAX_T = 4194304
 HEADROOM_MIB = 1024
+
+
+def cards_of(model):
+    """The cards a model's rows take by default."""
+    return DEFAULT_CARDS["d" if MODELS[model].startswith("d") else "llama"]
+
+
+def settings(models=tuple(MODELS), cards=None, techniques=tuple(TECHNIQUES)):
+    """(model, card, technique) of every row, in the table's order."""
+    return [(m, c, t) for m in models for c in (cards or cards_of(m)) for t in techniques]
+
+
+def gpus(card):
+    return CARDS[card][2]
+
+
+def t_step(card):
+    """The T the bisection steps by: 1, or 2N chunks under --context-parallel N."""
+    return 2 * gpus(card) if gpus(card) > 1 else 1
+
+
+def card_flags(card):
+    """A card's flags beside the technique's: the ring and ZeRO-1 over N GPUs."""
+    n = gpus(card)
+    return ["--context-parallel", str(n), "--plan-processes", str(n), "-z", "1"] if n > 1 else []
+
+
+def flags_of(card, technique):
+    return TECHNIQUES[technique] + card_flags(card)
 
 
 def plan(exe, model, T, flags, budget, host, cost_model):
@@ -68,33 +107,30 @@ def fits(d, budget, host):
     return d is not None and d["total_bytes"] <= budget and d["host_total_bytes"] <= host
 
 
-def longest(exe, model, flags, budget, host, cost_model):
-    """The longest T that fits and its plan; (0, None) when not even T=1 does."""
-    lo, best, hi = 0, None, MAX_T
+def longest(exe, model, flags, budget, host, cost_model, step=1):
+    """The longest T (a multiple of step) that fits and its plan; (0, None) when not even T=step does."""
+    lo, best, hi = 0, None, MAX_T // step
     while lo < hi:
         mid = lo + (hi - lo + 1) // 2
-        d = plan(exe, model, mid, flags, budget, host, cost_model)
+        d = plan(exe, model, mid * step, flags, budget, host, cost_model)
         if fits(d, budget, host):
             lo, best = mid, d
         else:
             hi = mid - 1
-    return lo, best
+    return lo * step, best
 
 
 def rows(exe, models, cards, host_gib, techniques=tuple(TECHNIQUES)):
     host = host_gib << 30
-    for name in models:
-        for card in cards:
-            cost_model, mib = CARDS[card]
-            budget = (mib - HEADROOM_MIB) << 20
-            for tech in techniques:
-                flags = TECHNIQUES[tech]
-                T, d = longest(exe, MODELS[name], flags, budget, host, cost_model)
-                yield {"model": name, "card": card, "technique": tech, "longest_T": T, "at_limit": T == MAX_T,
-                       "device_bytes": d["total_bytes"] if d else 0, "host_bytes": d["host_total_bytes"] if d else 0,
-                       "recompute": recompute_cell(d) if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
-                       "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
-                       "budget_bytes": budget, "host_budget_bytes": host}
+    for name, card, tech in settings(models, cards, techniques):
+        cost_model, mib, _ = CARDS[card]
+        budget = (mib - HEADROOM_MIB) << 20
+        T, d = longest(exe, MODELS[name], flags_of(card, tech), budget, host, cost_model, t_step(card))
+        yield {"model": name, "card": card, "technique": tech, "longest_T": T, "at_limit": T == MAX_T,
+               "device_bytes": d["total_bytes"] if d else 0, "host_bytes": d["host_total_bytes"] if d else 0,
+               "recompute": recompute_cell(d) if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
+               "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
+               "budget_bytes": budget, "host_budget_bytes": host}
 
 
 def markdown(results):
@@ -112,11 +148,11 @@ def main():
     ap.add_argument("--exe", default="./train_gpt")
     ap.add_argument("--host-gib", type=int, default=120)
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--cards", default=",".join(CARDS))
+    ap.add_argument("--cards", default="", help="cards for every model (default: each family's, DEFAULT_CARDS)")
     ap.add_argument("--techniques", default=",".join(TECHNIQUES))
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of the table")
     a = ap.parse_args()
-    models, cards = a.models.split(","), a.cards.split(",")
+    models, cards = a.models.split(","), [c for c in a.cards.split(",") if c]
     for m in models:
         if m not in MODELS:
             sys.exit(f"--models: unknown model {m} (one of {', '.join(MODELS)})")
@@ -131,7 +167,7 @@ def main():
         for r in results:
             print(json.dumps(r), flush=True)
     else:
-        print(f"host memory {a.host_gib} GiB; device budget: the card less {HEADROOM_MIB} MiB")
+        print(f"host memory {a.host_gib} GiB per GPU; device budget: the card less {HEADROOM_MIB} MiB")
         print(markdown(list(results)))
 
 

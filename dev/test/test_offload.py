@@ -423,32 +423,34 @@ def test_profiled_step_measures_the_host_link(tiny_shards, tmp_path):
 
 # ---- the numbers of docs/offload-and-tiles.md ----
 
-NUMBERS_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| (\d+) \| ([0-9.]+) \|$", re.M)
+NUMBERS_ROW = re.compile(r"^\| (\S+) \| ((?:8x)?\d+GB) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| `([^`]*)` \| (\d+) \| ([0-9.]+) \|$", re.M)
 
 
 def test_docs_numbers_are_the_programs():
     """Every row of the table: the plan at its T fits both budgets with the
-    device and host bytes, the -r choice and the tile size printed, and at T+1 it does not
-    (unless T is --max-seq-len's limit)."""
+    device and host bytes, the -r choice and the tile size printed, and at T+1 (T+2N on N
+    cards sharing each sequence) it does not (unless T is --max-seq-len's limit)."""
     exe = gpu_trainer()
     import importlib.util
     spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
     lt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lt)
     rows = NUMBERS_ROW.findall((REPO / "docs/offload-and-tiles.md").read_text())
-    assert len(rows) == len(lt.MODELS) * len(lt.CARDS) * len(lt.TECHNIQUES)
+    assert [r[:3] for r in rows] == lt.settings()
     host = 120 << 30
     # The emulated build pads every device buffer with guard bytes (dev/emu/Makefile), so its plan is the
-    # table's plus that much per buffer; at the longest T, where only the smallest tiles fit, which one fits
-    # turns on those bytes: there each tiled row is checked with its own flags, the guard bytes taken out.
+    # table's plus that much per buffer; at the longest T, where a few KiB decide which tile fits and
+    # whether the plan fits at all, each row is checked there with its own flags (the -r and tile it
+    # printed), the guard bytes taken out.
     guard = re.search(r"-DPLAN_GUARD_BYTES=(\d+)", (REPO / "dev/emu/Makefile").read_text())
     guard_bytes = int(guard.group(1)) if "emu" in Path(exe).name else 0
     for model, card, tech, T, limit, dev_gib, host_gib, flag, tile, _ in rows:
-        cost_model, mib = lt.CARDS[card]
+        cost_model, mib, _ = lt.CARDS[card]
         budget, T = (mib - lt.HEADROOM_MIB) << 20, int(T)
-        args = (lt.MODELS[model], lt.TECHNIQUES[tech])
-        if guard_bytes and int(tile):
-            d = lt.plan(str(exe), args[0], T, ["-r", *flag.split(), "--tile-tokens", tile], budget + guard_bytes * 4096, host, cost_model)
+        args = (lt.MODELS[model], lt.flags_of(card, tech))
+        if guard_bytes:
+            tiles = ["--tile-tokens", tile] if int(tile) else []
+            d = lt.plan(str(exe), args[0], T, ["-r", *flag.split(), *tiles, *lt.card_flags(card)], budget + guard_bytes * 4096, host, cost_model)
             device = d["total_bytes"] - guard_bytes * len(d["buffers"])
             assert device <= budget and d["host_total_bytes"] <= host, (model, card, tech, T)
             assert f"{device / 2**30:.1f}" == dev_gib and f"{d['host_total_bytes'] / 2**30:.1f}" == host_gib, (model, card, tech)
@@ -460,4 +462,5 @@ def test_docs_numbers_are_the_programs():
         if limit:
             assert T == lt.MAX_T
         else:
-            assert not lt.fits(lt.plan(str(exe), args[0], T + 1, args[1], budget, host, cost_model), budget, host), (model, card, tech, T)
+            T_next = T + lt.t_step(card)  # under --context-parallel N the next length the ring takes, T + 2N
+            assert not lt.fits(lt.plan(str(exe), args[0], T_next, args[1], budget, host, cost_model), budget, host), (model, card, tech, T)

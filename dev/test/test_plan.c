@@ -111,6 +111,41 @@ static void check_llama_widths(void) {
     expect_eq("llama3.1-8b lm_head", pl.count[P_LMHEAD], (size_t)128256 * 4096);
 }
 
+static void expect_work(const char* what, double got, double want) {
+    if (!(fabs(got - want) <= 1e-12 * fabs(want))) { printf("  FAIL %s: time model %.17g, by hand %.17g\n", what, got, want); failures++; }
+}
+
+/* The time model's work of one Llama 3.1 8B layer at T = 4096, B = 1 (bf16,
+ * no context parallelism), counted here from the block: matmuls 2 C x (QKV
+ * 48 x 128 + O 4096 + gate/up 2 x 14336 + down 14336) per token; attention
+ * 4 x 32 query heads x 128 per causal pair (T(T+1)/2), the K/V heads shared,
+ * backward 2.5x; bytes: two RMSNorms 4C forward and 8C backward, SwiGLU 3F
+ * forward (2F read, F written) and 5F backward (2F and F read, 2F written),
+ * at GELU's rate, RoPE 2 x (32 + 8) x 128 both ways; -r 1 reruns the QKV, O
+ * and gate/up matmuls, RoPE, both norms and SwiGLU, and attention. A mutant
+ * that counts attention for the K/V heads, RoPE for Q only, or SwiGLU's
+ * bytes as GELU's (F in, F out) fails here. */
+static void check_llama_work(void) {
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    if (config_from_descriptor("llama3.1-8b", &s.cfg) != 0) { printf("  FAIL preset llama3.1-8b unknown\n"); failures++; return; }
+    s.B = 1; s.T = 4096; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.world_size = 1;
+    double N = 4096, C = 4096, F = 14336, E = 2, pairs = 4096.0 * 4097.0 / 2.0, rope = 2.0 * (32 + 8) * 128;
+    double matmul = 2.0 * C * (48 * 128 + 4096 + 2 * F + F) * N, attention = 4.0 * 32 * 128 * pairs;
+    Work f = layer_work(&s, 0), b = layer_work(&s, 1), r = recompute_work(&s, RECOMPUTE_FULL);
+    expect_work("llama3.1-8b forward matmul FLOPs", f.matmul_flops, matmul);
+    expect_work("llama3.1-8b forward attention FLOPs (32 query heads)", f.attention_flops, attention);
+    expect_work("llama3.1-8b forward bytes", f.memory_bytes, (4 * C + 3 * F + rope) * N * E);
+    expect_work("llama3.1-8b forward SwiGLU bytes", f.gelu_bytes, 3 * F * N * E);
+    expect_work("llama3.1-8b backward matmul FLOPs", b.matmul_backward_flops, 2 * matmul);
+    expect_work("llama3.1-8b backward attention FLOPs", b.attention_backward_flops, 2.5 * attention);
+    expect_work("llama3.1-8b backward bytes", b.memory_bytes, (8 * C + 5 * F + rope) * N * E);
+    expect_work("llama3.1-8b backward SwiGLU bytes", b.gelu_bytes, 5 * F * N * E);
+    expect_work("llama3.1-8b -r 1 recompute matmul FLOPs", r.matmul_flops, 2.0 * C * (48 * 128 + 4096 + 2 * F) * N);
+    expect_work("llama3.1-8b -r 1 recompute attention FLOPs", r.attention_flops, attention);
+    expect_work("llama3.1-8b -r 1 recompute bytes", r.memory_bytes, (4 * C + 3 * F + rope) * N * E);
+}
+
 /* The searches' model: L layers of C=64, 4 heads, V=50, T=256 at B=2, bf16
  * with fp32 master weights on one GPU, two micro-steps, priced by `cm`;
  * with search_llama the configurable block instead (4 query heads on 2 K/V
@@ -738,35 +773,49 @@ static void check_link_calibration(void) {
  * tiled run: the tiles' costs, at the spec's tile rates, come out before
  * the matmul rate), and a written calibration file reads back equal (to its
  * 6 significant digits) in every rate, the links' and tiles' included. */
-static void check_calibration_round_trip(void) {
-    ModelConfig d12;
-    config_from_descriptor("d12", &d12);
-    unsigned char modes[12] = {1, 1, 3, 3, 3, 2, 2, 0, 0, 0, 0, 0};
+/* Calibration from synthetic phase times of a step of `preset` (modes per
+ * layer, 3 micro-steps, tiles of 1024, B = 4, T = 1024) recovers the rates
+ * the times were made with; the attention FLOPs are counted here, 4 x the
+ * query heads' width (NH HD, passed by hand) per causal pair: 3.5x that
+ * forward with backward, 4.5x when -r 1 recomputes it. Returns the spec
+ * (with `times` and the calibrated model) for the caller's further checks. */
+static PlanSpec calibration_recovers(const char* preset, const unsigned char* modes, double q_width, PhaseTimes* t, CostModel* got) {
     PlanSpec s;
     memset(&s, 0, sizeof(s));
-    s.cfg = d12; s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
+    config_from_descriptor(preset, &s.cfg);
+    s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
     s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes; s.tile_tokens = 1024;
     CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10, 2e-5, 300.0, 4e9, 3e-6, 0, 0, 0};
     s.cost_model = truth;
-    /* independent of the model's split: the attention FLOPs counted here */
     double att = 0.0;
-    for (int l = 0; l < 12; l++) att += (modes[l] == 1 ? 4.5 : 3.5) * 2.0 * 4 * 1024.0 * 1025.0 * 768;
+    for (int l = 0; l < s.cfg.num_layers; l++) att += (modes[l] == 1 ? 4.5 : 3.5) * 2.0 * 4 * 1024.0 * 1025.0 * q_width;
     att *= 3;
     Work all = step_work(&s, modes), upd = update_work(&s);
-    if (fabs(all.attention_flops - att) > 1e-9 * att) { printf("  FAIL attention FLOPs %.6g, counted %.6g\n", all.attention_flops, att); failures++; }
-    PhaseTimes t;
+    if (fabs(all.attention_flops - att) > 1e-9 * att) { printf("  FAIL %s attention FLOPs %.6g, counted %.6g\n", preset, all.attention_flops, att); failures++; }
     double compute_ms = 1e3 * (work_seconds(all, &truth) - work_seconds(upd, &truth));
-    t.attention_ms = 1e3 * att / truth.attention_flops_per_s;
-    t.update_ms = 1e3 * upd.memory_bytes / truth.memory_bytes_per_s;
-    t.forward_ms = 0.3 * compute_ms; t.classifier_ms = 0.1 * compute_ms; t.backward_ms = 0.6 * compute_ms;
+    t->attention_ms = 1e3 * att / truth.attention_flops_per_s;
+    t->update_ms = 1e3 * upd.memory_bytes / truth.memory_bytes_per_s;
+    t->forward_ms = 0.3 * compute_ms; t->classifier_ms = 0.1 * compute_ms; t->backward_ms = 0.6 * compute_ms;
+    char why[200];
+    memset(got, 0, sizeof(*got));
+    if (cost_model_calibrate(&s, t, got, why, sizeof(why)) != 0) { printf("  FAIL %s calibrate: %s\n", preset, why); failures++; return s; }
+    double want[3] = {truth.matmul_flops_per_s, truth.attention_flops_per_s, truth.memory_bytes_per_s};
+    double have[3] = {got->matmul_flops_per_s, got->attention_flops_per_s, got->memory_bytes_per_s};
+    for (int k = 0; k < 3; k++)
+        if (fabs(have[k] - want[k]) > 1e-9 * want[k]) { printf("  FAIL %s calibrated rate %d: %.9g, want %.9g\n", preset, k, have[k], want[k]); failures++; }
+    return s;
+}
+
+static void check_calibration_round_trip(void) {
+    unsigned char modes[30] = {1, 1, 3, 3, 3, 2, 2, 0, 0, 0, 0, 0};
+    PhaseTimes t;
     CostModel got;
     char why[200];
-    memset(&got, 0, sizeof(got));
-    if (cost_model_calibrate(&s, &t, &got, why, sizeof(why)) != 0) { printf("  FAIL calibrate: %s\n", why); failures++; return; }
-    double want[3] = {truth.matmul_flops_per_s, truth.attention_flops_per_s, truth.memory_bytes_per_s};
-    double have[3] = {got.matmul_flops_per_s, got.attention_flops_per_s, got.memory_bytes_per_s};
-    for (int k = 0; k < 3; k++)
-        if (fabs(have[k] - want[k]) > 1e-9 * want[k]) { printf("  FAIL calibrated rate %d: %.9g, want %.9g\n", k, have[k], want[k]); failures++; }
+    /* the Llama block's calibration (REMAT_PROFILE on a smollm2-135m run): 9 query heads of 64 on 3 K/V heads */
+    unsigned char llama_modes[30];
+    for (int l = 0; l < 30; l++) llama_modes[l] = (unsigned char)"1320"[l % 4] - '0';
+    calibration_recovers("smollm2-135m", llama_modes, 9 * 64, &t, &got);
+    PlanSpec s = calibration_recovers("d12", modes, 768, &t, &got);
     char path[] = "/tmp/remat_cost_model_XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) { printf("  FAIL mkstemp\n"); failures++; return; }
@@ -918,6 +967,7 @@ int main(void) {
     check_allocation();
     check_llama_widths();
     check_wide_row_offsets();
+    check_llama_work();
     check_auto_against_exhaustive();
     search_llama = 1;
     check_auto_against_exhaustive();

@@ -130,6 +130,20 @@ def test_gpu_attention_default_per_family_and_head_size(shape, flags, family, ca
     assert d["cost_model"]["attention_flops_per_s"] == want[card][family]
 
 
+@pytest.mark.parametrize("preset,family", [("llama3.1-8b", "mma_hs128"), ("llama3.2-3b", "mma_hs128"), ("llama3.2-1b", "mma_hs64"),
+                                           ("smollm2-135m", "mma_hs64")])
+def test_gpu_attention_default_for_grouped_query_attention(preset, family):
+    """The Llama presets' grouped-query attention (32/8, 24/8, 32/8, 9/3 query/K-V heads) takes the mma family's
+    rate at its head size on an H200, no higher than for NH K/V heads: its FLOPs count the query heads, and
+    FlashAttention-2's ceiling (326 TFLOP/s at 128, 293 at 64, FA3 paper) bounds both."""
+    if not GPU_PLAN.exists():
+        pytest.skip(f"{GPU_PLAN} not built (make build/train_gpt_bf16 needs nvcc, not a GPU)")
+    want = {"mma_hs64": 2.5e14, "mma_hs128": 2.8e14}[family]
+    assert want < {"mma_hs64": 2.93e14, "mma_hs128": 3.26e14}[family]
+    d = predicted("-e", preset, "--layers", "2", "-b", "1", "-t", "1024", "--cost-model", "h200", "--mem-budget", "80GiB", exe=str(GPU_PLAN))
+    assert d["cost_model"]["attention_flops_per_s"] == want
+
+
 def test_profile_clock(tiny_shards, tmp_path):
     """REMAT_PROFILE_CLOCK=cpu calibrates in CPU time on one thread (the
     file says so); with two threads, or a clock it does not know, the run

@@ -49,6 +49,32 @@
  *                    (moments) + 8 (master weights, when kept), plus E to zero
  *                    each gradient
  *
+ * The Llama block's kernels have no rates of their own: each is memory-bound
+ * (a few FLOPs per element against 2 to 4 bytes moved), so each is priced in
+ * its bytes at a rate the GPT-2 kernels already measure:
+ *   RMSNorm          LayerNorm's bytes (reads and writes C a token forward;
+ *                    reads x and dout, writes dx and adds it into the residual
+ *                    gradient backward) at memory_bytes_per_s: the same passes
+ *                    with one statistic instead of two
+ *   SwiGLU           the activation's bytes above (forward 2F read, F
+ *                    written; backward 2F and F read, 2F written over the
+ *                    gate and up) at gelu_bytes_per_s: on the CPU silu's exp
+ *                    per element makes it compute-bound like GELU's tanh (the
+ *                    CPU calibration times both under one clock, OP_GELU); on
+ *                    the GPU that rate is memory_bytes_per_s
+ *   RoPE             the Q and K heads read and written, (NH + NKV) HD each way,
+ *                    forward, backward and in each QKV recompute, at
+ *                    memory_bytes_per_s (sin and cos from the position: a few
+ *                    FLOPs an element, hidden under the loads)
+ *   attention (GQA)  FLOPs for the NH query heads, K/V shared by NH/NKV of
+ *                    them: 4 NH HD per pair, as for NH K/V heads (sharing
+ *                    saves K/V loads, not products), at the attention family's
+ *                    rate for the head size (attention_defaults below)
+ * The GPU's phase profile (REMAT_PROFILE, profile.cuh) calibrates them with
+ * the rest: its memory rate from AdamW, its attention rate from attention's
+ * spans, which hold the GQA kernels for a Llama model; dev/gpu_check.sh runs
+ * it for GPT-2 124M and for the smollm2-135m shape and writes both files.
+ *
  * Context parallelism (N ranks share each sequence, plan.h): every
  * per-token term above counts this rank's B T / N tokens; attention counts its share of the causal pairs, exactly
  * B T (T+1) / (2N) with the 2N-chunk layout. The ring adds, per layer, with
@@ -193,6 +219,13 @@ enum { ATTENTION_FAMILY_SIMT, ATTENTION_FAMILY_TC, ATTENTION_FAMILY_MMA };
  *         (more and faster memory only): the same ceiling. On the A100 FA2's
  *         forward reaches at most 73% of the 312 TFLOP/s peak (FA2 paper,
  *         Dao 2023, arXiv:2307.08691), its backward less: 1.2e14 and 1.35e14.
+ *         Grouped-query attention (Llama 3, Qwen2: NH/NKV query heads on
+ *         each K/V head) takes the same rate, its FLOPs counted for NH query
+ *         heads: the FA3 paper publishes no GQA figure for FA2, and FA2's GQA
+ *         path (K/V head h / (NH/NKV) for query head h) runs the MHA kernel's
+ *         tiles with fewer distinct K/V loads, no fewer products; the ceiling
+ *         stays 326 at 128 (Llama 3.2 3B, Llama 3.1 8B) and 293 at 64
+ *         (Llama 3.2 1B, SmolLM2) on the H100 and H200.
  *   tc    WMMA tile products (attention_tc.cuh), every head size the mma
  *         kernels do not take: the same tensor-core products
  *         under the same ceiling, without the mma kernels' ldmatrix loads
