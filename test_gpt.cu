@@ -356,12 +356,20 @@ static void make_plan(MemoryPlan* p, const ModelConfig* cfg, int T, int gpu, con
     plan_build(p, &s);
 }
 
+/* RoPE cases scale the Q/K/V weights up by this: GPT-2's initialisation
+ * (std 0.02) leaves attention almost uniform, where a position turned wrong
+ * (K not turned, the gradient turned the wrong way) would hardly move the
+ * loss or the gradients; with scores of a few units it does. */
+#define TEST_ROPE_QKV_SCALE 8.0f
+
 /* Initial parameters, rounded to what floatX can hold so both models start equal. */
 static float* initial_params(const ModelConfig* cfg, size_t* count) {
     ParamLayout pl;
     param_layout(cfg, &pl);
     float* p = alloc_floats(pl.total);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(cfg, TEST_SEED, t, 0, pl.count[t], p + pl.offset[t]);
+    if (cfg->positions == POS_ROPE)
+        for (size_t i = 0; i < pl.count[P_QKVW]; i++) p[pl.offset[P_QKVW] + i] *= TEST_ROPE_QKV_SCALE;
     for (size_t i = 0; i < pl.total; i++) p[i] = host_round_floatX(p[i]);
     *count = pl.total;
     return p;

@@ -92,7 +92,7 @@ typedef struct {
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;        /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    floatX* whole_datty;    /* token tiles: whole-sequence (N,C) gradient of attention's output, (N,3C) of qkv */
+    floatX* whole_datty;    /* plan_own_attention_grads: whole-sequence (N,NH HD) gradient of attention's output, (N,QKV) of qkv */
     floatX* whole_dqkv;
     GpuTileGrads tile_grads; /* token tiles: the running layer's parameter gradients in fp32 (plan.h backward.tile_grads) */
     float* att_rowsum;      /* (B,NH,T) attention backward's D */
@@ -203,9 +203,11 @@ static void* pinned_alloc(size_t bytes, const char* what) {
  * then give the same bits. */
 static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
+    if (plan_own_attention_grads(&plan->spec)) { /* also untiled when the slots they would go over are narrower (plan.h) */
+        m->whole_datty = (floatX*)(m->arena + plan->off_whole_datty);
+        m->whole_dqkv = (floatX*)(m->arena + plan->off_whole_dqkv);
+    }
     if (!m->tile_tokens) return;
-    m->whole_datty = (floatX*)(m->arena + plan->off_whole_datty);
-    m->whole_dqkv = (floatX*)(m->arena + plan->off_whole_dqkv);
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     float* sums = (float*)(m->arena + plan->off_tile_grads);
@@ -214,7 +216,14 @@ static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
         m->tile_grads.tensor[t] = per_layer ? sums : NULL; /* an absent tensor (a bias the mask drops) has none */
         sums += per_layer;
     }
-    m->mm.align_cap = pointer_alignment((const void*)((size_t)m->tile_tokens * m->cfg.channels * sizeof(floatX)));
+    /* the alignment a tile's start shares in every row width it is cut from: C, and the Llama block's NH HD, QKV, F
+     * and 2F, which need not be multiples of C (GPT-2's 3C and 4C are, so C's decides) */
+    const int widths[] = {m->cfg.channels, m->w.q_width, m->w.qkv_width, m->w.F, m->w.fc_width};
+    m->mm.align_cap = 256;
+    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
+        int a = pointer_alignment((const void*)((size_t)m->tile_tokens * widths[i] * sizeof(floatX)));
+        if (a < m->mm.align_cap) m->mm.align_cap = a;
+    }
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
@@ -627,12 +636,13 @@ static void gpu_round_tile_grads(GpuModel* m, int l) {
  * attention's output, attention's backward, and tile by tile QKV and LN1;
  * weight gradients add up over the tiles in row order in fp32. Untiled, the
  * gradients of attention's output and of qkv go over the layer's res2 and
- * fch (plan.h), whose last readers are done by then.
+ * fch (plan.h), whose last readers are done by then, where those are wide
+ * enough (else into buffers of their own, as with tiles).
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
     int N = m->B * m->T, K = gpu_tile_tokens(m), tiles = (N + K - 1) / K;
-    floatX* datty = m->tile_tokens ? m->whole_datty : gact(m, l, ACT_DATTY);
-    floatX* dqkv = m->tile_tokens ? m->whole_dqkv : gact(m, l, ACT_DQKV);
+    floatX* datty = m->whole_datty ? m->whole_datty : gact(m, l, ACT_DATTY);
+    floatX* dqkv = m->whole_dqkv ? m->whole_dqkv : gact(m, l, ACT_DQKV);
     if (m->tile_tokens)
         CUDA_CHECK(cudaMemsetAsync(m->tile_grads.tensor[0], 0, m->plan->tile_grads_count * sizeof(float), m->stream));
     gpu_block_recompute_attention_inputs(m, l);
