@@ -2185,6 +2185,15 @@ int main(int argc, char** argv) {
         check_documents(&main_shapes[s], TEST_B, 332, 0);
         check_documents(&main_shapes[s], TEST_B, 332, 0.1f);
     }
+    /* the Llama family (test_family_switches): each RoPE scaling, head sizes 16, 64 and 128, untied and tied, Qwen2's
+     * biases; with dropout and with token tiles of 100 rows */
+    const Shape llama_shapes[] = {{"llama_hs64", 256, 4, 300}, {"qwen2yarn_hs128", 256, 2, 300}, {"llamal3_hs16", 64, 4, 300},
+                                  {"qwen2lin_hs20", 80, 4, 300}};
+    for (size_t s = 0; s < sizeof(llama_shapes) / sizeof(llama_shapes[0]); s++) run_case(&llama_shapes[s], 333, &dropout_off);
+    run_case(&llama_shapes[0], 333, &drop);
+    g_tile_tokens = 100;
+    run_case(&llama_shapes[1], 333, &drop);
+    g_tile_tokens = 0;
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();
