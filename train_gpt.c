@@ -34,7 +34,6 @@
 #include "llmc/cpu/cpu_calibrate.h"
 #include "llmc/cpu/cpu_ring.h" /* context parallelism: attention_tile_* below on llmc/core/ring.h's schedule */
 #include "llmc/cpu/cpu_threads.h"
-#include "llmc/core/rope.h"
 
 #define CPU_LOGITS_CHUNK_ROWS 256
 #define LN_EPS 1e-5

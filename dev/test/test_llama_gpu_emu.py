@@ -1,7 +1,8 @@
 """The GPU trainer (train_gpt.cu) on the Llama family, under the CPU emulator of CUDA (dev/emu): a checkpoint written
 here in Hugging Face's layout (test_hf_llama's writer), imported by dev/data/hf_llama.py, trains a few steps emulated
 and by the CPU reference train_gpt_cpu on the same tokens; the losses must agree within bf16's tolerance, and every
-recompute setting, token tiles and an offloaded layer must print -r 0's steps bit for bit. The block's switches:
+recompute setting (with an offloaded layer too) must print -r 0's steps bit for bit, and the settings at one token tile
+size those of -r 0 at that size (the slow set). The block's switches:
 RMSNorm, RoPE (llama3 and linear scalings), SwiGLU, no biases (Llama) or Q/K/V biases (Qwen2), an untied (Llama) or
 tied (Qwen2) head. K/V heads as many as query heads and NH x HD = C: grouped-query attention has no GPU kernels yet,
 and a model with it is refused in one line. test_gpt's Llama cases (test_emu.py) compare every tensor; this is the
@@ -23,8 +24,10 @@ CASES = {
                                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
     "qwen2-biases-linear-tied": (hf.qwen2_config, {"rope_scaling": {"type": "linear", "factor": 2.0}}),
 }
-MODES = [["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "3"], ["-r", "1:0/2:1"], ["-r", "0", "--tile-tokens", "24"],
-         ["-r", "1", "--offload-checkpoints"]]
+# Each group against its first: the modes untiled (with an offloaded layer), and at one token tile size (tiles sum
+# the weight gradients in fp32 across tiles: bitwise among themselves, not with the untiled run).
+MODE_GROUPS = [[["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "3"], ["-r", "1:0/2:1"], ["-r", "1", "--offload-checkpoints"]],
+               [["-r", "0", "--tile-tokens", "24"], ["-r", "2", "--tile-tokens", "24"], ["-r", "1:0/3:1", "--tile-tokens", "24"]]]
 
 
 def imported_model(tmp_path, make, over):
@@ -60,14 +63,15 @@ def test_emulated_gpu_trains_an_imported_llama_as_the_cpu(emu_build, tmp_path, n
 @pytest.mark.parametrize("name", list(CASES))
 def test_emulated_gpu_llama_modes_bitwise(emu_build, tmp_path, name):
     flags = imported_model(tmp_path, *CASES[name])
-    base = None
-    for mode in MODES:
-        res = emu_run([OUT / "emu_train_gpt_bf16", *flags, *mode])
-        assert res.returncode == 0, " ".join(mode) + "\n" + explain(res)
-        got = steps(res.stdout)
-        assert len(got) == STEPS, res.stdout[-2000:]
-        base = base or got
-        assert got == base, f"{' '.join(mode)}: {got} != -r 0: {base}"
+    for group in MODE_GROUPS:
+        base = None
+        for mode in group:
+            res = emu_run([OUT / "emu_train_gpt_bf16", *flags, *mode])
+            assert res.returncode == 0, " ".join(mode) + "\n" + explain(res)
+            got = steps(res.stdout)
+            assert len(got) == STEPS, res.stdout[-2000:]
+            base = base or got
+            assert got == base, f"{' '.join(mode)}: {got} != {' '.join(group[0])}: {base}"
 
 
 def test_emulated_gpu_refuses_grouped_query_attention(emu_build, tmp_path):

@@ -1,7 +1,7 @@
 /*
  * RoPE (rotary position embeddings) on the Q and K heads of qkv, in place,
  * Hugging Face's rotate_half pairing, every scaling type of the CPU
- * reference (default, linear, llama3, yarn: llmc/core/rope.h's table).
+ * reference (default, linear, llama3, yarn: llmc/core/model.h's table).
  *
  * Shapes: qkv rows of ld floatX (the (n, (NH + 2 NKV) HD) QKV matmul output,
  * heads [Q heads | K heads | V heads] of HD each); the first `heads` heads of
@@ -34,7 +34,7 @@
 #define REMAT_ROPE_CUH
 
 #include "cuda_common.cuh"
-#include "../core/rope.h"
+#include "../core/model.h"
 #include "../core/token_layout.h"
 
 #define ROPE_MAX_HALF 128 /* head sizes up to 256 */
