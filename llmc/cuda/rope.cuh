@@ -26,7 +26,10 @@
  * `heads` heads, two 16-byte loads and stores per head (VEC = XVEC where
  * HD/2 and ld are multiples of it and qkv is 16-byte aligned, else 1). The
  * frequency table (at most ROPE_MAX_HALF doubles) travels as a kernel
- * argument and is staged in shared memory. Row offsets in size_t.
+ * argument and is staged in shared memory. Row offsets in size_t. The
+ * double cos and sin take a 40-byte stack frame at sm_90 (their argument
+ * reduction's scratch; no register spills): one pass over Q and K is
+ * memory-bound, and fp32 angles would not be the CPU's.
  *
  * Status: see the status table in README.md.
  */
