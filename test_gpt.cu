@@ -278,6 +278,48 @@ static const Setting settings[] = {
 };
 #define NUM_SETTINGS ((int)(sizeof(settings) / sizeof(settings[0])))
 
+/* The Llama family's switches by a shape's name (GPT-2 without a prefix):
+ * "llama..." RMSNorm, RoPE, SwiGLU (F = 3C/2: 30 at C = 20, a width no
+ * 16-byte vector divides), no biases, an untied head; "qwen2..." the same
+ * with Q/K/V biases and the head tied. After the prefix "lin", "l3" or
+ * "yarn" picks RoPE's scaling (default otherwise), with an original context
+ * of 32 positions, so the scaled bands lie inside the tests' T. K/V heads
+ * as many as query heads (grouped-query attention has no GPU kernels yet). */
+static void test_family_switches(ModelConfig* c, const char* name) {
+    int qwen2 = strncmp(name, "qwen2", 5) == 0;
+    if (!qwen2 && strncmp(name, "llama", 5) != 0) return;
+    const char* scaling = name + 5;
+    c->family = qwen2 ? FAMILY_QWEN2 : FAMILY_LLAMA;
+    c->num_kv_heads = c->num_heads;
+    c->head_size = c->channels / c->num_heads;
+    c->ffn = 3 * c->channels / 2;
+    c->norm = NORM_RMSNORM;
+    c->norm_eps = 1e-5f;
+    c->positions = POS_ROPE;
+    c->rope_theta = 10000.0f;
+    c->rope_scaling = ROPE_DEFAULT;
+    c->rope_factor = 1.0f;
+    c->rope_original_max = 32;
+    if (strncmp(scaling, "lin", 3) == 0) {
+        c->rope_scaling = ROPE_LINEAR;
+        c->rope_factor = 2.0f;
+    } else if (strncmp(scaling, "l3", 2) == 0) {
+        c->rope_scaling = ROPE_LLAMA3;
+        c->rope_factor = 8.0f;
+        c->rope_low = 1.0f;
+        c->rope_high = 4.0f;
+    } else if (strncmp(scaling, "yarn", 4) == 0) {
+        c->rope_scaling = ROPE_YARN;
+        c->rope_factor = 4.0f;
+        c->rope_low = 32.0f; /* beta_fast */
+        c->rope_high = 1.0f; /* beta_slow */
+    }
+    c->mlp = MLP_SWIGLU;
+    c->bias = qwen2 ? BIAS_QKV : 0;
+    c->tied = qwen2;
+    c->bos = c->eos = -1;
+}
+
 static ModelConfig test_shape_config(const Shape* sh) {
     ModelConfig c;
     memset(&c, 0, sizeof(c)); /* no switches: GPT-2 */
@@ -287,6 +329,7 @@ static ModelConfig test_shape_config(const Shape* sh) {
     c.num_layers = TEST_L;
     c.num_heads = sh->NH;
     c.channels = sh->C;
+    test_family_switches(&c, sh->name);
     return c;
 }
 
@@ -323,12 +366,20 @@ static void make_plan(MemoryPlan* p, const ModelConfig* cfg, int T, int gpu, con
     plan_build(p, &s);
 }
 
+/* RoPE cases scale the Q/K/V weights up by this: GPT-2's initialisation
+ * (std 0.02) leaves attention almost uniform, where a position turned wrong
+ * (K not turned, the gradient turned the wrong way) would hardly move the
+ * loss or the gradients; with scores of a few units it does. */
+#define TEST_ROPE_QKV_SCALE 8.0f
+
 /* Initial parameters, rounded to what floatX can hold so both models start equal. */
 static float* initial_params(const ModelConfig* cfg, size_t* count) {
     ParamLayout pl;
     param_layout(cfg, &pl);
     float* p = alloc_floats(pl.total);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(cfg, TEST_SEED, t, 0, pl.count[t], p + pl.offset[t]);
+    if (cfg->positions == POS_ROPE)
+        for (size_t i = 0; i < pl.count[P_QKVW]; i++) p[pl.offset[P_QKVW] + i] *= TEST_ROPE_QKV_SCALE;
     for (size_t i = 0; i < pl.total; i++) p[i] = host_round_floatX(p[i]);
     *count = pl.total;
     return p;
@@ -1021,6 +1072,116 @@ static void check_gelu_kernels(size_t n, int shift) {
     free(x); free(d); free(out); free(got);
 }
 
+/* RMSNorm's kernels against the CPU's rmsnorm_forward and _backward, with an
+ * epsilon (0.25) large enough beside mean(x^2) ~ 2.3 to show. */
+static void check_rmsnorm_kernels(int N, int C, int shift) {
+    char what[96];
+    const float eps = 0.25f;
+    float *x = rand_rounded((size_t)N * C, 5200 + C, 1.5f, 0.3f), *w = rand_rounded(C, 5201, 0.5f, 1.0f);
+    float *dout = rand_rounded((size_t)N * C, 5203, 1.0f, 0), *dx = rand_rounded((size_t)N * C, 5204, 0.5f, 0);
+    float *dw = rand_rounded(C, 5205, 0.1f, 0), *out = alloc_floats((size_t)N * C), *mean = alloc_floats(N), *rstd = alloc_floats(N);
+    float *got = alloc_floats((size_t)N * C), *again = alloc_floats((size_t)N * C), *gstat = alloc_floats(N);
+    floatX *bx, *bw, *bd, *bdx, *bdw, *bo;
+    floatX *d_x = gpu_put_shifted(x, (size_t)N * C, shift, &bx), *d_w = gpu_put_shifted(w, C, shift, &bw);
+    floatX *d_dout = gpu_put_shifted(dout, (size_t)N * C, shift, &bd), *d_dx = gpu_put_shifted(dx, (size_t)N * C, shift, &bdx);
+    floatX *d_dw = gpu_put_shifted(dw, C, 0, &bdw), *d_out = gpu_poisoned((size_t)N * C, shift, &bo);
+    float *d_mean = NULL, *d_rstd = NULL, *d_part = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_mean, N * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d_mean, 0xff, N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_rstd, N * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_part, (size_t)COLUMN_SPLITS * C * sizeof(float)));
+    rmsnorm_forward(out, mean, rstd, x, w, N, C, eps);
+    gpu_rmsnorm_forward(d_out, d_mean, d_rstd, d_x, d_w, N, C, eps, 0);
+    gpu_fetch(got, d_out, (size_t)N * C);
+    snprintf(what, sizeof(what), "rmsnorm C=%d%s out", C, shift ? " shifted" : "");
+    check(what, 0, got, out, (size_t)N * C, TOL_KERNEL, 1, NULL);
+    gpu_fetch_f32(gstat, d_mean, N);
+    check("  mean slots (0)", 0, gstat, mean, N, TOL_KERNEL, 1, NULL);
+    gpu_fetch_f32(gstat, d_rstd, N);
+    check("  rstd", 0, gstat, rstd, N, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaMemset(d_out, 0, (size_t)N * C * sizeof(floatX)));
+    gpu_rmsnorm_apply(d_out, d_rstd, d_x, d_w, N, C, 0);
+    gpu_fetch(again, d_out, (size_t)N * C);
+    expect(memcmp(got, again, (size_t)N * C * sizeof(float)) == 0, "  apply from the stored rstd: the forward's bits", 0);
+    rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
+    gpu_rmsnorm_backward(d_dx, d_dw, d_part, d_dout, d_x, d_w, d_rstd, N, C, 0);
+    gpu_fetch(got, d_dx, (size_t)N * C);
+    check("  dx", 0, got, dx, (size_t)N * C, TOL_KERNEL, 1, NULL);
+    gpu_fetch(got, d_dw, C);
+    check("  dw", 0, got, dw, C, TOL_KERNEL, 1, NULL);
+    floatX* bases[] = {bx, bw, bd, bdx, bdw, bo};
+    for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(bases[i]));
+    CUDA_CHECK(cudaFree(d_mean)); CUDA_CHECK(cudaFree(d_rstd)); CUDA_CHECK(cudaFree(d_part));
+    float* hs[] = {x, w, dout, dx, dw, out, mean, rstd, got, again, gstat};
+    for (int i = 0; i < 11; i++) free(hs[i]);
+}
+
+/* SwiGLU's kernels against the CPU's swiglu_forward and _backward on N rows
+ * of fch (N, 2F): the product, and the gate and up gradients written over fch. */
+static void check_swiglu_kernels(int N, int F, int shift) {
+    char what[96];
+    size_t n = (size_t)N * F;
+    float *fch = rand_rounded(2 * n, 5300 + F, 2.0f, 0), *d = rand_rounded(n, 5301, 1.0f, 0), *out = alloc_floats(n);
+    float *got = alloc_floats(2 * n);
+    floatX *bf, *bd, *bo;
+    floatX *d_fch = gpu_put_shifted(fch, 2 * n, shift, &bf), *d_d = gpu_put_shifted(d, n, shift, &bd), *d_out = gpu_poisoned(n, shift, &bo);
+    swiglu_forward(out, fch, N, F);
+    gpu_swiglu_forward(d_out, d_fch, (size_t)N, F, 0);
+    gpu_fetch(got, d_out, n);
+    snprintf(what, sizeof(what), "swiglu N=%d F=%d%s forward", N, F, shift ? " shifted" : "");
+    check(what, 0, got, out, n, TOL_KERNEL, 1, NULL);
+    swiglu_backward(fch, d, N, F);
+    gpu_swiglu_backward(d_fch, d_d, (size_t)N, F, 0);
+    gpu_fetch(got, d_fch, 2 * n);
+    check("  backward (d gate, d up over fch)", 0, got, fch, 2 * n, TOL_KERNEL, 1, NULL);
+    CUDA_CHECK(cudaFree(bf)); CUDA_CHECK(cudaFree(bd)); CUDA_CHECK(cudaFree(bo));
+    free(fch); free(d); free(out); free(got);
+}
+
+/* RoPE's kernel against the CPU's rope_rotate: rows [r0, r0+n) of a
+ * (rows, ld) qkv of NH query, NKV key and NKV value heads of HD, turned
+ * by `scaling` (its factors as test_family_switches sets them) at the
+ * positions lay gives, restarting at documents when with_docs; sign 1 and
+ * then -1 on the result. V heads must come back untouched. */
+static void check_rope_kernels(int scaling, int HD, int NH, int NKV, TokenLayout lay, int B, int r0, int n, int with_docs, int shift) {
+    char what[128];
+    Shape sh = {scaling == ROPE_LINEAR ? "llamalin" : scaling == ROPE_LLAMA3 ? "llamal3" : scaling == ROPE_YARN ? "llamayarn" : "llama",
+                HD * NH, NH, 300};
+    ModelConfig cfg = test_shape_config(&sh);
+    cfg.num_kv_heads = NKV;
+    int ld = (NH + 2 * NKV) * HD, rows = B * lay.T;
+    int* starts = (int*)malloc_check((size_t)rows * sizeof(int), "test");
+    /* documents of 13 rows: a row's position is its place in its document (encoder_position: token_position - start) */
+    for (int i = 0; i < rows; i++) starts[i] = token_position(&lay, (size_t)i) - (i % lay.T) % 13;
+    int* d_starts = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_starts, (size_t)rows * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_starts, starts, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice));
+    Rope rope;
+    rope.inv_freq = (double*)malloc_check((size_t)HD / 2 * sizeof(double), "test");
+    rope_frequencies(&cfg, rope.inv_freq, &rope.mscale);
+    RopeTable table = rope_table(&cfg);
+    size_t e = (size_t)n * ld;
+    float *qkv = rand_rounded(e, 5400 + HD, 1.0f, 0), *got = alloc_floats(e), *orig = alloc_floats(e);
+    memcpy(orig, qkv, e * sizeof(float));
+    floatX* base;
+    floatX* d_qkv = gpu_put_shifted(qkv, e, shift, &base);
+    for (int sign = 1; sign >= -1; sign -= 2) {
+        rope_rotate(qkv, ld, &lay, with_docs ? starts : NULL, r0, n, NH + NKV, HD, &rope, sign);
+        gpu_rope_rotate(d_qkv, ld, &table, &lay, with_docs ? d_starts : NULL, r0, n, NH + NKV, sign, 0);
+        gpu_fetch(got, d_qkv, e);
+        snprintf(what, sizeof(what), "rope %s HD=%d NH=%d NKV=%d rows %d+%d%s%s%s sign %+d", rope_type_names[scaling], HD, NH, NKV, r0, n,
+                 lay.group_size > 1 ? " ring" : "", with_docs ? " documents" : "", shift ? " shifted" : "", sign);
+        check(what, 0, got, qkv, e, TOL_KERNEL, 1, NULL);
+        int v_kept = 1;
+        for (int i = 0; i < n; i++)
+            for (int k = (NH + NKV) * HD; k < ld; k++) v_kept &= got[(size_t)i * ld + k] == orig[(size_t)i * ld + k];
+        expect(v_kept, "  V heads untouched", 0);
+    }
+    CUDA_CHECK(cudaFree(base));
+    CUDA_CHECK(cudaFree(d_starts));
+    free(rope.inv_freq); free(qkv); free(got); free(orig); free(starts);
+}
+
 /* The dropout kernels against the CPU's dropout_mask and residual_add on
  * rows [r0, r0+rows) of C laid out by lay (a token tile's rows; a context-
  * parallel rank's chunks): the same elements zeroed (one mask bit off is a
@@ -1510,6 +1671,18 @@ static void check_memory_kernels(void) {
     check_gelu_kernels(1000, 0);
     check_gelu_kernels(1003, 0);
     check_gelu_kernels(1003, 1);
+    const int rms_C[] = {20, 64, 300, 2056};
+    for (size_t i = 0; i < sizeof(rms_C) / sizeof(rms_C[0]); i++) check_rmsnorm_kernels(11, rms_C[i], 0);
+    check_rmsnorm_kernels(11, 64, 1);
+    check_swiglu_kernels(13, 96, 0);  /* vector path */
+    check_swiglu_kernels(13, 30, 0);  /* F no multiple of XVEC: scalar */
+    check_swiglu_kernels(13, 96, 1);  /* misaligned: scalar */
+    TokenLayout rows40 = {40, 0, 1, 0, 0}, ring40 = {40, 1, 2, 1, 2};
+    check_rope_kernels(ROPE_DEFAULT, 16, 2, 2, rows40, 2, 7, 60, 0, 0);  /* a tile from row 7, vector path */
+    check_rope_kernels(ROPE_LINEAR, 64, 1, 1, rows40, 2, 0, 80, 1, 0);   /* documents restart positions */
+    check_rope_kernels(ROPE_LLAMA3, 128, 1, 1, ring40, 2, 0, 80, 0, 0);  /* a context-parallel rank's chunks */
+    check_rope_kernels(ROPE_YARN, 64, 2, 1, rows40, 2, 3, 50, 0, 1);    /* misaligned: scalar; NKV < NH */
+    check_rope_kernels(ROPE_YARN, 20, 2, 2, ring40, 2, 0, 80, 1, 0);    /* HD/2 = 10: scalar */
     TokenLayout flat = {1, 0, 1, 0, 0}; /* n values as one row: element e is e */
     check_dropout_kernels(0, 1, 1000, flat, 0);
     check_dropout_kernels(0, 1, 1003, flat, 0); /* a partial last group of the eight a generator call covers */
@@ -2292,6 +2465,15 @@ int main(int argc, char** argv) {
         check_documents(&main_shapes[s], TEST_B, 332, 0);
         check_documents(&main_shapes[s], TEST_B, 332, 0.1f);
     }
+    /* the Llama family (test_family_switches): each RoPE scaling, head sizes 16, 64 and 128, untied and tied, Qwen2's
+     * biases; with dropout and with token tiles of 100 rows */
+    const Shape llama_shapes[] = {{"llama_hs64", 256, 4, 300}, {"qwen2yarn_hs128", 256, 2, 300}, {"llamal3_hs16", 64, 4, 300},
+                                  {"qwen2lin_hs20", 80, 4, 300}};
+    for (size_t s = 0; s < sizeof(llama_shapes) / sizeof(llama_shapes[0]); s++) run_case(&llama_shapes[s], 333, &dropout_off);
+    run_case(&llama_shapes[0], 333, &drop);
+    g_tile_tokens = 100;
+    run_case(&llama_shapes[1], 333, &drop);
+    g_tile_tokens = 0;
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

@@ -27,6 +27,9 @@
 #include "llmc/cuda/cuda_common.cuh"
 #include "llmc/cuda/encoder.cuh"
 #include "llmc/cuda/layernorm.cuh"
+#include "llmc/cuda/rmsnorm.cuh"
+#include "llmc/cuda/rope.cuh"
+#include "llmc/cuda/swiglu.cuh"
 #include "llmc/cuda/matmul.cuh"
 #include "llmc/cuda/attention.cuh"
 #include "llmc/cuda/gelu.cuh"
@@ -60,7 +63,9 @@ typedef BLOCK_TENSORS(floatX) GpuBlockTensors;
 typedef BLOCK_TENSORS(float) GpuTileGrads; /* one layer's gradients summed over its token tiles in fp32 */
 
 typedef struct {
-    ModelConfig cfg;
+    ModelConfig cfg;     /* resolved: every switch set (config_resolved) */
+    BlockWidths w;       /* the block's widths (block_widths) */
+    RopeTable rope;      /* RoPE's frequencies (positions POS_ROPE) */
     const MemoryPlan* plan;
     char* arena; /* device, plan->total_bytes */
     floatX* params;
@@ -68,6 +73,7 @@ typedef struct {
     float* grads_fp32;        /* fp32 gradient sums of parameters [0, grads_fp32_count) (grad_accum.cuh), or NULL */
     size_t grads_fp32_count;
     int wte_grad_fp32;        /* the token table's gradient goes straight into grads_fp32 */
+    float* head_grad_fp32;    /* the classifier's (wte's or lm_head's) fp32 sum in grads_fp32, or NULL */
     int last_micro_step;      /* the running backward is the step's last micro-step */
     float* master; /* NULL without master weights */
     float* adam_m;
@@ -86,7 +92,7 @@ typedef struct {
     int logits_rows;
     floatX* grad_act[NUM_GRAD_ACTS];
     int tile_tokens;        /* token tiles: tokens per tile (0: untiled, one tile of B*T rows) */
-    floatX* whole_datty;    /* token tiles: whole-sequence (N,C) gradient of attention's output, (N,3C) of qkv */
+    floatX* whole_datty;    /* plan_own_attention_grads: whole-sequence (N,NH HD) gradient of attention's output, (N,QKV) of qkv */
     floatX* whole_dqkv;
     GpuTileGrads tile_grads; /* token tiles: the running layer's parameter gradients in fp32 (plan.h backward.tile_grads) */
     float* att_rowsum;      /* (B,NH,T) attention backward's D */
@@ -151,8 +157,19 @@ static inline GpuBlockTensors gpu_layer_slice(const GpuModel* m, const GpuParamT
     return b;
 }
 
-static inline GpuBlockTensors gpu_layer_params(const GpuModel* m, int l) { return gpu_layer_slice(m, &m->p, l); }
-static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) { return gpu_layer_slice(m, &m->g, l); }
+/* A block tensor the switches leave out (a bias) is NULL, as on the CPU. */
+static inline GpuBlockTensors gpu_absent_to_null(const GpuModel* m, GpuBlockTensors w) {
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++)
+        if (m->layer_stride[FIRST_BLOCK_TENSOR + t] == 0) w.tensor[t] = NULL;
+    return w;
+}
+
+static inline GpuBlockTensors gpu_layer_params(const GpuModel* m, int l) { return gpu_absent_to_null(m, gpu_layer_slice(m, &m->p, l)); }
+static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) { return gpu_absent_to_null(m, gpu_layer_slice(m, &m->g, l)); }
+
+/* The classifier's weights (Vp, C) and their gradient: wte, or the untied lm_head. */
+static inline floatX* gpu_head_weights(const GpuModel* m) { return m->cfg.tied ? m->p.wte : m->p.lm_head; }
+static inline floatX* gpu_head_grads(const GpuModel* m) { return m->cfg.tied ? m->g.wte : m->g.lm_head; }
 
 static inline size_t gpu_used_memory(void) {
     size_t free_b = 0, total_b = 0;
@@ -186,17 +203,27 @@ static void* pinned_alloc(size_t bytes, const char* what) {
  * then give the same bits. */
 static void gpu_carve_tiles(GpuModel* m, const MemoryPlan* plan) {
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
+    if (plan_own_attention_grads(&plan->spec)) { /* also untiled when the slots they would go over are narrower (plan.h) */
+        m->whole_datty = (floatX*)(m->arena + plan->off_whole_datty);
+        m->whole_dqkv = (floatX*)(m->arena + plan->off_whole_dqkv);
+    }
     if (!m->tile_tokens) return;
-    m->whole_datty = (floatX*)(m->arena + plan->off_whole_datty);
-    m->whole_dqkv = (floatX*)(m->arena + plan->off_whole_dqkv);
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     float* sums = (float*)(m->arena + plan->off_tile_grads);
     for (int t = 0; t < NUM_BLOCK_TENSORS; t++) {
-        m->tile_grads.tensor[t] = sums;
-        sums += pl.count[FIRST_BLOCK_TENSOR + t] / (size_t)m->cfg.num_layers;
+        size_t per_layer = pl.count[FIRST_BLOCK_TENSOR + t] / (size_t)m->cfg.num_layers;
+        m->tile_grads.tensor[t] = per_layer ? sums : NULL; /* an absent tensor (a bias the mask drops) has none */
+        sums += per_layer;
     }
-    m->mm.align_cap = pointer_alignment((const void*)((size_t)m->tile_tokens * m->cfg.channels * sizeof(floatX)));
+    /* the alignment a tile's start shares in every row width it is cut from: C, and the Llama block's NH HD, QKV, F
+     * and 2F, which need not be multiples of C (GPT-2's 3C and 4C are, so C's decides) */
+    const int widths[] = {m->cfg.channels, m->w.q_width, m->w.qkv_width, m->w.F, m->w.fc_width};
+    m->mm.align_cap = 256;
+    for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
+        int a = pointer_alignment((const void*)((size_t)m->tile_tokens * widths[i] * sizeof(floatX)));
+        if (a < m->mm.align_cap) m->mm.align_cap = a;
+    }
 }
 
 /* The shape of the next pass: B rows of T tokens on this rank (under
@@ -208,9 +235,29 @@ static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->layout = token_layout(T, m->par.cp.member, m->par.cp.group_size, m->par.ring_chunks);
 }
 
+/* What the GPU's block does not run yet, refused in one line: grouped-query
+ * attention (its kernels come separately), query heads that do not span C
+ * (today's attention reads Q, K and V heads of C/NH), LayerNorm without
+ * GPT-2's bias or epsilon (its kernels hold both). */
+static void gpu_check_config(const ModelConfig* cfg, const char* what) {
+    ModelConfig c = config_resolved(cfg);
+    if (c.num_kv_heads < c.num_heads)
+        fail("%s: grouped-query attention (%d K/V heads for %d query heads) has no GPU kernels yet: train it with train_gpt_cpu", what,
+             c.num_kv_heads, c.num_heads);
+    if (c.head_size * c.num_heads != c.channels)
+        fail("%s: the GPU's attention needs NH x HD = C (here %d x %d, C %d): train it with train_gpt_cpu", what, c.num_heads, c.head_size,
+             c.channels);
+    if (c.norm == NORM_LAYERNORM && (c.norm_eps != 1e-5f || !(c.bias & BIAS_NORM)))
+        fail("%s: the GPU's LayerNorm has GPT-2's bias and epsilon 1e-5 only (here eps %g%s): train it with train_gpt_cpu", what,
+             (double)c.norm_eps, c.bias & BIAS_NORM ? "" : ", no bias");
+}
+
 static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed) {
     memset(m, 0, sizeof(*m));
-    m->cfg = plan->spec.cfg;
+    gpu_check_config(&plan->spec.cfg, "the model");
+    m->cfg = config_resolved(&plan->spec.cfg);
+    m->w = block_widths(&m->cfg);
+    if (m->cfg.positions == POS_ROPE) m->rope = rope_table(&m->cfg);
     m->plan = plan;
     m->seed = seed;
     m->stream = 0;
@@ -246,6 +293,10 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->grads_fp32 = m->grads_fp32_count ? (float*)(m->arena + plan->off_grads_fp32) : NULL;
     gpu_carve_tiles(m, plan);
     m->wte_grad_fp32 = m->grads_fp32_count >= (size_t)m->cfg.padded_vocab_size * m->cfg.channels; /* wte: parameters [0, Vp*C) */
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    size_t head = m->cfg.tied ? pl.offset[P_WTE] : pl.offset[P_LMHEAD]; /* an untied head is the last tensor: plan.h covers it whole */
+    m->head_grad_fp32 = m->grads_fp32_count >= head + (size_t)m->cfg.padded_vocab_size * m->cfg.channels ? m->grads_fp32 + head : NULL;
     CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
     if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
     CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
@@ -298,14 +349,58 @@ static inline float* gstat_rows(const GpuModel* m, int l, int a, int r0) { retur
 /* The tiles of the current call: rows per tile, all B*T rows untiled. */
 static inline int gpu_tile_tokens(const GpuModel* m) { return call_tile_tokens((size_t)m->tile_tokens, m->B * m->T); }
 
-/* Block l up to attention, rows [r0, r0+n): LN1 and the QKV matmul, from its stored input x. */
+/* The norms of the block and the final one, as the CPU's norm_forward,
+ * norm_apply and norm_backward: LayerNorm (GPT-2's kernels) or RMSNorm
+ * (whose bias is absent and whose mean slots get 0). */
+static void gpu_norm_forward(GpuModel* m, floatX* out, float* mean, float* rstd, const floatX* x, const floatX* w, const floatX* b, int n) {
+    if (m->cfg.norm == NORM_RMSNORM) gpu_rmsnorm_forward(out, mean, rstd, x, w, n, m->cfg.channels, m->cfg.norm_eps, m->stream);
+    else gpu_layernorm_forward(out, mean, rstd, x, w, b, n, m->cfg.channels, m->stream);
+}
+
+static void gpu_norm_apply(GpuModel* m, floatX* out, const float* mean, const float* rstd, const floatX* x, const floatX* w, const floatX* b,
+                           int n) {
+    if (m->cfg.norm == NORM_RMSNORM) gpu_rmsnorm_apply(out, rstd, x, w, n, m->cfg.channels, m->stream);
+    else gpu_layernorm_apply(out, mean, rstd, x, w, b, n, m->cfg.channels, m->stream);
+}
+
+/* dx += input gradient; dw, db += parameter gradients (floatX, or a token tile's fp32 sums; db unused by RMSNorm). */
+template <typename G>
+static void gpu_norm_backward(GpuModel* m, floatX* dx, G* dw, G* db, const floatX* dout, const floatX* x, const floatX* w, const float* mean,
+                              const float* rstd, int n) {
+    int C = m->cfg.channels;
+    if (m->cfg.norm == NORM_RMSNORM) gpu_rmsnorm_backward(dx, dw, m->column_partials, dout, x, w, rstd, n, C, m->stream);
+    else gpu_layernorm_backward(dx, dw, db, m->column_partials, dout, x, w, mean, rstd, n, C, m->stream);
+}
+
+/* The device document starts positions restart at (NULL: none). */
+static inline const int* gpu_position_doc_start(const GpuModel* m) { return m->docs.reset_position_ids ? m->doc_start : NULL; }
+
+/* RoPE on rows [r0, r0+n) of a (rows, QKV) tensor whose row r0 is at x:
+ * the Q and K heads turned by each token's position (sign 1), or a
+ * gradient turned back (-1); nothing with learned positions. */
+static void gpu_block_rope(GpuModel* m, floatX* x, int r0, int n, int sign) {
+    if (m->cfg.positions != POS_ROPE) return;
+    gpu_rope_rotate(x, m->w.qkv_width, &m->rope, &m->layout, gpu_position_doc_start(m), r0, n, m->w.NH + m->w.NKV, sign, m->stream);
+}
+
+/* Block l up to attention, rows [r0, r0+n): the first norm, the QKV matmul
+ * and RoPE (qkv holds Q and K turned: attention reads them so), from its
+ * stored input x. */
 static void gpu_block_forward_qkv(GpuModel* m, int l, int r0, int n) {
     int C = m->cfg.channels;
     GpuBlockTensors w = gpu_layer_params(m, l);
     floatX* ln1 = gact_rows(m, l, ACT_LN1, r0);
-    gpu_layernorm_forward(ln1, gstat_rows(m, l, ACT_LN1_MEAN, r0), gstat_rows(m, l, ACT_LN1_RSTD, r0), gact_rows(m, l, ACT_X, r0),
-                          w.ln1w, w.ln1b, n, C, m->stream);
-    gpu_matmul_forward(&m->mm, gact_rows(m, l, ACT_QKV, r0), ln1, w.qkvw, w.qkvb, NULL, n, C, 3 * C, m->stream);
+    floatX* qkv = gact_rows(m, l, ACT_QKV, r0);
+    gpu_norm_forward(m, ln1, gstat_rows(m, l, ACT_LN1_MEAN, r0), gstat_rows(m, l, ACT_LN1_RSTD, r0), gact_rows(m, l, ACT_X, r0), w.ln1w,
+                     w.ln1b, n);
+    gpu_matmul_forward(&m->mm, qkv, ln1, w.qkvw, w.qkvb, NULL, n, C, m->w.qkv_width, m->stream);
+    gpu_block_rope(m, qkv, r0, n, 1);
+}
+
+/* The MLP's activation, rows of fch (n, fc_width) into out (n, F): GELU, or SwiGLU's product. */
+static void gpu_block_mlp_activation(GpuModel* m, floatX* out, const floatX* fch, int n) {
+    if (m->cfg.mlp == MLP_SWIGLU) gpu_swiglu_forward(out, fch, (size_t)n, m->w.F, m->stream);
+    else gpu_gelu_forward(out, fch, (size_t)n * m->w.F, m->stream);
 }
 
 /* Block l after attention, rows [r0, r0+n), from x and the attention
@@ -326,13 +421,14 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
     floatX* fch = gact_rows(m, l, ACT_FCH, r0);
     floatX* fch_gelu = gact_rows(m, l, ACT_FCH_GELU, r0);
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
-    gpu_matmul_forward(&m->mm, res2, gact_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, resid_attn.threshold ? NULL : x, n, C, C, s);
+    gpu_matmul_forward(&m->mm, res2, gact_rows(m, l, ACT_ATTY, r0), w.attprojw, w.attprojb, resid_attn.threshold ? NULL : x, n, m->w.q_width,
+                       C, s);
     if (resid_attn.threshold) gpu_dropout_residual(res2, res2, x, (size_t)r0, (size_t)n, C, &m->layout, &resid_attn, s);
-    gpu_layernorm_forward(ln2, gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n, C, s);
-    gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, n, C, 4 * C, s);
-    gpu_gelu_forward(fch_gelu, fch, (size_t)n * 4 * C, s);
+    gpu_norm_forward(m, ln2, gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0), res2, w.ln2w, w.ln2b, n);
+    gpu_matmul_forward(&m->mm, fch, ln2, w.fcw, w.fcb, NULL, n, C, m->w.fc_width, s);
+    gpu_block_mlp_activation(m, fch_gelu, fch, n);
     if (!out) return;
-    gpu_matmul_forward(&m->mm, out + e0, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2, n, 4 * C, C, s);
+    gpu_matmul_forward(&m->mm, out + e0, fch_gelu, w.fcprojw, w.fcprojb, resid_mlp.threshold ? NULL : res2, n, m->w.F, C, s);
     if (resid_mlp.threshold) gpu_dropout_residual(out + e0, out + e0, res2, (size_t)r0, (size_t)n, C, &m->layout, &resid_mlp, s);
 }
 
@@ -394,9 +490,10 @@ static void gpu_block_recompute_attention_inputs(GpuModel* m, int l) {
 }
 
 /* What layer l did not keep of rows [r0, r0+n) after attention (-r 1, 3:
- * the block from the projection to the GELU; -r 2: LN2 and GELU). */
+ * the block from the projection to the activation; -r 2: the second norm
+ * and the activation, GELU or SwiGLU's product). */
 static void gpu_block_recompute_mlp(GpuModel* m, int l, int r0, int n) {
-    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    int mode = m->plan->spec.layer_mode[l];
     if (layer_keeps(mode, ACT_LN2) && layer_keeps(mode, ACT_FCH_GELU)) return;
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
     if (!layer_keeps(mode, ACT_RES2)) {
@@ -404,11 +501,9 @@ static void gpu_block_recompute_mlp(GpuModel* m, int l, int r0, int n) {
     } else {
         GpuBlockTensors w = gpu_layer_params(m, l);
         if (!layer_keeps(mode, ACT_LN2))
-            gpu_layernorm_apply(gact_rows(m, l, ACT_LN2, r0), gstat_rows(m, l, ACT_LN2_MEAN, r0),
-                                gstat_rows(m, l, ACT_LN2_RSTD, r0), gact_rows(m, l, ACT_RES2, r0), w.ln2w, w.ln2b, n, C,
-                                m->stream);
-        if (!layer_keeps(mode, ACT_FCH_GELU))
-            gpu_gelu_forward(gact_rows(m, l, ACT_FCH_GELU, r0), gact_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C, m->stream);
+            gpu_norm_apply(m, gact_rows(m, l, ACT_LN2, r0), gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0),
+                           gact_rows(m, l, ACT_RES2, r0), w.ln2w, w.ln2b, n);
+        if (!layer_keeps(mode, ACT_FCH_GELU)) gpu_block_mlp_activation(m, gact_rows(m, l, ACT_FCH_GELU, r0), gact_rows(m, l, ACT_FCH, r0), n);
     }
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
@@ -417,15 +512,15 @@ static void gpu_block_recompute_mlp(GpuModel* m, int l, int r0, int n) {
  * the kept statistics; -r 1 and 3 again from x when another tile has been
  * through the buffer since (else it still holds these rows). */
 static void gpu_block_recompute_ln1(GpuModel* m, int l, int r0, int n, int tiles) {
-    int mode = m->plan->spec.layer_mode[l], C = m->cfg.channels;
+    int mode = m->plan->spec.layer_mode[l];
     int stats_kept = layer_keeps(mode, ACT_LN1_MEAN);
     if (layer_keeps(mode, ACT_LN1) || (!stats_kept && tiles == 1)) return;
     GpuBlockTensors w = gpu_layer_params(m, l);
     floatX *ln1 = gact_rows(m, l, ACT_LN1, r0), *x = gact_rows(m, l, ACT_X, r0);
     float *mean = gstat_rows(m, l, ACT_LN1_MEAN, r0), *rstd = gstat_rows(m, l, ACT_LN1_RSTD, r0);
     prof_begin(&m->prof, PROF_RECOMPUTE, m->stream);
-    if (stats_kept) gpu_layernorm_apply(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
-    else gpu_layernorm_forward(ln1, mean, rstd, x, w.ln1w, w.ln1b, n, C, m->stream);
+    if (stats_kept) gpu_norm_apply(m, ln1, mean, rstd, x, w.ln1w, w.ln1b, n);
+    else gpu_norm_forward(m, ln1, mean, rstd, x, w.ln1w, w.ln1b, n);
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 
@@ -455,18 +550,16 @@ static void gpu_weight_grads(GpuModel* m, int l, int w, int b, const floatX* dou
     gpu_matmul_backward_weight(&m->mm, dw.tensor[w], dw.tensor[b], m->column_partials, dout, inp, n, IC, OC, m->stream);
 }
 
-/* LayerNorm backward over n rows: dx += input gradient, and layer l's
+/* The norm's backward over n rows: dx += input gradient, and layer l's
  * parameter gradients (block tensors w and b) as in gpu_weight_grads. */
-static void gpu_layernorm_grads(GpuModel* m, int l, int w, int b, floatX* dx, const floatX* dout, const floatX* x, const floatX* weight,
-                                const float* mean, const float* rstd, int n) {
-    int C = m->cfg.channels;
+static void gpu_norm_grads(GpuModel* m, int l, int w, int b, floatX* dx, const floatX* dout, const floatX* x, const floatX* weight,
+                           const float* mean, const float* rstd, int n) {
     if (m->tile_tokens) {
-        gpu_layernorm_backward(dx, m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, x, weight, mean, rstd, n,
-                               C, m->stream);
+        gpu_norm_backward(m, dx, m->tile_grads.tensor[w], m->tile_grads.tensor[b], dout, x, weight, mean, rstd, n);
         return;
     }
     GpuBlockTensors dw = gpu_layer_grads(m, l);
-    gpu_layernorm_backward(dx, dw.tensor[w], dw.tensor[b], m->column_partials, dout, x, weight, mean, rstd, n, C, m->stream);
+    gpu_norm_backward(m, dx, dw.tensor[w], dw.tensor[b], dout, x, weight, mean, rstd, n);
 }
 #define BT(t) ((t) - FIRST_BLOCK_TENSOR) /* a block tensor's index in GpuBlockTensors */
 
@@ -482,36 +575,42 @@ static void gpu_block_backward_mlp(GpuModel* m, int l, int r0, int n, floatX* da
     MatmulContext* mm = &m->mm;
     floatX* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
+    int F = m->w.F, FC = m->w.fc_width, Q = m->w.q_width;
     floatX* fch_gelu = gact_rows(m, l, ACT_FCH_GELU, r0);
-    floatX* dfch = gact_rows(m, l, ACT_DFCH, r0); /* over the GELU output, once its weight gradient has read it */
+    floatX* dact = gact_rows(m, l, ACT_DFCH, r0); /* over the activation's output, once its weight gradient has read it */
+    /* the FC output's gradient: GELU's in place over dact; SwiGLU's (gate and up) over fch itself */
+    floatX* dfch = m->cfg.mlp == MLP_SWIGLU ? gact_rows(m, l, ACT_FCH, r0) : dact;
     DropoutSite resid_attn = gpu_site(m, DROPOUT_RESID_ATTN, l), resid_mlp = gpu_site(m, DROPOUT_RESID_MLP, l);
     gpu_block_recompute_mlp(m, l, r0, n);
     const floatX* dbranch = gpu_branch_grad(m, &resid_mlp, r0, n);
-    gpu_weight_grads(m, l, BT(P_FCPROJW), BT(P_FCPROJB), dbranch, fch_gelu, n, 4 * C, C);
-    gpu_matmul_backward_input(mm, dfch, dbranch, w.fcprojw, n, 4 * C, C, s);
-    gpu_gelu_backward(dfch, gact_rows(m, l, ACT_FCH, r0), (size_t)n * 4 * C, s);
-    gpu_matmul_backward_input(mm, dln, dfch, w.fcw, n, C, 4 * C, s);
-    gpu_weight_grads(m, l, BT(P_FCW), BT(P_FCB), dfch, gact_rows(m, l, ACT_LN2, r0), n, C, 4 * C);
-    gpu_layernorm_grads(m, l, BT(P_LN2W), BT(P_LN2B), dres, dln, gact_rows(m, l, ACT_RES2, r0), w.ln2w,
-                        gstat_rows(m, l, ACT_LN2_MEAN, r0), gstat_rows(m, l, ACT_LN2_RSTD, r0), n);
+    gpu_weight_grads(m, l, BT(P_FCPROJW), BT(P_FCPROJB), dbranch, fch_gelu, n, F, C);
+    gpu_matmul_backward_input(mm, dact, dbranch, w.fcprojw, n, F, C, s);
+    if (m->cfg.mlp == MLP_SWIGLU) gpu_swiglu_backward(dfch, dact, (size_t)n, F, s);
+    else gpu_gelu_backward(dfch, gact_rows(m, l, ACT_FCH, r0), (size_t)n * F, s);
+    gpu_matmul_backward_input(mm, dln, dfch, w.fcw, n, C, FC, s);
+    gpu_weight_grads(m, l, BT(P_FCW), BT(P_FCB), dfch, gact_rows(m, l, ACT_LN2, r0), n, C, FC);
+    gpu_norm_grads(m, l, BT(P_LN2W), BT(P_LN2B), dres, dln, gact_rows(m, l, ACT_RES2, r0), w.ln2w, gstat_rows(m, l, ACT_LN2_MEAN, r0),
+                   gstat_rows(m, l, ACT_LN2_RSTD, r0), n);
     dbranch = gpu_branch_grad(m, &resid_attn, r0, n);
-    gpu_matmul_backward_input(mm, datty + (size_t)r0 * C, dbranch, w.attprojw, n, C, C, s);
-    gpu_weight_grads(m, l, BT(P_ATTPROJW), BT(P_ATTPROJB), dbranch, gact_rows(m, l, ACT_ATTY, r0), n, C, C);
+    gpu_matmul_backward_input(mm, datty + (size_t)r0 * Q, dbranch, w.attprojw, n, Q, C, s);
+    gpu_weight_grads(m, l, BT(P_ATTPROJW), BT(P_ATTPROJB), dbranch, gact_rows(m, l, ACT_ATTY, r0), n, Q, C);
 }
 
-/* Rows [r0, r0+n) of the block's backward below attention: the QKV matmul
- * and LN1; dres rows become the gradient w.r.t. the block input x. */
-static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles, const floatX* dqkv) {
-    int C = m->cfg.channels;
+/* Rows [r0, r0+n) of the block's backward below attention: RoPE turned
+ * back on the gradient (in place), the QKV matmul and the first norm; dres
+ * rows become the gradient w.r.t. the block input x. */
+static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles, floatX* dqkv) {
+    int C = m->cfg.channels, QKV = m->w.qkv_width;
     GpuBlockTensors w = gpu_layer_params(m, l);
     floatX* dres = m->grad_act[GRAD_DRES] + (size_t)r0 * C;
     floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
-    dqkv += (size_t)r0 * 3 * C;
+    dqkv += (size_t)r0 * QKV;
     gpu_block_recompute_ln1(m, l, r0, n, tiles);
-    gpu_matmul_backward_input(&m->mm, dln, dqkv, w.qkvw, n, C, 3 * C, m->stream);
-    gpu_weight_grads(m, l, BT(P_QKVW), BT(P_QKVB), dqkv, gact_rows(m, l, ACT_LN1, r0), n, C, 3 * C);
-    gpu_layernorm_grads(m, l, BT(P_LN1W), BT(P_LN1B), dres, dln, gact_rows(m, l, ACT_X, r0), w.ln1w, gstat_rows(m, l, ACT_LN1_MEAN, r0),
-                        gstat_rows(m, l, ACT_LN1_RSTD, r0), n);
+    gpu_block_rope(m, dqkv, r0, n, -1);
+    gpu_matmul_backward_input(&m->mm, dln, dqkv, w.qkvw, n, C, QKV, m->stream);
+    gpu_weight_grads(m, l, BT(P_QKVW), BT(P_QKVB), dqkv, gact_rows(m, l, ACT_LN1, r0), n, C, QKV);
+    gpu_norm_grads(m, l, BT(P_LN1W), BT(P_LN1B), dres, dln, gact_rows(m, l, ACT_X, r0), w.ln1w, gstat_rows(m, l, ACT_LN1_MEAN, r0),
+                   gstat_rows(m, l, ACT_LN1_RSTD, r0), n);
 }
 
 /* The gradient slices of one group: layer l's 12 tensors, or with -1 the
@@ -537,12 +636,13 @@ static void gpu_round_tile_grads(GpuModel* m, int l) {
  * attention's output, attention's backward, and tile by tile QKV and LN1;
  * weight gradients add up over the tiles in row order in fp32. Untiled, the
  * gradients of attention's output and of qkv go over the layer's res2 and
- * fch (plan.h), whose last readers are done by then.
+ * fch (plan.h), whose last readers are done by then, where those are wide
+ * enough (else into buffers of their own, as with tiles).
  * dres (N,C): gradient w.r.t. the block output on entry, w.r.t. x on exit. */
 static void gpu_block_backward(GpuModel* m, int l) {
     int N = m->B * m->T, K = gpu_tile_tokens(m), tiles = (N + K - 1) / K;
-    floatX* datty = m->tile_tokens ? m->whole_datty : gact(m, l, ACT_DATTY);
-    floatX* dqkv = m->tile_tokens ? m->whole_dqkv : gact(m, l, ACT_DQKV);
+    floatX* datty = m->whole_datty ? m->whole_datty : gact(m, l, ACT_DATTY);
+    floatX* dqkv = m->whole_dqkv ? m->whole_dqkv : gact(m, l, ACT_DQKV);
     if (m->tile_tokens)
         CUDA_CHECK(cudaMemsetAsync(m->tile_grads.tensor[0], 0, m->plan->tile_grads_count * sizeof(float), m->stream));
     gpu_block_recompute_attention_inputs(m, l);
@@ -564,20 +664,21 @@ static void gpu_model_forward(GpuModel* m) {
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     offload_acquire(&m->off, 0);
-    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->p.wpe, m->B, C, &m->layout, m->stream,
-                        m->docs.reset_position_ids ? m->doc_start : NULL);
+    gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->cfg.positions == POS_LEARNED ? m->p.wpe : NULL, m->B, C, &m->layout,
+                        m->stream, gpu_position_doc_start(m));
     if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd, m->stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) offload_acquire(&m->off, l + 1);
         gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
         offload_forward_done(&m->off, l, m->B, m->T);
     }
-    gpu_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->p.lnfb, N, C, m->stream);
+    gpu_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->cfg.bias & BIAS_NORM ? m->p.lnfb : NULL, N);
     prof_end(&m->prof, PROF_FORWARD, m->stream);
 }
 
 /* Logits, loss and (with dloss_per_token != 0) the classifier backward, a
- * chunk of rows at a time: logits (rows,Vp) = lnf @ wte^T, never all of
+ * chunk of rows at a time: logits (rows,Vp) = lnf @ head^T (wte, or the
+ * untied lm_head), never all of
  * (N,Vp) at once. Writes per-token losses; dlnf goes to the dln buffer. */
 static void gpu_classifier(GpuModel* m, float dloss_per_token) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size, N = m->B * m->T;
@@ -585,12 +686,12 @@ static void gpu_classifier(GpuModel* m, float dloss_per_token) {
     for (int r0 = 0; r0 < N; r0 += m->logits_rows) {
         int rows = r0 + m->logits_rows <= N ? m->logits_rows : N - r0;
         const floatX* lnf = m->lnf + (size_t)r0 * C;
-        gpu_matmul_forward(&m->mm, m->logits, lnf, m->p.wte, NULL, NULL, rows, C, Vp, m->stream);
+        gpu_matmul_forward(&m->mm, m->logits, lnf, gpu_head_weights(m), NULL, NULL, rows, C, Vp, m->stream);
         gpu_classifier_fused(m->logits, m->losses + r0, m->targets + r0, rows, V, Vp, dloss_per_token, m->stream);
         if (dloss_per_token == 0.0f) { gpu_classifier_top1(m->logits, m->top1 + r0, rows, V, Vp, m->stream); continue; }
-        gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, m->p.wte, rows, C, Vp, m->stream);
-        if (m->wte_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->grads_fp32, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
-        else gpu_matmul_backward_weight(&m->mm, m->g.wte, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
+        gpu_matmul_backward_input(&m->mm, m->grad_act[GRAD_DLN] + (size_t)r0 * C, m->logits, gpu_head_weights(m), rows, C, Vp, m->stream);
+        if (m->head_grad_fp32) gpu_matmul_backward_weight_fp32(&m->mm, m->head_grad_fp32, NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
+        else gpu_matmul_backward_weight(&m->mm, gpu_head_grads(m), NULL, NULL, m->logits, lnf, rows, C, Vp, m->stream);
     }
     prof_end(&m->prof, PROF_CLASSIFIER, m->stream);
 }
@@ -641,8 +742,8 @@ static void gpu_model_backward(GpuModel* m) {
     floatX* dres = m->grad_act[GRAD_DRES];
     prof_begin(&m->prof, PROF_BACKWARD, m->stream);
     CUDA_CHECK(cudaMemsetAsync(dres, 0, (size_t)N * C * sizeof(floatX), m->stream));
-    gpu_layernorm_backward(dres, m->g.lnfw, m->g.lnfb, m->column_partials, m->grad_act[GRAD_DLN], m->final_res,
-                           m->p.lnfw, m->lnf_mean, m->lnf_rstd, N, C, m->stream);
+    gpu_norm_backward(m, dres, m->g.lnfw, m->cfg.bias & BIAS_NORM ? m->g.lnfb : NULL, m->grad_act[GRAD_DLN], m->final_res, m->p.lnfw,
+                      m->lnf_mean, m->lnf_rstd, N);
     int L = m->cfg.num_layers, K = plan_segment_layers(&m->plan->spec);
     if (L > 0) offload_prefetch(&m->off, (L - 1) / K * K, m->B, m->T);
     for (int top = L - 1; top >= 0; top = top / K * K - 1) { /* segment by segment (K = 1: layer by layer) */
@@ -661,10 +762,11 @@ static void gpu_model_backward(GpuModel* m) {
     if (embd.threshold) gpu_dropout_mask(dres, dres, 0, (size_t)N, C, &m->layout, &embd, m->stream);
     /* the column partials are idle now: the wte gradient's hot-token segment sums go there */
     const int* runs = m->docs.reset_position_ids ? m->pos_runs : NULL;
+    floatX* dwpe = m->cfg.positions == POS_LEARNED ? m->g.wpe : NULL; /* RoPE: no position table */
     if (m->wte_grad_fp32)
-        gpu_encoder_backward(m->grads_fp32, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream,
+        gpu_encoder_backward(m->grads_fp32, dwpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream,
                              runs, m->pos_run_count, m->pos_run_positions);
-    else gpu_encoder_backward(m->g.wte, m->g.wpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream,
+    else gpu_encoder_backward(m->g.wte, dwpe, dres, m->token_buckets, &m->buckets, m->column_partials, m->B, C, &m->layout, m->stream,
                               runs, m->pos_run_count, m->pos_run_positions);
     gpu_fold_grads(m, -1);
     multigpu_grads_ready(m->mg, m->grads, -1, m->stream); /* wte, wpe, lnf */
@@ -817,7 +919,7 @@ static int sampling_length(int len, int T_max) {
 /* Softmax over V of the logits of local row `row` of the last forward. */
 static void gpu_row_probs(GpuModel* m, int row, float* probs) {
     int C = m->cfg.channels, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)row * C, m->p.wte, NULL, NULL, 1, C, Vp, m->stream);
+    gpu_matmul_forward(&m->mm, m->logits, m->lnf + (size_t)row * C, gpu_head_weights(m), NULL, NULL, 1, C, Vp, m->stream);
     CUDA_CHECK(cudaMemcpyAsync(m->h_logits, m->logits, (size_t)Vp * sizeof(floatX), cudaMemcpyDeviceToHost, m->stream));
     gpu_wait(m);
     float mx = host_floatX_load(m->h_logits, 0);
@@ -916,7 +1018,9 @@ static void gpu_sync_grads(void* ctx) {
  * the full T x T (no halving for the causal mask). Recomputation is not
  * counted: MFU measures useful model FLOPs, not hardware FLOPs. */
 static double model_flops_per_token(const ModelConfig* c, size_t num_params, int T) {
-    double N = (double)num_params - (double)c->max_seq_len * c->channels;
+    ParamLayout pl;
+    param_layout(c, &pl);
+    double N = (double)num_params - (double)pl.count[P_WPE];
     return 6.0 * N + 12.0 * c->num_layers * (double)c->channels * T;
 }
 
@@ -1152,9 +1256,7 @@ int main(int argc, char** argv) {
     const TrainerTraits gpu_trainer = {FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS};
     run_setup(&run, argc, argv, &gpu_trainer);
     /* --plan and --plan-json, which price both, have exited in run_setup */
-    /* the configurable block (RMSNorm, RoPE, GQA, SwiGLU, ...) has no kernels here yet: never GPT-2's on its file */
-    if (!config_is_gpt2(&run.cfg)) fail("%s: the GPU trainer runs GPT-2 only so far (this model is %s: train it with train_gpt_cpu)", run.model_desc,
-                                        family_names[config_resolved(&run.cfg).family]);
+    gpu_check_config(&run.cfg, run.model_desc);
     int master_weights = run.plan.spec.master_weights;
     MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */
     attention_check_shape(run.cfg.channels, run.cfg.num_heads);

@@ -49,10 +49,16 @@ from emu_support import EMU, JOBS, OUT, PRECISIONS, assert_mutant_applies, emu_r
 # (8 and 4 elements), so LayerNorm, the encoder and the C-wide bias gradients
 # take their scalar paths inside the whole model (the other shapes take the
 # vector paths), and AdamW gets tensors that start off 16-byte alignment.
+# The Llama family (test_gpt's test_family_switches, by the name's prefix: llama untied without biases, qwen2 tied
+# with Q/K/V biases; RMSNorm, SwiGLU of F = 3C/2, RoPE default or lin/l3/yarn): each scaling in some precision;
+# fp32's C=18 gives F=27 and HD/2=9, SwiGLU's and RoPE's scalar paths inside the model.
+LLAMA_CASES = {"bf16": ["llama_hs16:64:4:300:37", "qwen2yarn_hs32:64:2:300:37"],
+               "fp32": ["llamal3_hs18:18:1:300:37", "qwen2lin_hs16:48:3:300:21"],
+               "fp16": ["llamalin_hs64:64:1:300:21"]}
 CASES = {
-    "bf16": ["hs16:64:4:300:77", "hs32:64:2:300:37", "hs64:64:1:300:45", "hs20:20:1:300:37"],
-    "fp32": ["hs16:48:3:300:70", "hs32:96:3:300:45", "hs64:64:1:300:37", "hs18:18:1:300:37"],
-    "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21", "hs20:20:1:300:37"],
+    "bf16": ["hs16:64:4:300:77", "hs32:64:2:300:37", "hs64:64:1:300:45", "hs20:20:1:300:37", *LLAMA_CASES["bf16"]],
+    "fp32": ["hs16:48:3:300:70", "hs32:96:3:300:45", "hs64:64:1:300:37", "hs18:18:1:300:37", *LLAMA_CASES["fp32"]],
+    "fp16": ["hs16:64:4:300:45", "hs32:32:1:300:70", "hs48:48:1:300:37", "hs64:64:1:300:21", "hs20:20:1:300:37", *LLAMA_CASES["fp16"]],
 }
 NONFINITE_CASE = "nonfinite:hs16:64:4:300:64"  # test_gpt's check_nonfinite (injected inf/NaN; FP16 overflow)
 # test_gpt's check_grad_accumulation: 8 micro-steps, 8 logits chunks each, with and without fp32 gradient sums
@@ -70,7 +76,8 @@ ATTENTION_CASES = ["attention:hs32:64:2:300:77", "attention:hs48:96:2:300:70", "
 # the CPU's and every recompute setting must regenerate them. bf16's hs64 runs
 # the mma kernels' dropout, hs16 the tc kernels'; fp32's C=18 leaves a partial
 # last group of eight (one generator call).
-MODEL_DROPOUT_CASES = {"bf16": ["dropmodel:hs16:64:4:300:77", "dropmodel:hs64:64:1:300:45"], "fp32": ["dropmodel:hs18:18:1:300:37"],
+MODEL_DROPOUT_CASES = {"bf16": ["dropmodel:hs16:64:4:300:77", "dropmodel:hs64:64:1:300:45", "dropmodel:llamayarn_hs16:64:4:300:37"],
+                       "fp32": ["dropmodel:hs18:18:1:300:37"],
                        "fp16": ["dropmodel:hs32:32:1:300:45"]}
 # The same with attention dropout 0.1 (check_attention's site): the kernels must draw the CPU reference's
 # mask bit for bit (one element kept or dropped differently moves its row's output by a whole value), in
@@ -98,12 +105,16 @@ BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs
 # cuBLASLt must not tell apart), with dropout too; fp32's C=18 starts tiles at 8-byte offsets. tilebound:
 # the tiled gradients of one step within TOL_TILES of the untiled ones (tiles of 2 rows: summed in floatX
 # instead of fp32 across tiles they are not).
+# Llama tiles: llama_hs16's SwiGLU is 96 wide, qwen2l3_hs16 with dropout; fp32's llamal3_hs16:48 has F = 72, whose
+# 5-row tiles start 32-byte aligned in kept tensors where C's start 64-byte aligned (cuBLASLt's alignment cap must
+# take the narrowest, or the modes' matmuls differ).
 TILE_CASES = {"bf16": ["tiles5:hs16:64:4:300:33", "tiles7:dropmodel:hs16:64:4:300:33", "tiles2:tilebound:hs16:64:4:300:77",
-                       "tiles5:tilebound:hs16:64:4:300:77"],
-              "fp32": ["tiles5:hs18:18:1:300:37", "tiles2:tilebound:hs16:48:3:300:70"],
+                       "tiles5:tilebound:hs16:64:4:300:77", "tiles5:llama_hs16:64:4:300:33", "tiles7:dropmodel:qwen2l3_hs16:64:4:300:33"],
+              "fp32": ["tiles5:hs18:18:1:300:37", "tiles2:tilebound:hs16:48:3:300:70", "tiles5:llamal3_hs16:48:3:300:37"],
               "fp16": ["tiles5:hs32:32:1:300:45", "tiles2:tilebound:hs16:64:4:300:77"]}
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
-SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130"]
+SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130", "qwen2_hs128:128:1:300:21",
+              "llamal3_hs20:20:1:300:37", "llamalin_hs64:64:1:300:45"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
 # a result that depends on it is a race between blocks or a missing barrier
 # (e.g. a column-sum block writing past its columns into a slot another block

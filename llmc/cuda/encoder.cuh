@@ -46,14 +46,20 @@ __global__ void encoder_forward_kernel(floatX* x, const int* tokens, const float
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * VEC;
     if (i >= (size_t)N * C) return;
     int bt = (int)(i / C), c = (int)(i % C);
+    Vec<floatX, VEC> e = vload<VEC>(wte + (size_t)tokens[bt] * C + c);
+    if (!wpe) { /* RoPE: positions enter in attention, x is the token's row */
+        vstore<VEC>(x + i, e);
+        return;
+    }
     int t = token_position(&lay, (size_t)bt) - (pos_start ? pos_start[bt] : 0);
-    Vec<floatX, VEC> e = vload<VEC>(wte + (size_t)tokens[bt] * C + c), p = vload<VEC>(wpe + (size_t)t * C + c), o;
+    Vec<floatX, VEC> p = vload<VEC>(wpe + (size_t)t * C + c), o;
 #pragma unroll
     for (int k = 0; k < VEC; k++) o.v[k] = from_f32<floatX>(to_f32(e.v[k]) + to_f32(p.v[k]));
     vstore<VEC>(x + i, o);
 }
 
-/* pos_start (device (B,T)): the document starts positions restart at, or NULL. */
+/* pos_start (device (B,T)): the document starts positions restart at, or NULL.
+ * wpe NULL (RoPE): no position table, x = wte[tokens]. */
 static inline void gpu_encoder_forward(floatX* x, const int* tokens, const floatX* wte, const floatX* wpe, int B, int C,
                                        const TokenLayout* lay, cudaStream_t stream, const int* pos_start = nullptr) {
     int N = B * lay->T;
@@ -327,7 +333,7 @@ static inline void encoder_backward_wte_launch(G* dwte, float* scratch, const fl
 
 /* d_buckets: the device copy of encoder_build_buckets' output, tb its
  * counts; scratch: WTE_MAX_SEGMENTS * C floats (the column partials).
- * dwte: floatX* or float* (see the kernel). */
+ * dwte: floatX* or float* (see the kernel); dwpe NULL: none (RoPE). */
 /* pos_runs: with restarting positions, the device runs (encoder_position_runs)
  * and their count and positions (then the wpe gradient is theirs); NULL: none. */
 template <typename G>
@@ -341,6 +347,7 @@ static inline void gpu_encoder_backward(G* dwte, floatX* dwpe, const floatX* dx,
         else
             encoder_backward_wte_launch<1, G>(dwte, scratch, dx, d_buckets, tb, B * T, C, stream);
     }
+    if (!dwpe) return; /* RoPE: no position table */
     if (pos_runs) {
         gpu_encoder_backward_wpe_runs(dwpe, dx, pos_runs, runs, positions, C, stream);
         return;
