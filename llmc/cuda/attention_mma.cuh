@@ -105,14 +105,18 @@
  * inner loop with nothing but a slower kernel to show. __maxnreg__ makes
  * ptxas allocate within the budget; 240 leaves 15 registers of headroom and
  * keeps the backward's 2 blocks (8 warps) per SM (the occupancy asserts of
- * AttMmaResources use these figures). The dQ attention-tile kernel at hs64
- * spills 8 bytes at 240 (CUDA 13.0): its budget is 248 until it is reduced. */
+ * AttMmaResources use these figures). The dQ attention-tile kernels, whose
+ * K/V head is query head / group (grouped-query attention), spill at 240
+ * (CUDA 13.0; hs64: 8 bytes at 248, hs128: 16 at 240): their budgets are 255
+ * (hs64) and 248 (hs128), both still 2 blocks (8 warps) per SM, until they
+ * are reduced. */
 #define ATT_MMA_MAX_REGS 240
-#define ATT_MMA_MAX_REGS_DQ_TILE64 248
+#define ATT_MMA_MAX_REGS_DQ_TILE64 255
+#define ATT_MMA_MAX_REGS_DQ_TILE128 248
 #define ATT_MMA_MAX_STACK_BYTES 0
 template <int HS, bool TILE> struct AttMmaRegs {
     static constexpr int FWD = ATT_MMA_MAX_REGS, DKV = ATT_MMA_MAX_REGS;
-    static constexpr int DQ = HS == 64 && TILE ? ATT_MMA_MAX_REGS_DQ_TILE64 : ATT_MMA_MAX_REGS;
+    static constexpr int DQ = TILE ? (HS == 64 ? ATT_MMA_MAX_REGS_DQ_TILE64 : ATT_MMA_MAX_REGS_DQ_TILE128) : ATT_MMA_MAX_REGS;
 };
 
 template <int HS> struct AttMma {

@@ -492,21 +492,32 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr;
     const int t_end = att_tc_queries_end(row_starts, s0, min(s0 + ATT_TC_ROWS, T) - 1, T);
     const int t_end_warp = att_tc_queries_end(row_starts, r0, min(r0 + 16, T) - 1, T);
-    /* the group's query heads in order (dk, dv sum over all of them): head bh's rows, dout rows and statistics
-     * (bh counts the heads: no other loop counter, the registers stay those of one head at hs128) */
-    const floatX* base = row0 + (size_t)kvh * hd.group * hs;
-    const floatX* dobase = dout + (size_t)b * T * hd.out_ld + (size_t)kvh * hd.group * hs;
+    /* the group's query heads in order (dk, dv sum over all of them). The
+     * current head's Q rows, dout rows and statistics are read from shared
+     * memory when a tile is staged: held in registers across the tile loop,
+     * next to dk and dv, they spilled at hs128. Thread 0 sets them before a
+     * head's first tile, after every thread has staged the previous head's
+     * last one (its second barrier). */
+    __shared__ const floatX* head_q;
+    __shared__ const floatX* head_dout;
+    __shared__ const float* head_lse;
+    __shared__ const float* head_rowsum;
     const int bh_end = b * hd.NH + (kvh + 1) * hd.group;
-    for (int bh = bh_end - hd.group; bh < bh_end; bh++, base += hs, dobase += hs) {
-        const size_t stat0 = (size_t)bh * T;
+    for (int bh = bh_end - hd.group; bh < bh_end; bh++) {
+        if (threadIdx.x == 0) {
+            head_q = row0 + (size_t)(bh - b * hd.NH) * hs;
+            head_dout = dout + (size_t)b * T * hd.out_ld + (size_t)(bh - b * hd.NH) * hs;
+            head_lse = lse + (size_t)bh * T;
+            head_rowsum = rowsum + (size_t)bh * T;
+        }
         for (int t0 = s0; t0 < t_end; t0 += ATT_TC_TILE) {
-            __syncthreads(); /* the previous tile is no longer read (the staged K, V are visible after the next barrier) */
-            att_tc_stage<HS>(Qs, base, ld, t0, ATT_TC_TILE, T, hs);
-            att_tc_stage<HS>(dOs, dobase, hd.out_ld, t0, ATT_TC_TILE, T, hs);
+            __syncthreads(); /* the previous tile is no longer read (the staged K, V and the head's pointers are visible after it) */
+            att_tc_stage<HS>(Qs, head_q, ld, t0, ATT_TC_TILE, T, hs);
+            att_tc_stage<HS>(dOs, head_dout, hd.out_ld, t0, ATT_TC_TILE, T, hs);
             for (int jj = threadIdx.x; jj < ATT_TC_TILE; jj += blockDim.x) {
                 const int r = t0 + jj;
-                lse_s[jj] = r < T ? lse[stat0 + r] : 0.0f;
-                d_s[jj] = r < T ? rowsum[stat0 + r] : 0.0f;
+                lse_s[jj] = r < T ? head_lse[r] : 0.0f;
+                d_s[jj] = r < T ? head_rowsum[r] : 0.0f;
             }
             __syncthreads();
             if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
