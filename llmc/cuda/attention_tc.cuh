@@ -371,8 +371,10 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     const size_t ld = hd.q_ld;
     const int C = hd.out_ld;
     const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const floatX* kbase = base + att_kv_col(hd, h); /* the group's K/V head */
-    const floatX* vbase = kbase + hd.kv_w;
+    /* the group's K/V head's rows: read from shared memory at each tile (in a register across the loop, next to
+     * the query head's own offsets, they spilled at hs64); set by thread 0, visible after the first barrier */
+    __shared__ const floatX* kv_rows;
+    if (threadIdx.x == 0) kv_rows = base + att_kv_col(hd, h);
     const floatX* obase = out + (size_t)b * T * C + (size_t)h * hs;
     const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * hs;
     floatX* Qs = (floatX*)smem;
@@ -409,8 +411,8 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
     for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q, dO) is no longer read */
-        att_tc_stage<HS>(Ks, kbase, ld, k0, ATT_TC_TILE, T, hs);
-        att_tc_stage<HS>(Vs, vbase, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Ks, kv_rows, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Vs, kv_rows + hd.kv_w, ld, k0, ATT_TC_TILE, T, hs);
         __syncthreads();
         if (k0 > r0 + 15 || k0 + ATT_TC_TILE <= kwarp) continue;
         att_tc_scores<HS>(Sw, q, Ks);
@@ -476,9 +478,7 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     float* lse_s = (float*)(smem + L::STATS);
     float* d_s = lse_s + ATT_TC_TILE;
 
-    /* this warp's 16 K and V rows, staged for the whole kernel (every head of the group) */
-    const floatX* Kw = (const floatX*)(smem + L::K) + 16 * warp * Cfg::LD;
-    const floatX* Vw = (const floatX*)(smem + L::V) + 16 * warp * Cfg::LD;
+    /* this warp's 16 K and V rows (Kw, Vw), staged for the whole kernel (every head of the group) */
     att_tc_stage<HS>((floatX*)(smem + L::K), row0 + hd.k_off + (size_t)kvh * hs, ld, s0, ATT_TC_ROWS, T, hs);
     att_tc_stage<HS>((floatX*)(smem + L::V), row0 + hd.v_off + (size_t)kvh * hs, ld, s0, ATT_TC_ROWS, T, hs);
     FragAcc dk[Cfg::NF], dv[Cfg::NF];
@@ -492,6 +492,12 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr;
     const int t_end = att_tc_queries_end(row_starts, s0, min(s0 + ATT_TC_ROWS, T) - 1, T);
     const int t_end_warp = att_tc_queries_end(row_starts, r0, min(r0 + 16, T) - 1, T);
+    /* each staged query's first key (documents; 0 without), and this row's starts for staging them: in shared
+     * memory, so that no pointer to the starts stays in a register across the loop (at hs128 one too many) */
+    __shared__ int kf_s[ATT_TC_TILE];
+    __shared__ const int* starts_rows;
+    __shared__ int query_end; /* t_end, likewise */
+    if (threadIdx.x == 0) starts_rows = row_starts, query_end = t_end;
     /* the group's query heads in order (dk, dv sum over all of them). The
      * current head's Q rows, dout rows and statistics are read from shared
      * memory when a tile is staged: held in registers across the tile loop,
@@ -502,15 +508,19 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     __shared__ const floatX* head_dout;
     __shared__ const float* head_lse;
     __shared__ const float* head_rowsum;
-    const int bh_end = b * hd.NH + (kvh + 1) * hd.group;
-    for (int bh = bh_end - hd.group; bh < bh_end; bh++) {
-        if (threadIdx.x == 0) {
-            head_q = row0 + (size_t)(bh - b * hd.NH) * hs;
-            head_dout = dout + (size_t)b * T * hd.out_ld + (size_t)(bh - b * hd.NH) * hs;
+    __shared__ floatX* dkv_rows; /* where dK and dV go, likewise read after the loop */
+    if (threadIdx.x == 0) dkv_rows = dqkv + (size_t)b * T * ld + (size_t)kvh * hs;
+    int bh = b * hd.NH + kvh * hd.group; /* a multiple of group: the heads run until the next one */
+    do {
+        if (threadIdx.x == 0) { /* from bh and the arguments alone: nothing else stays live across the loop */
+            const size_t hb = (size_t)(bh / hd.NH) * T, hh = (size_t)(bh % hd.NH) * hs;
+            head_q = qkv + hb * hd.q_ld + hh;
+            head_dout = dout + hb * hd.out_ld + hh;
             head_lse = lse + (size_t)bh * T;
             head_rowsum = rowsum + (size_t)bh * T;
         }
-        for (int t0 = s0; t0 < t_end; t0 += ATT_TC_TILE) {
+#pragma unroll 1
+        for (int t0 = s0; t0 < query_end; t0 += ATT_TC_TILE) {
             __syncthreads(); /* the previous tile is no longer read (the staged K, V and the head's pointers are visible after it) */
             att_tc_stage<HS>(Qs, head_q, ld, t0, ATT_TC_TILE, T, hs);
             att_tc_stage<HS>(dOs, head_dout, hd.out_ld, t0, ATT_TC_TILE, T, hs);
@@ -518,22 +528,24 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
                 const int r = t0 + jj;
                 lse_s[jj] = r < T ? head_lse[r] : 0.0f;
                 d_s[jj] = r < T ? head_rowsum[r] : 0.0f;
+                kf_s[jj] = att_tc_first_key(starts_rows, r, T);
             }
             __syncthreads();
             if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
+            /* the keep bits before the products: their Philox rounds then share the registers with fewer live values */
+            const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, bh, T, t0 + half * Cfg::HALF, s) : ~0u;
             {
                 FragA kv[Cfg::NF];
-                att_tc_load_a<HS>(kv, Kw);
+                att_tc_load_a<HS>(kv, (const floatX*)(smem + L::K) + 16 * warp * Cfg::LD); /* Kw */
                 att_tc_scores<HS>(Sw, kv, Qs); /* S^T: key rows x query columns */
-                att_tc_load_a<HS>(kv, Vw);
+                att_tc_load_a<HS>(kv, (const floatX*)(smem + L::V) + 16 * warp * Cfg::LD); /* Vw */
                 att_tc_scores<HS>(dPw, kv, dOs); /* dP^T */
             }
-            const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, bh, T, t0 + half * Cfg::HALF, s) : ~0u;
             __syncwarp();
 #pragma unroll
             for (int jj = 0; jj < Cfg::HALF; jj++) {
                 const int c = half * Cfg::HALF + jj, tq = t0 + c;
-                const float p = (tq >= s && tq < T && att_tc_first_key(row_starts, tq, T) <= s) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
+                const float p = (tq >= s && tq < T && kf_s[c] <= s) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
                 const float f = att_drop_factor(keep, jj, keep_scale);
                 Pw[row * Cfg::PLD + c] = from_f32<floatX>(p * f);
                 dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (f * dPw[row * Cfg::SLD + c] - d_s[c]) * scale);
@@ -543,8 +555,8 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
             att_tc_accumulate<HS>(dk, dSw, Qs);
             __syncwarp(); /* Pw, dSw are rewritten at the next tile */
         }
-    }
-    floatX* drows = dqkv + (size_t)b * T * ld + (size_t)kvh * hs;
+    } while (++bh % hd.group);
+    floatX* drows = dkv_rows;
     att_tc_store_rows<HS>(drows + hd.k_off, ld, r0, T, hs, dk, Sw, Cfg::SLD);
     att_tc_store_rows<HS>(drows + hd.v_off, ld, r0, T, hs, dv, Sw, Cfg::SLD);
 }
