@@ -10,8 +10,10 @@
  * tile staged from global memory.
  *
  * Work split: a block of ATT_MMA_WARPS warps owns ATT_MMA_ROWS rows of one
- * (b, h) (queries in the forward and the backward's dQ kernel, keys in its
- * dK/dV kernel); warp w owns 16 of them (query rows as mma A fragments in
+ * (b, h) (queries of a query head in the forward and the backward's dQ
+ * kernel, keys of a K/V head in its dK/dV kernel, whose one double-buffered
+ * pipeline streams the query tiles of each head of the K/V head's group in
+ * turn: attention.cuh's header, grouped-query attention); warp w owns 16 of them (query rows as mma A fragments in
  * registers; the dK/dV kernel reads its K and V rows from shared memory). The other side streams
  * through shared memory BC rows at a time, double-buffered: tile j+1's
  * cp.async copies are in flight while tile j is multiplied. Scores S, the
@@ -970,8 +972,9 @@ template <int HS> struct AttMmaResources {
                          ROWSUM_REGS = 32;
     /* the attention-tile instantiations (TILE = true; gpu_attention_tile_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
+    /* the dQ kernel's static shared memory holds the K/V rows' pointer besides the buffers: 128 bytes more (ptxas) */
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM + 128;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES + 128 && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
     static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&

@@ -497,7 +497,13 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     __shared__ int kf_s[ATT_TC_TILE];
     __shared__ const int* starts_rows;
     __shared__ int query_end; /* t_end, likewise */
-    if (threadIdx.x == 0) starts_rows = row_starts, query_end = t_end;
+    __shared__ floatX* dkv_rows; /* where dK and dV go, likewise, read after the loop */
+    if (threadIdx.x == 0) {
+        starts_rows = row_starts;
+        query_end = t_end;
+        dkv_rows = dqkv + (size_t)b * T * ld + (size_t)kvh * hs;
+    }
+    __syncthreads(); /* they are visible (the loop's bound is read before its first barrier; the loop may not run) */
     /* the group's query heads in order (dk, dv sum over all of them). The
      * current head's Q rows, dout rows and statistics are read from shared
      * memory when a tile is staged: held in registers across the tile loop,
@@ -508,8 +514,6 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     __shared__ const floatX* head_dout;
     __shared__ const float* head_lse;
     __shared__ const float* head_rowsum;
-    __shared__ floatX* dkv_rows; /* where dK and dV go, likewise read after the loop */
-    if (threadIdx.x == 0) dkv_rows = dqkv + (size_t)b * T * ld + (size_t)kvh * hs;
     int bh = b * hd.NH + kvh * hd.group; /* a multiple of group: the heads run until the next one */
     do {
         if (threadIdx.x == 0) { /* from bh and the arguments alone: nothing else stays live across the loop */
