@@ -811,10 +811,12 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * hd.NH + at.h;
     const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, at.b, at.h); /* K, V: the group's K/V head, read in place */
     const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, at.h);
-    /* the K/V head's rows: read from shared memory at each tile's copies (held in registers across the key
-     * loop they spilled: the K/V head is query head / group); set by thread 0, visible after the first barrier */
+    /* an attention tile's K/V head's rows: read from shared memory at each tile's copies (held in registers
+     * across the key loop they spilled: the K/V head is query head / group; the whole sequence's are q + a
+     * column, as before); set by thread 0, visible after the first barrier */
     __shared__ const floatX* kv_rows;
     if (threadIdx.x == 0) kv_rows = rw.k;
+    const floatX* const& krows = TILE ? kv_rows : rw.k;
     const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
     const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
@@ -840,7 +842,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
-    att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), kv_rows, rw.kv_ld, kv_rows + hd.kv_w, rw.kv_ld, j0 * Cfg::BC, nkr);
+    att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), krows, rw.kv_ld, krows + hd.kv_w, rw.kv_ld, j0 * Cfg::BC, nkr);
     ptx_cp_async_commit();
 
     float dq[Cfg::OT][4];
@@ -851,7 +853,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     const int kwarp = att_first_key(blk, sp, r0); /* documents: as in the forward */
     for (int j = 0; j < ntiles; j++) {
         if (j + 1 < ntiles)
-            att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), kv_rows, rw.kv_ld, kv_rows + hd.kv_w, rw.kv_ld, (j0 + j + 1) * Cfg::BC, nkr);
+            att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), krows, rw.kv_ld, krows + hd.kv_w, rw.kv_ld, (j0 + j + 1) * Cfg::BC, nkr);
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */

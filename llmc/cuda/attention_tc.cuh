@@ -523,7 +523,6 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
             head_lse = lse + (size_t)bh * T;
             head_rowsum = rowsum + (size_t)bh * T;
         }
-#pragma unroll 1
         for (int t0 = s0; t0 < query_end; t0 += ATT_TC_TILE) {
             __syncthreads(); /* the previous tile is no longer read (the staged K, V and the head's pointers are visible after it) */
             att_tc_stage<HS>(Qs, head_q, ld, t0, ATT_TC_TILE, T, hs);
