@@ -54,6 +54,10 @@
  * Attention tiles (check_attention_tiles): context parallelism's block
  * kernels against the CPU reference's attention_tile_forward/_backward on
  * the same blocks, and a two-member ring against whole-sequence attention.
+ * Grouped-query attention (check_attention_gqa, check_attention_ring_gqa):
+ * NKV < NH, K/V heads shared in place, against attention_forward_heads /
+ * _backward_heads, with documents and dropout, and 2- and 3-member rings on
+ * the compact K/V the ring packs.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW

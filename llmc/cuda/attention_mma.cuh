@@ -53,7 +53,7 @@
  *
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 and FP16
  * builds alike, document masks included), every kernel compiled under its
- * register budget (AttMmaRegs below: 240, the hs64 dQ block kernel 248) with
+ * register budget (AttMmaRegs below: 240, the dQ block kernels 255 and 248) with
  * 0 bytes of stack and no spills (registers / shared memory bytes; blocks per
  * sm_90 SM):
  *   forward      hs64 240 / 36864 static (2)   hs128 192 / 34816 static (2)
@@ -63,7 +63,13 @@
  * and their attention-tile instantiations (TILE = true, for context
  * parallelism's ring; below): forward hs64 240 (one M-tile per warp),
  * hs128 229; dkv hs64 235, hs128 236; dq hs64 248, hs128 240 (same shared
- * memory, 2 blocks per SM). Under the compiler's own choice (255 allowed)
+ * memory, 2 blocks per SM). These are the GPT-2-only kernels' figures;
+ * with grouped-query heads (AttHeads; the K/V head is query head / group)
+ * the sm_90 BF16 report reads forward hs64 238, hs128 196 (tiles 237, 231),
+ * dkv hs64 228, hs128 230 (tiles 238, 232), dq hs64 239, hs128 232 (tiles
+ * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
+ * shared memory: +128 bytes of static shared memory in the dQ kernels), no
+ * spills; still 2 blocks per SM each. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under

@@ -457,6 +457,23 @@ template <int HS> struct AttTcDkvSmem {
     static_assert(BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
+/* att_drop_keep_col16's bits with its eight Philox calls in a loop, not
+ * unrolled: the dK/dV kernel at hs128, whose dk and dv accumulators take
+ * half the registers, spilled with the unrolled draws beside a group's loop. */
+__device__ __forceinline__ unsigned att_tc_keep_col16_rolled(const DropoutSite& drop, int bh, int T, int t0, int u) {
+    const bool right = (u >> 3) & 1;
+    const int shift = 16 * (u & 1);
+    unsigned bits = 0;
+#pragma unroll 1
+    for (int r = 0; r < 8; r++) {
+        uint32_t w[4];
+        dropout_draws(&drop, dropout_attention_group(bh, T, t0 + r, u), w);
+        bits |= (unsigned)((((right ? w[1] : w[0]) >> shift) & 0xffffu) >= drop.threshold) << r;
+        bits |= (unsigned)((((right ? w[3] : w[2]) >> shift) & 0xffffu) >= drop.threshold) << (r + 8);
+    }
+    return bits;
+}
+
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
@@ -536,7 +553,9 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
             __syncthreads();
             if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
             /* the keep bits before the products: their Philox rounds then share the registers with fewer live values */
-            const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, bh, T, t0 + half * Cfg::HALF, s) : ~0u;
+            const unsigned keep = !DROPOUT ? ~0u
+                                  : HS == 128 ? att_tc_keep_col16_rolled(drop, bh, T, t0 + half * Cfg::HALF, s)
+                                              : att_drop_keep_col16(drop, bh, T, t0 + half * Cfg::HALF, s);
             {
                 FragA kv[Cfg::NF];
                 att_tc_load_a<HS>(kv, (const floatX*)(smem + L::K) + 16 * warp * Cfg::LD); /* Kw */
