@@ -340,7 +340,7 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
 static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->docs.reset_attention_mask ? m->doc_start : NULL; }
 
 /* The layer's attention heads: NH query heads, NKV K/V heads of HD (block_widths; GPT-2: NKV = NH, HD = C/NH). */
-static inline RingHeads gpu_attention_heads(const GpuModel* m) {
+static inline RingHeads gpu_model_heads(const GpuModel* m) {
     const BlockWidths w = block_widths(&m->cfg);
     return RingHeads{m->cfg.channels, w.NH, w.NKV, w.HD};
 }
@@ -350,7 +350,7 @@ static void gpu_layer_attention_forward(GpuModel* m, int l) {
     DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
     float* lse = gstat(m, l, ACT_ATT_LSE);
-    const RingHeads h = gpu_attention_heads(m);
+    const RingHeads h = gpu_model_heads(m);
     if (m->par.cp.group_size > 1) {
         RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
         gpu_ring_attention_forward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, &h, docs, out, lse, qkv, drop, m->mg, m->stream);
@@ -362,7 +362,7 @@ static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const
     DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
-    const RingHeads h = gpu_attention_heads(m);
+    const RingHeads h = gpu_model_heads(m);
     if (m->par.cp.group_size > 1) {
         RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
         gpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, &h, docs, dqkv, datty, qkv, out, lse, drop, m->mg,
