@@ -68,7 +68,7 @@
  * the sm_90 BF16 report reads forward hs64 238, hs128 196 (tiles 237, 231),
  * dkv hs64 228, hs128 230 (tiles 238, 232), dq hs64 239, hs128 232 (tiles
  * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
- * shared memory: +128 bytes of static shared memory in the dQ kernels), no
+ * shared memory: +8 bytes of static shared memory in the dQ kernels), no
  * spills; still 2 blocks per SM each. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
@@ -980,9 +980,9 @@ template <int HS> struct AttMmaResources {
                          ROWSUM_REGS = 32;
     /* the attention-tile instantiations (TILE = true; gpu_attention_tile_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
-    /* the dQ kernel's static shared memory holds the K/V rows' pointer besides the buffers: 128 bytes more (ptxas) */
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM + 128;
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES + 128 && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
+    /* the dQ kernel's static shared memory holds the K/V rows' pointer besides the buffers: 8 bytes more (ptxas) */
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM + 8;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES + sizeof(void*) && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
     static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&
