@@ -54,6 +54,10 @@
  * Attention tiles (check_attention_tiles): context parallelism's block
  * kernels against the CPU reference's attention_tile_forward/_backward on
  * the same blocks, and a two-member ring against whole-sequence attention.
+ * Grouped-query attention (check_attention_gqa, check_attention_ring_gqa):
+ * NKV < NH, K/V heads shared in place, against attention_forward_heads /
+ * _backward_heads, with documents and dropout, and 2- and 3-member rings on
+ * the compact K/V the ring packs.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
@@ -1921,7 +1925,7 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     if (dropout_p > 0) snprintf(what, sizeof(what), "attention alone with dropout %g", dropout_p);
     printf("\n%s, %s (C=%d, NH=%d, hs=%d), B=%d T=%d, q/k/v std %.1f\n", what, sh->name, C, NH, C / NH, B, T, ATT_TEST_STD);
     int fails_before = g_failures;
-    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, &drop, 0);
+    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, NH, NH, C / NH, &drop, 0);
     gpu_fetch(out_gpu, d_out, n_out);
     gpu_fetch_f32(lse_gpu, d_lse, n_stat);
     attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, NULL, &drop);
@@ -1929,7 +1933,7 @@ static void check_attention(const Shape* sh, int B, int T, float dropout_p) {
     check("attention lse", 0, lse_gpu, lse_cpu, n_stat, TOL_LSE, 1, NULL);
     check_boundary_rows("out, boundary rows", out_gpu, out_cpu, (size_t)B * T, T, C, C / NH, TOL_ACT);
     check_boundary_rows("lse, boundary rows", lse_gpu, lse_cpu, (size_t)B * NH * T, T, 1, 1, TOL_LSE);
-    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, NH, C / NH, &drop, 0);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
     attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, NULL, &drop);
     check("attention dqkv", 0, dqkv_gpu, dqkv_cpu, n_qkv, TOL_GRAD, 1, NULL);
@@ -2054,7 +2058,7 @@ static void check_tile_set(const TileSet* set, const Shape* sh, int B, int Tc, c
     gpu_fetch(outx, d_out, n_out);
     for (size_t i = 0; i < n_out; i++) out_cpu[i] = host_round_floatX(out_gpu[i]);
     expect(same_bits(outx, out_cpu, n_out), "ring_store_out: out is out_acc rounded", 0.0f);
-    gpu_attention_tile_rowsum(d_rowsum, d_dout, d_out, B, Tl, C, NH, 0);
+    gpu_attention_tile_rowsum(d_rowsum, d_dout, d_out, B, Tl, NH, hs, 0);
     for (size_t r = 0; r < rows; r++)
         for (int c = 0; c < 3 * C; c++) dqkv_cpu[r * 3 * C + c] = c < C ? dq_init[r * C + c] : 0.0f;
     for (int k = 0; k < set->n; k++) {
@@ -2070,7 +2074,7 @@ static void check_tile_set(const TileSet* set, const Shape* sh, int B, int Tc, c
     check_row_slices("dq_acc, every row", dq_gpu, dq_cpu, rows, Tl, C, hs, TOL_GRAD, 1);
     check_row_slices("dkv_acc, every row", dkv_gpu, dkv_cpu, rows, Tl, 2 * C, hs, TOL_GRAD, 1);
 
-    gpu_attention_ring_store_dqkv(d_dqkv, d_dq, d_dkv, rows, C, 0);
+    gpu_attention_ring_store_dqkv(d_dqkv, d_dq, d_dkv, rows, NH, NH, hs, 0);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
     for (size_t r = 0; r < rows; r++)
         for (int c = 0; c < 3 * C; c++)
@@ -2157,7 +2161,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
     check_row_slices("ring out, every row", out_gpu, out_cpu, grows, T, C, hs, TOL_ACT, 1);
     check_row_slices("ring lse, every row", lse_gpu, lse_cpu, grows * NH, T, 1, 1, TOL_LSE, 1);
 
-    for (int r = 0; r < N; r++) gpu_attention_tile_rowsum(d_rowsum[r], d_dout[r], d_out[r], B, Tl, C, NH, 0);
+    for (int r = 0; r < N; r++) gpu_attention_tile_rowsum(d_rowsum[r], d_dout[r], d_out[r], B, Tl, NH, hs, 0);
     for (int s = 0; s < N; s++)
         for (int r = 0; r < N; r++) {
             const int origin = (r - s + N) % N;
@@ -2170,7 +2174,7 @@ static void check_attention_ring2(const Shape* sh, int B, int Tc, const DropoutS
                 }
         }
     for (int r = 0; r < N; r++) {
-        gpu_attention_ring_store_dqkv(d_dqkv[r], d_dq[r], d_dkv[r], lrows, C, 0);
+        gpu_attention_ring_store_dqkv(d_dqkv[r], d_dq[r], d_dkv[r], lrows, NH, NH, hs, 0);
         gpu_fetch(tmp, d_dqkv[r], lrows * 3 * C);
         for (size_t n = 0; n < lrows; n++) memcpy(dqkv_gpu + RING2_ROW(r, n) * 3 * C, tmp + n * 3 * C, 3 * (size_t)C * sizeof(float));
     }
@@ -2255,13 +2259,13 @@ static void check_documents(const Shape* sh, int B, int T, float dropout_p) {
     CUDA_CHECK(cudaMalloc((void**)&d_dqkv, n_qkv * sizeof(floatX)));
     CUDA_CHECK(cudaMalloc((void**)&d_lse, n_stat * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&d_rowsum, n_stat * sizeof(float)));
-    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, &drop, 0, d_starts);
+    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, NH, NH, C / NH, &drop, 0, d_starts);
     gpu_fetch(out_gpu, d_out, n_out);
     gpu_fetch_f32(lse_gpu, d_lse, n_stat);
     attention_forward(out_cpu, lse_cpu, qkv, B, T, C, NH, starts, &drop);
     check_row_slices("documents: out, every row", out_gpu, out_cpu, N, T, C, C / NH, TOL_ACT, 1);
     check_row_slices("documents: lse, every row", lse_gpu, lse_cpu, n_stat, T, 1, 1, TOL_LSE, 1);
-    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, C, NH, &drop, 0, d_starts);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, NH, C / NH, &drop, 0, d_starts);
     gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
     attention_backward(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, C, NH, starts, &drop);
     check_row_slices("documents: dqkv, every row", dqkv_gpu, dqkv_cpu, N, T, 3 * C, C / NH, TOL_GRAD, 1);
@@ -2359,6 +2363,191 @@ static void check_gpu_presence(void) {
     remove(gpu_node);
     rmdir(dir);
     printf("%s: GPU presence (skip only without an NVIDIA GPU)\n", g_failures == fails_before ? "PASS" : "FAIL");
+}
+
+/* ---- grouped-query attention (Llama, Qwen2: NKV < NH) ----
+ * The attention kernels with NKV K/V heads of HD shared by NH/NKV query heads
+ * each (qkv rows [Q: NH heads | K: NKV | V: NKV], no copy per query head),
+ * against the CPU reference's attention_forward_heads / _backward_heads:
+ * every (row, head) slice of out, lse and dqkv on its own (a K/V head chosen
+ * wrongly, or a group's dK/dV summed from one query head, moves whole
+ * slices), with documents and attention dropout (the query head's own
+ * masks); the backward run twice must give the same bits (a fixed order
+ * inside each block, no atomics). GqaShape: NAME, NH, NKV, HD. */
+typedef struct { const char* name; int NH, NKV, HD; } GqaShape;
+
+static BlockWidths gqa_widths(const GqaShape* g) {
+    BlockWidths w;
+    memset(&w, 0, sizeof(w));
+    w.NH = g->NH;
+    w.NKV = g->NKV;
+    w.HD = g->HD;
+    w.q_width = g->NH * g->HD;
+    w.kv_width = g->NKV * g->HD;
+    w.qkv_width = w.q_width + 2 * w.kv_width;
+    return w;
+}
+
+static void check_attention_gqa(const GqaShape* g, int B, int T, float dropout_p, int documents) {
+    const BlockWidths w = gqa_widths(g);
+    const int Q = w.q_width, QKV = w.qkv_width, NH = g->NH;
+    DropoutState drop_state = {{0}, TEST_SEED, 2, 5, 1, 48, 3};
+    drop_state.p[DROPOUT_ATTENTION] = dropout_p;
+    const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
+    printf("\ngrouped-query attention, %s (NH=%d, NKV=%d, HD=%d), B=%d T=%d, dropout %g%s\n", g->name, NH, g->NKV, g->HD, B, T,
+           (double)dropout_p, documents ? ", documents" : "");
+    const int fails_before = g_failures;
+    const size_t N = (size_t)B * T, n_qkv = N * QKV, n_out = N * Q, n_stat = N * NH;
+    int* starts = NULL;
+    int* d_starts = NULL;
+    if (documents) {
+        starts = (int*)malloc_check(N * sizeof(int), "test");
+        documents_for_test(starts, B, T);
+        CUDA_CHECK(cudaMalloc((void**)&d_starts, N * sizeof(int)));
+        CUDA_CHECK(cudaMemcpy(d_starts, starts, N * sizeof(int), cudaMemcpyHostToDevice));
+    }
+    float *qkv = rand_rounded(n_qkv, 3400, ATT_TEST_STD, 0.0f), *dout = rand_rounded(n_out, 3401, 1.0f, 0.0f);
+    float *out_cpu = alloc_floats(n_out), *out_gpu = alloc_floats(n_out), *lse_cpu = alloc_floats(n_stat), *lse_gpu = alloc_floats(n_stat);
+    float *dqkv_cpu = alloc_floats(n_qkv), *dqkv_gpu = alloc_floats(n_qkv), *dqkv_again = alloc_floats(n_qkv);
+    floatX *d_qkv = gpu_put(qkv, n_qkv), *d_dout = gpu_put(dout, n_out), *d_out = NULL, *d_dqkv = NULL;
+    float *d_lse = NULL, *d_rowsum = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_out, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_dqkv, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&d_lse, n_stat * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&d_rowsum, n_stat * sizeof(float)));
+    gpu_attention_forward(d_out, d_lse, d_qkv, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
+    gpu_fetch(out_gpu, d_out, n_out);
+    gpu_fetch_f32(lse_gpu, d_lse, n_stat);
+    attention_forward_heads(out_cpu, lse_cpu, qkv, B, T, Q, &w, starts, &drop);
+    check_row_slices("gqa: out, every row", out_gpu, out_cpu, N, T, Q, g->HD, TOL_ACT, 1);
+    check_row_slices("gqa: lse, every row", lse_gpu, lse_cpu, n_stat, T, 1, 1, TOL_LSE, 1);
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
+    gpu_fetch(dqkv_gpu, d_dqkv, n_qkv);
+    attention_backward_heads(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, Q, &w, starts, &drop);
+    check_row_slices("gqa: dqkv, every row", dqkv_gpu, dqkv_cpu, N, T, QKV, g->HD, TOL_GRAD, 1);
+    CUDA_CHECK(cudaMemset(d_dqkv, 0, n_qkv * sizeof(floatX)));
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
+    gpu_fetch(dqkv_again, d_dqkv, n_qkv);
+    expect(same_bits(dqkv_gpu, dqkv_again, n_qkv), "gqa: the backward run again gives the same bits", 0.0f);
+    printf("%s: grouped-query attention, %s T=%d dropout %g%s\n", g_failures == fails_before ? "PASS" : "FAIL", g->name, T, (double)dropout_p,
+           documents ? " documents" : "");
+    floatX* dx[] = {d_qkv, d_dout, d_out, d_dqkv};
+    for (size_t i = 0; i < sizeof(dx) / sizeof(dx[0]); i++) CUDA_CHECK(cudaFree(dx[i]));
+    CUDA_CHECK(cudaFree(d_lse));
+    CUDA_CHECK(cudaFree(d_rowsum));
+    if (d_starts) CUDA_CHECK(cudaFree(d_starts));
+    float* h[] = {qkv, dout, out_cpu, out_gpu, lse_cpu, lse_gpu, dqkv_cpu, dqkv_gpu, dqkv_again};
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) free(h[i]);
+    free(starts);
+}
+
+/* One process playing every member of a context-parallel group of N (2 or
+ * 3) with grouped-query heads: each sequence of T = 2 N Tc tokens in 2N
+ * chunks (member r holds r and 2N-1-r), each member's compact K/V (B,Tl,
+ * 2 NKV HD) packed by the ring's own gpu_ring_pack_kv, the ring's tiles in
+ * its order (step s: member r's queries against member (r - s) mod N's
+ * K/V), the rounded output, then the backward's dQ per member and dK/dV
+ * (compact, fp32) summed into the keys' owner, against the CPU reference's
+ * whole-sequence attention_forward_heads / _backward_heads. */
+static void check_attention_ring_gqa(const GqaShape* g, int N, int B, int Tc, float dropout_p, int documents) {
+    const BlockWidths w = gqa_widths(g);
+    const int Q = w.q_width, KV2 = 2 * w.kv_width, QKV = w.qkv_width, NH = g->NH, Tl = 2 * Tc, T = N * Tl;
+    DropoutState drop_state = {{0}, TEST_SEED, 2, 5, 1, 48, 3};
+    drop_state.p[DROPOUT_ATTENTION] = dropout_p;
+    const DropoutSite drop = dropout_site(&drop_state, DROPOUT_ATTENTION, 2);
+    const RingHeads heads = {Q, NH, g->NKV, g->HD};
+    printf("\ngrouped-query ring of %d members, compact K/V, %s (NH=%d, NKV=%d, HD=%d), B=%d Tc=%d, dropout %g%s\n", N, g->name, NH, g->NKV,
+           g->HD, B, Tc, (double)dropout_p, documents ? ", documents" : "");
+    const int fails_before = g_failures;
+    const size_t grows = (size_t)B * T, lrows = (size_t)B * Tl;
+    int* starts = NULL;
+    if (documents) {
+        starts = (int*)malloc_check(grows * sizeof(int), "test");
+        documents_for_test(starts, B, T);
+    }
+    float* qkv = rand_rounded(grows * QKV, 3410, ATT_TEST_STD, 0.0f);
+    float* dout = rand_rounded(grows * Q, 3411, 1.0f, 0.0f);
+    float *out_cpu = alloc_floats(grows * Q), *lse_cpu = alloc_floats(grows * NH), *dqkv_cpu = alloc_floats(grows * QKV);
+    float *out_gpu = alloc_floats(grows * Q), *lse_gpu = alloc_floats(grows * NH), *dqkv_gpu = alloc_floats(grows * QKV);
+    float* tmp = alloc_floats(lrows * QKV);
+    floatX *d_qkv[3], *d_kv[3], *d_dout[3], *d_out[3], *d_dqkv[3];
+    float *d_acc[3], *d_lse[3], *d_rowsum[3], *d_dq[3], *d_dkv[3];
+    int* d_docs[3] = {NULL, NULL, NULL};
+#define RINGG_ROW(r, n) ((n) / Tl * (size_t)T + (size_t)context_position((int)((n) % Tl), Tl, (r), N))
+    for (int r = 0; r < N; r++) {
+        for (size_t n = 0; n < lrows; n++) memcpy(tmp + n * QKV, qkv + RINGG_ROW(r, n) * QKV, (size_t)QKV * sizeof(float));
+        d_qkv[r] = gpu_put(tmp, lrows * QKV);
+        for (size_t n = 0; n < lrows; n++) memcpy(tmp + n * Q, dout + RINGG_ROW(r, n) * Q, (size_t)Q * sizeof(float));
+        d_dout[r] = gpu_put(tmp, lrows * Q);
+        CUDA_CHECK(cudaMalloc((void**)&d_kv[r], lrows * KV2 * sizeof(floatX)));
+        gpu_ring_pack_kv(d_kv[r], d_qkv[r], lrows, &heads, 0);
+        CUDA_CHECK(cudaMalloc((void**)&d_out[r], lrows * Q * sizeof(floatX)));
+        CUDA_CHECK(cudaMalloc((void**)&d_dqkv[r], lrows * QKV * sizeof(floatX)));
+        d_acc[r] = gpu_zeros_f32(lrows * Q);
+        d_lse[r] = gpu_zeros_f32(lrows * NH);
+        d_rowsum[r] = gpu_zeros_f32(lrows * NH);
+        d_dq[r] = gpu_zeros_f32(lrows * Q);
+        d_dkv[r] = gpu_zeros_f32(lrows * KV2);
+        if (starts) {
+            int* mine = (int*)malloc_check(lrows * sizeof(int), "test");
+            for (size_t n = 0; n < lrows; n++) mine[n] = starts[RINGG_ROW(r, n)];
+            CUDA_CHECK(cudaMalloc((void**)&d_docs[r], lrows * sizeof(int)));
+            CUDA_CHECK(cudaMemcpy(d_docs[r], mine, lrows * sizeof(int), cudaMemcpyHostToDevice));
+            free(mine);
+        }
+    }
+    for (int pass = 0; pass < 2; pass++) { /* the forward's tiles, then the backward's */
+        if (pass == 1)
+            for (int r = 0; r < N; r++) gpu_attention_tile_rowsum(d_rowsum[r], d_dout[r], d_out[r], B, Tl, NH, g->HD, 0);
+        for (int st = 0; st < N; st++)
+            for (int r = 0; r < N; r++) {
+                const int origin = (r - st + N) % N;
+                for (int qc = 0; qc < 2; qc++)
+                    for (int kc = 0; kc < 2; kc++) {
+                        AttentionTile a;
+                        if (!context_chunk_tile(B, Q, NH, Tl, N, NULL, r, origin, qc, kc, &a)) continue;
+                        a.doc_start = d_docs[r];
+                        a.NKV = g->NKV;
+                        a.HD = g->HD;
+                        if (pass == 0) gpu_attention_tile_forward(d_acc[r], d_lse[r], d_qkv[r], d_kv[origin], KV2, &a, st == 0 && kc == 0, &drop, 0);
+                        else gpu_attention_tile_backward(d_dq[r], d_dkv[origin], d_rowsum[r], d_dout[r], d_qkv[r], d_kv[origin], KV2, d_lse[r], &a, &drop, 0);
+                    }
+            }
+        if (pass == 0)
+            for (int r = 0; r < N; r++) {
+                gpu_attention_ring_store_out(d_out[r], d_acc[r], lrows, Q, 0);
+                gpu_fetch(tmp, d_out[r], lrows * Q);
+                for (size_t n = 0; n < lrows; n++) memcpy(out_gpu + RINGG_ROW(r, n) * Q, tmp + n * Q, (size_t)Q * sizeof(float));
+                gpu_fetch_f32(tmp, d_lse[r], lrows * NH);
+                for (int b = 0; b < B; b++)
+                    for (int h = 0; h < NH; h++)
+                        for (int i = 0; i < Tl; i++)
+                            lse_gpu[((size_t)b * NH + h) * T + context_position(i, Tl, r, N)] = tmp[((size_t)b * NH + h) * Tl + i];
+            }
+    }
+    for (int r = 0; r < N; r++) {
+        gpu_attention_ring_store_dqkv(d_dqkv[r], d_dq[r], d_dkv[r], lrows, NH, g->NKV, g->HD, 0);
+        gpu_fetch(tmp, d_dqkv[r], lrows * QKV);
+        for (size_t n = 0; n < lrows; n++) memcpy(dqkv_gpu + RINGG_ROW(r, n) * QKV, tmp + n * QKV, (size_t)QKV * sizeof(float));
+    }
+#undef RINGG_ROW
+    attention_forward_heads(out_cpu, lse_cpu, qkv, B, T, Q, &w, starts, &drop);
+    check_row_slices("gqa ring out, every row", out_gpu, out_cpu, grows, T, Q, g->HD, TOL_ACT, 1);
+    check_row_slices("gqa ring lse, every row", lse_gpu, lse_cpu, grows * NH, T, 1, 1, TOL_LSE, 1);
+    attention_backward_heads(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, Q, &w, starts, &drop);
+    check_row_slices("gqa ring dqkv, every row", dqkv_gpu, dqkv_cpu, grows, T, QKV, g->HD, TOL_GRAD, 1);
+    printf("%s: grouped-query ring of %d, %s Tc=%d dropout %g%s\n", g_failures == fails_before ? "PASS" : "FAIL", N, g->name, Tc, (double)dropout_p,
+           documents ? " documents" : "");
+    for (int r = 0; r < N; r++) {
+        floatX* dx[] = {d_qkv[r], d_kv[r], d_dout[r], d_out[r], d_dqkv[r]};
+        for (size_t i = 0; i < sizeof(dx) / sizeof(dx[0]); i++) CUDA_CHECK(cudaFree(dx[i]));
+        float* df[] = {d_acc[r], d_lse[r], d_rowsum[r], d_dq[r], d_dkv[r]};
+        for (size_t i = 0; i < sizeof(df) / sizeof(df[0]); i++) CUDA_CHECK(cudaFree(df[i]));
+        if (d_docs[r]) CUDA_CHECK(cudaFree(d_docs[r]));
+    }
+    float* h[] = {qkv, dout, out_cpu, lse_cpu, dqkv_cpu, out_gpu, lse_gpu, dqkv_gpu, tmp};
+    for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++) free(h[i]);
+    free(starts);
 }
 
 static int test_gpt_verdict(void) {
@@ -2474,6 +2663,16 @@ int main(int argc, char** argv) {
     g_tile_tokens = 100;
     run_case(&llama_shapes[1], 333, &drop);
     g_tile_tokens = 0;
+    /* grouped-query attention: groups of 1, 2, 3 and 4 query heads, head sizes 64 and 128 (the mma family in the
+     * 16-bit builds) and 32 (tc), with documents and dropout; the ring of 2 and 3 members with compact K/V */
+    const GqaShape gqa[] = {{"g2hs64", 4, 2, 64}, {"g3hs64", 9, 3, 64}, {"g4hs128", 8, 2, 128}, {"g1hs32", 2, 2, 32}, {"g7hs64", 14, 2, 64}};
+    for (size_t s = 0; s < sizeof(gqa) / sizeof(gqa[0]); s++) {
+        check_attention_gqa(&gqa[s], TEST_B, 333, 0, 0);
+        check_attention_gqa(&gqa[s], TEST_B, 332, 0.1f, 1);
+    }
+    check_attention_ring_gqa(&gqa[0], 2, TEST_B, 37, 0.1f, 0);
+    check_attention_ring_gqa(&gqa[1], 3, TEST_B, 48, 0.1f, 1);
+    check_attention_ring_gqa(&gqa[2], 3, TEST_B, 37, 0.1f, 0);
     check_grad_accumulation(&main_shapes[1], 256);
     check_bias_fallback();
     check_memory_kernels();

@@ -435,29 +435,36 @@ static void gpu_block_forward_mlp(GpuModel* m, int l, int r0, int n, floatX* out
 /* The device document starts attention masks with (NULL: none). */
 static inline const int* gpu_attention_doc_start(const GpuModel* m) { return m->docs.reset_attention_mask ? m->doc_start : NULL; }
 
+/* The layer's attention heads: NH query heads, NKV K/V heads of HD (block_widths; GPT-2: NKV = NH, HD = C/NH). */
+static inline RingHeads gpu_model_heads(const GpuModel* m) {
+    const BlockWidths w = block_widths(&m->cfg);
+    return RingHeads{m->cfg.channels, w.NH, w.NKV, w.HD};
+}
+
 /* Attention of layer l on this rank's tokens: the whole sequence here, or the ring. */
 static void gpu_layer_attention_forward(GpuModel* m, int l) {
     DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     floatX *out = gact(m, l, ACT_ATTY), *qkv = gact(m, l, ACT_QKV);
     float* lse = gstat(m, l, ACT_ATT_LSE);
+    const RingHeads h = gpu_model_heads(m);
     if (m->par.cp.group_size > 1) {
         RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
-        gpu_ring_attention_forward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, m->cfg.channels, m->cfg.num_heads, docs, out, lse,
-                                   qkv, drop, m->mg, m->stream);
+        gpu_ring_attention_forward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, &h, docs, out, lse, qkv, drop, m->mg, m->stream);
     }
-    else gpu_attention_forward(out, lse, qkv, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream, gpu_attention_doc_start(m));
+    else gpu_attention_forward(out, lse, qkv, m->B, m->T, h.NH, h.NKV, h.HD, drop, m->stream, gpu_attention_doc_start(m));
 }
 
 static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty) {
     DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
+    const RingHeads h = gpu_model_heads(m);
     if (m->par.cp.group_size > 1) {
         RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
-        gpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, m->cfg.channels, m->cfg.num_heads, docs, dqkv,
-                                    datty, qkv, out, lse, drop, m->mg, m->stream);
+        gpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, &h, docs, dqkv, datty, qkv, out, lse, drop, m->mg,
+                                    m->stream);
     }
-    else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, m->cfg.channels, m->cfg.num_heads, drop, m->stream,
+    else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, h.NH, h.NKV, h.HD, drop, m->stream,
                                 gpu_attention_doc_start(m));
 }
 

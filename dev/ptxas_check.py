@@ -61,19 +61,20 @@ def source_budgets():
     stays budgeted."""
     text = (REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text()
     defines = {}
-    for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_TILE64", "ATT_MMA_MAX_STACK_BYTES"):
+    for name in ("ATT_MMA_MAX_REGS", "ATT_MMA_MAX_REGS_DQ_TILE64", "ATT_MMA_MAX_REGS_DQ_TILE128", "ATT_MMA_MAX_STACK_BYTES"):
         m = re.search(r"^#define\s+" + name + r"\s+(\d+)\s*$", text, re.M)
         if not m:
             sys.exit(f"ptxas_check: llmc/cuda/attention_mma.cuh: #define {name} not found (update dev/ptxas_check.py)")
         defines[name] = int(m.group(1))
-    if not re.search(r"DQ\s*=\s*HS\s*==\s*64\s*&&\s*TILE\s*\?\s*ATT_MMA_MAX_REGS_DQ_TILE64\s*:\s*ATT_MMA_MAX_REGS", text):
+    if not re.search(r"DQ\s*=\s*TILE\s*\?\s*\(HS\s*==\s*64\s*\?\s*ATT_MMA_MAX_REGS_DQ_TILE64\s*:\s*ATT_MMA_MAX_REGS_DQ_TILE128\)\s*:\s*ATT_MMA_MAX_REGS",
+                     text):
         sys.exit("ptxas_check: llmc/cuda/attention_mma.cuh: AttMmaRegs' DQ budget not found (update dev/ptxas_check.py)")
     got = {}
     for kernel in ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
         for hs in (64, 128):
             for tile in ("false", "true"):
-                special = kernel == "attention_mma_backward_dq_kernel" and hs == 64 and tile == "true"
-                got[f"{kernel}<{hs}, {tile}"] = defines["ATT_MMA_MAX_REGS_DQ_TILE64" if special else "ATT_MMA_MAX_REGS"]
+                special = kernel == "attention_mma_backward_dq_kernel" and tile == "true"
+                got[f"{kernel}<{hs}, {tile}"] = defines[f"ATT_MMA_MAX_REGS_DQ_TILE{hs}" if special else "ATT_MMA_MAX_REGS"]
     return got, defines["ATT_MMA_MAX_STACK_BYTES"]
 
 

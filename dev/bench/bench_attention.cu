@@ -15,7 +15,9 @@
  *        one long sequence: B=1, NH=16 at T = 32768 and 131072, hs 64 and
  *        128, tensor-core kernels only (the CUDA-core ones would take
  *        minutes a shape): tc first, the reference of the distance columns
- *        build/bench_attention_bf16 --launch B T NH HS
+ *        build/bench_attention_bf16 --launch B T NH HS [NKV]
+ *        (NKV: grouped-query K/V heads, default NH; e.g. llama3.1-8b's
+ *        1 T 32 128 8, where the dK/dV kernel's grid has B*NKV rows)
  *        the launch report: runs nothing, prints one line per kernel of the
  *        forward and the backward that the trainer's build runs for this
  *        shape, `kernel=NAME grid=X,Y,Z threads=N smem=BYTES blocks_per_sm=K
@@ -106,11 +108,12 @@ static double norm_rel(const float* a, const float* b, size_t n) {
 template <int HS>
 static BenchRun bench_run(const BenchBuffers& b, int B, int T, int NH, int hs, int kind, const DropoutSite& drop) {
     const int C = NH * hs;
+    const AttHeads hd = att_heads(NH, NH, hs); /* GPT-2's heads: NKV = NH */
     BenchRun r;
-    r.fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, drop, 0); });
-    r.bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0); });
-    attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, C, NH, kind, drop, 0);
-    attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, C, NH, kind, drop, 0);
+    r.fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, hd, kind, drop, 0); });
+    r.bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, hd, kind, drop, 0); });
+    attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, hd, kind, drop, 0);
+    attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, hd, kind, drop, 0);
     CUDA_CHECK(cudaDeviceSynchronize());
     r.out = fetch(b.out, (size_t)B * T * C);
     r.dqkv = fetch(b.dqkv, (size_t)B * T * 3 * C);
@@ -201,14 +204,14 @@ static int occupancy_blocks_per_sm(const AttLaunch& l, bool dynamic_smem, int* s
 }
 
 /* The launch report of one shape (usage above). */
-template <int HS> static void launch_report(int B, int T, int NH, int hs, int devices) {
+template <int HS> static void launch_report(int B, int T, int NH, int NKV, int hs, int devices) {
     AttLaunch l[4];
     int forward = 0;
-    const int n = attention_launches<HS>(l, &forward, B, T, NH, hs, ATTENTION_KIND);
+    const int n = attention_launches<HS>(l, &forward, B, T, NH, NKV, hs, ATTENTION_KIND);
     const bool measured = devices > 0 && !PTX_EMULATED;
     int sms = LAUNCH_SM90_SMS;
     if (measured) occupancy_blocks_per_sm(l[0], false, &sms);
-    printf("launch report: B=%d T=%d NH=%d hs=%d, %s; blocks per SM %s, %d SMs\n", B, T, NH, hs, ATTENTION_KERNELS_NAME,
+    printf("launch report: B=%d T=%d NH=%d NKV=%d hs=%d, %s; blocks per SM %s, %d SMs\n", B, T, NH, NKV, hs, ATTENTION_KERNELS_NAME,
            measured ? "from the occupancy API" : "from the recorded ptxas figures (sm_90 occupancy rules; predicted)", sms);
     for (int i = 0; i < n; i++) {
         int per_sm = 0;
@@ -234,7 +237,7 @@ int main(int argc, char** argv) {
     static const int defaults[] = {16, 1024, 12, 64, 4, 8192, 16, 128};
     static const int long_shapes[] = {1, 32768, 16, 64, 1, 32768, 16, 128, 1, 131072, 16, 64, 1, 131072, 16, 128};
     const bool launch = argc > 1 && strcmp(argv[1], "--launch") == 0, long_set = argc == 2 && strcmp(argv[1], "--long") == 0;
-    if (launch && argc != 6) fail("bench_attention: --launch takes one shape: B T NH HS");
+    if (launch && argc != 6 && argc != 7) fail("bench_attention: --launch takes one shape: B T NH HS [NKV]");
     if (!launch && !long_set && (argc - 1) % 4) fail("bench_attention: arguments come in groups of four: B T NH HS");
     const int* preset = long_set ? long_shapes : defaults;
     const bool own_shapes = argc > 1 && !long_set;
@@ -243,14 +246,15 @@ int main(int argc, char** argv) {
     int devices = gpu_device_count(why, sizeof(why));
     if (launch) {
         const int B = parse_positive(argv[2], "B"), T = parse_positive(argv[3], "T"), NH = parse_positive(argv[4], "NH");
-        const int hs = parse_positive(argv[5], "HS");
+        const int hs = parse_positive(argv[5], "HS"), NKV = argc == 7 ? parse_positive(argv[6], "NKV") : NH;
+        if (NH % NKV) fail("bench_attention: NKV %d does not divide NH %d", NKV, NH);
         if (devices == GPU_BROKEN) devices = 0; /* the report needs no GPU: the recorded figures then */
         if ((long long)B * NH > 65535) fail("bench_attention: B*NH = %lld exceeds the grid limit 65535", (long long)B * NH);
         switch (attention_head_bucket(hs)) {
-        case 16: launch_report<16>(B, T, NH, hs, devices); break;
-        case 32: launch_report<32>(B, T, NH, hs, devices); break;
-        case 64: launch_report<64>(B, T, NH, hs, devices); break;
-        case 128: launch_report<128>(B, T, NH, hs, devices); break;
+        case 16: launch_report<16>(B, T, NH, NKV, hs, devices); break;
+        case 32: launch_report<32>(B, T, NH, NKV, hs, devices); break;
+        case 64: launch_report<64>(B, T, NH, NKV, hs, devices); break;
+        case 128: launch_report<128>(B, T, NH, NKV, hs, devices); break;
         default: fail("bench_attention: head size %d is above the 128 the kernels support", hs);
         }
         return 0;

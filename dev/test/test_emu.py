@@ -37,7 +37,7 @@ import subprocess
 import pytest
 
 from conftest import REPO
-from emu_support import EMU, JOBS, OUT, PRECISIONS, assert_mutant_applies, emu_run, explain, mutant_sources, precision_param, slow
+from emu_support import EMU, JOBS, OUT, PRECISIONS, SLOW, assert_mutant_applies, emu_run, explain, mutant_sources, precision_param, slow
 
 # NAME:C:NH:V:T per precision. V=300 pads to Vp=384 everywhere. The T values
 # are multiples of no attention tile (64 query rows, 32 key rows, 16-key
@@ -98,6 +98,19 @@ MMA_DROPOUT_CASES = {"bf16": ["dropout:hs64:128:2:300:333"], "fp16": ["dropout:h
 BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs128:128:1:300:37", "blocks:hs20:40:2:300:37",
                "blocksdrop:hs16:64:4:300:37", "blocksdrop:hs64:64:1:300:48", "blocksdrop:hs128:128:1:300:70", "blocksdrop:hs48:96:2:300:37"]
 
+
+# test_gpt's grouped-query attention (NAME:NH:NKV:HD:T): NKV K/V heads shared by NH/NKV query heads, no copy
+# per query head, against the CPU reference's attention_forward_heads/_backward_heads, every (row, head)
+# slice; gqadrop adds documents and attention dropout (each query head's own masks), every case runs the
+# backward twice for the same bits; gqaring2/3 are context parallelism's 2- and 3-member rings on the
+# compact K/V (2 NKV HD a token, packed by the ring's gpu_ring_pack_kv) against whole-sequence attention.
+# Groups of 2, 3 (smollm2-135m's 9/3 at hs64) and 4 (hs128: llama3.1-8b's group); hs64 and hs128 run the
+# mma kernels in the 16-bit builds, hs32 the tc ones, fp32 the simt ones. A few seconds each.
+GQA_CASES = ["gqa:g2hs64:4:2:64:77", "gqadrop:g3hs64:9:3:64:70", "gqa:g4hs128:8:2:128:45", "gqadrop:g2hs32:4:2:32:45",
+             "gqaring2:g2hs64:4:2:64:37", "gqaring3:g3hs32:6:2:32:24"]
+# The slow set: more groups (1, 3, 4, 7: qwen2.5-0.5b's 14/2), head sizes and T, and the rings at hs128.
+GQA_SLOW_CASES = ["gqadrop:g1hs64:2:2:64:333", "gqadrop:g4hs128:8:2:128:130", "gqadrop:g7hs64:14:2:64:77", "gqa:g3hs16:6:2:16:333",
+                  "gqaring2:g4hs128:8:2:128:37", "gqaring3:g3hs64:9:3:64:48"]
 
 # Token tiles (--tile-tokens K) on the GPU side of test_gpt: run_case against the CPU reference and every
 # recompute setting bitwise equal to -r 0 at the same K (K dividing no B*T here: a short last tile; tiles of
@@ -348,6 +361,46 @@ def test_attention_tiles_emulated(emu_build, precision):
     assert len(slices) == len(BLOCK_CASES) * (8 * 4 + 3), res.stdout[-3000:]  # eight sets' four slice checks, the ring's three
 
 
+def check_gqa_output(res, cases):
+    assert res.returncode == 0, explain(res)
+    out = res.stdout
+    assert "NOT a GPU" in out and "PASS (emulated, not GPU verification)" in out
+    for case in cases:
+        kind, name, _, _, _, Ts = case.split(":")
+        for T in Ts.split(","):
+            if kind.startswith("gqaring"):
+                what = rf"grouped-query ring of {kind[-1]}, {name} Tc={T} dropout 0\.1{' documents' if kind == 'gqaring3' else ''}"
+            else:
+                what = rf"grouped-query attention, {name} T={T} dropout {'0.1 documents' if kind == 'gqadrop' else '0'}"
+            assert re.search(rf"^PASS: {what}$", out, re.M), f"{case} missing\n" + out[-3000:]
+    assert "FAIL" not in out
+
+
+@pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
+def test_grouped_query_attention_emulated(emu_build, precision):
+    """Grouped-query attention (GQA_CASES; the slow set adds GQA_SLOW_CASES) in each precision's default
+    family, whole sequences and the 2- and 3-member rings on compact K/V, against the CPU reference."""
+    exe = OUT / f"emu_test_gpt_{precision}"
+    if not exe.exists():
+        pytest.skip(f"{precision} not built (make -C dev/emu precisions)")
+    cases = [*GQA_CASES, *(GQA_SLOW_CASES if SLOW else [])]
+    res = emu_run([exe, *cases], timeout=1800, EMU_PROFILE="1")
+    print(res.stdout[-6000:])
+    check_gqa_output(res, cases)
+    launched = res.stdout + res.stderr
+    if precision != "fp32":
+        assert "attention_mma_backward_dkv_kernel" in launched and "attention_tc_backward_dkv_kernel" in launched, launched[-3000:]
+
+
+@pytest.mark.parametrize("kind", ["tc", "simt"])
+def test_grouped_query_attention_other_kernels_emulated(other_kernel_builds, kind):
+    """Grouped-query attention in the ATTENTION=tc and ATTENTION=simt builds (head sizes 64 and 128 included)."""
+    cases = GQA_CASES[:4] + GQA_CASES[5:]
+    res = emu_run([other_kernel_builds[kind], *cases], EMU_PROFILE="1")
+    check_gqa_output(res, cases)
+    assert "attention_mma_" not in res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("precision", [precision_param(p) for p in PRECISIONS])
 def test_gpt_token_tiles_emulated(default_jobs, precision):
     """GPU token tiles: against the CPU reference, bitwise across recompute settings at the same tile size
@@ -549,6 +602,25 @@ def test_attention_launch_report_emulated(emu_build):
     assert "recorded ptxas figures" in res.stdout
     bad = emu_run([exe, "--launch", 1, 2, 3])
     assert bad.returncode == 1 and "--launch takes one shape" in bad.stderr, explain(bad)
+
+
+def test_attention_launch_report_gqa_emulated(emu_build):
+    """bench_attention --launch for llama3.1-8b's heads (NH 32, NKV 8, hs 128) at B=1, T=32768: the query-row
+    kernels' grids have B*NH rows, the dK/dV kernel's B*NKV (a block serves a K/V head's group of 4), and every
+    backward kernel still keeps 264 blocks (2 per SM of 132) in flight."""
+    exe = OUT / "emu_bench_attention_bf16"
+    res = emu_run([exe, "--launch", 1, 32768, 32, 128, 8], timeout=120)
+    assert res.returncode == 0, explain(res)
+    lines = re.findall(r"^(fwd|bwd) kernel=(\w+) grid=(\d+),(\d+),(\d+) threads=(\d+) smem=(\d+) blocks_per_sm=(\w+) resident=(\w+)$",
+                       res.stdout, re.M)
+    got = {name: (side, int(x), int(y), int(z), int(th), int(sm), bps, r) for side, name, x, y, z, th, sm, bps, r in lines}
+    assert got["attention_mma_forward_kernel"][:5] == ("fwd", 512, 32, 1, 128), res.stdout
+    assert got["attention_mma_backward_dkv_kernel"][:5] == ("bwd", 512, 8, 1, 128), res.stdout
+    assert got["attention_mma_backward_dq_kernel"][:5] == ("bwd", 512, 32, 1, 128), res.stdout
+    for k in ("attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
+        assert int(got[k][6]) >= 2 and int(got[k][7]) >= 264, res.stdout
+    bad = emu_run([exe, "--launch", 1, 64, 32, 128, 5])
+    assert bad.returncode == 1 and "does not divide" in bad.stderr, explain(bad)
 
 
 def test_bench_attention_emulated(emu_build):

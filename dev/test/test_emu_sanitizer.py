@@ -51,7 +51,7 @@ REDUNDANT = {
         "its only caller, the forward kernel, next writes the scratch (Sw) after the key loop's first __syncthreads",
     ("llmc/cuda/attention_tc.cuh", "attention_tc_backward_dq_kernel", 5):
         "dSw is next written after the __syncthreads that starts the next key tile; after the loop it is not written",
-    ("llmc/cuda/attention_tc.cuh", "attention_tc_backward_dkv_kernel", 4):
+    ("llmc/cuda/attention_tc.cuh", "attention_tc_backward_dkv_kernel", 5):
         "Pw and dSw are next written after the __syncthreads that starts the next query tile",
     ("llmc/cuda/cuda_common.cuh", "block_sum", 0):
         "a previous call's reads of scratch[lane] are ordered by its second barrier, its reads of scratch[32] by this "

@@ -97,7 +97,10 @@ def test_the_source_budgets_are_found():
     got, max_stack = ptxas_check.source_budgets()
     kernels = ("attention_mma_forward_kernel", "attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel")
     assert set(got) == {f"{k}<{hs}, {b}" for k in kernels for hs in (64, 128) for b in ("false", "true")}, got
-    assert all(0 < r < 255 for r in got.values()) and max_stack == 0, got  # headroom below the hardware's 255
+    # headroom below the hardware's 255, but for the hs64 dQ attention-tile kernel (grouped-query heads: 255, no spill;
+    # llmc/cuda/attention_mma.cuh's AttMmaRegs says why)
+    assert all(0 < r < 255 for k, r in got.items() if k != "attention_mma_backward_dq_kernel<64, true") and max_stack == 0, got
+    assert got["attention_mma_backward_dq_kernel<64, true"] <= 255, got
     text = (REPO / "llmc" / "cuda" / "attention_mma.cuh").read_text()
     for field in ("FWD", "DKV", "DQ"):  # each kernel is compiled under its budget
         assert f"__maxnreg__((AttMmaRegs<HS, TILE>::{field}))" in text, field

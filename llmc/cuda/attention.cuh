@@ -7,17 +7,31 @@
  * default are in attention_mma.cuh and attention_tc.cuh ("Which kernels run"
  * below).
  *
- * Shapes, for B batch, T time, C channels, NH heads, hs = C/NH:
- *   qkv  (B,T,3C) floatX: q at channels [0,C), k at [C,2C), v at [2C,3C);
- *        head h uses channels h*hs .. h*hs+hs-1 of each part
- *   out  (B,T,C)  floatX: head h at channels h*hs..
+ * Shapes, for B batch, T time, NH query heads and NKV K/V heads of hs = HD
+ * channels (grouped-query attention; GPT-2: NKV = NH, HD = C/NH), QKV =
+ * (NH + 2 NKV) HD (AttHeads below):
+ *   qkv  (B,T,QKV) floatX: query head h at channels h*hs.., K/V head g at
+ *        NH*hs + g*hs.. and (NH + NKV)*hs + g*hs..; query head h reads K/V
+ *        head h / (NH/NKV) (no copy per query head). GPT-2: (B,T,3C).
+ *   out  (B,T,NH*hs) floatX: head h at channels h*hs..
  *   lse  (B,NH,T) fp32: log sum_{s<=t} exp(scale * q_t.k_s), scale = 1/sqrt(hs)
- *   dout (B,T,C), dqkv (B,T,3C) floatX; rowsum (B,NH,T) fp32 scratch:
+ *   dout (B,T,NH*hs), dqkv (B,T,QKV) floatX; rowsum (B,NH,T) fp32 scratch:
  *        D_t = sum_i dout_t[i] out_t[i]
  * Backward, with p_ts = exp(scale q_t.k_s - lse_t) for s <= t:
  *   dv_s = sum_{t>=s} p_ts dout_t
  *   ds_ts = p_ts (dout_t.v_s - D_t) scale
  *   dq_t = sum_{s<=t} ds_ts k_s,  dk_s = sum_{t>=s} ds_ts q_t
+ *
+ * Grouped-query attention (every family): the forward and dq kernels' blocks
+ * own rows of one (b, query head) and read the shared K/V head's rows in
+ * place; the dk/dv kernels' blocks own key rows of one (b, K/V head) and
+ * serve its whole group: they load their K and V rows once and stream the
+ * queries of the group's NH/NKV query heads one head after the other (head
+ * ascending, then query tiles ascending), accumulating dk, dv in registers:
+ * each dK/dV element is one thread's, summed over the group in a fixed order
+ * inside the block (no atomics, no partial sums). The dk/dv grid is
+ * (ceil(T/rows), B*NKV); with NKV = NH (GPT-2) its loop runs once, the same
+ * launches, tiles and order as before. Every row*width offset is 64-bit.
  *
  * Work split (all three kernels): a block owns ATT_ROWS rows (queries in the
  * forward and dq kernels, keys in the dk/dv kernel) of one (b, h); G threads
@@ -47,7 +61,9 @@
  * Dropout (DropoutSite, dropout.h; threshold 0: none, and the launchers then
  * run each kernel's DROPOUT = false instantiation, the code without it):
  * P' = mask * P / keep
- * with mask bit (t, s) = dropout_keep_attention(site, b*NH + h, T, t, s),
+ * with mask bit (t, s) = dropout_keep_attention(site, b*NH + h, T, t, s) for
+ * query head h (the CPU's indexing; the dk/dv kernels draw each group
+ * member's bits with its own b*NH + h),
  * never stored. The forward accumulates P' V but sums the undropped P into
  * the softmax denominator, so out = P' V and lse stays that of P. The
  * backward draws the same bits again in each tile of both kernels:
@@ -149,10 +165,46 @@ __device__ __forceinline__ unsigned att_drop_keep_col16_any(const DropoutSite& d
     return bits;
 }
 
+/* A layer's heads (GPT-2: NKV = NH, HD = C/NH): NH query heads, NKV K/V
+ * heads of HD channels, query head h reading K/V head h / group. Widths and
+ * offsets in elements (int: a row's width fits; every row * width product
+ * is taken in 64 bits, (size_t)row * width, so it never wraps): qkv rows of
+ * q_ld = (NH + 2 NKV) HD (Q at 0, K at k_off = NH HD, V at v_off =
+ * (NH + NKV) HD), out (and dout, dq_acc) rows of out_ld = NH HD, and the
+ * ring's compact K/V rows (2 kv_w: K at 0, V at kv_w = NKV HD). */
+struct AttHeads {
+    int NH, NKV, HD, group;
+    int q_ld, out_ld, k_off, v_off, kv_w;
+};
+
+static inline AttHeads att_heads(int NH, int NKV, int HD) {
+    AttHeads a;
+    a.NH = NH;
+    a.NKV = NKV;
+    a.HD = HD;
+    a.group = NKV > 0 ? NH / NKV : 0;
+    a.out_ld = NH * HD;
+    a.kv_w = NKV * HD;
+    a.k_off = a.out_ld;
+    a.v_off = a.out_ld + a.kv_w;
+    a.q_ld = a.out_ld + 2 * a.kv_w;
+    return a;
+}
+
+/* Query head h's K/V head's first channel in a qkv row, relative to its own
+ * first channel: k_off + (h / group - h) HD (C for GPT-2's heads). */
+__device__ __forceinline__ int att_kv_col(const AttHeads& hd, int h) { return hd.k_off + (h / hd.group - h) * hd.HD; }
+
+/* An attention tile's heads: its NKV and HD, or GPT-2's where they are 0. */
+static inline AttHeads att_tile_heads(const AttentionTile* a) {
+    return att_heads(a->NH, a->NKV ? a->NKV : a->NH, a->HD ? a->HD : a->C / a->NH);
+}
+
 /* ---- attention tiles (context parallelism) ----
  * An AttentionTile (token_layout.h) is Tq query rows from local row qi of
- * qkv (B,Tl,3C) against Tk key rows from local row ki of kv (B,Tl,kv_ld; K
- * at channel 0, V at C), key j seen by query i when k0 + j <= q0 + i. The
+ * qkv (B,Tl,QKV) against Tk key rows from local row ki of kv (B,Tl,kv_ld; K
+ * heads at channel 0, V heads at kv_w = NKV HD: the ring's compact K/V, 2 NKV
+ * HD a token, or qkv itself at its K), key j seen by query i when k0 + j <= q0 + i. The
  * tile launches run each family's kernels with TILE = true: the same
  * loops over query index i and key index j, with key j seen by query i
  * when j <= i + diag (diag = q0 - k0; 0 for a whole sequence), dropout
@@ -162,11 +214,11 @@ __device__ __forceinline__ unsigned att_drop_keep_col16_any(const DropoutSite& d
  * the whole-sequence arguments (unused, zero, in those launches): */
 struct AttTileArgs {
     AttentionTile a;
-    const floatX* kv; /* (B,Tl,kv_ld): K at channel 0, V at C */
+    const floatX* kv; /* (B,Tl,kv_ld): K heads at channel 0, V heads at kv_w */
     /* a.doc_start: packed documents' starts (device, (B,Tl) global positions;
      * NULL: none), in whole-sequence launches too (the rest zero there) */
     int kv_ld;
-    float* acc;       /* forward: out_acc (B,Tl,C); dQ: dq_acc (B,Tl,C); dK/dV: dkv_acc (B,Tl,2C) */
+    float* acc;       /* forward: out_acc (B,Tl,NH HD); dQ: dq_acc (B,Tl,NH HD); dK/dV: dkv_acc (B,Tl,2 NKV HD) */
     int first;        /* forward: write (1) or merge into (0) out_acc and lse */
 };
 
@@ -180,9 +232,10 @@ __device__ __forceinline__ float att_merged_lse(float old, float lpart) {
     return m + logf(expf(old - m) + expf(lpart - m));
 }
 
-/* Where a CUDA-core kernel's rows are, for one (b, h): queries i in [0, nq)
+/* Where a kernel's rows are, for one (b, query head h): queries i in [0, nq)
  * and keys j in [0, nk), key j seen by query i when j <= i + diag and
- * j < nk. q, k, v point at row 0 of this head's slices; qrow, krow are the
+ * j < nk. q, k, v point at row 0 of this head's slices (k, v: its K/V
+ * head's); qrow, krow are the
  * row indices (in (B,Tl,*) tensors) of query 0 and key 0; stat the index of
  * query 0 in (B,NH,Tl) statistics; tq0, tk0 the global positions of query
  * 0 and key 0 in the dropout layout's sequence of T tokens. A whole
@@ -194,18 +247,17 @@ struct AttSpan {
 };
 
 template <bool TILE>
-__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int NH, int hs, const AttTileArgs& blk) {
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h) {
     AttSpan sp;
     if constexpr (TILE) {
         const AttentionTile& a = blk.a;
         sp.qrow = (size_t)b * a.Tl + a.qi;
         sp.krow = (size_t)b * a.Tl + a.ki;
-        sp.stat = (size_t)blockIdx.y * a.Tl + a.qi;
-        sp.q = qkv + sp.qrow * 3 * C + (size_t)h * hs;
-        sp.q_ld = 3 * (size_t)C;
-        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)h * hs;
-        sp.v = sp.k + C;
+        sp.stat = ((size_t)b * hd.NH + h) * a.Tl + a.qi;
+        sp.q = qkv + sp.qrow * hd.q_ld + (size_t)h * hd.HD;
+        sp.q_ld = hd.q_ld;
+        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)(h / hd.group) * hd.HD;
+        sp.v = sp.k + hd.kv_w; /* V heads kv_w after the K heads, here and in qkv */
         sp.kv_ld = blk.kv_ld;
         sp.nq = a.Tq;
         sp.nk = a.Tk;
@@ -215,11 +267,11 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, int C, int
         sp.T = a.T;
     } else {
         sp.qrow = sp.krow = (size_t)b * T;
-        sp.stat = (size_t)blockIdx.y * T;
-        sp.q = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-        sp.q_ld = sp.kv_ld = 3 * (size_t)C;
-        sp.k = sp.q + C;
-        sp.v = sp.q + 2 * C;
+        sp.stat = ((size_t)b * hd.NH + h) * T;
+        sp.q = qkv + sp.qrow * hd.q_ld + (size_t)h * hd.HD;
+        sp.q_ld = sp.kv_ld = hd.q_ld;
+        sp.k = sp.q + att_kv_col(hd, h); /* as q + C for GPT-2: k and v stay one add from q */
+        sp.v = sp.k + hd.kv_w;
         sp.nq = sp.nk = sp.T = T;
         sp.diag = sp.tq0 = sp.tk0 = 0;
     }
@@ -355,21 +407,19 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
  * or merged into them. */
 template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
-attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale, DropoutSite drop,
+attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, const AttHeads hd, float scale, DropoutSite drop,
                          AttTileArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int b = blockIdx.y / hd.NH, h = blockIdx.y % hd.NH, hs = hd.HD;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
-    /* where the rows are: an attention tile's (AttSpan), or the whole
-     * sequence's in the expressions whose code the TILE = false
-     * instantiation keeps (its registers and speed stay the same) */
-    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, hs, blk);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
+    /* where the rows are: an attention tile's or the whole sequence's (AttSpan) */
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h);
+    const size_t ld = hd.q_ld;
+    const floatX* base = sp.q;
     const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     float q[CH], o[CH];
     att_load_row<HS>(q, base + (size_t)min(t, nqr - 1) * ld, hs, g, t < nqr);
@@ -382,7 +432,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
     const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE;
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, TILE ? sp.k : base + C, TILE ? sp.v : base + 2 * C, TILE ? sp.kv_ld : ld, k0, nkr, hs);
+        att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, nkr, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
             unsigned keep = ~0u;
@@ -424,7 +474,7 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
         if (any || (seen && blk.first)) {
             const float merged = blk.first ? lpart : att_merged_lse(old, lpart);
             const float w0 = blk.first ? 0.0f : expf(old - merged), w1 = blk.first ? 1.0f : expf(lpart - merged);
-            float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
+            float* row = blk.acc + (sp.qrow + t) * hd.out_ld + (size_t)h * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
                 const int c = att_channel<G>(e, g);
@@ -433,8 +483,8 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
             if (g == 0) *l_row = merged;
         }
     } else if (t < T) {
-        att_store_row<HS>(out + ((size_t)b * T + t) * C + (size_t)h * hs, o, 1.0f / l, hs, g);
-        if (g == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+        att_store_row<HS>(out + ((size_t)b * T + t) * hd.out_ld + (size_t)h * hs, o, 1.0f / l, hs, g);
+        if (g == 0) lse[sp.stat + t] = m + logf(l);
     }
 }
 
@@ -447,26 +497,26 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int 
 template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                             const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop, AttTileArgs blk) {
+                             const float* lse, int T, const AttHeads hd, float scale, DropoutSite drop, AttTileArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int b = blockIdx.y / hd.NH, h = blockIdx.y % hd.NH, hs = hd.HD;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
     const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
     /* where the rows are: as in the forward */
-    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, hs, blk);
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h);
     const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     const bool valid = t < nqr;
     const int tc = min(t, nqr - 1);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const size_t orow = TILE ? (sp.qrow + tc) * C + (size_t)h * hs : ((size_t)b * T + tc) * C + (size_t)h * hs;
+    const size_t ld = hd.q_ld;
+    const floatX* base = sp.q;
+    const size_t orow = (sp.qrow + tc) * hd.out_ld + (size_t)h * hs;
     float q[CH], dO[CH], dq[CH];
     att_load_row<HS>(q, base + (size_t)tc * ld, hs, g, valid);
     att_load_row<HS>(dO, dout + orow, hs, g, valid);
-    const size_t srow = TILE ? sp.stat + tc : ((size_t)b * NH + h) * T + tc;
+    const size_t srow = sp.stat + tc;
     float D;
     if constexpr (TILE) {
         D = valid ? rowsum[srow] : 0.0f;
@@ -487,7 +537,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE; /* as in the forward */
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
-        att_stage_tile<HS>(ks, vs, TILE ? sp.k : base + C, TILE ? sp.v : base + 2 * C, TILE ? sp.kv_ld : ld, k0, nkr, hs);
+        att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, nkr, hs);
         __syncthreads();
         unsigned keep = ~0u;
         if constexpr (DROPOUT && TILE)
@@ -506,7 +556,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     }
     if constexpr (TILE) {
         if (valid && t + diag >= 0) {
-            float* row = blk.acc + (sp.qrow + t) * C + (size_t)h * hs;
+            float* row = blk.acc + (sp.qrow + t) * hd.out_ld + (size_t)h * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
                 const int c = att_channel<G>(e, g);
@@ -519,93 +569,98 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
 }
 
 /* ---- backward, pass 2: dk and dv ----
- * grid (ceil(nk/ATT_ROWS), B*NH), block THREADS; one key row per G threads;
- * queries that see the block's first key (t >= s0 - diag) stream through
- * shared memory. Key tiles are visited first-first (the longest). Dropout:
- * each query tile draws the key's column of 32 keep bits again; dv takes
- * the dropped, scaled p, ds masks dp only (D unchanged, header). TILE: dk
- * and dv are added to blk.acc (K at channel 0, V at C; keys some query of
- * the tile sees). */
+ * grid (ceil(nk/ATT_ROWS), B*NKV), block THREADS; one key row of one (b,
+ * K/V head) per G threads; for each query head of the group in turn (head
+ * ascending), the queries that see the block's first key (t >= s0 - diag)
+ * stream through shared memory, and dk, dv sum over all of them. Key tiles
+ * are visited first-first (the longest). Dropout: each query tile draws the
+ * key's column of 32 keep bits again, with the query head's b*NH + h; dv
+ * takes the dropped, scaled p, ds masks dp only (D unchanged, header). TILE:
+ * dk and dv are added to blk.acc (K at channel 0, V at kv_w; keys some query
+ * of the tile sees). */
 template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                              int T, int C, int NH, int hs, float scale, DropoutSite drop, AttTileArgs blk) {
+                              int T, const AttHeads hd, float scale, DropoutSite drop, AttTileArgs blk) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32 && ATT_ROWS % 16 == 0, "a tile's keep bits are two att_drop_keep_col16 (t0 a multiple of 16)");
     __shared__ __align__(16) float qs[ATT_TILE][HS];
     __shared__ __align__(16) float dos[ATT_TILE][HS];
     __shared__ float lse_s[ATT_TILE], d_s[ATT_TILE];
     __shared__ int kf_s[ATT_TILE]; /* documents: each staged query's first key */
-    const int b = blockIdx.y / NH, h = blockIdx.y % NH;
+    const int b = blockIdx.y / hd.NKV, kvh = blockIdx.y % hd.NKV, hs = hd.HD;
     const int s0 = blockIdx.x * ATT_ROWS;
     const int g = threadIdx.x % G, s = s0 + threadIdx.x / G;
-    /* where the rows are: as in the forward */
-    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, hs, blk);
-    const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
+    /* where the rows are: as in the forward, for the group's first query head (the K/V rows are the group's) */
+    const AttSpan sp0 = att_span<TILE>(qkv, T, hd, blk, b, kvh * hd.group);
+    const int nqr = TILE ? sp0.nq : T, nkr = TILE ? sp0.nk : T, diag = TILE ? sp0.diag : 0;
     const bool valid = s < nkr;
     const int sc = min(s, nkr - 1);
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const floatX* obase = TILE ? dout + sp.qrow * C + (size_t)h * hs : dout + (size_t)b * T * C + (size_t)h * hs;
-    const size_t stat0 = TILE ? sp.stat : ((size_t)b * NH + h) * T;
+    const size_t ld = hd.q_ld;
     float k[CH], v[CH], dk[CH], dv[CH];
-    att_load_row<HS>(k, TILE ? sp.k + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + C, hs, g, valid);
-    att_load_row<HS>(v, TILE ? sp.v + (size_t)sc * sp.kv_ld : base + (size_t)sc * ld + 2 * C, hs, g, valid);
+    att_load_row<HS>(k, sp0.k + (size_t)sc * sp0.kv_ld, hs, g, valid);
+    att_load_row<HS>(v, sp0.v + (size_t)sc * sp0.kv_ld, hs, g, valid);
 #pragma unroll
     for (int e = 0; e < CH; e++) { dk[e] = 0.0f; dv[e] = 0.0f; }
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
     const int t_begin = TILE ? max(s0 - diag, 0) : s0;
     /* documents: no query past the last one whose document starts at or before this block's last key */
-    const int t_end = att_queries_end(blk, sp, t_begin, min(s0 + ATT_ROWS, nkr) - 1);
-    for (int t0 = t_begin; t0 < t_end; t0 += ATT_TILE) {
-        __syncthreads();
-        /* q rows have stride 3C, dout rows stride C: stage them separately */
-        for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
-            int j = idx / HS, c = idx % HS, r = t0 + j;
-            bool ok = r < nqr && c < hs;
-            qs[j][c] = ok ? to_f32(base[(size_t)r * ld + c]) : 0.0f;
-            dos[j][c] = ok ? to_f32(obase[(size_t)r * C + c]) : 0.0f;
-        }
-        for (int j = threadIdx.x; j < ATT_TILE; j += blockDim.x) {
-            int r = t0 + j;
-            lse_s[j] = r < nqr ? lse[stat0 + r] : 0.0f;
-            d_s[j] = r < nqr ? rowsum[stat0 + r] : 0.0f;
-            kf_s[j] = att_first_key(blk, sp, r);
-        }
-        __syncthreads();
-        unsigned keep = ~0u;
-        if constexpr (DROPOUT && TILE)
-            keep = att_drop_keep_col16_any(drop, blockIdx.y, sp.T, sp.tq0 + t0, sp.tk0 + s) |
-                   att_drop_keep_col16_any(drop, blockIdx.y, sp.T, sp.tq0 + t0 + 16, sp.tk0 + s) << 16;
-        else if constexpr (DROPOUT)
-            keep = att_drop_keep_col16(drop, blockIdx.y, T, t0, s) | att_drop_keep_col16(drop, blockIdx.y, T, t0 + 16, s) << 16;
-        for (int j = 0; j < ATT_TILE; j++) {
-            const int t = t0 + j;
-            const float score = group_sum<G>(att_dot_smem<HS>(k, qs[j], g));
-            const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[j], g));
-            const float p = (t + diag >= s && t < nqr && kf_s[j] <= s) ? expf(score * scale - lse_s[j]) : 0.0f;
-            const float f = att_drop_factor(keep, j, keep_scale);
-            const float ds = p * (f * dp - d_s[j]) * scale;
-            att_axpy_smem<HS>(dv, p * f, dos[j], g);
-            att_axpy_smem<HS>(dk, ds, qs[j], g);
+    const int t_end = att_queries_end(blk, sp0, t_begin, min(s0 + ATT_ROWS, nkr) - 1);
+    for (int j = 0; j < hd.group; j++) { /* the group's query heads, in order */
+        const int h = kvh * hd.group + j, bh = b * hd.NH + h;
+        const floatX* base = sp0.q + (size_t)j * hs;
+        const floatX* obase = dout + sp0.qrow * hd.out_ld + (size_t)h * hs;
+        const size_t stat0 = sp0.stat + (size_t)j * (TILE ? blk.a.Tl : T);
+        for (int t0 = t_begin; t0 < t_end; t0 += ATT_TILE) {
+            __syncthreads(); /* the previous tile (of this head or the one before) is no longer read */
+            /* q rows have stride QKV, dout rows stride NH HD: stage them separately */
+            for (int idx = threadIdx.x; idx < ATT_TILE * HS; idx += blockDim.x) {
+                int jj = idx / HS, c = idx % HS, r = t0 + jj;
+                bool ok = r < nqr && c < hs;
+                qs[jj][c] = ok ? to_f32(base[(size_t)r * ld + c]) : 0.0f;
+                dos[jj][c] = ok ? to_f32(obase[(size_t)r * hd.out_ld + c]) : 0.0f;
+            }
+            for (int jj = threadIdx.x; jj < ATT_TILE; jj += blockDim.x) {
+                int r = t0 + jj;
+                lse_s[jj] = r < nqr ? lse[stat0 + r] : 0.0f;
+                d_s[jj] = r < nqr ? rowsum[stat0 + r] : 0.0f;
+                kf_s[jj] = att_first_key(blk, sp0, r);
+            }
+            __syncthreads();
+            unsigned keep = ~0u;
+            if constexpr (DROPOUT && TILE)
+                keep = att_drop_keep_col16_any(drop, bh, sp0.T, sp0.tq0 + t0, sp0.tk0 + s) |
+                       att_drop_keep_col16_any(drop, bh, sp0.T, sp0.tq0 + t0 + 16, sp0.tk0 + s) << 16;
+            else if constexpr (DROPOUT)
+                keep = att_drop_keep_col16(drop, bh, T, t0, s) | att_drop_keep_col16(drop, bh, T, t0 + 16, s) << 16;
+            for (int jj = 0; jj < ATT_TILE; jj++) {
+                const int t = t0 + jj;
+                const float score = group_sum<G>(att_dot_smem<HS>(k, qs[jj], g));
+                const float dp = group_sum<G>(att_dot_smem<HS>(v, dos[jj], g));
+                const float p = (t + diag >= s && t < nqr && kf_s[jj] <= s) ? expf(score * scale - lse_s[jj]) : 0.0f;
+                const float f = att_drop_factor(keep, jj, keep_scale);
+                const float ds = p * (f * dp - d_s[jj]) * scale;
+                att_axpy_smem<HS>(dv, p * f, dos[jj], g);
+                att_axpy_smem<HS>(dk, ds, qs[jj], g);
+            }
         }
     }
     if constexpr (TILE) {
         if (valid && s <= nqr - 1 + diag) {
-            float* row = blk.acc + (sp.krow + s) * 2 * C + (size_t)h * hs;
+            float* row = blk.acc + (sp0.krow + s) * 2 * hd.kv_w + (size_t)kvh * hs;
 #pragma unroll
             for (int e = 0; e < CH; e++) {
                 const int c = att_channel<G>(e, g);
                 if (c < hs) {
                     row[c] += dk[e];
-                    row[C + c] += dv[e];
+                    row[hd.kv_w + c] += dv[e];
                 }
             }
         }
     } else if (valid) {
-        floatX* drow = dqkv + ((size_t)b * T + s) * ld + (size_t)h * hs;
-        att_store_row<HS>(drow + C, dk, 1.0f, hs, g);
-        att_store_row<HS>(drow + 2 * C, dv, 1.0f, hs, g);
+        floatX* drow = dqkv + ((size_t)b * T + s) * ld + (size_t)kvh * hs;
+        att_store_row<HS>(drow + hd.k_off, dk, 1.0f, hs, g);
+        att_store_row<HS>(drow + hd.v_off, dv, 1.0f, hs, g);
     }
 }
 
@@ -614,11 +669,20 @@ static inline int attention_head_bucket(int hs) {
     return hs <= 16 ? 16 : hs <= 32 ? 32 : hs <= 64 ? 64 : hs <= 128 ? 128 : 0;
 }
 
+/* The heads the kernels take: HD at most 128, NKV dividing NH. */
+static inline void attention_check_heads(int NH, int NKV, int HD) {
+    if (NH <= 0 || NKV <= 0 || HD <= 0 || NH % NKV)
+        fail("attention: %d query heads, %d K/V heads of %d: the K/V heads must divide the query heads", NH, NKV, HD);
+    if (!attention_head_bucket(HD)) fail("attention: head size %d is above the 128 the CUDA kernels support", HD);
+}
+
+/* GPT-2's heads (NH of C/NH). */
 static inline void attention_check_shape(int C, int NH) {
     if (!attention_head_bucket(C / NH))
         fail("attention: head size C/NH = %d/%d = %d is above the 128 the CUDA kernels support", C, NH, C / NH);
 }
 
+/* grid (ceil(T/rows), B*heads): heads NH for the query-row kernels, NKV for the dK/dV ones. */
 static inline dim3 attention_grid(int B, int T, int NH, int rows_per_block) {
     if ((long long)B * NH > 65535) fail("attention: B*NH = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NH);
     return dim3((unsigned)ceil_div((size_t)T, rows_per_block), (unsigned)(B * NH));
@@ -653,29 +717,31 @@ static inline const char* attention_kernels_note(int hs) {
 }
 
 /* The launchers take the kernel family (AttentionKind; tc and mma only where
- * they are built, ATTENTION_TENSOR_CORES) and the dropout site (threshold 0:
- * none). The trainer passes ATTENTION_KIND; bench_attention every kind. The
- * simt and tc kernels are built twice, DROPOUT false and true: without
- * dropout the plain instantiation runs, whose code (and register count)
- * carries nothing of dropout, so a run without it pays nothing for it. */
+ * they are built, ATTENTION_TENSOR_CORES), the heads (AttHeads) and the
+ * dropout site (threshold 0: none). The trainer passes ATTENTION_KIND;
+ * bench_attention every kind. The simt and tc kernels are built twice,
+ * DROPOUT false and true: without dropout the plain instantiation runs,
+ * whose code (and register count) carries nothing of dropout, so a run
+ * without it pays nothing for it. The query-row kernels' grids are
+ * (ceil(T/rows), B*NH), the dK/dV kernels' (ceil(T/rows), B*NKV). */
 template <int HS, bool DROPOUT>
-static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
+static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, const AttHeads& hd, int kind,
                                         const DropoutSite& drop, const int* doc_start, cudaStream_t stream) {
-    int hs = C / NH;
+    const int hs = hd.HD, NH = hd.NH;
     float scale = 1.0f / sqrtf((float)hs);
+    AttTileArgs docs{};
+    docs.a.doc_start = doc_start;
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            AttTileArgs docs{};
-            docs.a.doc_start = doc_start;
-            attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH,
+            attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, hd,
                                                                                                                          scale, drop, docs);
             CUDA_CHECK_LAUNCH();
             return;
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
+        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
                                                                                                                        doc_start);
         CUDA_CHECK_LAUNCH();
         return;
@@ -683,66 +749,62 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #else
     (void)kind;
 #endif
-    AttTileArgs docs{};
-    docs.a.doc_start = doc_start;
-    attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, C, NH, hs, scale, drop,
+    attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
                                                                                                                     docs);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
-static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, int kind,
+static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv, int B, int T, const AttHeads& hd, int kind,
                                      const DropoutSite& drop, cudaStream_t stream, const int* doc_start = nullptr) {
-    if (drop.threshold) attention_forward_launch_as<HS, true>(out, lse, qkv, B, T, C, NH, kind, drop, doc_start, stream);
-    else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, C, NH, kind, drop, doc_start, stream);
+    if (drop.threshold) attention_forward_launch_as<HS, true>(out, lse, qkv, B, T, hd, kind, drop, doc_start, stream);
+    else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, hd, kind, drop, doc_start, stream);
 }
 
 template <int HS, bool DROPOUT>
 static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
-                                         const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                         const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
                                          const int* doc_start, cudaStream_t stream) {
-    int hs = C / NH;
+    const int hs = hd.HD, NH = hd.NH, NKV = hd.NKV;
     float scale = 1.0f / sqrtf((float)hs);
+    AttTileArgs docs{};
+    docs.a.doc_start = doc_start;
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
-            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, scale, drop, doc_start, stream);
+            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, scale, drop, doc_start, stream);
             return;
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
-        attention_tc_backward_dq_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
-                                                                                          doc_start);
+        attention_tc_backward_dq_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(
+            dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, doc_start);
         CUDA_CHECK_LAUNCH();
         const size_t dkv_smem = AttTcDkvSmem<HS>::BYTES;
         CUDA_CHECK(cudaFuncSetAttribute(attention_tc_backward_dkv_kernel<HS, DROPOUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_smem));
-        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<grid, ATT_TC_THREADS, dkv_smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
-                                                                                           doc_start);
+        attention_tc_backward_dkv_kernel<HS, DROPOUT><<<attention_grid(B, T, NKV, ATT_TC_ROWS), ATT_TC_THREADS, dkv_smem, stream>>>(
+            dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, doc_start);
         CUDA_CHECK_LAUNCH();
         return;
     }
 #else
     (void)kind;
 #endif
-    dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
-    AttTileArgs docs{};
-    docs.a.doc_start = doc_start;
-    attention_backward_dq_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, out, lse, T, C, NH, hs, scale, drop,
-                                                                                       docs);
+    attention_backward_dq_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
-    attention_backward_dkv_kernel<HS, DROPOUT, false><<<grid, AttConfig<HS>::THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, hs, scale, drop,
-                                                                                        docs);
+    attention_backward_dkv_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
-                                      const floatX* out, const float* lse, int B, int T, int C, int NH, int kind, const DropoutSite& drop,
+                                      const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
                                       cudaStream_t stream, const int* doc_start = nullptr) {
-    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, doc_start, stream);
-    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, kind, drop, doc_start, stream);
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, stream);
 }
 
 /* One kernel launch of the attention forward or backward, as the launchers
@@ -761,26 +823,25 @@ typedef struct {
     int regs;
 } AttLaunch;
 
-/* Fills l[0..] with the forward's launches then the backward's for head size
- * hs (template HS: its bucket), in launch order; returns how many (at most
- * 4); *forward = how many are the forward's. */
+/* Fills l[0..] with the forward's launches then the backward's for NH query
+ * and NKV K/V heads of hs (template HS: its bucket), in launch order; returns
+ * how many (at most 4); *forward = how many are the forward's. */
 template <int HS>
-static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, int hs, int kind) {
+static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, int NKV, int hs, int kind) {
     const int family = attention_family(kind, hs);
     int n = 0;
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (family == ATT_KIND_MMA) {
             typedef AttMmaResources<HS> R;
-            const dim3 grid = attention_grid(B, T, NH, ATT_MMA_ROWS);
             l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
                                dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>, grid, ATT_MMA_THREADS,
-                               R::DKV_SMEM, true, R::DKV_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>, grid, ATT_MMA_THREADS,
-                               R::DQ_SMEM, false, R::DQ_REGS};
+            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>,
+                               attention_mma_dkv_grid<HS>(B, T, NKV), ATT_MMA_THREADS, R::DKV_SMEM, true, R::DKV_REGS};
+            l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>,
+                               attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, R::DQ_SMEM, false, R::DQ_REGS};
             return n;
         }
     }
@@ -791,8 +852,8 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
         *forward = n;
         l[n++] = AttLaunch{"attention_tc_backward_dq_kernel", (const void*)attention_tc_backward_dq_kernel<HS, false>, grid, ATT_TC_THREADS,
                            AttTcDqSmem<HS>::BYTES, false, 0};
-        l[n++] = AttLaunch{"attention_tc_backward_dkv_kernel", (const void*)attention_tc_backward_dkv_kernel<HS, false>, grid, ATT_TC_THREADS,
-                           AttTcDkvSmem<HS>::BYTES, true, 0};
+        l[n++] = AttLaunch{"attention_tc_backward_dkv_kernel", (const void*)attention_tc_backward_dkv_kernel<HS, false>,
+                           attention_grid(B, T, NKV, ATT_TC_ROWS), ATT_TC_THREADS, AttTcDkvSmem<HS>::BYTES, true, 0};
         return n;
     }
 #endif
@@ -802,13 +863,13 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
     *forward = n;
     l[n++] = AttLaunch{"attention_backward_dq_kernel", (const void*)attention_backward_dq_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
-    l[n++] = AttLaunch{"attention_backward_dkv_kernel", (const void*)attention_backward_dkv_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS,
-                       2 * tile + 2 * ATT_TILE * sizeof(float), false, 0};
+    l[n++] = AttLaunch{"attention_backward_dkv_kernel", (const void*)attention_backward_dkv_kernel<HS, false, false>, attention_grid(B, T, NKV, ATT_ROWS),
+                       AttConfig<HS>::THREADS, 2 * tile + 2 * ATT_TILE * sizeof(float), false, 0};
     return n;
 }
 
 /* Device scratch of the attention backward, every family: D (rowsum), one
- * fp32 per (b, h, t). */
+ * fp32 per (b, query head, t). */
 static inline size_t attention_scratch_bytes(int B, int T, int NH) { return (size_t)B * T * NH * sizeof(float); }
 
 /* A site that drops nothing: what callers without dropout pass. */
@@ -819,35 +880,38 @@ static inline DropoutSite attention_no_dropout(void) {
     return none;
 }
 
-/* out (B,T,C), lse (B,NH,T) from qkv (B,T,3C); drop: the attention site of
- * this layer and micro-step (dropout.h), or NULL for none; doc_start
- * (device (B,T)): packed documents' starts, or NULL for none (every kernel
- * family masks them: docs/documents.md). */
-static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int C, int NH, const DropoutSite* drop,
-                                         cudaStream_t stream, const int* doc_start = nullptr) {
+/* out (B,T,NH*HD), lse (B,NH,T) from qkv (B,T,(NH+2NKV)*HD) (the header's
+ * layout; GPT-2: NKV = NH, HD = C/NH); drop: the attention site of this
+ * layer and micro-step (dropout.h), or NULL for none; doc_start (device
+ * (B,T)): packed documents' starts, or NULL for none (every kernel family
+ * masks them: docs/documents.md). */
+static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* qkv, int B, int T, int NH, int NKV, int HD,
+                                         const DropoutSite* drop, cudaStream_t stream, const int* doc_start = nullptr) {
+    attention_check_heads(NH, NKV, HD);
     DropoutSite d = drop ? *drop : attention_no_dropout();
-    switch (attention_head_bucket(C / NH)) {
-    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    case 128: attention_forward_launch<128>(out, lse, qkv, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    default: attention_check_shape(C, NH);
+    const AttHeads hd = att_heads(NH, NKV, HD);
+    switch (attention_head_bucket(HD)) {
+    case 16: attention_forward_launch<16>(out, lse, qkv, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    case 32: attention_forward_launch<32>(out, lse, qkv, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    case 64: attention_forward_launch<64>(out, lse, qkv, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    default: attention_forward_launch<128>(out, lse, qkv, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
     }
 }
 
-/* dqkv (B,T,3C) overwritten from dout (B,T,C); rowsum (B,NH,T) fp32 scratch
- * (the only scratch of every kernel family); drop: the forward's site, so
- * the same mask is drawn again; doc_start: the forward's. */
-static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
-                                          const floatX* out, const float* lse, int B, int T, int C, int NH, const DropoutSite* drop,
+/* dqkv (B,T,(NH+2NKV)*HD) overwritten from dout (B,T,NH*HD); rowsum
+ * (B,NH,T) fp32 scratch (the only scratch of every kernel family); drop: the
+ * forward's site, so the same mask is drawn again; doc_start: the forward's. */
+static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
+                                          const float* lse, int B, int T, int NH, int NKV, int HD, const DropoutSite* drop,
                                           cudaStream_t stream, const int* doc_start = nullptr) {
+    attention_check_heads(NH, NKV, HD);
     DropoutSite d = drop ? *drop : attention_no_dropout();
-    switch (attention_head_bucket(C / NH)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    case 128: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, C, NH, ATTENTION_KIND, d, stream, doc_start); break;
-    default: attention_check_shape(C, NH);
+    const AttHeads hd = att_heads(NH, NKV, HD);
+    switch (attention_head_bucket(HD)) {
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    default: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
     }
 }
 
@@ -856,10 +920,13 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
  * attention_tile_backward and attention_merge (train_gpt.c), for the ring
  * driver: each ring step runs the tiles of its K/V chunk in a fixed order,
  * so every result is deterministic (no atomics; one thread owns each
- * accumulator element, tiles add in launch order on one stream). Tensors:
- *   out_acc (B,Tl,C), lse (B,NH,Tl), rowsum (B,NH,Tl) fp32;
- *   dq_acc (B,Tl,C), dkv_acc (B,Tl,2C; dK at 0, dV at C) fp32;
- *   qkv (B,Tl,3C), kv (B,Tl,kv_ld; K at 0, V at C), dout, out (B,Tl,C) floatX.
+ * accumulator element, tiles add in launch order on one stream). Tensors,
+ * for the tile's heads (att_tile_heads: NH query heads, NKV K/V heads of HD;
+ * Q = NH HD, KV = NKV HD, QKV = Q + 2 KV):
+ *   out_acc (B,Tl,Q), lse (B,NH,Tl), rowsum (B,NH,Tl) fp32;
+ *   dq_acc (B,Tl,Q), dkv_acc (B,Tl,2KV; dK heads at 0, dV heads at KV) fp32;
+ *   qkv (B,Tl,QKV), kv (B,Tl,kv_ld; K heads at 0, V heads at KV: the ring's
+ *   compact K/V, or qkv + Q itself), dout, out (B,Tl,Q) floatX.
  * A tile whose causal mask is empty (k0 > q0 + Tq - 1) launches nothing;
  * rows (queries or keys) a tile's mask empties are left untouched.
  * Families: the mma family runs its kernels' TILE instantiations
@@ -873,31 +940,30 @@ static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const flo
 /* rowsum (B,NH,Tl) = dout . out of each (row, head): one thread per (b, t, h),
  * fp32 products summed in channel order. grid ceil(B*Tl*NH / 256), block 256. */
 __global__ void __launch_bounds__(256)
-attention_tile_rowsum_kernel(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH) {
+attention_tile_rowsum_kernel(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int NH, int hs) {
     const size_t idx = (size_t)blockIdx.x * 256 + threadIdx.x;
     if (idx >= (size_t)B * Tl * NH) return;
-    const int h = (int)(idx % NH), hs = C / NH;
-    const size_t bt = idx / NH, off = bt * C + (size_t)h * hs;
+    const int h = (int)(idx % NH);
+    const size_t bt = idx / NH, off = bt * NH * hs + (size_t)h * hs;
     float acc = 0.0f;
     for (int c = 0; c < hs; c++) acc += to_f32(dout[off + c]) * to_f32(out[off + c]);
     rowsum[(bt / Tl * NH + h) * Tl + bt % Tl] = acc;
 }
 
-/* out (rows, C) floatX = acc rounded. grid ceil(rows*C / 256), block 256. */
+/* out (rows, width) floatX = acc rounded. grid ceil(rows*width / 256), block 256. */
 __global__ void __launch_bounds__(256) attention_ring_store_out_kernel(floatX* out, const float* acc, size_t n) {
     const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
     if (i < n) out[i] = from_f32<floatX>(acc[i]);
 }
 
-/* dqkv (rows, 3C) floatX: channels [0,C) from dq_acc (rows, C), [C,3C) from
- * dkv_acc (rows, 2C), rounded. grid ceil(rows*3C / 256), block 256. */
+/* dqkv (rows, Q + 2KV) floatX: channels [0,Q) from dq_acc (rows, Q), [Q,Q+2KV)
+ * from dkv_acc (rows, 2KV), rounded. grid ceil(rows*(Q+2KV) / 256), block 256. */
 __global__ void __launch_bounds__(256)
-attention_ring_store_dqkv_kernel(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int C) {
-    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
-    if (i >= rows * 3 * C) return;
-    const size_t r = i / (3 * (size_t)C);
-    const int c = (int)(i % (3 * (size_t)C));
-    dqkv[i] = from_f32<floatX>(c < C ? dq_acc[r * C + c] : dkv_acc[r * 2 * C + (c - C)]);
+attention_ring_store_dqkv_kernel(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, size_t q_w, size_t kv2_w) {
+    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x, ld = q_w + kv2_w;
+    if (i >= rows * ld) return;
+    const size_t r = i / ld, c = i % ld;
+    dqkv[i] = from_f32<floatX>(c < q_w ? dq_acc[r * q_w + c] : dkv_acc[r * kv2_w + (c - q_w)]);
 }
 
 static inline unsigned attention_elementwise_blocks(size_t n) {
@@ -908,9 +974,9 @@ static inline unsigned attention_elementwise_blocks(size_t n) {
 /* The mma tile kernels run: attention_mma_fits for the tile's head size
  * (the family, 16-byte aligned rows for cp.async: kv_ld a multiple of 8
  * elements too) and 8-byte aligned fp32 accumulators (float2 accesses). */
-static inline bool attention_tile_mma_fits(int HS, const AttentionTile* a, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
+static inline bool attention_tile_mma_fits(int HS, const AttHeads& hd, const floatX* qkv, const floatX* kv, int kv_ld, const float* acc0,
                                            const float* acc1) {
-    return attention_mma_fits(ATTENTION_KIND, HS, a->C / a->NH, qkv, kv, kv) && kv_ld % 8 == 0 && (((uintptr_t)acc0 | (uintptr_t)acc1) % 8 == 0);
+    return attention_mma_fits(ATTENTION_KIND, HS, hd.HD, qkv, kv, kv) && kv_ld % 8 == 0 && (((uintptr_t)acc0 | (uintptr_t)acc1) % 8 == 0);
 }
 
 /* The tile's mask keeps no (query, key) pair: nothing to launch. */
@@ -920,113 +986,116 @@ static inline bool attention_tile_empty(const AttentionTile* a) {
 
 template <int HS, bool DROPOUT>
 static void attention_tile_forward_as(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
-                                      int first, const DropoutSite& drop, cudaStream_t stream) {
-    const int hs = a->C / a->NH;
-    const float scale = 1.0f / sqrtf((float)hs);
+                                      const AttHeads& hd, int first, const DropoutSite& drop, cudaStream_t stream) {
+    const float scale = 1.0f / sqrtf((float)hd.HD);
     const AttTileArgs blk = {*a, kv, kv_ld, out_acc, first};
-    attention_forward_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, lse, qkv, a->Tl, a->C, a->NH, hs, scale, drop, blk);
+    attention_forward_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, hd.NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        nullptr, lse, qkv, a->Tl, hd, scale, drop, blk);
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 static void attention_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
-                                          int first, const DropoutSite& drop, cudaStream_t stream) {
+                                          const AttHeads& hd, int first, const DropoutSite& drop, cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (attention_tile_mma_fits(HS, a, qkv, kv, kv_ld, out_acc, out_acc)) {
-            attention_mma_tile_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, first, 1.0f / sqrtf((float)HS), drop, stream);
+        if (attention_tile_mma_fits(HS, hd, qkv, kv, kv_ld, out_acc, out_acc)) {
+            attention_mma_tile_forward_launch<HS>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }
     }
 #endif
-    if (drop.threshold) attention_tile_forward_as<HS, true>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
-    else attention_tile_forward_as<HS, false>(out_acc, lse, qkv, kv, kv_ld, a, first, drop, stream);
+    if (drop.threshold) attention_tile_forward_as<HS, true>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, drop, stream);
+    else attention_tile_forward_as<HS, false>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, drop, stream);
 }
 
 template <int HS, bool DROPOUT>
 static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                       const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
-                                       cudaStream_t stream) {
-    const int hs = a->C / a->NH;
-    const float scale = 1.0f / sqrtf((float)hs);
+                                       const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const AttHeads& hd,
+                                       const DropoutSite& drop, cudaStream_t stream) {
+    const float scale = 1.0f / sqrtf((float)hd.HD);
     /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
-    attention_backward_dq_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
+    attention_backward_dq_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, hd.NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
-    attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, a->NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, hs, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
+    attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, hd.NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
 
 template <int HS>
 static void attention_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                           const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite& drop,
-                                           cudaStream_t stream) {
+                                           const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const AttHeads& hd,
+                                           const DropoutSite& drop, cudaStream_t stream) {
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
-        if (attention_tile_mma_fits(HS, a, qkv, kv, kv_ld, dq_acc, dkv_acc) &&
-            attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
-            attention_mma_tile_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, 1.0f / sqrtf((float)HS), drop, stream);
+        if (attention_tile_mma_fits(HS, hd, qkv, kv, kv_ld, dq_acc, dkv_acc) && attention_mma_fits(ATTENTION_KIND, HS, HS, dout, dout, dout)) {
+            attention_mma_tile_backward_launch<HS>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, 1.0f / sqrtf((float)HS), drop, stream);
             return;
         }
     }
 #endif
-    if (drop.threshold) attention_tile_backward_as<HS, true>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
-    else attention_tile_backward_as<HS, false>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, drop, stream);
+    if (drop.threshold) attention_tile_backward_as<HS, true>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, drop, stream);
+    else attention_tile_backward_as<HS, false>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, drop, stream);
 }
 
-/* out_acc (B,Tl,C) fp32, lse (B,NH,Tl) fp32: first != 0 writes the tile's
- * query rows, else merges into them by log-sum-exp (the CPU's
- * attention_merge), in launch order: deterministic, no atomics. drop: the
- * layer's attention site (masks at global positions), or NULL. */
+/* out_acc (B,Tl,NH HD) fp32, lse (B,NH,Tl) fp32: first != 0 writes the
+ * tile's query rows, else merges into them by log-sum-exp (the CPU's
+ * attention_merge), in launch order: deterministic, no atomics. The heads
+ * are the tile's (a->NKV, a->HD; 0: GPT-2's). drop: the layer's attention
+ * site (masks at global positions), or NULL. */
 static inline void gpu_attention_tile_forward(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld,
                                               const AttentionTile* a, int first, const DropoutSite* drop, cudaStream_t s) {
     if (attention_tile_empty(a)) return;
+    const AttHeads hd = att_tile_heads(a);
+    attention_check_heads(hd.NH, hd.NKV, hd.HD);
     const DropoutSite d = drop ? *drop : attention_no_dropout();
-    switch (attention_head_bucket(a->C / a->NH)) {
-    case 16: attention_tile_forward_launch<16>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    case 32: attention_tile_forward_launch<32>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    case 64: attention_tile_forward_launch<64>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    case 128: attention_tile_forward_launch<128>(out_acc, lse, qkv, kv, kv_ld, a, first, d, s); break;
-    default: attention_check_shape(a->C, a->NH);
+    switch (attention_head_bucket(hd.HD)) {
+    case 16: attention_tile_forward_launch<16>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, d, s); break;
+    case 32: attention_tile_forward_launch<32>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, d, s); break;
+    case 64: attention_tile_forward_launch<64>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, d, s); break;
+    default: attention_tile_forward_launch<128>(out_acc, lse, qkv, kv, kv_ld, a, hd, first, d, s); break;
     }
 }
 
-/* rowsum (B,NH,Tl) = dout . out per (row, head); out: the merged output as
- * the layer stores it (floatX (B,Tl,C)). */
-static inline void gpu_attention_tile_rowsum(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int C, int NH, cudaStream_t s) {
-    attention_tile_rowsum_kernel<<<attention_elementwise_blocks((size_t)B * Tl * NH), 256, 0, s>>>(rowsum, dout, out, B, Tl, C, NH);
+/* rowsum (B,NH,Tl) = dout . out per (row, query head of hs); out: the merged
+ * output as the layer stores it (floatX (B,Tl,NH hs)). */
+static inline void gpu_attention_tile_rowsum(float* rowsum, const floatX* dout, const floatX* out, int B, int Tl, int NH, int hs, cudaStream_t s) {
+    attention_tile_rowsum_kernel<<<attention_elementwise_blocks((size_t)B * Tl * NH), 256, 0, s>>>(rowsum, dout, out, B, Tl, NH, hs);
     CUDA_CHECK_LAUNCH();
 }
 
-/* dq_acc (B,Tl,C) fp32 (the tile's query rows) and dkv_acc (B,Tl,2C) fp32
- * (its key rows; dK at 0, dV at C) accumulate (+=) the tile's share; lse:
+/* dq_acc (B,Tl,NH HD) fp32 (the tile's query rows) and dkv_acc (B,Tl,2 NKV
+ * HD) fp32 (its key rows; dK heads at 0, dV heads at NKV HD) accumulate (+=)
+ * the tile's share, a K/V head's summed over its query heads in order; lse:
  * the merged forward's; drop: the forward's site. */
 static inline void gpu_attention_tile_backward(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
                                                const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const DropoutSite* drop,
                                                cudaStream_t s) {
     if (attention_tile_empty(a)) return;
+    const AttHeads hd = att_tile_heads(a);
+    attention_check_heads(hd.NH, hd.NKV, hd.HD);
     const DropoutSite d = drop ? *drop : attention_no_dropout();
-    switch (attention_head_bucket(a->C / a->NH)) {
-    case 16: attention_tile_backward_launch<16>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    case 32: attention_tile_backward_launch<32>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    case 64: attention_tile_backward_launch<64>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    case 128: attention_tile_backward_launch<128>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, d, s); break;
-    default: attention_check_shape(a->C, a->NH);
+    switch (attention_head_bucket(hd.HD)) {
+    case 16: attention_tile_backward_launch<16>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, d, s); break;
+    case 32: attention_tile_backward_launch<32>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, d, s); break;
+    case 64: attention_tile_backward_launch<64>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, d, s); break;
+    default: attention_tile_backward_launch<128>(dq_acc, dkv_acc, rowsum, dout, qkv, kv, kv_ld, lse, a, hd, d, s); break;
     }
 }
 
-/* out (rows, C) floatX = out_acc rounded. */
-static inline void gpu_attention_ring_store_out(floatX* out, const float* out_acc, size_t rows, int C, cudaStream_t s) {
-    const size_t n = rows * C;
+/* out (rows, width) floatX = out_acc rounded (width: NH HD). */
+static inline void gpu_attention_ring_store_out(floatX* out, const float* out_acc, size_t rows, int width, cudaStream_t s) {
+    const size_t n = rows * (size_t)width;
     attention_ring_store_out_kernel<<<attention_elementwise_blocks(n), 256, 0, s>>>(out, out_acc, n);
     CUDA_CHECK_LAUNCH();
 }
 
-/* dqkv (rows, 3C) floatX from dq_acc (rows, C) and dkv_acc (rows, 2C). */
-static inline void gpu_attention_ring_store_dqkv(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int C, cudaStream_t s) {
-    attention_ring_store_dqkv_kernel<<<attention_elementwise_blocks(rows * 3 * C), 256, 0, s>>>(dqkv, dq_acc, dkv_acc, rows, C);
+/* dqkv (rows, (NH + 2 NKV) HD) floatX from dq_acc (rows, NH HD) and dkv_acc (rows, 2 NKV HD). */
+static inline void gpu_attention_ring_store_dqkv(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int NH, int NKV, int HD,
+                                                 cudaStream_t s) {
+    const size_t q_w = (size_t)NH * HD, kv2_w = 2 * (size_t)NKV * HD;
+    attention_ring_store_dqkv_kernel<<<attention_elementwise_blocks(rows * (q_w + kv2_w)), 256, 0, s>>>(dqkv, dq_acc, dkv_acc, rows, q_w, kv2_w);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -10,8 +10,10 @@
  * tile staged from global memory.
  *
  * Work split: a block of ATT_MMA_WARPS warps owns ATT_MMA_ROWS rows of one
- * (b, h) (queries in the forward and the backward's dQ kernel, keys in its
- * dK/dV kernel); warp w owns 16 of them (query rows as mma A fragments in
+ * (b, h) (queries of a query head in the forward and the backward's dQ
+ * kernel, keys of a K/V head in its dK/dV kernel, whose one double-buffered
+ * pipeline streams the query tiles of each head of the K/V head's group in
+ * turn: attention.cuh's header, grouped-query attention); warp w owns 16 of them (query rows as mma A fragments in
  * registers; the dK/dV kernel reads its K and V rows from shared memory). The other side streams
  * through shared memory BC rows at a time, double-buffered: tile j+1's
  * cp.async copies are in flight while tile j is multiplied. Scores S, the
@@ -51,7 +53,7 @@
  *
  * Resources, from `nvcc -Xptxas -v` (sm_90, CUDA 13.0.88, BF16 and FP16
  * builds alike, document masks included), every kernel compiled under its
- * register budget (AttMmaRegs below: 240, the hs64 dQ block kernel 248) with
+ * register budget (AttMmaRegs below: 240, the dQ block kernels 255 and 248) with
  * 0 bytes of stack and no spills (registers / shared memory bytes; blocks per
  * sm_90 SM):
  *   forward      hs64 240 / 36864 static (2)   hs128 192 / 34816 static (2)
@@ -61,7 +63,13 @@
  * and their attention-tile instantiations (TILE = true, for context
  * parallelism's ring; below): forward hs64 240 (one M-tile per warp),
  * hs128 229; dkv hs64 235, hs128 236; dq hs64 248, hs128 240 (same shared
- * memory, 2 blocks per SM). Under the compiler's own choice (255 allowed)
+ * memory, 2 blocks per SM). These are the GPT-2-only kernels' figures;
+ * with grouped-query heads (AttHeads; the K/V head is query head / group)
+ * the sm_90 BF16 report reads forward hs64 238, hs128 196 (tiles 237, 231),
+ * dkv hs64 228, hs128 230 (tiles 238, 232), dq hs64 239, hs128 232 (tiles
+ * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
+ * shared memory: +8 bytes of static shared memory in the dQ kernels), no
+ * spills; still 2 blocks per SM each. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
@@ -105,14 +113,18 @@
  * inner loop with nothing but a slower kernel to show. __maxnreg__ makes
  * ptxas allocate within the budget; 240 leaves 15 registers of headroom and
  * keeps the backward's 2 blocks (8 warps) per SM (the occupancy asserts of
- * AttMmaResources use these figures). The dQ attention-tile kernel at hs64
- * spills 8 bytes at 240 (CUDA 13.0): its budget is 248 until it is reduced. */
+ * AttMmaResources use these figures). The dQ attention-tile kernels, whose
+ * K/V head is query head / group (grouped-query attention), spill at 240
+ * (CUDA 13.0; hs64: 8 bytes at 248, hs128: 16 at 240): their budgets are 255
+ * (hs64) and 248 (hs128), both still 2 blocks (8 warps) per SM, until they
+ * are reduced. */
 #define ATT_MMA_MAX_REGS 240
-#define ATT_MMA_MAX_REGS_DQ_TILE64 248
+#define ATT_MMA_MAX_REGS_DQ_TILE64 255
+#define ATT_MMA_MAX_REGS_DQ_TILE128 248
 #define ATT_MMA_MAX_STACK_BYTES 0
 template <int HS, bool TILE> struct AttMmaRegs {
     static constexpr int FWD = ATT_MMA_MAX_REGS, DKV = ATT_MMA_MAX_REGS;
-    static constexpr int DQ = HS == 64 && TILE ? ATT_MMA_MAX_REGS_DQ_TILE64 : ATT_MMA_MAX_REGS;
+    static constexpr int DQ = TILE ? (HS == 64 ? ATT_MMA_MAX_REGS_DQ_TILE64 : ATT_MMA_MAX_REGS_DQ_TILE128) : ATT_MMA_MAX_REGS;
 };
 
 template <int HS> struct AttMma {
@@ -368,7 +380,7 @@ __device__ __forceinline__ void att_mma_add_rows(float* rows, size_t ld, int r0,
  * writes an empty part (0, lse -inf) for later ones to merge into, a later
  * one leaves the row alone. */
 template <int HS>
-__device__ __forceinline__ void att_mma_merge_rows(float* rows, int C, float* lse, int r0, int nq, int diag, int first, const float o[][4],
+__device__ __forceinline__ void att_mma_merge_rows(float* rows, size_t C, float* lse, int r0, int nq, int diag, int first, const float o[][4],
                                                    const float m[2], const float l[2], float scale) {
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     float sum[2], old[2];
@@ -434,15 +446,15 @@ template <int HS, bool TILE> struct AttMmaForward {
 
 template <int HS, bool TILE>
 __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::FWD)) /* launched with ATT_MMA_THREADS */
-attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, float scale, const DropoutSite drop,
+attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, const AttHeads hd, float scale, const DropoutSite drop,
                              const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     constexpr int MT = AttMmaForward<HS, TILE>::MT, ROWS = AttMmaForward<HS, TILE>::ROWS;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
-    const int h = blockIdx.y % NH;
+    const int h = blockIdx.y % hd.NH;
     const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
-    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, HS, blk);
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, blockIdx.y / hd.NH, h); /* K, V: the group's K/V head, read in place */
     const int kend = min(q0 + ROWS + sp.diag, sp.nk);
     if constexpr (TILE)
         if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
@@ -545,7 +557,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         if constexpr (TILE) {
-            att_mma_merge_rows<HS>(blk.acc + sp.qrow * C + (size_t)h * HS, C, lse + sp.stat, r0 + 16 * mt, sp.nq, sp.diag, blk.first, o[mt],
+            att_mma_merge_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)h * HS, hd.out_ld, lse + sp.stat, r0 + 16 * mt, sp.nq, sp.diag, blk.first, o[mt],
                                    m[mt], l[mt], scale);
         } else {
             float inv[2];
@@ -556,7 +568,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                 const int t = r0 + 16 * mt + g + 8 * hf;
                 if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
             }
-            att_mma_store_rows<HS>(out + sp.qrow * C + (size_t)h * HS, C, r0 + 16 * mt, T, o[mt], inv);
+            att_mma_store_rows<HS>(out + sp.qrow * hd.out_ld + (size_t)h * HS, hd.out_ld, r0 + 16 * mt, T, o[mt], inv);
         }
     }
 }
@@ -655,8 +667,8 @@ __global__ void __launch_bounds__(256) attention_mma_rowsum_kernel(float* rowsum
 /* Where a backward kernel's rows are, for one (b, h): an attention tile's
  * (AttSpan), or the whole sequence's in the expressions whose code (and
  * register count, AttMmaResources) the TILE = false instantiations keep.
- * q, k, v, dout: row 0 of this head's slices (rows ld, kv_ld, kv_ld, C
- * apart); stat: the index of query 0's statistics (lse, D); nq query and nk
+ * q, k, v, dout: row 0 of this head's slices (k, v: its K/V head's; rows
+ * ld, kv_ld, kv_ld, NH HD apart); stat: the index of query 0's statistics (lse, D); nq query and nk
  * key rows, key j seen by query i when j <= i + diag. */
 struct AttMmaRows {
     const floatX *q, *k, *v, *dout;
@@ -665,12 +677,8 @@ struct AttMmaRows {
 };
 
 template <int HS, bool TILE>
-__device__ __forceinline__ AttMmaRows att_mma_rows(const AttSpan& sp, const floatX* qkv, const floatX* dout, int T, int C, int b, int h) {
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = TILE ? sp.q : qkv + (size_t)b * T * ld + (size_t)h * HS;
-    return AttMmaRows{base, TILE ? sp.k : base + C, TILE ? sp.v : base + 2 * C,
-                      TILE ? dout + sp.qrow * C + (size_t)h * HS : dout + (size_t)b * T * C + (size_t)h * HS,
-                      ld, TILE ? sp.kv_ld : ld, TILE ? sp.stat : (size_t)blockIdx.y * T,
+__device__ __forceinline__ AttMmaRows att_mma_rows(const AttSpan& sp, const floatX* dout, int T, const AttHeads hd, int h) {
+    return AttMmaRows{sp.q, sp.k, sp.v, dout + sp.qrow * hd.out_ld + (size_t)h * HS, (size_t)hd.q_ld, sp.kv_ld, sp.stat,
                       TILE ? sp.nq : T, TILE ? sp.nk : T, TILE ? sp.diag : 0};
 }
 
@@ -688,36 +696,40 @@ template <int HS> struct AttMmaBwd {
 
 template <int HS, bool TILE>
 __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DKV)) /* launched with ATT_MMA_THREADS */
-attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
-                                  int NH, float scale, const DropoutSite drop, const AttTileArgs blk) {
+attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
+                                  const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     typedef AttMmaBwd<HS> Bwd;
     extern __shared__ __align__(128) unsigned char smem[];
     floatX* Ks = (floatX*)(smem + Bwd::KV_OFF);
     floatX* Vs = (floatX*)(smem + Bwd::KV_OFF + Cfg::ROWS_BYTES);
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
-    const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    const int b = blockIdx.y / hd.NKV, kvh = blockIdx.y % hd.NKV, h0 = kvh * hd.group; /* the K/V head, its group's first query head */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, HS, blk);
-    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, qkv, dout, T, C, b, h);
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h0);
+    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, h0);
+    const size_t stat_head = TILE ? (size_t)blk.a.Tl : (size_t)T; /* statistics of query head h0 + j at rw.stat + j stat_head */
     const int nqr = rw.nq, diag = rw.diag;
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
     const int tstart = TILE ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
     /* documents: no query past the last one whose document starts at or before the block's last key */
     const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, rw.nk) - 1);
-    const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC;
+    const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC, nall = nq * hd.group;
     if constexpr (TILE)
         if (tstart >= tend) return; /* no query of the tile sees these keys: no copies are started that nothing waits for */
-    /* query tile i: rows tstart + i BC .., into buffer i & 1 (Q, dO by cp.async; lse, D by plain stores) */
+    /* step i: query head h0 + i / nq (the group's heads in order), its query
+     * tile i % nq, rows tstart + (i % nq) BC .., into buffer i & 1 (Q, dO by
+     * cp.async; lse, D by plain stores): one pipeline over the whole group */
     auto stage = [&](int i) {
-        const int t0 = tstart + i * Cfg::BC;
-        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, i), rw.q, rw.ld, rw.dout, C, t0, nqr);
+        const int j = i / nq, t0 = tstart + (i - j * nq) * Cfg::BC;
+        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, i), rw.q + (size_t)j * HS, rw.ld, rw.dout + (size_t)j * HS, hd.out_ld, t0, nqr);
         float* st = stats + (i & 1) * 2 * Cfg::BC;
+        const size_t stat = rw.stat + (size_t)j * stat_head;
         for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
             const int t = t0 + k;
-            st[k] = t < nqr ? lse[rw.stat + t] * 1.4426950408889634f : 0.0f;
-            st[Cfg::BC + k] = t < nqr ? rowsum[rw.stat + t] : 0.0f;
+            st[k] = t < nqr ? lse[stat + t] * 1.4426950408889634f : 0.0f;
+            st[Cfg::BC + k] = t < nqr ? rowsum[stat + t] : 0.0f;
         }
     };
     att_mma_stage<HS>(Ks, rw.k, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
@@ -732,12 +744,12 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     /* documents: one past the last query that sees each of this lane's key rows (r0 + g, r0 + g + 8), and the warp's last key */
     const int tend_row[2] = {att_queries_end(blk, sp, tstart, r0 + g), att_queries_end(blk, sp, tstart, r0 + g + 8)};
     const int tend_warp = __shfl_sync(0xffffffffu, tend_row[1], 28);
-    for (int i = 0; i < nq; i++) {
-        if (i + 1 < nq) stage(i + 1);
+    for (int i = 0; i < nall; i++) {
+        if (i + 1 < nall) stage(i + 1);
         ptx_cp_async_commit(); /* possibly empty: one group per tile */
         ptx_cp_async_wait<1>(); /* tile i (and, with tile 0, K and V) has landed */
         __syncthreads();
-        const int t0 = tstart + i * Cfg::BC;
+        const int j = i / nq, t0 = tstart + (i - j * nq) * Cfg::BC, bh = b * hd.NH + h0 + j; /* dropout: the query head's */
         /* else every query of the tile is before every key of this warp, or after their documents: nothing to add */
         if (t0 + Cfg::BC - 1 + diag >= r0 && t0 < tend_warp) {
             const floatX* Qs = att_mma_buffer<HS>(smem, i);
@@ -780,15 +792,15 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
         __syncthreads(); /* buffer i & 1 and its stats are no longer read: tile i + 2 goes there */
     }
     if constexpr (TILE) { /* keys some query of the tile sees: s <= nq - 1 + diag */
-        float* rows = blk.acc + sp.krow * 2 * C + (size_t)h * HS;
+        float* rows = blk.acc + sp.krow * 2 * hd.kv_w + (size_t)kvh * HS;
         const int hi = min(sp.nk, sp.nq + sp.diag);
-        att_mma_add_rows<HS>(rows, 2 * (size_t)C, r0, 0, hi, dk);
-        att_mma_add_rows<HS>(rows + C, 2 * (size_t)C, r0, 0, hi, dv);
+        att_mma_add_rows<HS>(rows, 2 * hd.kv_w, r0, 0, hi, dk);
+        att_mma_add_rows<HS>(rows + hd.kv_w, 2 * hd.kv_w, r0, 0, hi, dv);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        floatX* drows = dqkv + (size_t)b * T * rw.ld + (size_t)h * HS;
-        att_mma_store_rows<HS>(drows + C, rw.ld, r0, T, dk, one);
-        att_mma_store_rows<HS>(drows + 2 * C, rw.ld, r0, T, dv, one);
+        floatX* drows = dqkv + (size_t)b * T * rw.ld + (size_t)kvh * HS;
+        att_mma_store_rows<HS>(drows + hd.k_off, rw.ld, r0, T, dk, one);
+        att_mma_store_rows<HS>(drows + hd.v_off, rw.ld, r0, T, dv, one);
     }
 }
 
@@ -797,14 +809,20 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
  * first); query blocks last-first. */
 template <int HS, bool TILE>
 __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DQ)) /* launched with ATT_MMA_THREADS */
-attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T, int C,
-                                 int NH, float scale, const DropoutSite drop, const AttTileArgs blk) {
+attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
+                                 const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    const AttMmaThread at = att_mma_thread(NH, true);
-    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * NH + at.h;
-    const AttSpan sp = att_span<TILE>(qkv, T, C, NH, HS, blk);
-    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, qkv, dout, T, C, at.b, at.h);
+    const AttMmaThread at = att_mma_thread(hd.NH, true);
+    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * hd.NH + at.h;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, at.b, at.h); /* K, V: the group's K/V head, read in place */
+    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, at.h);
+    /* an attention tile's K/V head's rows: read from shared memory at each tile's copies (held in registers
+     * across the key loop they spilled: the K/V head is query head / group; the whole sequence's are q + a
+     * column, as before); set by thread 0, visible after the first barrier */
+    __shared__ const floatX* kv_rows;
+    if (threadIdx.x == 0) kv_rows = rw.k;
+    const floatX* const& krows = TILE ? kv_rows : rw.k;
     const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
     const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
@@ -815,7 +833,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     const float scale_log2 = scale * 1.4426950408889634f;
 
     att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), rw.q, rw.ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), rw.dout, C, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
+    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), rw.dout, hd.out_ld, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
     ptx_cp_async_commit();
     float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
 #pragma unroll
@@ -830,7 +848,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
     att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
-    att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), rw.k, rw.kv_ld, rw.v, rw.kv_ld, j0 * Cfg::BC, nkr);
+    att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), krows, rw.kv_ld, krows + hd.kv_w, rw.kv_ld, j0 * Cfg::BC, nkr);
     ptx_cp_async_commit();
 
     float dq[Cfg::OT][4];
@@ -840,7 +858,8 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         for (int i = 0; i < 4; i++) dq[ot][i] = 0.0f;
     const int kwarp = att_first_key(blk, sp, r0); /* documents: as in the forward */
     for (int j = 0; j < ntiles; j++) {
-        if (j + 1 < ntiles) att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), rw.k, rw.kv_ld, rw.v, rw.kv_ld, (j0 + j + 1) * Cfg::BC, nkr);
+        if (j + 1 < ntiles)
+            att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, j + 1), krows, rw.kv_ld, krows + hd.kv_w, rw.kv_ld, (j0 + j + 1) * Cfg::BC, nkr);
         ptx_cp_async_commit(); /* possibly empty: the group count stays one per tile */
         ptx_cp_async_wait<1>(); /* tile j has landed (this thread's copies) */
         __syncthreads();        /* ... and every thread's */
@@ -874,57 +893,62 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
     if constexpr (TILE) { /* query rows that see a key of the tile: t + diag >= 0 */
-        att_mma_add_rows<HS>(blk.acc + sp.qrow * C + (size_t)at.h * HS, C, r0, -sp.diag, sp.nq, dq);
+        att_mma_add_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)at.h * HS, hd.out_ld, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
         att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * rw.ld + (size_t)at.h * HS, rw.ld, r0, T, dq, one);
     }
 }
 
+/* The dK/dV kernel's grid: a block per 64 keys of each (b, K/V head). */
+template <int HS> static inline dim3 attention_mma_dkv_grid(int B, int T, int NKV) {
+    return dim3((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NKV));
+}
+
 /* The backward's three launches; doc_start: packed documents' starts (device (B,T)), or NULL. */
 template <int HS>
 static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                          int B, int T, int C, int NH, float scale, const DropoutSite& drop, const int* doc_start,
+                                          int B, int T, const AttHeads& hd, float scale, const DropoutSite& drop, const int* doc_start,
                                           cudaStream_t stream) {
-    const size_t rows = (size_t)B * T * NH;
-    attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, NH);
+    const size_t rows = (size_t)B * T * hd.NH;
+    attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, hd.NH);
     CUDA_CHECK_LAUNCH();
-    const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NH));
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     AttTileArgs docs{};
     docs.a.doc_start = doc_start;
-    attention_mma_backward_dkv_kernel<HS, false><<<grid, ATT_MMA_THREADS, smem, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
+    attention_mma_backward_dkv_kernel<HS, false><<<attention_mma_dkv_grid<HS>(B, T, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
+        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, C, NH, scale, drop, docs);
+    const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * hd.NH));
+    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
 }
 
 /* An attention tile's forward (attention.cuh's gpu_attention_tile_forward): grid (ceil(Tq/64), B*NH). */
 template <int HS>
 static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
-                                               int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
-    const dim3 grid((unsigned)ceil_div((size_t)a->Tq, AttMmaForward<HS, true>::ROWS), (unsigned)(a->B * a->NH));
-    attention_mma_forward_kernel<HS, true><<<grid, ATT_MMA_THREADS, 0, stream>>>(nullptr, lse, qkv, a->Tl, a->C, a->NH, scale, drop,
+                                               const AttHeads& hd, int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
+    const dim3 grid((unsigned)ceil_div((size_t)a->Tq, AttMmaForward<HS, true>::ROWS), (unsigned)(a->B * hd.NH));
+    attention_mma_forward_kernel<HS, true><<<grid, ATT_MMA_THREADS, 0, stream>>>(nullptr, lse, qkv, a->Tl, hd, scale, drop,
                                                                                  AttTileArgs{*a, kv, kv_ld, out_acc, first});
     CUDA_CHECK_LAUNCH();
 }
 
 /* An attention tile's backward: the dK/dV kernel over the tile's key
- * tiles, grid (ceil(Tk/64), B*NH), then the dQ kernel over its query tiles,
+ * tiles, grid (ceil(Tk/64), B*NKV), then the dQ kernel over its query tiles,
  * grid (ceil(Tq/64), B*NH); rowsum: gpu_attention_tile_rowsum's. */
 template <int HS>
 static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
-                                                const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, float scale,
-                                                const DropoutSite& drop, cudaStream_t stream) {
-    const unsigned bh = (unsigned)(a->B * a->NH);
+                                                const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const AttHeads& hd,
+                                                float scale, const DropoutSite& drop, cudaStream_t stream) {
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_mma_backward_dkv_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tk, ATT_MMA_ROWS), bh), ATT_MMA_THREADS, smem, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
+    attention_mma_backward_dkv_kernel<HS, true><<<attention_mma_dkv_grid<HS>(a->B, a->Tk, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
+        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tq, ATT_MMA_ROWS), bh), ATT_MMA_THREADS, 0, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, a->C, a->NH, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
+    attention_mma_backward_dq_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tq, ATT_MMA_ROWS), (unsigned)(a->B * hd.NH)), ATT_MMA_THREADS, 0, stream>>>(
+        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
 
@@ -956,8 +980,9 @@ template <int HS> struct AttMmaResources {
                          ROWSUM_REGS = 32;
     /* the attention-tile instantiations (TILE = true; gpu_attention_tile_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM;
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
+    /* the dQ kernel's static shared memory holds the K/V rows' pointer besides the buffers: 8 bytes more (ptxas) */
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM + 8;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES + sizeof(void*) && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
     static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&

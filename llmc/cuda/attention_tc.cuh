@@ -7,7 +7,9 @@
  * FP32 build is the tight check against the CPU reference).
  *
  * Work split: a block of ATT_TC_WARPS warps owns ATT_TC_ROWS rows of one
- * (b, h) (queries in the forward and dq kernels, keys in the dk/dv kernel);
+ * (b, h) (queries of a query head in the forward and dq kernels, keys of a
+ * K/V head in the dk/dv kernel, which streams the queries of each of the
+ * head's group in turn: attention.cuh's header, grouped-query attention);
  * warp w owns 16 of them. The other side streams through shared memory
  * ATT_TC_TILE rows at a time as floatX, zero past T and past hs (HS is hs
  * rounded up to a multiple of 16; padded channels are zero and add nothing).
@@ -260,17 +262,19 @@ __device__ __forceinline__ int att_tc_queries_end(const int* doc_start, int t_be
 
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
-attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, int C, int NH, int hs, float scale,
+attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, const AttHeads hd, float scale,
                             DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     static_assert(AttTc<HS>::HALF == 16, "a lane's columns are one att_drop_keep_row16");
     typedef AttTcForwardSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
-    const AttTcThread at = att_tc_thread(NH, true);
-    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h;
+    const AttTcThread at = att_tc_thread(hd.NH, true);
+    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h, hs = hd.HD;
     const int q0 = at.row0, r0 = at.r0, t = r0 + row;
-    const size_t ld = 3 * (size_t)C;
+    const size_t ld = hd.q_ld;
     const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    const floatX* kbase = base + att_kv_col(hd, h); /* the group's K/V head */
+    const floatX* vbase = kbase + hd.kv_w;
     floatX* Ks = (floatX*)(smem + L::KV);
     floatX* Vs = Ks + ATT_TC_TILE * Cfg::LD;
     float* Sw = (float*)(smem + L::S) + warp * 16 * Cfg::SLD;
@@ -294,8 +298,8 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
     const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
     for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q) is no longer read */
-        att_tc_stage<HS>(Ks, base + C, ld, k0, ATT_TC_TILE, T, hs);
-        att_tc_stage<HS>(Vs, base + 2 * C, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Ks, kbase, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Vs, vbase, ld, k0, ATT_TC_TILE, T, hs);
         __syncthreads();
         if (k0 > r0 + 15) continue; /* every key of this tile is after every query of this warp */
         if (k0 + ATT_TC_TILE <= kwarp) continue; /* every key of it is before every query's document */
@@ -332,11 +336,11 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, i
     }
     if (half == 0) {
         corr_w[row] = 1.0f / l;
-        if (t < T) lse[((size_t)b * NH + h) * T + t] = m + logf(l);
+        if (t < T) lse[((size_t)b * hd.NH + h) * T + t] = m + logf(l);
     }
     __syncwarp();
     att_tc_scale_rows<HS>(o, corr_w, row_of);
-    att_tc_store_rows<HS>(out + (size_t)b * T * C + (size_t)h * hs, C, r0, T, hs, o, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(out + (size_t)b * T * hd.out_ld + (size_t)h * hs, hd.out_ld, r0, T, hs, o, Sw, Cfg::SLD);
 }
 
 /* ---- backward, pass 1: dq and D ----
@@ -357,15 +361,20 @@ template <int HS> struct AttTcDqSmem {
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                const float* lse, int T, int C, int NH, int hs, float scale, DropoutSite drop, const int* doc_start) {
+                                const float* lse, int T, const AttHeads hd, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDqSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
-    const AttTcThread at = att_tc_thread(NH, true);
-    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h;
+    const AttTcThread at = att_tc_thread(hd.NH, true);
+    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h, hs = hd.HD;
     const int q0 = at.row0, r0 = at.r0, t = r0 + row;
-    const size_t ld = 3 * (size_t)C;
+    const size_t ld = hd.q_ld;
+    const int C = hd.out_ld;
     const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
+    /* the group's K/V head's rows: read from shared memory at each tile (in a register across the loop, next to
+     * the query head's own offsets, they spilled at hs64); set by thread 0, visible after the first barrier */
+    __shared__ const floatX* kv_rows;
+    if (threadIdx.x == 0) kv_rows = base + att_kv_col(hd, h);
     const floatX* obase = out + (size_t)b * T * C + (size_t)h * hs;
     const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * hs;
     floatX* Qs = (floatX*)smem;
@@ -390,7 +399,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
         for (int c = half * (HS / 2); c < (half + 1) * (HS / 2) && c < hs; c++) D += to_f32(drow[c]) * to_f32(orow[c]);
     }
     D += __shfl_xor_sync(0xffffffffu, D, 1);
-    const size_t stat = ((size_t)b * NH + h) * T + t;
+    const size_t stat = ((size_t)b * hd.NH + h) * T + t;
     if (t < T && half == 0) rowsum[stat] = D;
     const float row_lse = t < T ? lse[stat] : 0.0f;
     FragAcc dq[Cfg::NF];
@@ -402,8 +411,8 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
     for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q, dO) is no longer read */
-        att_tc_stage<HS>(Ks, base + C, ld, k0, ATT_TC_TILE, T, hs);
-        att_tc_stage<HS>(Vs, base + 2 * C, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Ks, kv_rows, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Vs, kv_rows + hd.kv_w, ld, k0, ATT_TC_TILE, T, hs);
         __syncthreads();
         if (k0 > r0 + 15 || k0 + ATT_TC_TILE <= kwarp) continue;
         att_tc_scores<HS>(Sw, q, Ks);
@@ -425,8 +434,9 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
 }
 
 /* ---- backward, pass 2: dk and dv ----
- * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS; warp w owns 16 key rows;
- * queries t >= the block's first key stream through shared memory. Key blocks
+ * grid (ceil(T/ROWS), B*NKV), block ATT_TC_THREADS; warp w owns 16 key rows
+ * of one K/V head; for each query head of its group in turn, queries t >=
+ * the block's first key stream through shared memory. Key blocks
  * are visited first-first (the longest). Dropout: the lane's keep bits (its
  * key's 16 queries) are drawn again per query tile; Pw holds the dropped,
  * scaled P for dV, dS masks and scales dP only (D unchanged). */
@@ -447,20 +457,35 @@ template <int HS> struct AttTcDkvSmem {
     static_assert(BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
+/* att_drop_keep_col16's bits with its eight Philox calls in a loop, not
+ * unrolled: the dK/dV kernel at hs128, whose dk and dv accumulators take
+ * half the registers, spilled with the unrolled draws beside a group's loop. */
+__device__ __forceinline__ unsigned att_tc_keep_col16_rolled(const DropoutSite& drop, int bh, int T, int t0, int u) {
+    const bool right = (u >> 3) & 1;
+    const int shift = 16 * (u & 1);
+    unsigned bits = 0;
+#pragma unroll 1
+    for (int r = 0; r < 8; r++) {
+        uint32_t w[4];
+        dropout_draws(&drop, dropout_attention_group(bh, T, t0 + r, u), w);
+        bits |= (unsigned)((((right ? w[1] : w[0]) >> shift) & 0xffffu) >= drop.threshold) << r;
+        bits |= (unsigned)((((right ? w[3] : w[2]) >> shift) & 0xffffu) >= drop.threshold) << (r + 8);
+    }
+    return bits;
+}
+
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                                 int T, int C, int NH, int hs, float scale, DropoutSite drop, const int* doc_start) {
+                                 int T, const AttHeads hd, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDkvSmem<HS> L;
     extern __shared__ __align__(128) unsigned char smem[]; /* L::BYTES */
-    const AttTcThread at = att_tc_thread(NH, false);
-    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h;
+    const AttTcThread at = att_tc_thread(hd.NKV, false); /* at.h: the K/V head */
+    const int warp = at.warp, row = at.row, half = at.half, b = at.b, kvh = at.h, hs = hd.HD;
     const int s0 = at.row0, r0 = at.r0, s = r0 + row;
-    const size_t ld = 3 * (size_t)C;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * hs;
-    const size_t stat0 = ((size_t)b * NH + h) * T;
+    const size_t ld = hd.q_ld;
+    const floatX* row0 = qkv + (size_t)b * T * ld;
     floatX* Qs = (floatX*)(smem + L::QD);
     floatX* dOs = Qs + ATT_TC_TILE * Cfg::LD;
     float* Sw = (float*)(smem + L::S) + warp * 16 * Cfg::SLD;
@@ -470,11 +495,9 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     float* lse_s = (float*)(smem + L::STATS);
     float* d_s = lse_s + ATT_TC_TILE;
 
-    /* this warp's 16 K and V rows, staged for the whole kernel */
-    const floatX* Kw = (const floatX*)(smem + L::K) + 16 * warp * Cfg::LD;
-    const floatX* Vw = (const floatX*)(smem + L::V) + 16 * warp * Cfg::LD;
-    att_tc_stage<HS>((floatX*)(smem + L::K), base + C, ld, s0, ATT_TC_ROWS, T, hs);
-    att_tc_stage<HS>((floatX*)(smem + L::V), base + 2 * C, ld, s0, ATT_TC_ROWS, T, hs);
+    /* this warp's 16 K and V rows (Kw, Vw), staged for the whole kernel (every head of the group) */
+    att_tc_stage<HS>((floatX*)(smem + L::K), row0 + hd.k_off + (size_t)kvh * hs, ld, s0, ATT_TC_ROWS, T, hs);
+    att_tc_stage<HS>((floatX*)(smem + L::V), row0 + hd.v_off + (size_t)kvh * hs, ld, s0, ATT_TC_ROWS, T, hs);
     FragAcc dk[Cfg::NF], dv[Cfg::NF];
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) {
@@ -486,42 +509,78 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr;
     const int t_end = att_tc_queries_end(row_starts, s0, min(s0 + ATT_TC_ROWS, T) - 1, T);
     const int t_end_warp = att_tc_queries_end(row_starts, r0, min(r0 + 16, T) - 1, T);
-    for (int t0 = s0; t0 < t_end; t0 += ATT_TC_TILE) {
-        __syncthreads(); /* the previous tile is no longer read (the staged K, V are visible after the next barrier) */
-        att_tc_stage<HS>(Qs, base, ld, t0, ATT_TC_TILE, T, hs);
-        att_tc_stage<HS>(dOs, dobase, C, t0, ATT_TC_TILE, T, hs);
-        for (int j = threadIdx.x; j < ATT_TC_TILE; j += blockDim.x) {
-            const int r = t0 + j;
-            lse_s[j] = r < T ? lse[stat0 + r] : 0.0f;
-            d_s[j] = r < T ? rowsum[stat0 + r] : 0.0f;
-        }
-        __syncthreads();
-        if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
-        {
-            FragA kv[Cfg::NF];
-            att_tc_load_a<HS>(kv, Kw);
-            att_tc_scores<HS>(Sw, kv, Qs); /* S^T: key rows x query columns */
-            att_tc_load_a<HS>(kv, Vw);
-            att_tc_scores<HS>(dPw, kv, dOs); /* dP^T */
-        }
-        const unsigned keep = DROPOUT ? att_drop_keep_col16(drop, blockIdx.y, T, t0 + half * Cfg::HALF, s) : ~0u;
-        __syncwarp();
-#pragma unroll
-        for (int j = 0; j < Cfg::HALF; j++) {
-            const int c = half * Cfg::HALF + j, tq = t0 + c;
-            const float p = (tq >= s && tq < T && att_tc_first_key(row_starts, tq, T) <= s) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
-            const float f = att_drop_factor(keep, j, keep_scale);
-            Pw[row * Cfg::PLD + c] = from_f32<floatX>(p * f);
-            dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (f * dPw[row * Cfg::SLD + c] - d_s[c]) * scale);
-        }
-        __syncwarp();
-        att_tc_accumulate<HS>(dv, Pw, dOs);
-        att_tc_accumulate<HS>(dk, dSw, Qs);
-        __syncwarp(); /* Pw, dSw are rewritten at the next tile */
+    /* each staged query's first key (documents; 0 without), and this row's starts for staging them: in shared
+     * memory, so that no pointer to the starts stays in a register across the loop (at hs128 one too many) */
+    __shared__ int kf_s[ATT_TC_TILE];
+    __shared__ const int* starts_rows;
+    __shared__ int query_end; /* t_end, likewise */
+    __shared__ floatX* dkv_rows; /* where dK and dV go, likewise, read after the loop */
+    if (threadIdx.x == 0) {
+        starts_rows = row_starts;
+        query_end = t_end;
+        dkv_rows = dqkv + (size_t)b * T * ld + (size_t)kvh * hs;
     }
-    floatX* drows = dqkv + (size_t)b * T * ld + (size_t)h * hs;
-    att_tc_store_rows<HS>(drows + C, ld, r0, T, hs, dk, Sw, Cfg::SLD);
-    att_tc_store_rows<HS>(drows + 2 * C, ld, r0, T, hs, dv, Sw, Cfg::SLD);
+    __syncthreads(); /* they are visible (the loop's bound is read before its first barrier; the loop may not run) */
+    /* the group's query heads in order (dk, dv sum over all of them). The
+     * current head's Q rows, dout rows and statistics are read from shared
+     * memory when a tile is staged: held in registers across the tile loop,
+     * next to dk and dv, they spilled at hs128. Thread 0 sets them before a
+     * head's first tile, after every thread has staged the previous head's
+     * last one (its second barrier). */
+    __shared__ const floatX* head_q;
+    __shared__ const floatX* head_dout;
+    __shared__ const float* head_lse;
+    __shared__ const float* head_rowsum;
+    int bh = b * hd.NH + kvh * hd.group; /* a multiple of group: the heads run until the next one */
+    do {
+        if (threadIdx.x == 0) { /* from bh and the arguments alone: nothing else stays live across the loop */
+            const size_t hb = (size_t)(bh / hd.NH) * T, hh = (size_t)(bh % hd.NH) * hs;
+            head_q = qkv + hb * hd.q_ld + hh;
+            head_dout = dout + hb * hd.out_ld + hh;
+            head_lse = lse + (size_t)bh * T;
+            head_rowsum = rowsum + (size_t)bh * T;
+        }
+        for (int t0 = s0; t0 < query_end; t0 += ATT_TC_TILE) {
+            __syncthreads(); /* the previous tile is no longer read (the staged K, V and the head's pointers are visible after it) */
+            att_tc_stage<HS>(Qs, head_q, ld, t0, ATT_TC_TILE, T, hs);
+            att_tc_stage<HS>(dOs, head_dout, hd.out_ld, t0, ATT_TC_TILE, T, hs);
+            for (int jj = threadIdx.x; jj < ATT_TC_TILE; jj += blockDim.x) {
+                const int r = t0 + jj;
+                lse_s[jj] = r < T ? head_lse[r] : 0.0f;
+                d_s[jj] = r < T ? head_rowsum[r] : 0.0f;
+                kf_s[jj] = att_tc_first_key(starts_rows, r, T);
+            }
+            __syncthreads();
+            if (t0 + ATT_TC_TILE - 1 < r0 || t0 >= t_end_warp) continue; /* every query of this tile is before every key of this warp, or after their documents */
+            /* the keep bits before the products: their Philox rounds then share the registers with fewer live values */
+            const unsigned keep = !DROPOUT ? ~0u
+                                  : HS == 128 ? att_tc_keep_col16_rolled(drop, bh, T, t0 + half * Cfg::HALF, s)
+                                              : att_drop_keep_col16(drop, bh, T, t0 + half * Cfg::HALF, s);
+            {
+                FragA kv[Cfg::NF];
+                att_tc_load_a<HS>(kv, (const floatX*)(smem + L::K) + 16 * warp * Cfg::LD); /* Kw */
+                att_tc_scores<HS>(Sw, kv, Qs); /* S^T: key rows x query columns */
+                att_tc_load_a<HS>(kv, (const floatX*)(smem + L::V) + 16 * warp * Cfg::LD); /* Vw */
+                att_tc_scores<HS>(dPw, kv, dOs); /* dP^T */
+            }
+            __syncwarp();
+#pragma unroll
+            for (int jj = 0; jj < Cfg::HALF; jj++) {
+                const int c = half * Cfg::HALF + jj, tq = t0 + c;
+                const float p = (tq >= s && tq < T && kf_s[c] <= s) ? expf(Sw[row * Cfg::SLD + c] * scale - lse_s[c]) : 0.0f;
+                const float f = att_drop_factor(keep, jj, keep_scale);
+                Pw[row * Cfg::PLD + c] = from_f32<floatX>(p * f);
+                dSw[row * Cfg::PLD + c] = from_f32<floatX>(p * (f * dPw[row * Cfg::SLD + c] - d_s[c]) * scale);
+            }
+            __syncwarp();
+            att_tc_accumulate<HS>(dv, Pw, dOs);
+            att_tc_accumulate<HS>(dk, dSw, Qs);
+            __syncwarp(); /* Pw, dSw are rewritten at the next tile */
+        }
+    } while (++bh % hd.group);
+    floatX* drows = dkv_rows;
+    att_tc_store_rows<HS>(drows + hd.k_off, ld, r0, T, hs, dk, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(drows + hd.v_off, ld, r0, T, hs, dv, Sw, Cfg::SLD);
 }
 
 #endif

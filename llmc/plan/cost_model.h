@@ -78,7 +78,9 @@
  * Context parallelism (N ranks share each sequence, plan.h): every
  * per-token term above counts this rank's B T / N tokens; attention counts its share of the causal pairs, exactly
  * B T (T+1) / (2N) with the 2N-chunk layout. The ring adds, per layer, with
- * a K/V block of kv = B (T/N) 2C E bytes and a link of bandwidth bw and
+ * a K/V block of kv = B (T/N) 2 NKV HD E bytes (compact: grouped-query
+ * attention's NKV K/V heads of HD, after RoPE, not one per query head; 2C
+ * for GPT-2; plan_ring_kv_bytes) and a link of bandwidth bw and
  * latency lat (t(x) = lat + x / bw):
  *   forward          N-1 block transfers, each overlapped with attention on
  *                    the block before: (N-1) max(0, t(kv) - A_f / N), A_f the

@@ -320,7 +320,8 @@ static inline size_t plan_tokens_bytes(const PlanSpec* s, size_t bytes_per_token
 }
 
 /* Bytes of one K/V block the ring passes (this rank's B x T/N keys and
- * values, 2C elements a token), and of one dK/dV block (the same shape, in
+ * values, compact: 2 NKV HD elements a token, 2C for GPT-2; grouped-query
+ * attention's K/V heads are not replicated per query head), and of one dK/dV block (the same shape, in
  * the element type of the backward's sums: the storage's on the CPU, fp32
  * on the GPU). */
 static inline size_t plan_ring_kv_bytes(const PlanSpec* s) {
@@ -590,8 +591,8 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     if (plan_context_parallel(s) > 1) { /* double buffers: one block computed on while the next arrives */
         p->off_ring_kv = plan_add(p, "ring.kv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_kv_bytes(s)));
         p->off_ring_dkv = plan_add(p, "ring.dkv_blocks", SEC_SCRATCH, -1, size_mul_sat(2, plan_ring_dkv_bytes(s)));
-        if (s->backend == BACKEND_GPU) /* the blocks' fp32 sums: output merged by lse (forward), dQ (backward) */
-            p->off_ring_acc = plan_add(p, "ring.acc", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)s->cfg.channels * 4));
+        if (s->backend == BACKEND_GPU) /* the blocks' fp32 sums: output merged by lse (forward), dQ (backward), NH HD a token */
+            p->off_ring_acc = plan_add(p, "ring.acc", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)block_widths(&s->cfg).q_width * 4));
     }
     if (s->workspace_bytes) plan_add(p, "library_workspace", SEC_WORKSPACE, -1, s->workspace_bytes);
 }

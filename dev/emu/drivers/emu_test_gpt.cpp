@@ -22,6 +22,10 @@
  *                                              blocksdrop:NAME:C:NH:V:Tc[,...] the same with attention dropout 0.1
  *                                              docs:NAME:C:NH:V:T[,T...]       check_documents (packed documents)
  *                                              docsdrop:NAME:C:NH:V:T[,T...]   the same with attention dropout 0.1
+ *                                              gqa:NAME:NH:NKV:HD:T[,T...]     check_attention_gqa (grouped-query heads)
+ *                                              gqadrop:NAME:NH:NKV:HD:T[,...]  the same with documents and attention dropout 0.1
+ *                                              gqaring2:NAME:NH:NKV:HD:Tc[,..] check_attention_ring_gqa, 2 members, dropout 0.1
+ *                                              gqaring3:NAME:NH:NKV:HD:Tc[,..] the same, 3 members, with documents
  *                                              accum:NAME:C:NH:V:T[,T...]      check_grad_accumulation
  *                                              tilebound:NAME:C:NH:V:T[,T...]  check_tiles_vs_untiled (needs tilesK:)
  *                                              segments:NAME:C:NH:V:T[,T...]   check_segments (--segment-layers against -r 0, dropout)
@@ -50,7 +54,8 @@ static void banner(void) {
 }
 
 static int usage(void) {
-    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|segments:|blocks:|blocksdrop:|docs:|docsdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5)\n"
+    fprintf(stderr, "usage: emu_test_gpt CASE...   (CASE = [tilesK:][nonfinite:|attention:|dropout:|long:|longdrop:|dropmodel:|accum:|tilebound:|segments:|blocks:|blocksdrop:|docs:|docsdrop:]NAME:C:NH:V:T[,T...], e.g. hs16:64:4:300:77,5;\n"
+                    "       or gqa:|gqadrop:|gqaring2:|gqaring3:NAME:NH:NKV:HD:T[,T...], e.g. gqa:g3:6:2:64:77)\n"
                     "       emu_test_gpt presence  (when \"no GPU\" is a skip and when a failure)\n"
                     "       emu_test_gpt bias      (a misaligned bias takes matmul.cuh's bias kernel)\n"
                     "       emu_test_gpt kernels   (the memory-bound kernels alone: vector and scalar paths)\n"
@@ -80,7 +85,7 @@ int main(int argc, char** argv) {
     }
     if (argc < 2) return usage();
     enum Kind { RUN_CASE, NONFINITE, ATTENTION, ATTENTION_DROPOUT, LONG, LONG_DROPOUT, MODEL_DROPOUT, ACCUM, TILE_BOUND, SEGMENTS, BLOCKS, BLOCKS_DROPOUT,
-                DOCUMENTS, DOCUMENTS_DROPOUT };
+                DOCUMENTS, DOCUMENTS_DROPOUT, GQA, GQA_DROPOUT, GQA_RING2, GQA_RING3 };
     struct Case { Kind kind; std::string name; int C, NH, V, tiles; std::vector<int> Ts; };
     std::vector<Case> cases;
     for (int i = 1; i < argc; i++) {
@@ -133,6 +138,15 @@ int main(int argc, char** argv) {
         } else if (a.rfind("docsdrop:", 0) == 0) {
             kind = DOCUMENTS_DROPOUT;
             a = a.substr(9);
+        } else if (a.rfind("gqa:", 0) == 0) {
+            kind = GQA;
+            a = a.substr(4);
+        } else if (a.rfind("gqadrop:", 0) == 0) {
+            kind = GQA_DROPOUT;
+            a = a.substr(8);
+        } else if (a.rfind("gqaring2:", 0) == 0 || a.rfind("gqaring3:", 0) == 0) {
+            kind = a[7] == '2' ? GQA_RING2 : GQA_RING3;
+            a = a.substr(9);
         }
         std::vector<std::string> f;
         size_t p = 0, q;
@@ -154,7 +168,8 @@ int main(int argc, char** argv) {
             if (q == std::string::npos) break;
             p = q + 1;
         }
-        if (c.C <= 0 || c.NH <= 0 || c.V <= 0 || c.C % c.NH) return usage();
+        const bool gqa = kind == GQA || kind == GQA_DROPOUT || kind == GQA_RING2 || kind == GQA_RING3; /* C, NH, V: NH, NKV, HD */
+        if (c.C <= 0 || c.NH <= 0 || c.V <= 0 || c.C % c.NH || (gqa && c.V > 128)) return usage();
         const int max_T = kind == LONG || kind == LONG_DROPOUT ? 4096 : 1024; /* one sequence at B=1: many tiles */
         for (int T : c.Ts)
             if (T <= 0 || T > max_T) return usage();
@@ -177,6 +192,12 @@ int main(int argc, char** argv) {
             else if (c.kind == BLOCKS_DROPOUT) check_attention_tiles(&sh, TEST_B, T, 0.1f);
             else if (c.kind == DOCUMENTS) check_documents(&sh, TEST_B, T, 0);
             else if (c.kind == DOCUMENTS_DROPOUT) check_documents(&sh, TEST_B, T, 0.1f);
+            else if (c.kind == GQA || c.kind == GQA_DROPOUT || c.kind == GQA_RING2 || c.kind == GQA_RING3) {
+                const GqaShape g = {c.name.c_str(), c.C, c.NH, c.V};
+                if (c.kind == GQA) check_attention_gqa(&g, TEST_B, T, 0, 0);
+                else if (c.kind == GQA_DROPOUT) check_attention_gqa(&g, TEST_B, T, 0.1f, 1);
+                else check_attention_ring_gqa(&g, c.kind == GQA_RING2 ? 2 : 3, TEST_B, T, 0.1f, c.kind == GQA_RING3);
+            }
             else if (c.kind == SEGMENTS) {
                 const DropoutState drop = model_dropout();
                 check_segments(&sh, T, &drop);
