@@ -134,7 +134,7 @@ static PlanSpec small_gpu_spec(int L, CostModel cm) {
  * choice fits and its predicted time equals the least of the ones that fit
  * (to rounding), or both find nothing. */
 static void check_auto_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0, 0};
     int checked = 0;
     for (int L = 1; L <= 5; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -186,7 +186,7 @@ static void check_auto_against_exhaustive(void) {
  * across the range and host budgets none, half the most any choice needs,
  * and unbounded; the links include a slow one, whose copies do not hide. */
 static void check_auto_offload_against_exhaustive(void) {
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
     int checked = 0;
     for (int L = 1; L <= 4; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -250,8 +250,8 @@ static void check_auto_offload_against_exhaustive(void) {
  * predicted time is the least, or both find nothing. The cost models
  * include one whose tiles are dear and one whose tiles are nearly free. */
 static void check_auto_tiles_against_exhaustive(void) {
-    CostModel cheap_tiles = {"cheap tiles", 1e14, 5e13, 1e12, 1e9, 1e-9, 1.0, 0, 0, 0, 0, 0};
-    CostModel dear_tiles = {"dear tiles", 1e14, 5e13, 1e12, 1e11, 1e-3, 4096.0, 0, 0, 0, 0, 0};
+    CostModel cheap_tiles = {"cheap tiles", 1e14, 5e13, 1e12, 1e9, 1e-9, 1.0, 0, 0, 0, 0, 0, 0};
+    CostModel dear_tiles = {"dear tiles", 1e14, 5e13, 1e12, 1e11, 1e-3, 4096.0, 0, 0, 0, 0, 0, 0};
     static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
     static const int tiles[10] = {0, 256, 128, 64, 32, 16, 8, 4, 2, 1};
     int checked = 0, tiled_choices = 0;
@@ -367,8 +367,8 @@ static __attribute__((noinline)) void check_rank_parallel(void) {
  * chosen somewhere, and some case must give a segment's last layers two
  * modes (below the top segment and in it). */
 static __attribute__((noinline)) void check_segments_at_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
     int checked = 0, chose_mode[NUM_RECOMPUTE_MODES] = {0}, chose_offload = 0, split_last = 0;
     for (int L = 3; L <= 7; L += L == 5 ? 2 : 1)
         for (int c = 0; c < (L == 7 ? 1 : NUM_COST_MODEL_DEFAULTS + 2); c++)
@@ -446,8 +446,8 @@ static __attribute__((noinline)) void check_segments_at_against_exhaustive(void)
  * slow (a segment's forward again is dear against -r 2) and one whose host
  * link is slow; some case must choose segments. */
 static void check_auto_segments_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
     static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
     static const int tiles[10] = {0, 256, 128, 64, 32, 16, 8, 4, 2, 1};
     int checked = 0, segment_choices = 0, offloaded_segments = 0;
@@ -746,7 +746,7 @@ static void check_calibration_round_trip(void) {
     memset(&s, 0, sizeof(s));
     s.cfg = d12; s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
     s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes; s.tile_tokens = 1024;
-    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10, 2e-5, 300.0, 4e9, 3e-6, 0, 0, 0};
+    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10, 2e-5, 300.0, 4e9, 3e-6, 0, 0, 0, 0};
     s.cost_model = truth;
     /* independent of the model's split: the attention FLOPs counted here */
     double att = 0.0;

@@ -149,6 +149,14 @@ static const RingLink ring_links[] = {
 #define HOST_LINK_PCIE5 5.0e10
 #define HOST_LINK_NVLINK_C2C 3.6e11
 
+/* The host AdamW of --offload-optimizer streams its bytes through host
+ * memory: assumed on a GPU machine 50 GB/s, about half of one socket's
+ * achievable bandwidth of a current server (the update is bandwidth bound:
+ * a few FLOPs per 30-odd bytes); a calibration file's
+ * host_memory_bytes_per_s replaces it. The CPU trainer's host is its
+ * device: its memory rate, which REMAT_PROFILE_COST_MODEL measures. */
+#define HOST_MEMORY_BYTES_PER_S_GPU 5.0e10
+
 /* Token tiles, assumed: on a GPU a pass is about six kernel launches at
  * 5 us each, and a BF16 tensor-core matmul of a GPT-2 layer's widths runs at
  * about half its rate at 256 rows; on the CPU a pass is about ten OpenMP
@@ -166,11 +174,11 @@ static const RingLink ring_links[] = {
  * head size 64, which the CPU trainer's plans (no family) use. */
 static const CostModel cost_model_defaults[] = {
     /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz; "offloading" is a memcpy */
-    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0, 0, 0, 0},
-    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
-    {"h100", 6.0e14, 2.5e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
-    {"h200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
-    {"gh200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
+    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0, 0, 0, 0, 0},
+    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
+    {"h100", 6.0e14, 2.5e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
+    {"h200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
+    {"gh200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
 };
 enum { COST_MODEL_CPU, COST_MODEL_A100, COST_MODEL_H100 }; /* indices of the table above */
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
@@ -242,6 +250,8 @@ static inline CostModel spec_cost_model(const PlanSpec* s) {
     if (!(cm.host_link_bytes_per_s > 0)) cm.host_link_bytes_per_s = fallback->host_link_bytes_per_s;
     if (!(cm.tile_pass_s > 0)) cm.tile_pass_s = fallback->tile_pass_s;
     if (!(cm.matmul_half_rows > 0)) cm.matmul_half_rows = fallback->matmul_half_rows;
+    if (!(cm.host_memory_bytes_per_s > 0))
+        cm.host_memory_bytes_per_s = s->backend == BACKEND_CPU ? cm.memory_bytes_per_s : HOST_MEMORY_BYTES_PER_S_GPU;
     return cm;
 }
 
@@ -458,13 +468,48 @@ static inline Work head_work(const PlanSpec* s) {
     return w;
 }
 
-/* Once per optimizer step: gradient zeroing, norm and AdamW over this process's shard. */
+/* Once per optimizer step: gradient zeroing, norm and AdamW over this
+ * process's shard; with --offload-optimizer the device keeps the zeroing
+ * and the norm, AdamW runs on the host (optimizer_offload_seconds). */
 static inline Work update_work(const PlanSpec* s) {
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
     double P = (double)pl.total, shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes;
+    if (s->offload_optimizer) return work_new(0.0, 0.0, P * E + shard * E, 0.0);
     Work w = work_new(0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0)), 0.0);
     return w;
+}
+
+/* --offload-optimizer's parts of a step, in seconds: the gradients' copy
+ * down, the host AdamW (its bytes at the host's memory rate: gradient read,
+ * master weights read and written, both moments read and written, the
+ * parameter written in the device's precision) and the parameters' copy
+ * up, and the part of them the step does not hide. On a GPU each layer's
+ * gradients go down (copy stream) while the layers below run their
+ * backward: hidden up to the backward's time. AdamW needs the global norm,
+ * so it starts when the backward ends; layer by layer, each layer's
+ * parameters going up while the host updates the next and the GPU runs the
+ * forward of the layers before: exposed are the first unit's update and
+ * copy (nothing to overlap them with) and whatever of the pipelined rest,
+ * the slower of update and copy, exceeds the forward. On the CPU trainer
+ * everything runs in line: all of it. */
+typedef struct { double down, adamw, up, exposed; } OptimizerOffloadSeconds;
+
+static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* s, const CostModel* cm) {
+    OptimizerOffloadSeconds o = {0.0, 0.0, 0.0, 0.0};
+    if (!s->offload_optimizer) return o;
+    ParamLayout pl;
+    param_layout(&s->cfg, &pl);
+    double shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes, H = s->master_weights ? 4.0 : E;
+    double link = s->backend == BACKEND_CPU ? cm->memory_bytes_per_s : cm->host_link_bytes_per_s;
+    o.down = shard * E / link;
+    o.up = shard * E / link;
+    o.adamw = shard * (2.0 * E + 2.0 * H + 16.0) / cm->host_memory_bytes_per_s;
+    if (s->backend == BACKEND_CPU) { o.exposed = o.down + o.adamw + o.up; return o; }
+    double L = s->cfg.num_layers, fwd = L * work_seconds(layer_work(s, 0), cm), bwd = L * work_seconds(layer_work(s, 1), cm);
+    double first = (o.adamw + o.up) / (L + 1.0), rest = (o.adamw > o.up ? o.adamw : o.up) - first;
+    o.exposed = (o.down > bwd ? o.down - bwd : 0.0) + first + (rest > fwd ? rest - fwd : 0.0);
+    return o;
 }
 
 static inline int spec_grad_accum(const PlanSpec* s) { return s->grad_accum > 0 ? s->grad_accum : 1; }
@@ -555,7 +600,7 @@ static inline double segment_offload_seconds(const PlanSpec* s, const CostModel*
  * the ring's exposed transfers and the offloaded copies' excess. */
 static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes,
                                             const unsigned char* offload) {
-    double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
+    double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes) + optimizer_offload_seconds(s, cm).exposed;
     int K = plan_segment_layers(s);
     for (int l = 0; modes && offload && l < s->cfg.num_layers; l++) {
         if (!offload[l]) continue;
@@ -621,6 +666,7 @@ static const CostModelKey cost_model_keys[] = {
     {"matmul_backward_flops_per_s", offsetof(CostModel, matmul_backward_flops_per_s), 0},
     {"attention_backward_flops_per_s", offsetof(CostModel, attention_backward_flops_per_s), 0},
     {"gelu_bytes_per_s", offsetof(CostModel, gelu_bytes_per_s), 0},
+    {"host_memory_bytes_per_s", offsetof(CostModel, host_memory_bytes_per_s), 0},
 };
 #define NUM_COST_MODEL_KEYS ((int)(sizeof(cost_model_keys) / sizeof(cost_model_keys[0])))
 

@@ -133,7 +133,7 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
                 "measured), outside the plan and the budget\n", mib(remat_nccl_device_bytes));
     if (p->host_total_bytes) {
         char need[32], have[32];
-        fprintf(out, "host memory for offloaded checkpoints: %s of %s (%s): %s\n", format_size(p->host_total_bytes, need, sizeof(need)),
+        fprintf(out, "host memory for %s: %s of %s (%s): %s\n", plan_host_pool_contents(p), format_size(p->host_total_bytes, need, sizeof(need)),
                 format_size(host_budget, have, sizeof(have)), host_source, p->host_total_bytes <= host_budget ? "fits" : "does not fit");
     }
     size_t by_act[NUM_LAYER_ACTS];
