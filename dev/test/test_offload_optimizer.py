@@ -126,3 +126,22 @@ def test_auto_without_the_flag_never_offloads():
     res = auto("--mem-budget", "64MiB")
     assert res.returncode == 0, res.stderr
     assert "optimizer offloaded" not in res.stdout and "the optimizer" not in res.stdout
+
+
+needs_mpi = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not found (install OpenMPI)")
+
+
+@needs_mpi
+@pytest.mark.parametrize("flags", [["-z", "1"], ["-z", "1", "--context-parallel", "2"]], ids=["zero1", "zero1+cp2"])
+def test_two_processes_offload_their_shards(synthetic, tmp_path, flags):
+    """ZeRO-1 over two processes, each offloading its shard (and context
+    parallelism over the two): model and both ranks' state files byte for byte
+    those of the run without the flag."""
+    from test_multiprocess import train as mpi_train
+    outs = {}
+    for tag, extra in (("plain", []), ("offloaded", ["--offload-optimizer"])):
+        outs[tag] = tmp_path / tag
+        mpi_train(2, synthetic, "-b", "2", "-x", "4", "-v", "0", "-n", "2", "--dropout", "0.1", *flags, *extra, "-o", outs[tag])
+    ref = files(outs["plain"])
+    assert any(n.startswith("state_") and n.endswith("_00001.bin") for n in ref)
+    assert files(outs["offloaded"]) == ref

@@ -241,6 +241,127 @@ static void check_auto_offload_against_exhaustive(void) {
     printf("auto with offloading against exhaustive search: %d (L, cost model, budget, host budget) cases\n", checked);
 }
 
+/* --offload-optimizer's plan against a count by hand: the device keeps the
+ * parameters and gradients (and the fp32 sums of micro-steps), no master
+ * weights and no moments; the host pool holds this rank's shard of the
+ * master weights (fp32; without them the parameters in storage precision),
+ * of the gradients in storage precision, and the two fp32 moments, each
+ * entry aligned to 256 bytes; the rest of the device plan is unchanged. */
+static void check_offloaded_optimizer_sizes(void) {
+    ModelConfig cfg = test_config(3, 4, 64, 50, 256);
+    size_t C = 64, L = 3, P = 128 * C + 256 * C + L * (12 * C * C + 13 * C) + 2 * C;
+    static const int worlds[3] = {1, 2, 3}, masters[2] = {0, 1}, elems[2] = {2, 4};
+    int checked = 0;
+    for (int w = 0; w < 3; w++)
+        for (int m = 0; m < 2; m++)
+            for (int e = 0; e < 2; e++) {
+                PlanSpec s = small_gpu_spec((int)L, cost_model_defaults[COST_MODEL_H100]);
+                s.cfg = cfg;
+                s.world_size = worlds[w]; s.zero_stage = 1; s.master_weights = masters[m]; s.elem_bytes = elems[e];
+                size_t E = (size_t)elems[e], shard = (P + (size_t)worlds[w] - 1) / (size_t)worlds[w];
+                MemoryPlan on, off;
+                plan_build(&off, &s);
+                s.offload_optimizer = 1;
+                plan_build(&on, &s);
+                expect_eq("offloaded optimizer: parameter count", on.num_params, P);
+                expect_eq("offloaded optimizer: device parameters", on.section_bytes[SEC_PARAMETERS], align256(P * E));
+                expect_eq("offloaded optimizer: device master weights", on.section_bytes[SEC_MASTER_WEIGHTS], 0);
+                expect_eq("offloaded optimizer: device moments", on.section_bytes[SEC_OPTIMIZER], 0);
+                expect_eq("offloaded optimizer: device gradients", on.section_bytes[SEC_GRADIENTS], off.section_bytes[SEC_GRADIENTS]);
+                expect_eq("offloaded optimizer: host master weights", on.host_section_bytes[SEC_MASTER_WEIGHTS],
+                          align256(shard * (masters[m] ? 4 : E)));
+                expect_eq("offloaded optimizer: host gradient copy", on.host_section_bytes[SEC_GRADIENTS], align256(shard * E));
+                expect_eq("offloaded optimizer: host moments", on.host_section_bytes[SEC_OPTIMIZER], 2 * align256(shard * 4));
+                expect_eq("offloaded optimizer: host pool", on.host_total_bytes,
+                          align256(shard * (masters[m] ? 4 : E)) + align256(shard * E) + 2 * align256(shard * 4));
+                expect_eq("offloaded optimizer: host bytes by formula", plan_host_optimizer_bytes(&on.spec), on.host_total_bytes);
+                size_t moved = (masters[m] ? align256(shard * 4) : 0) + 2 * align256(shard * 4);
+                expect_eq("offloaded optimizer: device total", on.total_bytes, off.total_bytes - moved);
+                plan_free(&on);
+                plan_free(&off);
+                checked++;
+            }
+    printf("offloaded optimizer sizes against a count by hand: %d (ranks, master weights, precision) cases\n", checked);
+}
+
+/* -r auto choosing the optimizer's place with the per-layer modes and
+ * offloading, against an exhaustive search over both places and all 6^L
+ * per-layer choices (L <= 3), each planned by plan_build (device bytes, and
+ * host bytes that include the optimizer's) and timed by the time model, at
+ * device budgets across the range and host budgets none, half the most any
+ * choice needs, and unbounded; with checkpoint offloading allowed and not;
+ * the cost models include a slow host link and a slow host memory. */
+static void check_auto_place_against_exhaustive(void) {
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_host = {"slow host memory", 1e14, 5e13, 1e12, 5e10, 0, 0, 0, 0, 0, 0, 0, 1e8};
+    int checked = 0, offloaded = 0, on_device = 0;
+    for (int L = 1; L <= 3; L++)
+        for (int c = 0; c < 3; c++) {
+            PlanSpec s = small_gpu_spec(L, c == 0 ? cost_model_defaults[COST_MODEL_H100] : c == 1 ? slow_link : slow_host);
+            static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
+            int n = 1;
+            for (int l = 0; l < L; l++) n *= 6;
+            size_t* totals = (size_t*)malloc_check(2 * (size_t)n * sizeof(size_t), "test");
+            size_t* hosts = (size_t*)malloc_check(2 * (size_t)n * sizeof(size_t), "test");
+            double* secs = (double*)malloc_check(2 * (size_t)n * sizeof(double), "test");
+            unsigned char modes[3], offload[3], chosen[3], chosen_off[3];
+            size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
+            for (int i = 0; i < 2 * n; i++) {
+                int code = i % n;
+                for (int l = 0, k = code; l < L; l++, k /= 6) { modes[l] = (unsigned char)choice_mode[k % 6]; offload[l] = (unsigned char)choice_off[k % 6]; }
+                s.layer_mode = modes;
+                s.layer_offload = offload;
+                s.offload_optimizer = i >= n;
+                totals[i] = plan_totals_for(&s, -1, s.B, s.T, &hosts[i]);
+                secs[i] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                if (totals[i] < lo) lo = totals[i];
+                if (totals[i] > hi) hi = totals[i];
+                if (hosts[i] > host_hi) host_hi = hosts[i];
+            }
+            size_t host_budgets[3] = {0, host_hi / 2, SIZE_MAX};
+            for (int ckpt = 0; ckpt < 2; ckpt++)
+                for (int h = 0; h < 3; h++)
+                    for (int step = 0; step <= 30; step++) {
+                        size_t budget = lo - 1 + (hi + 1 - lo) / 30 * (size_t)step + (step == 30 ? 1 : 0);
+                        double best = -1.0;
+                        for (int i = 0; i < 2 * n; i++) {
+                            int any_off = 0;
+                            for (int l = 0, k = i % n; l < L; l++, k /= 6) any_off |= choice_off[k % 6];
+                            if (any_off && !ckpt) continue;
+                            if (totals[i] <= budget && hosts[i] <= host_budgets[h] && (best < 0 || secs[i] < best)) best = secs[i];
+                        }
+                        s.layer_mode = NULL;
+                        s.layer_offload = NULL;
+                        s.offload_optimizer = 0;
+                        memset(chosen_off, 0, sizeof(chosen_off));
+                        int rc = recompute_auto_place(&s, budget, host_budgets[h], ckpt, 1, 0, 0, chosen, chosen_off);
+                        checked++;
+                        if (best < 0) {
+                            if (rc == 0) { printf("  FAIL auto place L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", L, s.cost_model.name, budget); failures++; }
+                            continue;
+                        }
+                        s.layer_mode = chosen;
+                        s.layer_offload = chosen_off;
+                        size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                        double secs_auto = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                        if (rc != 0 || t > budget || host > host_budgets[h] || secs_auto > best * (1 + 1e-12)) {
+                            printf("  FAIL auto place L=%d %s budget %zu host %zu ckpt %d: rc %d, optimizer %s, %zu bytes, host %zu, %.9g s; "
+                                   "exhaustive best %.9g s\n", L, s.cost_model.name, budget, host_budgets[h], ckpt, rc,
+                                   s.offload_optimizer ? "host" : "device", t, host, secs_auto, best);
+                            failures++;
+                        }
+                        if (s.offload_optimizer) offloaded++;
+                        else on_device++;
+                    }
+            free(totals);
+            free(hosts);
+            free(secs);
+        }
+    printf("auto choosing the optimizer's place against exhaustive search: %d cases, %d offloaded it, %d kept it on the device\n",
+           checked, offloaded, on_device);
+    if (!offloaded || !on_device) { printf("  FAIL auto place: every case chose the same place\n"); failures++; }
+}
+
 /* -r auto choosing the tile size too, against an exhaustive search over
  * every per-layer choice (modes 0-3, and 1o, 3o with a host budget) at
  * every tile size it may take (untiled, and the powers of two from 256 down
@@ -891,6 +1012,8 @@ int main(void) {
     check_auto_against_exhaustive();
     search_llama = 0;
     check_auto_offload_against_exhaustive();
+    check_offloaded_optimizer_sizes();
+    check_auto_place_against_exhaustive();
     check_auto_tiles_against_exhaustive();
     check_rank_parallel();
     check_segments_at_against_exhaustive();

@@ -744,6 +744,7 @@ static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, C
     out->matmul_half_rows = given->matmul_half_rows;
     out->ring_bytes_per_s = given->ring_bytes_per_s;
     out->ring_latency_s = given->ring_latency_s;
+    out->host_memory_bytes_per_s = given->host_memory_bytes_per_s; /* the host AdamW: not in a GPU step's profile */
     if (!(t->update_ms > 0) || !(t->attention_ms > 0)) { snprintf(why, n, "the profile has no update or attention time"); return -1; }
     out->memory_bytes_per_s = upd.memory_bytes / (t->update_ms * 1e-3);
     out->attention_flops_per_s = compute.attention_flops / (t->attention_ms * 1e-3);

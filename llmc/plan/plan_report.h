@@ -66,6 +66,18 @@ static inline void plan_print_ring_shares(const PlanSpec* s, FILE* out) {
 }
 
 /* The plan's own mix: its -r flag, predicted step time and extra time. */
+/* --offload-optimizer's share of a step of t seconds: each part's time and
+ * what the step does not hide of them (cost_model.h, optimizer_offload_seconds). */
+static inline void plan_print_optimizer_time(const PlanSpec* s, const CostModel* cm, double t, FILE* out) {
+    OptimizerOffloadSeconds o = optimizer_offload_seconds(s, cm);
+    fprintf(out, "  optimizer offloaded: gradients down %.3g ms, host AdamW %.3g ms (host memory %.3g B/s), parameters up %.3g ms; "
+            "%.3g ms not hidden (%.1f%% of the step)%s\n", 1e3 * o.down, 1e3 * o.adamw, cm->host_memory_bytes_per_s, 1e3 * o.up,
+            1e3 * o.exposed, 100.0 * o.exposed / t,
+            s->backend == BACKEND_CPU ? ": on the CPU trainer all of it runs in line"
+                                      : ": the copy down hides behind the backward, AdamW and the copy up behind the next forward but "
+                                        "for the first layer's");
+}
+
 static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     const PlanSpec* s = &p->spec;
     CostModel cm = spec_cost_model(s);
@@ -81,6 +93,7 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
+    if (s->offload_optimizer) plan_print_optimizer_time(s, &cm, t, out);
     if (matmul_backward_rate(&cm) != cm.matmul_flops_per_s || attention_backward_rate(&cm) != cm.attention_flops_per_s ||
         gelu_rate(&cm) != cm.memory_bytes_per_s)
         fprintf(out, "  rates of their own: backward matmuls %.3g FLOP/s, attention backward %.3g FLOP/s, GELU %.3g B/s\n",
