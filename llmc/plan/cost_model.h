@@ -791,6 +791,7 @@ static inline int cost_model_calibrate_ops(const PlanSpec* s, const OpTimes* t, 
     out->attention_backward_flops_per_s = all.attention_backward_flops / timed[3];
     out->gelu_bytes_per_s = all.gelu_bytes / timed[4];
     out->memory_bytes_per_s = (all.memory_bytes - all.gelu_bytes) / rest;
+    out->host_memory_bytes_per_s = out->memory_bytes_per_s; /* the CPU's host AdamW streams through this same memory */
     return 0;
 }
 

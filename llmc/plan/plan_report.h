@@ -227,8 +227,9 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     for (const char* q = cm.name; *q; q++) fprintf(out, *q == '"' || *q == '\\' ? "\\%c" : "%c", *q);
     fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g, \"host_link_bytes_per_s\": %.6g, "
                  "\"tile_pass_s\": %.6g, \"matmul_half_rows\": %.6g, \"matmul_backward_flops_per_s\": %.6g, \"attention_backward_flops_per_s\": %.6g, "
-                 "\"gelu_bytes_per_s\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
-            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows, matmul_backward_rate(&cm), attention_backward_rate(&cm), gelu_rate(&cm));
+                 "\"gelu_bytes_per_s\": %.6g, \"host_memory_bytes_per_s\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
+            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows, matmul_backward_rate(&cm), attention_backward_rate(&cm), gelu_rate(&cm),
+            cm.host_memory_bytes_per_s);
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
     RingLink link = spec_ring_link(s);
     fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_link_bytes_per_s\": %.6g, \"ring_link_latency_s\": %.6g, "
