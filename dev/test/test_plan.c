@@ -362,6 +362,39 @@ static void check_auto_place_against_exhaustive(void) {
     if (!offloaded || !on_device) { printf("  FAIL auto place: every case chose the same place\n"); failures++; }
 }
 
+/* --offload-optimizer's time by hand: the shard's gradients down and its
+ * parameters up, 2 bytes each in BF16 over the host link; the host AdamW's
+ * 28 bytes a parameter (gradient 2, master weights 4 + 4, moments 16,
+ * parameter 2) at the host's memory rate; exposed on the GPU the copy down
+ * and the slower of update and copy up, on the CPU (4-byte storage, no
+ * master weights: 32 bytes; copies at the memory rate) all of it. The step's
+ * prediction moves by that less the device update it no longer runs. */
+static void check_optimizer_offload_time(void) {
+    CostModel cm = {"hand", 1e14, 5e13, 1e12, 2e10, 0, 0, 0, 0, 0, 0, 0, 4e10};
+    for (int backend = 0; backend < 2; backend++) {
+        PlanSpec s = small_gpu_spec(3, cm);
+        s.backend = backend == 0 ? BACKEND_GPU : BACKEND_CPU;
+        if (s.backend == BACKEND_CPU) { s.elem_bytes = 4; s.master_weights = 0; }
+        double P = 128.0 * 64 + 256.0 * 64 + 3 * (12.0 * 64 * 64 + 13.0 * 64) + 2.0 * 64, E = s.elem_bytes;
+        CostModel r = spec_cost_model(&s);
+        double link = s.backend == BACKEND_CPU ? r.memory_bytes_per_s : r.host_link_bytes_per_s;
+        double down = P * E / link, adamw = P * (s.backend == BACKEND_CPU ? 32.0 : 28.0) / r.host_memory_bytes_per_s;
+        double want = s.backend == BACKEND_CPU ? 2 * down + adamw : down + (adamw > down ? adamw : down);
+        double before = plan_predicted_seconds_offload(&s, NULL, NULL, NULL);
+        s.offload_optimizer = 1;
+        OptimizerOffloadSeconds o = optimizer_offload_seconds(&s, &r);
+        double after = plan_predicted_seconds_offload(&s, NULL, NULL, NULL);
+        double device_update = P * (3.0 * E + 16.0 + (s.master_weights ? 8.0 : 0.0)) - P * E; /* the bytes the device no longer moves */
+        double want_step = before + want - device_update / r.memory_bytes_per_s;
+        if (fabs(o.exposed - want) > 1e-9 * want || fabs(after - want_step) > 1e-9 * want_step) {
+            printf("  FAIL optimizer offload time (%s): exposed %.9g s, by hand %.9g; step %.9g s, by hand %.9g\n",
+                   s.backend == BACKEND_CPU ? "cpu" : "gpu", o.exposed, want, after, want_step);
+            failures++;
+        }
+    }
+    printf("offloaded optimizer's time against a count by hand: GPU and CPU\n");
+}
+
 /* -r auto choosing the tile size too, against an exhaustive search over
  * every per-layer choice (modes 0-3, and 1o, 3o with a host budget) at
  * every tile size it may take (untiled, and the powers of two from 256 down
@@ -1014,6 +1047,7 @@ int main(void) {
     check_auto_offload_against_exhaustive();
     check_offloaded_optimizer_sizes();
     check_auto_place_against_exhaustive();
+    check_optimizer_offload_time();
     check_auto_tiles_against_exhaustive();
     check_rank_parallel();
     check_segments_at_against_exhaustive();

@@ -484,15 +484,16 @@ static inline Work update_work(const PlanSpec* s) {
  * down, the host AdamW (its bytes at the host's memory rate: gradient read,
  * master weights read and written, both moments read and written, the
  * parameter written in the device's precision) and the parameters' copy
- * up, and the part of them the step does not hide. On a GPU each layer's
- * gradients go down (copy stream) while the layers below run their
- * backward: hidden up to the backward's time. AdamW needs the global norm,
- * so it starts when the backward ends; layer by layer, each layer's
- * parameters going up while the host updates the next and the GPU runs the
- * forward of the layers before: exposed are the first unit's update and
- * copy (nothing to overlap them with) and whatever of the pipelined rest,
- * the slower of update and copy, exceeds the forward. On the CPU trainer
- * everything runs in line: all of it. */
+ * up, and the part of them the step does not hide. As built on a GPU
+ * (llmc/cuda/optimizer_offload.cuh) the copy down follows the backward and
+ * the host waits for it; AdamW then runs tensor by tensor, each tensor's
+ * copy up queued as soon as it is updated, so the copies up hide behind the
+ * host's work but for the last tensor's, and the next forward waits for
+ * them: exposed are the copy down and the slower of update and copy up.
+ * (Copying each layer's gradients while the layers below run their backward,
+ * and the update overlapping the next forward layer by layer, would hide
+ * most of it: not built, so not priced.) On the CPU trainer everything runs
+ * in line: all of it. */
 typedef struct { double down, adamw, up, exposed; } OptimizerOffloadSeconds;
 
 static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* s, const CostModel* cm) {
@@ -506,9 +507,7 @@ static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* 
     o.up = shard * E / link;
     o.adamw = shard * (2.0 * E + 2.0 * H + 16.0) / cm->host_memory_bytes_per_s;
     if (s->backend == BACKEND_CPU) { o.exposed = o.down + o.adamw + o.up; return o; }
-    double L = s->cfg.num_layers, fwd = L * work_seconds(layer_work(s, 0), cm), bwd = L * work_seconds(layer_work(s, 1), cm);
-    double first = (o.adamw + o.up) / (L + 1.0), rest = (o.adamw > o.up ? o.adamw : o.up) - first;
-    o.exposed = (o.down > bwd ? o.down - bwd : 0.0) + first + (rest > fwd ? rest - fwd : 0.0);
+    o.exposed = o.down + (o.adamw > o.up ? o.adamw : o.up);
     return o;
 }
 

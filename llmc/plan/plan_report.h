@@ -74,8 +74,7 @@ static inline void plan_print_optimizer_time(const PlanSpec* s, const CostModel*
             "%.3g ms not hidden (%.1f%% of the step)%s\n", 1e3 * o.down, 1e3 * o.adamw, cm->host_memory_bytes_per_s, 1e3 * o.up,
             1e3 * o.exposed, 100.0 * o.exposed / t,
             s->backend == BACKEND_CPU ? ": on the CPU trainer all of it runs in line"
-                                      : ": the copy down hides behind the backward, AdamW and the copy up behind the next forward but "
-                                        "for the first layer's");
+                                      : ": the copy down after the backward, then AdamW with the copies up behind it");
 }
 
 static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
