@@ -40,6 +40,7 @@
 #include "llmc/cuda/profile.cuh"
 #include "llmc/cuda/nvtx_regions.cuh"
 #include "llmc/cuda/offload.cuh"
+#include "llmc/cuda/optimizer_offload.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -122,6 +123,7 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
+    OptimizerOffload oo;        /* --offload-optimizer: master weights and moments in the pinned pool (optimizer_offload.cuh) */
     /* packed documents (llmc/core/documents.h): the device buffers are the plan's (documents.*), B*T ints each */
     DocumentOptions docs;
     int* h_doc_start;           /* pinned (B,T): the loader's starts (Backend.doc_start), or sampling's */
@@ -233,11 +235,13 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->used_arena = gpu_used_memory();
     nvtx_register_plan(plan, m->arena);
     offload_create(&m->off, plan, m->arena, m->stream);
+    optimizer_offload_create(&m->oo, plan, m->off.host);
     size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
     gpu_matmul_set_workspace(&m->mm, ws_bytes ? m->arena + ws_off : NULL, ws_bytes);
 
     TRAINER_CARVE_ARENA(m, plan, floatX, float);
-    m->master = plan->spec.master_weights ? (float*)(m->arena + plan->off_master) : NULL;
+    m->master = plan->spec.master_weights && !m->oo.on ? (float*)(m->arena + plan->off_master) : NULL;
+    if (m->oo.on) m->adam_m = m->adam_v = NULL; /* in the pinned pool: m->oo.m, m->oo.v */
     m->att_rowsum = (float*)(m->arena + plan->off_att_rowsum);
     m->column_partials = (float*)(m->arena + plan->off_column_partials);
     m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
@@ -248,8 +252,10 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->wte_grad_fp32 = m->grads_fp32_count >= (size_t)m->cfg.padded_vocab_size * m->cfg.channels; /* wte: parameters [0, Vp*C) */
     CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
     if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
+    if (!m->oo.on) {
+        CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
+        CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
+    }
 
     size_t N = (size_t)plan->spec.B * plan->spec.T, io = plan->spec.io_chunk_floats;
     m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
@@ -279,6 +285,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
 static void gpu_model_free(GpuModel* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
     gpu_matmul_destroy(&m->mm);
+    optimizer_offload_destroy(&m->oo);
     offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
     void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits,
@@ -735,15 +742,18 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     param_layout(&m->cfg, &pl);
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
+    if (m->oo.on) optimizer_offload_grads_down(&m->oo, m->grads, lo, hi, m->stream);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
         if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
         size_t k = off - lo; /* index into this rank's master weights and moments */
+        if (m->oo.on) { optimizer_offload_update_slice(&m->oo, m->params, off, k, end - off, wd, s, m->seed); continue; }
         gpu_adamw(m->params + off, m->master ? m->master + k : NULL, m->grads + off, m->adam_m + k, m->adam_v + k,
                   end - off, off, s->lr, s->beta1, s->beta2, s->bias_corr1, s->bias_corr2, s->eps, wd, s->grad_scale, m->seed, s->t,
                   m->stream);
     }
+    if (m->oo.on) optimizer_offload_params_up(&m->oo, m->stream);
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
     prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* the step time printed includes the update */
@@ -861,6 +871,18 @@ static void gpu_zero_grads(void* ctx) {
     if (m->grads_fp32) CUDA_CHECK(cudaMemsetAsync(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float), m->stream));
 }
 
+/* --offload-optimizer: a state tensor other than the parameters is in the
+ * pinned pool already: read or written there, no device round trip. */
+static void gpu_transfer_host_optimizer(GpuModel* m, int tensor, size_t start, size_t n, float* host, int to_host) {
+    float* src = tensor == TENSOR_MASTER ? m->oo.master : tensor == TENSOR_ADAM_M ? m->oo.m : m->oo.v;
+    if (!src) fail("this run keeps no fp32 master weights (-w 0, or an FP32 build)");
+    if (start < m->par.shard_start || start + n > m->par.shard_start + m->par.shard_count)
+        fail("optimizer state range outside this rank's shard");
+    src += start - m->par.shard_start;
+    if (to_host) memcpy(host, src, n * sizeof(float));
+    else memcpy(src, host, n * sizeof(float));
+}
+
 /* Moves n fp32 values of a state tensor between the host and the device.
  * Parameters are converted to and from floatX on the host (round to nearest
  * even); loading parameters also sets the master weights to the given fp32
@@ -879,6 +901,7 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         }
         for (size_t i = 0; i < n; i++) host_floatX_store(m->h_xfer, i, host[i]);
         CUDA_CHECK(cudaMemcpy(dev, m->h_xfer, n * sizeof(floatX), kind));
+        if (m->oo.on) optimizer_offload_load(&m->oo, m->par.shard_start, m->par.shard_start + m->par.shard_count, start, n, host);
         if (!m->master) return;
         size_t lo = start > m->par.shard_start ? start : m->par.shard_start; /* master weights: this rank's shard only */
         size_t hi = start + n < m->par.shard_start + m->par.shard_count ? start + n : m->par.shard_start + m->par.shard_count;
@@ -886,6 +909,7 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         return;
     }
     float* dev = NULL;
+    if (m->oo.on) { gpu_transfer_host_optimizer(m, tensor, start, n, host, to_host); return; }
     if (tensor == TENSOR_MASTER) {
         if (!m->master) fail("this run keeps no fp32 master weights (-w 0, or an FP32 build)");
         dev = m->master;
@@ -1152,8 +1176,6 @@ int main(int argc, char** argv) {
     const TrainerTraits gpu_trainer = {FOR_GPU, (int)sizeof(floatX), 4, !PRECISION_IS_FP32, GPU_WORKSPACE_BYTES, GPU_LOGITS_CHUNK_ROWS};
     run_setup(&run, argc, argv, &gpu_trainer);
     /* --plan and --plan-json, which price both, have exited in run_setup */
-    if (run.plan.spec.offload_optimizer) /* its plan and time model are there; the mechanism (issue 43) is not yet */
-        fail("--offload-optimizer: the GPU trainer plans it (--plan, -r auto) but does not run it yet: train_gpt_cpu runs it, or drop the flag");
     /* the configurable block (RMSNorm, RoPE, GQA, SwiGLU, ...) has no kernels here yet: never GPT-2's on its file */
     if (!config_is_gpt2(&run.cfg)) fail("%s: the GPU trainer runs GPT-2 only so far (this model is %s: train it with train_gpt_cpu)", run.model_desc,
                                         family_names[config_resolved(&run.cfg).family]);

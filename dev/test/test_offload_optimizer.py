@@ -99,17 +99,12 @@ def test_gpu_plan_moves_master_weights_and_moments():
     P = param_count()
     host = {b["name"]: b["bytes"] for b in off["host_buffers"]}
     assert host == {"master_weights": 4 * P, "grads_copy": 2 * P, "adam_m": 4 * P, "adam_v": 4 * P}
-    assert plain["total_bytes"] - off["total_bytes"] == 3 * a256(4 * P)
-
-
-def test_gpu_trainer_refuses_to_run_it(tiny_shards):
-    gpu = gpu_trainer()
-    if gpu is None:
-        pytest.skip("no GPU trainer build (nor its emulated build)")
-    res = run([gpu, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "1",
-               "--offload-optimizer"])
-    assert res.returncode != 0
-    assert "--offload-optimizer: the GPU trainer plans it" in res.stderr, res.stderr
+    lost = {b["name"]: b["bytes"] for b in plain["buffers"]}
+    for b in off["buffers"]:
+        lost.pop(b["name"], None)
+    assert lost == {"master_weights": 4 * P, "adam_m": 4 * P, "adam_v": 4 * P}
+    # each entry aligned to 256 bytes, after the guard zone emulated builds add (0 to 256 bytes)
+    assert 3 * a256(4 * P) <= plain["total_bytes"] - off["total_bytes"] <= 3 * a256(4 * P + 256)
 
 
 def auto(*args):

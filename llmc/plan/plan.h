@@ -783,7 +783,8 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     fprintf(out, "  %-16s %12.1f MiB (%zu bytes, allocated once)\n", "total", mib(p->total_bytes), p->total_bytes);
     if (p->spec.offload_optimizer)
         fprintf(out, "  optimizer offloaded (--offload-optimizer): master weights, gradient copy and moments of %zu parameters in the "
-                "%s, %.1f MiB; AdamW runs on the host\n", p->shard_params, host, mib(plan_host_optimizer_bytes(&p->spec)));
+                "%s, %.1f MiB; AdamW runs on the host\n", p->shard_params, p->spec.backend == BACKEND_GPU ? "pinned host pool" : "host pool",
+                mib(plan_host_optimizer_bytes(&p->spec)));
     for (int mode = 0; mode < NUM_RECOMPUTE_MODES; mode++) {
         char layers[256];
         int count = plan_layers_with_mode(p, mode, layers, sizeof(layers));
