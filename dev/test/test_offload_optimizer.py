@@ -140,3 +140,22 @@ def test_two_processes_offload_their_shards(synthetic, tmp_path, flags):
     ref = files(outs["plain"])
     assert any(n.startswith("state_") and n.endswith("_00001.bin") for n in ref)
     assert files(outs["offloaded"]) == ref
+
+
+def test_auto_offloads_the_optimizer_where_only_that_fits(tiny_shards, tmp_path):
+    """A device budget (given apart from the host's, so the CPU's pool does not
+    draw on it) that no plan with the optimizer on the device fits: -r auto
+    with the flag moves it to the host pool and says so, and the run trains to
+    the files of -r 0 without it; without the flag, or with the one memory of
+    the CPU (no --host-mem-budget), nothing fits."""
+    budget = ["--mem-budget", "2MiB"]
+    res = auto(*budget, "--host-mem-budget", "64MiB", "--offload-optimizer")
+    assert res.returncode == 0, res.stderr
+    assert "recompute auto: the optimizer in host memory: --offload-optimizer" in res.stdout, res.stdout
+    for flags in ([*budget, "--host-mem-budget", "64MiB"], [*budget, "--offload-optimizer"]):
+        res = auto(*flags)
+        assert res.returncode != 0 and "-r auto: nothing fits in 2.0 MiB" in res.stderr, (flags, res.stderr)
+    train(tiny_shards, tmp_path / "r0")
+    res = train(tiny_shards, tmp_path / "auto", "-r", "auto", *budget, "--host-mem-budget", "64MiB", "--offload-optimizer")
+    assert "optimizer offloaded (--offload-optimizer)" in res.stdout
+    assert files(tmp_path / "auto") == files(tmp_path / "r0")
