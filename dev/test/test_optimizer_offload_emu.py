@@ -27,14 +27,14 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def train_exes():
-    return build_trainers(REPO, OUT, ["bf16"])
+    return build_trainers(REPO, OUT, ["bf16", "fp16"])
 
 
-def train(exe, tiny_shards, out, *flags, check=True, **env):
-    if not env:
+def train(exe, tiny_shards, out, *flags, check=True, steps="2", lr="1e-3", **env):
+    if not env and steps == "2" and lr == "1e-3":
         return train_two_steps(exe, MODEL, tiny_shards, out, *flags, check=check)
-    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "2", "-n", "2", "-s", "0",
-                   "-l", "1e-3", "-o", out, *flags], **env)
+    res = emu_run([exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", steps, "-n", steps, "-s", "0",
+                   "-l", lr, "-d", "128", "-o", out, *flags], **env)
     if check:
         assert res.returncode == 0, explain(res)
     return res
@@ -49,6 +49,19 @@ def test_emulated_offloaded_optimizer_writes_identical_files(train_exes, tiny_sh
     ref = files(tmp_path / "device")
     assert any(n.startswith("model_") for n in ref) and any(n.startswith("state_") for n in ref)
     assert files(tmp_path / "host") == ref
+
+
+def test_emulated_fp16_with_skipped_steps(train_exes, tiny_shards, tmp_path):
+    """FP16 with loss scaling at a learning rate of 1: steps 2 and 3 overflow and
+    are skipped (the scale halved each time), step 4 updates again; the files
+    are the on-device optimizer's byte for byte."""
+    got = {}
+    for name, flags in (("device", []), ("host", ["--offload-optimizer"])):
+        res = train(train_exes["fp16"], tiny_shards, tmp_path / name, *flags, steps="4", lr="1")
+        assert res.stdout.count("skipped: inf/NaN gradients") == 2, res.stdout[-3000:]
+        assert "step    4/4 | loss" in res.stdout and "step    4/4 | loss" in res.stdout.split("skipped")[-1]
+        got[name] = files(tmp_path / name)
+    assert got["host"] == got["device"]
 
 
 @pytest.mark.parametrize("first,second", [([], ["--offload-optimizer"]), (["--offload-optimizer"], [])], ids=["on", "off"])
