@@ -79,6 +79,11 @@ def test_plan_moves_the_optimizer_to_the_host_pool(procs):
     host = {b["name"]: b["bytes"] for b in off["host_buffers"]}
     assert host == {"master_weights": 4 * shard, "grads_copy": 4 * shard, "adam_m": 4 * shard, "adam_v": 4 * shard}
     assert off["host_total_bytes"] == 4 * a256(4 * shard)
+    assert off["host_components"] == {"parameters": 0, "master_weights": a256(4 * shard), "gradients": a256(4 * shard),
+                                      "optimizer": 2 * a256(4 * shard), "activations": 0, "scratch": 0, "workspace": 0}
+    assert off["offload_optimizer"] == 1 and off["flags"].endswith(" --offload-optimizer")
+    assert plain["offload_optimizer"] == 0 and "offload-optimizer" not in plain["flags"]
+    assert off["components"]["optimizer"] == 0 and plain["components"]["optimizer"] == 2 * a256(4 * shard)
     assert plain["host_total_bytes"] == 0
     # the device loses exactly the two moments
     assert plain["total_bytes"] - off["total_bytes"] == 2 * a256(4 * shard)

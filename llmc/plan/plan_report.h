@@ -188,7 +188,14 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     char flag[8192];
     format_recompute_flag(s->layer_mode, s->layer_offload, c->num_layers, flag, sizeof(flag));
     /* with the run's other flags, these reproduce the plan: what -r auto chose, or what was given */
-    fprintf(out, "\"flags\": \"-r %s --tile-tokens %d --segment-layers %d\", ", flag, s->tile_tokens, plan_segment_layers(s));
+    fprintf(out, "\"flags\": \"-r %s --tile-tokens %d --segment-layers %d%s\", ", flag, s->tile_tokens, plan_segment_layers(s),
+            s->offload_optimizer ? " --offload-optimizer" : "");
+    CostModel ocm = spec_cost_model(s);
+    OptimizerOffloadSeconds oo = optimizer_offload_seconds(s, &ocm);
+    fprintf(out, "\"offload_optimizer\": %d, \"optimizer_offload_seconds\": {\"down\": %.9g, \"adamw\": %.9g, \"up\": %.9g, "
+                 "\"exposed\": %.9g}, \"host_components\": {", s->offload_optimizer, oo.down, oo.adamw, oo.up, oo.exposed);
+    for (int i = 0; i < NUM_SECTIONS; i++) fprintf(out, "%s\"%s\": %zu", i ? ", " : "", plan_section_names[i], p->host_section_bytes[i]);
+    fprintf(out, "}, ");
     fprintf(out, "\"recompute\": \"%s\", \"layer_modes\": [", flag);
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"layer_offload\": [");
