@@ -643,6 +643,14 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 
+/* --offload-optimizer: layer l's final gradients down while the layers below run (optimizer_offload.cuh). */
+static void gpu_offload_layer_grads(GpuModel* m, int l) {
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    optimizer_offload_layer_down(&m->oo, &pl, m->cfg.num_layers, l, m->grads, m->par.shard_start, m->par.shard_start + m->par.shard_count,
+                                 m->stream);
+}
+
 static void gpu_model_backward(GpuModel* m) {
     int C = m->cfg.channels, N = m->B * m->T;
     floatX* dres = m->grad_act[GRAD_DRES];
@@ -662,6 +670,7 @@ static void gpu_model_backward(GpuModel* m) {
             if (l == first) offload_release(&m->off, first, m->B, m->T);
             gpu_fold_grads(m, l);
             multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
+            if (m->last_micro_step) gpu_offload_layer_grads(m, l);
         }
     }
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
@@ -742,7 +751,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     param_layout(&m->cfg, &pl);
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
-    if (m->oo.on) optimizer_offload_grads_down(&m->oo, m->grads, lo, hi, m->stream);
+    if (m->oo.on) optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->grads, lo, hi, m->stream);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
         if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
@@ -768,6 +777,7 @@ static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_m
     gpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     int N = m->B * m->T;
     m->last_micro_step = mb->micro_step == mb->num_micro_steps - 1;
+    if (m->last_micro_step) optimizer_offload_backward_begins(&m->oo);
     multigpu_micro_step(m->mg, m->last_micro_step); /* the last one reduces gradients during its backward */
     gpu_upload_tokens(m, mb->inputs, mb->targets);
     m->buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, mb->inputs, N, m->cfg.vocab_size);
@@ -867,6 +877,7 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     multigpu_new_step(m->mg);
+    optimizer_offload_main_waits(&m->oo, m->stream);
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
     if (m->grads_fp32) CUDA_CHECK(cudaMemsetAsync(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float), m->stream));
 }

@@ -81,13 +81,15 @@ def test_emulated_resume_across_the_flag(train_exes, tiny_shards, tmp_path, firs
 
 
 SYNC = "    CUDA_CHECK(cudaEventSynchronize(o->grads_down)); /* the host reads the gradients only once they are down */\n"
-UP = "    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0));\n"
+UP = "    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the gather and the next forward read them */\n"
+LAYER = "    CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));\n    for (int t = FIRST_BLOCK_TENSOR;"
 
 
 @pytest.mark.parametrize("what,old,new", [
     ("host AdamW before the gradients' copy down has completed", SYNC, ""),
     ("the next forward before the parameters' copy up", UP, ""),
-], ids=["no-wait-down", "no-wait-up"])
+    ("a layer's gradients down before its backward has written them", LAYER, "    for (int t = FIRST_BLOCK_TENSOR;"),
+], ids=["no-wait-down", "no-wait-up", "no-wait-layer"])
 def test_emulated_optimizer_offload_mutants_are_caught(train_exes, tiny_shards, tmp_path, what, old, new):
     (tmp_path / "src").mkdir()
     mutant_sources(tmp_path / "src", {"llmc/cuda/optimizer_offload.cuh": (old, new)})

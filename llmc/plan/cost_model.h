@@ -485,15 +485,17 @@ static inline Work update_work(const PlanSpec* s) {
  * master weights read and written, both moments read and written, the
  * parameter written in the device's precision) and the parameters' copy
  * up, and the part of them the step does not hide. As built on a GPU
- * (llmc/cuda/optimizer_offload.cuh) the copy down follows the backward and
- * the host waits for it; AdamW then runs tensor by tensor, each tensor's
- * copy up queued as soon as it is updated, so the copies up hide behind the
- * host's work but for the last tensor's, and the next forward waits for
- * them: exposed are the copy down and the slower of update and copy up.
- * (Copying each layer's gradients while the layers below run their backward,
- * and the update overlapping the next forward layer by layer, would hide
- * most of it: not built, so not priced.) On the CPU trainer everything runs
- * in line: all of it. */
+ * (llmc/cuda/optimizer_offload.cuh): with one process each layer's
+ * gradients go down while the layers below run their backward, so what
+ * exceeds the backward shows, and at least the last layer's and the tensors
+ * outside the blocks (embeddings, final norm, head), copied after it; with
+ * several the whole shard goes down after the reductions. AdamW then runs
+ * tensor by tensor, each tensor's copy up queued as soon as it is updated,
+ * so the copies up hide behind the host's work but for the last tensor's,
+ * and the next forward waits for them: the slower of update and copy up
+ * shows. (The update overlapping the next forward layer by layer would hide
+ * most of that: not built, so not priced.) On the CPU trainer everything
+ * runs in line: all of it. */
 typedef struct { double down, adamw, up, exposed; } OptimizerOffloadSeconds;
 
 static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* s, const CostModel* cm) {
@@ -507,7 +509,14 @@ static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* 
     o.up = shard * E / link;
     o.adamw = shard * (2.0 * E + 2.0 * H + 16.0) / cm->host_memory_bytes_per_s;
     if (s->backend == BACKEND_CPU) { o.exposed = o.down + o.adamw + o.up; return o; }
-    o.exposed = o.down + (o.adamw > o.up ? o.adamw : o.up);
+    double down = o.down;
+    if (s->world_size <= 1) {
+        double L = s->cfg.num_layers, block = 0.0, bwd = L * work_seconds(layer_work(s, 1), cm);
+        for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) block += (double)pl.count[t];
+        double tail = o.down * (shard - block + block / L) / shard; /* the last layer's and the rest's */
+        down = o.down > bwd + tail ? o.down - bwd : tail;
+    }
+    o.exposed = down + (o.adamw > o.up ? o.adamw : o.up);
     return o;
 }
 
