@@ -80,9 +80,9 @@ static inline void optimizer_offload_create(OptimizerOffload* o, const MemoryPla
     o->v = (float*)(pool + plan->off_adam_v);
     memset(o->m, 0, n * sizeof(float));
     memset(o->v, 0, n * sizeof(float));
-    memset(o->grads, 0xff, n * sizeof(floatX)); /* NaN: a read before the first copy down poisons the update */
+    memset((void*)o->grads, 0xff, n * sizeof(floatX)); /* NaN: a read before the first copy down poisons the update */
     if (o->master) memset(o->master, 0xff, n * sizeof(float)); /* a load fills them (gpu_transfer) */
-    else memset(o->host_params, 0xff, n * sizeof(floatX));
+    else memset((void*)o->host_params, 0xff, n * sizeof(floatX));
     CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&o->main_done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&o->grads_down, cudaEventDisableTiming));
