@@ -602,6 +602,8 @@ typedef struct {
     real* grads;
     float* adam_m;
     float* adam_v;
+    real* host_params;           /* --offload-optimizer: this rank's shard of the parameters in the host pool, which AdamW updates */
+    real* host_grads;            /* and the shard's gradients, copied down before it (cpu_update) */
     ParamTensors p;              /* the parameters by name, views into params */
     ParamTensors g;              /* their gradients, views into grads */
     size_t layer_stride[NUM_PARAM_TENSORS]; /* elements per layer of a stacked tensor */
@@ -696,6 +698,19 @@ static void cpu_set_shape(CpuModel* m, int B, int T) {
     m->layout = token_layout(T, m->par.cp.member, m->par.cp.group_size, m->par.ring_chunks);
 }
 
+/* --offload-optimizer: the moments, a copy of the shard's parameters and of
+ * its gradients live in the host pool (plan.h), a second allocation standing
+ * in for a GPU's pinned memory. The parameters' copy starts as NaN: only a
+ * load (cpu_transfer) fills it, so an update from a copy that missed one
+ * poisons the model instead of passing. */
+static void cpu_optimizer_in_host_pool(CpuModel* m, const MemoryPlan* plan) {
+    m->adam_m = (float*)(m->host_pool + plan->off_adam_m);
+    m->adam_v = (float*)(m->host_pool + plan->off_adam_v);
+    m->host_params = (real*)(m->host_pool + plan->off_master);
+    m->host_grads = (real*)(m->host_pool + plan->off_host_grads);
+    for (size_t i = 0; i < plan->shard_params; i++) m->host_params[i] = (real)NAN;
+}
+
 static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     memset(m, 0, sizeof(*m));
     m->cfg = config_resolved(&plan->spec.cfg);
@@ -716,6 +731,7 @@ static void cpu_model_create(CpuModel* m, const MemoryPlan* plan) {
     TRAINER_CARVE_ARENA(m, plan, real, real);
     CpuOffload offload = {plan, m->arena, m->host_pool, NULL};
     m->offload = offload;
+    if (plan->spec.offload_optimizer) cpu_optimizer_in_host_pool(m, plan);
     m->tile_tokens = (int)plan_tile_tokens(&plan->spec);
     if (plan_own_attention_grads(&plan->spec)) {
         m->whole_datty = (real*)(m->arena + plan->off_whole_datty);
@@ -1089,7 +1105,11 @@ static void cpu_update(void* ctx, const AdamWStep* s) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
-    cpu_adamw_update(m->params, m->grads, m->adam_m, m->adam_v, &pl, lo, hi, s);
+    if (m->host_params) { /* --offload-optimizer: gradients down, AdamW on the host copy, parameters up */
+        memcpy(m->host_grads, m->grads + lo, (hi - lo) * sizeof(real));
+        cpu_adamw_update(m->host_params, m->host_grads, m->adam_m, m->adam_v, &pl, lo, hi, s);
+        memcpy(m->params + lo, m->host_params, (hi - lo) * sizeof(real));
+    } else cpu_adamw_update(m->params + lo, m->grads + lo, m->adam_m, m->adam_v, &pl, lo, hi, s);
     if (m->par.zero) cpu_allgather_params(m->params, m->plan->num_params);
 }
 
@@ -1162,6 +1182,14 @@ static void cpu_zero_grads(void* ctx) {
     memset(m->grads, 0, m->plan->num_params * sizeof(real));
 }
 
+/* --offload-optimizer: parameters [start, start + n) just loaded into the
+ * arena, copied to the host pool's copy where they fall in this rank's shard. */
+static void cpu_load_host_params(CpuModel* m, size_t start, size_t n) {
+    size_t lo = m->par.shard_start, hi = lo + m->par.shard_count;
+    size_t a = start > lo ? start : lo, b = start + n < hi ? start + n : hi;
+    if (a < b) memcpy(m->host_params + (a - lo), m->params + a, (b - a) * sizeof(real));
+}
+
 static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* host, int to_host) {
     CpuModel* m = (CpuModel*)ctx;
     if (tensor == TENSOR_PARAMS) {
@@ -1169,6 +1197,7 @@ static void cpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
             if (to_host) host[i] = (float)m->params[start + i];
             else m->params[start + i] = (real)host[i];
         }
+        if (!to_host && m->host_params) cpu_load_host_params(m, start, n);
         return;
     }
     if (tensor == TENSOR_MASTER) fail("the CPU trainer keeps no master weights");

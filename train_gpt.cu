@@ -43,6 +43,7 @@
 #include "llmc/cuda/profile.cuh"
 #include "llmc/cuda/nvtx_regions.cuh"
 #include "llmc/cuda/offload.cuh"
+#include "llmc/cuda/optimizer_offload.cuh"
 
 #define GPU_WORKSPACE_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 /* Rows of the (B*T, Vp) logits materialised at once: 197 MiB at Vp=50304 in
@@ -128,6 +129,7 @@ typedef struct {
     DropoutState train_dropout; /* set_dropout's: what forward_backward drops */
     const DropoutState* drop;   /* the running pass's: &train_dropout, or &dropout_off */
     Offload off;                /* offloaded checkpoints: pinned pool, copy stream, events (offload.cuh) */
+    OptimizerOffload oo;        /* --offload-optimizer: master weights and moments in the pinned pool (optimizer_offload.cuh) */
     /* packed documents (llmc/core/documents.h): the device buffers are the plan's (documents.*), B*T ints each */
     DocumentOptions docs;
     int* h_doc_start;           /* pinned (B,T): the loader's starts (Backend.doc_start), or sampling's */
@@ -280,11 +282,13 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->used_arena = gpu_used_memory();
     nvtx_register_plan(plan, m->arena);
     offload_create(&m->off, plan, m->arena, m->stream);
+    optimizer_offload_create(&m->oo, plan, m->off.host);
     size_t ws_bytes = 0, ws_off = plan_entry_offset(plan, "library_workspace", &ws_bytes);
     gpu_matmul_set_workspace(&m->mm, ws_bytes ? m->arena + ws_off : NULL, ws_bytes);
 
     TRAINER_CARVE_ARENA(m, plan, floatX, float);
-    m->master = plan->spec.master_weights ? (float*)(m->arena + plan->off_master) : NULL;
+    m->master = plan->spec.master_weights && !m->oo.on ? (float*)(m->arena + plan->off_master) : NULL;
+    if (m->oo.on) m->adam_m = m->adam_v = NULL; /* in the pinned pool: m->oo.m, m->oo.v */
     m->att_rowsum = (float*)(m->arena + plan->off_att_rowsum);
     m->column_partials = (float*)(m->arena + plan->off_column_partials);
     m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
@@ -299,8 +303,10 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->head_grad_fp32 = m->grads_fp32_count >= head + (size_t)m->cfg.padded_vocab_size * m->cfg.channels ? m->grads_fp32 + head : NULL;
     CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
     if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
+    if (!m->oo.on) {
+        CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
+        CUDA_CHECK(cudaMemset(m->adam_v, 0, plan->shard_params * sizeof(float)));
+    }
 
     size_t N = (size_t)plan->spec.B * plan->spec.T, io = plan->spec.io_chunk_floats;
     m->h_inputs = (int*)pinned_alloc(N * sizeof(int), "input tokens");
@@ -330,6 +336,7 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
 static void gpu_model_free(GpuModel* m) {
     CUDA_CHECK(cudaDeviceSynchronize());
     gpu_matmul_destroy(&m->mm);
+    optimizer_offload_destroy(&m->oo);
     offload_destroy(&m->off);
     CUDA_CHECK(cudaFree(m->arena));
     void* pinned[] = {m->h_inputs, m->h_targets, m->h_losses, m->io_chunk, m->window, m->h_buckets, m->h_xfer, m->h_logits,
@@ -744,6 +751,14 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 
+/* --offload-optimizer: layer l's final gradients down while the layers below run (optimizer_offload.cuh). */
+static void gpu_offload_layer_grads(GpuModel* m, int l) {
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    optimizer_offload_layer_down(&m->oo, &pl, m->cfg.num_layers, l, m->grads, m->par.shard_start, m->par.shard_start + m->par.shard_count,
+                                 m->stream);
+}
+
 static void gpu_model_backward(GpuModel* m) {
     int C = m->cfg.channels, N = m->B * m->T;
     floatX* dres = m->grad_act[GRAD_DRES];
@@ -763,6 +778,7 @@ static void gpu_model_backward(GpuModel* m) {
             if (l == first) offload_release(&m->off, first, m->B, m->T);
             gpu_fold_grads(m, l);
             multigpu_grads_ready(m->mg, m->grads, l, m->stream); /* last micro-step: layer l's gradients to NCCL now */
+            if (m->last_micro_step) gpu_offload_layer_grads(m, l);
         }
     }
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
@@ -844,15 +860,18 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     param_layout(&m->cfg, &pl);
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
+    if (m->oo.on) optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->grads, lo, hi, m->stream);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
         if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
         size_t k = off - lo; /* index into this rank's master weights and moments */
+        if (m->oo.on) { optimizer_offload_update_slice(&m->oo, m->params, off, k, end - off, wd, s, m->seed); continue; }
         gpu_adamw(m->params + off, m->master ? m->master + k : NULL, m->grads + off, m->adam_m + k, m->adam_v + k,
                   end - off, off, s->lr, s->beta1, s->beta2, s->bias_corr1, s->bias_corr2, s->eps, wd, s->grad_scale, m->seed, s->t,
                   m->stream);
     }
+    if (m->oo.on) optimizer_offload_params_up(&m->oo, m->stream);
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
     prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* the step time printed includes the update */
@@ -867,6 +886,7 @@ static float gpu_forward_backward(void* ctx, const MicroBatch* mb, float dloss_m
     gpu_set_shape(m, m->plan->spec.B, plan_local_T(&m->plan->spec));
     int N = m->B * m->T;
     m->last_micro_step = mb->micro_step == mb->num_micro_steps - 1;
+    if (m->last_micro_step) optimizer_offload_backward_begins(&m->oo);
     multigpu_micro_step(m->mg, m->last_micro_step); /* the last one reduces gradients during its backward */
     gpu_upload_tokens(m, mb->inputs, mb->targets);
     m->buckets = encoder_build_buckets(m->h_buckets, m->bucket_count, mb->inputs, N, m->cfg.vocab_size);
@@ -966,8 +986,21 @@ static void gpu_next_token_probs(void* ctx, const int* tokens, int len, float* p
 static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     multigpu_new_step(m->mg);
+    optimizer_offload_main_waits(&m->oo, m->stream);
     CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
     if (m->grads_fp32) CUDA_CHECK(cudaMemsetAsync(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float), m->stream));
+}
+
+/* --offload-optimizer: a state tensor other than the parameters is in the
+ * pinned pool already: read or written there, no device round trip. */
+static void gpu_transfer_host_optimizer(GpuModel* m, int tensor, size_t start, size_t n, float* host, int to_host) {
+    float* src = tensor == TENSOR_MASTER ? m->oo.master : tensor == TENSOR_ADAM_M ? m->oo.m : m->oo.v;
+    if (!src) fail("this run keeps no fp32 master weights (-w 0, or an FP32 build)");
+    if (start < m->par.shard_start || start + n > m->par.shard_start + m->par.shard_count)
+        fail("optimizer state range outside this rank's shard");
+    src += start - m->par.shard_start;
+    if (to_host) memcpy(host, src, n * sizeof(float));
+    else memcpy(src, host, n * sizeof(float));
 }
 
 /* Moves n fp32 values of a state tensor between the host and the device.
@@ -988,6 +1021,7 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         }
         for (size_t i = 0; i < n; i++) host_floatX_store(m->h_xfer, i, host[i]);
         CUDA_CHECK(cudaMemcpy(dev, m->h_xfer, n * sizeof(floatX), kind));
+        if (m->oo.on) optimizer_offload_load(&m->oo, m->par.shard_start, m->par.shard_start + m->par.shard_count, start, n, host);
         if (!m->master) return;
         size_t lo = start > m->par.shard_start ? start : m->par.shard_start; /* master weights: this rank's shard only */
         size_t hi = start + n < m->par.shard_start + m->par.shard_count ? start + n : m->par.shard_start + m->par.shard_count;
@@ -995,6 +1029,7 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
         return;
     }
     float* dev = NULL;
+    if (m->oo.on) { gpu_transfer_host_optimizer(m, tensor, start, n, host, to_host); return; }
     if (tensor == TENSOR_MASTER) {
         if (!m->master) fail("this run keeps no fp32 master weights (-w 0, or an FP32 build)");
         dev = m->master;

@@ -22,10 +22,11 @@ ALLOWED = {
     "cuda": {"core", "cuda"},
     "run": {"core", "plan", "run"},
 }
-# The two CUDA files that read the plan, both host-side orchestration and no kernel: nvtx_regions.cuh registers the
+# The three CUDA files that read the plan, all host-side orchestration and no kernel: nvtx_regions.cuh registers the
 # plan's arena with a memory checker, entry by entry; offload.cuh copies the layers the plan sends to the host through
-# the staging slots it lays out.
-CUDA_READS_PLAN = {"cuda/nvtx_regions.cuh": {"plan/plan.h"}, "cuda/offload.cuh": {"plan/plan.h"}}
+# the staging slots it lays out; optimizer_offload.cuh finds the offloaded optimizer's tensors in the plan's host pool.
+CUDA_READS_PLAN = {"cuda/nvtx_regions.cuh": {"plan/plan.h"}, "cuda/offload.cuh": {"plan/plan.h"},
+                   "cuda/optimizer_offload.cuh": {"plan/plan.h"}}
 MAX_FLOORS = 7
 TOP_LEVEL_MAX_FILES = 0
 

@@ -169,7 +169,7 @@ static PlanSpec small_gpu_spec(int L, CostModel cm) {
  * choice fits and its predicted time equals the least of the ones that fit
  * (to rounding), or both find nothing. */
 static void check_auto_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0, 0};
     int checked = 0;
     for (int L = 1; L <= 5; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -221,7 +221,7 @@ static void check_auto_against_exhaustive(void) {
  * across the range and host budgets none, half the most any choice needs,
  * and unbounded; the links include a slow one, whose copies do not hide. */
 static void check_auto_offload_against_exhaustive(void) {
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
     int checked = 0;
     for (int L = 1; L <= 4; L++)
         for (int c = 0; c <= NUM_COST_MODEL_DEFAULTS; c++) {
@@ -276,6 +276,164 @@ static void check_auto_offload_against_exhaustive(void) {
     printf("auto with offloading against exhaustive search: %d (L, cost model, budget, host budget) cases\n", checked);
 }
 
+/* --offload-optimizer's plan against a count by hand: the device keeps the
+ * parameters and gradients (and the fp32 sums of micro-steps), no master
+ * weights and no moments; the host pool holds this rank's shard of the
+ * master weights (fp32; without them the parameters in storage precision),
+ * of the gradients in storage precision, and the two fp32 moments, each
+ * entry aligned to 256 bytes; the rest of the device plan is unchanged. */
+static void check_offloaded_optimizer_sizes(void) {
+    ModelConfig cfg = test_config(3, 4, 64, 50, 256);
+    size_t C = 64, L = 3, P = 128 * C + 256 * C + L * (12 * C * C + 13 * C) + 2 * C;
+    static const int worlds[3] = {1, 2, 3}, masters[2] = {0, 1}, elems[2] = {2, 4};
+    int checked = 0;
+    for (int w = 0; w < 3; w++)
+        for (int m = 0; m < 2; m++)
+            for (int e = 0; e < 2; e++) {
+                PlanSpec s = small_gpu_spec((int)L, cost_model_defaults[COST_MODEL_H100]);
+                s.cfg = cfg;
+                s.world_size = worlds[w]; s.zero_stage = 1; s.master_weights = masters[m]; s.elem_bytes = elems[e];
+                size_t E = (size_t)elems[e], shard = (P + (size_t)worlds[w] - 1) / (size_t)worlds[w];
+                MemoryPlan on, off;
+                plan_build(&off, &s);
+                s.offload_optimizer = 1;
+                plan_build(&on, &s);
+                expect_eq("offloaded optimizer: parameter count", on.num_params, P);
+                expect_eq("offloaded optimizer: device parameters", on.section_bytes[SEC_PARAMETERS], align256(P * E));
+                expect_eq("offloaded optimizer: device master weights", on.section_bytes[SEC_MASTER_WEIGHTS], 0);
+                expect_eq("offloaded optimizer: device moments", on.section_bytes[SEC_OPTIMIZER], 0);
+                expect_eq("offloaded optimizer: device gradients", on.section_bytes[SEC_GRADIENTS], off.section_bytes[SEC_GRADIENTS]);
+                expect_eq("offloaded optimizer: host master weights", on.host_section_bytes[SEC_MASTER_WEIGHTS],
+                          align256(shard * (masters[m] ? 4 : E)));
+                expect_eq("offloaded optimizer: host gradient copy", on.host_section_bytes[SEC_GRADIENTS], align256(shard * E));
+                expect_eq("offloaded optimizer: host moments", on.host_section_bytes[SEC_OPTIMIZER], 2 * align256(shard * 4));
+                expect_eq("offloaded optimizer: host pool", on.host_total_bytes,
+                          align256(shard * (masters[m] ? 4 : E)) + align256(shard * E) + 2 * align256(shard * 4));
+                expect_eq("offloaded optimizer: host bytes by formula", plan_host_optimizer_bytes(&on.spec), on.host_total_bytes);
+                size_t moved = (masters[m] ? align256(shard * 4) : 0) + 2 * align256(shard * 4);
+                expect_eq("offloaded optimizer: device total", on.total_bytes, off.total_bytes - moved);
+                plan_free(&on);
+                plan_free(&off);
+                checked++;
+            }
+    printf("offloaded optimizer sizes against a count by hand: %d (ranks, master weights, precision) cases\n", checked);
+}
+
+/* -r auto choosing the optimizer's place with the per-layer modes and
+ * offloading, against an exhaustive search over both places and all 6^L
+ * per-layer choices (L <= 3), each planned by plan_build (device bytes, and
+ * host bytes that include the optimizer's) and timed by the time model, at
+ * device budgets across the range and host budgets none, half the most any
+ * choice needs, and unbounded; with checkpoint offloading allowed and not;
+ * the cost models include a slow host link and a slow host memory. */
+static void check_auto_place_against_exhaustive(void) {
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_host = {"slow host memory", 1e14, 5e13, 1e12, 5e10, 0, 0, 0, 0, 0, 0, 0, 1e8};
+    int checked = 0, offloaded = 0, on_device = 0;
+    for (int L = 1; L <= 3; L++)
+        for (int c = 0; c < 3; c++) {
+            PlanSpec s = small_gpu_spec(L, c == 0 ? cost_model_defaults[COST_MODEL_H100] : c == 1 ? slow_link : slow_host);
+            static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
+            int n = 1;
+            for (int l = 0; l < L; l++) n *= 6;
+            size_t* totals = (size_t*)malloc_check(2 * (size_t)n * sizeof(size_t), "test");
+            size_t* hosts = (size_t*)malloc_check(2 * (size_t)n * sizeof(size_t), "test");
+            double* secs = (double*)malloc_check(2 * (size_t)n * sizeof(double), "test");
+            unsigned char modes[3], offload[3], chosen[3], chosen_off[3];
+            size_t lo = SIZE_MAX, hi = 0, host_hi = 0;
+            for (int i = 0; i < 2 * n; i++) {
+                int code = i % n;
+                for (int l = 0, k = code; l < L; l++, k /= 6) { modes[l] = (unsigned char)choice_mode[k % 6]; offload[l] = (unsigned char)choice_off[k % 6]; }
+                s.layer_mode = modes;
+                s.layer_offload = offload;
+                s.offload_optimizer = i >= n;
+                totals[i] = plan_totals_for(&s, -1, s.B, s.T, &hosts[i]);
+                secs[i] = plan_predicted_seconds_offload(&s, modes, offload, NULL);
+                if (totals[i] < lo) lo = totals[i];
+                if (totals[i] > hi) hi = totals[i];
+                if (hosts[i] > host_hi) host_hi = hosts[i];
+            }
+            size_t host_budgets[3] = {0, host_hi / 2, SIZE_MAX};
+            for (int ckpt = 0; ckpt < 2; ckpt++)
+                for (int h = 0; h < 3; h++)
+                    for (int step = 0; step <= 30; step++) {
+                        size_t budget = lo - 1 + (hi + 1 - lo) / 30 * (size_t)step + (step == 30 ? 1 : 0);
+                        double best = -1.0;
+                        for (int i = 0; i < 2 * n; i++) {
+                            int any_off = 0;
+                            for (int l = 0, k = i % n; l < L; l++, k /= 6) any_off |= choice_off[k % 6];
+                            if (any_off && !ckpt) continue;
+                            if (totals[i] <= budget && hosts[i] <= host_budgets[h] && (best < 0 || secs[i] < best)) best = secs[i];
+                        }
+                        s.layer_mode = NULL;
+                        s.layer_offload = NULL;
+                        s.offload_optimizer = 0;
+                        memset(chosen_off, 0, sizeof(chosen_off));
+                        int rc = recompute_auto_place(&s, budget, host_budgets[h], ckpt, 1, 0, 0, chosen, chosen_off);
+                        checked++;
+                        if (best < 0) {
+                            if (rc == 0) { printf("  FAIL auto place L=%d %s budget %zu: chose a plan, exhaustive found none fits\n", L, s.cost_model.name, budget); failures++; }
+                            continue;
+                        }
+                        s.layer_mode = chosen;
+                        s.layer_offload = chosen_off;
+                        size_t host = 0, t = plan_totals_for(&s, -1, s.B, s.T, &host);
+                        double secs_auto = plan_predicted_seconds_offload(&s, chosen, chosen_off, NULL);
+                        if (rc != 0 || t > budget || host > host_budgets[h] || secs_auto > best * (1 + 1e-12)) {
+                            printf("  FAIL auto place L=%d %s budget %zu host %zu ckpt %d: rc %d, optimizer %s, %zu bytes, host %zu, %.9g s; "
+                                   "exhaustive best %.9g s\n", L, s.cost_model.name, budget, host_budgets[h], ckpt, rc,
+                                   s.offload_optimizer ? "host" : "device", t, host, secs_auto, best);
+                            failures++;
+                        }
+                        if (s.offload_optimizer) offloaded++;
+                        else on_device++;
+                    }
+            free(totals);
+            free(hosts);
+            free(secs);
+        }
+    printf("auto choosing the optimizer's place against exhaustive search: %d cases, %d offloaded it, %d kept it on the device\n",
+           checked, offloaded, on_device);
+    if (!offloaded || !on_device) { printf("  FAIL auto place: every case chose the same place\n"); failures++; }
+}
+
+/* --offload-optimizer's time by hand: the shard's gradients down and its
+ * parameters up, 2 bytes each in BF16 over the host link; the host AdamW's
+ * 28 bytes a parameter (gradient 2, master weights 4 + 4, moments 16,
+ * parameter 2) at the host's memory rate; exposed on the GPU what of the copy
+ * down the backward does not hide (at least the last layer's and the
+ * embeddings' and final norm's) and the slower of update and copy up, on the CPU (4-byte storage, no
+ * master weights: 32 bytes; copies at the memory rate) all of it. The step's
+ * prediction moves by that less the device update it no longer runs. */
+static void check_optimizer_offload_time(void) {
+    CostModel cm = {"hand", 1e14, 5e13, 1e12, 2e10, 0, 0, 0, 0, 0, 0, 0, 4e10};
+    for (int backend = 0; backend < 2; backend++) {
+        PlanSpec s = small_gpu_spec(3, cm);
+        s.backend = backend == 0 ? BACKEND_GPU : BACKEND_CPU;
+        if (s.backend == BACKEND_CPU) { s.elem_bytes = 4; s.master_weights = 0; }
+        double P = 128.0 * 64 + 256.0 * 64 + 3 * (12.0 * 64 * 64 + 13.0 * 64) + 2.0 * 64, E = s.elem_bytes;
+        CostModel r = spec_cost_model(&s);
+        double link = s.backend == BACKEND_CPU ? r.memory_bytes_per_s : r.host_link_bytes_per_s;
+        double down = P * E / link, adamw = P * (s.backend == BACKEND_CPU ? 32.0 : 28.0) / r.host_memory_bytes_per_s;
+        /* on the GPU (one process) the copy down hides behind the backward but for the last layer's and the rest's */
+        double block = 3 * (12.0 * 64 * 64 + 13.0 * 64), tail = down * (P - block + block / 3) / P;
+        double bwd = 3 * work_seconds(layer_work(&s, 1), &r), down_seen = down > bwd + tail ? down - bwd : tail;
+        double want = s.backend == BACKEND_CPU ? 2 * down + adamw : down_seen + (adamw > down ? adamw : down);
+        double before = plan_predicted_seconds_offload(&s, NULL, NULL, NULL);
+        s.offload_optimizer = 1;
+        OptimizerOffloadSeconds o = optimizer_offload_seconds(&s, &r);
+        double after = plan_predicted_seconds_offload(&s, NULL, NULL, NULL);
+        double device_update = P * (3.0 * E + 16.0 + (s.master_weights ? 8.0 : 0.0)) - P * E; /* the bytes the device no longer moves */
+        double want_step = before + want - device_update / r.memory_bytes_per_s;
+        if (fabs(o.exposed - want) > 1e-9 * want || fabs(after - want_step) > 1e-9 * want_step) {
+            printf("  FAIL optimizer offload time (%s): exposed %.9g s, by hand %.9g; step %.9g s, by hand %.9g\n",
+                   s.backend == BACKEND_CPU ? "cpu" : "gpu", o.exposed, want, after, want_step);
+            failures++;
+        }
+    }
+    printf("offloaded optimizer's time against a count by hand: GPU and CPU\n");
+}
+
 /* -r auto choosing the tile size too, against an exhaustive search over
  * every per-layer choice (modes 0-3, and 1o, 3o with a host budget) at
  * every tile size it may take (untiled, and the powers of two from 256 down
@@ -285,8 +443,8 @@ static void check_auto_offload_against_exhaustive(void) {
  * predicted time is the least, or both find nothing. The cost models
  * include one whose tiles are dear and one whose tiles are nearly free. */
 static void check_auto_tiles_against_exhaustive(void) {
-    CostModel cheap_tiles = {"cheap tiles", 1e14, 5e13, 1e12, 1e9, 1e-9, 1.0, 0, 0, 0, 0, 0};
-    CostModel dear_tiles = {"dear tiles", 1e14, 5e13, 1e12, 1e11, 1e-3, 4096.0, 0, 0, 0, 0, 0};
+    CostModel cheap_tiles = {"cheap tiles", 1e14, 5e13, 1e12, 1e9, 1e-9, 1.0, 0, 0, 0, 0, 0, 0};
+    CostModel dear_tiles = {"dear tiles", 1e14, 5e13, 1e12, 1e11, 1e-3, 4096.0, 0, 0, 0, 0, 0, 0};
     static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
     static const int tiles[10] = {0, 256, 128, 64, 32, 16, 8, 4, 2, 1};
     int checked = 0, tiled_choices = 0;
@@ -402,8 +560,8 @@ static __attribute__((noinline)) void check_rank_parallel(void) {
  * chosen somewhere, and some case must give a segment's last layers two
  * modes (below the top segment and in it). */
 static __attribute__((noinline)) void check_segments_at_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
     int checked = 0, chose_mode[NUM_RECOMPUTE_MODES] = {0}, chose_offload = 0, split_last = 0;
     for (int L = 3; L <= 7; L += L == 5 ? 2 : 1)
         for (int c = 0; c < (L == 7 ? 1 : NUM_COST_MODEL_DEFAULTS + 2); c++)
@@ -481,8 +639,8 @@ static __attribute__((noinline)) void check_segments_at_against_exhaustive(void)
  * slow (a segment's forward again is dear against -r 2) and one whose host
  * link is slow; some case must choose segments. */
 static void check_auto_segments_against_exhaustive(void) {
-    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0};
-    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_memory = {"slow memory", 1e14, 5e13, 1e10, 1e9, 0, 0, 0, 0, 0, 0, 0, 0};
+    CostModel slow_link = {"slow link", 1e14, 5e13, 1e12, 1e8, 0, 0, 0, 0, 0, 0, 0, 0};
     static const int choice_mode[6] = {0, 1, 2, 3, 1, 3}, choice_off[6] = {0, 0, 0, 0, 1, 1};
     static const int tiles[10] = {0, 256, 128, 64, 32, 16, 8, 4, 2, 1};
     int checked = 0, segment_choices = 0, offloaded_segments = 0;
@@ -785,7 +943,7 @@ static PlanSpec calibration_recovers(const char* preset, const unsigned char* mo
     config_from_descriptor(preset, &s.cfg);
     s.B = 4; s.T = 1024; s.backend = BACKEND_GPU; s.elem_bytes = 2; s.stat_bytes = 4; s.master_weights = 1;
     s.world_size = 1; s.grad_accum = 3; s.layer_mode = modes; s.tile_tokens = 1024;
-    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10, 2e-5, 300.0, 4e9, 3e-6, 0, 0, 0};
+    CostModel truth = {"truth", 4.1e14, 1.7e14, 2.2e12, 5e10, 2e-5, 300.0, 4e9, 3e-6, 0, 0, 0, 0};
     s.cost_model = truth;
     double att = 0.0;
     for (int l = 0; l < s.cfg.num_layers; l++) att += (modes[l] == 1 ? 4.5 : 3.5) * 2.0 * 4 * 1024.0 * 1025.0 * q_width;
@@ -973,6 +1131,9 @@ int main(void) {
     check_auto_against_exhaustive();
     search_llama = 0;
     check_auto_offload_against_exhaustive();
+    check_offloaded_optimizer_sizes();
+    check_auto_place_against_exhaustive();
+    check_optimizer_offload_time();
     check_auto_tiles_against_exhaustive();
     check_rank_parallel();
     check_segments_at_against_exhaustive();

@@ -16,7 +16,7 @@ B, T, C, L, E = 2, 64, 32, 3, 4  # E: the CPU reference's fp32 bytes
 CALIBRATED = re.compile(r"^cost model: step 2 \(([0-9.]+) ms\) calibrated, written to ", re.M)
 # every key of a cost-model file (docs/FORMATS.md) but the ring's, which a run without context parallelism does not measure
 RATES = ["matmul_flops_per_s", "attention_flops_per_s", "memory_bytes_per_s", "host_link_bytes_per_s", "tile_pass_s", "matmul_half_rows",
-         "matmul_backward_flops_per_s", "attention_backward_flops_per_s", "gelu_bytes_per_s"]
+         "matmul_backward_flops_per_s", "attention_backward_flops_per_s", "gelu_bytes_per_s", "host_memory_bytes_per_s"]
 
 
 def cost_file(path):

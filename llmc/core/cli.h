@@ -53,6 +53,7 @@ typedef struct {
     const char* mem_budget;
     const char* cost_model;
     int offload_checkpoints;
+    int offload_optimizer; /* --offload-optimizer: master weights, moments and a gradient copy in host memory */
     const char* tile_tokens_flag; /* --tile-tokens as typed: 0, K or auto */
     int tile_tokens;              /* resolved rows per token tile (0: untiled); a hyperparameter of the state */
     const char* segment_layers_flag; /* --segment-layers as typed: K or auto */
@@ -140,9 +141,10 @@ static const FlagSpec flag_table[] = {
     {"--plan-processes", FLAG_INT, OPT(plan_processes), 0, 65536, FOR_BOTH, "--plan, --plan-json: plan for this many processes (per-process bytes; with -z 1 the optimizer state is sharded; 0: the processes running)"},
     {"--mem-budget", FLAG_STRING, OPT(mem_budget), 0, 0, FOR_BOTH, "memory budget for --plan and -r auto, e.g. 79GiB, 24000MiB, used as given (no headroom kept); default: free GPU memory less 256 MiB, or available host memory within cgroup and ulimit -v limits"},
     {"--offload-checkpoints", FLAG_SWITCH, OPT(offload_checkpoints), 0, 1, FOR_BOTH, "keep what -r 1 and -r 3 layers keep (their input; -r 3 also attention's output) in host memory, copied out after the layer's forward and back during the backward; with -r auto: let it choose which layers offload"},
+    {"--offload-optimizer", FLAG_SWITCH, OPT(offload_optimizer), 0, 1, FOR_BOTH, "keep the optimizer in host memory: the fp32 master weights (a host copy of the parameters without -w 1), AdamW's two moments and a copy of the gradients live in the host pool (inside --host-mem-budget), AdamW runs on the host, the updated parameters are copied back; the same bits as without it; with -r auto: let it choose where the optimizer lives"},
     {"--tile-tokens", FLAG_STRING, OPT(tile_tokens_flag), 0, 0, FOR_BOTH, "token tiles: LayerNorms, matmuls, GELU and residual adds over K of the B*T rows at a time, so the recompute set's token-wise tensors hold K rows (0: off; auto: the size -r auto would choose, untiled or a power of two (down to one row), the least predicted time that fits --mem-budget; not given: -r auto chooses it and prints it)"},
     {"--segment-layers", FLAG_STRING, OPT(segment_layers_flag), 0, 0, FOR_BOTH, "segment checkpointing: keep only the input of the first layer of each segment of K layers and, in the backward, run a segment's forward again from it before its layers' backward; the -r modes apply inside a segment (-r 1: about L/K + K kept inputs, 2 sqrt(L) at K = sqrt(L), for one more forward of all but the top segment); --offload-checkpoints then offloads the segment inputs (1: off; auto: the K -r auto would choose; not given: -r auto chooses it and prints it)"},
-    {"--host-mem-budget", FLAG_STRING, OPT(host_mem_budget), 0, 0, FOR_BOTH, "host memory for offloaded checkpoints (--plan, -r auto, and a run's check), e.g. 120GiB; default: available host memory within cgroup and ulimit -v limits"},
+    {"--host-mem-budget", FLAG_STRING, OPT(host_mem_budget), 0, 0, FOR_BOTH, "host memory for offloaded checkpoints and --offload-optimizer's host pool (--plan, -r auto, and a run's check), e.g. 120GiB; default: available host memory within cgroup and ulimit -v limits"},
     {"--host-link", FLAG_STRING, OPT(host_link), 0, 0, FOR_BOTH, "device-host link of the time model, for offloading: pcie4|pcie5|nvlink-c2c or bytes/s per direction like 40e9 (default: the cost model's, measured in a file REMAT_PROFILE_COST_MODEL wrote)"},
     {"--cost-model", FLAG_STRING, OPT(cost_model), 0, 0, FOR_BOTH, "time model of --plan and -r auto: cpu|a100|h100|h200|gh200 or a calibration file, e.g. one REMAT_PROFILE_COST_MODEL wrote (default: cpu for train_gpt_cpu; train_gpt: its GPU's, else h100)"},
     {"-z", FLAG_INT, OPT(zero_stage), 0, 1, FOR_BOTH, "ZeRO stage: 0 none, 1 shard optimizer state across processes"},

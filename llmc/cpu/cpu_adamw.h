@@ -29,8 +29,10 @@ static double cpu_grad_sumsq(const real* g, size_t n) {
 }
 
 /* One AdamW step on parameters [lo, hi) of the layout pl (this rank's
- * shard; all of them without ZeRO): adam_m and adam_v hold the shard's
- * moments from index 0; weight decay on the tensors param_is_decayed names. */
+ * shard; all of them without ZeRO): params, grads, adam_m and adam_v hold
+ * the shard's from index 0 (element lo of the model at 0), whether in the
+ * arena or in the host pool of --offload-optimizer; weight decay on the
+ * tensors param_is_decayed names. */
 static void cpu_adamw_update(real* params, const real* grads, float* adam_m, float* adam_v, const ParamLayout* pl, size_t lo, size_t hi,
                              const AdamWStep* s) {
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
@@ -40,14 +42,14 @@ static void cpu_adamw_update(real* params, const real* grads, float* adam_m, flo
         #pragma omp parallel for schedule(static)
         for (size_t i = begin; i < end; i++) {
             size_t k = i - lo; /* index into this rank's optimizer shard */
-            float g = (float)grads[i] * s->grad_scale;
+            float g = (float)grads[k] * s->grad_scale;
             float mm = s->beta1 * adam_m[k] + (1.0f - s->beta1) * g;
             float vv = s->beta2 * adam_v[k] + (1.0f - s->beta2) * g * g;
             adam_m[k] = mm;
             adam_v[k] = vv;
             float mhat = mm / s->bias_corr1, vhat = vv / s->bias_corr2;
-            float p = (float)params[i];
-            params[i] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
+            float p = (float)params[k];
+            params[k] = (real)(p - s->lr * (mhat / (sqrtf(vhat) + s->eps) + wd * p));
         }
     }
 }

@@ -29,15 +29,52 @@
 
 #define SR_STREAM 0x5352000000000000ULL /* "SR": apart from the init streams (tensor ids) */
 
+/* The element functions below run on the device (adamw_kernel) and on the
+ * host (host_adamw, --offload-optimizer's update) and must give the same
+ * bits on both: every multiply and add is written as one rounded operation
+ * (on the device __fmul_rn and __fadd_rn, which nvcc never fuses into a
+ * multiply-add; on the host plain operators, which the host compiler does
+ * not contract for a target without FMA or under -ffp-contract=off), and the
+ * bit casts go through memcpy on the host. */
+#ifdef __CUDA_ARCH__
+#define ADAMW_MUL(a, b) __fmul_rn((a), (b))
+#define ADAMW_ADD(a, b) __fadd_rn((a), (b))
+#define ADAMW_SUB(a, b) __fsub_rn((a), (b))
+#else
+#define ADAMW_MUL(a, b) ((a) * (b))
+#define ADAMW_ADD(a, b) ((a) + (b))
+#define ADAMW_SUB(a, b) ((a) - (b))
+#endif
+
+__host__ __device__ __forceinline__ uint32_t adamw_float_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u;
+#endif
+}
+
+__host__ __device__ __forceinline__ float adamw_bits_float(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+#endif
+}
+
 /* 32 random bits for element `index` at optimizer step `step`. */
-__device__ __forceinline__ uint32_t sr_bits(uint64_t seed, int step, uint64_t index) {
+__host__ __device__ __forceinline__ uint32_t sr_bits(uint64_t seed, int step, uint64_t index) {
     return (uint32_t)(rand_u64(seed, SR_STREAM + (uint64_t)step, index) >> 32);
 }
 
 /* Rounding to the storage type: for bf16, stochastic (rounds away from zero
  * with probability (dropped bits) / 2^16, else truncates; unbiased); fp16
  * round to nearest even (bits unused); fp32 exact. */
-__device__ __forceinline__ floatX round_stochastic(float x, uint32_t bits) {
+__host__ __device__ __forceinline__ floatX round_stochastic(float x, uint32_t bits) {
 #if PRECISION_IS_FP32
     (void)bits;
     return x;
@@ -45,23 +82,23 @@ __device__ __forceinline__ floatX round_stochastic(float x, uint32_t bits) {
     (void)bits;
     return __float2half_rn(x);
 #else
-    uint32_t u = __float_as_uint(x);
+    uint32_t u = adamw_float_bits(x);
     if ((u & 0x7fffffffu) >= 0x7f800000u) return __float2bfloat16_rn(x); /* inf, nan */
     u = (u + (bits & 0xffffu)) & 0xffff0000u;
-    return __float2bfloat16_rn(__uint_as_float(u)); /* exact: the low 16 bits are zero */
+    return __float2bfloat16_rn(adamw_bits_float(u)); /* exact: the low 16 bits are zero */
 #endif
 }
 
 /* The update of one element; p is the fp32 master weight or the parameter. */
-__device__ __forceinline__ float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1, float beta2,
-                                               float bc1, float bc2, float eps, float wd, float grad_scale) {
-    float g = grad * grad_scale;
-    float mm = beta1 * *m + (1.0f - beta1) * g;
-    float vv = beta2 * *v + (1.0f - beta2) * g * g;
+__host__ __device__ __forceinline__ float adamw_element(float p, float grad, float* m, float* v, float lr, float beta1, float beta2,
+                                                        float bc1, float bc2, float eps, float wd, float grad_scale) {
+    float g = ADAMW_MUL(grad, grad_scale);
+    float mm = ADAMW_ADD(ADAMW_MUL(beta1, *m), ADAMW_MUL(1.0f - beta1, g));
+    float vv = ADAMW_ADD(ADAMW_MUL(beta2, *v), ADAMW_MUL(ADAMW_MUL(1.0f - beta2, g), g));
     *m = mm;
     *v = vv;
     float mhat = mm / bc1, vhat = vv / bc2;
-    return p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    return ADAMW_SUB(p, ADAMW_MUL(lr, ADAMW_ADD(mhat / ADAMW_ADD(sqrtf(vhat), eps), ADAMW_MUL(wd, p))));
 }
 
 /* Thread t owns elements [t*VEC, t*VEC + VEC): VEC = XVEC (16 bytes of
@@ -117,6 +154,28 @@ static inline void gpu_adamw(floatX* params, float* master, const floatX* grads,
         adamw_kernel<1><<<grid_for(n, 256), 256, 0, stream>>>(params, master, grads, m, v, n, first_index, lr, beta1, beta2, bc1, bc2,
                                                             eps, wd, grad_scale, seed, step);
     CUDA_CHECK_LAUNCH();
+}
+
+/* --offload-optimizer's update on the host (llmc/cuda/optimizer_offload.cuh):
+ * the kernel's arithmetic element by element, so the bits are the device's.
+ * Shapes: grads_params (n) floatX, in: the gradients, out: the updated
+ * parameters in floatX (each element read before it is written); master (n)
+ * fp32, or NULL when host_params (n) floatX holds the parameters (updated in
+ * place; grads_params then gets a copy); m, v (n) fp32. first_index keys the
+ * rounding bits as in gpu_adamw. OpenMP over elements: elementwise, so the
+ * schedule changes no bit. */
+static inline void host_adamw(floatX* grads_params, float* master, floatX* host_params, float* m, float* v, size_t n, size_t first_index,
+                              float lr, float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
+                              uint64_t seed, int step) {
+    #pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float p = master ? master[i] : host_floatX_load(host_params, i);
+        float np = adamw_element(p, host_floatX_load(grads_params, i), &m[i], &v[i], lr, beta1, beta2, bc1, bc2, eps, wd, grad_scale);
+        floatX r = round_stochastic(np, sr_bits(seed, step, first_index + i));
+        if (master) master[i] = np;
+        else host_params[i] = r;
+        grads_params[i] = r;
+    }
 }
 
 #endif

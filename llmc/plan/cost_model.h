@@ -177,6 +177,14 @@ static const RingLink ring_links[] = {
 #define HOST_LINK_PCIE5 5.0e10
 #define HOST_LINK_NVLINK_C2C 3.6e11
 
+/* The host AdamW of --offload-optimizer streams its bytes through host
+ * memory: assumed on a GPU machine 50 GB/s, about half of one socket's
+ * achievable bandwidth of a current server (the update is bandwidth bound:
+ * a few FLOPs per 30-odd bytes); a calibration file's
+ * host_memory_bytes_per_s replaces it. The CPU trainer's host is its
+ * device: its memory rate, which REMAT_PROFILE_COST_MODEL measures. */
+#define HOST_MEMORY_BYTES_PER_S_GPU 5.0e10
+
 /* Token tiles, assumed: on a GPU a pass is about six kernel launches at
  * 5 us each, and a BF16 tensor-core matmul of a GPT-2 layer's widths runs at
  * about half its rate at 256 rows; on the CPU a pass is about ten OpenMP
@@ -194,11 +202,11 @@ static const RingLink ring_links[] = {
  * head size 64, which the CPU trainer's plans (no family) use. */
 static const CostModel cost_model_defaults[] = {
     /* the CPU reference on a few cores: its loops reach a fraction of a GFLOP per core per GHz; "offloading" is a memcpy */
-    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0, 0, 0, 0},
-    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
-    {"h100", 6.0e14, 2.5e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
-    {"h200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
-    {"gh200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0},
+    {"cpu", 2.0e10, 4.0e9, 8.0e9, 8.0e9, TILE_PASS_S_CPU, MATMUL_HALF_ROWS_CPU, 0, 0, 0, 0, 0, 0},
+    {"a100", 2.2e14, 1.2e14, 1.6e12, HOST_LINK_PCIE4, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
+    {"h100", 6.0e14, 2.5e14, 2.8e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
+    {"h200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_PCIE5, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
+    {"gh200", 6.5e14, 2.5e14, 4.0e12, HOST_LINK_NVLINK_C2C, TILE_PASS_S_GPU, MATMUL_HALF_ROWS_GPU, 0, 0, 0, 0, 0, 0},
 };
 enum { COST_MODEL_CPU, COST_MODEL_A100, COST_MODEL_H100 }; /* indices of the table above */
 #define NUM_COST_MODEL_DEFAULTS ((int)(sizeof(cost_model_defaults) / sizeof(cost_model_defaults[0])))
@@ -277,6 +285,8 @@ static inline CostModel spec_cost_model(const PlanSpec* s) {
     if (!(cm.host_link_bytes_per_s > 0)) cm.host_link_bytes_per_s = fallback->host_link_bytes_per_s;
     if (!(cm.tile_pass_s > 0)) cm.tile_pass_s = fallback->tile_pass_s;
     if (!(cm.matmul_half_rows > 0)) cm.matmul_half_rows = fallback->matmul_half_rows;
+    if (!(cm.host_memory_bytes_per_s > 0))
+        cm.host_memory_bytes_per_s = s->backend == BACKEND_CPU ? cm.memory_bytes_per_s : HOST_MEMORY_BYTES_PER_S_GPU;
     return cm;
 }
 
@@ -493,13 +503,56 @@ static inline Work head_work(const PlanSpec* s) {
     return w;
 }
 
-/* Once per optimizer step: gradient zeroing, norm and AdamW over this process's shard. */
+/* Once per optimizer step: gradient zeroing, norm and AdamW over this
+ * process's shard; with --offload-optimizer the device keeps the zeroing
+ * and the norm, AdamW runs on the host (optimizer_offload_seconds). */
 static inline Work update_work(const PlanSpec* s) {
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
     double P = (double)pl.total, shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes;
+    if (s->offload_optimizer) return work_new(0.0, 0.0, P * E + shard * E, 0.0);
     Work w = work_new(0.0, 0.0, P * E + shard * (3.0 * E + 16.0 + (s->master_weights ? 8.0 : 0.0)), 0.0);
     return w;
+}
+
+/* --offload-optimizer's parts of a step, in seconds: the gradients' copy
+ * down, the host AdamW (its bytes at the host's memory rate: gradient read,
+ * master weights read and written, both moments read and written, the
+ * parameter written in the device's precision) and the parameters' copy
+ * up, and the part of them the step does not hide. As built on a GPU
+ * (llmc/cuda/optimizer_offload.cuh): with one process each layer's
+ * gradients go down while the layers below run their backward, so what
+ * exceeds the backward shows, and at least the last layer's and the tensors
+ * outside the blocks (embeddings, final norm, head), copied after it; with
+ * several the whole shard goes down after the reductions. AdamW then runs
+ * tensor by tensor, each tensor's copy up queued as soon as it is updated,
+ * so the copies up hide behind the host's work but for the last tensor's,
+ * and the next forward waits for them: the slower of update and copy up
+ * shows. (The update overlapping the next forward layer by layer would hide
+ * most of that: not built, so not priced.) On the CPU trainer everything
+ * runs in line: all of it. */
+typedef struct { double down, adamw, up, exposed; } OptimizerOffloadSeconds;
+
+static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* s, const CostModel* cm) {
+    OptimizerOffloadSeconds o = {0.0, 0.0, 0.0, 0.0};
+    if (!s->offload_optimizer) return o;
+    ParamLayout pl;
+    param_layout(&s->cfg, &pl);
+    double shard = (double)plan_shard_params(s, pl.total), E = s->elem_bytes, H = s->master_weights ? 4.0 : E;
+    double link = s->backend == BACKEND_CPU ? cm->memory_bytes_per_s : cm->host_link_bytes_per_s;
+    o.down = shard * E / link;
+    o.up = shard * E / link;
+    o.adamw = shard * (2.0 * E + 2.0 * H + 16.0) / cm->host_memory_bytes_per_s;
+    if (s->backend == BACKEND_CPU) { o.exposed = o.down + o.adamw + o.up; return o; }
+    double down = o.down;
+    if (s->world_size <= 1) {
+        double L = s->cfg.num_layers, block = 0.0, bwd = L * work_seconds(layer_work(s, 1), cm);
+        for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) block += (double)pl.count[t];
+        double tail = o.down * (shard - block + block / L) / shard; /* the last layer's and the rest's */
+        down = o.down > bwd + tail ? o.down - bwd : tail;
+    }
+    o.exposed = down + (o.adamw > o.up ? o.adamw : o.up);
+    return o;
 }
 
 static inline int spec_grad_accum(const PlanSpec* s) { return s->grad_accum > 0 ? s->grad_accum : 1; }
@@ -590,7 +643,7 @@ static inline double segment_offload_seconds(const PlanSpec* s, const CostModel*
  * the ring's exposed transfers and the offloaded copies' excess. */
 static inline double predicted_step_seconds(const PlanSpec* s, const CostModel* cm, const unsigned char* modes,
                                             const unsigned char* offload) {
-    double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes);
+    double t = work_seconds(step_work(s, modes), cm) + ring_step_seconds(s, cm, modes) + optimizer_offload_seconds(s, cm).exposed;
     int K = plan_segment_layers(s);
     for (int l = 0; modes && offload && l < s->cfg.num_layers; l++) {
         if (!offload[l]) continue;
@@ -656,6 +709,7 @@ static const CostModelKey cost_model_keys[] = {
     {"matmul_backward_flops_per_s", offsetof(CostModel, matmul_backward_flops_per_s), 0},
     {"attention_backward_flops_per_s", offsetof(CostModel, attention_backward_flops_per_s), 0},
     {"gelu_bytes_per_s", offsetof(CostModel, gelu_bytes_per_s), 0},
+    {"host_memory_bytes_per_s", offsetof(CostModel, host_memory_bytes_per_s), 0},
 };
 #define NUM_COST_MODEL_KEYS ((int)(sizeof(cost_model_keys) / sizeof(cost_model_keys[0])))
 
@@ -733,6 +787,7 @@ static inline int cost_model_calibrate(const PlanSpec* s, const PhaseTimes* t, C
     out->matmul_half_rows = given->matmul_half_rows;
     out->ring_bytes_per_s = given->ring_bytes_per_s;
     out->ring_latency_s = given->ring_latency_s;
+    out->host_memory_bytes_per_s = given->host_memory_bytes_per_s; /* the host AdamW: not in a GPU step's profile */
     if (!(t->update_ms > 0) || !(t->attention_ms > 0)) { snprintf(why, n, "the profile has no update or attention time"); return -1; }
     out->memory_bytes_per_s = upd.memory_bytes / (t->update_ms * 1e-3);
     out->attention_flops_per_s = compute.attention_flops / (t->attention_ms * 1e-3);
@@ -779,6 +834,7 @@ static inline int cost_model_calibrate_ops(const PlanSpec* s, const OpTimes* t, 
     out->attention_backward_flops_per_s = all.attention_backward_flops / timed[3];
     out->gelu_bytes_per_s = all.gelu_bytes / timed[4];
     out->memory_bytes_per_s = (all.memory_bytes - all.gelu_bytes) / rest;
+    out->host_memory_bytes_per_s = out->memory_bytes_per_s; /* the CPU's host AdamW streams through this same memory */
     return 0;
 }
 

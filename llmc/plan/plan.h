@@ -149,6 +149,7 @@ typedef struct {
     /* the backward's matmuls and attention, and GELU's bytes, where they run at
      * rates of their own (0: the matmul, attention and memory rates) */
     double matmul_backward_flops_per_s, attention_backward_flops_per_s, gelu_bytes_per_s;
+    double host_memory_bytes_per_s; /* the host's memory rate, for AdamW on the host (--offload-optimizer; 0: the default) */
 } CostModel;
 
 /* The link the context-parallel ring runs on, for the time model: one
@@ -187,6 +188,7 @@ typedef struct {
     int doc_len;            /* the time model's packed documents (--plan-doc-len): tokens each; 0: none (the causal triangle) */
     int documents;          /* packed documents' buffers: PLAN_DOC_STARTS, PLAN_DOC_POSITIONS (GPU only); 0: none */
     int host_shares_budget; /* the host pool draws on the device budget (the CPU trainer, whose device is the host) */
+    int offload_optimizer;  /* --offload-optimizer: master weights, moments and a gradient copy in the host pool */
 } PlanSpec;
 
 typedef struct {
@@ -214,7 +216,9 @@ typedef struct {
     size_t off_top1, off_doc_start, off_pos_runs; /* the last two with spec.documents, the last on a GPU only */
     size_t off_ring_kv, off_ring_dkv; /* context parallelism: two K/V blocks in flight, two dK/dV blocks */
     size_t off_ring_acc;              /* context parallelism on the GPU: fp32 (B,T/N,C), out_acc, then dq_acc */
-    size_t off_params, off_master, off_grads, off_adam_m, off_adam_v;
+    size_t off_params, off_master, off_grads, off_adam_m, off_adam_v; /* with offload_optimizer: off_master, off_adam_m,
+                                                                        * off_adam_v and off_host_grads are host pool offsets */
+    size_t off_host_grads;              /* offload_optimizer: this rank's shard of the gradients, copied down (elem_bytes each) */
     size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
     int overflow;                       /* some size exceeded 64 bits: total_bytes is SIZE_MAX */
@@ -222,6 +226,7 @@ typedef struct {
     PlanEntry* host_entries;
     int num_host_entries, cap_host_entries;
     size_t host_total_bytes;
+    size_t host_section_bytes[NUM_SECTIONS]; /* aligned host pool bytes by section */
     size_t (*host_act)[NUM_LAYER_ACTS]; /* [L][act]: host pool offset, where layer_offloads */
     int staging_slots;                  /* slots of the device ring (0: no layer offloads) */
     size_t staging_bytes;               /* device bytes of the ring */
@@ -267,13 +272,19 @@ static inline size_t plan_add(MemoryPlan* p, const char* name, int section, int 
     return e->offset;
 }
 
-/* An entry of the host pool (offloaded checkpoints; section activations). */
-static inline size_t plan_add_host(MemoryPlan* p, const char* name, int layer, size_t bytes) {
-    PlanEntry* e = plan_push_entry(&p->host_entries, &p->num_host_entries, &p->cap_host_entries, name, SEC_ACTIVATIONS, layer,
+/* An entry of the host pool in `section`: offloaded checkpoints (activations), the offloaded optimizer's. */
+static inline size_t plan_add_host_in(MemoryPlan* p, const char* name, int section, int layer, size_t bytes) {
+    PlanEntry* e = plan_push_entry(&p->host_entries, &p->num_host_entries, &p->cap_host_entries, name, section, layer,
                                    bytes, p->host_total_bytes);
     p->host_total_bytes = size_add_sat(p->host_total_bytes, plan_aligned(bytes));
+    p->host_section_bytes[section] = size_add_sat(p->host_section_bytes[section], plan_aligned(bytes));
     if (p->host_total_bytes == SIZE_MAX) p->overflow = 1;
     return e->offset;
+}
+
+/* An offloaded checkpoint's entry of the host pool. */
+static inline size_t plan_add_host(MemoryPlan* p, const char* name, int layer, size_t bytes) {
+    return plan_add_host_in(p, name, SEC_ACTIVATIONS, layer, bytes);
 }
 
 static inline int plan_layer_mode(const PlanSpec* s, int layer) {
@@ -435,6 +446,38 @@ static inline size_t plan_shard_params(const PlanSpec* s, size_t num_params) {
     return plan_zero_sharded(s) ? ceil_div(num_params, (size_t)s->world_size) : num_params;
 }
 
+/* Bytes of one host copy of this rank's shard of the parameters with
+ * --offload-optimizer: fp32 master weights, or without them (-w 0, the CPU
+ * trainer, fp32 storage) the parameters in their storage precision, which
+ * the host AdamW updates and copies back. */
+static inline size_t plan_host_params_bytes(const PlanSpec* s, size_t shard) {
+    return size_mul_sat(shard, s->master_weights ? 4 : (size_t)s->elem_bytes);
+}
+
+/* --offload-optimizer: this rank's shard of the optimizer in the host pool:
+ * the parameters AdamW updates (master weights), the gradients it reads
+ * (copied down in their storage precision) and the two fp32 moments. */
+static inline void plan_add_host_optimizer(MemoryPlan* p) {
+    const PlanSpec* s = &p->spec;
+    size_t shard = p->shard_params;
+    p->off_master = plan_add_host_in(p, "master_weights", SEC_MASTER_WEIGHTS, -1, plan_host_params_bytes(s, shard));
+    p->off_host_grads = plan_add_host_in(p, "grads_copy", SEC_GRADIENTS, -1, size_mul_sat(shard, (size_t)s->elem_bytes));
+    p->off_adam_m = plan_add_host_in(p, "adam_m", SEC_OPTIMIZER, -1, size_mul_sat(shard, 4));
+    p->off_adam_v = plan_add_host_in(p, "adam_v", SEC_OPTIMIZER, -1, size_mul_sat(shard, 4));
+}
+
+/* Host pool bytes of the offloaded optimizer (0 without --offload-optimizer),
+ * by the same entries as plan_add_host_optimizer, for the searches. */
+static inline size_t plan_host_optimizer_bytes(const PlanSpec* s) {
+    if (!s->offload_optimizer) return 0;
+    ParamLayout pl;
+    param_layout(&s->cfg, &pl);
+    size_t shard = plan_shard_params(s, pl.total);
+    size_t b = plan_aligned(plan_host_params_bytes(s, shard));
+    b = size_add_sat(b, plan_aligned(size_mul_sat(shard, (size_t)s->elem_bytes)));
+    return size_add_sat(b, size_mul_sat(2, plan_aligned(size_mul_sat(shard, 4))));
+}
+
 static inline void plan_add_model_state(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     ParamLayout pl;
@@ -442,10 +485,11 @@ static inline void plan_add_model_state(MemoryPlan* p) {
     p->num_params = pl.total;
     p->shard_params = plan_shard_params(s, pl.total);
     p->off_params = plan_add(p, "params", SEC_PARAMETERS, -1, pl.total * (size_t)s->elem_bytes);
-    if (s->master_weights) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
+    if (s->master_weights && !s->offload_optimizer) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
     p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl.total * (size_t)s->elem_bytes);
     p->grads_fp32_count = plan_grads_fp32_count(s, &pl);
     if (p->grads_fp32_count) p->off_grads_fp32 = plan_add(p, "grads_fp32", SEC_GRADIENTS, -1, p->grads_fp32_count * 4);
+    if (s->offload_optimizer) { plan_add_host_optimizer(p); return; }
     p->off_adam_m = plan_add(p, "adam_m", SEC_OPTIMIZER, -1, p->shard_params * 4);
     p->off_adam_v = plan_add(p, "adam_v", SEC_OPTIMIZER, -1, p->shard_params * 4);
 }
@@ -714,6 +758,12 @@ static inline void format_recompute_flag(const unsigned char* modes, const unsig
     free(codes);
 }
 
+/* What the host pool holds, for messages. */
+static inline const char* plan_host_pool_contents(const MemoryPlan* p) {
+    if (!p->spec.offload_optimizer) return "offloaded checkpoints";
+    return p->host_section_bytes[SEC_ACTIVATIONS] ? "offloaded checkpoints and the optimizer" : "the offloaded optimizer";
+}
+
 /* The startup printout: the four components plus scratch and workspace, in
  * MiB, the total allocated, and the bytes per token per layer of each mode. */
 static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
@@ -725,9 +775,17 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
     if (plan_context_parallel(&p->spec) > 1)
         fprintf(out, "; context parallel %d: %d tokens of each row per process", plan_context_parallel(&p->spec), plan_local_T(&p->spec));
     fprintf(out, "):\n");
-    for (int s = 0; s < NUM_SECTIONS; s++)
-        fprintf(out, "  %-16s %12.1f MiB\n", labels[s], mib(p->section_bytes[s]));
+    const char* host = p->spec.backend == BACKEND_GPU ? "pinned host" : "host pool";
+    for (int s = 0; s < NUM_SECTIONS; s++) {
+        fprintf(out, "  %-16s %12.1f MiB", labels[s], mib(p->section_bytes[s]));
+        if (p->host_total_bytes) fprintf(out, " %12.1f MiB %s", mib(p->host_section_bytes[s]), host);
+        fprintf(out, "\n");
+    }
     fprintf(out, "  %-16s %12.1f MiB (%zu bytes, allocated once)\n", "total", mib(p->total_bytes), p->total_bytes);
+    if (p->spec.offload_optimizer)
+        fprintf(out, "  optimizer offloaded (--offload-optimizer): master weights, gradient copy and moments of %zu parameters in the "
+                "%s, %.1f MiB; AdamW runs on the host\n", p->shard_params, p->spec.backend == BACKEND_GPU ? "pinned host pool" : "host pool",
+                mib(plan_host_optimizer_bytes(&p->spec)));
     for (int mode = 0; mode < NUM_RECOMPUTE_MODES; mode++) {
         char layers[256];
         int count = plan_layers_with_mode(p, mode, layers, sizeof(layers));
@@ -745,9 +803,9 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
         fprintf(out, "  segments: %d segments of %d layers (--segment-layers %d; the last of %d): %d segment inputs kept, %d slots of what "
                 "the layers keep; the backward runs %d segment%s forward again\n", S, K, K, p->spec.cfg.num_layers - (S - 1) * K, S, K,
                 S - 1, S - 1 == 1 ? "" : "s");
-    if (p->host_total_bytes)
+    if (p->host_section_bytes[SEC_ACTIVATIONS])
         fprintf(out, "  host memory, offloaded checkpoints: %.1f MiB (%s), device staging ring %d slots, %.1f MiB\n",
-                mib(p->host_total_bytes), p->spec.backend == BACKEND_GPU ? "pinned" : "a second allocation", p->staging_slots,
+                mib(p->host_section_bytes[SEC_ACTIVATIONS]), p->spec.backend == BACKEND_GPU ? "pinned" : "a second allocation", p->staging_slots,
                 mib(p->staging_bytes));
 }
 #endif

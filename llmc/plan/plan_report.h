@@ -66,6 +66,17 @@ static inline void plan_print_ring_shares(const PlanSpec* s, FILE* out) {
 }
 
 /* The plan's own mix: its -r flag, predicted step time and extra time. */
+/* --offload-optimizer's share of a step of t seconds: each part's time and
+ * what the step does not hide of them (cost_model.h, optimizer_offload_seconds). */
+static inline void plan_print_optimizer_time(const PlanSpec* s, const CostModel* cm, double t, FILE* out) {
+    OptimizerOffloadSeconds o = optimizer_offload_seconds(s, cm);
+    fprintf(out, "  optimizer offloaded: gradients down %.3g ms, host AdamW %.3g ms (host memory %.3g B/s), parameters up %.3g ms; "
+            "%.3g ms not hidden (%.1f%% of the step)%s\n", 1e3 * o.down, 1e3 * o.adamw, cm->host_memory_bytes_per_s, 1e3 * o.up,
+            1e3 * o.exposed, 100.0 * o.exposed / t,
+            s->backend == BACKEND_CPU ? ": on the CPU trainer all of it runs in line"
+                                      : ": the copy down after the backward, then AdamW with the copies up behind it");
+}
+
 static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
     const PlanSpec* s = &p->spec;
     CostModel cm = spec_cost_model(s);
@@ -81,6 +92,7 @@ static inline void plan_print_chosen_time(const MemoryPlan* p, FILE* out) {
             spec_grad_accum(s), spec_grad_accum(s) == 1 ? "" : "s", 100.0 * extra);
     fprintf(out, "  cost model %s: matmul %.3g FLOP/s, attention %.3g FLOP/s, memory %.3g B/s, host link %.3g B/s\n", cm.name,
             cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s, cm.host_link_bytes_per_s);
+    if (s->offload_optimizer) plan_print_optimizer_time(s, &cm, t, out);
     if (matmul_backward_rate(&cm) != cm.matmul_flops_per_s || attention_backward_rate(&cm) != cm.attention_flops_per_s ||
         gelu_rate(&cm) != cm.memory_bytes_per_s)
         fprintf(out, "  rates of their own: backward matmuls %.3g FLOP/s, attention backward %.3g FLOP/s, GELU %.3g B/s\n",
@@ -133,7 +145,7 @@ static inline void plan_print_table(const MemoryPlan* p, size_t budget, const ch
                 "measured), outside the plan and the budget\n", mib(remat_nccl_device_bytes));
     if (p->host_total_bytes) {
         char need[32], have[32];
-        fprintf(out, "host memory for offloaded checkpoints: %s of %s (%s): %s\n", format_size(p->host_total_bytes, need, sizeof(need)),
+        fprintf(out, "host memory for %s: %s of %s (%s): %s\n", plan_host_pool_contents(p), format_size(p->host_total_bytes, need, sizeof(need)),
                 format_size(host_budget, have, sizeof(have)), host_source, p->host_total_bytes <= host_budget ? "fits" : "does not fit");
     }
     size_t by_act[NUM_LAYER_ACTS];
@@ -176,7 +188,14 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     char flag[8192];
     format_recompute_flag(s->layer_mode, s->layer_offload, c->num_layers, flag, sizeof(flag));
     /* with the run's other flags, these reproduce the plan: what -r auto chose, or what was given */
-    fprintf(out, "\"flags\": \"-r %s --tile-tokens %d --segment-layers %d\", ", flag, s->tile_tokens, plan_segment_layers(s));
+    fprintf(out, "\"flags\": \"-r %s --tile-tokens %d --segment-layers %d%s\", ", flag, s->tile_tokens, plan_segment_layers(s),
+            s->offload_optimizer ? " --offload-optimizer" : "");
+    CostModel ocm = spec_cost_model(s);
+    OptimizerOffloadSeconds oo = optimizer_offload_seconds(s, &ocm);
+    fprintf(out, "\"offload_optimizer\": %d, \"optimizer_offload_seconds\": {\"down\": %.9g, \"adamw\": %.9g, \"up\": %.9g, "
+                 "\"exposed\": %.9g}, \"host_components\": {", s->offload_optimizer, oo.down, oo.adamw, oo.up, oo.exposed);
+    for (int i = 0; i < NUM_SECTIONS; i++) fprintf(out, "%s\"%s\": %zu", i ? ", " : "", plan_section_names[i], p->host_section_bytes[i]);
+    fprintf(out, "}, ");
     fprintf(out, "\"recompute\": \"%s\", \"layer_modes\": [", flag);
     for (int l = 0; l < c->num_layers; l++) fprintf(out, "%s%d", l ? ", " : "", s->layer_mode[l]);
     fprintf(out, "], \"layer_offload\": [");
@@ -214,8 +233,9 @@ static inline void plan_print_json(const MemoryPlan* p, size_t budget, size_t ho
     for (const char* q = cm.name; *q; q++) fprintf(out, *q == '"' || *q == '\\' ? "\\%c" : "%c", *q);
     fprintf(out, "\", \"matmul_flops_per_s\": %.6g, \"attention_flops_per_s\": %.6g, \"memory_bytes_per_s\": %.6g, \"host_link_bytes_per_s\": %.6g, "
                  "\"tile_pass_s\": %.6g, \"matmul_half_rows\": %.6g, \"matmul_backward_flops_per_s\": %.6g, \"attention_backward_flops_per_s\": %.6g, "
-                 "\"gelu_bytes_per_s\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
-            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows, matmul_backward_rate(&cm), attention_backward_rate(&cm), gelu_rate(&cm));
+                 "\"gelu_bytes_per_s\": %.6g, \"host_memory_bytes_per_s\": %.6g}, ", cm.matmul_flops_per_s, cm.attention_flops_per_s, cm.memory_bytes_per_s,
+            cm.host_link_bytes_per_s, cm.tile_pass_s, cm.matmul_half_rows, matmul_backward_rate(&cm), attention_backward_rate(&cm), gelu_rate(&cm),
+            cm.host_memory_bytes_per_s);
     fprintf(out, "\"predicted_step_seconds\": %.9g, \"predicted_extra_time_fraction\": %.9g, ", secs, extra);
     RingLink link = spec_ring_link(s);
     fprintf(out, "\"context_parallel\": %d, \"ring_link\": \"%s\", \"ring_link_bytes_per_s\": %.6g, \"ring_link_latency_s\": %.6g, "

@@ -515,6 +515,47 @@ static inline int recompute_auto_plan(PlanSpec* spec, size_t budget, size_t host
     return found ? 0 : -1;
 }
 
+/* -r auto with the optimizer's place as one more choice (choose_place;
+ * else where spec->offload_optimizer says): on the device, or in the host
+ * pool (--offload-optimizer), whose bytes then come off the host budget
+ * first (off the one budget too where the pool shares it). For each place
+ * the exact choice of recompute_auto_plan, checkpoint offloading only with
+ * offload_checkpoints; of the two the least predicted step time, ties to the
+ * device (offloading adds copies and a host update; on the CPU it saves no
+ * memory). host_budget: the host pool's, 0 when nothing may go there. Sets
+ * spec->offload_optimizer, tile_tokens and segment_layers; returns 0, or -1. */
+static inline int recompute_auto_place(PlanSpec* spec, size_t budget, size_t host_budget, int offload_checkpoints, int choose_place,
+                                       int search_tiles, int search_segments, unsigned char* modes, unsigned char* offload) {
+    int L = spec->cfg.num_layers, found = 0, given = spec->offload_optimizer;
+    unsigned char* try_modes = (unsigned char*)malloc_check((size_t)L, "plan");
+    unsigned char* try_offload = (unsigned char*)calloc_check((size_t)L, 1, "plan");
+    PlanSpec best = *spec;
+    double best_t = 0.0;
+    for (int place = choose_place ? 0 : given; place <= (choose_place ? 1 : given); place++) {
+        PlanSpec s = *spec;
+        s.offload_optimizer = place;
+        size_t opt = plan_host_optimizer_bytes(&s);
+        if (opt > host_budget || (s.host_shares_budget && opt > budget)) continue;
+        size_t b = s.host_shares_budget ? budget - opt : budget, hb = offload_checkpoints ? host_budget - opt : 0;
+        if (s.host_shares_budget && hb > b) hb = b;
+        memset(try_offload, 0, (size_t)L);
+        if (recompute_auto_plan(&s, b, hb, search_tiles, search_segments, try_modes, offload ? try_offload : NULL) != 0) continue;
+        double t = plan_predicted_seconds_offload(&s, try_modes, offload ? try_offload : NULL, NULL);
+        if (found && !(t < best_t)) continue;
+        found = 1;
+        best_t = t;
+        best = s;
+        memcpy(modes, try_modes, (size_t)L);
+        if (offload) memcpy(offload, try_offload, (size_t)L);
+    }
+    free(try_modes);
+    free(try_offload);
+    spec->offload_optimizer = found ? best.offload_optimizer : given;
+    spec->tile_tokens = best.tile_tokens;
+    spec->segment_layers = best.segment_layers;
+    return found ? 0 : -1;
+}
+
 /* -r auto with the tile size as a third choice (search_tiles; else at
  * spec->tile_tokens), at the spec's segment size: for each candidate tile
  * K the exact per-K choice (recompute_auto_plan), and of those the least predicted step time, ties

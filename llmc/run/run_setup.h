@@ -245,13 +245,13 @@ static inline void resolve_recompute(Run* run) {
  * would do nothing: refused. */
 static inline void check_link_and_host_flags_apply(const Run* run) {
     const TrainOptions* o = &run->opt;
-    int offloads = o->offload_checkpoints;
+    int offloads = o->offload_checkpoints || o->offload_optimizer;
     for (int l = 0; l < run->cfg.num_layers; l++) offloads |= run->layer_offload[l];
     int considers_offload = offloads || strcmp(o->recompute, "auto") == 0 || o->plan_only || o->plan_json;
     static const char* const host_flags[2] = {"--host-mem-budget", "--host-link"};
     for (int i = 0; i < 2; i++)
         if (option_given(o, host_flags[i]) && !considers_offload)
-            fail("flag %s: applies to offloaded checkpoints (--offload-checkpoints, a mix like 1o:0-3, -r auto or --plan), and "
+            fail("flag %s: applies to offloading (--offload-checkpoints, a mix like 1o:0-3, --offload-optimizer, -r auto or --plan), and "
                  "this run has none (-r %s)", host_flags[i], o->recompute);
     if (option_given(o, "--ring-link") && run->cp.group_size <= 1)
         fail("flag --ring-link: applies to the ring of --context-parallel N > 1, and this run has none");
@@ -402,6 +402,7 @@ static inline void plan_choice_broadcast(Run* run, PlanSpec* spec) {
     proc_broadcast(run->layer_offload, (size_t)L, "the broadcast of rank 0's offload choice");
     proc_broadcast(&spec->tile_tokens, sizeof(spec->tile_tokens), "the broadcast of rank 0's tile size");
     proc_broadcast(&spec->segment_layers, sizeof(spec->segment_layers), "the broadcast of rank 0's segment size");
+    proc_broadcast(&spec->offload_optimizer, sizeof(spec->offload_optimizer), "the broadcast of rank 0's optimizer place");
 }
 
 /* Before the first step: the plan every rank built is the same (modes,
@@ -455,7 +456,8 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     const char* source = "";
     const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
-    size_t host_budget = run->opt.offload_checkpoints ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
+    int host_pool = run->opt.offload_checkpoints || run->opt.offload_optimizer;
+    size_t host_budget = host_pool ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (!budget) fail("-r auto: no memory budget known: give --mem-budget");
     if (spec->host_shares_budget && host_budget > budget) { /* one memory: the pool and the plan share the budget */
         host_budget = budget;
@@ -466,14 +468,15 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     int kept_tile = 0;
     if (resume_tile >= 0) {
         spec->tile_tokens = resume_tile;
-        kept_tile = recompute_auto_plan(spec, budget, host_budget, 0, search_segments, run->layer_mode, run->layer_offload) == 0;
+        kept_tile = recompute_auto_place(spec, budget, host_budget, run->opt.offload_checkpoints, run->opt.offload_optimizer, 0,
+                                         search_segments, run->layer_mode, run->layer_offload) == 0;
         if (!kept_tile && !run->opt.resume_override)
             fail("-r auto: the checkpoint in %s was trained with --tile-tokens %d, and no plan at that tile fits %s "
                  "(%s); a GPU run's bits depend on the tile size: a larger --mem-budget, or --resume-override to let -r auto choose "
                  "another tile", run->opt.out_dir, resume_tile, have, source);
     }
-    if (!kept_tile &&
-        recompute_auto_plan(spec, budget, host_budget, search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
+    if (!kept_tile && recompute_auto_place(spec, budget, host_budget, run->opt.offload_checkpoints, run->opt.offload_optimizer,
+                                           search_tiles, search_segments, run->layer_mode, run->layer_offload) != 0) {
         /* the suggestions may offload where a host budget is known: --offload-checkpoints' own, or one given */
         if (!host_budget && run->opt.host_mem_budget[0]) host_budget = host_memory_budget(run->opt.host_mem_budget, &host_source);
         refuse_auto_recompute(run, spec, budget, source, host_budget, host_source, search_tiles, search_segments);
@@ -481,6 +484,7 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
     plan_choice_broadcast(run, spec);
     run->opt.tile_tokens = spec->tile_tokens;
     run->opt.segment_layers = spec->segment_layers;
+    run->opt.offload_optimizer = spec->offload_optimizer;
     char flag[8192];
     auto_recompute_flags(run, spec, flag, sizeof(flag));
     double extra = 0.0, secs = plan_predicted_seconds(spec, NULL, &extra);
@@ -493,9 +497,12 @@ static inline void resolve_auto_recompute(Run* run, PlanSpec* spec, int search_t
         fprintf(out, "recompute auto: --tile-tokens %d is the checkpoint's, kept on resume (a GPU run's bits depend on the tile size; "
                 "it fits)\n", spec->tile_tokens);
     char used[32], host_have[32];
-    if (run->opt.offload_checkpoints)
-        fprintf(out, "recompute auto: host memory %s of %s (%s) for offloaded checkpoints\n", format_size(host, used, sizeof(used)),
+    if (host_pool)
+        fprintf(out, "recompute auto: host memory %s of %s (%s) for offloaded checkpoints and the optimizer\n", format_size(host, used, sizeof(used)),
                 format_size(host_budget, host_have, sizeof(host_have)), host_source);
+    if (option_given(&run->opt, "--offload-optimizer"))
+        fprintf(out, "recompute auto: the optimizer %s\n", spec->offload_optimizer ? "in host memory: --offload-optimizer"
+                                                                                  : "on the device (no --offload-optimizer): it fits and is faster");
 }
 
 /* --tile-tokens auto with a fixed -r: the fastest predicted tile size that
@@ -573,13 +580,13 @@ static inline void check_host_budget(const Run* run) {
     char need[32], have[32];
     format_size_over(run->plan.host_total_bytes, host_budget, need, have, sizeof(need));
     if (run->plan.host_total_bytes > host_budget)
-        fail("offloaded checkpoints: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget", need,
-             have, source);
+        fail("%s: the host pool needs %s, more than %s (%s): fewer offloaded layers, or --host-mem-budget", plan_host_pool_contents(&run->plan),
+             need, have, source);
     /* the CPU trainer's plan lives in host memory too: one memory holds both */
     if (run->plan.spec.host_shares_budget && size_add_sat(run->plan.host_total_bytes, run->plan.total_bytes) > host_budget) {
         char plan_bytes[32];
-        fail("offloaded checkpoints: the host pool (%s) and the plan (%s) are both host memory on the CPU, more than %s (%s) "
-             "together: fewer offloaded layers (offloading saves no memory on the CPU)",
+        fail("%s: the host pool (%s) and the plan (%s) are both host memory on the CPU, more than %s (%s) "
+             "together: less offloading (offloading saves no memory on the CPU)", plan_host_pool_contents(&run->plan),
              format_size(run->plan.host_total_bytes, need, sizeof(need)), format_size(run->plan.total_bytes, plan_bytes, sizeof(plan_bytes)),
              format_size(host_budget, have, sizeof(have)), source);
     }
@@ -673,6 +680,7 @@ static inline void run_resolve(Run* run, int argc, char** argv, const TrainerTra
     /* the CPU trainer's plan and offloaded pool are one memory, unless both
      * budgets are given (then the user has said what each may take) */
     spec.host_shares_budget = trainer == FOR_CPU && !(run->opt.mem_budget[0] && run->opt.host_mem_budget[0]);
+    spec.offload_optimizer = run->opt.offload_optimizer; /* -r auto: may choose the device instead */
     plan_validate_spec(&spec);
     spec.tile_tokens = run->opt.tile_tokens;
     spec.segment_layers = run->opt.segment_layers;

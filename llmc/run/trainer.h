@@ -27,7 +27,7 @@ static inline void maybe_print_plan_and_exit(const Run* run) {
     const char* host_source = "";
     size_t budget = memory_budget(run->opt.mem_budget, &source);
     /* the host budget where it matters (it varies with the machine's free memory) */
-    int host_matters = run->plan.host_total_bytes || run->opt.offload_checkpoints || run->opt.host_mem_budget[0];
+    int host_matters = run->plan.host_total_bytes || run->opt.offload_checkpoints || run->opt.offload_optimizer || run->opt.host_mem_budget[0];
     size_t host_budget = host_matters ? host_memory_budget(run->opt.host_mem_budget, &host_source) : 0;
     if (run->opt.plan_json) {
         plan_print_json(&run->plan, budget, host_budget, stdout);
@@ -396,7 +396,7 @@ static inline void train(Run* run, Backend* be) {
     if (timed_steps) printf("average step time %.2f ms over %d steps (first step excluded)\n", total_ms / timed_steps, timed_steps);
     if (p->spec.backend == BACKEND_CPU)
         printf("peak resident memory: %.1f MiB (plan: %.1f MiB%s, and up to %.0f MiB for the program%s)\n", (double)peak_rss_kib() / 1024.0,
-               mib(p->total_bytes + p->host_total_bytes), p->host_total_bytes ? " with the offloaded checkpoints' host pool" : "",
+               mib(p->total_bytes + p->host_total_bytes), !p->host_total_bytes ? "" : p->spec.offload_optimizer ? " with the host pool of the offloaded optimizer" : " with the offloaded checkpoints' host pool",
                mib(plan_program_bytes()), remat_proc.uses_mpi ? " and MPI" : "");
     else
         printf("peak host resident memory: %.1f MiB\n", (double)peak_rss_kib() / 1024.0);

@@ -1,0 +1,186 @@
+/*
+ * The optimizer in host memory (--offload-optimizer) on the GPU: this rank's
+ * shard of the master weights (fp32; without them a floatX copy of the
+ * parameters), of AdamW's two moments and a floatX copy of its gradients
+ * live in pinned host memory, the plan's host pool entries (plan.h,
+ * plan_add_host_optimizer). The pool is offload.cuh's when offloaded
+ * checkpoints allocated it, else allocated here, on the GPU's NUMA node.
+ *
+ * With one process each layer's gradients go down on the copy stream as the
+ * step's last backward finishes them (after gpu_fold_grads: final), while
+ * the layers below run. One update (after the driver's norm, clipping and
+ * FP16 overflow decision; a skipped step never comes here):
+ *   1. the rest of the shard's gradients (the tensors outside the blocks; all
+ *      of them with several processes, after the reductions) go down on the
+ *      copy stream after the main stream's work, and the host waits for the
+ *      copy stream;
+ *   2. the host waits for that copy, then runs AdamW tensor by tensor
+ *      (adamw.cuh, host_adamw: the kernel's arithmetic, so the device's bits),
+ *      writing each tensor's updated floatX parameters over its gradient
+ *      copy, and queues that tensor's copy up at once, so the copies overlap
+ *      the host's work on the tensors after it;
+ *   3. the main stream waits for the last copy up before anything reads the
+ *      parameters (the ZeRO-1 gather, the next forward).
+ * Reading the pinned gradients before the copy's event has completed would
+ * read the previous step's (or the NaN the pool starts with): the emulator
+ * runs copies in stream order at synchronisation points, as a GPU may, so
+ * such a read changes the bits and the tests comparing with the on-device
+ * optimizer fail.
+ *
+ * Not built yet (issue 43): the per-layer squared norms and finite checks on
+ * the host, per-layer copies with several processes, the device keeping
+ * only the gradients of layers in flight, and the update overlapping the
+ * next forward layer by layer. Unverified on GPU.
+ */
+#ifndef REMAT_OPTIMIZER_OFFLOAD_CUH
+#define REMAT_OPTIMIZER_OFFLOAD_CUH
+
+#include "cuda_common.cuh"
+#include "adamw.cuh"
+#include "host_numa.cuh"
+#include "../core/optimizer.h"
+#include "../plan/plan.h" /* where the host pool holds the optimizer */
+
+typedef struct {
+    int on;
+    char* own_pool;      /* the pinned pool when this allocated it, else NULL */
+    float* master;       /* shard, fp32; NULL without master weights */
+    floatX* host_params; /* shard, floatX, without master weights; else NULL */
+    floatX* grads;       /* shard: the gradients down, then the updated parameters up */
+    float* m;            /* shard moments (the plan's adam_m, adam_v) */
+    float* v;
+    int stream_layers;   /* one process: each layer's gradients go down as the backward finishes them */
+    int layers_down;     /* layers whose gradients went down during this step's last backward */
+    int unawaited;       /* copies down the main stream has not waited for (a step skipped after its backward) */
+    cudaStream_t copy;
+    cudaEvent_t main_done, grads_down, params_up;
+} OptimizerOffload;
+
+/* pool: offload.cuh's pinned pool of plan->host_total_bytes, or NULL.
+ * Per-layer copies during the backward need each layer's gradients final
+ * when its backward ends: so with one process only (with several, the
+ * reduction comes after; the whole shard then goes down at the update). */
+static inline void optimizer_offload_create(OptimizerOffload* o, const MemoryPlan* plan, char* pool) {
+    memset(o, 0, sizeof(*o));
+    if (!plan->spec.offload_optimizer) return;
+    o->on = 1;
+    o->stream_layers = plan->spec.world_size == 1;
+    if (!pool) {
+        cudaError_t err = pinned_alloc_near_gpu((void**)&o->own_pool, plan->host_total_bytes, "the offloaded optimizer");
+        if (err != cudaSuccess)
+            fail("cannot allocate %.1f MiB of pinned host memory for the offloaded optimizer: %s", mib(plan->host_total_bytes),
+                 cudaGetErrorString(err));
+        pool = o->own_pool;
+    }
+    size_t n = plan->shard_params;
+    if (plan->spec.master_weights) o->master = (float*)(pool + plan->off_master);
+    else o->host_params = (floatX*)(pool + plan->off_master);
+    o->grads = (floatX*)(pool + plan->off_host_grads);
+    o->m = (float*)(pool + plan->off_adam_m);
+    o->v = (float*)(pool + plan->off_adam_v);
+    memset(o->m, 0, n * sizeof(float));
+    memset(o->v, 0, n * sizeof(float));
+    memset((void*)o->grads, 0xff, n * sizeof(floatX)); /* NaN: a read before the first copy down poisons the update */
+    if (o->master) memset(o->master, 0xff, n * sizeof(float)); /* a load fills them (gpu_transfer) */
+    else memset((void*)o->host_params, 0xff, n * sizeof(floatX));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&o->copy, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&o->main_done, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&o->grads_down, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreateWithFlags(&o->params_up, cudaEventDisableTiming));
+}
+
+static inline void optimizer_offload_destroy(OptimizerOffload* o) {
+    if (!o->on) return;
+    CUDA_CHECK(cudaStreamSynchronize(o->copy));
+    CUDA_CHECK(cudaEventDestroy(o->main_done));
+    CUDA_CHECK(cudaEventDestroy(o->grads_down));
+    CUDA_CHECK(cudaEventDestroy(o->params_up));
+    CUDA_CHECK(cudaStreamDestroy(o->copy));
+    if (o->own_pool) CUDA_CHECK(cudaFreeHost(o->own_pool));
+    memset(o, 0, sizeof(*o));
+}
+
+/* Parameters [start, start + n) just loaded as fp32 values `values` (their
+ * floatX rounding already on the device): the host's copy of this rank's
+ * shard [lo, hi), master weights as given, or the floatX parameters. */
+static inline void optimizer_offload_load(OptimizerOffload* o, size_t lo, size_t hi, size_t start, size_t n, const float* values) {
+    size_t a = start > lo ? start : lo, b = start + n < hi ? start + n : hi;
+    for (size_t i = a; i < b; i++) {
+        if (o->master) o->master[i - lo] = values[i - start];
+        else host_floatX_store(o->host_params, i - lo, values[i - start]);
+    }
+}
+
+/* Parameters [a, b) of the model's gradients, clipped to the shard [lo, hi),
+ * down on the copy stream. */
+static inline void optimizer_offload_copy_down(OptimizerOffload* o, const floatX* grads, size_t a, size_t b, size_t lo, size_t hi) {
+    a = a > lo ? a : lo;
+    b = b < hi ? b : hi;
+    if (a < b) CUDA_CHECK(cudaMemcpyAsync(o->grads + (a - lo), grads + a, (b - a) * sizeof(floatX), cudaMemcpyDeviceToHost, o->copy));
+}
+
+/* The step's last backward begins: no layer's gradients are down yet. */
+static inline void optimizer_offload_backward_begins(OptimizerOffload* o) { o->layers_down = 0; }
+
+/* The last backward has finished layer l (of L) of layout pl, its gradients
+ * final (with stream_layers): its slice of each block tensor down on the
+ * copy stream, after the main stream's work so far, while the layers below
+ * run their backward. */
+static inline void optimizer_offload_layer_down(OptimizerOffload* o, const ParamLayout* pl, int L, int l, const floatX* grads, size_t lo,
+                                                size_t hi, cudaStream_t main) {
+    if (!o->on || !o->stream_layers) return;
+    CUDA_CHECK(cudaEventRecord(o->main_done, main));
+    CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));
+    for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) {
+        size_t per_layer = pl->count[t] / (size_t)L, a = pl->offset[t] + (size_t)l * per_layer;
+        optimizer_offload_copy_down(o, grads, a, a + per_layer, lo, hi);
+    }
+    o->layers_down++;
+    o->unawaited = 1;
+}
+
+/* Step 1 of the update (see the top): the shard [lo, hi) of the device's
+ * gradients down, after the main stream's work (only the tensors outside the
+ * blocks when every layer's went down during the backward); returns once
+ * they are. */
+static inline void optimizer_offload_grads_down(OptimizerOffload* o, const ParamLayout* pl, int L, const floatX* grads, size_t lo, size_t hi,
+                                                cudaStream_t main) {
+    CUDA_CHECK(cudaEventRecord(o->main_done, main));
+    CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));
+    int layers_went = o->layers_down == L;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int block = t >= FIRST_BLOCK_TENSOR && t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS;
+        if (!(block && layers_went)) optimizer_offload_copy_down(o, grads, pl->offset[t], pl->offset[t] + pl->count[t], lo, hi);
+    }
+    o->layers_down = 0;
+    CUDA_CHECK(cudaEventRecord(o->grads_down, o->copy));
+    CUDA_CHECK(cudaEventSynchronize(o->grads_down)); /* the host reads the gradients only once they are down */
+}
+
+/* Step 2 for one tensor's slice: parameters [off, off + n) of the model, at
+ * index k of the shard; AdamW on the host, then the slice's copy up queued. */
+static inline void optimizer_offload_update_slice(OptimizerOffload* o, floatX* params, size_t off, size_t k, size_t n, float wd,
+                                                  const AdamWStep* s, uint64_t seed) {
+    host_adamw(o->grads + k, o->master ? o->master + k : NULL, o->host_params ? o->host_params + k : NULL, o->m + k, o->v + k, n, off,
+               s->lr, s->beta1, s->beta2, s->bias_corr1, s->bias_corr2, s->eps, wd, s->grad_scale, seed, s->t);
+    CUDA_CHECK(cudaMemcpyAsync(params + off, o->grads + k, n * sizeof(floatX), cudaMemcpyHostToDevice, o->copy));
+}
+
+/* Before the device writes the gradients again (a new step): where copies
+ * down went unawaited (a step skipped on FP16 overflow has no update, whose
+ * wait for the copies up would order them), the main stream waits for them. */
+static inline void optimizer_offload_main_waits(OptimizerOffload* o, cudaStream_t main) {
+    if (!o->on || !o->unawaited) return;
+    CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
+    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0));
+    o->unawaited = 0;
+}
+
+/* Step 3: the main stream waits for every copy up. */
+static inline void optimizer_offload_params_up(OptimizerOffload* o, cudaStream_t main) {
+    CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
+    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the gather and the next forward read them */
+    o->unawaited = 0;
+}
+
+#endif
