@@ -370,11 +370,16 @@ static void make_plan(MemoryPlan* p, const ModelConfig* cfg, int T, int gpu, con
     plan_build(p, &s);
 }
 
-/* RoPE cases scale the Q/K/V weights up by this: GPT-2's initialisation
- * (std 0.02) leaves attention almost uniform, where a position turned wrong
- * (K not turned, the gradient turned the wrong way) would hardly move the
- * loss or the gradients; with scores of a few units it does. */
-#define TEST_ROPE_QKV_SCALE 8.0f
+/* RoPE cases scale the Q/K/V weights up: GPT-2's initialisation (std 0.02)
+ * leaves attention almost uniform, where a position turned wrong (K not
+ * turned, the gradient turned the wrong way) would hardly move the loss or
+ * the gradients; with scores of about 6 it does. A score is about
+ * (s 0.02)^2 C sqrt(HD) (HD products of normalised rows through (C) weights,
+ * over sqrt(HD)); s at most 8, so small heads are not sharper than that. */
+static float test_rope_qkv_scale(const ModelConfig* cfg) {
+    float s = sqrtf(6.5f / (4e-4f * (float)cfg->channels * sqrtf((float)cfg->head_size)));
+    return s < 8.0f ? s : 8.0f;
+}
 
 /* Initial parameters, rounded to what floatX can hold so both models start equal. */
 static float* initial_params(const ModelConfig* cfg, size_t* count) {
@@ -383,7 +388,7 @@ static float* initial_params(const ModelConfig* cfg, size_t* count) {
     float* p = alloc_floats(pl.total);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) param_init_chunk(cfg, TEST_SEED, t, 0, pl.count[t], p + pl.offset[t]);
     if (cfg->positions == POS_ROPE)
-        for (size_t i = 0; i < pl.count[P_QKVW]; i++) p[pl.offset[P_QKVW] + i] *= TEST_ROPE_QKV_SCALE;
+        for (size_t i = 0; i < pl.count[P_QKVW]; i++) p[pl.offset[P_QKVW] + i] *= test_rope_qkv_scale(cfg);
     for (size_t i = 0; i < pl.total; i++) p[i] = host_round_floatX(p[i]);
     *count = pl.total;
     return p;
