@@ -287,14 +287,15 @@ static const Setting settings[] = {
  * 16-byte vector divides), no biases, an untied head; "qwen2..." the same
  * with Q/K/V biases and the head tied. After the prefix "lin", "l3" or
  * "yarn" picks RoPE's scaling (default otherwise), with an original context
- * of 32 positions, so the scaled bands lie inside the tests' T. K/V heads
- * as many as query heads (grouped-query attention has no GPU kernels yet). */
+ * of 32 positions, so the scaled bands lie inside the tests' T. "_kvN"
+ * gives N K/V heads (grouped-query attention), else as many as query heads. */
 static void test_family_switches(ModelConfig* c, const char* name) {
     int qwen2 = strncmp(name, "qwen2", 5) == 0;
     if (!qwen2 && strncmp(name, "llama", 5) != 0) return;
     const char* scaling = name + 5;
     c->family = qwen2 ? FAMILY_QWEN2 : FAMILY_LLAMA;
-    c->num_kv_heads = c->num_heads;
+    const char* kv = strstr(name, "_kv"); /* grouped-query attention: _kvN, N K/V heads; else as many as query heads */
+    c->num_kv_heads = kv ? atoi(kv + 3) : c->num_heads;
     c->head_size = c->channels / c->num_heads;
     c->ffn = 3 * c->channels / 2;
     c->norm = NORM_RMSNORM;
@@ -2662,7 +2663,7 @@ int main(int argc, char** argv) {
     /* the Llama family (test_family_switches): each RoPE scaling, head sizes 16, 64 and 128, untied and tied, Qwen2's
      * biases; with dropout and with token tiles of 100 rows */
     const Shape llama_shapes[] = {{"llama_hs64", 256, 4, 300}, {"qwen2yarn_hs128", 256, 2, 300}, {"llamal3_hs16", 64, 4, 300},
-                                  {"qwen2lin_hs20", 80, 4, 300}};
+                                  {"qwen2lin_hs20", 80, 4, 300}, {"llama_kv2_hs32", 128, 4, 300}, {"qwen2l3_kv1_hs64", 192, 3, 300}};
     for (size_t s = 0; s < sizeof(llama_shapes) / sizeof(llama_shapes[0]); s++) run_case(&llama_shapes[s], 333, &dropout_off);
     run_case(&llama_shapes[0], 333, &drop);
     g_tile_tokens = 100;

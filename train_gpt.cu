@@ -237,15 +237,15 @@ static void gpu_set_shape(GpuModel* m, int B, int T) {
     m->layout = token_layout(T, m->par.cp.member, m->par.cp.group_size, m->par.ring_chunks);
 }
 
-/* What the GPU's block does not run yet, refused in one line: grouped-query
- * attention (its kernels come separately), query heads that do not span C
- * (today's attention reads Q, K and V heads of C/NH), LayerNorm without
- * GPT-2's bias or epsilon (its kernels hold both). */
+/* What the GPU's block does not run, refused in one line: heads the
+ * attention kernels do not take (K/V heads that do not divide the query
+ * heads, head sizes past 128), query heads that do not span C (the block's
+ * tests hold NH x HD = C only), LayerNorm without GPT-2's bias or epsilon
+ * (its kernels hold both). */
 static void gpu_check_config(const ModelConfig* cfg, const char* what) {
     ModelConfig c = config_resolved(cfg);
-    if (c.num_kv_heads < c.num_heads)
-        fail("%s: grouped-query attention (%d K/V heads for %d query heads) has no GPU kernels yet: train it with train_gpt_cpu", what,
-             c.num_kv_heads, c.num_heads);
+    BlockWidths w = block_widths(&c);
+    attention_check_heads(w.NH, w.NKV, w.HD);
     if (c.head_size * c.num_heads != c.channels)
         fail("%s: the GPU's attention needs NH x HD = C (here %d x %d, C %d): train it with train_gpt_cpu", what, c.num_heads, c.head_size,
              c.channels);
@@ -266,7 +266,6 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->drop = &dropout_off;
     if (plan->spec.elem_bytes != (int)sizeof(floatX) || plan->spec.stat_bytes != 4 || plan->spec.backend != BACKEND_GPU)
         fail("internal: the plan was not made for this GPU build (%d-byte storage, %s)", plan->spec.elem_bytes, PRECISION_NAME);
-    attention_check_shape(m->cfg.channels, m->cfg.num_heads);
     CUDA_CHECK(cudaFree(0)); /* creates the context now, so that it is measured on its own */
     m->used_context = gpu_used_memory();
     gpu_matmul_init(&m->mm);
@@ -1301,7 +1300,6 @@ int main(int argc, char** argv) {
     gpu_check_config(&run.cfg, run.model_desc);
     int master_weights = run.plan.spec.master_weights;
     MultiGpu* mg = gpu_startup_connect(); /* no or a broken device: every rank says so, then all stop */
-    attention_check_shape(run.cfg.channels, run.cfg.num_heads);
     run_print_header(&run);
     check_no_quadratic_buffers(&run.plan);
     if (mg)

@@ -51,9 +51,10 @@ from emu_support import EMU, JOBS, OUT, PRECISIONS, SLOW, assert_mutant_applies,
 # vector paths), and AdamW gets tensors that start off 16-byte alignment.
 # The Llama family (test_gpt's test_family_switches, by the name's prefix: llama untied without biases, qwen2 tied
 # with Q/K/V biases; RMSNorm, SwiGLU of F = 3C/2, RoPE default or lin/l3/yarn): each scaling in some precision;
-# fp32's C=18 gives F=27 and HD/2=9, SwiGLU's and RoPE's scalar paths inside the model.
-LLAMA_CASES = {"bf16": ["llama_hs16:64:4:300:37", "qwen2yarn_hs32:64:2:300:37"],
-               "fp32": ["llamal3_hs18:18:1:300:37", "qwen2lin_hs16:48:3:300:21"],
+# fp32's C=18 gives F=27 and HD/2=9, SwiGLU's and RoPE's scalar paths inside the model. "_kvN": N K/V heads, grouped-
+# query attention inside the model (groups of 2 and 3).
+LLAMA_CASES = {"bf16": ["llama_hs16:64:4:300:37", "qwen2yarn_hs32:64:2:300:37", "llama_kv2_hs16:64:4:300:37"],
+               "fp32": ["llamal3_hs18:18:1:300:37", "qwen2lin_hs16:48:3:300:21", "qwen2l3_kv1_hs16:48:3:300:21"],
                "fp16": ["llamalin_hs64:64:1:300:21"]}
 CASES = {
     "bf16": ["hs16:64:4:300:77", "hs32:64:2:300:37", "hs64:64:1:300:45", "hs20:20:1:300:37", *LLAMA_CASES["bf16"]],
@@ -127,7 +128,7 @@ TILE_CASES = {"bf16": ["tiles5:hs16:64:4:300:33", "tiles7:dropmodel:hs16:64:4:30
               "fp16": ["tiles5:hs32:32:1:300:45", "tiles2:tilebound:hs16:64:4:300:77"]}
 NOBIAS_CASES = ["hs32:64:2:300:21"]  # cuBLASLt offering no bias epilogue: matmul.cuh's own bias kernel
 SLOW_CASES = ["hs128:128:1:300:70", "hs48:96:2:300:333", "hs16:64:4:300:5", "hs64:128:2:300:130", "qwen2_hs128:128:1:300:21",
-              "llamal3_hs20:20:1:300:37", "llamalin_hs64:64:1:300:45"]
+              "llamal3_hs20:20:1:300:37", "llamalin_hs64:64:1:300:45", "llama_kv2_hs32:128:4:300:45", "tiles5:qwen2_kv1_hs64:192:3:300:33"]
 # Block/warp/lane order of the default runs, one per precision at no extra cost:
 # a result that depends on it is a race between blocks or a missing barrier
 # (e.g. a column-sum block writing past its columns into a slot another block

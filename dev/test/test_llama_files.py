@@ -112,17 +112,17 @@ def test_preset_plans_with_the_models_parameter_count(preset):
     assert json.loads(res.stdout)["config"]["num_parameters"] == PRESETS[preset]
 
 
-def test_gpu_trainer_refuses_grouped_query_attention(tmp_path, tokens):
-    """The GPU trainer has no grouped-query attention kernels yet: it must refuse a Llama file with NKV < NH in one
-    line, not compute something else on it (the refusal comes before any device work, so the emulated build shows it
-    too). test_llama_gpu_emu.py trains the family with NKV = NH."""
+def test_gpu_trainer_refuses_query_heads_narrower_than_c(tmp_path, tokens):
+    """The GPU's block is tested with NH x HD = C only: a Llama file whose query heads span less than C must be
+    refused in one line, not computed on (the refusal comes before any device work, so the emulated build shows it
+    too). Grouped-query attention (NKV < NH) runs: test_llama_gpu_emu.py, test_emu.py's _kv cases."""
     from conftest import gpu_trainer
     exe = gpu_trainer()
-    cfg = CASES["llama-default-untied"]
+    cfg = CASES["llama-NH*HD>C"]
     write_model(tmp_path / "m.bin", cfg, random_params(cfg, 5))
     res = run([exe, "-e", tmp_path / "m.bin", "-i", tmp_path / "t.bin", "-j", "", "-b", "2", "-t", "16", "-x", "1", "-s", "0"])
-    assert res.returncode != 0 and "grouped-query attention (2 K/V heads for 4 query heads) has no GPU kernels yet" in res.stderr, \
-        res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.returncode != 0 and "the GPU's attention needs NH x HD = C" in res.stderr, res.stdout[-2000:] + res.stderr[-2000:]
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
 
 
 @pytest.mark.parametrize("flag,rope,extra", [("linear:4", "linear", {}), ("llama3:8", "llama3", dict(low=1.0, high=4.0)),

@@ -4,8 +4,8 @@ and by the CPU reference train_gpt_cpu on the same tokens; the losses must agree
 recompute setting (with an offloaded layer too) must print -r 0's steps bit for bit, and the settings at one token tile
 size those of -r 0 at that size (the slow set). The block's switches:
 RMSNorm, RoPE (llama3 and linear scalings), SwiGLU, no biases (Llama) or Q/K/V biases (Qwen2), an untied (Llama) or
-tied (Qwen2) head. K/V heads as many as query heads and NH x HD = C: grouped-query attention has no GPU kernels yet,
-and a model with it is refused in one line. test_gpt's Llama cases (test_emu.py) compare every tensor; this is the
+tied (Qwen2) head; K/V heads as many as query heads, or fewer (grouped-query attention, Llama's NKV 2 for NH 4), and
+NH x HD = C. test_gpt's Llama cases (test_emu.py) compare every tensor; this is the
 trainer's own path (the model file, the flags, the driver). Emulated: no GPU verification (dev/emu/README.md)."""
 import subprocess
 import sys
@@ -23,6 +23,7 @@ CASES = {
     "llama-llama3-untied": (hf.llama_config, {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
     "qwen2-biases-linear-tied": (hf.qwen2_config, {"rope_scaling": {"type": "linear", "factor": 2.0}}),
+    "llama-grouped-query": (hf.llama_config, {"num_key_value_heads": hf.NH // 2}),
 }
 # Each group against its first: the modes untiled (with an offloaded layer), and at one token tile size (tiles sum
 # the weight gradients in fp32 across tiles: bitwise among themselves, not with the untiled run).
@@ -31,8 +32,9 @@ MODE_GROUPS = [[["-r", "0"], ["-r", "1"], ["-r", "2"], ["-r", "3"], ["-r", "1:0/
 
 
 def imported_model(tmp_path, make, over):
-    """A Hugging Face checkpoint (NKV = NH, HD = C / NH) imported into a model file, and a token shard."""
-    config = make(num_key_value_heads=hf.NH, head_dim=hf.C // hf.NH, **over)
+    """A Hugging Face checkpoint (HD = C / NH; NKV = NH unless `over` says) imported into a model file, and a token
+    shard."""
+    config = make(**{"num_key_value_heads": hf.NH, "head_dim": hf.C // hf.NH, **over})
     hf.write_hf(tmp_path / "hf", config, hf.hf_state(config, np.random.default_rng(5)))
     res = subprocess.run([sys.executable, REPO / "dev/data/hf_llama.py", "import", tmp_path / "hf", tmp_path / "m.bin"],
                          capture_output=True, text=True)
@@ -72,16 +74,3 @@ def test_emulated_gpu_llama_modes_bitwise(emu_build, tmp_path, name):
             assert len(got) == STEPS, res.stdout[-2000:]
             base = base or got
             assert got == base, f"{' '.join(mode)}: {got} != {' '.join(group[0])}: {base}"
-
-
-def test_emulated_gpu_refuses_grouped_query_attention(emu_build, tmp_path):
-    config = hf.llama_config(head_dim=hf.C // hf.NH)  # NKV 2 < NH 4
-    hf.write_hf(tmp_path / "hf", config, hf.hf_state(config, np.random.default_rng(5)))
-    res = subprocess.run([sys.executable, REPO / "dev/data/hf_llama.py", "import", tmp_path / "hf", tmp_path / "m.bin"],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
-    datafile.write_shard(tmp_path / "t.bin", np.random.default_rng(7).integers(0, config["vocab_size"], 4000))
-    res = emu_run([OUT / "emu_train_gpt_bf16", "-e", tmp_path / "m.bin", "-i", tmp_path / "t.bin", "-j", "", "-b", B, "-t", T, "-x", 1])
-    assert res.returncode != 0
-    assert "grouped-query attention (2 K/V heads for 4 query heads) has no GPU kernels yet" in res.stderr, explain(res)
-    assert len(res.stderr.strip().splitlines()) == 1, explain(res)

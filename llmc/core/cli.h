@@ -94,7 +94,7 @@ typedef struct {
 
 #define OPT(field) offsetof(TrainOptions, field)
 static const FlagSpec flag_table[] = {
-    {"-e", FLAG_STRING, OPT(model), 0, 0, FOR_BOTH, "model: a model file (v3 fp32 or v5 bf16 GPT-2; v7 fp32 or v8 bf16 the configurable family: Llama, Qwen2), or for random init d6|d12|d24|d36|d48 (GPT-2) or a preset with the shape of a Hugging Face config.json: smollm2-135m|qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-7b|llama3.2-1b|llama3.2-3b|llama3.1-8b (the GPU trainer: the family without grouped-query attention, unverified on GPU)"},
+    {"-e", FLAG_STRING, OPT(model), 0, 0, FOR_BOTH, "model: a model file (v3 fp32 or v5 bf16 GPT-2; v7 fp32 or v8 bf16 the configurable family: Llama, Qwen2), or for random init d6|d12|d24|d36|d48 (GPT-2) or a preset with the shape of a Hugging Face config.json: smollm2-135m|qwen2.5-0.5b|qwen2.5-1.5b|qwen2.5-7b|llama3.2-1b|llama3.2-3b|llama3.1-8b (the GPU trainer: the family with NH x HD = C, unverified on GPU)"},
     {"--layers", FLAG_INT, OPT(layers), 1, 4096, FOR_BOTH, "random init: number of layers (overrides the descriptor)"},
     {"--heads", FLAG_INT, OPT(heads), 1, 65536, FOR_BOTH, "random init: number of attention heads"},
     {"--channels", FLAG_INT, OPT(channels), 1, 65536, FOR_BOTH, "random init: channels C"},

@@ -676,12 +676,6 @@ static inline void attention_check_heads(int NH, int NKV, int HD) {
     if (!attention_head_bucket(HD)) fail("attention: head size %d is above the 128 the CUDA kernels support", HD);
 }
 
-/* GPT-2's heads (NH of C/NH). */
-static inline void attention_check_shape(int C, int NH) {
-    if (!attention_head_bucket(C / NH))
-        fail("attention: head size C/NH = %d/%d = %d is above the 128 the CUDA kernels support", C, NH, C / NH);
-}
-
 /* grid (ceil(T/rows), B*heads): heads NH for the query-row kernels, NKV for the dK/dV ones. */
 static inline dim3 attention_grid(int B, int T, int NH, int rows_per_block) {
     if ((long long)B * NH > 65535) fail("attention: B*NH = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NH);
