@@ -5,21 +5,26 @@ with grouped-query attention, against one process holding the whole batch (the p
 The model: a Hugging Face checkpoint written here (test_hf_llama's writer) and imported by dev/data/hf_llama.py:
 RMSNorm, RoPE, SwiGLU, an untied head, NH 6 query heads sharing NKV 2 K/V heads (groups of 3) of HD 8, C 48. The
 ring carries the compact K/V (2 NKV HD a token, after RoPE: llmc/cuda/ring.cuh), and each rank turns its rows by
-their global positions (token_position: the zigzag's chunks r and 2N-1-r), so a K/V packed with the query heads'
-stride, or a row turned by its local place, moves the losses by far more than the bounds.
+their global positions (token_position: the zigzag's chunks r and 2N-1-r).
 
-The bounds and their reasons are test_emu_context_parallel's and test_emu_multigpu's (their module docstrings):
-the ring and the data-parallel ranks regroup fp32 sums only (the attention merge from per-block log-sum-exps; the
-weight gradients summed per rank, then across ranks), so FP32 losses over a few AdamW steps agree to 1e-5 relative;
+Bounds. The ring and the data-parallel ranks regroup fp32 sums only (attention merged from per-block log-sum-exps;
+weight gradients summed per rank, then across ranks), so FP32 losses over a few AdamW steps agree to 1e-5 relative
+(test_emu_context_parallel's and test_emu_multigpu's bound and reasons; measured here: within 1e-6 absolute).
 BF16 is wider than GPT-2's 1e-3: this model's logits are larger (step 1's loss 6.6 over 300 tokens), so a one-ulp
-change moves its loss more: data parallelism rounds each rank's gradients before the sum (step 1 bitwise, then
-measured 4.1e-5, 2.4e-3, 3.7e-3), the ring's fp32 merge changes attention's bf16 output by an ulp here and there. Measured: the one
-process in BF16 is itself 3.6e-4 (step 1) to 5.0e-3 (step 4) from the FP32 run; the ring in BF16 is 7.1e-4 (step 1),
-then at most 4.5e-3 from the one process in BF16, while its FP32 run is within 1e-6 of one process's. Bounds: step 1
-2e-3 absolute, every step 1e-2 absolute; a row turned by its local place instead of its global one moves step 1 by
-2.3e-2 and later steps by 0.09 to 0.29. With documents (--reset-attention-mask --reset-position-ids) RoPE's positions restart
-at each document's start, found at the global row: the same bounds. -r 1 under the ring runs the forward ring, RoPE
-included, again in the backward: bitwise -r 0's steps (the slow set, with the 3-member ring's -r 2).
+change moves its loss more. Data parallelism rounds each rank's gradients before the sum (measured: step 1 equal,
+then 4.1e-5, 2.4e-3, 3.7e-3); the ring's fp32 merge moves attention's bf16 output by an ulp here and there
+(measured: 7.1e-4 at step 1, at most 4.5e-3 after), the one process in BF16 being itself 3.6e-4 (step 1) to 5.0e-3
+(step 4) from its FP32 run. Bounds: step 1 within 2e-3 absolute (data parallelism: 1e-3 relative), every step
+within 1e-2 absolute. A row turned by its local place instead of its global position moves step 1 by 2.3e-2 and
+later steps by 0.09 to 0.29. With documents (--reset-attention-mask --reset-position-ids) RoPE's positions restart
+at each document's start, found at the global row: the FP32 bound. -r 1 under the ring runs the forward ring, RoPE
+included, again in the backward, -r 2 keeps attention's output: bitwise -r 0's steps (the slow set).
+
+Mutants (the slow set builds each into a copy of the sources; the fast set checks that their text is there): RoPE
+turning a row by its local place (n % T) instead of its global position: the losses move past the bounds; the ring
+reading a received K/V block, or packing this rank's out of qkv, with the query heads' width (2 NH HD, GPT-2's
+3C row) instead of the compact 2 NKV HD: the emulator stops the run (a read of ring.dkv_blocks never written, past
+the K/V block; a copy running past layer0.qkv's end).
 """
 import subprocess
 import sys
@@ -31,7 +36,7 @@ import test_hf_llama as hf
 from conftest import REPO, datafile
 from test_emu_context_parallel import FP32_REL
 from test_emu_multigpu import bins, env, explain, steps  # noqa: F401
-from emu_support import slow
+from emu_support import assert_mutant_applies, mutant_sources, slow
 
 EOT = 7
 NH, NKV, HD = 6, 2, 8
@@ -133,3 +138,35 @@ def test_recompute_under_the_ring_bitwise(bins, llama, n, T, mode):
     output: -r 0's step lines bit for bit, with documents."""
     base, got = [steps(ring(bins, llama, "bf16", n, "-b", "2", "-t", T, "-x", "2", *DOCS, "-r", r)) for r in ("0", mode)]
     assert len(base) == 2 and got == base, (base, got)
+
+
+MUTANTS = {
+    "rope-local-position": ("llmc/cuda/rope.cuh", "(double)(token_position(&lay, bt) -", "(double)((int)(bt % (size_t)lay.T) -"),
+    "ring-read-with-query-width": ("llmc/cuda/ring.cuh", "*ld = (int)(step == 0 ? q + kv2 : kv2);",
+                                   "*ld = (int)(step == 0 ? q + kv2 : 2 * q);"),
+    "ring-pack-with-query-width": ("llmc/cuda/ring.cuh", "qkv + q, (q + kv2) * sizeof(floatX)", "qkv + q, 3 * q * sizeof(floatX)"),
+}
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_ring_mutants_apply(name):
+    rel, old, _ = MUTANTS[name]
+    assert_mutant_applies((REPO / rel).read_text(), rel, old)
+
+
+@slow
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_ring_mutants_fail(bins, llama, tmp_path, name):
+    """Each mutant's ring of 2 (FP32) against the unmutated one process: a failed run or losses past the bound."""
+    rel, old, new = MUTANTS[name]
+    tmp = mutant_sources(tmp_path, {rel: (old, new)})
+    exe = tmp / "build" / "emu" / "emu_train_gpt_mpi_fp32"
+    res = subprocess.run(["make", "-s", "-C", str(tmp / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    one = steps(train(bins, llama, 0, "fp32", "-b", "2", "-x", "2"))
+    res = train(exe.parent, llama, 2, "fp32", "--context-parallel", "2", "-b", "2", "-x", "2", EMU_DEVICE_COUNT="2")
+    if res.returncode != 0:
+        assert "emu: " in res.stderr, explain(res)
+        return
+    with pytest.raises(AssertionError):
+        assert_within(one, steps(res), "fp32")
