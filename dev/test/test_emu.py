@@ -430,9 +430,10 @@ TILE_MUTANTS = {
     "last tile's bias partial dropped": ("bf16", "tiles5:tilebound:hs16:64:4:300:77",
                                          "m->tile_grads.tensor[w], m->tile_grads.tensor[b], m->column_partials, dout, inp",
                                          "m->tile_grads.tensor[w], n == m->tile_tokens ? m->tile_grads.tensor[b] : NULL, m->column_partials, dout, inp"),
-    "dqkv rows shifted": ("bf16", "tiles5:hs16:64:4:300:33", "    dqkv += (size_t)r0 * 3 * C;",
-                          "    dqkv += (size_t)(r0 > 0 ? r0 - 1 : 0) * 3 * C;"),
-    "no alignment cap": ("fp32", "tiles5:hs18:18:1:300:37", "    m->mm.align_cap = pointer_alignment(", "    m->mm.align_cap = 0 * pointer_alignment("),
+    "dqkv rows shifted": ("bf16", "tiles5:hs16:64:4:300:33", "    dqkv += (size_t)r0 * QKV;",
+                          "    dqkv += (size_t)(r0 > 0 ? r0 - 1 : 0) * QKV;"),
+    "no alignment cap": ("fp32", "tiles5:hs18:18:1:300:37", "        if (a < m->mm.align_cap) m->mm.align_cap = a;\n    }",
+                         "        if (a < m->mm.align_cap) m->mm.align_cap = a;\n    }\n    m->mm.align_cap = 0;"),
 }
 
 
