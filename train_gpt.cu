@@ -71,8 +71,8 @@ typedef struct {
     char* arena; /* device, plan->total_bytes */
     floatX* params;
     floatX* grads;
-    float* grads_fp32;        /* fp32 gradient sums of parameters [0, grads_fp32_count) (grad_accum.cuh), or NULL */
-    size_t grads_fp32_count;
+    float* grads_fp32;        /* fp32 gradient sums of parameters [first, first + count) (grad_accum.cuh), or NULL */
+    size_t grads_fp32_first, grads_fp32_count;
     int wte_grad_fp32;        /* the token table's gradient goes straight into grads_fp32 */
     float* head_grad_fp32;    /* the classifier's (wte's or lm_head's) fp32 sum in grads_fp32, or NULL */
     int last_micro_step;      /* the running backward is the step's last micro-step */
@@ -196,6 +196,13 @@ static void* pinned_alloc(size_t bytes, const char* what) {
     return p;
 }
 
+/* The fp32 sum of parameters [offset, offset + count) in grads_fp32 when
+ * the range covers all of them (grad_accum.cuh), else NULL. */
+static float* gpu_grad_sum_at(const GpuModel* m, size_t offset, size_t count) {
+    if (!m->grads_fp32 || offset < m->grads_fp32_first || offset + count > m->grads_fp32_first + m->grads_fp32_count) return NULL;
+    return m->grads_fp32 + (offset - m->grads_fp32_first);
+}
+
 /* Token tiles: the whole-sequence gradients of atty and qkv, and the
  * layer's fp32 gradient sums (its 12 block tensors back to back, zeroed
  * before each layer's backward). cuBLASLt is told
@@ -292,14 +299,15 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->column_partials = (float*)(m->arena + plan->off_column_partials);
     m->norm_partials = (float*)(m->arena + plan->off_norm_partials);
     m->token_buckets = (int*)(m->arena + plan->off_token_buckets);
+    m->grads_fp32_first = plan->grads_fp32_first;
     m->grads_fp32_count = plan->grads_fp32_count;
     m->grads_fp32 = m->grads_fp32_count ? (float*)(m->arena + plan->off_grads_fp32) : NULL;
     gpu_carve_tiles(m, plan);
-    m->wte_grad_fp32 = m->grads_fp32_count >= (size_t)m->cfg.padded_vocab_size * m->cfg.channels; /* wte: parameters [0, Vp*C) */
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    size_t head = m->cfg.tied ? pl.offset[P_WTE] : pl.offset[P_LMHEAD]; /* an untied head is the last tensor: plan.h covers it whole */
-    m->head_grad_fp32 = m->grads_fp32_count >= head + (size_t)m->cfg.padded_vocab_size * m->cfg.channels ? m->grads_fp32 + head : NULL;
+    m->wte_grad_fp32 = gpu_grad_sum_at(m, pl.offset[P_WTE], pl.count[P_WTE]) != NULL; /* tied and chunked, or micro-steps */
+    int head = m->cfg.tied ? P_WTE : P_LMHEAD;
+    m->head_grad_fp32 = gpu_grad_sum_at(m, pl.offset[head], pl.count[head]);
     CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
     if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
     if (!m->oo.on) {
@@ -731,7 +739,7 @@ static float gpu_mean_loss(GpuModel* m, const int* inputs) {
 static void gpu_fold_grads(GpuModel* m, int layer) {
     if (!m->grads_fp32) return;
     GradSlices s = gpu_grad_group(m, layer);
-    gpu_grad_fold(m->grads_fp32, m->grads_fp32_count, m->grads, &s, m->last_micro_step, m->stream);
+    gpu_grad_fold(m->grads_fp32, m->grads_fp32_first, m->grads_fp32_count, m->grads, &s, m->last_micro_step, m->stream);
 }
 
 /* Segment checkpointing (plan.h): layers first..last run forward again from

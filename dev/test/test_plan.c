@@ -319,6 +319,56 @@ static void check_offloaded_optimizer_sizes(void) {
     printf("offloaded optimizer sizes against a count by hand: %d (ranks, master weights, precision) cases\n", checked);
 }
 
+/* The fp32 gradient sums' range (plan_grads_fp32_range, grad_accum.cuh)
+ * against parameter counts by hand: a tied GPT-2 shape sums wte (index 0
+ * on) once the logits take several chunks; an untied Llama shape sums its
+ * lm_head alone, the last Vp x C parameters (the encoder writes wte's
+ * gradient once); micro-steps sum every parameter; one chunk, or fp32
+ * storage, none. The gradient section is the floatX gradients plus those
+ * sums. Llama 3.1 8B's sums are lm_head's 128256 x 4096, not all 8.03 B. */
+static void expect_fp32_sums(const char* what, ModelConfig cfg, int micro_steps, int chunk_rows, int E, size_t P, size_t first, size_t count) {
+    PlanSpec s = small_gpu_spec(cfg.num_layers, cost_model_defaults[COST_MODEL_H100]);
+    s.cfg = cfg; s.micro_steps = micro_steps; s.logits_chunk_rows = chunk_rows; s.elem_bytes = E; s.fp32_grad_sums = E < 4;
+    MemoryPlan p;
+    plan_build(&p, &s);
+    char name[160];
+    snprintf(name, sizeof(name), "%s: parameters", what);
+    expect_eq(name, p.num_params, P);
+    snprintf(name, sizeof(name), "%s: first summed parameter", what);
+    expect_eq(name, p.grads_fp32_first, first);
+    snprintf(name, sizeof(name), "%s: summed parameters", what);
+    expect_eq(name, p.grads_fp32_count, count);
+    snprintf(name, sizeof(name), "%s: gradient section", what);
+    expect_eq(name, p.section_bytes[SEC_GRADIENTS], align256(P * (size_t)E) + (count ? align256(count * 4) : 0));
+    plan_free(&p);
+}
+
+static void check_grads_fp32_range(void) {
+    size_t L = 2, C = 64, Vp = 128, F = 160, q = 4 * 16, kv = 2 * 16; /* V = 50 pads to 128 */
+    size_t gpt2 = Vp * C + 256 * C + L * (12 * C * C + 13 * C) + 2 * C;
+    size_t llama_block = C + (q + 2 * kv) * C + q * C + C + 2 * F * C + F * C;
+    size_t llama = Vp * C + L * llama_block + C + Vp * C;
+    ModelConfig tied = test_config((int)L, 4, (int)C, 50, 256), untied = test_llama_config((int)L, 4, 2, 16, (int)C, (int)F, 50, 256);
+    /* small_gpu_spec: B*T = 512 rows */
+    expect_fp32_sums("tied, 8 logits chunks", tied, 1, 64, 2, gpt2, 0, Vp * C);
+    expect_fp32_sums("untied, 8 logits chunks", untied, 1, 64, 2, llama, llama - Vp * C, Vp * C);
+    expect_fp32_sums("tied, 2 micro-steps", tied, 2, 64, 2, gpt2, 0, gpt2);
+    expect_fp32_sums("untied, 2 micro-steps", untied, 2, 64, 2, llama, 0, llama);
+    expect_fp32_sums("tied, one chunk", tied, 1, 512, 2, gpt2, 0, 0);
+    expect_fp32_sums("untied, one chunk", untied, 1, 512, 2, llama, 0, 0);
+    expect_fp32_sums("untied, fp32 storage", untied, 2, 64, 4, llama, 0, 0);
+    PlanSpec s;
+    memset(&s, 0, sizeof(s));
+    if (config_from_descriptor("llama3.1-8b", &s.cfg) != 0) { printf("  FAIL preset llama3.1-8b unknown\n"); failures++; return; }
+    s.B = 1; s.T = 4096; s.logits_chunk_rows = 2048; s.fp32_grad_sums = 1;
+    ParamLayout pl;
+    param_layout(&s.cfg, &pl);
+    size_t first, count = plan_grads_fp32_range(&s, &pl, &first);
+    expect_eq("llama3.1-8b fp32 sums: first", first, (size_t)8030261248ULL - (size_t)128256 * 4096);
+    expect_eq("llama3.1-8b fp32 sums: count", count, (size_t)128256 * 4096);
+    printf("fp32 gradient sums' range against counts by hand: tied and untied, chunks, micro-steps, llama3.1-8b\n");
+}
+
 /* -r auto choosing the optimizer's place with the per-layer modes and
  * offloading, against an exhaustive search over both places and all 6^L
  * per-layer choices (L <= 3), each planned by plan_build (device bytes, and
@@ -1132,6 +1182,7 @@ int main(void) {
     search_llama = 0;
     check_auto_offload_against_exhaustive();
     check_offloaded_optimizer_sizes();
+    check_grads_fp32_range();
     check_auto_place_against_exhaustive();
     check_optimizer_offload_time();
     check_auto_tiles_against_exhaustive();

@@ -18,8 +18,10 @@
  * the gradient all-reduce, norm and update read them as they do without
  * the sums. The fold runs
  * in the same place in every recompute setting, so the bits do not depend on
- * what is recomputed. Layout: sum[i] is parameter i's (the parameter layout
- * of model.h, from 0 to plan->grads_fp32_count).
+ * what is recomputed. Layout: sum[i] is parameter first + i's (the parameter
+ * layout of model.h; plan->grads_fp32_first and grads_fp32_count: all of
+ * them with micro-steps, else the classifier's table alone, wte from 0 when
+ * tied, an untied lm_head at its own offset).
  *
  * Token tiles (plan.h's backward.tile_grads): a tiled layer's weight, bias
  * and LayerNorm gradients are summed over its tiles in one fp32 buffer (the
@@ -43,39 +45,42 @@ typedef struct {
     int n;
 } GradSlices;
 
-/* grid (ceil(max count / 256), n slices); one thread per element. */
-__global__ void grad_fold_kernel(float* sum, floatX* g, GradSlices slices, int last) {
+/* grid (ceil(max count / 256), n slices); one thread per element: g[k]
+ * (parameter k) with sum[k - first]. */
+__global__ void grad_fold_kernel(float* sum, size_t first, floatX* g, GradSlices slices, int last) {
     int s = blockIdx.y;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= slices.count[s]) return;
     size_t k = slices.offset[s] + i;
-    float total = sum[k] + to_f32(g[k]);
+    float total = sum[k - first] + to_f32(g[k]);
     if (last) {
         g[k] = from_f32<floatX>(total);
     } else {
-        sum[k] = total;
+        sum[k - first] = total;
         g[k] = from_f32<floatX>(0.0f);
     }
 }
 
-/* Folds the slices of g (whole parameter indices below the fp32 sum's
- * count; parts beyond it are left alone) into sum. */
-static inline void gpu_grad_fold(float* sum, size_t sum_count, floatX* g, const GradSlices* in, int last, cudaStream_t stream) {
+/* Folds the slices of g (whole parameter indices; only their parts inside
+ * the fp32 sums' range [first, first + count), the rest left alone) into
+ * sum, which holds parameter first's sum at index 0. */
+static inline void gpu_grad_fold(float* sum, size_t first, size_t count, floatX* g, const GradSlices* in, int last, cudaStream_t stream) {
     GradSlices s;
     memset(&s, 0, sizeof(s));
-    size_t longest = 0;
+    size_t longest = 0, stop = first + count;
     for (int j = 0; j < in->n; j++) {
-        if (in->offset[j] >= sum_count || in->count[j] == 0) continue;
-        size_t end = in->offset[j] + in->count[j] < sum_count ? in->offset[j] + in->count[j] : sum_count;
+        size_t begin = in->offset[j] > first ? in->offset[j] : first;
+        size_t end = in->offset[j] + in->count[j] < stop ? in->offset[j] + in->count[j] : stop;
+        if (begin >= end) continue;
         if (s.n == GRAD_FOLD_MAX_SLICES) fail("internal: more than %d gradient slices in one fold", GRAD_FOLD_MAX_SLICES);
-        s.offset[s.n] = in->offset[j];
-        s.count[s.n] = end - in->offset[j];
+        s.offset[s.n] = begin;
+        s.count[s.n] = end - begin;
         if (s.count[s.n] > longest) longest = s.count[s.n];
         s.n++;
     }
     if (s.n == 0) return;
     dim3 grid(grid_for(longest, 256), (unsigned)s.n);
-    grad_fold_kernel<<<grid, 256, 0, stream>>>(sum, g, s, last);
+    grad_fold_kernel<<<grid, 256, 0, stream>>>(sum, first, g, s, last);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -219,7 +219,8 @@ typedef struct {
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v; /* with offload_optimizer: off_master, off_adam_m,
                                                                         * off_adam_v and off_host_grads are host pool offsets */
     size_t off_host_grads;              /* offload_optimizer: this rank's shard of the gradients, copied down (elem_bytes each) */
-    size_t off_grads_fp32, grads_fp32_count; /* fp32 gradient sums of parameters [0, count); 0: none */
+    size_t off_grads_fp32, grads_fp32_first, grads_fp32_count; /* fp32 gradient sums of parameters [first, first + count);
+                                                                  * count 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
     int overflow;                       /* some size exceeded 64 bits: total_bytes is SIZE_MAX */
     /* the host pool of offloaded checkpoints: its own entries and offsets */
@@ -408,19 +409,22 @@ static inline size_t plan_layer_bytes_per_token(const PlanSpec* s, int mode) {
     return total;
 }
 
-/* How many parameters, from index 0, have an fp32 gradient sum
- * (grad_accum.cuh says why and how): every one with several micro-steps
- * (each adds to every gradient once); else the token table alone (index 0
- * on: its first rows) when the logits take several chunks (one addition per
- * chunk; with an untied head all of them, lm_head being last); else none,
+/* Which parameters have an fp32 gradient sum (grad_accum.cuh says why and
+ * how): returns how many, from *first on. Every one with several
+ * micro-steps (each adds to every gradient once); else, when the logits take
+ * several chunks (one addition per chunk), the classifier's table: wte when
+ * tied (index 0 on), an untied lm_head alone (the last tensor; the encoder
+ * writes wte's gradient once, from zero, so it needs no sum); else none,
  * every gradient being written once from zero. */
-static inline size_t plan_grads_fp32_count(const PlanSpec* s, const ParamLayout* pl) {
+static inline size_t plan_grads_fp32_range(const PlanSpec* s, const ParamLayout* pl, size_t* first) {
+    *first = 0;
     if (!s->fp32_grad_sums) return 0;
     if (s->micro_steps > 1) return pl->total;
     size_t rows = (size_t)s->B * (size_t)plan_local_T(s);
     if (rows <= (size_t)s->logits_chunk_rows) return 0;
-    /* an untied head, the last tensor, takes the chunks' additions instead of wte: the range from index 0 reaches it */
-    return config_resolved(&s->cfg).tied ? pl->count[P_WTE] : pl->total;
+    int head = config_resolved(&s->cfg).tied ? P_WTE : P_LMHEAD;
+    *first = pl->offset[head];
+    return pl->count[head];
 }
 
 /* fp32 sums of one layer's parameter gradients across its token tiles (a
@@ -487,7 +491,7 @@ static inline void plan_add_model_state(MemoryPlan* p) {
     p->off_params = plan_add(p, "params", SEC_PARAMETERS, -1, pl.total * (size_t)s->elem_bytes);
     if (s->master_weights && !s->offload_optimizer) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
     p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl.total * (size_t)s->elem_bytes);
-    p->grads_fp32_count = plan_grads_fp32_count(s, &pl);
+    p->grads_fp32_count = plan_grads_fp32_range(s, &pl, &p->grads_fp32_first);
     if (p->grads_fp32_count) p->off_grads_fp32 = plan_add(p, "grads_fp32", SEC_GRADIENTS, -1, p->grads_fp32_count * 4);
     if (s->offload_optimizer) { plan_add_host_optimizer(p); return; }
     p->off_adam_m = plan_add(p, "adam_m", SEC_OPTIMIZER, -1, p->shard_params * 4);
