@@ -42,7 +42,10 @@ GPT_CASE = "hs16:64:4:300:8"                   # every kernel of a training step
 # double buffer is reused (a barrier before tile j + 2's copy is only needed from the third tile on),
 # and six query blocks of the backward's dQ kernel and key blocks of its dK/dV kernel.
 RUNS = {"llmc/cuda/attention_tc.cuh": ("bf16", ATTENTION_CASE), "llmc/cuda/attention.cuh": ("fp32", ATTENTION_CASE),
-        "llmc/cuda/attention_mma.cuh": ("bf16", "attention:hs64:64:1:300:333")}
+        "llmc/cuda/attention_mma.cuh": ("bf16", "attention:hs64:64:1:300:333"),
+        # the Llama block's kernels run in a Llama model only (GPT_CASE has LayerNorm, learned positions)
+        "llmc/cuda/rmsnorm.cuh": ("bf16", "llama_hs16:64:4:300:37"), "llmc/cuda/rope.cuh": ("bf16", "llama_hs16:64:4:300:37"),
+        "llmc/cuda/swiglu.cuh": ("bf16", "llama_hs16:64:4:300:37")}
 DEFAULT_RUN = ("bf16", GPT_CASE)
 
 # (file, enclosing function, index of the barrier in it): why deleting it is no race.
