@@ -36,6 +36,7 @@ import test_hf_llama as hf
 from conftest import REPO, datafile
 from test_emu_context_parallel import FP32_REL
 from test_emu_multigpu import bins, env, explain, steps  # noqa: F401
+from test_offload import files
 from emu_support import assert_mutant_applies, mutant_sources, slow
 
 EOT = 7
@@ -129,6 +130,21 @@ def test_two_data_parallel_ranks_with_zero1_match_one_rank(bins, llama, precisio
     else:
         assert all(d <= BF16_ABS for d in diffs), (one, two)
     assert diffs[0] <= 1e-5 * float(one[0][1]) * (1 if precision == "fp32" else 100), "step 1's loss is computed before any update"
+
+
+def test_two_zero1_ranks_offload_their_optimizer_shards_bitwise(bins, llama, tmp_path):
+    """--offload-optimizer with 2 ranks and ZeRO-1 (BF16): each rank keeps its shard's master weights and moments in
+    pinned host memory, its reduced gradients go down after the reductions, AdamW runs on its host, the shard's
+    parameters go up before the all-gather (llmc/cuda/optimizer_offload.cuh); model and state files byte for byte
+    those of the same 2 ranks with the optimizer on the device."""
+    got = {}
+    for name, flags in (("device", []), ("host", ["--offload-optimizer"])):
+        res = train(bins, llama, 2, "bf16", "-b", "1", "-x", "3", "-z", "1", "-n", "3", "-o", tmp_path / name, *flags)
+        assert res.returncode == 0 and "ZeRO-1" in res.stdout, explain(res)
+        assert not flags or "optimizer offloaded (--offload-optimizer)" in res.stdout, explain(res)
+        got[name] = files(tmp_path / name)
+    assert any(n.startswith("model_") for n in got["device"]) and sum(n.startswith("state_") for n in got["device"]) >= 2, sorted(got["device"])
+    assert got["host"] == got["device"]
 
 
 @slow
