@@ -758,12 +758,13 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 
-/* --offload-optimizer: layer l's final gradients down while the layers below run (optimizer_offload.cuh). */
+/* --offload-optimizer: layer l's final gradients (this rank's shard, once reduced) down while the layers below run
+ * (optimizer_offload.cuh). */
 static void gpu_offload_layer_grads(GpuModel* m, int l) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     optimizer_offload_layer_down(&m->oo, &pl, m->cfg.num_layers, l, m->grads, m->par.shard_start, m->par.shard_start + m->par.shard_count,
-                                 m->stream);
+                                 multigpu_grads_final_on(m->mg, m->stream));
 }
 
 static void gpu_model_backward(GpuModel* m) {

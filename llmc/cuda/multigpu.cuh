@@ -631,6 +631,17 @@ static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, 
     mg->issued++;
 }
 
+/* The stream on which the gradients of the group multigpu_grads_ready was
+ * last given become final: the collectives' when it issued their reduction
+ * (the armed backward), NULL when the reductions wait for
+ * multigpu_sync_grads (REMAT_NCCL_OVERLAP=0, an earlier micro-step); without
+ * NCCL the compute stream itself. The offloaded optimizer copies each layer's
+ * shard down after it (optimizer_offload.cuh). */
+static inline cudaStream_t multigpu_grads_final_on(const MultiGpu* mg, cudaStream_t compute) {
+    if (!mg) return compute;
+    return mg->armed ? mg->stream : NULL;
+}
+
 /* After the last micro-step: the reductions not yet issued (all of them
  * without overlap), then later compute waits for them all. */
 static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t compute) {
@@ -780,6 +791,10 @@ static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t
     (void)mg;
     (void)grads;
     (void)compute;
+}
+static inline cudaStream_t multigpu_grads_final_on(const MultiGpu* mg, cudaStream_t compute) {
+    (void)mg;
+    return compute;
 }
 static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStream_t compute) {
     (void)mg;

@@ -6,9 +6,11 @@
  * plan_add_host_optimizer). The pool is offload.cuh's when offloaded
  * checkpoints allocated it, else allocated here, on the GPU's NUMA node.
  *
- * With one process each layer's gradients go down on the copy stream as the
- * step's last backward finishes them (after gpu_fold_grads: final), while
- * the layers below run. One update (after the driver's norm, clipping and
+ * Each layer's gradients go down on the copy stream as the step's last
+ * backward finishes them (after gpu_fold_grads: final), while the layers
+ * below run; with several processes this rank's shard of the layer goes
+ * down once the layer's reduction (issued per layer on the collectives'
+ * stream, multigpu.cuh) has summed it, behind the same wait. One update (after the driver's norm, clipping and
  * FP16 overflow decision; a skipped step never comes here):
  *   1. the rest of the shard's gradients (the tensors outside the blocks; all
  *      of them with several processes, after the reductions) go down on the
@@ -28,7 +30,7 @@
  * optimizer fail.
  *
  * Not built yet (issue 43): the per-layer squared norms and finite checks on
- * the host, per-layer copies with several processes, the device keeping
+ * the host, the device keeping
  * only the gradients of layers in flight, and the update overlapping the
  * next forward layer by layer. Unverified on GPU.
  */
@@ -49,22 +51,17 @@ typedef struct {
     floatX* grads;       /* shard: the gradients down, then the updated parameters up */
     float* m;            /* shard moments (the plan's adam_m, adam_v) */
     float* v;
-    int stream_layers;   /* one process: each layer's gradients go down as the backward finishes them */
     int layers_down;     /* layers whose gradients went down during this step's last backward */
     int unawaited;       /* copies down the main stream has not waited for (a step skipped after its backward) */
     cudaStream_t copy;
     cudaEvent_t main_done, grads_down, params_up;
 } OptimizerOffload;
 
-/* pool: offload.cuh's pinned pool of plan->host_total_bytes, or NULL.
- * Per-layer copies during the backward need each layer's gradients final
- * when its backward ends: so with one process only (with several, the
- * reduction comes after; the whole shard then goes down at the update). */
+/* pool: offload.cuh's pinned pool of plan->host_total_bytes, or NULL. */
 static inline void optimizer_offload_create(OptimizerOffload* o, const MemoryPlan* plan, char* pool) {
     memset(o, 0, sizeof(*o));
     if (!plan->spec.offload_optimizer) return;
     o->on = 1;
-    o->stream_layers = plan->spec.world_size == 1;
     if (!pool) {
         cudaError_t err = pinned_alloc_near_gpu((void**)&o->own_pool, plan->host_total_bytes, "the offloaded optimizer");
         if (err != cudaSuccess)
@@ -123,13 +120,14 @@ static inline void optimizer_offload_copy_down(OptimizerOffload* o, const floatX
 static inline void optimizer_offload_backward_begins(OptimizerOffload* o) { o->layers_down = 0; }
 
 /* The last backward has finished layer l (of L) of layout pl, its gradients
- * final (with stream_layers): its slice of each block tensor down on the
- * copy stream, after the main stream's work so far, while the layers below
- * run their backward. */
+ * final once the work issued so far on `final_on` is done (the main stream,
+ * or the collectives' after the layer's reduction; NULL: not before the
+ * update): the shard [lo, hi) of each block tensor's slice down on the copy
+ * stream after that work, while the layers below run their backward. */
 static inline void optimizer_offload_layer_down(OptimizerOffload* o, const ParamLayout* pl, int L, int l, const floatX* grads, size_t lo,
-                                                size_t hi, cudaStream_t main) {
-    if (!o->on || !o->stream_layers) return;
-    CUDA_CHECK(cudaEventRecord(o->main_done, main));
+                                                size_t hi, cudaStream_t final_on) {
+    if (!o->on || !final_on) return;
+    CUDA_CHECK(cudaEventRecord(o->main_done, final_on));
     CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));
     for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) {
         size_t per_layer = pl->count[t] / (size_t)L, a = pl->offset[t] + (size_t)l * per_layer;
