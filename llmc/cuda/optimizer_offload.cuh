@@ -52,6 +52,11 @@ typedef struct {
     int stream_layers;   /* one process: each layer's gradients go down as the backward finishes them */
     int layers_down;     /* layers whose gradients went down during this step's last backward */
     int unawaited;       /* copies down the main stream has not waited for (a step skipped after its backward) */
+    /* one process: the update deferred to the next forward (optimizer_offload_defer), group by group */
+    int pending;         /* 1 from the deferral until its last group has run */
+    int next_group;      /* the first group not yet updated */
+    AdamWStep deferred;  /* its step: lr, bias corrections, grad_scale, t */
+    uint64_t seed;
     cudaStream_t copy;
     cudaEvent_t main_done, grads_down, params_up;
 } OptimizerOffload;
@@ -181,6 +186,63 @@ static inline void optimizer_offload_params_up(OptimizerOffload* o, cudaStream_t
     CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
     CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the gather and the next forward read them */
     o->unawaited = 0;
+}
+
+/* The deferred update's groups, in the order the forward reads them: 0 the
+ * embeddings (wte, wpe), 1 + l layer l's slices of the block tensors, L + 1
+ * the final norm and an untied head. */
+static inline int optimizer_offload_groups(int L) { return L + 2; }
+
+/* The group of a tensor outside the blocks. */
+static inline int optimizer_offload_tensor_group(int t, int L) { return t == P_WTE || t == P_WPE ? 0 : L + 1; }
+
+/* With one process, the update is deferred: after step 1 (the gradients are
+ * down) it is left with its step's values, and the next forward runs it
+ * group by group (optimizer_offload_update_until); returns 1 then. With
+ * several, 0: the ZeRO-1 gather needs every parameter at the step's end. */
+static inline int optimizer_offload_defer(OptimizerOffload* o, const AdamWStep* s, uint64_t seed) {
+    if (!o->stream_layers) return 0;
+    o->deferred = *s;
+    o->seed = seed;
+    o->pending = 1;
+    o->next_group = 0;
+    return 1;
+}
+
+/* Group g of the deferred update: AdamW on each of its slices in this
+ * rank's shard [lo, hi), each slice's copy up queued at once. */
+static inline void optimizer_offload_update_group(OptimizerOffload* o, const ParamLayout* pl, int L, int g, floatX* params, size_t lo,
+                                                  size_t hi) {
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t a = pl->offset[t], n = pl->count[t];
+        if (t >= FIRST_BLOCK_TENSOR && t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS) {
+            if (g == 0 || g == L + 1) continue;
+            n /= (size_t)L;
+            a += (size_t)(g - 1) * n;
+        } else if (optimizer_offload_tensor_group(t, L) != g) {
+            continue;
+        }
+        size_t b = a > lo ? a : lo, e = a + n < hi ? a + n : hi;
+        if (b >= e) continue;
+        float wd = param_is_decayed(t) ? o->deferred.weight_decay : 0.0f;
+        optimizer_offload_update_slice(o, params, b, b - lo, e - b, wd, &o->deferred, o->seed);
+    }
+}
+
+/* Before the forward reads group g: the deferred update's groups up to g
+ * that have not run run now on the host, their copies up queued, and the
+ * main stream waits for them (the kernels launched before keep the GPU busy
+ * meanwhile: the previous layer's forward hides this layer's AdamW). Each
+ * group runs once a step: recompute passes and later micro-steps find it
+ * done. With g = L + 1, the whole update (the flush before anything else
+ * reads the parameters or the optimizer state). */
+static inline void optimizer_offload_update_until(OptimizerOffload* o, const ParamLayout* pl, int L, int g, floatX* params, size_t lo,
+                                                  size_t hi, cudaStream_t main) {
+    if (!o->pending || o->next_group > g) return;
+    for (; o->next_group <= g; o->next_group++) optimizer_offload_update_group(o, pl, L, o->next_group, params, lo, hi);
+    o->pending = o->next_group < optimizer_offload_groups(L);
+    CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
+    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the forward of group g reads them */
 }
 
 #endif
