@@ -904,7 +904,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     if (m->oo.on && !deferred) optimizer_offload_params_up(&m->oo, m->stream);
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
     prof_end(&m->prof, PROF_UPDATE, m->stream);
-    gpu_wait(m); /* the step time printed includes the update */
+    gpu_wait(m); /* the step time printed includes the update (deferred: its copy down; the next step's forward the rest) */
 }
 
 /* ------------------------------------------------------------------------ */

@@ -59,15 +59,17 @@ def test_emulated_offloaded_optimizer_writes_identical_files(train_exes, tiny_sh
 
 def test_emulated_fp16_with_skipped_steps(train_exes, tiny_shards, tmp_path):
     """FP16 with loss scaling at a learning rate of 1: steps 2 and 3 overflow and
-    are skipped (the scale halved each time), step 4 updates again; the files
-    are the on-device optimizer's byte for byte."""
+    are skipped (the scale halved each time), step 4 updates again; the files,
+    a checkpoint after every step (step 1's written while its update is
+    deferred, steps 2 and 3's after skips that leave none), are the on-device
+    optimizer's byte for byte."""
     got = {}
     for name, flags in (("device", []), ("host", ["--offload-optimizer"])):
-        res = train(train_exes["fp16"], tiny_shards, tmp_path / name, *flags, steps="4", lr="1")
+        res = train(train_exes["fp16"], tiny_shards, tmp_path / name, *flags, "-n", "1", steps="4", lr="1")
         assert res.stdout.count("skipped: inf/NaN gradients") == 2, res.stdout[-3000:]
         assert "step    4/4 | loss" in res.stdout and "step    4/4 | loss" in res.stdout.split("skipped")[-1]
         got[name] = files(tmp_path / name)
-    assert got["host"] == got["device"]
+    assert sum(n.startswith("state_") for n in got["device"]) == 4 and got["host"] == got["device"]
 
 
 @pytest.mark.parametrize("first,second", [([], ["--offload-optimizer"]), (["--offload-optimizer"], [])], ids=["on", "off"])

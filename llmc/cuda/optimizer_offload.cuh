@@ -9,28 +9,41 @@
  * With one process each layer's gradients go down on the copy stream as the
  * step's last backward finishes them (after gpu_fold_grads: final), while
  * the layers below run. One update (after the driver's norm, clipping and
- * FP16 overflow decision; a skipped step never comes here):
+ * FP16 overflow decision; a skipped step never comes here, so it leaves no
+ * update pending):
  *   1. the rest of the shard's gradients (the tensors outside the blocks; all
  *      of them with several processes, after the reductions) go down on the
  *      copy stream after the main stream's work, and the host waits for the
  *      copy stream;
- *   2. the host waits for that copy, then runs AdamW tensor by tensor
- *      (adamw.cuh, host_adamw: the kernel's arithmetic, so the device's bits),
- *      writing each tensor's updated floatX parameters over its gradient
- *      copy, and queues that tensor's copy up at once, so the copies overlap
- *      the host's work on the tensors after it;
- *   3. the main stream waits for the last copy up before anything reads the
- *      parameters (the ZeRO-1 gather, the next forward).
+ *   2. the host runs AdamW (adamw.cuh, host_adamw: the kernel's arithmetic,
+ *      so the device's bits) slice by slice, writing each slice's updated
+ *      floatX parameters over its gradient copy, and queues that slice's
+ *      copy up at once, so the copies overlap the host's work after it;
+ *   3. the main stream waits for the copies up before anything reads the
+ *      parameters.
+ * With several processes 2 and 3 run at once, tensor by tensor, before the
+ * ZeRO-1 gather (which needs every parameter). With one they are deferred
+ * (optimizer_offload_defer: the step's AdamWStep kept) to the next forward,
+ * which runs them group by group in its order (the embeddings, each layer's
+ * slices of the block tensors, the final norm and head): before launching a
+ * group's kernels the host runs its AdamW, queues its copies up, records an
+ * event and the main stream waits for it, so the GPU runs the previous
+ * layer's forward meanwhile (optimizer_offload_update_until). Each group runs
+ * once: the forward of a step's first micro-step, an evaluation's or a
+ * sample's, whichever comes first; recompute passes and later micro-steps
+ * find it done. Whatever reads or writes the state otherwise (checkpoints,
+ * the preemption's too, and the end of training, through gpu_transfer) runs
+ * the rest first.
  * Reading the pinned gradients before the copy's event has completed would
  * read the previous step's (or the NaN the pool starts with): the emulator
  * runs copies in stream order at synchronisation points, as a GPU may, so
  * such a read changes the bits and the tests comparing with the on-device
- * optimizer fail.
+ * optimizer fail; a forward launched before its group's copy up reads the
+ * parameters the copy stream writes: the emulator's stream-hazard check.
  *
  * Not built yet (issue 43): the per-layer squared norms and finite checks on
  * the host, per-layer copies with several processes, the device keeping
- * only the gradients of layers in flight, and the update overlapping the
- * next forward layer by layer. Unverified on GPU.
+ * only the gradients of layers in flight. Unverified on GPU.
  */
 #ifndef REMAT_OPTIMIZER_OFFLOAD_CUH
 #define REMAT_OPTIMIZER_OFFLOAD_CUH
@@ -162,8 +175,8 @@ static inline void optimizer_offload_grads_down(OptimizerOffload* o, const Param
     CUDA_CHECK(cudaEventSynchronize(o->grads_down)); /* the host reads the gradients only once they are down */
 }
 
-/* Step 2 for one tensor's slice: parameters [off, off + n) of the model, at
- * index k of the shard; AdamW on the host, then the slice's copy up queued. */
+/* Step 2 for one slice: parameters [off, off + n) of the model, at index k
+ * of the shard; AdamW on the host, then the slice's copy up queued. */
 static inline void optimizer_offload_update_slice(OptimizerOffload* o, floatX* params, size_t off, size_t k, size_t n, float wd,
                                                   const AdamWStep* s, uint64_t seed) {
     host_adamw(o->grads + k, o->master ? o->master + k : NULL, o->host_params ? o->host_params + k : NULL, o->m + k, o->v + k, n, off,
@@ -181,7 +194,7 @@ static inline void optimizer_offload_main_waits(OptimizerOffload* o, cudaStream_
     o->unawaited = 0;
 }
 
-/* Step 3: the main stream waits for every copy up. */
+/* Step 3 with several processes: the main stream waits for every copy up. */
 static inline void optimizer_offload_params_up(OptimizerOffload* o, cudaStream_t main) {
     CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
     CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the gather and the next forward read them */
