@@ -179,7 +179,8 @@ def test_emulated_optimizer_offload_mutants_are_caught(train_exes, tiny_shards, 
     res = train(exe, tiny_shards, tmp_path / "mut", "--offload-optimizer", *flags, steps="3", check=False)
     # the copy up unordered with the forward: the emulator's stream-hazard check on the parameters; the gradients
     # read too early: the pinned pool's NaN or last step's values, so the training diverges or its files differ;
-    # a layer updated twice, a checkpoint without the deferred update: the files differ
+    # a layer updated twice: its second copy up overwrites parameters the forward read, unordered (the hazard check
+    # stops it; else the moments differ); a checkpoint without the deferred update: the files differ
     if res.returncode != 0:
         assert "emu: stream hazard:" in res.stderr or "diverged" in res.stderr, explain(res)
     else:
