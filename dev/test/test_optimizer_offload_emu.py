@@ -13,12 +13,15 @@ before its parameters' copy up, update a layer twice in a step, or write a
 checkpoint without the deferred update are caught; the pinned pool must fit
 EMU_HOST_PINNED_LIMIT. Passing here is the emulator's verdict, not a GPU's."""
 import json
+import re
 import shutil
+import signal
+import subprocess
 
 import pytest
 
 from conftest import REPO
-from emu_support import OUT, build_trainers, emu_run, explain, mutant_sources, slow, train_two_steps
+from emu_support import OUT, build_trainers, emu_env, emu_run, explain, mutant_sources, slow, train_two_steps
 from test_offload import files, losses
 
 MODEL = ["-e", "d6", "--layers", "3", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
@@ -120,6 +123,34 @@ def test_emulated_deferred_update_between_steps(train_exes, tiny_shards, tmp_pat
     ref_files, got_files = files(tmp_path / "device"), files(resumed)
     for name in ("model_00000003.bin", "state_00000003_00000.bin"):
         assert got_files[name] == ref_files[name], name
+
+
+def stopped_run(exe, tiny_shards, out, at_step, *flags):
+    """A long run (constant learning rate) sent SIGUSR1 once it has printed step at_step: it checkpoints the step
+    it stops after and exits 75; returns that step."""
+    args = [str(a) for a in (exe, *MODEL, "-i", tiny_shards / "tiny_train.bin", "-j", "", "-b", "2", "-t", "32", "-x", "500", "-k",
+                             "constant", "-s", "0", "-l", "1e-3", "-d", "128", "-o", out, *flags)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=emu_env())
+    for line in proc.stdout:
+        if line.startswith(f"step {at_step:4d}/"):
+            break
+    proc.send_signal(signal.SIGUSR1)
+    proc.wait(timeout=600)
+    out_text, err = proc.stdout.read(), proc.stderr.read()
+    m = re.search(r"stopped by SIGUSR1 after step (\d+): checkpoint written", out_text)
+    assert proc.returncode == 75 and m, (proc.returncode, out_text[-2000:], err[-2000:])
+    return int(m.group(1))
+
+
+def test_emulated_preemption_writes_the_deferred_update(train_exes, tiny_shards, tmp_path):
+    """SIGUSR1 after a step whose update is deferred: the checkpoint it writes holds that update, the same bytes as
+    the on-device optimizer's checkpoint of that step (a run checkpointing every step, stopped later)."""
+    exe = train_exes["bf16"]
+    stop = stopped_run(exe, tiny_shards, tmp_path / "host", 2, "--offload-optimizer")
+    stopped_run(exe, tiny_shards, tmp_path / "device", stop + 1, "-n", "1")
+    got, ref = files(tmp_path / "host"), files(tmp_path / "device")
+    for name in (f"model_{stop:08d}.bin", f"state_{stop:08d}_00000.bin"):
+        assert got[name] == ref[name], name
 
 
 SYNC = "    CUDA_CHECK(cudaEventSynchronize(o->grads_down)); /* the host reads the gradients only once they are down */\n"
