@@ -6,8 +6,9 @@ with one process the update is deferred to the next forward, layer by layer.
 Model and state files byte-identical to the on-device optimizer's in BF16
 (with and without master weights, with offloaded checkpoints sharing the
 pool, -r 1, segments, token tiles) and FP16 with skipped steps, with
-evaluation, sampling and checkpoints between steps, and resume across the
-flag and from a checkpoint written while an update was deferred; mutants that
+evaluation, sampling and checkpoints between steps (a preemption's too), and
+resume across the flag and from a checkpoint written while an update was
+deferred; mutants that
 read the pinned gradients before their copy's event, run a layer's forward
 before its parameters' copy up, update a layer twice in a step, or write a
 checkpoint without the deferred update are caught; the pinned pool must fit
