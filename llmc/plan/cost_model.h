@@ -548,9 +548,9 @@ static inline double optimizer_update_exposed(const PlanSpec* s, const CostModel
     int L = s->cfg.num_layers;
     double f = work_seconds(layer_work(s, 0), cm), total = (double)pl->total, block = 0.0;
     for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) block += (double)pl->count[t];
-    double host = 0.0, copy = 0.0, device = 0.0;
+    double embeddings = (double)(pl->count[P_WTE] + pl->count[P_WPE]), host = 0.0, copy = 0.0, device = 0.0;
     for (int g = 0; g < L + 2; g++) {
-        double n = g == 0 ? (double)(pl->count[P_WTE] + pl->count[P_WPE]) : g <= L ? block / L : total - block - pl->count[P_WTE] - pl->count[P_WPE];
+        double n = g == 0 ? embeddings : g <= L ? block / L : total - block - embeddings;
         host += adamw * n / total;
         copy = (copy > host ? copy : host) + up * n / total;
         device = (device > copy ? device : copy) + (g >= 1 && g <= L ? f : 0.0);
