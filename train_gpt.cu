@@ -675,24 +675,46 @@ static void gpu_block_backward(GpuModel* m, int l) {
     gpu_round_tile_grads(m, l);
 }
 
+/* --offload-optimizer with one process: the last step's deferred update up
+ * to group g (0: the embeddings, 1 + l: layer l, L + 1: the final norm and
+ * head), before anything reads those parameters (optimizer_offload.cuh). */
+static void gpu_offload_update_until(GpuModel* m, int g) {
+    if (!m->oo.pending) return;
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    optimizer_offload_update_until(&m->oo, &pl, m->cfg.num_layers, g, m->params, m->par.shard_start,
+                                   m->par.shard_start + m->par.shard_count, m->stream);
+}
+
+/* The whole deferred update, before the state is read or written other than
+ * by a forward: checkpoints (the preemption's too), the model written or
+ * checked for finite values at the end of training (all through gpu_transfer). */
+static void gpu_offload_flush(GpuModel* m) { gpu_offload_update_until(m, optimizer_offload_groups(m->cfg.num_layers) - 1); }
+
 /* Embeddings (dropped in place: layer 0's x holds the dropped sum), all
  * blocks, final LayerNorm, for the B*T tokens in inputs. An offloaded
  * layer's tensors go to the host on the copy stream after its block, and a
- * staging slot is written only once its last copy out is done. */
+ * staging slot is written only once its last copy out is done. With the
+ * optimizer offloaded, each group of the deferred update runs just before
+ * the first forward that reads it (the step's, an evaluation's, a sample's):
+ * this is the one place a layer's forward begins for the first time. */
 static void gpu_model_forward(GpuModel* m) {
     int L = m->cfg.num_layers, C = m->cfg.channels, N = m->B * m->T;
     DropoutSite embd = gpu_site(m, DROPOUT_EMBEDDING, 0);
     nvtx_renew_dead_buffers(m->plan, m->arena); /* last pass's activations and scratch: unwritten again for a checker */
     prof_begin(&m->prof, PROF_FORWARD, m->stream);
     offload_acquire(&m->off, 0);
+    gpu_offload_update_until(m, 0);
     gpu_encoder_forward(gact(m, 0, ACT_X), m->inputs, m->p.wte, m->cfg.positions == POS_LEARNED ? m->p.wpe : NULL, m->B, C, &m->layout,
                         m->stream, gpu_position_doc_start(m));
     if (embd.threshold) gpu_dropout_mask(gact(m, 0, ACT_X), gact(m, 0, ACT_X), 0, (size_t)N, C, &m->layout, &embd, m->stream);
     for (int l = 0; l < L; l++) {
         if (l + 1 < L) offload_acquire(&m->off, l + 1);
+        gpu_offload_update_until(m, 1 + l);
         gpu_block_forward(m, l, l + 1 < L ? gact(m, l + 1, ACT_X) : m->final_res);
         offload_forward_done(&m->off, l, m->B, m->T);
     }
+    gpu_offload_update_until(m, L + 1); /* the final norm and an untied head */
     gpu_norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->final_res, m->p.lnfw, m->cfg.bias & BIAS_NORM ? m->p.lnfb : NULL, N);
     prof_end(&m->prof, PROF_FORWARD, m->stream);
 }
@@ -869,7 +891,8 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
     if (m->oo.on) optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->grads, lo, hi, m->stream);
-    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+    int deferred = m->oo.on && optimizer_offload_defer(&m->oo, s, m->seed); /* one process: the next forward runs it */
+    for (int t = 0; !deferred && t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
         if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
@@ -879,10 +902,10 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
                   end - off, off, s->lr, s->beta1, s->beta2, s->bias_corr1, s->bias_corr2, s->eps, wd, s->grad_scale, m->seed, s->t,
                   m->stream);
     }
-    if (m->oo.on) optimizer_offload_params_up(&m->oo, m->stream);
+    if (m->oo.on && !deferred) optimizer_offload_params_up(&m->oo, m->stream);
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
     prof_end(&m->prof, PROF_UPDATE, m->stream);
-    gpu_wait(m); /* the step time printed includes the update */
+    gpu_wait(m); /* the step time printed includes the update (deferred: its copy down; the next step's forward the rest) */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1019,6 +1042,7 @@ static void gpu_transfer(void* ctx, int tensor, size_t start, size_t n, float* h
     GpuModel* m = (GpuModel*)ctx;
     if (n > m->plan->spec.io_chunk_floats) fail("internal: transfer of %zu values exceeds the staging buffer", n);
     cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    gpu_offload_flush(m); /* checkpoints (the preemption's too) read the state after the last step's update */
     gpu_wait(m);
     if (tensor == TENSOR_PARAMS) {
         floatX* dev = m->params + start;

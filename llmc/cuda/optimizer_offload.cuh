@@ -10,29 +10,42 @@
  * backward finishes them (after gpu_fold_grads: final), while the layers
  * below run; with several processes this rank's shard of the layer goes
  * down once the layer's reduction (issued per layer on the collectives'
- * stream, multigpu.cuh) has summed it, behind the same wait. One update (after the driver's norm, clipping and
- * FP16 overflow decision; a skipped step never comes here):
+ * stream, multigpu.cuh) has summed it, behind the same wait. One update
+ * (after the driver's norm, clipping and FP16 overflow decision; a skipped
+ * step never comes here, so it leaves no update pending):
  *   1. the rest of the shard's gradients (the tensors outside the blocks; all
  *      of them with several processes, after the reductions) go down on the
  *      copy stream after the main stream's work, and the host waits for the
  *      copy stream;
- *   2. the host waits for that copy, then runs AdamW tensor by tensor
- *      (adamw.cuh, host_adamw: the kernel's arithmetic, so the device's bits),
- *      writing each tensor's updated floatX parameters over its gradient
- *      copy, and queues that tensor's copy up at once, so the copies overlap
- *      the host's work on the tensors after it;
- *   3. the main stream waits for the last copy up before anything reads the
- *      parameters (the ZeRO-1 gather, the next forward).
+ *   2. the host runs AdamW (adamw.cuh, host_adamw: the kernel's arithmetic,
+ *      so the device's bits) slice by slice, writing each slice's updated
+ *      floatX parameters over its gradient copy, and queues that slice's
+ *      copy up at once, so the copies overlap the host's work after it;
+ *   3. the main stream waits for the copies up before anything reads the
+ *      parameters.
+ * With several processes 2 and 3 run at once, tensor by tensor, before the
+ * ZeRO-1 gather (which needs every parameter). With one they are deferred
+ * (optimizer_offload_defer: the step's AdamWStep kept) to the next forward,
+ * which runs them group by group in its order (the embeddings, each layer's
+ * slices of the block tensors, the final norm and head): before launching a
+ * group's kernels the host runs its AdamW, queues its copies up, records an
+ * event and the main stream waits for it, so the GPU runs the previous
+ * layer's forward meanwhile (optimizer_offload_update_until). Each group runs
+ * once: the forward of a step's first micro-step, an evaluation's or a
+ * sample's, whichever comes first; recompute passes and later micro-steps
+ * find it done. Whatever reads or writes the state otherwise (checkpoints,
+ * the preemption's too, and the end of training, through gpu_transfer) runs
+ * the rest first.
  * Reading the pinned gradients before the copy's event has completed would
  * read the previous step's (or the NaN the pool starts with): the emulator
  * runs copies in stream order at synchronisation points, as a GPU may, so
  * such a read changes the bits and the tests comparing with the on-device
- * optimizer fail.
+ * optimizer fail; a forward launched before its group's copy up reads the
+ * parameters the copy stream writes: the emulator's stream-hazard check.
  *
  * Not built yet (issue 43): the per-layer squared norms and finite checks on
- * the host, the device keeping
- * only the gradients of layers in flight, and the update overlapping the
- * next forward layer by layer. Unverified on GPU.
+ * the host, the device keeping only the gradients of layers in flight.
+ * Unverified on GPU.
  */
 #ifndef REMAT_OPTIMIZER_OFFLOAD_CUH
 #define REMAT_OPTIMIZER_OFFLOAD_CUH
@@ -51,8 +64,14 @@ typedef struct {
     floatX* grads;       /* shard: the gradients down, then the updated parameters up */
     float* m;            /* shard moments (the plan's adam_m, adam_v) */
     float* v;
+    int one_process;     /* no ZeRO-1 gather: the update may wait for the next forward */
     int layers_down;     /* layers whose gradients went down during this step's last backward */
     int unawaited;       /* copies down the main stream has not waited for (a step skipped after its backward) */
+    /* one process: the update deferred to the next forward (optimizer_offload_defer), group by group */
+    int pending;         /* 1 from the deferral until its last group has run */
+    int next_group;      /* the first group not yet updated */
+    AdamWStep deferred;  /* its step: lr, bias corrections, grad_scale, t */
+    uint64_t seed;
     cudaStream_t copy;
     cudaEvent_t main_done, grads_down, params_up;
 } OptimizerOffload;
@@ -62,6 +81,7 @@ static inline void optimizer_offload_create(OptimizerOffload* o, const MemoryPla
     memset(o, 0, sizeof(*o));
     if (!plan->spec.offload_optimizer) return;
     o->on = 1;
+    o->one_process = plan->spec.world_size == 1;
     if (!pool) {
         cudaError_t err = pinned_alloc_near_gpu((void**)&o->own_pool, plan->host_total_bytes, "the offloaded optimizer");
         if (err != cudaSuccess)
@@ -155,8 +175,8 @@ static inline void optimizer_offload_grads_down(OptimizerOffload* o, const Param
     CUDA_CHECK(cudaEventSynchronize(o->grads_down)); /* the host reads the gradients only once they are down */
 }
 
-/* Step 2 for one tensor's slice: parameters [off, off + n) of the model, at
- * index k of the shard; AdamW on the host, then the slice's copy up queued. */
+/* Step 2 for one slice: parameters [off, off + n) of the model, at index k
+ * of the shard; AdamW on the host, then the slice's copy up queued. */
 static inline void optimizer_offload_update_slice(OptimizerOffload* o, floatX* params, size_t off, size_t k, size_t n, float wd,
                                                   const AdamWStep* s, uint64_t seed) {
     host_adamw(o->grads + k, o->master ? o->master + k : NULL, o->host_params ? o->host_params + k : NULL, o->m + k, o->v + k, n, off,
@@ -174,11 +194,68 @@ static inline void optimizer_offload_main_waits(OptimizerOffload* o, cudaStream_
     o->unawaited = 0;
 }
 
-/* Step 3: the main stream waits for every copy up. */
+/* Step 3 with several processes: the main stream waits for every copy up. */
 static inline void optimizer_offload_params_up(OptimizerOffload* o, cudaStream_t main) {
     CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
     CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the gather and the next forward read them */
     o->unawaited = 0;
+}
+
+/* The deferred update's groups, in the order the forward reads them: 0 the
+ * embeddings (wte, wpe), 1 + l layer l's slices of the block tensors, L + 1
+ * the final norm and an untied head. */
+static inline int optimizer_offload_groups(int L) { return L + 2; }
+
+/* The group of a tensor outside the blocks. */
+static inline int optimizer_offload_tensor_group(int t, int L) { return t == P_WTE || t == P_WPE ? 0 : L + 1; }
+
+/* With one process, the update is deferred: after step 1 (the gradients are
+ * down) it is left with its step's values, and the next forward runs it
+ * group by group (optimizer_offload_update_until); returns 1 then. With
+ * several, 0: the ZeRO-1 gather needs every parameter at the step's end. */
+static inline int optimizer_offload_defer(OptimizerOffload* o, const AdamWStep* s, uint64_t seed) {
+    if (!o->one_process) return 0;
+    o->deferred = *s;
+    o->seed = seed;
+    o->pending = 1;
+    o->next_group = 0;
+    return 1;
+}
+
+/* Group g of the deferred update: AdamW on each of its slices in this
+ * rank's shard [lo, hi), each slice's copy up queued at once. */
+static inline void optimizer_offload_update_group(OptimizerOffload* o, const ParamLayout* pl, int L, int g, floatX* params, size_t lo,
+                                                  size_t hi) {
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        size_t a = pl->offset[t], n = pl->count[t];
+        if (t >= FIRST_BLOCK_TENSOR && t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS) {
+            if (g == 0 || g == L + 1) continue;
+            n /= (size_t)L;
+            a += (size_t)(g - 1) * n;
+        } else if (optimizer_offload_tensor_group(t, L) != g) {
+            continue;
+        }
+        size_t b = a > lo ? a : lo, e = a + n < hi ? a + n : hi;
+        if (b >= e) continue;
+        float wd = param_is_decayed(t) ? o->deferred.weight_decay : 0.0f;
+        optimizer_offload_update_slice(o, params, b, b - lo, e - b, wd, &o->deferred, o->seed);
+    }
+}
+
+/* Before the forward reads group g: the deferred update's groups up to g
+ * that have not run run now on the host, their copies up queued, and the
+ * main stream waits for them (the kernels launched before keep the GPU busy
+ * meanwhile: the previous layer's forward hides this layer's AdamW). Each
+ * group runs once a step: recompute passes and later micro-steps find it
+ * done. With g = L + 1, the whole update (the flush before anything else
+ * reads the parameters or the optimizer state). */
+static inline void optimizer_offload_update_until(OptimizerOffload* o, const ParamLayout* pl, int L, int g, floatX* params, size_t lo,
+                                                  size_t hi, cudaStream_t main) {
+    if (!o->pending || o->next_group > g) return;
+    for (; o->next_group <= g; o->next_group++) optimizer_offload_update_group(o, pl, L, o->next_group, params, lo, hi);
+    o->pending = o->next_group < optimizer_offload_groups(L);
+    CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
+    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the forward of group g reads them */
 }
 
 #endif

@@ -524,14 +524,39 @@ static inline Work update_work(const PlanSpec* s) {
  * gradients go down while the layers below run their backward, so what
  * exceeds the backward shows, and at least the last layer's and the tensors
  * outside the blocks (embeddings, final norm, head), copied after it; with
- * several the whole shard goes down after the reductions. AdamW then runs
- * tensor by tensor, each tensor's copy up queued as soon as it is updated,
- * so the copies up hide behind the host's work but for the last tensor's,
- * and the next forward waits for them: the slower of update and copy up
- * shows. (The update overlapping the next forward layer by layer would hide
- * most of that: not built, so not priced.) On the CPU trainer everything
- * runs in line: all of it. */
+ * several the whole shard goes down after the reductions. With several
+ * processes AdamW then runs tensor by tensor, each tensor's copy up queued
+ * as soon as it is updated, so the copies up hide behind the host's work but
+ * for the last tensor's, and the gather waits for them: the slower of update
+ * and copy up shows. With one the next forward runs the update layer by
+ * layer (optimizer_update_exposed). On the CPU trainer everything runs in
+ * line: all of it. */
 typedef struct { double down, adamw, up, exposed; } OptimizerOffloadSeconds;
+
+/* One process on a GPU: the update deferred to the next forward, group by
+ * group in the forward's order (optimizer_offload.cuh: the embeddings, each
+ * layer's slices, the final norm and head). The host runs a group's AdamW
+ * and queues its copy up, the copy stream copies the groups in turn, and a
+ * group's forward waits for its copy while the host goes on to the next
+ * group: the previous layer's forward hides this one's AdamW and copy. Each
+ * group's AdamW and copy take its share of `adamw` and `up`; the encoder and
+ * the final norm take no time here. What shows is how long the forward
+ * waits: at least the embeddings' group and the first layer's (nothing but
+ * the encoder runs before them), and what a layer's AdamW or copy takes
+ * beyond a layer's forward. */
+static inline double optimizer_update_exposed(const PlanSpec* s, const CostModel* cm, const ParamLayout* pl, double adamw, double up) {
+    int L = s->cfg.num_layers;
+    double f = work_seconds(layer_work(s, 0), cm), total = (double)pl->total, block = 0.0;
+    for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) block += (double)pl->count[t];
+    double embeddings = (double)(pl->count[P_WTE] + pl->count[P_WPE]), host = 0.0, copy = 0.0, device = 0.0;
+    for (int g = 0; g < L + 2; g++) {
+        double n = g == 0 ? embeddings : g <= L ? block / L : total - block - embeddings;
+        host += adamw * n / total;
+        copy = (copy > host ? copy : host) + up * n / total;
+        device = (device > copy ? device : copy) + (g >= 1 && g <= L ? f : 0.0);
+    }
+    return device - L * f;
+}
 
 static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* s, const CostModel* cm) {
     OptimizerOffloadSeconds o = {0.0, 0.0, 0.0, 0.0};
@@ -551,7 +576,7 @@ static inline OptimizerOffloadSeconds optimizer_offload_seconds(const PlanSpec* 
         double tail = o.down * (shard - block + block / L) / shard; /* the last layer's and the rest's */
         down = o.down > bwd + tail ? o.down - bwd : tail;
     }
-    o.exposed = down + (o.adamw > o.up ? o.adamw : o.up);
+    o.exposed = down + (s->world_size <= 1 ? optimizer_update_exposed(s, cm, &pl, o.adamw, o.up) : o.adamw > o.up ? o.adamw : o.up);
     return o;
 }
 

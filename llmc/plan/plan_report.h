@@ -74,6 +74,7 @@ static inline void plan_print_optimizer_time(const PlanSpec* s, const CostModel*
             "%.3g ms not hidden (%.1f%% of the step)%s\n", 1e3 * o.down, 1e3 * o.adamw, cm->host_memory_bytes_per_s, 1e3 * o.up,
             1e3 * o.exposed, 100.0 * o.exposed / t,
             s->backend == BACKEND_CPU ? ": on the CPU trainer all of it runs in line"
+            : s->world_size <= 1      ? ": the copy down behind the backward, AdamW and the copies up behind the next forward, layer by layer"
                                       : ": the copy down after the backward, then AdamW with the copies up behind it");
 }
 
