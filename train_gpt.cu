@@ -783,10 +783,12 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
 /* --offload-optimizer: layer l's final gradients (this rank's shard, once reduced) down while the layers below run
  * (optimizer_offload.cuh). */
 static void gpu_offload_layer_grads(GpuModel* m, int l) {
+    cudaStream_t final_on;
+    if (!multigpu_grads_final_on(m->mg, m->stream, &final_on)) return; /* reduced at the update: all go down then */
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     optimizer_offload_layer_down(&m->oo, &pl, m->cfg.num_layers, l, m->grads, m->par.shard_start, m->par.shard_start + m->par.shard_count,
-                                 multigpu_grads_final_on(m->mg, m->stream));
+                                 final_on);
 }
 
 static void gpu_model_backward(GpuModel* m) {

@@ -631,15 +631,16 @@ static inline void multigpu_grads_ready(MultiGpu* mg, floatX* grads, int layer, 
     mg->issued++;
 }
 
-/* The stream on which the gradients of the group multigpu_grads_ready was
- * last given become final: the collectives' when it issued their reduction
- * (the armed backward), NULL when the reductions wait for
- * multigpu_sync_grads (REMAT_NCCL_OVERLAP=0, an earlier micro-step); without
- * NCCL the compute stream itself. The offloaded optimizer copies each layer's
- * shard down after it (optimizer_offload.cuh). */
-static inline cudaStream_t multigpu_grads_final_on(const MultiGpu* mg, cudaStream_t compute) {
-    if (!mg) return compute;
-    return mg->armed ? mg->stream : NULL;
+/* Whether the gradients of the group multigpu_grads_ready was last given are
+ * final once the work issued so far on *on is done: the collectives' stream
+ * when it issued their reduction (the armed backward); without NCCL the
+ * compute stream itself (which may be the legacy default stream, 0). 0 when
+ * the reductions wait for multigpu_sync_grads (REMAT_NCCL_OVERLAP=0, an
+ * earlier micro-step). The offloaded optimizer copies each layer's shard
+ * down after it (optimizer_offload.cuh). */
+static inline int multigpu_grads_final_on(const MultiGpu* mg, cudaStream_t compute, cudaStream_t* on) {
+    *on = mg ? mg->stream : compute;
+    return !mg || mg->armed;
 }
 
 /* After the last micro-step: the reductions not yet issued (all of them
@@ -792,9 +793,10 @@ static inline void multigpu_sync_grads(MultiGpu* mg, floatX* grads, cudaStream_t
     (void)grads;
     (void)compute;
 }
-static inline cudaStream_t multigpu_grads_final_on(const MultiGpu* mg, cudaStream_t compute) {
+static inline int multigpu_grads_final_on(const MultiGpu* mg, cudaStream_t compute, cudaStream_t* on) {
     (void)mg;
-    return compute;
+    *on = compute;
+    return 1;
 }
 static inline void multigpu_gather_params(MultiGpu* mg, floatX* params, cudaStream_t compute) {
     (void)mg;

@@ -141,12 +141,12 @@ static inline void optimizer_offload_backward_begins(OptimizerOffload* o) { o->l
 
 /* The last backward has finished layer l (of L) of layout pl, its gradients
  * final once the work issued so far on `final_on` is done (the main stream,
- * or the collectives' after the layer's reduction; NULL: not before the
- * update): the shard [lo, hi) of each block tensor's slice down on the copy
- * stream after that work, while the layers below run their backward. */
+ * or the collectives' after the layer's reduction): the shard [lo, hi) of
+ * each block tensor's slice down on the copy stream after that work, while
+ * the layers below run their backward. */
 static inline void optimizer_offload_layer_down(OptimizerOffload* o, const ParamLayout* pl, int L, int l, const floatX* grads, size_t lo,
                                                 size_t hi, cudaStream_t final_on) {
-    if (!o->on || !final_on) return;
+    if (!o->on) return;
     CUDA_CHECK(cudaEventRecord(o->main_done, final_on));
     CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));
     for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) {
