@@ -156,6 +156,16 @@ def test_recompute_under_the_ring_bitwise(bins, llama, n, T, mode):
     assert len(base) == 2 and got == base, (base, got)
 
 
+@slow
+def test_four_ranks_in_two_rings_with_zero1_match_one_process(bins, llama):
+    """4 processes: two rings of 2 (--context-parallel 2), each carrying one sequence, data-parallel across the rings
+    with ZeRO-1 (each of the 4 ranks updates a quarter of the parameters), against one process with both sequences."""
+    one = steps(train(bins, llama, 0, "fp32", "-b", "2", "-x", "3"))
+    res = train(bins, llama, 4, "fp32", "--context-parallel", "2", "-b", "1", "-x", "3", "-z", "1", EMU_DEVICE_COUNT="4")
+    assert "context parallel: NCCL ring of 2 in each group" in res.stdout and "ZeRO-1" in res.stdout, explain(res)
+    assert_within(one, steps(res), "fp32")
+
+
 MUTANTS = {
     "rope-local-position": ("llmc/cuda/rope.cuh", "(double)(token_position(&lay, bt) -", "(double)((int)(bt % (size_t)lay.T) -"),
     "ring-read-with-query-width": ("llmc/cuda/ring.cuh", "*ld = (int)(step == 0 ? q + kv2 : kv2);",
