@@ -257,11 +257,11 @@ def longest_t_numbers():
     """{(model, card, host GiB, technique): (T, predicted step s, optimizer cell)} of docs/offload-and-tiles.md's
     longest-T tables (the main one's host memory is 120 GiB per GPU), and {(T, -r, -z): (GiB, step s)} of
     docs/context-parallel.md's 8-GPU rows."""
-    text = (REPO / "docs" / "offload-and-tiles.md").read_text()
+    text = (REPO / "docs/offload-and-tiles.md").read_text()
     rows = {(m, c, 120, t): (int(T), step, "on the device") for m, c, t, T, step in MAIN_ROW.findall(text)}
     for m, c, host, t, T, step, hidden, share in OPTIMIZER_ROW.findall(text):
         rows[(m, c, int(host), t)] = (int(T), step, f"{hidden} s, {share}")
-    ring = {(T, r, z): (gib, step) for T, r, z, gib, step in RING_ROW.findall((REPO / "docs" / "context-parallel.md").read_text())}
+    ring = {(T, r, z): (gib, step) for T, r, z, gib, step in RING_ROW.findall((REPO / "docs/context-parallel.md").read_text())}
     return rows, ring
 
 
