@@ -231,7 +231,7 @@ def planner():
 
 
 SLOW_BLOCKS = {
-    "longest_t": lambda: longest_t_module().table_rows(planner()),
+    "longest_t": lambda: longest_t_module().main_table(planner()),
     "longest_t_optimizer": lambda: longest_t_module().optimizer_table(planner()),
 }
 

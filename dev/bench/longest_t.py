@@ -9,7 +9,7 @@ Every number comes from `train_gpt --plan-json` (the GPU trainer's own plan,
 BF16 with fp32 master weights; no GPU needed to plan): for each setting the
 longest T in [1, 4194304] (--max-seq-len's limit, and train_gpt's of tokens per rank;
 GPT-2's learned position table grows with T, RoPE has none) whose plan fits the device
-budget and, where checkpoints are offloaded, the host budget, found by bisection (a plan
+budget and, where checkpoints or the optimizer are offloaded, the host budget, found by bisection (a plan
 grows with T). On eight cards (8x141GB) each rank holds T/8 tokens, T a multiple of 16 (2N
 chunks), the AdamW state and master weights sharded over the eight (-z 1), the NVLink ring;
 the budgets are per GPU (the plan is rank 0's; every rank's is the same size).
@@ -43,7 +43,7 @@ down, the host AdamW, parameters up) and what the step does not hide of them, it
 usage: python3 dev/bench/longest_t.py [--exe ./train_gpt] [--host-gib 120] [--models 124M,...]
        [--cards 80GB,141GB,8x141GB] [--techniques none,...] [--optimizer] [--json]
 Prints a Markdown table: docs/offload-and-tiles.md holds both, written by
-`python3 dev/docs_tables.py --longest-t` (which calls table_rows and optimizer_table here);
+`python3 dev/docs_tables.py --longest-t` (which calls main_table and optimizer_table here);
 dev/test/test_offload.py reruns every row against the program.
 """
 import argparse
@@ -204,7 +204,7 @@ def optimizer_markdown(results):
     return "\n".join(out)
 
 
-def table_rows(exe="./train_gpt"):
+def main_table(exe="./train_gpt"):
     """The main table as docs/offload-and-tiles.md holds it (dev/docs_tables.py --longest-t)."""
     return markdown(list(rows(exe, tuple(MODELS), [], 120)))
 
