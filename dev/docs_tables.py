@@ -187,6 +187,29 @@ def table_d12_8k_gpu():
     return "\n".join(out)
 
 
+OPT_8B = ["-e", "llama3.1-8b", "--max-seq-len", "131072", "-b", "1", "-r", "1", "--mem-budget", "142747MiB",
+          "--host-mem-budget", "120GiB", "--cost-model", "h200"]
+
+
+def table_optimizer_share_8b():
+    """Llama 3.1 8B on one H200 at -r 1, the optimizer on the device and in host memory, BF16 build: the
+    predicted step and the optimizer's parts at lengths worth training at."""
+    out = ["| T | on the device: GiB, step s | `--offload-optimizer`: GiB, host GiB, step s | "
+           "optimizer down / AdamW / up s | not hidden s | share of the step |", "| ---: | --- | --- | --- | ---: | ---: |"]
+    budget = 142747 << 20
+    for T in (8192, 32768, 131072):
+        on = plan_json("bf16", [*OPT_8B, "-t", str(T)])
+        off = plan_json("bf16", [*OPT_8B, "-t", str(T), "--offload-optimizer"])
+        o, step = off["optimizer_offload_seconds"], off["predicted_step_seconds"]
+
+        def cell(d, host=False):
+            fit = "" if d["total_bytes"] <= budget else ", does not fit"
+            return f"{gib(d['total_bytes'])}{', ' + gib(d['host_total_bytes']) if host else ''}, {d['predicted_step_seconds']:.2f}{fit}"
+        out.append(f"| {T:,} | {cell(on)} | {cell(off, True)} | {o['down']:.2f} / {o['adamw']:.2f} / {o['up']:.2f} | "
+                   f"{o['exposed']:.2f} | {100 * o['exposed'] / step:.0f}% |")
+    return "\n".join(out)
+
+
 C_DEFINITION = re.compile(r"^(?:static\s+)?(?:inline\s+)?(?:__attribute__\(\(\w+\)\)\s+)?(?:const\s+)?[A-Za-z_]\w*\**\s+\**([a-z_]\w*)\(", re.M)
 
 
@@ -302,6 +325,7 @@ BLOCKS = {
     "auto_tiles_wide": block_auto_tiles_wide,
     "modes_gpu": table_modes_gpu,
     "d12_8k_gpu": table_d12_8k_gpu,
+    "optimizer_share_8b": table_optimizer_share_8b,
 }
 
 
