@@ -9,7 +9,7 @@ Every number comes from `train_gpt --plan-json` (the GPU trainer's own plan,
 BF16 with fp32 master weights; no GPU needed to plan): for each setting the
 longest T in [1, 4194304] (--max-seq-len's limit, and train_gpt's of tokens per rank;
 GPT-2's learned position table grows with T, RoPE has none) whose plan fits the device
-budget and, where checkpoints are offloaded, the host budget, found by bisection (a plan
+budget and, where checkpoints or the optimizer are offloaded, the host budget, found by bisection (a plan
 grows with T). On eight cards (8x141GB) each rank holds T/8 tokens, T a multiple of 16 (2N
 chunks), the AdamW state and master weights sharded over the eight (-z 1), the NVLink ring;
 the budgets are per GPU (the plan is rank 0's; every rank's is the same size).
@@ -30,10 +30,21 @@ the budgets are per GPU (the plan is rank 0's; every rank's is the same size).
                per GPU
   cards        GPT-2's rows 80GB and 141GB, Llama's 141GB and 8x141GB (--cards picks for all)
 
+The optimizer's table (--optimizer) takes its own rows (OPTIMIZER_ROWS: a model, a card, a host
+budget, a technique) with the optimizer in host memory as one more choice of -r auto:
+
+  optimizer    -r auto --tile-tokens auto --offload-optimizer: master weights, AdamW's moments and a
+               gradient copy in host memory, activations on the device (segments, modes, tile)
+  every        -r auto --offload-checkpoints --tile-tokens auto --offload-optimizer: every lever at once
+
+and beside the predicted step the optimizer's parts (the plan's optimizer_offload_seconds: gradients
+down, the host AdamW, parameters up) and what the step does not hide of them, its share of the step.
+
 usage: python3 dev/bench/longest_t.py [--exe ./train_gpt] [--host-gib 120] [--models 124M,...]
-       [--cards 80GB,141GB,8x141GB] [--techniques none,...] [--json]
-Prints a Markdown table (docs/offload-and-tiles.md holds one; dev/test/test_offload.py
-reruns a row of it against the program).
+       [--cards 80GB,141GB,8x141GB] [--techniques none,...] [--optimizer] [--json]
+Prints a Markdown table: docs/offload-and-tiles.md holds both, written by
+`python3 dev/docs_tables.py --longest-t` (which calls main_table and optimizer_table here);
+dev/test/test_offload.py reruns every row against the program.
 """
 import argparse
 import json
@@ -53,6 +64,19 @@ TECHNIQUES = {
     "segments": ["-r", "auto", "--tile-tokens", "auto"],
     "all": ["-r", "auto", "--offload-checkpoints", "--tile-tokens", "auto"],
 }
+# the main table's techniques; the optimizer's two take OPTIMIZER_ROWS only
+TABLE_TECHNIQUES = tuple(TECHNIQUES)
+TECHNIQUES["optimizer"] = ["-r", "auto", "--tile-tokens", "auto", "--offload-optimizer"]
+TECHNIQUES["every"] = ["-r", "auto", "--offload-checkpoints", "--tile-tokens", "auto", "--offload-optimizer"]
+# (model, card, host GiB, technique): GPT-2 1.5B with every lever at once, the Llama presets with the optimizer
+# in host memory on one H200, Llama 3.1 8B on one H100 beside ALST's one-GPU result, with 120 GiB of host memory
+# per GPU and 256 GiB (a 2 TiB node of eight), and 8B with 1,500 GiB, where the device alone stops it
+OPTIMIZER_ROWS = [("1.5B", "141GB", 120, "every"),
+                  ("llama3.2-1b", "141GB", 120, "optimizer"), ("llama3.2-1b", "141GB", 120, "every"),
+                  ("llama3.2-3b", "141GB", 120, "optimizer"), ("llama3.2-3b", "141GB", 120, "every"),
+                  ("llama3.1-8b", "141GB", 120, "optimizer"), ("llama3.1-8b", "141GB", 120, "every"),
+                  ("llama3.1-8b", "141GB", 256, "every"), ("llama3.1-8b", "141GB", 1500, "every"),
+                  ("llama3.1-8b", "80GB", 120, "every"), ("llama3.1-8b", "80GB", 256, "every")]
 MAX_T = 4194304
 HEADROOM_MIB = 1024
 
@@ -62,7 +86,7 @@ def cards_of(model):
     return DEFAULT_CARDS["d" if MODELS[model].startswith("d") else "llama"]
 
 
-def settings(models=tuple(MODELS), cards=None, techniques=tuple(TECHNIQUES)):
+def settings(models=tuple(MODELS), cards=None, techniques=TABLE_TECHNIQUES):
     """(model, card, technique) of every row, in the table's order."""
     return [(m, c, t) for m in models for c in (cards or cards_of(m)) for t in techniques]
 
@@ -98,9 +122,10 @@ def plan(exe, model, T, flags, budget, host, cost_model):
 
 
 def recompute_cell(d):
-    """The -r value of a plan, and its --segment-layers K where K > 1."""
+    """The -r value of a plan, its --segment-layers K where K > 1, and --offload-optimizer where the
+    optimizer went to host memory."""
     K = d.get("segment_layers", 1)
-    return d["recompute"] + (f" --segment-layers {K}" if K > 1 else "")
+    return d["recompute"] + (f" --segment-layers {K}" if K > 1 else "") + (" --offload-optimizer" if d.get("offload_optimizer") else "")
 
 
 def fits(d, budget, host):
@@ -120,17 +145,34 @@ def longest(exe, model, flags, budget, host, cost_model, step=1):
     return lo * step, best
 
 
-def rows(exe, models, cards, host_gib, techniques=tuple(TECHNIQUES)):
-    host = host_gib << 30
+def host_optimizer_bytes(d):
+    """The host bytes of --offload-optimizer's pool: master weights, the gradient copy, AdamW's moments."""
+    h = d["host_components"]
+    return h["master_weights"] + h["gradients"] + h["optimizer"]
+
+
+def row(exe, name, card, host_gib, tech):
+    """One setting's longest T and what its plan says there."""
+    cost_model, mib, _ = CARDS[card]
+    budget, host = (mib - HEADROOM_MIB) << 20, host_gib << 30
+    T, d = longest(exe, MODELS[name], flags_of(card, tech), budget, host, cost_model, t_step(card))
+    o = d["optimizer_offload_seconds"] if d else {"down": 0.0, "adamw": 0.0, "up": 0.0, "exposed": 0.0}
+    return {"model": name, "card": card, "technique": tech, "longest_T": T, "at_limit": T == MAX_T,
+            "device_bytes": d["total_bytes"] if d else 0, "host_bytes": d["host_total_bytes"] if d else 0,
+            "recompute": recompute_cell(d) if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
+            "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
+            "budget_bytes": budget, "host_budget_bytes": host, "host_optimizer_bytes": host_optimizer_bytes(d) if d else 0,
+            "optimizer_seconds": o}
+
+
+def rows(exe, models, cards, host_gib, techniques=TABLE_TECHNIQUES):
     for name, card, tech in settings(models, cards, techniques):
-        cost_model, mib, _ = CARDS[card]
-        budget = (mib - HEADROOM_MIB) << 20
-        T, d = longest(exe, MODELS[name], flags_of(card, tech), budget, host, cost_model, t_step(card))
-        yield {"model": name, "card": card, "technique": tech, "longest_T": T, "at_limit": T == MAX_T,
-               "device_bytes": d["total_bytes"] if d else 0, "host_bytes": d["host_total_bytes"] if d else 0,
-               "recompute": recompute_cell(d) if d else "", "tile_tokens": d["tile_tokens"] if d else 0,
-               "predicted_step_seconds": d["predicted_step_seconds"] if d else 0.0,
-               "budget_bytes": budget, "host_budget_bytes": host}
+        yield row(exe, name, card, host_gib, tech)
+
+
+def optimizer_rows(exe, settings=OPTIMIZER_ROWS):
+    for name, card, host_gib, tech in settings:
+        yield row(exe, name, card, host_gib, tech)
 
 
 def markdown(results):
@@ -143,6 +185,35 @@ def markdown(results):
     return "\n".join(out)
 
 
+def share(r):
+    """What the step does not hide of the optimizer's parts, as a fraction of the step."""
+    return r["optimizer_seconds"]["exposed"] / r["predicted_step_seconds"] if r["predicted_step_seconds"] else 0.0
+
+
+def optimizer_markdown(results):
+    out = ["| model | card | host budget GiB | technique | longest T | device GiB | host GiB | optimizer's host GiB | -r | tile | "
+           "predicted step s | optimizer down / AdamW / up s | not hidden s | share |",
+           "|---|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        t = f"{r['longest_T']}" + (" (limit)" if r["at_limit"] else "")
+        o = r["optimizer_seconds"]
+        out.append(f"| {r['model']} | {r['card']} | {r['host_budget_bytes'] >> 30} | {r['technique']} | {t} | "
+                   f"{r['device_bytes'] / 2**30:.1f} | {r['host_bytes'] / 2**30:.1f} | {r['host_optimizer_bytes'] / 2**30:.1f} | "
+                   f"`{r['recompute']}` | {r['tile_tokens']} | {r['predicted_step_seconds']:.1f} | "
+                   f"{o['down']:.2f} / {o['adamw']:.2f} / {o['up']:.2f} | {o['exposed']:.2f} | {100 * share(r):.2f}% |")
+    return "\n".join(out)
+
+
+def main_table(exe="./train_gpt"):
+    """The main table as docs/offload-and-tiles.md holds it (dev/docs_tables.py --longest-t)."""
+    return markdown(list(rows(exe, tuple(MODELS), [], 120)))
+
+
+def optimizer_table(exe="./train_gpt"):
+    """The optimizer's table as docs/offload-and-tiles.md holds it (dev/docs_tables.py --longest-t)."""
+    return optimizer_markdown(list(optimizer_rows(exe)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--exe", default="./train_gpt")
@@ -150,8 +221,17 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--cards", default="", help="cards for every model (default: each family's, DEFAULT_CARDS)")
     ap.add_argument("--techniques", default=",".join(TECHNIQUES))
+    ap.add_argument("--optimizer", action="store_true", help="the optimizer's table (OPTIMIZER_ROWS) instead of the main one")
     ap.add_argument("--json", action="store_true", help="one JSON object per line instead of the table")
     a = ap.parse_args()
+    if a.optimizer:
+        results = optimizer_rows(a.exe)
+        if a.json:
+            for r in results:
+                print(json.dumps(r), flush=True)
+        else:
+            print(optimizer_markdown(list(results)))
+        return
     models, cards = a.models.split(","), [c for c in a.cards.split(",") if c]
     for m in models:
         if m not in MODELS:
@@ -160,8 +240,8 @@ def main():
         if c not in CARDS:
             sys.exit(f"--cards: unknown card {c} (one of {', '.join(CARDS)})")
     for t in a.techniques.split(","):
-        if t not in TECHNIQUES:
-            sys.exit(f"--techniques: unknown technique {t} (one of {', '.join(TECHNIQUES)})")
+        if t not in TABLE_TECHNIQUES:
+            sys.exit(f"--techniques: unknown technique {t} (one of {', '.join(TABLE_TECHNIQUES)}; the optimizer's: --optimizer)")
     results = rows(a.exe, models, cards, a.host_gib, a.techniques.split(","))
     if a.json:
         for r in results:

@@ -131,6 +131,12 @@ def test_every_generator_has_a_block():
     assert used == set(docs_tables.BLOCKS), set(docs_tables.BLOCKS) ^ used
 
 
+def test_every_longest_t_generator_has_a_block():
+    """The same for the blocks only --longest-t rewrites (their rows are held to the program by test_offload.py)."""
+    used = [name for path in docs_tables.doc_files() for name, _, _ in docs_tables.blocks_in(path.read_text(), docs_tables.SLOW_BEGIN)]
+    assert sorted(used) == sorted(docs_tables.SLOW_BLOCKS), used
+
+
 @pytest.mark.parametrize("path,name,body", generated_blocks())
 def test_generated_block_is_what_the_program_prints(path, name, body):
     try:
@@ -150,33 +156,46 @@ def test_flag_table_lists_exactly_the_parsers_flags():
 
 
 def test_readme_sequence_table_is_the_docs_numbers():
-    """README's "How long a sequence fits" rows are rows of docs/offload-and-tiles.md's longest-T table (the model's
-    -e, one card or eight, the technique's flags) or docs/context-parallel.md's 8-GPU -r 1 -z 1 rows for GPT-2 1.5B:
-    the same T and GiB (those tables are held to the program by test_offload.py and test_docs_rows.py)."""
+    """README's "How long a sequence fits" rows are rows of docs/offload-and-tiles.md's two longest-T tables (the model's
+    -e, the card, the host memory, the technique's flags; the optimizer's table where they name --offload-optimizer)
+    or docs/context-parallel.md's 8-GPU -r 1 -z 1 rows for GPT-2 1.5B: the same T, GiB, predicted step, and the
+    optimizer's not-hidden seconds and share where it is in host memory (those tables are held to the program by
+    test_offload.py and test_docs_rows.py). Among them GPT-2 1.5B with every lever and Llama 3.1 8B with the optimizer
+    in host memory on one H200 and on one H100."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
     lt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(lt)
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## How long a sequence fits"):readme.index("## Status")]
-    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \| ([^|]+) \| ([0-9,]+) \|$", section, re.M)
-    assert len(rows) == 12, section
-    longest = {(m, card, tech): int(T) for m, card, tech, T in re.findall(
-        r"^\| (\S+) \| (\S+) \| (\w+) \| (\d+)(?: \(limit\))? \|", (REPO / "docs/offload-and-tiles.md").read_text(), re.M)}
+    rows = re.findall(r"^\| `([^`]+)` \| ([^|]+) \| ([^|]+) \| ([0-9,]+) \| ([0-9.]+) \| ([^|]+) \|$", section, re.M)
+    assert len(rows) >= 16, section
+    docs = (REPO / "docs/offload-and-tiles.md").read_text()
+    longest = {(m, card, 120, tech): (int(T), step, "on the device") for m, card, tech, T, step in re.findall(
+        r"^\| (\S+) \| (\S+) \| (\w+) \| (\d+)(?: \(limit\))? \|(?: [^|]+ \|){4} ([0-9.]+) \|$", docs, re.M)}
+    for m, card, host, tech, T, step, hidden, share in re.findall(
+            r"^\| (\S+) \| (\d+GB) \| (\d+) \| (\w+) \| (\d+)(?: \(limit\))? \|(?: [^|]+ \|){5} ([0-9.]+) \| [^|]+ \| ([0-9.]+) \| ([0-9.]+%) \|$",
+            docs, re.M):
+        longest[(m, card, int(host), tech)] = (int(T), step, f"{hidden} s, {share}")
     by_flags = {" ".join(f): t for t, f in lt.TECHNIQUES.items()}
-    ring = {int(T.replace(",", "")): gib for T, gib in re.findall(
-        r"^\| ([0-9,]+) \| 8 \| 1 \| 1 \| ([0-9.]+) \| yes \|", (REPO / "docs/context-parallel.md").read_text(), re.M)}
+    ring = {int(T.replace(",", "")): (gib, step) for T, gib, step in re.findall(
+        r"^\| ([0-9,]+) \| 8 \| 1 \| 1 \| ([0-9.]+) \| yes \| ([0-9.]+) \|", (REPO / "docs/context-parallel.md").read_text(), re.M)}
     name = {e: m for m, e in lt.MODELS.items()}
-    checked_ring = 0
-    for model, where, settings, T in rows:
+    checked_ring, checked = 0, set()
+    for model, where, settings, T, step, opt in rows:
         T = int(T.replace(",", ""))
         gib = re.search(r"([0-9.]+) GiB per GPU", settings)
         if gib:  # the rows of docs/context-parallel.md
-            assert model == "d48" and "--context-parallel 8" in where and ring.get(T) == gib.group(1), (where, settings, T, ring)
+            assert model == "d48" and "--context-parallel 8" in where and ring.get(T) == (gib.group(1), step), (where, settings, T, ring)
             checked_ring += 1
             continue
         flags = re.sub(r"\s*\(segments\)$", "", settings.strip()).strip("`").replace(" --context-parallel 8 -z 1", "")
-        card = "8x141GB" if where.startswith("eight") else "141GB"
-        assert card == "141GB" or "--context-parallel 8 -z 1" in settings, settings
-        assert longest[(name[model], card, by_flags[flags])] == T, (model, where, settings, T)
+        card = "8x141GB" if where.startswith("eight") else "80GB" if "80 GB H100" in where else "141GB"
+        assert card != "8x141GB" or "--context-parallel 8 -z 1" in settings, settings
+        host = re.search(r"\+ (\d+) GiB host memory", where)
+        assert bool(host) == ("--offload" in flags), (where, settings)
+        key = (name[model], card, int(host.group(1)) if host else 120, by_flags[flags])
+        assert longest[key] == (T, step, opt.strip()), (key, T, step, opt, longest.get(key))
+        checked.add(key)
     assert checked_ring == 2
+    assert {("1.5B", "141GB", 120, "every"), ("llama3.1-8b", "141GB", 120, "optimizer"), ("llama3.1-8b", "80GB", 256, "every")} <= checked

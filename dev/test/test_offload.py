@@ -464,3 +464,83 @@ def test_docs_numbers_are_the_programs():
         else:
             T_next = T + lt.t_step(card)  # under --context-parallel N the next length the ring takes, T + 2N
             assert not lt.fits(lt.plan(str(exe), args[0], T_next, args[1], budget, host, cost_model), budget, host), (model, card, tech, T)
+
+
+OPTIMIZER_TABLE_ROW = re.compile(r"^\| (\S+) \| (\d+GB) \| (\d+) \| (\w+) \| (\d+)( \(limit\))? \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| "
+                                 r"`([^`]*)` \| (\d+) \| ([0-9.]+) \| ([0-9.]+) / ([0-9.]+) / ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)% \|$", re.M)
+
+
+def test_docs_optimizer_numbers_are_the_programs():
+    """Every row of the optimizer's longest-T table (docs/offload-and-tiles.md, "The optimizer in host memory"): the
+    plan at its T, with its technique's flags and host budget, fits both budgets with the device and host GiB and the
+    choices printed (-r, segments, --offload-optimizer, tile), and at T+1 it does not; where the optimizer is in host
+    memory its pool is 14 bytes a parameter (fp32 master weights and two moments, a bf16 gradient copy), AdamW's time
+    is 28 bytes a parameter at the host's memory rate (gradient read, master weights and both moments read and
+    written, the bf16 parameter written) and each copy 2 bytes a parameter over the host link, counted here from the
+    parameter count; the step and the share are the plan's step and not-hidden seconds over it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("longest_t", REPO / "dev" / "bench" / "longest_t.py")
+    lt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lt)
+    exe = str(gpu_trainer())
+    rows = OPTIMIZER_TABLE_ROW.findall((REPO / "docs/offload-and-tiles.md").read_text())
+    assert [(m, c, int(h), t) for m, c, h, t, *_ in rows] == lt.OPTIMIZER_ROWS
+    guard = re.search(r"-DPLAN_GUARD_BYTES=(\d+)", (REPO / "dev/emu/Makefile").read_text())
+    guard_bytes = int(guard.group(1)) if "emu" in Path(exe).name else 0
+    for model, card, host_gib, tech, T, limit, dev_gib, host_used, opt_gib, flag, tile, step, down, adamw, up, hidden, share in rows:
+        cost_model, mib, _ = lt.CARDS[card]
+        budget, host, T = (mib - lt.HEADROOM_MIB) << 20, int(host_gib) << 30, int(T)
+        if guard_bytes:  # as in test_docs_numbers_are_the_programs: the row's own choices, the guard bytes taken out
+            tiles = ["--tile-tokens", tile] if int(tile) else []
+            d = lt.plan(exe, lt.MODELS[model], T, ["-r", *flag.split(), *tiles], budget + guard_bytes * 4096, host, cost_model)
+            device = d["total_bytes"] - guard_bytes * len(d["buffers"])
+        else:
+            d = lt.plan(exe, lt.MODELS[model], T, lt.TECHNIQUES[tech], budget, host, cost_model)
+            device = d["total_bytes"]
+            assert lt.recompute_cell(d) == flag and d["tile_tokens"] == int(tile), (model, card, host_gib, tech)
+            if limit:
+                assert T == lt.MAX_T
+            else:
+                assert not lt.fits(lt.plan(exe, lt.MODELS[model], T + 1, lt.TECHNIQUES[tech], budget, host, cost_model), budget, host)
+        assert device <= budget and d["host_total_bytes"] <= host, (model, card, host_gib, tech, T)
+        assert (f"{device / 2**30:.1f}", f"{d['host_total_bytes'] / 2**30:.1f}") == (dev_gib, host_used), (model, card, host_gib, tech)
+        P, o, cm = d["config"]["num_parameters"], d["optimizer_offload_seconds"], d["cost_model"]
+        offloaded = flag.endswith("--offload-optimizer")
+        assert d["offload_optimizer"] == offloaded
+        assert f"{lt.host_optimizer_bytes(d) / 2**30:.1f}" == opt_gib == f"{14 * P * offloaded / 2**30:.1f}"
+        assert o["adamw"] == pytest.approx(28 * P * offloaded / cm["host_memory_bytes_per_s"], rel=1e-6)
+        assert o["down"] == o["up"] == pytest.approx(2 * P * offloaded / cm["host_link_bytes_per_s"], rel=1e-6)
+        assert (f"{o['down']:.2f}", f"{o['adamw']:.2f}", f"{o['up']:.2f}", f"{o['exposed']:.2f}") == (down, adamw, up, hidden)
+        assert f"{d['predicted_step_seconds']:.1f}" == step and f"{100 * o['exposed'] / d['predicted_step_seconds']:.2f}" == share
+
+
+README_BUDGETS = {"one 141 GB H200": ("142747MiB", "h200"), "one 80 GB H100": ("80535MiB", "h100")}
+
+
+def test_readme_optimizer_rows_run_as_printed():
+    """README's longest-T rows with --offload-optimizer, run by the recipe under the table as a reader would type it
+    (`./train_gpt -e E --max-seq-len T -b 1 -t T SETTINGS --mem-budget 142747MiB|80535MiB --host-mem-budget NGiB
+    --cost-model h200|h100`): -r auto fits at T with the optimizer in host memory, and nothing fits at T+1."""
+    exe = gpu_trainer()
+    if "emu" in Path(exe).name:
+        pytest.skip("only the emulated build: its plans carry guard bytes per buffer (dev/emu/Makefile), so the last "
+                    "bytes of a longest T are not its; make train_gpt")
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## How long a sequence fits"):readme.index("## Status")]
+    assert "`--mem-budget` the card less 1 GiB (142747MiB,\n80535MiB)" in section and "`--cost-model h200` or `h100`" in section
+    rows = re.findall(r"^\| `([^`]+)` \| (one [^|+]+?) \+ (\d+) GiB host memory \| `([^`]*--offload-optimizer[^`]*)` \| ([0-9,]+) \|", section, re.M)
+    assert len(rows) >= 3 and any("80 GB" in r[1] for r in rows), rows
+
+    def plan(E, T, settings, budget, host, cost_model):
+        res = run([exe, "-e", E, "--max-seq-len", str(T), "-b", "1", "-t", str(T), *settings.split(), "--mem-budget", budget,
+                   "--host-mem-budget", f"{host}GiB", "--cost-model", cost_model, "--plan-json"])
+        return json.loads(res.stdout) if res.returncode == 0 else res.stderr
+
+    for E, where, host, settings, T in rows:
+        budget, cost_model = README_BUDGETS[where]
+        T = int(T.replace(",", ""))
+        d = plan(E, T, settings, budget, host, cost_model)
+        assert isinstance(d, dict) and d["offload_optimizer"] == 1, (E, where, host, T, d)
+        assert d["total_bytes"] <= int(budget[:-3]) << 20 and d["host_total_bytes"] <= int(host) << 30
+        over = plan(E, T + 1, settings, budget, host, cost_model)
+        assert isinstance(over, str) and "-r auto: nothing" in over, (E, where, host, T + 1)
