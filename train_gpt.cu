@@ -74,7 +74,9 @@ typedef struct {
     size_t grad_count;        /* elements of grads */
     floatX* grad_slots;       /* plan_grad_slots: the block tensors' gradients of the layers in flight, layer l in slot l mod R */
     int num_grad_slots;       /* R; 0: the block tensors' gradients are in grads */
-    size_t grad_slot_count;   /* elements of a slot: one layer's block tensors back to back */
+    size_t grad_slot_count;   /* elements of a slot: one layer's block tensors (plan.h, plan_grad_slot_layout) */
+    size_t slot_region[NUM_BLOCK_TENSORS]; /* where each block tensor's region begins in a slot */
+    size_t block_grad_count;  /* with slots: the block tensors' elements, all layers (not in grads) */
     float* grads_fp32;        /* fp32 gradient sums of parameters [first, first + count) (grad_accum.cuh), or NULL */
     size_t grads_fp32_first, grads_fp32_count;
     int wte_grad_fp32;        /* the token table's gradient goes straight into grads_fp32 */
@@ -178,23 +180,25 @@ static inline floatX* gpu_grad_slot(const GpuModel* m, int l) {
     return m->grad_slots + (size_t)gpu_grad_slot_of(m, l) * m->grad_slot_count;
 }
 
-/* Layer l's gradients by name: in the whole buffer, or its slot's tensors back to back. */
+/* Element offset of layer l's slice of block tensor t (from 0) in its slot. */
+static inline size_t gpu_slot_at(const GpuModel* m, int l, int t) {
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    return plan_grad_slot_at(&pl, m->cfg.num_layers, sizeof(floatX), m->slot_region, l, t);
+}
+
+/* Layer l's gradients by name: in the whole buffer, or in its slot. */
 static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) {
     if (!m->num_grad_slots) return gpu_absent_to_null(m, gpu_layer_slice(m, &m->g, l));
     GpuBlockTensors b;
-    floatX* at = gpu_grad_slot(m, l);
-    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) {
-        b.tensor[t] = at;
-        at += m->layer_stride[FIRST_BLOCK_TENSOR + t];
-    }
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) b.tensor[t] = gpu_grad_slot(m, l) + gpu_slot_at(m, l, t);
     return gpu_absent_to_null(m, b);
 }
 
 /* Where parameter k's gradient is in grads (k outside the blocks with
  * slots): its own index, or past the blocks moved down by them. */
 static inline size_t gpu_grad_index(const GpuModel* m, size_t k) {
-    size_t blocks = m->num_grad_slots ? (size_t)m->cfg.num_layers * m->grad_slot_count : 0;
-    return k < (size_t)(m->p.tensor[FIRST_BLOCK_TENSOR] - m->params) ? k : k - blocks;
+    return k < (size_t)(m->p.tensor[FIRST_BLOCK_TENSOR] - m->params) ? k : k - m->block_grad_count;
 }
 
 /* The classifier's weights (Vp, C) and their gradient: wte, or the untied lm_head. */
@@ -241,9 +245,11 @@ static void gpu_carve_grads(GpuModel* m, const MemoryPlan* plan) {
     m->num_grad_slots = plan->grad_slots;
     m->grad_slot_count = plan->grad_slot_count;
     m->grad_slots = (floatX*)(m->arena + plan->off_grad_slots);
-    m->grad_count = plan->num_params - (size_t)m->cfg.num_layers * m->grad_slot_count;
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
+    plan_grad_slot_layout(&pl, m->cfg.num_layers, sizeof(floatX), m->slot_region);
+    m->block_grad_count = (size_t)m->cfg.num_layers * plan_layer_grad_count(&pl, m->cfg.num_layers);
+    m->grad_count = plan->num_params - m->block_grad_count;
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         int block = t >= FIRST_BLOCK_TENSOR && t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS;
         m->g.tensor[t] = block ? NULL : m->grads + gpu_grad_index(m, pl.offset[t]);
@@ -686,23 +692,20 @@ static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles,
  * outside the blocks (model.h's param_group_slices, in its order), those of
  * parameters [lo, hi) only, as slices of *base (llmc/cuda/grad_accum.cuh):
  * the whole buffer at the parameters' offsets, or with slots layer l's slot
- * (its tensors back to back) and grads at gpu_grad_index. Empty slices are
- * left out. */
+ * (gpu_slot_at) and grads at gpu_grad_index. Empty slices are left out. */
 static GradSlices gpu_grad_group(const GpuModel* m, int layer, size_t lo, size_t hi, floatX** base) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    size_t off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS], packed = 0;
+    size_t off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS];
     int n = param_group_slices(&pl, m->cfg.num_layers, layer, off, cnt), in_slot = m->num_grad_slots && layer >= 0;
     *base = in_slot ? gpu_grad_slot(m, layer) : m->grads;
     GradSlices s;
     memset(&s, 0, sizeof(s));
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < n; j++) { /* a layer's slices are its block tensors in order: slice j is tensor j's */
         size_t a = off[j] > lo ? off[j] : lo, b = off[j] + cnt[j] < hi ? off[j] + cnt[j] : hi;
-        if (a < b) {
-            s.offset[s.n] = in_slot ? packed + (a - off[j]) : gpu_grad_index(m, a);
-            s.count[s.n++] = b - a;
-        }
-        packed += cnt[j];
+        if (a >= b) continue;
+        s.offset[s.n] = in_slot ? gpu_slot_at(m, layer, j) + (a - off[j]) : gpu_grad_index(m, a);
+        s.count[s.n++] = b - a;
     }
     return s;
 }

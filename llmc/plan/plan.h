@@ -220,7 +220,7 @@ typedef struct {
                                                                         * off_adam_v and off_host_grads are host pool offsets */
     size_t off_host_grads;              /* offload_optimizer: this rank's shard of the gradients, copied down (elem_bytes each) */
     int grad_slots;                     /* layers whose block gradients the device holds (plan_grad_slots); 0: all */
-    size_t off_grad_slots, grad_slot_count; /* with grad_slots: the slots, and the elements of one (a layer's) */
+    size_t off_grad_slots, grad_slot_count; /* with grad_slots: the slots, and the elements of one (plan_grad_slot_layout) */
     size_t off_grads_fp32, grads_fp32_first, grads_fp32_count; /* fp32 gradient sums of parameters [first, first + count);
                                                                   * count 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
@@ -505,10 +505,34 @@ static inline int plan_grad_slots(const PlanSpec* s) {
     return s->cfg.num_layers < GRAD_SLOTS ? s->cfg.num_layers : GRAD_SLOTS;
 }
 
+/* A layer slot: block tensor t (from 0) has a region from region[t], its
+ * layer's slice (per_layer elements) rounded up to PLAN_ALIGN bytes plus
+ * PLAN_ALIGN more; returns the slot's elements. Layer l's slice sits in the
+ * region at the offset (plan_grad_slot_at) that gives it the alignment it has
+ * in the whole buffer (both start PLAN_ALIGN-aligned): cuBLASLt's algorithm,
+ * hence the weight gradient's bits, depends on the output's alignment
+ * (matmul.cuh), and the bits must not depend on the flag. */
+static inline size_t plan_grad_slot_layout(const ParamLayout* pl, int num_layers, size_t E, size_t region[NUM_BLOCK_TENSORS]) {
+    size_t n = 0;
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) {
+        size_t per_layer = pl->count[FIRST_BLOCK_TENSOR + t] / (size_t)num_layers;
+        region[t] = n;
+        if (per_layer) n += (plan_aligned(per_layer * E) + PLAN_ALIGN) / E;
+    }
+    return n;
+}
+
+/* Element offset in its slot of layer l's slice of block tensor t (from 0). */
+static inline size_t plan_grad_slot_at(const ParamLayout* pl, int num_layers, size_t E, const size_t region[NUM_BLOCK_TENSORS], int l,
+                                       int t) {
+    size_t per_layer = pl->count[FIRST_BLOCK_TENSOR + t] / (size_t)num_layers;
+    return region[t] + (pl->offset[FIRST_BLOCK_TENSOR + t] + (size_t)l * per_layer) % (PLAN_ALIGN / E);
+}
+
 /* The device's gradients: all of them ("grads", in parameter order), or
  * with plan_grad_slots the tensors outside the blocks ("grads_outside_blocks":
  * wte, wpe, lnfw, lnfb, lm_head in that order) and R layer slots
- * ("grads_in_flight": a layer's 12 block tensors back to back, slot after slot). */
+ * ("grads_in_flight", slot after slot, plan_grad_slot_layout). */
 static inline void plan_add_device_grads(MemoryPlan* p, const ParamLayout* pl) {
     const PlanSpec* s = &p->spec;
     size_t E = (size_t)s->elem_bytes, L = (size_t)s->cfg.num_layers;
@@ -517,8 +541,9 @@ static inline void plan_add_device_grads(MemoryPlan* p, const ParamLayout* pl) {
         p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl->total * E);
         return;
     }
-    p->grad_slot_count = plan_layer_grad_count(pl, s->cfg.num_layers);
-    p->off_grads = plan_add(p, "grads_outside_blocks", SEC_GRADIENTS, -1, (pl->total - L * p->grad_slot_count) * E);
+    size_t region[NUM_BLOCK_TENSORS];
+    p->grad_slot_count = plan_grad_slot_layout(pl, s->cfg.num_layers, E, region);
+    p->off_grads = plan_add(p, "grads_outside_blocks", SEC_GRADIENTS, -1, (pl->total - L * plan_layer_grad_count(pl, (int)L)) * E);
     p->off_grad_slots = plan_add(p, "grads_in_flight", SEC_GRADIENTS, -1, (size_t)p->grad_slots * p->grad_slot_count * E);
 }
 
