@@ -243,13 +243,13 @@ def test_emulated_gradient_slots_shrink_the_device_plan(train_exes):
 
 WAIT_SLOT = "    CUDA_CHECK(cudaStreamWaitEvent(main, o->slot_down[slot], 0));\n"
 NORM = "        gpu_norm_group(m->norm_partials, l, base, &s, m->stream);\n"
-TAKE = "    optimizer_offload_slot_free(&m->oo, gpu_grad_slot_of(m, l), m->stream);\n"
+WRITE = "    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) b.tensor[t] = gpu_grad_slot(m, l) + gpu_slot_at(m, l, t);\n"
 
 
 def test_emulated_gradient_slot_mutants_apply():
     assert (REPO / "llmc/cuda/optimizer_offload.cuh").read_text().count(WAIT_SLOT) == 1
     text = (REPO / "train_gpt.cu").read_text()
-    assert text.count(NORM) == 1 and text.count(TAKE) == 1
+    assert text.count(NORM) == 1 and text.count(WRITE) == 1
 
 
 def test_emulated_slot_reused_before_its_copy_is_caught(train_exes, tiny_shards, tmp_path):
@@ -262,10 +262,13 @@ def test_emulated_slot_reused_before_its_copy_is_caught(train_exes, tiny_shards,
     assert res.returncode != 0 and "emu: stream hazard:" in res.stderr and "'grads_in_flight'" in res.stderr, explain(res)
 
 
+# A slot index shifted everywhere at once only renames the slots, and a layer waiting for the other slot's copy
+# waits for a later copy on the same in-order stream (more than it needs): neither is wrong, so the shifted index
+# here is the backward's alone, which then writes the slot whose copy down (or zeroing) belongs to another layer.
 @slow
 @pytest.mark.parametrize("what,old,new", [
     ("layer 1's squared norm not taken from its slot", NORM, NORM.replace("        gpu_norm", "        if (l != 1) gpu_norm")),
-    ("a layer waits for the other slot's copy", TAKE, TAKE.replace("gpu_grad_slot_of(m, l)", "gpu_grad_slot_of(m, l + 1)")),
+    ("the backward writes layer l into slot (l + 1) mod R", WRITE, WRITE.replace("gpu_grad_slot(m, l)", "gpu_grad_slot(m, l + 1)")),
 ], ids=["norm-skipped", "slot-shifted"])
 def test_emulated_gradient_slot_source_mutants_are_caught(train_exes, tiny_shards, tmp_path, what, old, new):
     (tmp_path / "src").mkdir()
@@ -274,7 +277,9 @@ def test_emulated_gradient_slot_source_mutants_are_caught(train_exes, tiny_shard
     model = gpt2(tiny_shards, tmp_path)
     ref = one_micro_step(train_exes["bf16"], model, tmp_path / "ref", "--offload-optimizer")
     res = one_micro_step(exe, model, tmp_path / "mut", "--offload-optimizer", check=False)
+    # a skipped norm leaves its group's sum unwritten (the emulator's initcheck; on a GPU the last step's value), a
+    # shifted slot races with a copy down (its stream-hazard check) or sends another layer's gradients down
     if res.returncode != 0:
-        assert "emu: stream hazard:" in res.stderr, explain(res)
+        assert "emu: stream hazard:" in res.stderr or "emu: initcheck:" in res.stderr, explain(res)
     else:
         assert step_lines(res.stdout) != step_lines(ref.stdout) or files(tmp_path / "mut") != files(tmp_path / "ref"), what
