@@ -70,7 +70,13 @@ typedef struct {
     const MemoryPlan* plan;
     char* arena; /* device, plan->total_bytes */
     floatX* params;
-    floatX* grads;
+    floatX* grads;            /* all gradients, or with slots those outside the blocks (plan.h, plan_add_device_grads) */
+    size_t grad_count;        /* elements of grads */
+    floatX* grad_slots;       /* plan_grad_slots: the block tensors' gradients of the layers in flight, layer l in slot l mod R */
+    int num_grad_slots;       /* R; 0: the block tensors' gradients are in grads */
+    size_t grad_slot_count;   /* elements of a slot: one layer's block tensors (plan.h, plan_grad_slot_layout) */
+    size_t slot_region[NUM_BLOCK_TENSORS]; /* where each block tensor's region begins in a slot */
+    size_t block_grad_count;  /* with slots: the block tensors' elements, all layers (not in grads) */
     float* grads_fp32;        /* fp32 gradient sums of parameters [first, first + count) (grad_accum.cuh), or NULL */
     size_t grads_fp32_first, grads_fp32_count;
     int wte_grad_fp32;        /* the token table's gradient goes straight into grads_fp32 */
@@ -167,7 +173,33 @@ static inline GpuBlockTensors gpu_absent_to_null(const GpuModel* m, GpuBlockTens
 }
 
 static inline GpuBlockTensors gpu_layer_params(const GpuModel* m, int l) { return gpu_absent_to_null(m, gpu_layer_slice(m, &m->p, l)); }
-static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) { return gpu_absent_to_null(m, gpu_layer_slice(m, &m->g, l)); }
+
+/* The slot holding layer l's block gradients (with slots). */
+static inline int gpu_grad_slot_of(const GpuModel* m, int l) { return l % m->num_grad_slots; }
+static inline floatX* gpu_grad_slot(const GpuModel* m, int l) {
+    return m->grad_slots + (size_t)gpu_grad_slot_of(m, l) * m->grad_slot_count;
+}
+
+/* Element offset of layer l's slice of block tensor t (from 0) in its slot. */
+static inline size_t gpu_slot_at(const GpuModel* m, int l, int t) {
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    return plan_grad_slot_at(&pl, m->cfg.num_layers, sizeof(floatX), m->slot_region, l, t);
+}
+
+/* Layer l's gradients by name: in the whole buffer, or in its slot. */
+static inline GpuBlockTensors gpu_layer_grads(const GpuModel* m, int l) {
+    if (!m->num_grad_slots) return gpu_absent_to_null(m, gpu_layer_slice(m, &m->g, l));
+    GpuBlockTensors b;
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) b.tensor[t] = gpu_grad_slot(m, l) + gpu_slot_at(m, l, t);
+    return gpu_absent_to_null(m, b);
+}
+
+/* Where parameter k's gradient is in grads (k outside the blocks with
+ * slots): its own index, or past the blocks moved down by them. */
+static inline size_t gpu_grad_index(const GpuModel* m, size_t k) {
+    return k < (size_t)(m->p.tensor[FIRST_BLOCK_TENSOR] - m->params) ? k : k - m->block_grad_count;
+}
 
 /* The classifier's weights (Vp, C) and their gradient: wte, or the untied lm_head. */
 static inline floatX* gpu_head_weights(const GpuModel* m) { return m->cfg.tied ? m->p.wte : m->p.lm_head; }
@@ -201,6 +233,27 @@ static void* pinned_alloc(size_t bytes, const char* what) {
 static float* gpu_grad_sum_at(const GpuModel* m, size_t offset, size_t count) {
     if (!m->grads_fp32 || offset < m->grads_fp32_first || offset + count > m->grads_fp32_first + m->grads_fp32_count) return NULL;
     return m->grads_fp32 + (offset - m->grads_fp32_first);
+}
+
+/* The gradients (TRAINER_CARVE_ARENA pointed them at the whole buffer):
+ * with slots (plan.h, plan_grad_slots) grads holds the tensors outside the
+ * blocks back to back, and the block tensors have no whole-model pointer
+ * (gpu_layer_grads finds a layer's in its slot). */
+static void gpu_carve_grads(GpuModel* m, const MemoryPlan* plan) {
+    m->grad_count = plan->num_params;
+    if (!plan->grad_slots) return;
+    m->num_grad_slots = plan->grad_slots;
+    m->grad_slot_count = plan->grad_slot_count;
+    m->grad_slots = (floatX*)(m->arena + plan->off_grad_slots);
+    ParamLayout pl;
+    param_layout(&m->cfg, &pl);
+    plan_grad_slot_layout(&pl, m->cfg.num_layers, sizeof(floatX), m->slot_region);
+    m->block_grad_count = (size_t)m->cfg.num_layers * plan_layer_grad_count(&pl, m->cfg.num_layers);
+    m->grad_count = plan->num_params - m->block_grad_count;
+    for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
+        int block = t >= FIRST_BLOCK_TENSOR && t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS;
+        m->g.tensor[t] = block ? NULL : m->grads + gpu_grad_index(m, pl.offset[t]);
+    }
 }
 
 /* Token tiles: the whole-sequence gradients of atty and qkv, and the
@@ -303,12 +356,13 @@ static void gpu_model_create(GpuModel* m, const MemoryPlan* plan, uint64_t seed)
     m->grads_fp32_count = plan->grads_fp32_count;
     m->grads_fp32 = m->grads_fp32_count ? (float*)(m->arena + plan->off_grads_fp32) : NULL;
     gpu_carve_tiles(m, plan);
+    gpu_carve_grads(m, plan);
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
     m->wte_grad_fp32 = gpu_grad_sum_at(m, pl.offset[P_WTE], pl.count[P_WTE]) != NULL; /* tied and chunked, or micro-steps */
     int head = m->cfg.tied ? P_WTE : P_LMHEAD;
     m->head_grad_fp32 = gpu_grad_sum_at(m, pl.offset[head], pl.count[head]);
-    CUDA_CHECK(cudaMemset(m->grads, 0, plan->num_params * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(m->grads, 0, m->grad_count * sizeof(floatX)));
     if (m->grads_fp32) CUDA_CHECK(cudaMemset(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float)));
     if (!m->oo.on) {
         CUDA_CHECK(cudaMemset(m->adam_m, 0, plan->shard_params * sizeof(float)));
@@ -634,13 +688,25 @@ static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles,
                    gstat_rows(m, l, ACT_LN1_RSTD, r0), n);
 }
 
-/* The gradient slices of one group: layer l's 12 tensors, or with -1 the
- * embeddings' and the final LayerNorm's (llmc/cuda/grad_accum.cuh). */
-static GradSlices gpu_grad_group(const GpuModel* m, int layer) {
+/* The device gradients of one group, layer l's 12 tensors or with -1 those
+ * outside the blocks (model.h's param_group_slices, in its order), those of
+ * parameters [lo, hi) only, as slices of *base (llmc/cuda/grad_accum.cuh):
+ * the whole buffer at the parameters' offsets, or with slots layer l's slot
+ * (gpu_slot_at) and grads at gpu_grad_index. Empty slices are left out. */
+static GradSlices gpu_grad_group(const GpuModel* m, int layer, size_t lo, size_t hi, floatX** base) {
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
+    size_t off[NUM_PARAM_TENSORS], cnt[NUM_PARAM_TENSORS];
+    int n = param_group_slices(&pl, m->cfg.num_layers, layer, off, cnt), in_slot = m->num_grad_slots && layer >= 0;
+    *base = in_slot ? gpu_grad_slot(m, layer) : m->grads;
     GradSlices s;
-    s.n = param_group_slices(&pl, m->cfg.num_layers, layer, s.offset, s.count);
+    memset(&s, 0, sizeof(s));
+    for (int j = 0; j < n; j++) { /* a layer's slices are its block tensors in order: slice j is tensor j's */
+        size_t a = off[j] > lo ? off[j] : lo, b = off[j] + cnt[j] < hi ? off[j] + cnt[j] : hi;
+        if (a >= b) continue;
+        s.offset[s.n] = in_slot ? gpu_slot_at(m, layer, j) + (a - off[j]) : gpu_grad_index(m, a);
+        s.count[s.n++] = b - a;
+    }
     return s;
 }
 
@@ -648,8 +714,9 @@ static GradSlices gpu_grad_group(const GpuModel* m, int layer) {
  * gradients, one rounding per micro-step (grad_accum.cuh). */
 static void gpu_round_tile_grads(GpuModel* m, int l) {
     if (!m->tile_tokens) return;
-    GradSlices s = gpu_grad_group(m, l);
-    gpu_grad_round_layer(m->grads, m->tile_grads.tensor[0], &s, m->stream);
+    floatX* base;
+    GradSlices s = gpu_grad_group(m, l, 0, m->plan->num_params, &base);
+    gpu_grad_round_layer(base, m->tile_grads.tensor[0], &s, m->stream);
 }
 
 /* Layer l's recompute and backward: attention's inputs whole (qkv, with -r 1
@@ -757,11 +824,14 @@ static float gpu_mean_loss(GpuModel* m, const int* inputs) {
 
 /* The fp32 sums of one group of gradients (layer l's, or with -1 the
  * embeddings' and the final LayerNorm's), once they are final for this
- * micro-step (grad_accum.cuh). */
+ * micro-step (grad_accum.cuh). With slots (one micro-step) only the
+ * classifier's table, outside the blocks, has a sum: in grads at
+ * gpu_grad_index, as its slices are. */
 static void gpu_fold_grads(GpuModel* m, int layer) {
-    if (!m->grads_fp32) return;
-    GradSlices s = gpu_grad_group(m, layer);
-    gpu_grad_fold(m->grads_fp32, m->grads_fp32_first, m->grads_fp32_count, m->grads, &s, m->last_micro_step, m->stream);
+    if (!m->grads_fp32 || (m->num_grad_slots && layer >= 0)) return;
+    floatX* base;
+    GradSlices s = gpu_grad_group(m, layer, 0, m->plan->num_params, &base);
+    gpu_grad_fold(m->grads_fp32, gpu_grad_index(m, m->grads_fp32_first), m->grads_fp32_count, base, &s, m->last_micro_step, m->stream);
 }
 
 /* Segment checkpointing (plan.h): layers first..last run forward again from
@@ -780,14 +850,31 @@ static void gpu_segment_forward_again(GpuModel* m, int first, int last) {
     prof_end(&m->prof, PROF_RECOMPUTE, m->stream);
 }
 
-/* --offload-optimizer: layer l's final gradients (this rank's shard, once reduced) down while the layers below run
- * (optimizer_offload.cuh). */
+/* Slots: before layer l's backward, its slot once the copy down of the
+ * layer R above is done, zeroed (as the whole buffer is at the step's start). */
+static void gpu_take_grad_slot(GpuModel* m, int l) {
+    if (!m->num_grad_slots) return;
+    optimizer_offload_slot_free(&m->oo, gpu_grad_slot_of(m, l), m->stream);
+    CUDA_CHECK(cudaMemsetAsync(gpu_grad_slot(m, l), 0, m->grad_slot_count * sizeof(floatX), m->stream));
+}
+
+/* --offload-optimizer: layer l's final gradients (this rank's shard, once
+ * reduced) down while the layers below run (optimizer_offload.cuh); with
+ * slots, their squared norm first, while the slot holds them
+ * (global_norm.cuh: layer l's group). */
 static void gpu_offload_layer_grads(GpuModel* m, int l) {
     cudaStream_t final_on;
     if (!multigpu_grads_final_on(m->mg, m->stream, &final_on)) return; /* reduced at the update: all go down then */
+    size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count;
+    if (m->num_grad_slots) {
+        floatX* base;
+        GradSlices s = gpu_grad_group(m, l, lo, hi, &base);
+        gpu_norm_group(m->norm_partials, l, base, &s, m->stream);
+    }
     ParamLayout pl;
     param_layout(&m->cfg, &pl);
-    optimizer_offload_layer_down(&m->oo, &pl, m->cfg.num_layers, l, m->grads, m->par.shard_start, m->par.shard_start + m->par.shard_count,
+    GpuBlockTensors g = gpu_layer_grads(m, l);
+    optimizer_offload_layer_down(&m->oo, &pl, m->cfg.num_layers, l, g.tensor, m->num_grad_slots ? gpu_grad_slot_of(m, l) : -1, lo, hi,
                                  final_on);
 }
 
@@ -806,6 +893,7 @@ static void gpu_model_backward(GpuModel* m) {
         offload_ready(&m->off, first);
         if (K > 1 && top < L - 1) gpu_segment_forward_again(m, first, top);
         for (int l = top; l >= first; l--) {
+            gpu_take_grad_slot(m, l);
             gpu_block_backward(m, l);
             if (l == first) offload_release(&m->off, first, m->B, m->T);
             gpu_fold_grads(m, l);
@@ -872,11 +960,21 @@ static void gpu_set_documents(void* ctx, const DocumentOptions* d) {
 /* optimizer                                                                  */
 
 /* Norm over this rank's shard (all parameters without ZeRO), summed across
- * ranks when the gradients are sharded (only the shard's are summed here). */
+ * ranks when the gradients are sharded (only the shard's are summed here):
+ * group by group, layers 0..L-1 and then the tensors outside the blocks
+ * (global_norm.cuh says why); with slots the layers' sums were taken during
+ * the backward (gpu_offload_layer_grads). */
 static float gpu_grad_norm(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
+    int L = m->cfg.num_layers;
+    size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count;
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
-    gpu_global_norm_squared(m->norm_partials, m->grads + m->par.shard_start, m->par.shard_count, m->stream);
+    for (int g = m->num_grad_slots ? L : 0; g <= L; g++) {
+        floatX* base;
+        GradSlices s = gpu_grad_group(m, g < L ? g : -1, lo, hi, &base);
+        gpu_norm_group(m->norm_partials, g, base, &s, m->stream);
+    }
+    gpu_norm_total(m->norm_partials, L + 1, m->stream);
     prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* first: a copy into pageable memory would block on the reduction without watching NCCL */
     float sumsq = 0.0f;
@@ -892,7 +990,7 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     param_layout(&m->cfg, &pl);
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
-    if (m->oo.on) optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->grads, lo, hi, m->stream);
+    if (m->oo.on) optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->g.tensor, lo, hi, m->stream);
     int deferred = m->oo.on && optimizer_offload_defer(&m->oo, s, m->seed); /* one process: the next forward runs it */
     for (int t = 0; !deferred && t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
@@ -1020,7 +1118,7 @@ static void gpu_zero_grads(void* ctx) {
     GpuModel* m = (GpuModel*)ctx;
     multigpu_new_step(m->mg);
     optimizer_offload_main_waits(&m->oo, m->stream);
-    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->plan->num_params * sizeof(floatX), m->stream));
+    CUDA_CHECK(cudaMemsetAsync(m->grads, 0, m->grad_count * sizeof(floatX), m->stream)); /* slots: as each layer takes its own */
     if (m->grads_fp32) CUDA_CHECK(cudaMemsetAsync(m->grads_fp32, 0, m->grads_fp32_count * sizeof(float), m->stream));
 }
 
@@ -1342,7 +1440,7 @@ int main(int argc, char** argv) {
                            plan_context_parallel(&run.plan.spec));
     GpuModel m;
     gpu_model_create(&m, &run.plan, (uint64_t)run.opt.seed);
-    m.mg = mg;
+    m.mg = m.num_grad_slots ? NULL : mg; /* slots: one process, whose reductions (identities) would read the whole buffer */
     m.used_nccl = mg ? mg->device_bytes : 0;
     prof_init(&m.prof);
     cudaDeviceProp prop;

@@ -92,13 +92,15 @@ def test_plan_moves_the_optimizer_to_the_host_pool(procs):
 
 
 def test_gpu_plan_moves_master_weights_and_moments():
-    """The GPU trainer's plan (bf16 storage, fp32 master weights): the master
+    """The GPU trainer's plan (bf16 storage, fp32 master weights; two
+    micro-steps, so the device keeps its whole gradient buffer): the master
     weights and moments leave the device; the host pool holds them (4 bytes a
-    parameter each) and a bf16 copy of the gradients."""
+    parameter each) and a bf16 copy of the gradients. (With one micro-step the
+    gradients shrink too: test_optimizer_offload_emu.py.)"""
     gpu = gpu_trainer()
     if gpu is None:
         pytest.skip("no GPU trainer build (nor its emulated build) to plan with")
-    args = [gpu, *MODEL, "-b", "2", "-t", "32", "--plan-json"]
+    args = [gpu, *MODEL, "-b", "2", "-t", "32", "-d", "128", "--plan-json"]
     plain = json.loads(run(args, check=True).stdout)
     off = json.loads(run([*args, "--offload-optimizer"], check=True).stdout)
     P = param_count()

@@ -12,7 +12,13 @@ deferred; mutants that
 read the pinned gradients before their copy's event, run a layer's forward
 before its parameters' copy up, update a layer twice in a step, or write a
 checkpoint without the deferred update are caught; the pinned pool must fit
-EMU_HOST_PINNED_LIMIT. Passing here is the emulator's verdict, not a GPU's."""
+EMU_HOST_PINNED_LIMIT. With one micro-step (one process) the device keeps
+the block gradients of two layers in flight only (plan.h, plan_grad_slots):
+the same files and log lines as without the flag (GPT-2 and Llama shapes,
+BF16 and FP16 with skipped steps), the plan's device total smaller by the
+gradients it no longer holds, and mutants that reuse a slot before its copy
+down, skip a layer's norm or wait for the wrong slot are caught. Passing here
+is the emulator's verdict, not a GPU's."""
 import json
 import re
 import shutil
@@ -21,8 +27,10 @@ import subprocess
 
 import pytest
 
+import test_hf_llama as hf
 from conftest import REPO
 from emu_support import OUT, build_trainers, emu_env, emu_run, explain, mutant_sources, slow, train_two_steps
+from test_llama_gpu_emu import imported_model
 from test_offload import files, losses
 
 MODEL = ["-e", "d6", "--layers", "3", "--channels", "32", "--heads", "4", "--vocab-size", "64", "--max-seq-len", "32"]
@@ -230,3 +238,152 @@ def test_emulated_pinned_pool_within_the_limit(train_exes, tiny_shards, tmp_path
     assert low.returncode != 0 and "pinned host memory for the offloaded optimizer" in low.stderr, explain(low)
     ok = train(exe, tiny_shards, tmp_path / "ok", "--offload-optimizer", EMU_HOST_PINNED_LIMIT=str(pool + (64 << 20)))
     assert ok.returncode == 0
+
+
+# ---- one micro-step: the block gradients of the layers in flight only ----
+
+def one_micro_step(exe, model, out, *flags, steps=2, lr="1e-3", batch=2, check=True, **env):
+    """`steps` steps of one micro-step each (-d: B x T tokens), the files in `out`."""
+    res = emu_run([exe, *model, "-j", "", "-b", batch, "-t", "32", "-x", steps, "-n", steps, "-s", "0", "-l", lr, "-d", 32 * batch,
+                   "-o", out, *flags], **env)
+    if check:
+        assert res.returncode == 0, explain(res)
+    return res
+
+
+def step_lines(stdout):
+    """Each step's line without its timing: loss, lr and norm (or the skip)."""
+    return [re.sub(r" \| [0-9.]+ ms.*", "", s) for s in stdout.splitlines() if s.startswith("step ")]
+
+
+def gpt2(tiny_shards, tmp_path):
+    return [*MODEL, "-i", tiny_shards / "tiny_train.bin"]
+
+
+def llama(tiny_shards, tmp_path):
+    """Llama's block (RMSNorm, RoPE, SwiGLU, grouped-query attention, untied head) with 4 layers: slots reused twice."""
+    flags = imported_model(tmp_path, hf.llama_config, {"num_hidden_layers": 4, "num_key_value_heads": hf.NH // 2})
+    return [flags[0], flags[1], flags[2], flags[3]]
+
+
+SLOT_CASES = {  # model, precision, steps, learning rate, more flags
+    "gpt2-bf16": (gpt2, "bf16", 2, "1e-3", []),
+    "llama-bf16": (llama, "bf16", 3, "3e-3", []),
+    "gpt2-fp16-skipped": (gpt2, "fp16", 4, "1", []),
+    "gpt2-bf16-tiles-r1o": (gpt2, "bf16", 2, "1e-3", ["-r", "1", "--offload-checkpoints", "--tile-tokens", "16"]),
+}
+
+
+@pytest.mark.parametrize("case", list(SLOT_CASES))
+def test_emulated_gradient_slots_change_no_bit(train_exes, tiny_shards, tmp_path, case):
+    """The gradients of the layers in flight only: model and state files and
+    every step's loss and norm as without the flag (FP16 at a learning rate
+    of 1: two steps skipped on overflow, found by the layers' norms taken
+    from their slots)."""
+    make, precision, steps, lr, flags = SLOT_CASES[case]
+    model, exe = make(tiny_shards, tmp_path), train_exes[precision]
+    ref = one_micro_step(exe, model, tmp_path / "device", *flags, steps=steps, lr=lr)
+    got = one_micro_step(exe, model, tmp_path / "host", *flags, "--offload-optimizer", steps=steps, lr=lr)
+    assert "and 2 layers in flight (grads_in_flight" in got.stdout, got.stdout[-3000:]
+    if precision == "fp16":
+        assert ref.stdout.count("skipped: inf/NaN gradients") == 2, ref.stdout[-3000:]
+    assert len(step_lines(ref.stdout)) == steps and step_lines(got.stdout) == step_lines(ref.stdout)
+    assert files(tmp_path / "host") == files(tmp_path / "device")
+
+
+@slow
+def test_emulated_gradient_slots_with_chunked_logits(train_exes, tmp_path):
+    """2112 rows: the logits take two chunks, so the untied head's gradient
+    has an fp32 sum (outside the blocks, moved down past them), and the
+    weight gradients' matmuls run at a size where cuBLASLt's algorithm (and
+    the bits) depends on the output's alignment, which each tensor keeps in
+    its slot."""
+    model = llama(None, tmp_path)
+    exe = train_exes["bf16"]
+    ref = one_micro_step(exe, model, tmp_path / "device", batch=66)
+    got = one_micro_step(exe, model, tmp_path / "host", "--offload-optimizer", batch=66)
+    assert "layers in flight" in got.stdout and step_lines(got.stdout) == step_lines(ref.stdout)
+    assert files(tmp_path / "host") == files(tmp_path / "device")
+
+
+def a256(n):
+    return -(-n // 256) * 256
+
+
+def test_emulated_gradient_slots_shrink_the_device_plan(train_exes):
+    """MODEL's plan (bf16, fp32 master weights, one micro-step of 2 x 32
+    tokens, tied head) against a count by hand: the flag moves the master
+    weights and moments to the host, and the gradients become those outside
+    the blocks (wte 128 x C, wpe 32 x C, the final norm's 2C) and two slots; a
+    slot gives each of a layer's 12 tensors (C-multiples 1, 1, 3C, 3, C, 1, 1,
+    1, 4C, 4, 4C, 1) its bf16 bytes rounded up to 256 and 256 more. Every
+    buffer takes its bytes and the emulated build's guard zone, rounded up to
+    256. With two micro-steps the gradients stay whole."""
+    C, L = 32, 3
+    per_layer = [1, 1, 3 * C, 3, C, 1, 1, 1, 4 * C, 4, 4 * C, 1]
+    outside, layer = 128 * C + 32 * C + 2 * C, sum(per_layer) * C
+    P = outside + L * layer
+    slot = sum(a256(2 * n * C) + 256 for n in per_layer)
+    guard = int(re.search(r"-DPLAN_GUARD_BYTES=(\d+)", (REPO / "dev/emu/Makefile").read_text()).group(1))
+
+    def plan(*flags):
+        res = emu_run([train_exes["bf16"], *MODEL, "-b", "2", "-t", "32", "--plan-json", *flags])
+        assert res.returncode == 0, explain(res)
+        return json.loads(res.stdout)
+
+    def held(b):
+        return a256(b + guard)
+
+    plain, off = plan("-d", "64"), plan("-d", "64", "--offload-optimizer")
+    got = {b["name"]: b["bytes"] for b in off["buffers"] if b["name"].startswith("grads")}
+    assert got == {"grads_outside_blocks": 2 * outside, "grads_in_flight": 2 * slot}
+    assert {b["name"]: b["bytes"] for b in plain["buffers"]}["grads"] == 2 * P
+    lost = 3 * held(4 * P) + held(2 * P) - held(2 * outside) - held(2 * slot)
+    assert plain["total_bytes"] - off["total_bytes"] == lost
+    two_plain, two = plan("-d", "128"), plan("-d", "128", "--offload-optimizer")
+    assert {b["name"]: b["bytes"] for b in two["buffers"]}.get("grads") == 2 * P
+    assert two_plain["total_bytes"] - two["total_bytes"] == 3 * held(4 * P)
+
+
+WAIT_SLOT = "    CUDA_CHECK(cudaStreamWaitEvent(main, o->slot_down[slot], 0));\n"
+NORM = "        gpu_norm_group(m->norm_partials, l, base, &s, m->stream);\n"
+WRITE = "    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) b.tensor[t] = gpu_grad_slot(m, l) + gpu_slot_at(m, l, t);\n"
+
+
+def test_emulated_gradient_slot_mutants_apply():
+    assert (REPO / "llmc/cuda/optimizer_offload.cuh").read_text().count(WAIT_SLOT) == 1
+    text = (REPO / "train_gpt.cu").read_text()
+    assert text.count(NORM) == 1 and text.count(WRITE) == 1
+
+
+def test_emulated_slot_reused_before_its_copy_is_caught(train_exes, tiny_shards, tmp_path):
+    """The main stream's wait for a slot's copy down deleted (EMU_DELETE_SYNC,
+    no rebuild): layer l-2 zeroes and writes the slot that layer l's copy
+    reads, which the emulator's stream-hazard check stops."""
+    line = (REPO / "llmc/cuda/optimizer_offload.cuh").read_text().split(WAIT_SLOT)[0].count("\n") + 1
+    res = one_micro_step(train_exes["bf16"], gpt2(tiny_shards, tmp_path), tmp_path / "mut", "--offload-optimizer", check=False,
+                         EMU_DELETE_SYNC=f"llmc/cuda/optimizer_offload.cuh:{line}")
+    assert res.returncode != 0 and "emu: stream hazard:" in res.stderr and "'grads_in_flight'" in res.stderr, explain(res)
+
+
+# A slot index shifted everywhere at once only renames the slots, and a layer waiting for the other slot's copy
+# waits for a later copy on the same in-order stream (more than it needs): neither is wrong, so the shifted index
+# here is the backward's alone, which then writes the slot whose copy down (or zeroing) belongs to another layer.
+@slow
+@pytest.mark.parametrize("what,old,new", [
+    ("layer 1's squared norm not taken from its slot", NORM, NORM.replace("        gpu_norm", "        if (l != 1) gpu_norm")),
+    ("the backward writes layer l into slot (l + 1) mod R", WRITE, WRITE.replace("gpu_grad_slot(m, l)", "gpu_grad_slot(m, l + 1)")),
+], ids=["norm-skipped", "slot-shifted"])
+def test_emulated_gradient_slot_source_mutants_are_caught(train_exes, tiny_shards, tmp_path, what, old, new):
+    (tmp_path / "src").mkdir()
+    mutant_sources(tmp_path / "src", {"train_gpt.cu": (old, new)})
+    exe = build_trainers(tmp_path / "src", tmp_path / "src" / "build" / "emu", ["bf16"])["bf16"]
+    model = gpt2(tiny_shards, tmp_path)
+    ref = one_micro_step(train_exes["bf16"], model, tmp_path / "ref", "--offload-optimizer")
+    res = one_micro_step(exe, model, tmp_path / "mut", "--offload-optimizer", check=False)
+    # a skipped norm leaves its group's sum unwritten (the emulator's initcheck; on a GPU the last step's value), a
+    # shifted slot races with a copy down (its stream-hazard check) or sends another layer's gradients down
+    if res.returncode != 0:
+        assert "emu: stream hazard:" in res.stderr or "emu: initcheck:" in res.stderr, explain(res)
+    else:
+        assert step_lines(res.stdout) != step_lines(ref.stdout) or files(tmp_path / "mut") != files(tmp_path / "ref"), what

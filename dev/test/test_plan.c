@@ -276,24 +276,42 @@ static void check_auto_offload_against_exhaustive(void) {
     printf("auto with offloading against exhaustive search: %d (L, cost model, budget, host budget) cases\n", checked);
 }
 
+/* The bytes of device buffer `name` in p (0: none). */
+static size_t entry_bytes(const MemoryPlan* p, const char* name) {
+    for (int i = 0; i < p->num_entries; i++)
+        if (strcmp(p->entries[i].name, name) == 0) return p->entries[i].bytes;
+    return 0;
+}
+
 /* --offload-optimizer's plan against a count by hand: the device keeps the
  * parameters and gradients (and the fp32 sums of micro-steps), no master
  * weights and no moments; the host pool holds this rank's shard of the
  * master weights (fp32; without them the parameters in storage precision),
  * of the gradients in storage precision, and the two fp32 moments, each
- * entry aligned to 256 bytes; the rest of the device plan is unchanged. */
+ * entry aligned to 256 bytes; the rest of the device plan is unchanged but
+ * for the gradients: with one process and one micro-step the device holds
+ * those outside the blocks (wte 128 x C, wpe 256 x C, lnf 2C) and two slots
+ * of a layer's block gradients in flight, else all of them. A slot gives each
+ * of the layer's 12 tensors its bytes rounded up to 256, and 256 more (where
+ * its layer's slice starts at the alignment it has in the whole buffer). */
 static void check_offloaded_optimizer_sizes(void) {
     ModelConfig cfg = test_config(3, 4, 64, 50, 256);
-    size_t C = 64, L = 3, P = 128 * C + 256 * C + L * (12 * C * C + 13 * C) + 2 * C;
+    size_t C = 64, L = 3, layer = 12 * C * C + 13 * C, outside = 128 * C + 256 * C + 2 * C, P = outside + L * layer;
     static const int worlds[3] = {1, 2, 3}, masters[2] = {0, 1}, elems[2] = {2, 4};
     int checked = 0;
     for (int w = 0; w < 3; w++)
         for (int m = 0; m < 2; m++)
-            for (int e = 0; e < 2; e++) {
+            for (int e = 0; e < 4; e++) {
                 PlanSpec s = small_gpu_spec((int)L, cost_model_defaults[COST_MODEL_H100]);
                 s.cfg = cfg;
-                s.world_size = worlds[w]; s.zero_stage = 1; s.master_weights = masters[m]; s.elem_bytes = elems[e];
-                size_t E = (size_t)elems[e], shard = (P + (size_t)worlds[w] - 1) / (size_t)worlds[w];
+                s.world_size = worlds[w]; s.zero_stage = 1; s.master_weights = masters[m]; s.elem_bytes = elems[e % 2];
+                s.micro_steps = e < 2 ? 1 : 2;
+                size_t E = (size_t)elems[e % 2], shard = (P + (size_t)worlds[w] - 1) / (size_t)worlds[w];
+                int slots = worlds[w] == 1 && s.micro_steps == 1;
+                static const size_t per_layer[12] = {1, 1, 3 * 64, 3, 64, 1, 1, 1, 4 * 64, 4, 4 * 64, 1}; /* times C */
+                size_t slot = 0;
+                for (int t = 0; t < 12; t++) slot += align256(per_layer[t] * C * E) + 256;
+                size_t grads = slots ? align256(outside * E) + align256(2 * slot) : align256(P * E);
                 MemoryPlan on, off;
                 plan_build(&off, &s);
                 s.offload_optimizer = 1;
@@ -302,7 +320,13 @@ static void check_offloaded_optimizer_sizes(void) {
                 expect_eq("offloaded optimizer: device parameters", on.section_bytes[SEC_PARAMETERS], align256(P * E));
                 expect_eq("offloaded optimizer: device master weights", on.section_bytes[SEC_MASTER_WEIGHTS], 0);
                 expect_eq("offloaded optimizer: device moments", on.section_bytes[SEC_OPTIMIZER], 0);
-                expect_eq("offloaded optimizer: device gradients", on.section_bytes[SEC_GRADIENTS], off.section_bytes[SEC_GRADIENTS]);
+                expect_eq("offloaded optimizer: device gradients, plain", off.section_bytes[SEC_GRADIENTS], align256(P * E));
+                expect_eq("offloaded optimizer: device gradients", on.section_bytes[SEC_GRADIENTS], grads);
+                expect_eq("offloaded optimizer: layers in flight", (size_t)on.grad_slots, slots ? 2 : 0);
+                expect_eq("offloaded optimizer: gradients outside the blocks", entry_bytes(&on, "grads_outside_blocks"),
+                          slots ? outside * E : 0);
+                expect_eq("offloaded optimizer: gradients in flight", entry_bytes(&on, "grads_in_flight"), slots ? 2 * slot : 0);
+                expect_eq("offloaded optimizer: whole gradients", entry_bytes(&on, "grads"), slots ? 0 : P * E);
                 expect_eq("offloaded optimizer: host master weights", on.host_section_bytes[SEC_MASTER_WEIGHTS],
                           align256(shard * (masters[m] ? 4 : E)));
                 expect_eq("offloaded optimizer: host gradient copy", on.host_section_bytes[SEC_GRADIENTS], align256(shard * E));
@@ -311,12 +335,12 @@ static void check_offloaded_optimizer_sizes(void) {
                           align256(shard * (masters[m] ? 4 : E)) + align256(shard * E) + 2 * align256(shard * 4));
                 expect_eq("offloaded optimizer: host bytes by formula", plan_host_optimizer_bytes(&on.spec), on.host_total_bytes);
                 size_t moved = (masters[m] ? align256(shard * 4) : 0) + 2 * align256(shard * 4);
-                expect_eq("offloaded optimizer: device total", on.total_bytes, off.total_bytes - moved);
+                expect_eq("offloaded optimizer: device total", on.total_bytes, off.total_bytes - moved - (align256(P * E) - grads));
                 plan_free(&on);
                 plan_free(&off);
                 checked++;
             }
-    printf("offloaded optimizer sizes against a count by hand: %d (ranks, master weights, precision) cases\n", checked);
+    printf("offloaded optimizer sizes against a count by hand: %d (ranks, master weights, precision, micro-steps) cases\n", checked);
 }
 
 /* The fp32 gradient sums' range (plan_grads_fp32_range, grad_accum.cuh)

@@ -10,9 +10,15 @@
  * backward finishes them (after gpu_fold_grads: final), while the layers
  * below run; with several processes this rank's shard of the layer goes
  * down once the layer's reduction (issued per layer on the collectives'
- * stream, multigpu.cuh) has summed it, behind the same wait. One update
- * (after the driver's norm, clipping and FP16 overflow decision; a skipped
- * step never comes here, so it leaves no update pending):
+ * stream, multigpu.cuh) has summed it, behind the same wait. With one
+ * process and one micro-step the device holds the block tensors' gradients
+ * of R layers only (plan.h, plan_grad_slots: layer l in slot l mod R): each
+ * copy down records its slot's event, and the main stream waits for it
+ * before the layer R below writes the slot (a stream wait, no host sync);
+ * the slot's squared norm (global_norm.cuh, its layer's group) is taken
+ * before, on the main stream. One update (after the driver's norm, clipping
+ * and FP16 overflow decision; a skipped step never comes here, so it leaves
+ * no update pending):
  *   1. the rest of the shard's gradients (the tensors outside the blocks; all
  *      of them with several processes, after the reductions) go down on the
  *      copy stream after the main stream's work, and the host waits for the
@@ -43,8 +49,8 @@
  * optimizer fail; a forward launched before its group's copy up reads the
  * parameters the copy stream writes: the emulator's stream-hazard check.
  *
- * Not built yet (issue 43): the per-layer squared norms and finite checks on
- * the host, the device keeping only the gradients of layers in flight.
+ * Not built yet (issue 43): the layer slots with several processes or
+ * micro-steps (the whole gradient buffer stays on the device there).
  * Unverified on GPU.
  */
 #ifndef REMAT_OPTIMIZER_OFFLOAD_CUH
@@ -72,8 +78,10 @@ typedef struct {
     int next_group;      /* the first group not yet updated */
     AdamWStep deferred;  /* its step: lr, bias corrections, grad_scale, t */
     uint64_t seed;
+    int slots;           /* the plan's grad_slots: layers whose gradients the device holds (0: all) */
     cudaStream_t copy;
     cudaEvent_t main_done, grads_down, params_up;
+    cudaEvent_t slot_down[GRAD_SLOTS]; /* with slots: the last copy down out of each slot */
 } OptimizerOffload;
 
 /* pool: offload.cuh's pinned pool of plan->host_total_bytes, or NULL. */
@@ -104,6 +112,8 @@ static inline void optimizer_offload_create(OptimizerOffload* o, const MemoryPla
     CUDA_CHECK(cudaEventCreateWithFlags(&o->main_done, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&o->grads_down, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreateWithFlags(&o->params_up, cudaEventDisableTiming));
+    o->slots = plan->grad_slots;
+    for (int r = 0; r < o->slots; r++) CUDA_CHECK(cudaEventCreateWithFlags(&o->slot_down[r], cudaEventDisableTiming));
 }
 
 static inline void optimizer_offload_destroy(OptimizerOffload* o) {
@@ -112,6 +122,7 @@ static inline void optimizer_offload_destroy(OptimizerOffload* o) {
     CUDA_CHECK(cudaEventDestroy(o->main_done));
     CUDA_CHECK(cudaEventDestroy(o->grads_down));
     CUDA_CHECK(cudaEventDestroy(o->params_up));
+    for (int r = 0; r < o->slots; r++) CUDA_CHECK(cudaEventDestroy(o->slot_down[r]));
     CUDA_CHECK(cudaStreamDestroy(o->copy));
     if (o->own_pool) CUDA_CHECK(cudaFreeHost(o->own_pool));
     memset(o, 0, sizeof(*o));
@@ -128,12 +139,12 @@ static inline void optimizer_offload_load(OptimizerOffload* o, size_t lo, size_t
     }
 }
 
-/* Parameters [a, b) of the model's gradients, clipped to the shard [lo, hi),
- * down on the copy stream. */
-static inline void optimizer_offload_copy_down(OptimizerOffload* o, const floatX* grads, size_t a, size_t b, size_t lo, size_t hi) {
-    a = a > lo ? a : lo;
-    b = b < hi ? b : hi;
-    if (a < b) CUDA_CHECK(cudaMemcpyAsync(o->grads + (a - lo), grads + a, (b - a) * sizeof(floatX), cudaMemcpyDeviceToHost, o->copy));
+/* The gradients of parameters [a, b) (on the device at src, parameter a's
+ * first), clipped to the shard [lo, hi), down on the copy stream. */
+static inline void optimizer_offload_copy_down(OptimizerOffload* o, const floatX* src, size_t a, size_t b, size_t lo, size_t hi) {
+    size_t from = a > lo ? a : lo, to = b < hi ? b : hi;
+    if (from < to)
+        CUDA_CHECK(cudaMemcpyAsync(o->grads + (from - lo), src + (from - a), (to - from) * sizeof(floatX), cudaMemcpyDeviceToHost, o->copy));
 }
 
 /* The step's last backward begins: no layer's gradients are down yet. */
@@ -142,33 +153,43 @@ static inline void optimizer_offload_backward_begins(OptimizerOffload* o) { o->l
 /* The last backward has finished layer l (of L) of layout pl, its gradients
  * final once the work issued so far on `final_on` is done (the main stream,
  * or the collectives' after the layer's reduction): the shard [lo, hi) of
- * each block tensor's slice down on the copy stream after that work, while
- * the layers below run their backward. */
-static inline void optimizer_offload_layer_down(OptimizerOffload* o, const ParamLayout* pl, int L, int l, const floatX* grads, size_t lo,
-                                                size_t hi, cudaStream_t final_on) {
+ * each block tensor's slice (src[t]: block tensor t's slice on the device)
+ * down on the copy stream after that work, while the layers below run their
+ * backward; with slots, then the event that frees its slot. */
+static inline void optimizer_offload_layer_down(OptimizerOffload* o, const ParamLayout* pl, int L, int l, const floatX* const* src, int slot,
+                                                size_t lo, size_t hi, cudaStream_t final_on) {
     if (!o->on) return;
     CUDA_CHECK(cudaEventRecord(o->main_done, final_on));
     CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));
     for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) {
         size_t per_layer = pl->count[t] / (size_t)L, a = pl->offset[t] + (size_t)l * per_layer;
-        optimizer_offload_copy_down(o, grads, a, a + per_layer, lo, hi);
+        optimizer_offload_copy_down(o, src[t - FIRST_BLOCK_TENSOR], a, a + per_layer, lo, hi);
     }
+    if (o->slots) CUDA_CHECK(cudaEventRecord(o->slot_down[slot], o->copy));
     o->layers_down++;
     o->unawaited = 1;
 }
 
+/* With slots: before a layer writes slot `slot`, the main stream waits for
+ * the copy down of the layer that wrote it before (an event never recorded,
+ * the step's first use, waits for nothing). */
+static inline void optimizer_offload_slot_free(OptimizerOffload* o, int slot, cudaStream_t main) {
+    CUDA_CHECK(cudaStreamWaitEvent(main, o->slot_down[slot], 0));
+}
+
 /* Step 1 of the update (see the top): the shard [lo, hi) of the device's
- * gradients down, after the main stream's work (only the tensors outside the
- * blocks when every layer's went down during the backward); returns once
- * they are. */
-static inline void optimizer_offload_grads_down(OptimizerOffload* o, const ParamLayout* pl, int L, const floatX* grads, size_t lo, size_t hi,
-                                                cudaStream_t main) {
+ * gradients (tensor t's at grads[t]) down, after the main stream's work
+ * (only the tensors outside the blocks when every layer's went down during
+ * the backward, as they must have with slots); returns once they are. */
+static inline void optimizer_offload_grads_down(OptimizerOffload* o, const ParamLayout* pl, int L, const floatX* const* grads, size_t lo,
+                                                size_t hi, cudaStream_t main) {
     CUDA_CHECK(cudaEventRecord(o->main_done, main));
     CUDA_CHECK(cudaStreamWaitEvent(o->copy, o->main_done, 0));
     int layers_went = o->layers_down == L;
+    if (o->slots && !layers_went) fail("internal: %d of %d layers' gradients went down from their slots", o->layers_down, L);
     for (int t = 0; t < NUM_PARAM_TENSORS; t++) {
         int block = t >= FIRST_BLOCK_TENSOR && t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS;
-        if (!(block && layers_went)) optimizer_offload_copy_down(o, grads, pl->offset[t], pl->offset[t] + pl->count[t], lo, hi);
+        if (!(block && layers_went)) optimizer_offload_copy_down(o, grads[t], pl->offset[t], pl->offset[t] + pl->count[t], lo, hi);
     }
     o->layers_down = 0;
     CUDA_CHECK(cudaEventRecord(o->grads_down, o->copy));

@@ -219,6 +219,8 @@ typedef struct {
     size_t off_params, off_master, off_grads, off_adam_m, off_adam_v; /* with offload_optimizer: off_master, off_adam_m,
                                                                         * off_adam_v and off_host_grads are host pool offsets */
     size_t off_host_grads;              /* offload_optimizer: this rank's shard of the gradients, copied down (elem_bytes each) */
+    int grad_slots;                     /* layers whose block gradients the device holds (plan_grad_slots); 0: all */
+    size_t off_grad_slots, grad_slot_count; /* with grad_slots: the slots, and the elements of one (plan_grad_slot_layout) */
     size_t off_grads_fp32, grads_fp32_first, grads_fp32_count; /* fp32 gradient sums of parameters [first, first + count);
                                                                   * count 0: none */
     size_t num_params, shard_params;    /* all parameters; this rank's optimizer shard */
@@ -427,6 +429,13 @@ static inline size_t plan_grads_fp32_range(const PlanSpec* s, const ParamLayout*
     return pl->count[head];
 }
 
+/* Elements of one layer's block-tensor gradients (its 12 tensors' slices). */
+static inline size_t plan_layer_grad_count(const ParamLayout* pl, int num_layers) {
+    size_t n = 0;
+    for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) n += pl->count[t] / (size_t)num_layers;
+    return n;
+}
+
 /* fp32 sums of one layer's parameter gradients across its token tiles (a
  * GPU with tiles: cuBLASLt and the column sums add into them, tile after
  * tile, and the layer's floatX gradients are rounded from them once): the
@@ -436,9 +445,7 @@ static inline size_t plan_tile_grads_count(const PlanSpec* s) {
     if (s->backend != BACKEND_GPU || !plan_tile_tokens(s)) return 0;
     ParamLayout pl;
     param_layout(&s->cfg, &pl);
-    size_t n = 0;
-    for (int t = FIRST_BLOCK_TENSOR; t < FIRST_BLOCK_TENSOR + NUM_BLOCK_TENSORS; t++) n += pl.count[t] / (size_t)s->cfg.num_layers;
-    return n;
+    return plan_layer_grad_count(&pl, s->cfg.num_layers);
 }
 
 /* Whether ZeRO-1 shards the optimizer state: asked for, and more than one
@@ -482,6 +489,64 @@ static inline size_t plan_host_optimizer_bytes(const PlanSpec* s) {
     return size_add_sat(b, size_mul_sat(2, plan_aligned(size_mul_sat(shard, 4))));
 }
 
+/* Layers whose block-tensor gradients the device holds at once (0: all of
+ * them, the whole buffer). --offload-optimizer on a GPU with one process and
+ * one micro-step: each layer's gradients are final when its backward ends
+ * and go down to the host pool at once (optimizer_offload.cuh), so the
+ * device keeps GRAD_SLOTS layers in flight, layer l in slot l mod R: layer l
+ * writes its slot while layer l+1's copy down runs, and layer l-1 writes the
+ * other one only once layer l+1's copy has finished (an event wait). Several
+ * micro-steps add into every gradient once each, and several processes
+ * reduce them after their layer's backward, so those keep the whole buffer;
+ * so does the CPU trainer, whose one memory is the host's. */
+#define GRAD_SLOTS 2
+static inline int plan_grad_slots(const PlanSpec* s) {
+    if (!s->offload_optimizer || s->backend != BACKEND_GPU || s->world_size != 1 || s->micro_steps > 1) return 0;
+    return s->cfg.num_layers < GRAD_SLOTS ? s->cfg.num_layers : GRAD_SLOTS;
+}
+
+/* A layer slot: block tensor t (from 0) has a region from region[t], its
+ * layer's slice (per_layer elements) rounded up to PLAN_ALIGN bytes plus
+ * PLAN_ALIGN more; returns the slot's elements. Layer l's slice sits in the
+ * region at the offset (plan_grad_slot_at) that gives it the alignment it has
+ * in the whole buffer (both start PLAN_ALIGN-aligned): cuBLASLt's algorithm,
+ * hence the weight gradient's bits, depends on the output's alignment
+ * (matmul.cuh), and the bits must not depend on the flag. */
+static inline size_t plan_grad_slot_layout(const ParamLayout* pl, int num_layers, size_t E, size_t region[NUM_BLOCK_TENSORS]) {
+    size_t n = 0;
+    for (int t = 0; t < NUM_BLOCK_TENSORS; t++) {
+        size_t per_layer = pl->count[FIRST_BLOCK_TENSOR + t] / (size_t)num_layers;
+        region[t] = n;
+        if (per_layer) n += (plan_aligned(per_layer * E) + PLAN_ALIGN) / E;
+    }
+    return n;
+}
+
+/* Element offset in its slot of layer l's slice of block tensor t (from 0). */
+static inline size_t plan_grad_slot_at(const ParamLayout* pl, int num_layers, size_t E, const size_t region[NUM_BLOCK_TENSORS], int l,
+                                       int t) {
+    size_t per_layer = pl->count[FIRST_BLOCK_TENSOR + t] / (size_t)num_layers;
+    return region[t] + (pl->offset[FIRST_BLOCK_TENSOR + t] + (size_t)l * per_layer) % (PLAN_ALIGN / E);
+}
+
+/* The device's gradients: all of them ("grads", in parameter order), or
+ * with plan_grad_slots the tensors outside the blocks ("grads_outside_blocks":
+ * wte, wpe, lnfw, lnfb, lm_head in that order) and R layer slots
+ * ("grads_in_flight", slot after slot, plan_grad_slot_layout). */
+static inline void plan_add_device_grads(MemoryPlan* p, const ParamLayout* pl) {
+    const PlanSpec* s = &p->spec;
+    size_t E = (size_t)s->elem_bytes, L = (size_t)s->cfg.num_layers;
+    p->grad_slots = plan_grad_slots(s);
+    if (!p->grad_slots) {
+        p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl->total * E);
+        return;
+    }
+    size_t region[NUM_BLOCK_TENSORS];
+    p->grad_slot_count = plan_grad_slot_layout(pl, s->cfg.num_layers, E, region);
+    p->off_grads = plan_add(p, "grads_outside_blocks", SEC_GRADIENTS, -1, (pl->total - L * plan_layer_grad_count(pl, (int)L)) * E);
+    p->off_grad_slots = plan_add(p, "grads_in_flight", SEC_GRADIENTS, -1, (size_t)p->grad_slots * p->grad_slot_count * E);
+}
+
 static inline void plan_add_model_state(MemoryPlan* p) {
     const PlanSpec* s = &p->spec;
     ParamLayout pl;
@@ -490,7 +555,7 @@ static inline void plan_add_model_state(MemoryPlan* p) {
     p->shard_params = plan_shard_params(s, pl.total);
     p->off_params = plan_add(p, "params", SEC_PARAMETERS, -1, pl.total * (size_t)s->elem_bytes);
     if (s->master_weights && !s->offload_optimizer) p->off_master = plan_add(p, "master_weights", SEC_MASTER_WEIGHTS, -1, p->shard_params * 4);
-    p->off_grads = plan_add(p, "grads", SEC_GRADIENTS, -1, pl.total * (size_t)s->elem_bytes);
+    plan_add_device_grads(p, &pl);
     p->grads_fp32_count = plan_grads_fp32_range(s, &pl, &p->grads_fp32_first);
     if (p->grads_fp32_count) p->off_grads_fp32 = plan_add(p, "grads_fp32", SEC_GRADIENTS, -1, p->grads_fp32_count * 4);
     if (s->offload_optimizer) { plan_add_host_optimizer(p); return; }
@@ -628,7 +693,8 @@ static inline void plan_add_other_buffers(MemoryPlan* p) {
     if (s->backend == BACKEND_GPU) { /* device scratch of the CUDA kernels, fp32 and int32 */
         p->off_att_rowsum = plan_add(p, "attention_rowsum", SEC_SCRATCH, -1, plan_tokens_bytes(s, (size_t)s->cfg.num_heads * 4));
         p->off_column_partials = plan_add(p, "column_partials", SEC_SCRATCH, -1, (size_t)GPU_COLUMN_SPLITS * 4 * C * 4);
-        p->off_norm_partials = plan_add(p, "grad_norm_partials", SEC_SCRATCH, -1, ((size_t)GPU_NORM_BLOCKS + 1) * 4);
+        size_t norm_floats = (size_t)GPU_NORM_BLOCKS + 1 + ((size_t)s->cfg.num_layers + 1); /* block partials, total, groups */
+        p->off_norm_partials = plan_add(p, "grad_norm_partials", SEC_SCRATCH, -1, norm_floats * 4);
         p->off_token_buckets = plan_add(p, "token_buckets", SEC_SCRATCH, -1, size_add_sat(plan_tokens_bytes(s, 12), 4));
     }
     p->off_top1 = plan_add(p, "top1", SEC_SCRATCH, -1, plan_tokens_bytes(s, 4)); /* evaluation's top-1 tokens */
@@ -790,6 +856,14 @@ static inline void plan_print_summary(const MemoryPlan* p, FILE* out) {
         fprintf(out, "  optimizer offloaded (--offload-optimizer): master weights, gradient copy and moments of %zu parameters in the "
                 "%s, %.1f MiB; AdamW runs on the host\n", p->shard_params, p->spec.backend == BACKEND_GPU ? "pinned host pool" : "host pool",
                 mib(plan_host_optimizer_bytes(&p->spec)));
+    if (p->grad_slots)
+        fprintf(out, "  gradients on the device: the tensors outside the blocks and %d layers in flight (grads_in_flight, %.1f MiB: "
+                "each layer's go down as its backward ends)\n", p->grad_slots,
+                mib((size_t)p->grad_slots * p->grad_slot_count * (size_t)p->spec.elem_bytes));
+    else if (p->spec.offload_optimizer && p->spec.backend == BACKEND_GPU)
+        fprintf(out, "  gradients on the device: all of them (%s; one process with one micro-step keeps %d layers in flight)\n",
+                p->spec.world_size > 1 ? "several processes reduce them after the backward" : "micro-steps add into each",
+                GRAD_SLOTS);
     for (int mode = 0; mode < NUM_RECOMPUTE_MODES; mode++) {
         char layers[256];
         int count = plan_layers_with_mode(p, mode, layers, sizeof(layers));
