@@ -247,7 +247,7 @@ struct AttSpan {
 };
 
 template <bool TILE>
-__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h) {
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h, int kvh) {
     AttSpan sp;
     if constexpr (TILE) {
         const AttentionTile& a = blk.a;
@@ -256,7 +256,7 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttH
         sp.stat = ((size_t)b * hd.NH + h) * a.Tl + a.qi;
         sp.q = qkv + sp.qrow * hd.q_ld + (size_t)h * hd.HD;
         sp.q_ld = hd.q_ld;
-        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)(h / hd.group) * hd.HD;
+        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)kvh * hd.HD;
         sp.v = sp.k + hd.kv_w; /* V heads kv_w after the K heads, here and in qkv */
         sp.kv_ld = blk.kv_ld;
         sp.nq = a.Tq;
@@ -270,10 +270,22 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttH
         sp.stat = ((size_t)b * hd.NH + h) * T;
         sp.q = qkv + sp.qrow * hd.q_ld + (size_t)h * hd.HD;
         sp.q_ld = sp.kv_ld = hd.q_ld;
-        sp.k = sp.q + att_kv_col(hd, h); /* as q + C for GPT-2: k and v stay one add from q */
+        sp.k = qkv + sp.qrow * hd.q_ld + hd.k_off + (size_t)kvh * hd.HD;
         sp.v = sp.k + hd.kv_w;
         sp.nq = sp.nk = sp.T = T;
         sp.diag = sp.tq0 = sp.tk0 = 0;
+    }
+    return sp;
+}
+
+/* The span of query head h, whose K/V head is h / group (the whole sequence's K/V one add from q, as q + C
+ * for GPT-2's heads: the simt and tc kernels' registers were counted with it). */
+template <bool TILE>
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h) {
+    AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h, h / hd.group);
+    if constexpr (!TILE) {
+        sp.k = sp.q + att_kv_col(hd, h);
+        sp.v = sp.k + hd.kv_w;
     }
     return sp;
 }
@@ -284,6 +296,45 @@ __device__ __forceinline__ int att_first_key(const AttTileArgs& blk, const AttSp
     if (!blk.a.doc_start) return 0;
     const int tc = min(max(t, 0), sp.nq - 1);
     return max(blk.a.doc_start[sp.qrow + tc] - sp.tk0, 0);
+}
+
+/* Packed grouped-query rows (FlashAttention's "packed GQA", in units of a
+ * warp's rows): a block serves one K/V head (b, kvh) (blockIdx.y = b NKV +
+ * kvh) and query rows of several of the G = NH/NKV query heads that share
+ * it, so every K/V tile it loads serves all of them. The query rows of the
+ * group are cut in units of R rows (a warp's: its M-tiles), unit u being
+ * positions (u / G) R .. (u / G) R + R - 1 of query head kvh G + u % G; block
+ * x (last-first when asked: the longest first) takes units x W .. x W + W - 1,
+ * one a warp. A warp's rows are thus those of a one-head block of today's
+ * (R consecutive positions of one head, starting at a multiple of R), and
+ * each of its rows sees the same key tiles in the same order: the results
+ * are bitwise those of one query head per block. The block spans only
+ * about W R / G positions, so its causal key range is that much shorter:
+ * the K/V bytes loaded per query row fall by up to G. With G = 1 this is
+ * one head per block, block x rows x W R .., as before. What one warp gets: */
+struct AttPack {
+    int b, h, kvh;    /* batch row, the warp's query head, the block's K/V head */
+    int r0;           /* the warp's first row (query index in the span) */
+    int first, last;  /* the block's first and last row (any warp's; last inclusive) */
+};
+
+__device__ __forceinline__ AttPack att_pack(const AttHeads& hd, int R, int W, int warp, bool last_first) {
+    const int x = last_first ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x, u0 = x * W, u = u0 + warp;
+    AttPack p;
+    p.b = blockIdx.y / hd.NKV;
+    p.kvh = blockIdx.y % hd.NKV;
+    p.h = p.kvh * hd.group + u % hd.group;
+    p.r0 = u / hd.group * R;
+    p.first = u0 / hd.group * R;
+    p.last = (u0 + W - 1) / hd.group * R + R - 1;
+    return p;
+}
+
+/* att_pack's grid for B batch rows of nq query rows: (ceil(G ceil(nq/R) / W), B NKV); with G = 1 (GPT-2)
+ * the one-head grid (ceil(nq / (W R)), B NH). */
+static inline dim3 att_pack_grid(int B, int nq, int NH, int NKV, int R, int W) {
+    if ((long long)B * NKV > 65535) fail("attention: B*NKV = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NKV);
+    return dim3((unsigned)ceil_div((size_t)(NH / NKV) * ceil_div((size_t)nq, R), W), (unsigned)(B * NKV));
 }
 
 /* One past the last query of [t_begin, sp.nq) that sees key s_last or one
@@ -728,7 +779,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, hd,
+            attention_mma_forward_kernel<HS, false><<<att_pack_grid(B, T, NH, hd.NKV, 16 * AttMma<HS>::FWD_MT, ATT_MMA_WARPS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, hd,
                                                                                                                          scale, drop, docs);
             CUDA_CHECK_LAUNCH();
             return;
@@ -828,14 +879,15 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     if constexpr (HS == 64 || HS == 128) {
         if (family == ATT_KIND_MMA) {
             typedef AttMmaResources<HS> R;
-            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
+            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>,
+                               att_pack_grid(B, T, NH, NKV, 16 * AttMma<HS>::FWD_MT, ATT_MMA_WARPS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
                                dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
             l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>,
                                attention_mma_dkv_grid<HS>(B, T, NKV), ATT_MMA_THREADS, R::DKV_SMEM, true, R::DKV_REGS};
             l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>,
-                               attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, R::DQ_SMEM, false, R::DQ_REGS};
+                               att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, R::DQ_SMEM, false, R::DQ_REGS};
             return n;
         }
     }

@@ -154,11 +154,12 @@ template <int HS> __device__ __forceinline__ floatX* att_mma_buffer(unsigned cha
 
 /* Stages rows [r0, r0+rows) of a (T, ld)-strided head slice (base: row 0,
  * this head's channel 0) into dst (stride LD): cp.async 16 bytes a copy,
- * zeros past T. Every thread of the block takes part; the caller commits. */
-template <int HS>
+ * zeros past T. Every thread of the block takes part (N = 32: every lane of
+ * the calling warp, which stages its own rows); the caller commits. */
+template <int HS, int N = ATT_MMA_THREADS>
 __device__ __forceinline__ void att_mma_stage(floatX* dst, const floatX* base, size_t ld, int r0, int rows, int T) {
     constexpr int CHUNKS = HS / 8;
-    for (int i = threadIdx.x; i < rows * CHUNKS; i += ATT_MMA_THREADS) {
+    for (int i = threadIdx.x % N; i < rows * CHUNKS; i += N) {
         const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
         floatX* d = dst + r * AttMma<HS>::LD + c;
         if (r0 + r < T) ptx_cp_async16<true>(d, base + (size_t)(r0 + r) * ld + c);
@@ -449,20 +450,27 @@ __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::FWD)) /* launched with ATT_MM
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, const AttHeads hd, float scale, const DropoutSite drop,
                              const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
-    constexpr int MT = AttMmaForward<HS, TILE>::MT, ROWS = AttMmaForward<HS, TILE>::ROWS;
+    constexpr int MT = AttMmaForward<HS, TILE>::MT;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
-    const int h = blockIdx.y % hd.NH;
-    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, blockIdx.y / hd.NH, h); /* K, V: the group's K/V head, read in place */
-    const int kend = min(q0 + ROWS + sp.diag, sp.nk);
+    /* packed grouped-query rows (att_pack): the warp's 16 MT rows r0.. of query head h; K, V: the block's K/V head */
+    const AttPack pk = att_pack(hd, 16 * MT, ATT_MMA_WARPS, warp, true);
+    const int h = pk.h, r0 = pk.r0;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, pk.b, h, pk.kvh);
+    /* the warp's b NH + h, read from shared memory where needed (dropout, the epilogue): held in a register
+     * across the key loop, it and the pointers derived from it made the hs64 forward spill; visible after the
+     * first barrier */
+    __shared__ int warp_bh[ATT_MMA_WARPS];
+    if ((threadIdx.x & 31) == 0) warp_bh[warp] = pk.b * hd.NH + h;
+    const int kend = min(pk.last + 1 + sp.diag, sp.nk);
     if constexpr (TILE)
         if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
-    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int j0 = att_first_key(blk, sp, pk.first) / Cfg::BC;
     const int ntiles = max((kend + Cfg::BC - 1) / Cfg::BC - j0, 0);
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
+    /* Q into the second buffer: each warp its own rows */
+    att_mma_stage<HS, 32>(att_mma_buffer<HS>(smem, 1) + 16 * MT * warp * Cfg::LD, sp.q, sp.q_ld, r0, 16 * MT, sp.nq);
     ptx_cp_async_commit();
     if (!TILE || ntiles > 0) { /* an attention tile's rows may see no key of it (documents): then only the epilogue runs */
         att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, sp.v, sp.kv_ld, j0 * Cfg::BC, sp.nk);
@@ -472,7 +480,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     __syncthreads();
     uint32_t q[MT][Cfg::KS][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) att_mma_load_a<HS>(q[mt], att_mma_buffer<HS>(smem, 1) + (r0 - q0 + 16 * mt) * Cfg::LD);
+    for (int mt = 0; mt < MT; mt++) att_mma_load_a<HS>(q[mt], att_mma_buffer<HS>(smem, 1) + 16 * (MT * warp + mt) * Cfg::LD);
     __syncthreads(); /* the second buffer is free for tile 1 */
 
     float o[MT][Cfg::OT][4];
@@ -541,8 +549,8 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                     for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
                 if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
                     float f[Cfg::NT][4];
-                    if constexpr (TILE) att_mma_drop_at<HS, false>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
-                    else att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
+                    if constexpr (TILE) att_mma_drop_at<HS, false>(f, drop, warp_bh[warp], sp.T, sp.tq0 + rm, sp.tk0 + k0);
+                    else att_mma_drop_rows<HS>(f, drop, warp_bh[warp], T, rm, k0);
 #pragma unroll
                     for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
@@ -566,9 +574,10 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                 const float sum = att_mma_quad_sum(l[mt][hf]);
                 inv[hf] = 1.0f / sum;
                 const int t = r0 + 16 * mt + g + 8 * hf;
-                if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+                if (tq == 0 && t < T) lse[(size_t)warp_bh[warp] * T + t] = m[mt][hf] * scale + logf(sum);
             }
-            att_mma_store_rows<HS>(out + sp.qrow * hd.out_ld + (size_t)h * HS, hd.out_ld, r0 + 16 * mt, T, o[mt], inv);
+            const int bh = warp_bh[warp], b = bh / hd.NH;
+            att_mma_store_rows<HS>(out + (size_t)b * T * hd.out_ld + (size_t)(bh - b * hd.NH) * HS, hd.out_ld, r0 + 16 * mt, T, o[mt], inv);
         }
     }
 }
@@ -813,10 +822,12 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
                                  const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    const AttMmaThread at = att_mma_thread(hd.NH, true);
-    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * hd.NH + at.h;
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, at.b, at.h); /* K, V: the group's K/V head, read in place */
-    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, at.h);
+    /* packed grouped-query rows (att_pack): the warp's 16 rows r0.. of query head h; K, V: the block's K/V head */
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+    const AttPack pk = att_pack(hd, 16, ATT_MMA_WARPS, warp, true);
+    const int r0 = pk.r0, bh = pk.b * hd.NH + pk.h;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, pk.b, pk.h, pk.kvh);
+    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, pk.h);
     /* an attention tile's K/V head's rows: read from shared memory at each tile's copies (held in registers
      * across the key loop they spilled: the K/V head is query head / group; the whole sequence's are q + a
      * column, as before); set by thread 0, visible after the first barrier */
@@ -824,16 +835,17 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     if (threadIdx.x == 0) kv_rows = rw.k;
     const floatX* const& krows = TILE ? kv_rows : rw.k;
     const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
-    const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
+    const int kend = min(pk.last + 1 + diag, nkr);
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
-    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int j0 = att_first_key(blk, sp, pk.first) / Cfg::BC;
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC - j0;
     if constexpr (TILE)
         if (ntiles <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), rw.q, rw.ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), rw.dout, hd.out_ld, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
+    /* Q into the second buffer, dO into the first: each warp its own rows */
+    att_mma_stage<HS, 32>(att_mma_buffer<HS>(smem, 1) + 16 * warp * Cfg::LD, rw.q, rw.ld, r0, 16, nqr);
+    att_mma_stage<HS, 32>(att_mma_buffer<HS>(smem, 0) + 16 * warp * Cfg::LD, rw.dout, hd.out_ld, r0, 16, nqr);
     ptx_cp_async_commit();
     float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
 #pragma unroll
@@ -845,8 +857,8 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     ptx_cp_async_wait<0>();
     __syncthreads();
     uint32_t q[Cfg::KS][4], dO[Cfg::KS][4];
-    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
-    att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
+    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * warp * Cfg::LD);
+    att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
     att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), krows, rw.kv_ld, krows + hd.kv_w, rw.kv_ld, j0 * Cfg::BC, nkr);
     ptx_cp_async_commit();
@@ -893,10 +905,10 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
     if constexpr (TILE) { /* query rows that see a key of the tile: t + diag >= 0 */
-        att_mma_add_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)at.h * HS, hd.out_ld, r0, -sp.diag, sp.nq, dq);
+        att_mma_add_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)pk.h * HS, hd.out_ld, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * rw.ld + (size_t)at.h * HS, rw.ld, r0, T, dq, one);
+        att_mma_store_rows<HS>(dqkv + (size_t)pk.b * T * rw.ld + (size_t)pk.h * HS, rw.ld, r0, T, dq, one);
     }
 }
 
@@ -920,7 +932,7 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     attention_mma_backward_dkv_kernel<HS, false><<<attention_mma_dkv_grid<HS>(B, T, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
         dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
-    const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * hd.NH));
+    const dim3 grid = att_pack_grid(B, T, hd.NH, hd.NKV, 16, ATT_MMA_WARPS);
     attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
 }
@@ -929,7 +941,7 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
 template <int HS>
 static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
                                                const AttHeads& hd, int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
-    const dim3 grid((unsigned)ceil_div((size_t)a->Tq, AttMmaForward<HS, true>::ROWS), (unsigned)(a->B * hd.NH));
+    const dim3 grid = att_pack_grid(a->B, a->Tq, hd.NH, hd.NKV, 16 * AttMmaForward<HS, true>::MT, ATT_MMA_WARPS);
     attention_mma_forward_kernel<HS, true><<<grid, ATT_MMA_THREADS, 0, stream>>>(nullptr, lse, qkv, a->Tl, hd, scale, drop,
                                                                                  AttTileArgs{*a, kv, kv_ld, out_acc, first});
     CUDA_CHECK_LAUNCH();
@@ -947,7 +959,7 @@ static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, co
     attention_mma_backward_dkv_kernel<HS, true><<<attention_mma_dkv_grid<HS>(a->B, a->Tk, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
         nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tq, ATT_MMA_ROWS), (unsigned)(a->B * hd.NH)), ATT_MMA_THREADS, 0, stream>>>(
+    attention_mma_backward_dq_kernel<HS, true><<<att_pack_grid(a->B, a->Tq, hd.NH, hd.NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, 0, stream>>>(
         nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
