@@ -379,6 +379,12 @@ template <int HS> struct AttConfig {
     static constexpr int THREADS = ATT_ROWS * G;
 };
 
+/* The simt forward's and dq kernel's grid for nq query rows: att_pack's, units of a warp's 32/G rows,
+ * THREADS/32 warps (ATT_ROWS rows) a block. */
+template <int HS> static inline dim3 att_simt_grid(int B, int nq, int NH, int NKV) {
+    return att_pack_grid(B, nq, NH, NKV, 32 / AttConfig<HS>::G, AttConfig<HS>::THREADS / 32);
+}
+
 /* Channel of element e (0..CH-1) of thread g's slice: chunk q = e/4 sits at float4 index q*G + g. */
 template <int G> __device__ __forceinline__ int att_channel(int e, int g) { return 4 * ((e >> 2) * G + g) + (e & 3); }
 
@@ -464,11 +470,12 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
     static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const int b = blockIdx.y / hd.NH, h = blockIdx.y % hd.NH, hs = hd.HD;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
-    const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
+    /* packed grouped-query rows (att_pack): a warp's 32/G rows of query head h, K/V the block's K/V head */
+    const AttPack pk = att_pack(hd, 32 / G, AttConfig<HS>::THREADS / 32, threadIdx.x / 32, true);
+    const int b = pk.b, h = pk.h, hs = hd.HD, bh = b * hd.NH + h;
+    const int g = threadIdx.x % G, t = pk.r0 + (threadIdx.x % 32) / G;
     /* where the rows are: an attention tile's or the whole sequence's (AttSpan) */
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h);
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h, pk.kvh);
     const size_t ld = hd.q_ld;
     const floatX* base = sp.q;
     const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
@@ -478,17 +485,17 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
     for (int e = 0; e < CH; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS + diag, nkr);
+    const int kend = min(pk.last + 1 + diag, nkr);
     /* documents: the key tiles before the block's first row's start are skipped */
-    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE;
+    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, pk.first) / ATT_TILE * ATT_TILE;
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, nkr, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
             unsigned keep = ~0u;
-            if constexpr (DROPOUT && TILE) keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
-            else if constexpr (DROPOUT) keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0);
+            if constexpr (DROPOUT && TILE) keep = att_drop_keep_row16_any(drop, bh, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
+            else if constexpr (DROPOUT) keep = att_drop_keep_row16(drop, bh, T, t, k0 + j0);
             float s[ATT_SUB];
             float mx = -INFINITY;
 #pragma unroll
@@ -553,11 +560,11 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const int b = blockIdx.y / hd.NH, h = blockIdx.y % hd.NH, hs = hd.HD;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
-    const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
-    /* where the rows are: as in the forward */
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h);
+    /* where the rows are: as in the forward (packed grouped-query rows) */
+    const AttPack pk = att_pack(hd, 32 / G, AttConfig<HS>::THREADS / 32, threadIdx.x / 32, true);
+    const int b = pk.b, h = pk.h, hs = hd.HD, bh = b * hd.NH + h;
+    const int g = threadIdx.x % G, t = pk.r0 + (threadIdx.x % 32) / G;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h, pk.kvh);
     const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     const bool valid = t < nqr;
     const int tc = min(t, nqr - 1);
@@ -584,18 +591,18 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
 #pragma unroll
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS + diag, nkr);
-    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE; /* as in the forward */
+    const int kend = min(pk.last + 1 + diag, nkr);
+    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, pk.first) / ATT_TILE * ATT_TILE; /* as in the forward */
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, nkr, hs);
         __syncthreads();
         unsigned keep = ~0u;
         if constexpr (DROPOUT && TILE)
-            keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0) |
-                   att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + 16) << 16;
+            keep = att_drop_keep_row16_any(drop, bh, sp.T, sp.tq0 + t, sp.tk0 + k0) |
+                   att_drop_keep_row16_any(drop, bh, sp.T, sp.tq0 + t, sp.tk0 + k0 + 16) << 16;
         else if constexpr (DROPOUT)
-            keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0) | att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + 16) << 16;
+            keep = att_drop_keep_row16(drop, bh, T, t, k0) | att_drop_keep_row16(drop, bh, T, t, k0 + 16) << 16;
         for (int j = 0; j < ATT_TILE; j++) {
             const int key = k0 + j;
             const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
@@ -794,7 +801,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #else
     (void)kind;
 #endif
-    attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
+    attention_forward_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
                                                                                                                     docs);
     CUDA_CHECK_LAUNCH();
 }
@@ -836,7 +843,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
 #else
     (void)kind;
 #endif
-    attention_backward_dq_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+    attention_backward_dq_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
@@ -904,7 +911,7 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     }
 #endif
     (void)family;
-    const dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
+    const dim3 grid = att_simt_grid<HS>(B, T, NH, NKV);
     const size_t tile = (size_t)ATT_TILE * HS * sizeof(float);
     l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
     *forward = n;
@@ -1035,7 +1042,7 @@ static void attention_tile_forward_as(float* out_acc, float* lse, const floatX* 
                                       const AttHeads& hd, int first, const DropoutSite& drop, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)hd.HD);
     const AttTileArgs blk = {*a, kv, kv_ld, out_acc, first};
-    attention_forward_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, hd.NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+    attention_forward_kernel<HS, DROPOUT, true><<<att_simt_grid<HS>(a->B, a->Tq, hd.NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         nullptr, lse, qkv, a->Tl, hd, scale, drop, blk);
     CUDA_CHECK_LAUNCH();
 }
@@ -1061,7 +1068,7 @@ static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const floa
                                        const DropoutSite& drop, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)hd.HD);
     /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
-    attention_backward_dq_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, hd.NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+    attention_backward_dq_kernel<HS, DROPOUT, true><<<att_simt_grid<HS>(a->B, a->Tq, hd.NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, hd.NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
