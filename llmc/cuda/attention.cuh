@@ -824,7 +824,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
-            attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
+            att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS); /* the grid limit on B*NKV, checked before any launch */
             attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, scale, drop, doc_start, stream);
             return;
         }
