@@ -22,9 +22,14 @@
  *   ds_ts = p_ts (dout_t.v_s - D_t) scale
  *   dq_t = sum_{s<=t} ds_ts k_s,  dk_s = sum_{t>=s} ds_ts q_t
  *
- * Grouped-query attention (every family): the forward and dq kernels' blocks
- * own rows of one (b, query head) and read the shared K/V head's rows in
- * place; the dk/dv kernels' blocks own key rows of one (b, K/V head) and
+ * Grouped-query attention (every family, no copy of K/V per query head): the
+ * forward and dq kernels of the simt and mma families take packed rows
+ * (att_pack below): a block serves one (b, K/V head), grid (ceil(G
+ * ceil(T/R) / W), B*NKV) for W warps of R rows, each warp R consecutive
+ * rows of one of the group's G = NH/NKV query heads, so each K/V tile a
+ * block stages serves up to G query heads; the tc family's forward and dq
+ * blocks own rows of one (b, query head) and read the shared K/V head's
+ * rows in place. The dk/dv kernels' blocks own key rows of one (b, K/V head) and
  * serve its whole group: they load their K and V rows once and stream the
  * queries of the group's NH/NKV query heads one head after the other (head
  * ascending, then query tiles ascending), accumulating dk, dv in registers:
@@ -34,7 +39,8 @@
  * launches, tiles and order as before. Every row*width offset is 64-bit.
  *
  * Work split (all three kernels): a block owns ATT_ROWS rows (queries in the
- * forward and dq kernels, keys in the dk/dv kernel) of one (b, h); G threads
+ * forward and dq kernels: packed, each warp's 32/G of one (b, h); keys of
+ * one (b, K/V head) in the dk/dv kernel); G threads
  * share a row, each owning CH = HS/G channels in float4 chunks interleaved
  * across the G threads (conflict-free shared-memory reads). Dot products are
  * summed over the G threads with a butterfly, so all G threads hold the same
@@ -309,9 +315,14 @@ __device__ __forceinline__ int att_first_key(const AttTileArgs& blk, const AttSp
  * (R consecutive positions of one head, starting at a multiple of R), and
  * each of its rows sees the same key tiles in the same order: the results
  * are bitwise those of one query head per block. The block spans only
- * about W R / G positions, so its causal key range is that much shorter:
- * the K/V bytes loaded per query row fall by up to G. With G = 1 this is
- * one head per block, block x rows x W R .., as before. What one warp gets: */
+ * about W R / G positions, so its causal key range is that much shorter;
+ * the bytes staged per query row over a whole sequence are unchanged (each
+ * K/V tile still serves the block's W R rows), but G heads share each
+ * tile inside one block instead of meeting in L2, and a head with fewer
+ * rows than a block (a ring tile's short Tq, a sequence's last partial
+ * block) has the rest of its block filled from the group's other heads.
+ * With G = 1 this is one head per block, block x rows x W R .., as before.
+ * What one warp gets: */
 struct AttPack {
     int b, h, kvh;    /* batch row, the warp's query head, the block's K/V head */
     int r0;           /* the warp's first row (query index in the span) */
@@ -455,7 +466,9 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
 }
 
 /* ---- forward ----
- * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS. Query tiles are visited
+ * grid att_simt_grid: (ceil(G ceil(nq/R) / W), B*NKV) for R = 32/G rows a
+ * warp and W warps (for G = 1, GPT-2: (ceil(nq/ATT_ROWS), B*NH)), block
+ * THREADS; packed grouped-query rows (att_pack). Query tiles are visited
  * last-first (the causal mask makes them the longest). Dropout: each
  * 16-key sub-tile draws its row's 16 keep bits once (the G threads of a row
  * draw the same bits); the kept p, scaled, weighs v, while l sums every p.
@@ -547,7 +560,8 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
 }
 
 /* ---- backward, pass 1: dq and D ----
- * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS; one query row per G threads.
+ * grid att_simt_grid (as the forward's; packed rows), block THREADS; one
+ * query row per G threads.
  * Dropout: each key tile draws the row's 32 keep bits again (the forward's
  * mask), and only dp is masked and scaled: D = dout.out is already the
  * dropped row sum (header). TILE: D comes from rowsum (the tile rowsum
@@ -775,7 +789,8 @@ static inline const char* attention_kernels_note(int hs) {
  * DROPOUT false and true: without dropout the plain instantiation runs,
  * whose code (and register count) carries nothing of dropout, so a run
  * without it pays nothing for it. The query-row kernels' grids are
- * (ceil(T/rows), B*NH), the dK/dV kernels' (ceil(T/rows), B*NKV). */
+ * att_pack_grid's (mma, simt: (ceil(G ceil(T/R) / W), B*NKV)) or
+ * (ceil(T/rows), B*NH) (tc), the dK/dV kernels' (ceil(T/rows), B*NKV). */
 template <int HS, bool DROPOUT>
 static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, const AttHeads& hd, int kind,
                                         const DropoutSite& drop, const int* doc_start, cudaStream_t stream) {

@@ -9,9 +9,12 @@
  * every operand read from shared memory, cp.async.cg 16-byte copies for every
  * tile staged from global memory.
  *
- * Work split: a block of ATT_MMA_WARPS warps owns ATT_MMA_ROWS rows of one
- * (b, h) (queries of a query head in the forward and the backward's dQ
- * kernel, keys of a K/V head in its dK/dV kernel, whose one double-buffered
+ * Work split: a block of ATT_MMA_WARPS warps owns rows of one (b, K/V head):
+ * in the forward and the backward's dQ kernel packed query rows (att_pack,
+ * attention.cuh: each warp 16 MT consecutive rows of one of the group's
+ * query heads, so a block's K/V tiles serve up to NH/NKV query heads; for
+ * GPT-2 ATT_MMA_ROWS (forward: FWD_ROWS) rows of one head, as before), in
+ * the dK/dV kernel ATT_MMA_ROWS keys, whose one double-buffered
  * pipeline streams the query tiles of each head of the K/V head's group in
  * turn: attention.cuh's header, grouped-query attention); warp w owns 16 of them (query rows as mma A fragments in
  * registers; the dK/dV kernel reads its K and V rows from shared memory). The other side streams
@@ -65,11 +68,17 @@
  * hs128 229; dkv hs64 235, hs128 236; dq hs64 248, hs128 240 (same shared
  * memory, 2 blocks per SM). These are the GPT-2-only kernels' figures;
  * with grouped-query heads (AttHeads; the K/V head is query head / group)
- * the sm_90 BF16 report reads forward hs64 238, hs128 196 (tiles 237, 231),
+ * the sm_90 BF16 report read forward hs64 238, hs128 196 (tiles 237, 231),
  * dkv hs64 228, hs128 230 (tiles 238, 232), dq hs64 239, hs128 232 (tiles
  * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
  * shared memory: +8 bytes of static shared memory in the dQ kernels), no
- * spills; still 2 blocks per SM each. Under the compiler's own choice (255 allowed)
+ * spills; still 2 blocks per SM each. With packed grouped-query rows
+ * (att_pack; CUDA 13.0, BF16) the forward reads hs64 240, hs128 188 (tiles
+ * 228, 233) and the dQ kernel hs64 234, hs128 236 (tiles 245, 248), no
+ * spills; the hs64 forward spilled (20-44 bytes) until its warps' b NH + h
+ * went to shared memory (+16 bytes static) and the K/V rows' pointers were
+ * taken from the block's K/V head (blockIdx.y) rather than the warp's
+ * query head. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
@@ -430,9 +439,11 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
 }
 
 /* ---- forward ----
- * grid (ceil(T/FWD_ROWS), B*NH), block ATT_MMA_THREADS; query blocks
- * last-first. Warp w owns FWD_MT M-tiles of 16 query rows, rows r0 .. r0 +
- * 16 FWD_MT - 1: every K and V fragment read from shared memory feeds all
+ * grid att_pack_grid(B, T, NH, NKV, 16 FWD_MT, ATT_MMA_WARPS): (ceil(G
+ * ceil(T/(16 FWD_MT)) / 4), B*NKV), (ceil(T/FWD_ROWS), B*NH) for GPT-2;
+ * block ATT_MMA_THREADS; query blocks last-first. Warp w owns FWD_MT
+ * M-tiles of 16 query rows of query head h (packed rows, att_pack), rows
+ * r0 .. r0 + 16 FWD_MT - 1: every K and V fragment read from shared memory feeds all
  * of them (FWD_MT = 2 halves the shared-memory bytes per FLOP). An M-tile
  * whose rows all precede a key tile its warp still needs computes it as
  * fully masked, an exact no-op (corr = 1, P = 0), so each row's result is
@@ -620,9 +631,9 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
  *     Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T, P from the
  *     forward's logsumexp, dV += P^T dO and dK += dS^T Q, P^T and dS^T as A
  *     fragments straight from the accumulators (4 tile products).
- *  3. attention_mma_backward_dq_kernel: grid (ceil(T/64), B*NH), query
- *     blocks last-first, the forward's arrangement: warp w owns 16 query
- *     rows, Q and dO as A fragments in registers, lse and D of its rows in
+ *  3. attention_mma_backward_dq_kernel: grid (ceil(G ceil(T/16) / 4),
+ *     B*NKV) (GPT-2: (ceil(T/64), B*NH)), query blocks last-first, the
+ *     forward's arrangement: warp w owns 16 packed query rows of one head, Q and dO as A fragments in registers, lse and D of its rows in
  *     registers; key tiles of BC rows (K, V) stream through the double
  *     buffer up to the diagonal. Per key tile: S = Q K^T, dP = dO V^T,
  *     dS = P (dP - D) scale, dQ += dS K (3 tile products).
@@ -813,7 +824,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     }
 }
 
-/* grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS, static shared memory:
+/* grid att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS) (packed rows), block ATT_MMA_THREADS, static shared memory:
  * the forward's double buffer of K, V tiles (Q and dO staged through it
  * first); query blocks last-first. */
 template <int HS, bool TILE>
@@ -937,7 +948,7 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     CUDA_CHECK_LAUNCH();
 }
 
-/* An attention tile's forward (attention.cuh's gpu_attention_tile_forward): grid (ceil(Tq/64), B*NH). */
+/* An attention tile's forward (attention.cuh's gpu_attention_tile_forward): grid (ceil(G ceil(Tq/16) / 4), B*NKV), packed rows. */
 template <int HS>
 static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
                                                const AttHeads& hd, int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
@@ -949,7 +960,7 @@ static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const 
 
 /* An attention tile's backward: the dK/dV kernel over the tile's key
  * tiles, grid (ceil(Tk/64), B*NKV), then the dQ kernel over its query tiles,
- * grid (ceil(Tq/64), B*NH); rowsum: gpu_attention_tile_rowsum's. */
+ * grid (ceil(G ceil(Tq/16) / 4), B*NKV), packed rows; rowsum: gpu_attention_tile_rowsum's. */
 template <int HS>
 static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
                                                 const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const AttHeads& hd,
@@ -992,9 +1003,11 @@ template <int HS> struct AttMmaResources {
                          ROWSUM_REGS = 32;
     /* the attention-tile instantiations (TILE = true; gpu_attention_tile_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
-    /* the dQ kernel's static shared memory holds the K/V rows' pointer besides the buffers: 8 bytes more (ptxas) */
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM + 8;
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES + sizeof(void*) && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
+    /* static shared memory besides the buffers: the forward's warps' b NH + h (4 ints, 16 bytes), the dQ
+     * kernel's K/V rows' pointer (8 bytes); ptxas reports each padded to the buffers' 128-byte alignment */
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36880 : 34832, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = HS == 64 ? 36872 : 34824;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES + ATT_MMA_WARPS * sizeof(int) && DQ_SMEM == AttMma<HS>::SMEM_BYTES + sizeof(void*) &&
+                      DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
     static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&
