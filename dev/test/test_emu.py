@@ -613,18 +613,20 @@ def test_attention_launch_report_emulated(emu_build):
 
 
 def test_attention_launch_report_gqa_emulated(emu_build):
-    """bench_attention --launch for llama3.1-8b's heads (NH 32, NKV 8, hs 128) at B=1, T=32768: the query-row
-    kernels' grids have B*NH rows, the dK/dV kernel's B*NKV (a block serves a K/V head's group of 4), and every
-    backward kernel still keeps 264 blocks (2 per SM of 132) in flight."""
+    """bench_attention --launch for llama3.1-8b's heads (NH 32, NKV 8, hs 128) at B=1, T=32768: every kernel's
+    grid has B*NKV rows (a block serves a K/V head's group of 4): the forward's and dQ's blocks take packed rows,
+    4 warps of 16 rows each of the group's 4 query heads (ceil(4 * T/16 / 4) = 2048 blocks a K/V head, as many
+    as 64-row blocks of each of 4 heads), and every backward kernel still keeps 264 blocks (2 per SM of 132) in
+    flight."""
     exe = OUT / "emu_bench_attention_bf16"
     res = emu_run([exe, "--launch", 1, 32768, 32, 128, 8], timeout=120)
     assert res.returncode == 0, explain(res)
     lines = re.findall(r"^(fwd|bwd) kernel=(\w+) grid=(\d+),(\d+),(\d+) threads=(\d+) smem=(\d+) blocks_per_sm=(\w+) resident=(\w+)$",
                        res.stdout, re.M)
     got = {name: (side, int(x), int(y), int(z), int(th), int(sm), bps, r) for side, name, x, y, z, th, sm, bps, r in lines}
-    assert got["attention_mma_forward_kernel"][:5] == ("fwd", 512, 32, 1, 128), res.stdout
+    assert got["attention_mma_forward_kernel"][:5] == ("fwd", 2048, 8, 1, 128), res.stdout
     assert got["attention_mma_backward_dkv_kernel"][:5] == ("bwd", 512, 8, 1, 128), res.stdout
-    assert got["attention_mma_backward_dq_kernel"][:5] == ("bwd", 512, 32, 1, 128), res.stdout
+    assert got["attention_mma_backward_dq_kernel"][:5] == ("bwd", 2048, 8, 1, 128), res.stdout
     for k in ("attention_mma_backward_dkv_kernel", "attention_mma_backward_dq_kernel"):
         assert int(got[k][6]) >= 2 and int(got[k][7]) >= 264, res.stdout
     bad = emu_run([exe, "--launch", 1, 64, 32, 128, 5])

@@ -22,9 +22,14 @@
  *   ds_ts = p_ts (dout_t.v_s - D_t) scale
  *   dq_t = sum_{s<=t} ds_ts k_s,  dk_s = sum_{t>=s} ds_ts q_t
  *
- * Grouped-query attention (every family): the forward and dq kernels' blocks
- * own rows of one (b, query head) and read the shared K/V head's rows in
- * place; the dk/dv kernels' blocks own key rows of one (b, K/V head) and
+ * Grouped-query attention (every family, no copy of K/V per query head): the
+ * forward and dq kernels of the simt and mma families take packed rows
+ * (att_pack below): a block serves one (b, K/V head), grid (ceil(G
+ * ceil(T/R) / W), B*NKV) for W warps of R rows, each warp R consecutive
+ * rows of one of the group's G = NH/NKV query heads, so each K/V tile a
+ * block stages serves up to G query heads; the tc family's forward and dq
+ * blocks own rows of one (b, query head) and read the shared K/V head's
+ * rows in place. The dk/dv kernels' blocks own key rows of one (b, K/V head) and
  * serve its whole group: they load their K and V rows once and stream the
  * queries of the group's NH/NKV query heads one head after the other (head
  * ascending, then query tiles ascending), accumulating dk, dv in registers:
@@ -34,7 +39,8 @@
  * launches, tiles and order as before. Every row*width offset is 64-bit.
  *
  * Work split (all three kernels): a block owns ATT_ROWS rows (queries in the
- * forward and dq kernels, keys in the dk/dv kernel) of one (b, h); G threads
+ * forward and dq kernels: packed, each warp's 32/G of one (b, h); keys of
+ * one (b, K/V head) in the dk/dv kernel); G threads
  * share a row, each owning CH = HS/G channels in float4 chunks interleaved
  * across the G threads (conflict-free shared-memory reads). Dot products are
  * summed over the G threads with a butterfly, so all G threads hold the same
@@ -247,7 +253,7 @@ struct AttSpan {
 };
 
 template <bool TILE>
-__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h) {
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h, int kvh) {
     AttSpan sp;
     if constexpr (TILE) {
         const AttentionTile& a = blk.a;
@@ -256,7 +262,7 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttH
         sp.stat = ((size_t)b * hd.NH + h) * a.Tl + a.qi;
         sp.q = qkv + sp.qrow * hd.q_ld + (size_t)h * hd.HD;
         sp.q_ld = hd.q_ld;
-        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)(h / hd.group) * hd.HD;
+        sp.k = blk.kv + sp.krow * blk.kv_ld + (size_t)kvh * hd.HD;
         sp.v = sp.k + hd.kv_w; /* V heads kv_w after the K heads, here and in qkv */
         sp.kv_ld = blk.kv_ld;
         sp.nq = a.Tq;
@@ -270,10 +276,22 @@ __device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttH
         sp.stat = ((size_t)b * hd.NH + h) * T;
         sp.q = qkv + sp.qrow * hd.q_ld + (size_t)h * hd.HD;
         sp.q_ld = sp.kv_ld = hd.q_ld;
-        sp.k = sp.q + att_kv_col(hd, h); /* as q + C for GPT-2: k and v stay one add from q */
+        sp.k = qkv + sp.qrow * hd.q_ld + hd.k_off + (size_t)kvh * hd.HD;
         sp.v = sp.k + hd.kv_w;
         sp.nq = sp.nk = sp.T = T;
         sp.diag = sp.tq0 = sp.tk0 = 0;
+    }
+    return sp;
+}
+
+/* The span of query head h, whose K/V head is h / group (the whole sequence's K/V one add from q, as q + C
+ * for GPT-2's heads: the simt and tc kernels' registers were counted with it). */
+template <bool TILE>
+__device__ __forceinline__ AttSpan att_span(const floatX* qkv, int T, const AttHeads hd, const AttTileArgs& blk, int b, int h) {
+    AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h, h / hd.group);
+    if constexpr (!TILE) {
+        sp.k = sp.q + att_kv_col(hd, h);
+        sp.v = sp.k + hd.kv_w;
     }
     return sp;
 }
@@ -284,6 +302,50 @@ __device__ __forceinline__ int att_first_key(const AttTileArgs& blk, const AttSp
     if (!blk.a.doc_start) return 0;
     const int tc = min(max(t, 0), sp.nq - 1);
     return max(blk.a.doc_start[sp.qrow + tc] - sp.tk0, 0);
+}
+
+/* Packed grouped-query rows (FlashAttention's "packed GQA", in units of a
+ * warp's rows): a block serves one K/V head (b, kvh) (blockIdx.y = b NKV +
+ * kvh) and query rows of several of the G = NH/NKV query heads that share
+ * it, so every K/V tile it loads serves all of them. The query rows of the
+ * group are cut in units of R rows (a warp's: its M-tiles), unit u being
+ * positions (u / G) R .. (u / G) R + R - 1 of query head kvh G + u % G; block
+ * x (last-first when asked: the longest first) takes units x W .. x W + W - 1,
+ * one a warp. A warp's rows are thus those of a one-head block of today's
+ * (R consecutive positions of one head, starting at a multiple of R), and
+ * each of its rows sees the same key tiles in the same order: the results
+ * are bitwise those of one query head per block. The block spans only
+ * about W R / G positions, so its causal key range is that much shorter;
+ * the bytes staged per query row over a whole sequence are unchanged (each
+ * K/V tile still serves the block's W R rows), but G heads share each
+ * tile inside one block instead of meeting in L2, and a head with fewer
+ * rows than a block (a ring tile's short Tq, a sequence's last partial
+ * block) has the rest of its block filled from the group's other heads.
+ * With G = 1 this is one head per block, block x rows x W R .., as before.
+ * What one warp gets: */
+struct AttPack {
+    int b, h, kvh;    /* batch row, the warp's query head, the block's K/V head */
+    int r0;           /* the warp's first row (query index in the span) */
+    int first, last;  /* the block's first and last row (any warp's; last inclusive) */
+};
+
+__device__ __forceinline__ AttPack att_pack(const AttHeads& hd, int R, int W, int warp, bool last_first) {
+    const int x = last_first ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x, u0 = x * W, u = u0 + warp;
+    AttPack p;
+    p.b = blockIdx.y / hd.NKV;
+    p.kvh = blockIdx.y % hd.NKV;
+    p.h = p.kvh * hd.group + u % hd.group;
+    p.r0 = u / hd.group * R;
+    p.first = u0 / hd.group * R;
+    p.last = (u0 + W - 1) / hd.group * R + R - 1;
+    return p;
+}
+
+/* att_pack's grid for B batch rows of nq query rows: (ceil(G ceil(nq/R) / W), B NKV); with G = 1 (GPT-2)
+ * the one-head grid (ceil(nq / (W R)), B NH). */
+static inline dim3 att_pack_grid(int B, int nq, int NH, int NKV, int R, int W) {
+    if ((long long)B * NKV > 65535) fail("attention: B*NKV = %lld exceeds the grid limit 65535 (use a smaller -b)", (long long)B * NKV);
+    return dim3((unsigned)ceil_div((size_t)(NH / NKV) * ceil_div((size_t)nq, R), W), (unsigned)(B * NKV));
 }
 
 /* One past the last query of [t_begin, sp.nq) that sees key s_last or one
@@ -327,6 +389,12 @@ template <int HS> struct AttConfig {
     static constexpr int NQ = CH / 4;           /* float4 chunks per thread */
     static constexpr int THREADS = ATT_ROWS * G;
 };
+
+/* The simt forward's and dq kernel's grid for nq query rows: att_pack's, units of a warp's 32/G rows,
+ * THREADS/32 warps (ATT_ROWS rows) a block. */
+template <int HS> static inline dim3 att_simt_grid(int B, int nq, int NH, int NKV) {
+    return att_pack_grid(B, nq, NH, NKV, 32 / AttConfig<HS>::G, AttConfig<HS>::THREADS / 32);
+}
 
 /* Channel of element e (0..CH-1) of thread g's slice: chunk q = e/4 sits at float4 index q*G + g. */
 template <int G> __device__ __forceinline__ int att_channel(int e, int g) { return 4 * ((e >> 2) * G + g) + (e & 3); }
@@ -398,7 +466,9 @@ template <int HS> __device__ __forceinline__ void att_stage_tile(float (*sx)[HS]
 }
 
 /* ---- forward ----
- * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS. Query tiles are visited
+ * grid att_simt_grid: (ceil(G ceil(nq/R) / W), B*NKV) for R = 32/G rows a
+ * warp and W warps (for G = 1, GPT-2: (ceil(nq/ATT_ROWS), B*NH)), block
+ * THREADS; packed grouped-query rows (att_pack). Query tiles are visited
  * last-first (the causal mask makes them the longest). Dropout: each
  * 16-key sub-tile draws its row's 16 keep bits once (the G threads of a row
  * draw the same bits); the kept p, scaled, weighs v, while l sums every p.
@@ -413,11 +483,12 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
     static_assert(ATT_SUB == 16, "a sub-tile's keep bits are one att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const int b = blockIdx.y / hd.NH, h = blockIdx.y % hd.NH, hs = hd.HD;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
-    const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
+    /* packed grouped-query rows (att_pack): a warp's 32/G rows of query head h, K/V the block's K/V head */
+    const AttPack pk = att_pack(hd, 32 / G, AttConfig<HS>::THREADS / 32, threadIdx.x / 32, true);
+    const int b = pk.b, h = pk.h, hs = hd.HD, bh = b * hd.NH + h;
+    const int g = threadIdx.x % G, t = pk.r0 + (threadIdx.x % 32) / G;
     /* where the rows are: an attention tile's or the whole sequence's (AttSpan) */
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h);
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h, pk.kvh);
     const size_t ld = hd.q_ld;
     const floatX* base = sp.q;
     const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
@@ -427,17 +498,17 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
     for (int e = 0; e < CH; e++) o[e] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS + diag, nkr);
+    const int kend = min(pk.last + 1 + diag, nkr);
     /* documents: the key tiles before the block's first row's start are skipped */
-    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE;
+    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, pk.first) / ATT_TILE * ATT_TILE;
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, nkr, hs);
         __syncthreads();
         for (int j0 = 0; j0 < ATT_TILE; j0 += ATT_SUB) {
             unsigned keep = ~0u;
-            if constexpr (DROPOUT && TILE) keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
-            else if constexpr (DROPOUT) keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + j0);
+            if constexpr (DROPOUT && TILE) keep = att_drop_keep_row16_any(drop, bh, sp.T, sp.tq0 + t, sp.tk0 + k0 + j0);
+            else if constexpr (DROPOUT) keep = att_drop_keep_row16(drop, bh, T, t, k0 + j0);
             float s[ATT_SUB];
             float mx = -INFINITY;
 #pragma unroll
@@ -489,7 +560,8 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
 }
 
 /* ---- backward, pass 1: dq and D ----
- * grid (ceil(nq/ATT_ROWS), B*NH), block THREADS; one query row per G threads.
+ * grid att_simt_grid (as the forward's; packed rows), block THREADS; one
+ * query row per G threads.
  * Dropout: each key tile draws the row's 32 keep bits again (the forward's
  * mask), and only dp is masked and scaled: D = dout.out is already the
  * dropped row sum (header). TILE: D comes from rowsum (the tile rowsum
@@ -502,11 +574,11 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
     __shared__ __align__(16) float vs[ATT_TILE][HS];
-    const int b = blockIdx.y / hd.NH, h = blockIdx.y % hd.NH, hs = hd.HD;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_ROWS;
-    const int g = threadIdx.x % G, t = q0 + threadIdx.x / G;
-    /* where the rows are: as in the forward */
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h);
+    /* where the rows are: as in the forward (packed grouped-query rows) */
+    const AttPack pk = att_pack(hd, 32 / G, AttConfig<HS>::THREADS / 32, threadIdx.x / 32, true);
+    const int b = pk.b, h = pk.h, hs = hd.HD, bh = b * hd.NH + h;
+    const int g = threadIdx.x % G, t = pk.r0 + (threadIdx.x % 32) / G;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h, pk.kvh);
     const int nqr = TILE ? sp.nq : T, nkr = TILE ? sp.nk : T, diag = TILE ? sp.diag : 0;
     const bool valid = t < nqr;
     const int tc = min(t, nqr - 1);
@@ -533,18 +605,18 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
 #pragma unroll
     for (int e = 0; e < CH; e++) dq[e] = 0.0f;
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_ROWS + diag, nkr);
-    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, q0) / ATT_TILE * ATT_TILE; /* as in the forward */
+    const int kend = min(pk.last + 1 + diag, nkr);
+    const int kfirst = att_first_key(blk, sp, t), kbegin = att_first_key(blk, sp, pk.first) / ATT_TILE * ATT_TILE; /* as in the forward */
     for (int k0 = kbegin; k0 < kend; k0 += ATT_TILE) {
         __syncthreads();
         att_stage_tile<HS>(ks, vs, sp.k, sp.v, sp.kv_ld, k0, nkr, hs);
         __syncthreads();
         unsigned keep = ~0u;
         if constexpr (DROPOUT && TILE)
-            keep = att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0) |
-                   att_drop_keep_row16_any(drop, blockIdx.y, sp.T, sp.tq0 + t, sp.tk0 + k0 + 16) << 16;
+            keep = att_drop_keep_row16_any(drop, bh, sp.T, sp.tq0 + t, sp.tk0 + k0) |
+                   att_drop_keep_row16_any(drop, bh, sp.T, sp.tq0 + t, sp.tk0 + k0 + 16) << 16;
         else if constexpr (DROPOUT)
-            keep = att_drop_keep_row16(drop, blockIdx.y, T, t, k0) | att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + 16) << 16;
+            keep = att_drop_keep_row16(drop, bh, T, t, k0) | att_drop_keep_row16(drop, bh, T, t, k0 + 16) << 16;
         for (int j = 0; j < ATT_TILE; j++) {
             const int key = k0 + j;
             const float s = group_sum<G>(att_dot_smem<HS>(q, ks[j], g));
@@ -717,7 +789,8 @@ static inline const char* attention_kernels_note(int hs) {
  * DROPOUT false and true: without dropout the plain instantiation runs,
  * whose code (and register count) carries nothing of dropout, so a run
  * without it pays nothing for it. The query-row kernels' grids are
- * (ceil(T/rows), B*NH), the dK/dV kernels' (ceil(T/rows), B*NKV). */
+ * att_pack_grid's (mma, simt: (ceil(G ceil(T/R) / W), B*NKV)) or
+ * (ceil(T/rows), B*NH) (tc), the dK/dV kernels' (ceil(T/rows), B*NKV). */
 template <int HS, bool DROPOUT>
 static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, const AttHeads& hd, int kind,
                                         const DropoutSite& drop, const int* doc_start, cudaStream_t stream) {
@@ -728,7 +801,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, out, qkv, qkv)) {
-            attention_mma_forward_kernel<HS, false><<<attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, hd,
+            attention_mma_forward_kernel<HS, false><<<att_pack_grid(B, T, NH, hd.NKV, 16 * AttMma<HS>::FWD_MT, ATT_MMA_WARPS), ATT_MMA_THREADS, 0, stream>>>(out, lse, qkv, T, hd,
                                                                                                                          scale, drop, docs);
             CUDA_CHECK_LAUNCH();
             return;
@@ -743,7 +816,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
 #else
     (void)kind;
 #endif
-    attention_forward_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
+    attention_forward_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
                                                                                                                     docs);
     CUDA_CHECK_LAUNCH();
 }
@@ -766,7 +839,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
 #if ATTENTION_TENSOR_CORES
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
-            attention_grid(B, T, NH, ATT_MMA_ROWS); /* the grid limit on B*NH, as for the other kernels */
+            att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS); /* the grid limit on B*NKV, checked before any launch */
             attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, scale, drop, doc_start, stream);
             return;
         }
@@ -785,7 +858,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
 #else
     (void)kind;
 #endif
-    attention_backward_dq_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+    attention_backward_dq_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
@@ -828,14 +901,15 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     if constexpr (HS == 64 || HS == 128) {
         if (family == ATT_KIND_MMA) {
             typedef AttMmaResources<HS> R;
-            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>, attention_grid(B, T, NH, AttMma<HS>::FWD_ROWS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
+            l[n++] = AttLaunch{"attention_mma_forward_kernel", (const void*)attention_mma_forward_kernel<HS, false>,
+                               att_pack_grid(B, T, NH, NKV, 16 * AttMma<HS>::FWD_MT, ATT_MMA_WARPS), ATT_MMA_THREADS, R::FWD_SMEM, false, R::FWD_REGS};
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
                                dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
             l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>,
                                attention_mma_dkv_grid<HS>(B, T, NKV), ATT_MMA_THREADS, R::DKV_SMEM, true, R::DKV_REGS};
             l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>,
-                               attention_grid(B, T, NH, ATT_MMA_ROWS), ATT_MMA_THREADS, R::DQ_SMEM, false, R::DQ_REGS};
+                               att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, R::DQ_SMEM, false, R::DQ_REGS};
             return n;
         }
     }
@@ -852,7 +926,7 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     }
 #endif
     (void)family;
-    const dim3 grid = attention_grid(B, T, NH, ATT_ROWS);
+    const dim3 grid = att_simt_grid<HS>(B, T, NH, NKV);
     const size_t tile = (size_t)ATT_TILE * HS * sizeof(float);
     l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};
     *forward = n;
@@ -983,7 +1057,7 @@ static void attention_tile_forward_as(float* out_acc, float* lse, const floatX* 
                                       const AttHeads& hd, int first, const DropoutSite& drop, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)hd.HD);
     const AttTileArgs blk = {*a, kv, kv_ld, out_acc, first};
-    attention_forward_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, hd.NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+    attention_forward_kernel<HS, DROPOUT, true><<<att_simt_grid<HS>(a->B, a->Tq, hd.NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         nullptr, lse, qkv, a->Tl, hd, scale, drop, blk);
     CUDA_CHECK_LAUNCH();
 }
@@ -1009,7 +1083,7 @@ static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const floa
                                        const DropoutSite& drop, cudaStream_t stream) {
     const float scale = 1.0f / sqrtf((float)hd.HD);
     /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
-    attention_backward_dq_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tq, hd.NH, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
+    attention_backward_dq_kernel<HS, DROPOUT, true><<<att_simt_grid<HS>(a->B, a->Tq, hd.NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, hd.NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(

@@ -9,9 +9,12 @@
  * every operand read from shared memory, cp.async.cg 16-byte copies for every
  * tile staged from global memory.
  *
- * Work split: a block of ATT_MMA_WARPS warps owns ATT_MMA_ROWS rows of one
- * (b, h) (queries of a query head in the forward and the backward's dQ
- * kernel, keys of a K/V head in its dK/dV kernel, whose one double-buffered
+ * Work split: a block of ATT_MMA_WARPS warps owns rows of one (b, K/V head):
+ * in the forward and the backward's dQ kernel packed query rows (att_pack,
+ * attention.cuh: each warp 16 MT consecutive rows of one of the group's
+ * query heads, so a block's K/V tiles serve up to NH/NKV query heads; for
+ * GPT-2 ATT_MMA_ROWS (forward: FWD_ROWS) rows of one head, as before), in
+ * the dK/dV kernel ATT_MMA_ROWS keys, whose one double-buffered
  * pipeline streams the query tiles of each head of the K/V head's group in
  * turn: attention.cuh's header, grouped-query attention); warp w owns 16 of them (query rows as mma A fragments in
  * registers; the dK/dV kernel reads its K and V rows from shared memory). The other side streams
@@ -65,11 +68,17 @@
  * hs128 229; dkv hs64 235, hs128 236; dq hs64 248, hs128 240 (same shared
  * memory, 2 blocks per SM). These are the GPT-2-only kernels' figures;
  * with grouped-query heads (AttHeads; the K/V head is query head / group)
- * the sm_90 BF16 report reads forward hs64 238, hs128 196 (tiles 237, 231),
+ * the sm_90 BF16 report read forward hs64 238, hs128 196 (tiles 237, 231),
  * dkv hs64 228, hs128 230 (tiles 238, 232), dq hs64 239, hs128 232 (tiles
  * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
  * shared memory: +8 bytes of static shared memory in the dQ kernels), no
- * spills; still 2 blocks per SM each. Under the compiler's own choice (255 allowed)
+ * spills; still 2 blocks per SM each. With packed grouped-query rows
+ * (att_pack; CUDA 13.0, BF16) the forward reads hs64 240, hs128 188 (tiles
+ * 228, 233) and the dQ kernel hs64 234, hs128 236 (tiles 245, 248), no
+ * spills; the hs64 forward spilled (20-44 bytes) until its warps' b NH + h
+ * went to shared memory (+16 bytes static) and the K/V rows' pointers were
+ * taken from the block's K/V head (blockIdx.y) rather than the warp's
+ * query head. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
@@ -154,11 +163,12 @@ template <int HS> __device__ __forceinline__ floatX* att_mma_buffer(unsigned cha
 
 /* Stages rows [r0, r0+rows) of a (T, ld)-strided head slice (base: row 0,
  * this head's channel 0) into dst (stride LD): cp.async 16 bytes a copy,
- * zeros past T. Every thread of the block takes part; the caller commits. */
-template <int HS>
+ * zeros past T. Every thread of the block takes part (N = 32: every lane of
+ * the calling warp, which stages its own rows); the caller commits. */
+template <int HS, int N = ATT_MMA_THREADS>
 __device__ __forceinline__ void att_mma_stage(floatX* dst, const floatX* base, size_t ld, int r0, int rows, int T) {
     constexpr int CHUNKS = HS / 8;
-    for (int i = threadIdx.x; i < rows * CHUNKS; i += ATT_MMA_THREADS) {
+    for (int i = threadIdx.x % N; i < rows * CHUNKS; i += N) {
         const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
         floatX* d = dst + r * AttMma<HS>::LD + c;
         if (r0 + r < T) ptx_cp_async16<true>(d, base + (size_t)(r0 + r) * ld + c);
@@ -429,9 +439,11 @@ __device__ __forceinline__ AttMmaThread att_mma_thread(int NH, bool last_first) 
 }
 
 /* ---- forward ----
- * grid (ceil(T/FWD_ROWS), B*NH), block ATT_MMA_THREADS; query blocks
- * last-first. Warp w owns FWD_MT M-tiles of 16 query rows, rows r0 .. r0 +
- * 16 FWD_MT - 1: every K and V fragment read from shared memory feeds all
+ * grid att_pack_grid(B, T, NH, NKV, 16 FWD_MT, ATT_MMA_WARPS): (ceil(G
+ * ceil(T/(16 FWD_MT)) / 4), B*NKV), (ceil(T/FWD_ROWS), B*NH) for GPT-2;
+ * block ATT_MMA_THREADS; query blocks last-first. Warp w owns FWD_MT
+ * M-tiles of 16 query rows of query head h (packed rows, att_pack), rows
+ * r0 .. r0 + 16 FWD_MT - 1: every K and V fragment read from shared memory feeds all
  * of them (FWD_MT = 2 halves the shared-memory bytes per FLOP). An M-tile
  * whose rows all precede a key tile its warp still needs computes it as
  * fully masked, an exact no-op (corr = 1, P = 0), so each row's result is
@@ -449,20 +461,27 @@ __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::FWD)) /* launched with ATT_MM
 attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, const AttHeads hd, float scale, const DropoutSite drop,
                              const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
-    constexpr int MT = AttMmaForward<HS, TILE>::MT, ROWS = AttMmaForward<HS, TILE>::ROWS;
+    constexpr int MT = AttMmaForward<HS, TILE>::MT;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
-    const int h = blockIdx.y % hd.NH;
-    const int q0 = (int)(gridDim.x - 1 - blockIdx.x) * ROWS, r0 = q0 + 16 * MT * warp;
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, blockIdx.y / hd.NH, h); /* K, V: the group's K/V head, read in place */
-    const int kend = min(q0 + ROWS + sp.diag, sp.nk);
+    /* packed grouped-query rows (att_pack): the warp's 16 MT rows r0.. of query head h; K, V: the block's K/V head */
+    const AttPack pk = att_pack(hd, 16 * MT, ATT_MMA_WARPS, warp, true);
+    const int h = pk.h, r0 = pk.r0;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, pk.b, h, pk.kvh);
+    /* the warp's b NH + h, read from shared memory where needed (dropout, the epilogue): held in a register
+     * across the key loop, it and the pointers derived from it made the hs64 forward spill; visible after the
+     * first barrier */
+    __shared__ int warp_bh[ATT_MMA_WARPS];
+    if ((threadIdx.x & 31) == 0) warp_bh[warp] = pk.b * hd.NH + h;
+    const int kend = min(pk.last + 1 + sp.diag, sp.nk);
     if constexpr (TILE)
         if (kend <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
-    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int j0 = att_first_key(blk, sp, pk.first) / Cfg::BC;
     const int ntiles = max((kend + Cfg::BC - 1) / Cfg::BC - j0, 0);
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), sp.q, sp.q_ld, q0, ROWS, sp.nq); /* Q into the second buffer */
+    /* Q into the second buffer: each warp its own rows */
+    att_mma_stage<HS, 32>(att_mma_buffer<HS>(smem, 1) + 16 * MT * warp * Cfg::LD, sp.q, sp.q_ld, r0, 16 * MT, sp.nq);
     ptx_cp_async_commit();
     if (!TILE || ntiles > 0) { /* an attention tile's rows may see no key of it (documents): then only the epilogue runs */
         att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), sp.k, sp.kv_ld, sp.v, sp.kv_ld, j0 * Cfg::BC, sp.nk);
@@ -472,7 +491,7 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
     __syncthreads();
     uint32_t q[MT][Cfg::KS][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++) att_mma_load_a<HS>(q[mt], att_mma_buffer<HS>(smem, 1) + (r0 - q0 + 16 * mt) * Cfg::LD);
+    for (int mt = 0; mt < MT; mt++) att_mma_load_a<HS>(q[mt], att_mma_buffer<HS>(smem, 1) + 16 * (MT * warp + mt) * Cfg::LD);
     __syncthreads(); /* the second buffer is free for tile 1 */
 
     float o[MT][Cfg::OT][4];
@@ -541,8 +560,8 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                     for (int i = 0; i < 4; i++) o[mt][ot][i] *= corr[i >> 1];
                 if (drop.threshold) { /* l sums the undropped P; P V takes the dropped one */
                     float f[Cfg::NT][4];
-                    if constexpr (TILE) att_mma_drop_at<HS, false>(f, drop, blockIdx.y, sp.T, sp.tq0 + rm, sp.tk0 + k0);
-                    else att_mma_drop_rows<HS>(f, drop, blockIdx.y, T, rm, k0);
+                    if constexpr (TILE) att_mma_drop_at<HS, false>(f, drop, warp_bh[warp], sp.T, sp.tq0 + rm, sp.tk0 + k0);
+                    else att_mma_drop_rows<HS>(f, drop, warp_bh[warp], T, rm, k0);
 #pragma unroll
                     for (int nt = 0; nt < Cfg::NT; nt++)
 #pragma unroll
@@ -566,9 +585,10 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
                 const float sum = att_mma_quad_sum(l[mt][hf]);
                 inv[hf] = 1.0f / sum;
                 const int t = r0 + 16 * mt + g + 8 * hf;
-                if (tq == 0 && t < T) lse[(size_t)blockIdx.y * T + t] = m[mt][hf] * scale + logf(sum);
+                if (tq == 0 && t < T) lse[(size_t)warp_bh[warp] * T + t] = m[mt][hf] * scale + logf(sum);
             }
-            att_mma_store_rows<HS>(out + sp.qrow * hd.out_ld + (size_t)h * HS, hd.out_ld, r0 + 16 * mt, T, o[mt], inv);
+            const int bh = warp_bh[warp], b = bh / hd.NH;
+            att_mma_store_rows<HS>(out + (size_t)b * T * hd.out_ld + (size_t)(bh - b * hd.NH) * HS, hd.out_ld, r0 + 16 * mt, T, o[mt], inv);
         }
     }
 }
@@ -611,9 +631,9 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
  *     Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T, P from the
  *     forward's logsumexp, dV += P^T dO and dK += dS^T Q, P^T and dS^T as A
  *     fragments straight from the accumulators (4 tile products).
- *  3. attention_mma_backward_dq_kernel: grid (ceil(T/64), B*NH), query
- *     blocks last-first, the forward's arrangement: warp w owns 16 query
- *     rows, Q and dO as A fragments in registers, lse and D of its rows in
+ *  3. attention_mma_backward_dq_kernel: grid (ceil(G ceil(T/16) / 4),
+ *     B*NKV) (GPT-2: (ceil(T/64), B*NH)), query blocks last-first, the
+ *     forward's arrangement: warp w owns 16 packed query rows of one head, Q and dO as A fragments in registers, lse and D of its rows in
  *     registers; key tiles of BC rows (K, V) stream through the double
  *     buffer up to the diagonal. Per key tile: S = Q K^T, dP = dO V^T,
  *     dS = P (dP - D) scale, dQ += dS K (3 tile products).
@@ -804,7 +824,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     }
 }
 
-/* grid (ceil(T/ROWS), B*NH), block ATT_MMA_THREADS, static shared memory:
+/* grid att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS) (packed rows), block ATT_MMA_THREADS, static shared memory:
  * the forward's double buffer of K, V tiles (Q and dO staged through it
  * first); query blocks last-first. */
 template <int HS, bool TILE>
@@ -813,10 +833,12 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
                                  const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
-    const AttMmaThread at = att_mma_thread(hd.NH, true);
-    const int q0 = at.row0, r0 = at.r0, g = at.g, tq = at.tq, bh = at.b * hd.NH + at.h;
-    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, at.b, at.h); /* K, V: the group's K/V head, read in place */
-    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, at.h);
+    /* packed grouped-query rows (att_pack): the warp's 16 rows r0.. of query head h; K, V: the block's K/V head */
+    const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2, tq = threadIdx.x & 3;
+    const AttPack pk = att_pack(hd, 16, ATT_MMA_WARPS, warp, true);
+    const int r0 = pk.r0, bh = pk.b * hd.NH + pk.h;
+    const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, pk.b, pk.h, pk.kvh);
+    const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, pk.h);
     /* an attention tile's K/V head's rows: read from shared memory at each tile's copies (held in registers
      * across the key loop they spilled: the K/V head is query head / group; the whole sequence's are q + a
      * column, as before); set by thread 0, visible after the first barrier */
@@ -824,16 +846,17 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     if (threadIdx.x == 0) kv_rows = rw.k;
     const floatX* const& krows = TILE ? kv_rows : rw.k;
     const int nqr = rw.nq, nkr = rw.nk, diag = rw.diag;
-    const int kend = min(q0 + ATT_MMA_ROWS + diag, nkr);
+    const int kend = min(pk.last + 1 + diag, nkr);
     /* documents: key tiles before the block's first row's start are skipped (tile j is keys (j0 + j) BC ..) */
-    const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;
+    const int j0 = att_first_key(blk, sp, pk.first) / Cfg::BC;
     const int ntiles = (kend + Cfg::BC - 1) / Cfg::BC - j0;
     if constexpr (TILE)
         if (ntiles <= 0) return; /* the block's mask empties these rows: no copies are started that nothing waits for */
     const float scale_log2 = scale * 1.4426950408889634f;
 
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 1), rw.q, rw.ld, q0, ATT_MMA_ROWS, nqr); /* Q into the second buffer */
-    att_mma_stage<HS>(att_mma_buffer<HS>(smem, 0), rw.dout, hd.out_ld, q0, ATT_MMA_ROWS, nqr); /* dO, the first */
+    /* Q into the second buffer, dO into the first: each warp its own rows */
+    att_mma_stage<HS, 32>(att_mma_buffer<HS>(smem, 1) + 16 * warp * Cfg::LD, rw.q, rw.ld, r0, 16, nqr);
+    att_mma_stage<HS, 32>(att_mma_buffer<HS>(smem, 0) + 16 * warp * Cfg::LD, rw.dout, hd.out_ld, r0, 16, nqr);
     ptx_cp_async_commit();
     float lse_log2[2], d_row[2]; /* rows r0 + g, r0 + g + 8 */
 #pragma unroll
@@ -845,8 +868,8 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     ptx_cp_async_wait<0>();
     __syncthreads();
     uint32_t q[Cfg::KS][4], dO[Cfg::KS][4];
-    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * at.warp * Cfg::LD);
-    att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * at.warp * Cfg::LD);
+    att_mma_load_a<HS>(q, att_mma_buffer<HS>(smem, 1) + 16 * warp * Cfg::LD);
+    att_mma_load_a<HS>(dO, att_mma_buffer<HS>(smem, 0) + 16 * warp * Cfg::LD);
     __syncthreads(); /* both buffers are free for key tiles */
     att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, 0), krows, rw.kv_ld, krows + hd.kv_w, rw.kv_ld, j0 * Cfg::BC, nkr);
     ptx_cp_async_commit();
@@ -893,10 +916,10 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         __syncthreads(); /* buffer j & 1 is no longer read: tile j + 2 goes there */
     }
     if constexpr (TILE) { /* query rows that see a key of the tile: t + diag >= 0 */
-        att_mma_add_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)at.h * HS, hd.out_ld, r0, -sp.diag, sp.nq, dq);
+        att_mma_add_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)pk.h * HS, hd.out_ld, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
-        att_mma_store_rows<HS>(dqkv + (size_t)at.b * T * rw.ld + (size_t)at.h * HS, rw.ld, r0, T, dq, one);
+        att_mma_store_rows<HS>(dqkv + (size_t)pk.b * T * rw.ld + (size_t)pk.h * HS, rw.ld, r0, T, dq, one);
     }
 }
 
@@ -920,16 +943,16 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     attention_mma_backward_dkv_kernel<HS, false><<<attention_mma_dkv_grid<HS>(B, T, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
         dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
-    const dim3 grid((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * hd.NH));
+    const dim3 grid = att_pack_grid(B, T, hd.NH, hd.NKV, 16, ATT_MMA_WARPS);
     attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
 }
 
-/* An attention tile's forward (attention.cuh's gpu_attention_tile_forward): grid (ceil(Tq/64), B*NH). */
+/* An attention tile's forward (attention.cuh's gpu_attention_tile_forward): grid (ceil(G ceil(Tq/16) / 4), B*NKV), packed rows. */
 template <int HS>
 static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const floatX* qkv, const floatX* kv, int kv_ld, const AttentionTile* a,
                                                const AttHeads& hd, int first, float scale, const DropoutSite& drop, cudaStream_t stream) {
-    const dim3 grid((unsigned)ceil_div((size_t)a->Tq, AttMmaForward<HS, true>::ROWS), (unsigned)(a->B * hd.NH));
+    const dim3 grid = att_pack_grid(a->B, a->Tq, hd.NH, hd.NKV, 16 * AttMmaForward<HS, true>::MT, ATT_MMA_WARPS);
     attention_mma_forward_kernel<HS, true><<<grid, ATT_MMA_THREADS, 0, stream>>>(nullptr, lse, qkv, a->Tl, hd, scale, drop,
                                                                                  AttTileArgs{*a, kv, kv_ld, out_acc, first});
     CUDA_CHECK_LAUNCH();
@@ -937,7 +960,7 @@ static void attention_mma_tile_forward_launch(float* out_acc, float* lse, const 
 
 /* An attention tile's backward: the dK/dV kernel over the tile's key
  * tiles, grid (ceil(Tk/64), B*NKV), then the dQ kernel over its query tiles,
- * grid (ceil(Tq/64), B*NH); rowsum: gpu_attention_tile_rowsum's. */
+ * grid (ceil(G ceil(Tq/16) / 4), B*NKV), packed rows; rowsum: gpu_attention_tile_rowsum's. */
 template <int HS>
 static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, const float* rowsum, const floatX* dout, const floatX* qkv,
                                                 const floatX* kv, int kv_ld, const float* lse, const AttentionTile* a, const AttHeads& hd,
@@ -947,7 +970,7 @@ static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, co
     attention_mma_backward_dkv_kernel<HS, true><<<attention_mma_dkv_grid<HS>(a->B, a->Tk, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
         nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
-    attention_mma_backward_dq_kernel<HS, true><<<dim3((unsigned)ceil_div((size_t)a->Tq, ATT_MMA_ROWS), (unsigned)(a->B * hd.NH)), ATT_MMA_THREADS, 0, stream>>>(
+    attention_mma_backward_dq_kernel<HS, true><<<att_pack_grid(a->B, a->Tq, hd.NH, hd.NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, 0, stream>>>(
         nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
     CUDA_CHECK_LAUNCH();
 }
@@ -980,9 +1003,11 @@ template <int HS> struct AttMmaResources {
                          ROWSUM_REGS = 32;
     /* the attention-tile instantiations (TILE = true; gpu_attention_tile_forward/backward) */
     static constexpr int FWD_BLOCK_REGS = AttMmaRegs<HS, true>::FWD, DKV_BLOCK_REGS = AttMmaRegs<HS, true>::DKV, DQ_BLOCK_REGS = AttMmaRegs<HS, true>::DQ;
-    /* the dQ kernel's static shared memory holds the K/V rows' pointer besides the buffers: 8 bytes more (ptxas) */
-    static constexpr size_t FWD_SMEM = HS == 64 ? 36864 : 34816, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = FWD_SMEM + 8;
-    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES && DQ_SMEM == AttMma<HS>::SMEM_BYTES + sizeof(void*) && DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
+    /* static shared memory besides the buffers: the forward's warps' b NH + h (4 ints, 16 bytes), the dQ
+     * kernel's K/V rows' pointer (8 bytes); ptxas reports each padded to the buffers' 128-byte alignment */
+    static constexpr size_t FWD_SMEM = HS == 64 ? 36880 : 34832, DKV_SMEM = HS == 64 ? 56320 : 70144, DQ_SMEM = HS == 64 ? 36872 : 34824;
+    static_assert(FWD_SMEM == AttMma<HS>::SMEM_BYTES + ATT_MMA_WARPS * sizeof(int) && DQ_SMEM == AttMma<HS>::SMEM_BYTES + sizeof(void*) &&
+                      DKV_SMEM == AttMmaBwd<HS>::SMEM_BYTES,
                   "recorded shared memory is stale");
     static_assert(FWD_REGS <= 255 && DKV_REGS <= 255 && DQ_REGS <= 255, "above the 255-register limit");
     static_assert(att_sm90_blocks_per_sm(FWD_BLOCK_REGS, ATT_MMA_THREADS, FWD_SMEM) >= 2 &&
