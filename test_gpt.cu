@@ -2435,6 +2435,21 @@ static void check_attention_gqa(const GqaShape* g, int B, int T, float dropout_p
     gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
     gpu_fetch(dqkv_again, d_dqkv, n_qkv);
     expect(same_bits(dqkv_gpu, dqkv_again, n_qkv), "gqa: the backward run again gives the same bits", 0.0f);
+#if ATTENTION_TENSOR_CORES
+    if (attention_family(ATTENTION_KIND, g->HD) == ATT_KIND_MMA) { /* the dK/dV kernel at every width the launch may pick: the same bits */
+        const int widths[] = {ATT_MMA_WARPS, 2, 1};
+        for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
+            g_att_mma_dkv_warps = widths[i];
+            CUDA_CHECK(cudaMemset(d_dqkv, 0, n_qkv * sizeof(floatX)));
+            gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
+            gpu_fetch(dqkv_again, d_dqkv, n_qkv);
+            char what[96];
+            snprintf(what, sizeof(what), "gqa: dK/dV blocks of %d warps give the launch's bits", widths[i]);
+            expect(same_bits(dqkv_gpu, dqkv_again, n_qkv), what, (double)widths[i]);
+        }
+        g_att_mma_dkv_warps = 0;
+    }
+#endif
     printf("%s: grouped-query attention, %s T=%d dropout %g%s\n", g_failures == fails_before ? "PASS" : "FAIL", g->name, T, (double)dropout_p,
            documents ? " documents" : "");
     floatX* dx[] = {d_qkv, d_dout, d_out, d_dqkv};
