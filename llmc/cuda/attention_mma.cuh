@@ -726,7 +726,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     const int nqr = rw.nq, diag = rw.diag;
     const float scale_log2 = scale * 1.4426950408889634f;
     const int s0 = (int)(blockIdx.x / SPLIT) * ATT_MMA_ROWS, r0 = s0 + 16 * warp; /* the 64-key tile's first key, the warp's */
-    const int kb = r0 - 16 * own;                                                  /* the block's first key */
+    const int kb = s0 + (int)(blockIdx.x % SPLIT) * 16 * WARPS;                   /* the block's first key */
     const int tstart = TILE ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
     /* documents: no query past the last one whose document starts at or before the 64-key tile's last key (the
      * wide block's, at every width: the same query tiles) */
