@@ -56,8 +56,9 @@
  * the same blocks, and a two-member ring against whole-sequence attention.
  * Grouped-query attention (check_attention_gqa, check_attention_ring_gqa):
  * NKV < NH, K/V heads shared in place, against attention_forward_heads /
- * _backward_heads, with documents and dropout, and 2- and 3-member rings on
- * the compact K/V the ring packs.
+ * _backward_heads, with documents and dropout, the mma dK/dV kernel at
+ * every block width bitwise equal to the launch's, and 2- and 3-member
+ * rings on the compact K/V the ring packs.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
@@ -2379,7 +2380,9 @@ static void check_gpu_presence(void) {
  * wrongly, or a group's dK/dV summed from one query head, moves whole
  * slices), with documents and attention dropout (the query head's own
  * masks); the backward run twice must give the same bits (a fixed order
- * inside each block, no atomics). GqaShape: NAME, NH, NKV, HD. */
+ * inside each block, no atomics), and so must the mma dK/dV kernel at each
+ * width the launch may pick by the device's SMs (attention_mma_dkv_warps:
+ * 4, 2, 1 warps a block). GqaShape: NAME, NH, NKV, HD. */
 typedef struct { const char* name; int NH, NKV, HD; } GqaShape;
 
 static BlockWidths gqa_widths(const GqaShape* g) {
