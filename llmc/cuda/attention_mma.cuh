@@ -604,11 +604,14 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 /* ---- backward ----
  * Three kernels, nothing summed across blocks and no scratch but D:
  *  1. attention_mma_rowsum_kernel: D_t = dout_t . out_t (fp32) of every row.
- *  2. attention_mma_backward_dkv_kernel: grid (ceil(T/64), B*NH), key tiles
+ *  2. attention_mma_backward_dkv_kernel: grid (ceil(T/64), B*NKV), key tiles
  *     first-first (the longest first); block (j, bh) owns key tile j,
  *     ATT_MMA_ROWS keys, K_j and V_j in shared memory, warp w keys
  *     16w..16w+15; the query tiles of BC rows from the first at or after
  *     key 64j stream through the double buffer (Q, dO, their lse and D).
+ *     Where that grid leaves SMs idle (few K/V heads, short T) the launch
+ *     splits each block into 2 or 4 blocks of fewer warps, each warp doing
+ *     exactly the wide block's warp's work (attention_mma_dkv_warps).
  *     Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T, P from the
  *     forward's logsumexp, dV += P^T dO and dK += dS^T Q, P^T and dS^T as A
  *     fragments straight from the accumulators (4 tile products).
