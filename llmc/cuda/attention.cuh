@@ -817,11 +817,13 @@ typedef struct {
     int regs;
 } AttLaunch;
 
+#if ATTENTION_TENSOR_CORES
 /* The mma dK/dV kernel's launch at `warps` warps a block (attention_mma_dkv_warps). */
 template <int HS, int WARPS> static AttLaunch attention_mma_dkv_launch_of(int B, int T, int NKV) {
     return AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false, WARPS>,
                      attention_mma_dkv_grid(B, T, NKV, WARPS), 32 * WARPS, AttMmaBwd<HS, WARPS>::SMEM_BYTES, true, AttMmaResources<HS>::DKV_REGS};
 }
+#endif
 
 /* Fills l[0..] with the forward's launches then the backward's for NH query
  * and NKV K/V heads of hs (template HS: its bucket) on a device of `sms`

@@ -69,7 +69,11 @@
  * dkv hs64 228, hs128 230 (tiles 238, 232), dq hs64 239, hs128 232 (tiles
  * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
  * shared memory: +8 bytes of static shared memory in the dQ kernels), no
- * spills; still 2 blocks per SM each. Under the compiler's own choice (255 allowed)
+ * spills; still 2 blocks per SM each. The whole-sequence dK/dV kernel's
+ * narrow blocks (attention_mma_dkv_warps; sm_90 BF16, same budget): 2 warps
+ * hs64 228, hs128 230 registers / 47104, 52736 bytes (4 blocks, 8 warps
+ * per SM), 1 warp 230, 230 / 42496, 44032 (5 blocks, 5 warps per SM), no
+ * spills. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
@@ -919,7 +923,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     }
 }
 
-/* The dK/dV kernel's grid at `warps` warps a block: a block per 16 warps
+/* The dK/dV kernel's grid at `warps` warps a block: a block per 16 x warps
  * keys of each (b, K/V head). */
 static inline dim3 attention_mma_dkv_grid(int B, int T, int NKV, int warps = ATT_MMA_WARPS) {
     return dim3((unsigned)ceil_div((size_t)T, (size_t)16 * warps), (unsigned)(B * NKV));
@@ -1064,6 +1068,11 @@ template <int HS> struct AttMmaResources {
     static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
                   "the backward's blocks per SM");
+    /* the whole-sequence dK/dV kernel's narrow blocks (attention_mma_dkv_warps): 2 and 1 warps */
+    static constexpr size_t DKV2_SMEM = HS == 64 ? 47104 : 52736, DKV1_SMEM = HS == 64 ? 42496 : 44032;
+    static_assert(DKV2_SMEM == AttMmaBwd<HS, 2>::SMEM_BYTES && DKV1_SMEM == AttMmaBwd<HS, 1>::SMEM_BYTES, "recorded shared memory is stale");
+    static_assert(att_sm90_blocks_per_sm(DKV_REGS, 64, DKV2_SMEM) >= 4 && att_sm90_blocks_per_sm(DKV_REGS, 32, DKV1_SMEM) >= 5,
+                  "the narrow dK/dV blocks per SM (header)");
 };
 template struct AttMmaResources<64>;
 template struct AttMmaResources<128>;
