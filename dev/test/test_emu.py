@@ -654,7 +654,7 @@ def test_attention_fill_report_emulated(emu_build):
                        r"dkv_wide_every_sm_from_T=(\d+) dkv_every_sm_from_T=(\d+) dkv_block_warps=(\d+)$", res.stdout, re.M)
     got = {m: tuple(int(v) for v in rest) for m, *rest in lines}
     assert list(got) == list(FILL_MODELS), res.stdout
-    doc = (REPO / "docs" / "attention_kernels.md").read_text()
+    doc = (REPO / "docs/attention_kernels.md").read_text()
     for (model, (nh, nkv)), name in zip(FILL_MODELS.items(), ["GPT-2 124M", "llama3.1-8b", "smollm2-135m", "qwen2.5-0.5b"]):
         want = (nh, nkv, least_t(64, nh, 264), least_t(64, nkv, 264), least_t(64, nkv, 132), least_t(16, nkv, 132), 1)
         assert got[model] == want, (model, got[model], want)
