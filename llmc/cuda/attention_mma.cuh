@@ -70,7 +70,8 @@
  * 255 and about 246 under budgets 255 and 248, the K/V rows' pointer in
  * shared memory: +8 bytes of static shared memory in the dQ kernels), no
  * spills; still 2 blocks per SM each. The whole-sequence dK/dV kernel's
- * narrow blocks (attention_mma_dkv_warps; sm_90 BF16, same budget): 2 warps
+ * narrow blocks (attention_mma_dkv_warps; sm_90, BF16 and FP16 alike,
+ * same budget): 2 warps
  * hs64 228, hs128 230 registers / 47104, 52736 bytes (4 blocks, 8 warps
  * per SM), 1 warp 230, 230 / 42496, 44032 (5 blocks, 5 warps per SM), no
  * spills. Under the compiler's own choice (255 allowed)
