@@ -56,8 +56,9 @@
  * the same blocks, and a two-member ring against whole-sequence attention.
  * Grouped-query attention (check_attention_gqa, check_attention_ring_gqa):
  * NKV < NH, K/V heads shared in place, against attention_forward_heads /
- * _backward_heads, with documents and dropout, and 2- and 3-member rings on
- * the compact K/V the ring packs.
+ * _backward_heads, with documents and dropout, the mma dK/dV kernel at
+ * every block width bitwise equal to the launch's, and 2- and 3-member
+ * rings on the compact K/V the ring packs.
  *
  * Memory-bound kernels alone (check_memory_kernels): LayerNorm, GELU, dropout, the
  * bias gradient, the encoder (with a hot token), the classifier and AdamW
@@ -2379,7 +2380,9 @@ static void check_gpu_presence(void) {
  * wrongly, or a group's dK/dV summed from one query head, moves whole
  * slices), with documents and attention dropout (the query head's own
  * masks); the backward run twice must give the same bits (a fixed order
- * inside each block, no atomics). GqaShape: NAME, NH, NKV, HD. */
+ * inside each block, no atomics), and so must the mma dK/dV kernel at each
+ * width the launch may pick by the device's SMs (attention_mma_dkv_warps:
+ * 4, 2, 1 warps a block). GqaShape: NAME, NH, NKV, HD. */
 typedef struct { const char* name; int NH, NKV, HD; } GqaShape;
 
 static BlockWidths gqa_widths(const GqaShape* g) {
@@ -2435,6 +2438,21 @@ static void check_attention_gqa(const GqaShape* g, int B, int T, float dropout_p
     gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
     gpu_fetch(dqkv_again, d_dqkv, n_qkv);
     expect(same_bits(dqkv_gpu, dqkv_again, n_qkv), "gqa: the backward run again gives the same bits", 0.0f);
+#if ATTENTION_TENSOR_CORES
+    if (attention_family(ATTENTION_KIND, g->HD) == ATT_KIND_MMA) { /* the dK/dV kernel at every width the launch may pick: the same bits */
+        const int widths[] = {ATT_MMA_WARPS, 2, 1};
+        for (size_t i = 0; i < sizeof(widths) / sizeof(widths[0]); i++) {
+            g_att_mma_dkv_warps = widths[i];
+            CUDA_CHECK(cudaMemset(d_dqkv, 0, n_qkv * sizeof(floatX)));
+            gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, NH, g->NKV, g->HD, &drop, 0, d_starts);
+            gpu_fetch(dqkv_again, d_dqkv, n_qkv);
+            char what[96];
+            snprintf(what, sizeof(what), "gqa: dK/dV blocks of %d warps give the launch's bits", widths[i]);
+            expect(same_bits(dqkv_gpu, dqkv_again, n_qkv), what, (double)widths[i]);
+        }
+        g_att_mma_dkv_warps = 0;
+    }
+#endif
     printf("%s: grouped-query attention, %s T=%d dropout %g%s\n", g_failures == fails_before ? "PASS" : "FAIL", g->name, T, (double)dropout_p,
            documents ? " documents" : "");
     floatX* dx[] = {d_qkv, d_dout, d_out, d_dqkv};

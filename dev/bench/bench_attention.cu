@@ -25,7 +25,20 @@
  *        emulator or without a GPU from the recorded ptxas figures by
  *        sm_90's occupancy rules, "unknown" where none are recorded;
  *        resident: the blocks in flight at once, min(grid, K x SMs), with
- *        132 SMs for the sm_90 figures), then the scratch bytes.
+ *        132 SMs for the sm_90 figures; the mma dK/dV kernel's threads
+ *        are its block's warps, 4, 2 or 1, as the launch picks them for
+ *        the SMs: attention_mma_dkv_warps), then the scratch bytes.
+ *        build/bench_attention_bf16 --fill
+ *        the fill report: runs nothing, prints for GPT-2 124M (d12),
+ *        llama3.1-8b, smollm2-135m and qwen2.5-0.5b at B=1 (the GPU's SMs,
+ *        or 132) `fill model=NAME NH= NKV= hs= dq_fills_from_T=
+ *        dkv_wide_fills_from_T= dkv_wide_every_sm_from_T=
+ *        dkv_every_sm_from_T= dkv_block_warps=`: the least T from which
+ *        the dQ and the 4-warp dK/dV grids have 2 blocks (8 warps) per SM,
+ *        and from which the dK/dV grid, 4-warp and as launched (narrower
+ *        blocks where the 4-warp grid leaves SMs idle: the warps it then
+ *        has a block), has a block on every SM. Narrow blocks spread the
+ *        same warps over more SMs; they add none.
  * Exit status: 0, 1 on bad arguments or a CUDA error (a GPU present but
  * unusable included), 77 where no NVIDIA GPU exists.
  *
@@ -43,6 +56,7 @@
 #include <stdlib.h>
 #include "llmc/cuda/attention.cuh"
 #include "llmc/core/rand.h"
+#include "llmc/core/model.h"
 
 #include "llmc/cuda/ptx.cuh"
 
@@ -187,36 +201,44 @@ static int parse_positive(const char* s, const char* what) {
 /* SMs of the device the sm_90 figures describe (an H100 SXM has 132, as has an H200). */
 #define LAUNCH_SM90_SMS 132
 
-/* Blocks of launch l per SM of device 0 by the occupancy API, and its SMs
- * (a GPU's answer; the emulator has none to give: 0). */
-static int occupancy_blocks_per_sm(const AttLaunch& l, bool dynamic_smem, int* sms) {
+/* Blocks of launch l per SM of device 0 by the occupancy API (a GPU's
+ * answer; the emulator has none to give: 0). */
+static int occupancy_blocks_per_sm(const AttLaunch& l, bool dynamic_smem) {
 #if PTX_EMULATED
-    (void)l; (void)dynamic_smem; (void)sms;
+    (void)l; (void)dynamic_smem;
     return 0;
 #else
     const size_t dyn = dynamic_smem ? l.smem : 0;
     if (dyn) CUDA_CHECK(cudaFuncSetAttribute(l.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, l.fn, l.threads, dyn));
-    CUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, 0));
     return per_sm;
 #endif
+}
+
+/* SMs the launch report describes: the GPU's, or the sm_90 figures' 132. */
+static int launch_sms(bool measured) {
+#if !PTX_EMULATED
+    if (measured) return attention_device_sms();
+#else
+    (void)measured;
+#endif
+    return LAUNCH_SM90_SMS;
 }
 
 /* The launch report of one shape (usage above). */
 template <int HS> static void launch_report(int B, int T, int NH, int NKV, int hs, int devices) {
     AttLaunch l[4];
     int forward = 0;
-    const int n = attention_launches<HS>(l, &forward, B, T, NH, NKV, hs, ATTENTION_KIND);
     const bool measured = devices > 0 && !PTX_EMULATED;
-    int sms = LAUNCH_SM90_SMS;
-    if (measured) occupancy_blocks_per_sm(l[0], false, &sms);
+    const int sms = launch_sms(measured);
+    const int n = attention_launches<HS>(l, &forward, B, T, NH, NKV, hs, ATTENTION_KIND, sms);
     printf("launch report: B=%d T=%d NH=%d NKV=%d hs=%d, %s; blocks per SM %s, %d SMs\n", B, T, NH, NKV, hs, ATTENTION_KERNELS_NAME,
            measured ? "from the occupancy API" : "from the recorded ptxas figures (sm_90 occupancy rules; predicted)", sms);
     for (int i = 0; i < n; i++) {
         int per_sm = 0;
         if (measured) {
-            per_sm = occupancy_blocks_per_sm(l[i], l[i].dynamic_smem, &sms);
+            per_sm = occupancy_blocks_per_sm(l[i], l[i].dynamic_smem);
         } else if (l[i].regs) {
             per_sm = att_sm90_blocks_per_sm(l[i].regs, l[i].threads, l[i].smem);
         }
@@ -233,17 +255,59 @@ template <int HS> static void launch_report(int B, int T, int NH, int NKV, int h
     printf("scratch: %zu bytes (attention_rowsum: B*NH*T fp32; the backward keeps no other scratch)\n", attention_scratch_bytes(B, T, NH));
 }
 
+/* The least T at which blocks_at(T) reaches want (0: not up to 2^20). */
+template <typename F> static int fill_from(F blocks_at, size_t want) {
+    for (int T = 1; T <= (1 << 20); T++)
+        if (blocks_at(T) >= want) return T;
+    return 0;
+}
+
+/* The fill report (usage above): for each model at B = 1 on the device's
+ * SMs (132 where the sm_90 figures answer), the least T from which the
+ * mma backward's grids fill the device (ATT_MMA_BWD_MIN_BLOCKS_PER_SM
+ * blocks, 8 warps, per SM: dQ, the wide dK/dV kernel) and from which the
+ * dK/dV kernel has a block on every SM (wide, and as launched:
+ * attention_mma_dkv_warps, with its block's warps there). */
+static void fill_report(int devices) {
+    static const char* models[] = {"d12", "llama3.1-8b", "smollm2-135m", "qwen2.5-0.5b"};
+    const bool measured = devices > 0 && !PTX_EMULATED;
+    const int sms = launch_sms(measured);
+    const size_t full = (size_t)ATT_MMA_BWD_MIN_BLOCKS_PER_SM * sms;
+    printf("fill report: B=1, %d SMs (%s); *_fills_from_T: the least T whose grid has %d blocks (%d warps) per SM, %zu; "
+           "*_every_sm_from_T: a block on every SM; dkv: the dK/dV kernel as launched (attention_mma_dkv_warps), its block's warps there\n",
+           sms, measured ? "this GPU" : "sm_90's count", ATT_MMA_BWD_MIN_BLOCKS_PER_SM, ATT_MMA_BWD_MIN_BLOCKS_PER_SM * ATT_MMA_WARPS, full);
+    for (size_t m = 0; m < sizeof(models) / sizeof(models[0]); m++) {
+        ModelConfig cfg;
+        if (config_from_descriptor(models[m], &cfg)) fail("bench_attention: no model %s", models[m]);
+        const BlockWidths w = block_widths(&cfg);
+        auto blocks = [](dim3 g) { return (size_t)g.x * g.y * g.z; };
+        auto dq = [&](int T) { return blocks(attention_grid(1, T, w.NH, ATT_MMA_ROWS)); };
+        auto wide = [&](int T) { return blocks(attention_mma_dkv_grid(1, T, w.NKV)); };
+        auto launched = [&](int T) { return blocks(attention_mma_dkv_grid(1, T, w.NKV, attention_mma_dkv_warps(1, T, w.NKV, sms))); };
+        const int every = fill_from(launched, (size_t)sms);
+        printf("fill model=%s NH=%d NKV=%d hs=%d dq_fills_from_T=%d dkv_wide_fills_from_T=%d dkv_wide_every_sm_from_T=%d dkv_every_sm_from_T=%d "
+               "dkv_block_warps=%d\n", models[m], w.NH, w.NKV, w.HD, fill_from(dq, full), fill_from(wide, full), fill_from(wide, (size_t)sms), every,
+               every ? attention_mma_dkv_warps(1, every, w.NKV, sms) : 0);
+    }
+}
+
 int main(int argc, char** argv) {
     static const int defaults[] = {16, 1024, 12, 64, 4, 8192, 16, 128};
     static const int long_shapes[] = {1, 32768, 16, 64, 1, 32768, 16, 128, 1, 131072, 16, 64, 1, 131072, 16, 128};
     const bool launch = argc > 1 && strcmp(argv[1], "--launch") == 0, long_set = argc == 2 && strcmp(argv[1], "--long") == 0;
+    const bool fill = argc > 1 && strcmp(argv[1], "--fill") == 0;
     if (launch && argc != 6 && argc != 7) fail("bench_attention: --launch takes one shape: B T NH HS [NKV]");
-    if (!launch && !long_set && (argc - 1) % 4) fail("bench_attention: arguments come in groups of four: B T NH HS");
+    if (fill && argc != 2) fail("bench_attention: --fill takes no arguments");
+    if (!launch && !long_set && !fill && (argc - 1) % 4) fail("bench_attention: arguments come in groups of four: B T NH HS");
     const int* preset = long_set ? long_shapes : defaults;
     const bool own_shapes = argc > 1 && !long_set;
     int nshapes = own_shapes ? (argc - 1) / 4 : long_set ? 4 : 2;
     char why[256] = "";
     int devices = gpu_device_count(why, sizeof(why));
+    if (fill) {
+        fill_report(devices == GPU_BROKEN ? 0 : devices); /* the report needs no GPU: sm_90's SMs then */
+        return 0;
+    }
     if (launch) {
         const int B = parse_positive(argv[2], "B"), T = parse_positive(argv[3], "T"), NH = parse_positive(argv[4], "NH");
         const int hs = parse_positive(argv[5], "HS"), NKV = argc == 7 ? parse_positive(argv[6], "NKV") : NH;

@@ -104,7 +104,8 @@ BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs
 # test_gpt's grouped-query attention (NAME:NH:NKV:HD:T): NKV K/V heads shared by NH/NKV query heads, no copy
 # per query head, against the CPU reference's attention_forward_heads/_backward_heads, every (row, head)
 # slice; gqadrop adds documents and attention dropout (each query head's own masks), every case runs the
-# backward twice for the same bits; gqaring2/3 are context parallelism's 2- and 3-member rings on the
+# backward twice for the same bits, and at head sizes 64 and 128 in the 16-bit builds again with the mma dK/dV
+# kernel at blocks of 4, 2 and 1 warps (the launch's choice by SMs), bitwise equal to the launch's; gqaring2/3 are context parallelism's 2- and 3-member rings on the
 # compact K/V (2 NKV HD a token, packed by the ring's gpu_ring_pack_kv) against whole-sequence attention.
 # Groups of 2, 3 (smollm2-135m's 9/3 at hs64) and 4 (hs128: llama3.1-8b's group); hs64 and hs128 run the
 # mma kernels in the 16-bit builds, hs32 the tc ones, fp32 the simt ones. A few seconds each.
@@ -631,6 +632,43 @@ def test_attention_launch_report_gqa_emulated(emu_build):
         assert int(got[k][6]) >= 2 and int(got[k][7]) >= 264, res.stdout
     bad = emu_run([exe, "--launch", 1, 64, 32, 128, 5])
     assert bad.returncode == 1 and "does not divide" in bad.stderr, explain(bad)
+
+
+# Published heads (config.json / GPT-2 124M): NH, NKV. The fill report's figures, computed here from the tiling
+# alone (a block per 64 keys in the 4-warp grids, 16 in the 1-warp one) against 132 SMs of 2 blocks each.
+FILL_MODELS = {"d12": (12, 12), "llama3.1-8b": (32, 8), "smollm2-135m": (9, 3), "qwen2.5-0.5b": (14, 2)}
+
+
+def least_t(rows_per_block, heads, blocks):
+    """The least T with ceil(T / rows_per_block) * heads >= blocks."""
+    return (-(-blocks // heads) - 1) * rows_per_block + 1
+
+
+def test_attention_fill_report_emulated(emu_build):
+    """bench_attention --fill at B=1 on 132 SMs: the least T from which the dQ and 4-warp dK/dV grids have 2
+    blocks per SM and from which the dK/dV grid has a block on every SM, 4-warp and as launched (the launch
+    narrows the blocks to 1 warp there), each against the closed form; docs/attention_kernels.md's table holds
+    the same figures. --launch shows the width the launch picks for llama3.1-8b as T grows: 1, 2 and 4 warps."""
+    exe = OUT / "emu_bench_attention_bf16"
+    res = emu_run([exe, "--fill"], timeout=120)
+    assert res.returncode == 0, explain(res)
+    lines = re.findall(r"^fill model=(\S+) NH=(\d+) NKV=(\d+) hs=\d+ dq_fills_from_T=(\d+) dkv_wide_fills_from_T=(\d+) "
+                       r"dkv_wide_every_sm_from_T=(\d+) dkv_every_sm_from_T=(\d+) dkv_block_warps=(\d+)$", res.stdout, re.M)
+    got = {m: tuple(int(v) for v in rest) for m, *rest in lines}
+    assert list(got) == list(FILL_MODELS), res.stdout
+    doc = (REPO / "docs/attention_kernels.md").read_text()
+    for (model, (nh, nkv)), name in zip(FILL_MODELS.items(), ["GPT-2 124M", "llama3.1-8b", "smollm2-135m", "qwen2.5-0.5b"]):
+        want = (nh, nkv, least_t(64, nh, 264), least_t(64, nkv, 264), least_t(64, nkv, 132), least_t(16, nkv, 132), 1)
+        assert got[model] == want, (model, got[model], want)
+        row = f"| {name} | {nh} / {nkv} | {want[2]:,} | {want[3]:,} | {want[4]:,} | {want[5]:,} (1"
+        assert row in doc, f"docs/attention_kernels.md lacks the row {row!r}"
+    for T, threads in ((512, 32), (1024, 64), (1025, 128)):
+        res = emu_run([exe, "--launch", 1, T, 32, 128, 8], timeout=120)
+        assert res.returncode == 0, explain(res)
+        m = re.search(r"^bwd kernel=attention_mma_backward_dkv_kernel grid=(\d+),8,1 threads=(\d+) ", res.stdout, re.M)
+        assert m and (int(m.group(1)), int(m.group(2))) == (-(-T // (threads // 2)), threads), (T, res.stdout)
+    bad = emu_run([exe, "--fill", "1"])
+    assert bad.returncode == 1 and "--fill takes no arguments" in bad.stderr, explain(bad)
 
 
 def test_bench_attention_emulated(emu_build):

@@ -890,11 +890,20 @@ typedef struct {
     int regs;
 } AttLaunch;
 
+#if ATTENTION_TENSOR_CORES
+/* The mma dK/dV kernel's launch at `warps` warps a block (attention_mma_dkv_warps). */
+template <int HS, int WARPS> static AttLaunch attention_mma_dkv_launch_of(int B, int T, int NKV) {
+    return AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false, WARPS>,
+                     attention_mma_dkv_grid(B, T, NKV, WARPS), 32 * WARPS, AttMmaBwd<HS, WARPS>::SMEM_BYTES, true, AttMmaResources<HS>::DKV_REGS};
+}
+#endif
+
 /* Fills l[0..] with the forward's launches then the backward's for NH query
- * and NKV K/V heads of hs (template HS: its bucket), in launch order; returns
- * how many (at most 4); *forward = how many are the forward's. */
+ * and NKV K/V heads of hs (template HS: its bucket) on a device of `sms`
+ * SMs (the mma dK/dV kernel's width depends on it), in launch order;
+ * returns how many (at most 4); *forward = how many are the forward's. */
 template <int HS>
-static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, int NKV, int hs, int kind) {
+static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, int NKV, int hs, int kind, int sms) {
     const int family = attention_family(kind, hs);
     int n = 0;
 #if ATTENTION_TENSOR_CORES
@@ -906,8 +915,10 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
             *forward = n;
             l[n++] = AttLaunch{"attention_mma_rowsum_kernel", (const void*)attention_mma_rowsum_kernel<HS>,
                                dim3((unsigned)ceil_div((size_t)B * T * NH, 256)), 256, 0, false, R::ROWSUM_REGS};
-            l[n++] = AttLaunch{"attention_mma_backward_dkv_kernel", (const void*)attention_mma_backward_dkv_kernel<HS, false>,
-                               attention_mma_dkv_grid<HS>(B, T, NKV), ATT_MMA_THREADS, R::DKV_SMEM, true, R::DKV_REGS};
+            const int warps = attention_mma_dkv_warps(B, T, NKV, sms);
+            l[n++] = warps == 1   ? attention_mma_dkv_launch_of<HS, 1>(B, T, NKV)
+                     : warps == 2 ? attention_mma_dkv_launch_of<HS, 2>(B, T, NKV)
+                                  : attention_mma_dkv_launch_of<HS, ATT_MMA_WARPS>(B, T, NKV);
             l[n++] = AttLaunch{"attention_mma_backward_dq_kernel", (const void*)attention_mma_backward_dq_kernel<HS, false>,
                                att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, R::DQ_SMEM, false, R::DQ_REGS};
             return n;
@@ -926,6 +937,7 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
     }
 #endif
     (void)family;
+    (void)sms; /* only the mma dK/dV kernel's width depends on it */
     const dim3 grid = att_simt_grid<HS>(B, T, NH, NKV);
     const size_t tile = (size_t)ATT_TILE * HS * sizeof(float);
     l[n++] = AttLaunch{"attention_forward_kernel", (const void*)attention_forward_kernel<HS, false, false>, grid, AttConfig<HS>::THREADS, 2 * tile, false, 0};

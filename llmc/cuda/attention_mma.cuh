@@ -78,7 +78,11 @@
  * spills; the hs64 forward spilled (20-44 bytes) until its warps' b NH + h
  * went to shared memory (+16 bytes static) and the K/V rows' pointers were
  * taken from the block's K/V head (blockIdx.y) rather than the warp's
- * query head. Under the compiler's own choice (255 allowed)
+ * query head. The whole-sequence dK/dV kernel's narrow blocks
+ * (attention_mma_dkv_warps; sm_90, BF16 and FP16 alike, same budget): 2 warps
+ * hs64 228, hs128 230 registers / 47104, 52736 bytes (4 blocks, 8 warps
+ * per SM), 1 warp 230, 230 / 42496, 44032 (5 blocks, 5 warps per SM), no
+ * spills. Under the compiler's own choice (255 allowed)
  * they took 250-255 registers and the tile kernels a 16-byte stack frame
  * (dropout words indexed at run time, now selected: dropout_keeps); the
  * hs128 forward took 168 registers (3 blocks per SM) and takes 192 (2) under
@@ -163,7 +167,8 @@ template <int HS> __device__ __forceinline__ floatX* att_mma_buffer(unsigned cha
 
 /* Stages rows [r0, r0+rows) of a (T, ld)-strided head slice (base: row 0,
  * this head's channel 0) into dst (stride LD): cp.async 16 bytes a copy,
- * zeros past T. Every thread of the block takes part (N = 32: every lane of
+ * zeros past T. Every thread of the block takes part (N = ATT_MMA_THREADS;
+ * a narrow dK/dV block's 32 or 64; N = 32 in a whole block: every lane of
  * the calling warp, which stages its own rows); the caller commits. */
 template <int HS, int N = ATT_MMA_THREADS>
 __device__ __forceinline__ void att_mma_stage(floatX* dst, const floatX* base, size_t ld, int r0, int rows, int T) {
@@ -179,10 +184,10 @@ __device__ __forceinline__ void att_mma_stage(floatX* dst, const floatX* base, s
 /* Stages one tile of the double buffer: rows [r0, r0+BC) of a (ld_a rows)
  * and of b (ld_b rows) into buf and buf + BC rows (K and V, or Q and dO), as
  * att_mma_stage. */
-template <int HS>
+template <int HS, int THREADS = ATT_MMA_THREADS>
 __device__ __forceinline__ void att_mma_stage_tile(floatX* buf, const floatX* a, size_t ld_a, const floatX* b, size_t ld_b, int r0, int T) {
-    att_mma_stage<HS>(buf, a, ld_a, r0, AttMma<HS>::BC, T);
-    att_mma_stage<HS>(buf + AttMma<HS>::BC * AttMma<HS>::LD, b, ld_b, r0, AttMma<HS>::BC, T);
+    att_mma_stage<HS, THREADS>(buf, a, ld_a, r0, AttMma<HS>::BC, T);
+    att_mma_stage<HS, THREADS>(buf + AttMma<HS>::BC * AttMma<HS>::LD, b, ld_b, r0, AttMma<HS>::BC, T);
 }
 
 /* A fragments of a warp's 16 rows (shared, stride LD, first row `rows`): a[ks] covers channels 16ks..16ks+15. */
@@ -623,11 +628,14 @@ attention_mma_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, 
 /* ---- backward ----
  * Three kernels, nothing summed across blocks and no scratch but D:
  *  1. attention_mma_rowsum_kernel: D_t = dout_t . out_t (fp32) of every row.
- *  2. attention_mma_backward_dkv_kernel: grid (ceil(T/64), B*NH), key tiles
+ *  2. attention_mma_backward_dkv_kernel: grid (ceil(T/64), B*NKV), key tiles
  *     first-first (the longest first); block (j, bh) owns key tile j,
  *     ATT_MMA_ROWS keys, K_j and V_j in shared memory, warp w keys
  *     16w..16w+15; the query tiles of BC rows from the first at or after
  *     key 64j stream through the double buffer (Q, dO, their lse and D).
+ *     Where that grid leaves SMs idle (few K/V heads, short T) the launch
+ *     splits each block into 2 or 4 blocks of fewer warps, each warp doing
+ *     exactly the wide block's warp's work (attention_mma_dkv_warps).
  *     Per query tile, warp w: S^T = K Q^T, dP^T = V dO^T, P from the
  *     forward's logsumexp, dV += P^T dO and dK += dS^T Q, P^T and dS^T as A
  *     fragments straight from the accumulators (4 tile products).
@@ -702,38 +710,53 @@ __device__ __forceinline__ AttMmaRows att_mma_rows(const AttSpan& sp, const floa
                       TILE ? sp.nq : T, TILE ? sp.nk : T, TILE ? sp.diag : 0};
 }
 
-/* Shared memory of the dK/dV kernel (dynamic: above the 48 KiB static limit):
- * the Q/dO double buffer (AttMma::SMEM_BYTES), the key tile's K and V rows,
- * and per buffer the query rows' lse (log2 units) and D. */
-template <int HS> struct AttMmaBwd {
+/* Shared memory of the dK/dV kernel of WARPS warps (dynamic: above the 48
+ * KiB static limit): the Q/dO double buffer (AttMma::SMEM_BYTES), the
+ * block's K and V rows (16 per warp), and per buffer the query rows' lse
+ * (log2 units) and D. */
+template <int HS, int WARPS = ATT_MMA_WARPS> struct AttMmaBwd {
     typedef AttMma<HS> Cfg;
+    static constexpr size_t ROWS_BYTES = (size_t)16 * WARPS * Cfg::LD * sizeof(floatX);
     static constexpr size_t KV_OFF = Cfg::SMEM_BYTES;
-    static constexpr size_t STATS_OFF = KV_OFF + 2 * Cfg::ROWS_BYTES;
+    static constexpr size_t STATS_OFF = KV_OFF + 2 * ROWS_BYTES;
     static constexpr size_t SMEM_BYTES = STATS_OFF + 2 * 2 * Cfg::BC * sizeof(float);
     static_assert(STATS_OFF % 16 == 0, "ldmatrix rows are 16-byte aligned");
     static_assert(SMEM_BYTES <= 227 * 1024, "above an sm_90 block's shared memory");
 };
 
-template <int HS, bool TILE>
-__global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DKV)) /* launched with ATT_MMA_THREADS */
+/* WARPS: warps per block, ATT_MMA_WARPS (the wide kernel) or a divisor
+ * (narrow: attention_mma_dkv_warps picks it where the wide grid leaves SMs
+ * idle). Whatever the width, warp w of 64-key tile j computes keys 64j + 16w
+ * .. + 15 exactly as the wide kernel's warp w: the same query tiles from the
+ * same start (the 64-key tile's), the same order, skips, masks and
+ * products, so every width gives the same bits; a narrow block is the
+ * wide block's warps SPLIT ways (block x: tile x / SPLIT, warps (x % SPLIT)
+ * WARPS ..), each block staging every Q/dO tile for its own warps. */
+template <int HS, bool TILE, int WARPS = ATT_MMA_WARPS>
+__global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DKV)) /* launched with 32 WARPS threads */
 attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
                                   const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
     typedef AttMma<HS> Cfg;
-    typedef AttMmaBwd<HS> Bwd;
+    typedef AttMmaBwd<HS, WARPS> Bwd;
+    static_assert(ATT_MMA_WARPS % WARPS == 0, "a narrow block holds a whole share of the 64-key tile's warps");
+    constexpr int THREADS = 32 * WARPS, SPLIT = ATT_MMA_WARPS / WARPS; /* blocks per 64-key tile */
     extern __shared__ __align__(128) unsigned char smem[];
     floatX* Ks = (floatX*)(smem + Bwd::KV_OFF);
-    floatX* Vs = (floatX*)(smem + Bwd::KV_OFF + Cfg::ROWS_BYTES);
+    floatX* Vs = (floatX*)(smem + Bwd::KV_OFF + Bwd::ROWS_BYTES);
     float* stats = (float*)(smem + Bwd::STATS_OFF); /* [buffer][lse (log2 units), D][BC] */
     const int b = blockIdx.y / hd.NKV, kvh = blockIdx.y % hd.NKV, h0 = kvh * hd.group; /* the K/V head, its group's first query head */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int own = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3; /* own: the warp in this block */
+    const int warp = (int)(blockIdx.x % SPLIT) * WARPS + own;                                /* ... and in the 64-key tile */
     const AttSpan sp = att_span<TILE>(qkv, T, hd, blk, b, h0);
     const AttMmaRows rw = att_mma_rows<HS, TILE>(sp, dout, T, hd, h0);
     const size_t stat_head = TILE ? (size_t)blk.a.Tl : (size_t)T; /* statistics of query head h0 + j at rw.stat + j stat_head */
     const int nqr = rw.nq, diag = rw.diag;
     const float scale_log2 = scale * 1.4426950408889634f;
-    const int s0 = blockIdx.x * ATT_MMA_ROWS, r0 = s0 + 16 * warp;
+    const int s0 = (int)(blockIdx.x / SPLIT) * ATT_MMA_ROWS, r0 = s0 + 16 * warp; /* the 64-key tile's first key, the warp's */
+    const int kb = s0 + (int)(blockIdx.x % SPLIT) * 16 * WARPS;                   /* the block's first key */
     const int tstart = TILE ? max(s0 - diag, 0) : s0; /* the first query that sees key s0 */
-    /* documents: no query past the last one whose document starts at or before the block's last key */
+    /* documents: no query past the last one whose document starts at or before the 64-key tile's last key (the
+     * wide block's, at every width: the same query tiles) */
     const int tend = att_queries_end(blk, sp, tstart, min(s0 + ATT_MMA_ROWS, rw.nk) - 1);
     const int nq = (tend - tstart + Cfg::BC - 1) / Cfg::BC, nall = nq * hd.group;
     if constexpr (TILE)
@@ -743,17 +766,17 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
      * cp.async; lse, D by plain stores): one pipeline over the whole group */
     auto stage = [&](int i) {
         const int j = i / nq, t0 = tstart + (i - j * nq) * Cfg::BC;
-        att_mma_stage_tile<HS>(att_mma_buffer<HS>(smem, i), rw.q + (size_t)j * HS, rw.ld, rw.dout + (size_t)j * HS, hd.out_ld, t0, nqr);
+        att_mma_stage_tile<HS, THREADS>(att_mma_buffer<HS>(smem, i), rw.q + (size_t)j * HS, rw.ld, rw.dout + (size_t)j * HS, hd.out_ld, t0, nqr);
         float* st = stats + (i & 1) * 2 * Cfg::BC;
         const size_t stat = rw.stat + (size_t)j * stat_head;
-        for (int k = threadIdx.x; k < Cfg::BC; k += ATT_MMA_THREADS) {
+        for (int k = threadIdx.x; k < Cfg::BC; k += THREADS) {
             const int t = t0 + k;
             st[k] = t < nqr ? lse[stat + t] * 1.4426950408889634f : 0.0f;
             st[Cfg::BC + k] = t < nqr ? rowsum[stat + t] : 0.0f;
         }
     };
-    att_mma_stage<HS>(Ks, rw.k, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
-    att_mma_stage<HS>(Vs, rw.v, rw.kv_ld, s0, ATT_MMA_ROWS, rw.nk);
+    att_mma_stage<HS, THREADS>(Ks, rw.k, rw.kv_ld, kb, 16 * WARPS, rw.nk); /* the block's own key rows */
+    att_mma_stage<HS, THREADS>(Vs, rw.v, rw.kv_ld, kb, 16 * WARPS, rw.nk);
     stage(0);
     ptx_cp_async_commit();
     float dk[Cfg::OT][4], dv[Cfg::OT][4];
@@ -779,9 +802,9 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
             float st[Cfg::NT][4], dpt[Cfg::NT][4];
             {
                 uint32_t ka[Cfg::KS][4];
-                att_mma_load_a<HS>(ka, Ks + 16 * warp * Cfg::LD);
+                att_mma_load_a<HS>(ka, Ks + 16 * own * Cfg::LD);
                 att_mma_scores<HS, 1>(&st, &ka, Qs);
-                att_mma_load_a<HS>(ka, Vs + 16 * warp * Cfg::LD);
+                att_mma_load_a<HS>(ka, Vs + 16 * own * Cfg::LD);
                 att_mma_scores<HS, 1>(&dpt, &ka, dOs);
             }
             float f[Cfg::NT][4]; /* dropout factors: dV takes the dropped P, dS = P (f dP' - D) */
@@ -923,9 +946,61 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
     }
 }
 
-/* The dK/dV kernel's grid: a block per 64 keys of each (b, K/V head). */
-template <int HS> static inline dim3 attention_mma_dkv_grid(int B, int T, int NKV) {
-    return dim3((unsigned)ceil_div((size_t)T, ATT_MMA_ROWS), (unsigned)(B * NKV));
+/* The dK/dV kernel's grid at `warps` warps a block: a block per 16 x warps
+ * keys of each (b, K/V head). */
+static inline dim3 attention_mma_dkv_grid(int B, int T, int NKV, int warps = ATT_MMA_WARPS) {
+    return dim3((unsigned)ceil_div((size_t)T, (size_t)16 * warps), (unsigned)(B * NKV));
+}
+
+/* Tests only (test_gpt's bitwise check of the widths): 0, the launch picks
+ * the width (attention_mma_dkv_warps); 4, 2 or 1, that width. */
+static int g_att_mma_dkv_warps = 0;
+
+/* Warps a block of the whole-sequence dK/dV kernel for B sequences of T
+ * keys, NKV K/V heads, on a device of `sms` SMs: the wide ATT_MMA_WARPS
+ * where its grid has a block for every SM, else the widest narrower block
+ * (2 warps, then 1) whose grid has, else 1. Why this rule: narrowing adds
+ * no warp (ceil(T/16) B NKV of them at every width, each with the same
+ * serial work: the group's query tiles from its 64-key tile's start), it
+ * only spreads the warps over more SMs, each block staging every Q/dO
+ * tile for fewer warps (SPLIT times the copies and L2 reads); it helps
+ * where the wide grid leaves SMs idle and not past that (at llama3.1-8b's
+ * T = 1024 the wide grid's 128 blocks already hold 4 warps on 128 of 132
+ * SMs: 2 narrow blocks a SM would hold the same 4). At B = 1 on 132 SMs
+ * the wide grid reaches every SM from T = 1,025 for llama3.1-8b (NKV 8),
+ * 2,753 for smollm2-135m (3), 4,161 for qwen2.5-0.5b (2), and GPT-2 124M's
+ * (12 heads) from 641; as launched from 257, 689 and 1,041
+ * (bench_attention --fill). Every width gives the same bits (the kernel's
+ * comment), so the choice, which depends on the device, changes no
+ * result. */
+static inline int attention_mma_dkv_warps(int B, int T, int NKV, int sms) {
+    if (g_att_mma_dkv_warps) return g_att_mma_dkv_warps;
+    int warps = ATT_MMA_WARPS;
+    while (warps > 1) {
+        const dim3 grid = attention_mma_dkv_grid(B, T, NKV, warps);
+        if ((size_t)grid.x * grid.y >= (size_t)sms) break;
+        warps /= 2;
+    }
+    return warps;
+}
+
+/* The current device's SMs (a driver attribute: no synchronisation). */
+static inline int attention_device_sms(void) {
+    int dev = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return sms;
+}
+
+/* The whole-sequence dK/dV kernel of WARPS warps a block. */
+template <int HS, int WARPS>
+static void attention_mma_dkv_launch_as(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int B, int T,
+                                        const AttHeads& hd, float scale, const DropoutSite& drop, const AttTileArgs& docs, cudaStream_t stream) {
+    const size_t smem = AttMmaBwd<HS, WARPS>::SMEM_BYTES;
+    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attention_mma_backward_dkv_kernel<HS, false, WARPS><<<attention_mma_dkv_grid(B, T, hd.NKV, WARPS), 32 * WARPS, smem, stream>>>(
+        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
+    CUDA_CHECK_LAUNCH();
 }
 
 /* The backward's three launches; doc_start: packed documents' starts (device (B,T)), or NULL. */
@@ -936,13 +1011,13 @@ static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const flo
     const size_t rows = (size_t)B * T * hd.NH;
     attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, hd.NH);
     CUDA_CHECK_LAUNCH();
-    const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
-    CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     AttTileArgs docs{};
     docs.a.doc_start = doc_start;
-    attention_mma_backward_dkv_kernel<HS, false><<<attention_mma_dkv_grid<HS>(B, T, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
-        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
-    CUDA_CHECK_LAUNCH();
+    switch (attention_mma_dkv_warps(B, T, hd.NKV, attention_device_sms())) {
+    case 1: attention_mma_dkv_launch_as<HS, 1>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, stream); break;
+    case 2: attention_mma_dkv_launch_as<HS, 2>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, stream); break;
+    default: attention_mma_dkv_launch_as<HS, ATT_MMA_WARPS>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, stream); break;
+    }
     const dim3 grid = att_pack_grid(B, T, hd.NH, hd.NKV, 16, ATT_MMA_WARPS);
     attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
     CUDA_CHECK_LAUNCH();
@@ -967,7 +1042,7 @@ static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, co
                                                 float scale, const DropoutSite& drop, cudaStream_t stream) {
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attention_mma_backward_dkv_kernel<HS, true><<<attention_mma_dkv_grid<HS>(a->B, a->Tk, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
+    attention_mma_backward_dkv_kernel<HS, true><<<attention_mma_dkv_grid(a->B, a->Tk, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
         nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
     CUDA_CHECK_LAUNCH();
     attention_mma_backward_dq_kernel<HS, true><<<att_pack_grid(a->B, a->Tq, hd.NH, hd.NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, 0, stream>>>(
@@ -1018,6 +1093,11 @@ template <int HS> struct AttMmaResources {
     static_assert(att_sm90_blocks_per_sm(DKV_REGS, ATT_MMA_THREADS, DKV_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM &&
                       att_sm90_blocks_per_sm(DQ_REGS, ATT_MMA_THREADS, DQ_SMEM) >= ATT_MMA_BWD_MIN_BLOCKS_PER_SM,
                   "the backward's blocks per SM");
+    /* the whole-sequence dK/dV kernel's narrow blocks (attention_mma_dkv_warps): 2 and 1 warps */
+    static constexpr size_t DKV2_SMEM = HS == 64 ? 47104 : 52736, DKV1_SMEM = HS == 64 ? 42496 : 44032;
+    static_assert(DKV2_SMEM == AttMmaBwd<HS, 2>::SMEM_BYTES && DKV1_SMEM == AttMmaBwd<HS, 1>::SMEM_BYTES, "recorded shared memory is stale");
+    static_assert(att_sm90_blocks_per_sm(DKV_REGS, 64, DKV2_SMEM) >= 4 && att_sm90_blocks_per_sm(DKV_REGS, 32, DKV1_SMEM) >= 5,
+                  "the narrow dK/dV blocks per SM (header)");
 };
 template struct AttMmaResources<64>;
 template struct AttMmaResources<128>;

@@ -97,8 +97,9 @@ cudaError_t cudaGetDevice(int* device);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
 /* the attributes emulated (values as CUDA 12.2+'s driver_types.h) */
-enum cudaDeviceAttr { cudaDevAttrHostNumaId = 134 };
-/* cudaDevAttrHostNumaId: EMU_HOST_NUMA_NODE (default -1: the system does not say) */
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrHostNumaId = 134 };
+/* cudaDevAttrMultiProcessorCount: 1, as cudaGetDeviceProperties says;
+ * cudaDevAttrHostNumaId: EMU_HOST_NUMA_NODE (default -1: the system does not say) */
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
 /* the emulated device has no PCI bus: cudaErrorInvalidValue */
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device);

@@ -1385,6 +1385,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
     if (!value) fatal("cudaDeviceGetAttribute: NULL value");
     if (device < 0 || device >= settings().device_count) return set_error(cudaErrorInvalidDevice);
+    if (attr == cudaDevAttrMultiProcessorCount) {
+        *value = 1; /* cudaGetDeviceProperties' multiProcessorCount */
+        return cudaSuccess;
+    }
     if (attr != cudaDevAttrHostNumaId) fatal("cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
     const char* env = getenv("EMU_HOST_NUMA_NODE");
     char* end = nullptr;

@@ -187,8 +187,14 @@ struct Copy {
     unsigned char bytes[16];
     uint64_t group; /* the commit count when it was committed; UINT64_MAX while not committed */
 };
+/* EMU_CP_ASYNC_PENDING: the copies a thread may have pending, the
+ * emulator's capacity (PTX states no such limit; a GPU stalls the issue):
+ * above the 72 of a one-warp mma dK/dV block (its K and V rows, 4 copies
+ * each, and two 32-copy Q/dO tiles), low enough that a kernel that never
+ * waits stops within a few tiles. */
+#define EMU_CP_ASYNC_PENDING 128
 struct ThreadCopies {
-    Copy pending[64];
+    Copy pending[EMU_CP_ASYNC_PENDING];
     int n;
     uint64_t committed; /* groups committed so far */
     uint3 block;        /* the block that issued the pending copies */
@@ -221,7 +227,8 @@ static inline void cp_async(void* dst, const void* src, CallSite where) {
         c.grid = cur_grid_dim;
         c.committed = 0;
     }
-    if (c.n == 64) fatal("cp.async (%s:%d): more than 64 copies pending in one thread", where.file, where.line);
+    if (c.n == EMU_CP_ASYNC_PENDING)
+        fatal("cp.async (%s:%d): more than %d copies pending in one thread", where.file, where.line, EMU_CP_ASYNC_PENDING);
     ptx_smem_write_pending(dst, 16);
     Copy& k = c.pending[c.n++];
     k.dst = dst;
