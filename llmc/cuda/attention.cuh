@@ -23,13 +23,11 @@
  *   dq_t = sum_{s<=t} ds_ts k_s,  dk_s = sum_{t>=s} ds_ts q_t
  *
  * Grouped-query attention (every family, no copy of K/V per query head): the
- * forward and dq kernels of the simt and mma families take packed rows
+ * forward and dq kernels of every family (simt, tc, mma) take packed rows
  * (att_pack below): a block serves one (b, K/V head), grid (ceil(G
  * ceil(T/R) / W), B*NKV) for W warps of R rows, each warp R consecutive
  * rows of one of the group's G = NH/NKV query heads, so each K/V tile a
- * block stages serves up to G query heads; the tc family's forward and dq
- * blocks own rows of one (b, query head) and read the shared K/V head's
- * rows in place. The dk/dv kernels' blocks own key rows of one (b, K/V head) and
+ * block stages serves up to G query heads. The dk/dv kernels' blocks own key rows of one (b, K/V head) and
  * serve its whole group: they load their K and V rows once and stream the
  * queries of the group's NH/NKV query heads one head after the other (head
  * ascending, then query tiles ascending), accumulating dk, dv in registers:
@@ -789,8 +787,8 @@ static inline const char* attention_kernels_note(int hs) {
  * DROPOUT false and true: without dropout the plain instantiation runs,
  * whose code (and register count) carries nothing of dropout, so a run
  * without it pays nothing for it. The query-row kernels' grids are
- * att_pack_grid's (mma, simt: (ceil(G ceil(T/R) / W), B*NKV)) or
- * (ceil(T/rows), B*NH) (tc), the dK/dV kernels' (ceil(T/rows), B*NKV). */
+ * att_pack_grid's ((ceil(G ceil(T/R) / W), B*NKV): mma, simt, tc), the
+ * dK/dV kernels' (ceil(T/rows), B*NKV). */
 template <int HS, bool DROPOUT>
 static void attention_forward_launch_as(floatX* out, float* lse, const floatX* qkv, int B, int T, const AttHeads& hd, int kind,
                                         const DropoutSite& drop, const int* doc_start, cudaStream_t stream) {
@@ -808,7 +806,7 @@ static void attention_forward_launch_as(floatX* out, float* lse, const floatX* q
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_forward_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
+        attention_tc_forward_kernel<HS, DROPOUT><<<att_tc_grid(B, T, NH, hd.NKV), ATT_TC_THREADS, 0, stream>>>(out, lse, qkv, T, hd, scale, drop,
                                                                                                                        doc_start);
         CUDA_CHECK_LAUNCH();
         return;
@@ -845,7 +843,7 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
         }
     }
     if (kind != ATT_KIND_SIMT) {
-        attention_tc_backward_dq_kernel<HS, DROPOUT><<<attention_grid(B, T, NH, ATT_TC_ROWS), ATT_TC_THREADS, 0, stream>>>(
+        attention_tc_backward_dq_kernel<HS, DROPOUT><<<att_tc_grid(B, T, NH, NKV), ATT_TC_THREADS, 0, stream>>>(
             dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, doc_start);
         CUDA_CHECK_LAUNCH();
         const size_t dkv_smem = AttTcDkvSmem<HS>::BYTES;
@@ -925,7 +923,7 @@ static int attention_launches(AttLaunch* l, int* forward, int B, int T, int NH, 
         }
     }
     if (family == ATT_KIND_TC) {
-        const dim3 grid = attention_grid(B, T, NH, ATT_TC_ROWS);
+        const dim3 grid = att_tc_grid(B, T, NH, NKV);
         l[n++] = AttLaunch{"attention_tc_forward_kernel", (const void*)attention_tc_forward_kernel<HS, false>, grid, ATT_TC_THREADS,
                            AttTcForwardSmem<HS>::BYTES, false, 0};
         *forward = n;

@@ -122,6 +122,30 @@ __device__ __forceinline__ void att_tc_stage(floatX* dst, const floatX* src, siz
     }
 }
 
+/* att_tc_stage of one warp's own 16 rows r0.. (packed grouped-query rows:
+ * each warp's rows are of its own query head), by the warp's 32 lanes. Its
+ * own loop rather than a lane/step parameter of att_tc_stage: that change
+ * alone spilled the dk/dv kernel at hs128 with dropout (BF16: 4 bytes). */
+template <int HS>
+__device__ __forceinline__ void att_tc_stage_warp(floatX* dst, const floatX* src, size_t ld, int r0, int T, int hs) {
+    constexpr int LD = AttTc<HS>::LD, CHUNKS = HS / 8;
+    const int lane = threadIdx.x & 31;
+    if (hs % 8 == 0) {
+        for (int idx = lane; idx < 16 * CHUNKS; idx += 32) {
+            int j = idx / CHUNKS, c = (idx % CHUNKS) * 8, r = r0 + j;
+            uint4 v = {0u, 0u, 0u, 0u};
+            if (r < T && c < hs) v = *reinterpret_cast<const uint4*>(src + (size_t)r * ld + c);
+            *reinterpret_cast<uint4*>(dst + j * LD + c) = v;
+        }
+        return;
+    }
+    const floatX zero = from_f32<floatX>(0.0f);
+    for (int idx = lane; idx < 16 * HS; idx += 32) {
+        int j = idx / HS, c = idx % HS, r = r0 + j;
+        dst[j * LD + c] = (r < T && c < hs) ? src[(size_t)r * ld + c] : zero;
+    }
+}
+
 /* Row of each element of this thread's accumulator fragments (see header).
  * scratch: 16 x ldm fp32 of this warp's shared memory, free on entry and exit. */
 __device__ __forceinline__ void att_tc_row_of(int* row_of, float* scratch, int ldm) {
@@ -227,6 +251,28 @@ template <int HS> __device__ __forceinline__ void att_tc_load_a(FragA* a, const 
     for (int k = 0; k < AttTc<HS>::NF; k++) wmma::load_matrix_sync(a[k], rows + k * 16, AttTc<HS>::LD);
 }
 
+/* Packed grouped-query rows (attention.cuh's att_pack) in the forward and dq
+ * kernels: warp w's 16 rows r0.. of query head h of batch row b; K, V: the
+ * block's K/V head (blockIdx.y = b NKV + kvh). The warp's b NH + h
+ * (warp_bh[w]: dropout's head index, the statistics' and outputs' rows) and
+ * the K/V head's first K row (kv_rows) are kept in shared memory and read
+ * where used: in registers across the tile loop, beside the packed rows'
+ * own offsets, they spilled (BF16: forward hs32 12 bytes, dq hs64 16). They
+ * are visible after the kernel's first barrier. */
+__device__ __forceinline__ void att_tc_pack_shared(int* warp_bh, const floatX** kv_rows, const floatX* qkv, int T, const AttHeads& hd,
+                                                   const AttPack& pk, int warp) {
+    if ((threadIdx.x & 31) == 0) warp_bh[warp] = pk.b * hd.NH + pk.h;
+    if (threadIdx.x == 0) *kv_rows = qkv + (size_t)pk.b * T * hd.q_ld + hd.k_off + (size_t)pk.kvh * hd.HD;
+}
+
+/* Offset of (b, t = 0, head h) in a (B,T,ld) tensor of NH heads of hs, bh = b NH + h. */
+__device__ __forceinline__ size_t att_tc_head_rows(int bh, int T, int NH, int hs, size_t ld) {
+    return (size_t)(bh / NH) * T * ld + (size_t)(bh % NH) * hs;
+}
+
+/* The forward's and dq kernel's grid: att_pack's, units of a warp's 16 rows, ATT_TC_WARPS a block. */
+static inline dim3 att_tc_grid(int B, int nq, int NH, int NKV) { return att_pack_grid(B, nq, NH, NKV, 16, ATT_TC_WARPS); }
+
 /* ---- forward ----
  * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS. Query blocks are visited
  * last-first (the causal mask makes them the longest). Dropout: Pw holds
@@ -268,13 +314,13 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, c
     static_assert(AttTc<HS>::HALF == 16, "a lane's columns are one att_drop_keep_row16");
     typedef AttTcForwardSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
-    const AttTcThread at = att_tc_thread(hd.NH, true);
-    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h, hs = hd.HD;
-    const int q0 = at.row0, r0 = at.r0, t = r0 + row;
+    const int warp = threadIdx.x >> 5, row = (threadIdx.x & 31) >> 1, half = threadIdx.x & 1, hs = hd.HD;
+    const AttPack pk = att_pack(hd, 16, ATT_TC_WARPS, warp, true);
+    const int r0 = pk.r0, t = r0 + row;
     const size_t ld = hd.q_ld;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    const floatX* kbase = base + att_kv_col(hd, h); /* the group's K/V head */
-    const floatX* vbase = kbase + hd.kv_w;
+    __shared__ int warp_bh[ATT_TC_WARPS];
+    __shared__ const floatX* kv_rows;
+    att_tc_pack_shared(warp_bh, &kv_rows, qkv, T, hd, pk, warp);
     floatX* Ks = (floatX*)(smem + L::KV);
     floatX* Vs = Ks + ATT_TC_TILE * Cfg::LD;
     float* Sw = (float*)(smem + L::S) + warp * 16 * Cfg::SLD;
@@ -284,7 +330,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, c
     FragA q[Cfg::NF];
     FragAcc o[Cfg::NF];
     int row_of[FragAcc::num_elements];
-    att_tc_stage<HS>((floatX*)smem, base, ld, q0, ATT_TC_ROWS, T, hs);
+    att_tc_stage_warp<HS>((floatX*)smem + 16 * warp * Cfg::LD, qkv + (size_t)pk.b * T * ld + (size_t)pk.h * hs, ld, r0, T, hs);
     __syncthreads();
     att_tc_load_a<HS>(q, (floatX*)smem + 16 * warp * Cfg::LD);
     att_tc_row_of(row_of, Sw, Cfg::SLD);
@@ -292,14 +338,14 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, c
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(o[f], 0.0f);
     float m = -INFINITY, l = 0.0f; /* row t's running max (scaled scores) and sum; same in both lanes */
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_TC_ROWS, T);
+    const int kend = min(pk.last + 1, T);
     /* documents: key tiles before the block's first row's start are skipped, before the warp's first row's too */
-    const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr;
+    const int* row_starts = doc_start ? doc_start + (size_t)pk.b * T : nullptr;
     const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
-    for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
+    for (int k0 = att_tc_first_key(row_starts, pk.first, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q) is no longer read */
-        att_tc_stage<HS>(Ks, kbase, ld, k0, ATT_TC_TILE, T, hs);
-        att_tc_stage<HS>(Vs, vbase, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Ks, kv_rows, ld, k0, ATT_TC_TILE, T, hs);
+        att_tc_stage<HS>(Vs, kv_rows + hd.kv_w, ld, k0, ATT_TC_TILE, T, hs);
         __syncthreads();
         if (k0 > r0 + 15) continue; /* every key of this tile is after every query of this warp */
         if (k0 + ATT_TC_TILE <= kwarp) continue; /* every key of it is before every query's document */
@@ -317,7 +363,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, c
         const float mnew = fmaxf(m, mx);
         const float ref = mnew == -INFINITY ? 0.0f : mnew; /* all masked so far: keep exp() away from inf - inf */
         const float corr = expf(m - ref);
-        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, warp_bh[warp], T, t, k0 + half * Cfg::HALF) : ~0u;
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
@@ -334,13 +380,14 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, c
         att_tc_accumulate<HS>(o, Pw, Vs);
         __syncwarp(); /* corr_w and Pw are rewritten at the next tile */
     }
+    const int bh = warp_bh[warp];
     if (half == 0) {
         corr_w[row] = 1.0f / l;
-        if (t < T) lse[((size_t)b * hd.NH + h) * T + t] = m + logf(l);
+        if (t < T) lse[(size_t)bh * T + t] = m + logf(l);
     }
     __syncwarp();
     att_tc_scale_rows<HS>(o, corr_w, row_of);
-    att_tc_store_rows<HS>(out + (size_t)b * T * hd.out_ld + (size_t)h * hs, hd.out_ld, r0, T, hs, o, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(out + att_tc_head_rows(bh, T, hd.NH, hs, hd.out_ld), hd.out_ld, r0, T, hs, o, Sw, Cfg::SLD);
 }
 
 /* ---- backward, pass 1: dq and D ----
@@ -365,18 +412,16 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     typedef AttTc<HS> Cfg;
     typedef AttTcDqSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
-    const AttTcThread at = att_tc_thread(hd.NH, true);
-    const int warp = at.warp, row = at.row, half = at.half, b = at.b, h = at.h, hs = hd.HD;
-    const int q0 = at.row0, r0 = at.r0, t = r0 + row;
+    /* packed grouped-query rows, as in the forward */
+    const int warp = threadIdx.x >> 5, row = (threadIdx.x & 31) >> 1, half = threadIdx.x & 1, hs = hd.HD;
+    const AttPack pk = att_pack(hd, 16, ATT_TC_WARPS, warp, true);
+    const int r0 = pk.r0, t = r0 + row;
     const size_t ld = hd.q_ld;
     const int C = hd.out_ld;
-    const floatX* base = qkv + (size_t)b * T * ld + (size_t)h * hs;
-    /* the group's K/V head's rows: read from shared memory at each tile (in a register across the loop, next to
-     * the query head's own offsets, they spilled at hs64); set by thread 0, visible after the first barrier */
+    __shared__ int warp_bh[ATT_TC_WARPS];
     __shared__ const floatX* kv_rows;
-    if (threadIdx.x == 0) kv_rows = base + att_kv_col(hd, h);
-    const floatX* obase = out + (size_t)b * T * C + (size_t)h * hs;
-    const floatX* dobase = dout + (size_t)b * T * C + (size_t)h * hs;
+    att_tc_pack_shared(warp_bh, &kv_rows, qkv, T, hd, pk, warp);
+    const size_t head_rows = att_tc_head_rows(pk.b * hd.NH + pk.h, T, hd.NH, hs, C); /* out's, dout's */
     floatX* Qs = (floatX*)smem;
     floatX* dOs = (floatX*)(smem + Cfg::ROWS_SPAN);
     floatX* Ks = (floatX*)(smem + L::KV);
@@ -385,8 +430,8 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     float* dPw = (float*)(smem + L::DP) + warp * 16 * Cfg::SLD;
     floatX* dSw = (floatX*)(smem + L::DS) + warp * 16 * Cfg::PLD;
 
-    att_tc_stage<HS>(Qs, base, ld, q0, ATT_TC_ROWS, T, hs);
-    att_tc_stage<HS>(dOs, dobase, C, q0, ATT_TC_ROWS, T, hs);
+    att_tc_stage_warp<HS>(Qs + 16 * warp * Cfg::LD, qkv + (size_t)pk.b * T * ld + (size_t)pk.h * hs, ld, r0, T, hs);
+    att_tc_stage_warp<HS>(dOs + 16 * warp * Cfg::LD, dout + head_rows, C, r0, T, hs);
     __syncthreads();
     FragA q[Cfg::NF], dO[Cfg::NF];
     att_tc_load_a<HS>(q, Qs + 16 * warp * Cfg::LD);
@@ -395,21 +440,21 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
     float D = 0.0f;
     if (t < T) {
         const floatX* drow = dOs + (16 * warp + row) * Cfg::LD;
-        const floatX* orow = obase + (size_t)t * C;
+        const floatX* orow = out + head_rows + (size_t)t * C;
         for (int c = half * (HS / 2); c < (half + 1) * (HS / 2) && c < hs; c++) D += to_f32(drow[c]) * to_f32(orow[c]);
     }
     D += __shfl_xor_sync(0xffffffffu, D, 1);
-    const size_t stat = ((size_t)b * hd.NH + h) * T + t;
+    const size_t stat = ((size_t)pk.b * hd.NH + pk.h) * T + t;
     if (t < T && half == 0) rowsum[stat] = D;
     const float row_lse = t < T ? lse[stat] : 0.0f;
     FragAcc dq[Cfg::NF];
 #pragma unroll
     for (int f = 0; f < Cfg::NF; f++) wmma::fill_fragment(dq[f], 0.0f);
     const float keep_scale = DROPOUT ? drop.scale : 1.0f;
-    const int kend = min(q0 + ATT_TC_ROWS, T);
-    const int* row_starts = doc_start ? doc_start + (size_t)b * T : nullptr; /* as in the forward */
+    const int kend = min(pk.last + 1, T);
+    const int* row_starts = doc_start ? doc_start + (size_t)pk.b * T : nullptr; /* as in the forward */
     const int kfirst = att_tc_first_key(row_starts, t, T), kwarp = att_tc_first_key(row_starts, r0, T);
-    for (int k0 = att_tc_first_key(row_starts, q0, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
+    for (int k0 = att_tc_first_key(row_starts, pk.first, T) / ATT_TC_TILE * ATT_TC_TILE; k0 < kend; k0 += ATT_TC_TILE) {
         __syncthreads(); /* the previous tile (or the staged Q, dO) is no longer read */
         att_tc_stage<HS>(Ks, kv_rows, ld, k0, ATT_TC_TILE, T, hs);
         att_tc_stage<HS>(Vs, kv_rows + hd.kv_w, ld, k0, ATT_TC_TILE, T, hs);
@@ -417,7 +462,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
         if (k0 > r0 + 15 || k0 + ATT_TC_TILE <= kwarp) continue;
         att_tc_scores<HS>(Sw, q, Ks);
         att_tc_scores<HS>(dPw, dO, Vs);
-        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, blockIdx.y, T, t, k0 + half * Cfg::HALF) : ~0u;
+        const unsigned keep = DROPOUT ? att_drop_keep_row16(drop, warp_bh[warp], T, t, k0 + half * Cfg::HALF) : ~0u;
         __syncwarp();
 #pragma unroll
         for (int j = 0; j < Cfg::HALF; j++) {
@@ -430,7 +475,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
         att_tc_accumulate<HS>(dq, dSw, Ks);
         __syncwarp(); /* dSw is rewritten at the next tile */
     }
-    att_tc_store_rows<HS>(dqkv + (size_t)b * T * ld + (size_t)h * hs, ld, r0, T, hs, dq, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(dqkv + att_tc_head_rows(warp_bh[warp], T, hd.NH, hs, ld), ld, r0, T, hs, dq, Sw, Cfg::SLD);
 }
 
 /* ---- backward, pass 2: dk and dv ----
