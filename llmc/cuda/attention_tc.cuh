@@ -6,11 +6,13 @@
  * FP32 builds keep the CUDA-core kernels (WMMA has no fp32 inputs, and the
  * FP32 build is the tight check against the CPU reference).
  *
- * Work split: a block of ATT_TC_WARPS warps owns ATT_TC_ROWS rows of one
- * (b, h) (queries of a query head in the forward and dq kernels, keys of a
- * K/V head in the dk/dv kernel, which streams the queries of each of the
- * head's group in turn: attention.cuh's header, grouped-query attention);
- * warp w owns 16 of them. The other side streams through shared memory
+ * Work split: a block of ATT_TC_WARPS warps owns ATT_TC_ROWS rows, warp w
+ * 16 of them: in the forward and dq kernels packed query rows of one (b,
+ * K/V head) (attention.cuh's att_pack: each warp 16 consecutive rows of one
+ * of the group's query heads, so each K/V tile staged serves the group; for
+ * GPT-2 the block's 64 rows of one head, as before), in the dk/dv kernel
+ * keys of one (b, K/V head), streaming the queries of each of the head's
+ * group in turn (attention.cuh's header, grouped-query attention). The other side streams through shared memory
  * ATT_TC_TILE rows at a time as floatX, zero past T and past hs (HS is hs
  * rounded up to a multiple of 16; padded channels are zero and add nothing).
  * Per tile, a warp:
@@ -274,7 +276,9 @@ __device__ __forceinline__ size_t att_tc_head_rows(int bh, int T, int NH, int hs
 static inline dim3 att_tc_grid(int B, int nq, int NH, int NKV) { return att_pack_grid(B, nq, NH, NKV, 16, ATT_TC_WARPS); }
 
 /* ---- forward ----
- * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS. Query blocks are visited
+ * grid att_tc_grid: (ceil(G ceil(T/16) / ATT_TC_WARPS), B*NKV) for G =
+ * NH/NKV (GPT-2: (ceil(T/ROWS), B*NH)), block ATT_TC_THREADS; warp w owns
+ * 16 packed query rows (att_tc_pack_shared). Query blocks are visited
  * last-first (the causal mask makes them the longest). Dropout: Pw holds
  * p * mask / keep for the P V product; sum (and so l, lse) adds every p. */
 template <int HS> struct AttTcForwardSmem {
@@ -391,7 +395,7 @@ attention_tc_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, c
 }
 
 /* ---- backward, pass 1: dq and D ----
- * grid (ceil(T/ROWS), B*NH), block ATT_TC_THREADS; warp w owns 16 query rows.
+ * grid att_tc_grid, as the forward's; warp w owns 16 packed query rows.
  * Dropout: the lane's keep bits are drawn again per key tile; dS masks and
  * scales dP only, D = dout.out is already the dropped row sum. */
 template <int HS> struct AttTcDqSmem {
