@@ -73,7 +73,9 @@ def test_train_gpt_with_documents_emulated(tmp_path):
 # (hs128) tiles and the forward's 128-row blocks; row 1 one document of T tokens), whole sequences row by row
 # and the two-member ring's blocks (Tc = 66 and 50: blocks at offsets no tile divides), with dropout at hs128.
 MMA_CASES = ["docs:hs64:128:2:300:264", "docsdrop:hs128:128:1:300:200"]
-MMA_KERNELS = {f"attention_mma_{k}_kernel<HS, {b}>" for k in ("forward", "backward_dq", "backward_dkv") for b in ("false", "true")}
+# (the whole-sequence dK/dV kernel's launch names its block width: attention_mma_dkv_launch_as)
+MMA_KERNELS = {f"attention_mma_{k}_kernel<HS, {b}>" for k in ("forward", "backward_dq", "backward_dkv") for b in ("false", "true")
+               if (k, b) != ("backward_dkv", "false")} | {"attention_mma_backward_dkv_kernel<HS, false, WARPS>"}
 PROFILE_RE = re.compile(r"^  (\w+(?:<[^>]*>)?) +\d+ +\d+ +\d+ +\d+ +[0-9.]+$", re.M)
 
 
@@ -100,8 +102,8 @@ def test_mma_kernels_with_documents_emulated(precision):
 # Mutants of the mma kernels' document mask (llmc/cuda/attention_mma.cuh); each must fail MMA_CASES in BF16.
 MMA_MUTANTS = {
     # the forward begins one key tile too late: the block's first rows lose their first keys
-    "forward_tile_skipped_early": ("const int j0 = att_first_key(blk, sp, q0) / Cfg::BC;\n    const int ntiles = max(",
-                                   "const int j0 = att_first_key(blk, sp, q0) / Cfg::BC + 1;\n    const int ntiles = max("),
+    "forward_tile_skipped_early": ("const int j0 = att_first_key(blk, sp, pk.first) / Cfg::BC;\n    const int ntiles = max(",
+                                   "const int j0 = att_first_key(blk, sp, pk.first) / Cfg::BC + 1;\n    const int ntiles = max("),
     # the forward's warp skips the tile whose last key is its first row's start (row 128's, 127)
     "forward_warp_tile_skipped_early": ("sp.diag && k0 + Cfg::BC > kwarp) {", "sp.diag && k0 + Cfg::BC > kwarp + 1) {"),
     # the dQ kernel's warp the same
