@@ -156,6 +156,27 @@ def test_recompute_under_the_ring_bitwise(bins, llama, n, T, mode):
     assert len(base) == 2 and got == base, (base, got)
 
 
+# A layer's shard copied down after the compute stream only, not after the layer's reduction on the collectives'
+# stream: the copy races the ncclReduce that writes the shard (the emulator's stream-hazard check stops the run).
+OFFLOAD_MUTANT = ("train_gpt.cu", "lo, hi,\n                                 final_on);", "lo, hi,\n                                 m->stream);")
+
+
+def test_offload_mutant_applies():
+    rel, old, _ = OFFLOAD_MUTANT
+    assert_mutant_applies((REPO / rel).read_text(), rel, old)
+
+
+@slow
+def test_offload_copy_before_the_reduction_is_caught(llama, tmp_path):
+    rel, old, new = OFFLOAD_MUTANT
+    tmp = mutant_sources(tmp_path, {rel: (old, new)})
+    exe = tmp / "build" / "emu" / "emu_train_gpt_mpi_bf16"
+    res = subprocess.run(["make", "-s", "-C", str(tmp / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = train(exe.parent, llama, 2, "bf16", "-b", "1", "-x", "3", "-z", "1", "--offload-optimizer")
+    assert res.returncode != 0 and "emu: stream hazard:" in res.stderr, explain(res)
+
+
 @slow
 def test_four_ranks_in_two_rings_with_zero1_match_one_process(bins, llama):
     """4 processes: two rings of 2 (--context-parallel 2), each carrying one sequence, data-parallel across the rings
