@@ -990,19 +990,19 @@ static void gpu_update(void* ctx, const AdamWStep* s) {
     param_layout(&m->cfg, &pl);
     size_t lo = m->par.shard_start, hi = m->par.shard_start + m->par.shard_count; /* this rank's parameters */
     prof_begin(&m->prof, PROF_UPDATE, m->stream);
-    if (m->oo.on) optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->g.tensor, lo, hi, m->stream);
-    int deferred = m->oo.on && optimizer_offload_defer(&m->oo, s, m->seed); /* one process: the next forward runs it */
-    for (int t = 0; !deferred && t < NUM_PARAM_TENSORS; t++) {
+    if (m->oo.on) {
+        optimizer_offload_grads_down(&m->oo, &pl, m->cfg.num_layers, m->g.tensor, lo, hi, m->stream);
+        if (!optimizer_offload_defer(&m->oo, s, m->seed)) gpu_offload_flush(m); /* one process: the next forward runs it */
+    }
+    for (int t = 0; !m->oo.on && t < NUM_PARAM_TENSORS; t++) {
         size_t off, end;
         if (!shard_slice(&pl, t, lo, hi, &off, &end)) continue;
         float wd = param_is_decayed(t) ? s->weight_decay : 0.0f;
         size_t k = off - lo; /* index into this rank's master weights and moments */
-        if (m->oo.on) { optimizer_offload_update_slice(&m->oo, m->params, off, k, end - off, wd, s, m->seed); continue; }
         gpu_adamw(m->params + off, m->master ? m->master + k : NULL, m->grads + off, m->adam_m + k, m->adam_v + k,
                   end - off, off, s->lr, s->beta1, s->beta2, s->bias_corr1, s->bias_corr2, s->eps, wd, s->grad_scale, m->seed, s->t,
                   m->stream);
     }
-    if (m->oo.on && !deferred) optimizer_offload_params_up(&m->oo, m->stream);
     multigpu_gather_params(m->mg, m->params, m->stream); /* ZeRO-1: every rank's updated shard to every rank */
     prof_end(&m->prof, PROF_UPDATE, m->stream);
     gpu_wait(m); /* the step time printed includes the update (deferred: its copy down; the next step's forward the rest) */

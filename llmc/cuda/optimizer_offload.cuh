@@ -29,8 +29,8 @@
  *      copy up at once, so the copies overlap the host's work after it;
  *   3. the main stream waits for the copies up before anything reads the
  *      parameters.
- * With several processes 2 and 3 run at once, tensor by tensor, before the
- * ZeRO-1 gather (which needs every parameter). With one they are deferred
+ * With several processes 2 and 3 run at once, group by group as below,
+ * before the ZeRO-1 gather (which needs every parameter). With one they are deferred
  * (optimizer_offload_defer: the step's AdamWStep kept) to the next forward,
  * which runs them group by group in its order (the embeddings, each layer's
  * slices of the block tensors, the final norm and head): before launching a
@@ -215,13 +215,6 @@ static inline void optimizer_offload_main_waits(OptimizerOffload* o, cudaStream_
     o->unawaited = 0;
 }
 
-/* Step 3 with several processes: the main stream waits for every copy up. */
-static inline void optimizer_offload_params_up(OptimizerOffload* o, cudaStream_t main) {
-    CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
-    CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the gather and the next forward read them */
-    o->unawaited = 0;
-}
-
 /* The deferred update's groups, in the order the forward reads them: 0 the
  * embeddings (wte, wpe), 1 + l layer l's slices of the block tensors, L + 1
  * the final norm and an untied head. */
@@ -230,17 +223,16 @@ static inline int optimizer_offload_groups(int L) { return L + 2; }
 /* The group of a tensor outside the blocks. */
 static inline int optimizer_offload_tensor_group(int t, int L) { return t == P_WTE || t == P_WPE ? 0 : L + 1; }
 
-/* With one process, the update is deferred: after step 1 (the gradients are
- * down) it is left with its step's values, and the next forward runs it
- * group by group (optimizer_offload_update_until); returns 1 then. With
- * several, 0: the ZeRO-1 gather needs every parameter at the step's end. */
+/* After step 1 (the gradients are down) the update is left pending with its
+ * step's values; optimizer_offload_update_until runs it group by group: the
+ * next forward with one process, at once with several (the ZeRO-1 gather
+ * needs every parameter at the step's end). Returns whether it may wait. */
 static inline int optimizer_offload_defer(OptimizerOffload* o, const AdamWStep* s, uint64_t seed) {
-    if (!o->one_process) return 0;
     o->deferred = *s;
     o->seed = seed;
     o->pending = 1;
     o->next_group = 0;
-    return 1;
+    return o->one_process;
 }
 
 /* Group g of the deferred update: AdamW on each of its slices in this
@@ -277,6 +269,7 @@ static inline void optimizer_offload_update_until(OptimizerOffload* o, const Par
     o->pending = o->next_group < optimizer_offload_groups(L);
     CUDA_CHECK(cudaEventRecord(o->params_up, o->copy));
     CUDA_CHECK(cudaStreamWaitEvent(main, o->params_up, 0)); /* the forward of group g reads them */
+    o->unawaited = 0; /* that wait orders every copy down before it too */
 }
 
 #endif
