@@ -1149,6 +1149,22 @@ static void check_swiglu_kernels(int N, int F, int shift) {
     free(fch); free(d); free(out); free(got);
 }
 
+/* RoPE's frequencies for HD, `scaling`'s factors as test_family_switches
+ * sets them: the CPU's (inv_freq malloc'ed: free it) and, in *gpu, the
+ * kernels' rows at positions lay (no documents yet). */
+static Rope test_rope(int scaling, int HD, RopeRows* gpu, TokenLayout lay) {
+    Shape sh = {scaling == ROPE_LINEAR ? "llamalin" : scaling == ROPE_LLAMA3 ? "llamal3" : scaling == ROPE_YARN ? "llamayarn" : "llama", HD,
+                1, 300};
+    ModelConfig cfg = test_shape_config(&sh);
+    Rope rope;
+    rope.inv_freq = (double*)malloc_check((size_t)HD / 2 * sizeof(double), "test");
+    rope_frequencies(&cfg, rope.inv_freq, &rope.mscale);
+    memset(gpu, 0, sizeof(*gpu));
+    gpu->table = rope_table(&cfg);
+    gpu->lay = lay;
+    return rope;
+}
+
 /* RoPE's kernel against the CPU's rope_rotate: rows [r0, r0+n) of a
  * (rows, ld) qkv of NH query, NKV key and NKV value heads of HD, turned
  * by `scaling` (its factors as test_family_switches sets them) at the
@@ -1156,10 +1172,6 @@ static void check_swiglu_kernels(int N, int F, int shift) {
  * then -1 on the result. V heads must come back untouched. */
 static void check_rope_kernels(int scaling, int HD, int NH, int NKV, TokenLayout lay, int B, int r0, int n, int with_docs, int shift) {
     char what[128];
-    Shape sh = {scaling == ROPE_LINEAR ? "llamalin" : scaling == ROPE_LLAMA3 ? "llamal3" : scaling == ROPE_YARN ? "llamayarn" : "llama",
-                HD * NH, NH, 300};
-    ModelConfig cfg = test_shape_config(&sh);
-    cfg.num_kv_heads = NKV;
     int ld = (NH + 2 * NKV) * HD, rows = B * lay.T;
     int* starts = (int*)malloc_check((size_t)rows * sizeof(int), "test");
     /* documents of 13 rows: a row's position is its place in its document (encoder_position: token_position - start) */
@@ -1167,10 +1179,8 @@ static void check_rope_kernels(int scaling, int HD, int NH, int NKV, TokenLayout
     int* d_starts = NULL;
     CUDA_CHECK(cudaMalloc((void**)&d_starts, (size_t)rows * sizeof(int)));
     CUDA_CHECK(cudaMemcpy(d_starts, starts, (size_t)rows * sizeof(int), cudaMemcpyHostToDevice));
-    Rope rope;
-    rope.inv_freq = (double*)malloc_check((size_t)HD / 2 * sizeof(double), "test");
-    rope_frequencies(&cfg, rope.inv_freq, &rope.mscale);
-    RopeTable table = rope_table(&cfg);
+    RopeRows rows_gpu;
+    Rope rope = test_rope(scaling, HD, &rows_gpu, lay);
     size_t e = (size_t)n * ld;
     float *qkv = rand_rounded(e, 5400 + HD, 1.0f, 0), *got = alloc_floats(e), *orig = alloc_floats(e);
     memcpy(orig, qkv, e * sizeof(float));
@@ -1178,7 +1188,8 @@ static void check_rope_kernels(int scaling, int HD, int NH, int NKV, TokenLayout
     floatX* d_qkv = gpu_put_shifted(qkv, e, shift, &base);
     for (int sign = 1; sign >= -1; sign -= 2) {
         rope_rotate(qkv, ld, &lay, with_docs ? starts : NULL, r0, n, NH + NKV, HD, &rope, sign);
-        gpu_rope_rotate(d_qkv, ld, &table, &lay, with_docs ? d_starts : NULL, r0, n, NH + NKV, sign, 0);
+        rows_gpu.pos_start = with_docs ? d_starts : NULL;
+        gpu_rope_rotate(d_qkv, ld, &rows_gpu, r0, n, NH + NKV, sign, 0);
         gpu_fetch(got, d_qkv, e);
         snprintf(what, sizeof(what), "rope %s HD=%d NH=%d NKV=%d rows %d+%d%s%s%s sign %+d", rope_type_names[scaling], HD, NH, NKV, r0, n,
                  lay.group_size > 1 ? " ring" : "", with_docs ? " documents" : "", shift ? " shifted" : "", sign);
@@ -2397,6 +2408,65 @@ static BlockWidths gqa_widths(const GqaShape* g) {
     return w;
 }
 
+/* RoPE's turn back in the attention backward (rope.cuh): dQ and dK turned
+ * in the kernels' epilogues (or by the pass after them, at head sizes that
+ * are not their template's) against the CPU's attention backward
+ * (dqkv_cpu, from the same inputs) followed by its rope_rotate back, at
+ * llama3 scaling, or yarn's (an attention factor) with documents, whose
+ * starts restart positions (--reset-position-ids); and against the pass
+ * (gpu_rope_rotate back) on the unturned GPU dqkv that d_dqkv holds on
+ * entry: in FP32 builds bit for bit (the same fp32 sums turned alike), in
+ * the 16-bit builds within the gradient's tolerance (the pass turns the
+ * rounded sums and rounds again). The backward run again, and the mma
+ * dK/dV kernel at every width, give the same bits. */
+static void check_attention_gqa_rope(const GqaShape* g, int B, int T, int documents, const int* starts, const int* d_starts,
+                                     const DropoutSite* drop, const float* dqkv_cpu, const floatX* d_qkv,
+                                     const floatX* d_dout, const floatX* d_out, const float* d_lse, float* d_rowsum, floatX* d_dqkv) {
+    const int QKV = (g->NH + 2 * g->NKV) * g->HD, heads = g->NH + g->NKV;
+    const size_t N = (size_t)B * T, n_qkv = N * QKV;
+    const TokenLayout lay = {T, 0, 1, 0, 1};
+    RopeRows rows;
+    Rope rope = test_rope(documents ? ROPE_YARN : ROPE_LLAMA3, g->HD, &rows, lay);
+    rows.pos_start = d_starts;
+    float *want = alloc_floats(n_qkv), *turned = alloc_floats(n_qkv), *got = alloc_floats(n_qkv), *again = alloc_floats(n_qkv);
+    memcpy(want, dqkv_cpu, n_qkv * sizeof(float));
+    rope_rotate(want, QKV, &lay, starts, 0, (int)N, heads, g->HD, &rope, -1);
+    floatX* d_turned = NULL;
+    CUDA_CHECK(cudaMalloc((void**)&d_turned, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMemcpy(d_turned, d_dqkv, n_qkv * sizeof(floatX), cudaMemcpyDeviceToDevice));
+    gpu_rope_rotate(d_turned, QKV, &rows, 0, (int)N, heads, -1, 0);
+    gpu_fetch(turned, d_turned, n_qkv);
+    CUDA_CHECK(cudaFree(d_turned));
+    gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, g->NH, g->NKV, g->HD, drop, 0, d_starts, &rows);
+    gpu_fetch(got, d_dqkv, n_qkv);
+    check_row_slices("gqa rope: dqkv turned back, every row", got, want, N, T, QKV, g->HD, TOL_GRAD, 1);
+#if PRECISION_IS_FP32
+    expect(same_bits(got, turned, n_qkv), "gqa rope: the pass's turn of the unturned sums, bit for bit", 0.0f);
+#else
+    check_row_slices("gqa rope: the pass's turn of the rounded sums", got, turned, N, T, QKV, g->HD, TOL_GRAD, 1);
+#endif
+    const int widths[] = {0, 4, 2, 1}; /* 0: the launch's */
+    int nw = 1;
+#if ATTENTION_TENSOR_CORES
+    if (attention_family(ATTENTION_KIND, g->HD) == ATT_KIND_MMA) nw = 4;
+#endif
+    for (int i = 0; i < nw; i++) {
+#if ATTENTION_TENSOR_CORES
+        g_att_mma_dkv_warps = widths[i];
+#endif
+        CUDA_CHECK(cudaMemset(d_dqkv, 0, n_qkv * sizeof(floatX)));
+        gpu_attention_backward(d_dqkv, d_rowsum, d_dout, d_qkv, d_out, d_lse, B, T, g->NH, g->NKV, g->HD, drop, 0, d_starts, &rows);
+        gpu_fetch(again, d_dqkv, n_qkv);
+        char what[96];
+        snprintf(what, sizeof(what), "gqa rope: run again%s gives the same bits", i ? ", dK/dV blocks of that many warps," : "");
+        expect(same_bits(got, again, n_qkv), what, (double)widths[i]);
+    }
+#if ATTENTION_TENSOR_CORES
+    g_att_mma_dkv_warps = 0;
+#endif
+    free(rope.inv_freq); free(want); free(turned); free(got); free(again);
+}
+
 static void check_attention_gqa(const GqaShape* g, int B, int T, float dropout_p, int documents) {
     const BlockWidths w = gqa_widths(g);
     const int Q = w.q_width, QKV = w.qkv_width, NH = g->NH;
@@ -2453,6 +2523,7 @@ static void check_attention_gqa(const GqaShape* g, int B, int T, float dropout_p
         g_att_mma_dkv_warps = 0;
     }
 #endif
+    check_attention_gqa_rope(g, B, T, documents, starts, d_starts, &drop, dqkv_cpu, d_qkv, d_dout, d_out, d_lse, d_rowsum, d_dqkv);
     printf("%s: grouped-query attention, %s T=%d dropout %g%s\n", g_failures == fails_before ? "PASS" : "FAIL", g->name, T, (double)dropout_p,
            documents ? " documents" : "");
     floatX* dx[] = {d_qkv, d_dout, d_out, d_dqkv};
@@ -2549,10 +2620,21 @@ static void check_attention_ring_gqa(const GqaShape* g, int N, int B, int Tc, fl
                             lse_gpu[((size_t)b * NH + h) * T + context_position(i, Tl, r, N)] = tmp[((size_t)b * NH + h) * Tl + i];
             }
     }
+    /* the store again with RoPE's turn back (llama3's scaling, or yarn's with documents restarting positions): each
+     * member's rows at its global positions (its chunks r and 2N-1-r) */
+    const TokenLayout whole = {T, 0, 1, 0, 1};
+    RopeRows rows;
+    Rope rope = test_rope(documents ? ROPE_YARN : ROPE_LLAMA3, g->HD, &rows, whole);
+    float* turned_gpu = alloc_floats(grows * QKV);
     for (int r = 0; r < N; r++) {
         gpu_attention_ring_store_dqkv(d_dqkv[r], d_dq[r], d_dkv[r], lrows, NH, g->NKV, g->HD, 0);
         gpu_fetch(tmp, d_dqkv[r], lrows * QKV);
         for (size_t n = 0; n < lrows; n++) memcpy(dqkv_gpu + RINGG_ROW(r, n) * QKV, tmp + n * QKV, (size_t)QKV * sizeof(float));
+        rows.lay = TokenLayout{Tl, r, N, r, 2 * N - 1 - r};
+        rows.pos_start = d_docs[r];
+        gpu_attention_ring_store_dqkv(d_dqkv[r], d_dq[r], d_dkv[r], lrows, NH, g->NKV, g->HD, 0, &rows);
+        gpu_fetch(tmp, d_dqkv[r], lrows * QKV);
+        for (size_t n = 0; n < lrows; n++) memcpy(turned_gpu + RINGG_ROW(r, n) * QKV, tmp + n * QKV, (size_t)QKV * sizeof(float));
     }
 #undef RINGG_ROW
     attention_forward_heads(out_cpu, lse_cpu, qkv, B, T, Q, &w, starts, &drop);
@@ -2560,6 +2642,10 @@ static void check_attention_ring_gqa(const GqaShape* g, int N, int B, int Tc, fl
     check_row_slices("gqa ring lse, every row", lse_gpu, lse_cpu, grows * NH, T, 1, 1, TOL_LSE, 1);
     attention_backward_heads(dqkv_cpu, dout, qkv, out_gpu, lse_gpu, B, T, Q, &w, starts, &drop);
     check_row_slices("gqa ring dqkv, every row", dqkv_gpu, dqkv_cpu, grows, T, QKV, g->HD, TOL_GRAD, 1);
+    rope_rotate(dqkv_cpu, QKV, &whole, starts, 0, (int)grows, NH + g->NKV, g->HD, &rope, -1);
+    check_row_slices("gqa ring rope: dqkv turned back as stored, every row", turned_gpu, dqkv_cpu, grows, T, QKV, g->HD, TOL_GRAD, 1);
+    free(rope.inv_freq);
+    free(turned_gpu);
     printf("%s: grouped-query ring of %d, %s Tc=%d dropout %g%s\n", g_failures == fails_before ? "PASS" : "FAIL", N, g->name, Tc, (double)dropout_p,
            documents ? " documents" : "");
     for (int r = 0; r < N; r++) {

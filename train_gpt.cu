@@ -443,12 +443,24 @@ static void gpu_norm_backward(GpuModel* m, floatX* dx, G* dw, G* db, const float
 /* The device document starts positions restart at (NULL: none). */
 static inline const int* gpu_position_doc_start(const GpuModel* m) { return m->docs.reset_position_ids ? m->doc_start : NULL; }
 
-/* RoPE on rows [r0, r0+n) of a (rows, QKV) tensor whose row r0 is at x:
- * the Q and K heads turned by each token's position (sign 1), or a
- * gradient turned back (-1); nothing with learned positions. */
-static void gpu_block_rope(GpuModel* m, floatX* x, int r0, int n, int sign) {
+/* RoPE's rows of this rank's B*T tokens (table.half 0 with learned positions). */
+static RopeRows gpu_rope_rows(const GpuModel* m) {
+    RopeRows r;
+    memset(&r, 0, sizeof(r));
+    if (m->cfg.positions != POS_ROPE) return r;
+    r.table = m->rope;
+    r.lay = m->layout;
+    r.pos_start = gpu_position_doc_start(m);
+    return r;
+}
+
+/* RoPE on rows [r0, r0+n) of qkv (row r0 at x): the Q and K heads turned by
+ * each token's position; nothing with learned positions. The backward's
+ * turn back rides on attention's backward (gpu_layer_attention_backward). */
+static void gpu_block_rope(GpuModel* m, floatX* x, int r0, int n) {
     if (m->cfg.positions != POS_ROPE) return;
-    gpu_rope_rotate(x, m->w.qkv_width, &m->rope, &m->layout, gpu_position_doc_start(m), r0, n, m->w.NH + m->w.NKV, sign, m->stream);
+    const RopeRows rope = gpu_rope_rows(m);
+    gpu_rope_rotate(x, m->w.qkv_width, &rope, r0, n, m->w.NH + m->w.NKV, 1, m->stream);
 }
 
 /* Block l up to attention, rows [r0, r0+n): the first norm, the QKV matmul
@@ -462,7 +474,7 @@ static void gpu_block_forward_qkv(GpuModel* m, int l, int r0, int n) {
     gpu_norm_forward(m, ln1, gstat_rows(m, l, ACT_LN1_MEAN, r0), gstat_rows(m, l, ACT_LN1_RSTD, r0), gact_rows(m, l, ACT_X, r0), w.ln1w,
                      w.ln1b, n);
     gpu_matmul_forward(&m->mm, qkv, ln1, w.qkvw, w.qkvb, NULL, n, C, m->w.qkv_width, m->stream);
-    gpu_block_rope(m, qkv, r0, n, 1);
+    gpu_block_rope(m, qkv, r0, n);
 }
 
 /* The MLP's activation, rows of fch (n, fc_width) into out (n, F): GELU, or SwiGLU's product. */
@@ -522,18 +534,21 @@ static void gpu_layer_attention_forward(GpuModel* m, int l) {
     else gpu_attention_forward(out, lse, qkv, m->B, m->T, h.NH, h.NKV, h.HD, drop, m->stream, gpu_attention_doc_start(m));
 }
 
+/* dqkv: the gradient of qkv before RoPE (attention's kernels, or the
+ * ring's store, turn dQ and dK back: rope.cuh). */
 static void gpu_layer_attention_backward(GpuModel* m, int l, floatX* dqkv, const floatX* datty) {
     DropoutSite site = gpu_site(m, DROPOUT_ATTENTION, l), *drop = &site;
     const floatX *qkv = gact(m, l, ACT_QKV), *out = gact(m, l, ACT_ATTY);
     const float* lse = gstat(m, l, ACT_ATT_LSE);
     const RingHeads h = gpu_model_heads(m);
+    const RopeRows rope = gpu_rope_rows(m);
     if (m->par.cp.group_size > 1) {
         RingDocStarts docs = {gpu_attention_doc_start(m), m->h_doc_start};
-        gpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, &h, docs, dqkv, datty, qkv, out, lse, drop, m->mg,
-                                    m->stream);
+        gpu_ring_attention_backward(&m->ring, &m->par.cp, m->par.ring_chunks, m->B, m->T, &h, docs, dqkv, datty, qkv, out, lse, drop, &rope,
+                                    m->mg, m->stream);
     }
     else gpu_attention_backward(dqkv, m->att_rowsum, datty, qkv, out, lse, m->B, m->T, h.NH, h.NKV, h.HD, drop, m->stream,
-                                gpu_attention_doc_start(m));
+                                gpu_attention_doc_start(m), &rope);
 }
 
 /* Block l forward from its stored input x, tile by tile but for attention;
@@ -671,9 +686,9 @@ static void gpu_block_backward_mlp(GpuModel* m, int l, int r0, int n, floatX* da
     gpu_weight_grads(m, l, BT(P_ATTPROJW), BT(P_ATTPROJB), dbranch, gact_rows(m, l, ACT_ATTY, r0), n, Q, C);
 }
 
-/* Rows [r0, r0+n) of the block's backward below attention: RoPE turned
- * back on the gradient (in place), the QKV matmul and the first norm; dres
- * rows become the gradient w.r.t. the block input x. */
+/* Rows [r0, r0+n) of the block's backward below attention (whose dqkv is
+ * already the gradient before RoPE): the QKV matmul and the first norm;
+ * dres rows become the gradient w.r.t. the block input x. */
 static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles, floatX* dqkv) {
     int C = m->cfg.channels, QKV = m->w.qkv_width;
     GpuBlockTensors w = gpu_layer_params(m, l);
@@ -681,7 +696,6 @@ static void gpu_block_backward_qkv(GpuModel* m, int l, int r0, int n, int tiles,
     floatX* dln = m->grad_act[GRAD_DLN] + (size_t)r0 * C;
     dqkv += (size_t)r0 * QKV;
     gpu_block_recompute_ln1(m, l, r0, n, tiles);
-    gpu_block_rope(m, dqkv, r0, n, -1);
     gpu_matmul_backward_input(&m->mm, dln, dqkv, w.qkvw, n, C, QKV, m->stream);
     gpu_weight_grads(m, l, BT(P_QKVW), BT(P_QKVB), dqkv, gact_rows(m, l, ACT_LN1, r0), n, C, QKV);
     gpu_norm_grads(m, l, BT(P_LN1W), BT(P_LN1B), dres, dln, gact_rows(m, l, ACT_X, r0), w.ln1w, gstat_rows(m, l, ACT_LN1_MEAN, r0),

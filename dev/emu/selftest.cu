@@ -79,6 +79,23 @@ static uint16_t ref_bf16_bits(float f) {
     return (uint16_t)(hi >> 16);
 }
 
+/* sincospi (RoPE's angles, llmc/cuda/rope.cuh) against sin and cos of pi x
+ * in long double (64-bit mantissa, pi to match) of x less its whole turns
+ * (fmodl, exact): within 8 units of the last double place, over half turns,
+ * whole turns and a million turns. */
+static void test_sincospi(void) {
+    const long double pi = 3.14159265358979323846264338327950288L;
+    const double xs[] = {0.0, 0.125, 0.25, 1.0 / 3.0, 0.5, -0.5, 0.75, -0.3, 1.0, 1.75, 2.5, -7.25, 12345.0625, 1048575.4375, -3.0e6 + 0.2};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof(xs) / sizeof(xs[0]); i++) {
+        double s, c;
+        sincospi(xs[i], &s, &c);
+        const long double r = fmodl((long double)xs[i], 2.0L), want_s = sinl(pi * r), want_c = cosl(pi * r);
+        bad += fabsl((long double)s - want_s) > 8 * 0x1p-53L || fabsl((long double)c - want_c) > 8 * 0x1p-53L;
+    }
+    CHECK(bad == 0, "sincospi: %d of %zu wrong", bad, sizeof(xs) / sizeof(xs[0]));
+}
+
 static void test_half_types(void) {
     int bad = 0;
     /* every half converts to float and back unchanged; float value matches the compiler's */
@@ -1362,6 +1379,7 @@ static int run_fail(const char* name) {
 int main(int argc, char** argv) {
     if (argc == 2 && strncmp(argv[1], "fail:", 5) == 0) return run_fail(argv[1] + 5);
     test_half_types();
+    test_sincospi();
     test_kernels();
     test_race_free();
     test_region_renewal();

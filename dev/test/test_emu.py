@@ -108,9 +108,12 @@ BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs
 # kernel at blocks of 4, 2 and 1 warps (the launch's choice by SMs), bitwise equal to the launch's; gqaring2/3 are context parallelism's 2- and 3-member rings on the
 # compact K/V (2 NKV HD a token, packed by the ring's gpu_ring_pack_kv) against whole-sequence attention.
 # Groups of 2, 3 (smollm2-135m's 9/3 at hs64) and 4 (hs128: llama3.1-8b's group); hs64 and hs128 run the
-# mma kernels in the 16-bit builds, hs32 the tc ones, fp32 the simt ones. A few seconds each.
+# mma kernels in the 16-bit builds, hs32 the tc ones, fp32 the simt ones. Every case runs the backward again with
+# RoPE's turn back of dQ and dK (llama3's scaling; yarn's with documents restarting positions) against the CPU's
+# backward then rope_rotate: in the kernels' epilogues where the head size is the template's, by the pass after
+# them at hs48 (padded to 64); the rings turn back as their fp32 sums are stored. A few seconds each.
 GQA_CASES = ["gqa:g2hs64:4:2:64:77", "gqadrop:g3hs64:9:3:64:70", "gqa:g4hs128:8:2:128:45", "gqadrop:g2hs32:4:2:32:45",
-             "gqaring2:g2hs64:4:2:64:37", "gqaring3:g3hs32:6:2:32:24"]
+             "gqaring2:g2hs64:4:2:64:37", "gqaring3:g3hs32:6:2:32:24", "gqa:g2hs48:4:2:48:40"]
 # The slow set: more groups (1, 3, 4, 7: qwen2.5-0.5b's 14/2), head sizes and T, and the rings at hs128.
 GQA_SLOW_CASES = ["gqadrop:g1hs64:2:2:64:333", "gqadrop:g4hs128:8:2:128:130", "gqadrop:g7hs64:14:2:64:77", "gqa:g3hs16:6:2:16:333",
                   "gqaring2:g4hs128:8:2:128:37", "gqaring3:g3hs64:9:3:64:48"]
@@ -459,6 +462,44 @@ def test_gpt_token_tile_mutants_fail_emulated(emu_build, tmp_path, what):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     res = emu_run([exe, case])
     assert res.returncode == 1 and re.search(r"^FAIL", res.stdout, re.M), f"{what}: the mutant passes {case}\n" + explain(res)
+
+
+# Mutants of RoPE's turn back in the attention backward (llmc/cuda/rope.cuh's RopeRows in the kernels' epilogues), each
+# with the grouped-query case that must fail (check_attention_gqa_rope and the ring's store against the CPU): the mma
+# dK/dV kernel's dK not turned, the mma epilogues' position taken from the warp's first row instead of each row's,
+# the tc store pairing a column with its neighbour's partner, the simt dQ kernel's dQ not turned (FP32), the ring's
+# store turning dV too.
+ROPE_MUTANTS = {
+    "mma dK not turned back": ("bf16", "gqa:g2hs64:4:2:64:45", "llmc/cuda/attention_mma.cuh",
+                               "        if (rope.table.half) att_mma_rope_back<HS>(dk, rope, b, r0, T);\n", ""),
+    "mma position of the warp's first row": ("bf16", "gqa:g4hs128:8:2:128:45", "llmc/cuda/attention_mma.cuh",
+                                             "const double pos = rope_position_at(rope, b, t);\n#pragma unroll\n        for (int ot = 0;",
+                                             "const double pos = rope_position_at(rope, b, r0);\n#pragma unroll\n        for (int ot = 0;"),
+    "tc pair's neighbour": ("bf16", "gqa:g2hs32:4:2:32:45", "llmc/cuda/attention_tc.cuh",
+                            "hi = scratch[r * ldm + W + c], co, si;", "hi = scratch[r * ldm + W + (c ^ 1)], co, si;"),
+    "simt dQ not turned back": ("fp32", "gqa:g2hs64:4:2:64:45", "llmc/cuda/attention.cuh",
+                                "        if (rope.table.half) att_rope_back_row<HS>(dq, rope, b, t, g);\n", ""),
+    "ring store turns dV": ("bf16", "gqaring2:g2hs64:4:2:64:37", "llmc/cuda/attention.cuh",
+                            "        if (h < NH + NKV) rope_turn(&a, &b, co, si);", "        rope_turn(&a, &b, co, si);"),
+}
+
+
+@pytest.mark.parametrize("what", list(ROPE_MUTANTS))
+def test_rope_backward_mutants_apply(what):
+    _, _, rel, old, _ = ROPE_MUTANTS[what]
+    assert_mutant_applies((REPO / rel).read_text(), rel, old)
+
+
+@slow
+@pytest.mark.parametrize("what", list(ROPE_MUTANTS))
+def test_rope_backward_mutants_fail_emulated(emu_build, tmp_path, what):
+    precision, case, rel, old, new = ROPE_MUTANTS[what]
+    src = mutant_sources(tmp_path, {rel: (old, new)})
+    exe = src / "build" / "emu" / f"emu_test_gpt_{precision}"
+    res = subprocess.run(["make", "-s", "-C", str(src / "dev" / "emu"), str(exe)], capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    res = emu_run([exe, case])
+    assert res.returncode == 1 and re.search(r"^FAIL: grouped-query", res.stdout, re.M), f"{what}: the mutant passes {case}\n" + explain(res)
 
 
 def test_gpt_bias_epilogue_fallback_emulated(default_jobs):

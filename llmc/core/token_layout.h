@@ -47,11 +47,14 @@ static inline TokenLayout token_layout(int T, int member, int group_size, const 
     return lay;
 }
 
-REMAT_HOST_DEVICE static inline int token_position(const TokenLayout* lay, size_t n) {
-    int i = (int)(n % (size_t)lay->T), Tc = lay->T / 2;
+/* The global position of token i (< T) of any of this rank's sequences. */
+REMAT_HOST_DEVICE static inline int token_position_of(const TokenLayout* lay, int i) {
+    int Tc = lay->T / 2;
     if (lay->group_size == 1) return i;
     return i < Tc ? lay->first * Tc + i : lay->second * Tc + (i - Tc);
 }
+
+REMAT_HOST_DEVICE static inline int token_position(const TokenLayout* lay, size_t n) { return token_position_of(lay, (int)(n % (size_t)lay->T)); }
 
 /* The row of the whole (B, T * group_size) batch that local row n is. */
 REMAT_HOST_DEVICE static inline size_t token_global_row(const TokenLayout* lay, size_t n) {

@@ -97,6 +97,7 @@
 #include "cuda_common.cuh"
 #include "../core/dropout.h"
 #include "../core/token_layout.h"
+#include "rope.cuh"
 
 enum AttentionKind { ATT_KIND_SIMT = 0, ATT_KIND_TC = 1, ATT_KIND_MMA = 2 };
 
@@ -423,6 +424,23 @@ template <int HS> __device__ __forceinline__ void att_store_row(floatX* row, con
     }
 }
 
+/* RoPE's turn back (rope.cuh) of this thread's channels of row t of
+ * sequence b of dQ or dK, where the head size is the template's
+ * (hs = HS, which the launchers check: attention_rope_fused): channel c <
+ * HS/2 of element e pairs with c + HS/2, element e + CH/2 of the same
+ * thread (att_channel's chunks: CH/8 chunks further, G threads apart). */
+template <int HS> __device__ __forceinline__ void att_rope_back_row(float* x, const RopeRows& rope, int b, int t, int g) {
+    constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
+    static_assert(CH % 8 == 0, "the pair's element is CH/8 whole chunks further");
+    const double pos = rope_position_at(rope, b, t);
+#pragma unroll
+    for (int e = 0; e < CH / 2; e++) {
+        float co, si;
+        rope_cos_sin(pos, rope.table.inv_freq[att_channel<G>(e, g)], rope.table.mscale, -1, &co, &si);
+        rope_turn(&x[e], &x[e + CH / 2], co, si);
+    }
+}
+
 /* Partial dot product of this thread's channels with a shared-memory row (HS floats). */
 template <int HS> __device__ __forceinline__ float att_dot_smem(const float* reg, const float* srow, int g) {
     constexpr int G = AttConfig<HS>::G, NQ = AttConfig<HS>::NQ;
@@ -567,7 +585,8 @@ attention_forward_kernel(floatX* out, float* lse, const floatX* qkv, int T, cons
 template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                             const float* lse, int T, const AttHeads hd, float scale, DropoutSite drop, AttTileArgs blk) {
+                             const float* lse, int T, const AttHeads hd, float scale, DropoutSite drop, AttTileArgs blk,
+                             const RopeRows rope) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32, "a tile's keep bits are two att_drop_keep_row16");
     __shared__ __align__(16) float ks[ATT_TILE][HS];
@@ -634,6 +653,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
             }
         }
     } else if (valid) {
+        if (rope.table.half) att_rope_back_row<HS>(dq, rope, b, t, g);
         att_store_row<HS>(dqkv + ((size_t)b * T + t) * ld + (size_t)h * hs, dq, 1.0f, hs, g);
     }
 }
@@ -651,7 +671,7 @@ attention_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, co
 template <int HS, bool DROPOUT, bool TILE>
 __global__ void __launch_bounds__(AttConfig<HS>::THREADS)
 attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                              int T, const AttHeads hd, float scale, DropoutSite drop, AttTileArgs blk) {
+                              int T, const AttHeads hd, float scale, DropoutSite drop, AttTileArgs blk, const RopeRows rope) {
     constexpr int CH = AttConfig<HS>::CH, G = AttConfig<HS>::G;
     static_assert(ATT_TILE == 32 && ATT_ROWS % 16 == 0, "a tile's keep bits are two att_drop_keep_col16 (t0 a multiple of 16)");
     __shared__ __align__(16) float qs[ATT_TILE][HS];
@@ -729,8 +749,9 @@ attention_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* d
         }
     } else if (valid) {
         floatX* drow = dqkv + ((size_t)b * T + s) * ld + (size_t)kvh * hs;
+        att_store_row<HS>(drow + hd.v_off, dv, 1.0f, hs, g); /* dV first: its registers are free for RoPE's turn of dK */
+        if (rope.table.half) att_rope_back_row<HS>(dk, rope, b, s, g);
         att_store_row<HS>(drow + hd.k_off, dk, 1.0f, hs, g);
-        att_store_row<HS>(drow + hd.v_off, dv, 1.0f, hs, g);
     }
 }
 
@@ -826,10 +847,18 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
     else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, hd, kind, drop, doc_start, stream);
 }
 
+/* RoPE in the backward (rope.cuh): the kernels turn dQ and dK back in
+ * their epilogues where the head size is the template's (16, 32, 64, 128),
+ * so that every family holds a channel and its pair (c + HS/2) in one
+ * thread or one warp's scratch; at other head sizes (the simt and tc
+ * families' padded buckets) rope.cuh's pass turns dqkv back after them. */
+static inline bool attention_rope_fused(int HS, int hs) { return HS == hs; }
+
+/* rope: the turn in the kernels' epilogues (table.half 0: none). */
 template <int HS, bool DROPOUT>
 static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                          const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
-                                         const int* doc_start, cudaStream_t stream) {
+                                         const int* doc_start, const RopeRows& rope, cudaStream_t stream) {
     const int hs = hd.HD, NH = hd.NH, NKV = hd.NKV;
     float scale = 1.0f / sqrtf((float)hs);
     AttTileArgs docs{};
@@ -838,18 +867,18 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     if constexpr (HS == 64 || HS == 128) {
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS); /* the grid limit on B*NKV, checked before any launch */
-            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, scale, drop, doc_start, stream);
+            attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, scale, drop, doc_start, rope, stream);
             return;
         }
     }
     if (kind != ATT_KIND_SIMT) {
         attention_tc_backward_dq_kernel<HS, DROPOUT><<<att_tc_grid(B, T, NH, NKV), ATT_TC_THREADS, 0, stream>>>(
-            dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, doc_start);
+            dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, doc_start, rope);
         CUDA_CHECK_LAUNCH();
         const size_t dkv_smem = AttTcDkvSmem<HS>::BYTES;
         CUDA_CHECK(cudaFuncSetAttribute(attention_tc_backward_dkv_kernel<HS, DROPOUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_smem));
         attention_tc_backward_dkv_kernel<HS, DROPOUT><<<attention_grid(B, T, NKV, ATT_TC_ROWS), ATT_TC_THREADS, dkv_smem, stream>>>(
-            dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, doc_start);
+            dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, doc_start, rope);
         CUDA_CHECK_LAUNCH();
         return;
     }
@@ -857,19 +886,28 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     (void)kind;
 #endif
     attention_backward_dq_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, NKV), AttConfig<HS>::THREADS, 0, stream>>>(
-        dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs);
+        dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs, rope);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
+        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs, rope);
     CUDA_CHECK_LAUNCH();
 }
 
+/* rope: RoPE's rows (NULL or table.half 0: none), turned back in the
+ * kernels or after them (attention_rope_fused). */
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
-                                      cudaStream_t stream, const int* doc_start = nullptr) {
-    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, stream);
-    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, stream);
+                                      cudaStream_t stream, const int* doc_start = nullptr, const RopeRows* rope = nullptr) {
+    const bool turn = rope && rope->table.half, fused = turn && attention_rope_fused(HS, hd.HD);
+    if (turn && 2 * rope->table.half != hd.HD) fail("attention: RoPE's table is for head size %d, the heads' is %d", 2 * rope->table.half, hd.HD);
+    if (turn && rope->lay.T != T) fail("attention: RoPE's rows are sequences of %d tokens, the call's of %d", rope->lay.T, T);
+    RopeRows in_kernels;
+    memset(&in_kernels, 0, sizeof(in_kernels));
+    if (fused) in_kernels = *rope;
+    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, in_kernels, stream);
+    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, in_kernels, stream);
+    if (turn && !fused) gpu_rope_rotate(dqkv, hd.q_ld, rope, 0, B * T, hd.NH + hd.NKV, -1, stream);
 }
 
 /* One kernel launch of the attention forward or backward, as the launchers
@@ -978,18 +1016,20 @@ static inline void gpu_attention_forward(floatX* out, float* lse, const floatX* 
 
 /* dqkv (B,T,(NH+2NKV)*HD) overwritten from dout (B,T,NH*HD); rowsum
  * (B,NH,T) fp32 scratch (the only scratch of every kernel family); drop: the
- * forward's site, so the same mask is drawn again; doc_start: the forward's. */
+ * forward's site, so the same mask is drawn again; doc_start: the forward's;
+ * rope: RoPE's rows (the call's B*T) where qkv's Q and K were turned, and
+ * dqkv's dQ and dK are then the gradients before the turn (NULL: none). */
 static inline void gpu_attention_backward(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
                                           const float* lse, int B, int T, int NH, int NKV, int HD, const DropoutSite* drop,
-                                          cudaStream_t stream, const int* doc_start = nullptr) {
+                                          cudaStream_t stream, const int* doc_start = nullptr, const RopeRows* rope = nullptr) {
     attention_check_heads(NH, NKV, HD);
     DropoutSite d = drop ? *drop : attention_no_dropout();
     const AttHeads hd = att_heads(NH, NKV, HD);
     switch (attention_head_bucket(HD)) {
-    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
-    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
-    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
-    default: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start); break;
+    case 16: attention_backward_launch<16>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start, rope); break;
+    case 32: attention_backward_launch<32>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start, rope); break;
+    case 64: attention_backward_launch<64>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start, rope); break;
+    default: attention_backward_launch<128>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, ATTENTION_KIND, d, stream, doc_start, rope); break;
     }
 }
 
@@ -1044,6 +1084,30 @@ attention_ring_store_dqkv_kernel(floatX* dqkv, const float* dq_acc, const float*
     dqkv[i] = from_f32<floatX>(c < q_w ? dq_acc[r * q_w + c] : dkv_acc[r * kv2_w + (c - q_w)]);
 }
 
+/* attention_ring_store_dqkv_kernel with RoPE's turn back (rope.cuh) of dQ
+ * and dK: thread (r, j) of rows x HD/2 computes the angle of row r's
+ * position and channel j once and turns pair (j, j + HD/2) of each of the
+ * row's NH dQ and NKV dK heads in fp32 before the rounding; dV's pair is
+ * copied. grid ceil(rows*HD/2 / 256), block 256. */
+__global__ void __launch_bounds__(256)
+attention_ring_store_dqkv_rope_kernel(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int NH, int NKV, RopeRows rope) {
+    const int half = rope.table.half, HD = 2 * half;
+    const size_t i = (size_t)blockIdx.x * 256 + threadIdx.x;
+    if (i >= rows * half) return;
+    const size_t r = i / half, q_w = (size_t)NH * HD, kv_w = (size_t)NKV * HD;
+    const int j = (int)(i % half);
+    float co, si;
+    rope_cos_sin(rope_position(rope, r), rope.table.inv_freq[j], rope.table.mscale, -1, &co, &si);
+    floatX* out = dqkv + r * (q_w + 2 * kv_w) + j;
+    for (int h = 0; h < NH + 2 * NKV; h++) { /* the row's heads in dqkv's order: dQ, dK, dV */
+        const float* src = h < NH ? dq_acc + r * q_w + (size_t)h * HD : dkv_acc + r * 2 * kv_w + (size_t)(h - NH) * HD;
+        float a = src[j], b = src[j + half];
+        if (h < NH + NKV) rope_turn(&a, &b, co, si);
+        out[(size_t)h * HD] = from_f32<floatX>(a);
+        out[(size_t)h * HD + half] = from_f32<floatX>(b);
+    }
+}
+
 static inline unsigned attention_elementwise_blocks(size_t n) {
     if (ceil_div(n, 256) > 0x7fffffffu) fail("attention: %zu elements exceed one launch's grid", n);
     return (unsigned)ceil_div(n, 256);
@@ -1094,10 +1158,10 @@ static void attention_tile_backward_as(float* dq_acc, float* dkv_acc, const floa
     const float scale = 1.0f / sqrtf((float)hd.HD);
     /* the dQ kernel's rowsum is written only by its whole-sequence instantiation */
     attention_backward_dq_kernel<HS, DROPOUT, true><<<att_simt_grid<HS>(a->B, a->Tq, hd.NH, hd.NKV), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
+        nullptr, const_cast<float*>(rowsum), dout, qkv, nullptr, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0}, RopeRows{});
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, true><<<attention_grid(a->B, a->Tk, hd.NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
+        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0}, RopeRows{});
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1169,9 +1233,18 @@ static inline void gpu_attention_ring_store_out(floatX* out, const float* out_ac
     CUDA_CHECK_LAUNCH();
 }
 
-/* dqkv (rows, (NH + 2 NKV) HD) floatX from dq_acc (rows, NH HD) and dkv_acc (rows, 2 NKV HD). */
+/* dqkv (rows, (NH + 2 NKV) HD) floatX from dq_acc (rows, NH HD) and dkv_acc
+ * (rows, 2 NKV HD); rope: RoPE's rows (this member's), whose dQ and dK are
+ * turned back on the way (NULL or table.half 0: none). */
 static inline void gpu_attention_ring_store_dqkv(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int NH, int NKV, int HD,
-                                                 cudaStream_t s) {
+                                                 cudaStream_t s, const RopeRows* rope = nullptr) {
+    if (rope && rope->table.half) {
+        if (2 * rope->table.half != HD) fail("attention: RoPE's table is for head size %d, the heads' is %d", 2 * rope->table.half, HD);
+        attention_ring_store_dqkv_rope_kernel<<<attention_elementwise_blocks(rows * rope->table.half), 256, 0, s>>>(dqkv, dq_acc, dkv_acc, rows,
+                                                                                                                    NH, NKV, *rope);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     const size_t q_w = (size_t)NH * HD, kv2_w = 2 * (size_t)NKV * HD;
     attention_ring_store_dqkv_kernel<<<attention_elementwise_blocks(rows * (q_w + kv2_w)), 256, 0, s>>>(dqkv, dq_acc, dkv_acc, rows, q_w, kv2_w);
     CUDA_CHECK_LAUNCH();

@@ -112,6 +112,7 @@
 #include "cuda_common.cuh"
 #include "attention_tc.cuh"
 #include "ptx.cuh"
+#include "rope.cuh"
 #include "../core/dropout.h"
 
 #define ATT_MMA_WARPS 4
@@ -336,6 +337,31 @@ __device__ __forceinline__ void att_mma_store_rows(floatX* base, size_t ld, int 
             uint32_t v = ptx_pack2(acc[ot][2 * half] * mul[half], acc[ot][2 * half + 1] * mul[half]);
             *reinterpret_cast<uint32_t*>(row + ot * 8) = v;
         }
+    }
+}
+
+/* RoPE's turn back (rope.cuh) of a warp's 16 rows r0.. of sequence b of
+ * dQ or dK in the accumulators' layout, before att_mma_store_rows: this
+ * lane's channel 8 ot + 2 tq + k of n-tile ot < OT/2 pairs with the same
+ * place of n-tile ot + OT/2 (channel + HS/2), both in its registers. Rows
+ * >= T are left alone. */
+template <int HS>
+__device__ __forceinline__ void att_mma_rope_back(float acc[][4], const RopeRows& rope, int b, int r0, int T) {
+    constexpr int HALF = AttMma<HS>::OT / 2;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int t = r0 + g + 8 * hf;
+        if (t >= T) continue;
+        const double pos = rope_position_at(rope, b, t);
+#pragma unroll
+        for (int ot = 0; ot < HALF; ot++)
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                float co, si;
+                rope_cos_sin(pos, rope.table.inv_freq[ot * 8 + 2 * tq + k], rope.table.mscale, -1, &co, &si);
+                rope_turn(&acc[ot][2 * hf + k], &acc[ot + HALF][2 * hf + k], co, si);
+            }
     }
 }
 
@@ -735,7 +761,7 @@ template <int HS, int WARPS = ATT_MMA_WARPS> struct AttMmaBwd {
 template <int HS, bool TILE, int WARPS = ATT_MMA_WARPS>
 __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DKV)) /* launched with 32 WARPS threads */
 attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
-                                  const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
+                                  const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk, const RopeRows rope) {
     typedef AttMma<HS> Cfg;
     typedef AttMmaBwd<HS, WARPS> Bwd;
     static_assert(ATT_MMA_WARPS % WARPS == 0, "a narrow block holds a whole share of the 64-key tile's warps");
@@ -842,6 +868,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
     } else {
         const float one[2] = {1.0f, 1.0f};
         floatX* drows = dqkv + (size_t)b * T * rw.ld + (size_t)kvh * HS;
+        if (rope.table.half) att_mma_rope_back<HS>(dk, rope, b, r0, T);
         att_mma_store_rows<HS>(drows + hd.k_off, rw.ld, r0, T, dk, one);
         att_mma_store_rows<HS>(drows + hd.v_off, rw.ld, r0, T, dv, one);
     }
@@ -853,7 +880,7 @@ attention_mma_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const float
 template <int HS, bool TILE>
 __global__ void __maxnreg__((AttMmaRegs<HS, TILE>::DQ)) /* launched with ATT_MMA_THREADS */
 attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int T,
-                                 const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk) {
+                                 const AttHeads hd, float scale, const DropoutSite drop, const AttTileArgs blk, const RopeRows rope) {
     typedef AttMma<HS> Cfg;
     __shared__ __align__(128) unsigned char smem[Cfg::SMEM_BYTES];
     /* packed grouped-query rows (att_pack): the warp's 16 rows r0.. of query head h; K, V: the block's K/V head */
@@ -942,6 +969,7 @@ attention_mma_backward_dq_kernel(floatX* dqkv, const float* rowsum, const floatX
         att_mma_add_rows<HS>(blk.acc + sp.qrow * hd.out_ld + (size_t)pk.h * HS, hd.out_ld, r0, -sp.diag, sp.nq, dq);
     } else {
         const float one[2] = {1.0f, 1.0f};
+        if (rope.table.half) att_mma_rope_back<HS>(dq, rope, pk.b, r0, T);
         att_mma_store_rows<HS>(dqkv + (size_t)pk.b * T * rw.ld + (size_t)pk.h * HS, rw.ld, r0, T, dq, one);
     }
 }
@@ -995,31 +1023,34 @@ static inline int attention_device_sms(void) {
 /* The whole-sequence dK/dV kernel of WARPS warps a block. */
 template <int HS, int WARPS>
 static void attention_mma_dkv_launch_as(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse, int B, int T,
-                                        const AttHeads& hd, float scale, const DropoutSite& drop, const AttTileArgs& docs, cudaStream_t stream) {
+                                        const AttHeads& hd, float scale, const DropoutSite& drop, const AttTileArgs& docs, const RopeRows& rope,
+                                        cudaStream_t stream) {
     const size_t smem = AttMmaBwd<HS, WARPS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, false, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attention_mma_backward_dkv_kernel<HS, false, WARPS><<<attention_mma_dkv_grid(B, T, hd.NKV, WARPS), 32 * WARPS, smem, stream>>>(
-        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
+        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs, rope);
     CUDA_CHECK_LAUNCH();
 }
 
-/* The backward's three launches; doc_start: packed documents' starts (device (B,T)), or NULL. */
+/* The backward's three launches; doc_start: packed documents' starts (device (B,T)), or NULL; rope: RoPE's
+ * turn back in the dK and dQ epilogues (table.half 0: none). */
 template <int HS>
 static void attention_mma_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                           int B, int T, const AttHeads& hd, float scale, const DropoutSite& drop, const int* doc_start,
-                                          cudaStream_t stream) {
+                                          const RopeRows& rope, cudaStream_t stream) {
     const size_t rows = (size_t)B * T * hd.NH;
     attention_mma_rowsum_kernel<HS><<<(unsigned)ceil_div(rows, 256), 256, 0, stream>>>(rowsum, dout, out, B, T, hd.NH);
     CUDA_CHECK_LAUNCH();
     AttTileArgs docs{};
     docs.a.doc_start = doc_start;
     switch (attention_mma_dkv_warps(B, T, hd.NKV, attention_device_sms())) {
-    case 1: attention_mma_dkv_launch_as<HS, 1>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, stream); break;
-    case 2: attention_mma_dkv_launch_as<HS, 2>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, stream); break;
-    default: attention_mma_dkv_launch_as<HS, ATT_MMA_WARPS>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, stream); break;
+    case 1: attention_mma_dkv_launch_as<HS, 1>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, rope, stream); break;
+    case 2: attention_mma_dkv_launch_as<HS, 2>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, rope, stream); break;
+    default: attention_mma_dkv_launch_as<HS, ATT_MMA_WARPS>(dqkv, rowsum, dout, qkv, lse, B, T, hd, scale, drop, docs, rope, stream); break;
     }
     const dim3 grid = att_pack_grid(B, T, hd.NH, hd.NKV, 16, ATT_MMA_WARPS);
-    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs);
+    attention_mma_backward_dq_kernel<HS, false><<<grid, ATT_MMA_THREADS, 0, stream>>>(dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs,
+                                                                                 rope);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1043,10 +1074,10 @@ static void attention_mma_tile_backward_launch(float* dq_acc, float* dkv_acc, co
     const size_t smem = AttMmaBwd<HS>::SMEM_BYTES;
     CUDA_CHECK(cudaFuncSetAttribute(attention_mma_backward_dkv_kernel<HS, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attention_mma_backward_dkv_kernel<HS, true><<<attention_mma_dkv_grid(a->B, a->Tk, hd.NKV), ATT_MMA_THREADS, smem, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0});
+        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dkv_acc, 0}, RopeRows{});
     CUDA_CHECK_LAUNCH();
     attention_mma_backward_dq_kernel<HS, true><<<att_pack_grid(a->B, a->Tq, hd.NH, hd.NKV, 16, ATT_MMA_WARPS), ATT_MMA_THREADS, 0, stream>>>(
-        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0});
+        nullptr, rowsum, dout, qkv, lse, a->Tl, hd, scale, drop, AttTileArgs{*a, kv, kv_ld, dq_acc, 0}, RopeRows{});
     CUDA_CHECK_LAUNCH();
 }
 

@@ -8,7 +8,8 @@
  * (the block sent is packed or has arrived; the buffer received into was
  * last read by the step before), and multigpu_ring_join makes the compute
  * issued next wait for the one recorded after it. The tiles are summed in
- * fp32 (acc; dK/dV in dkv) and stored as floatX once, after the ring.
+ * fp32 (acc; dK/dV in dkv) and stored as floatX once, after the ring
+ * (with RoPE, dQ and dK turned back on the way: rope.cuh).
  * Shapes: B rows of Tl local tokens; the layer's heads (RingHeads: NH query
  * heads, NKV K/V heads of HD; GPT-2: NKV = NH, HD = C/NH), Q = NH HD, KV =
  * NKV HD; qkv (B,Tl,Q+2KV), out (B,Tl,Q), lse (B,NH,Tl) fp32; chunks (2N,
@@ -98,10 +99,12 @@ static void gpu_ring_attention_forward(GpuRing* r, const ContextGroups* g, const
     gpu_attention_ring_store_out(out, r->acc, rows, (int)ring_q_width(h), s);
 }
 
-/* dqkv (B,Tl,Q+2KV) is overwritten; the forward's lse is reused. */
+/* dqkv (B,Tl,Q+2KV) is overwritten; the forward's lse is reused; rope:
+ * RoPE's rows (this member's), dQ and dK turned back as the fp32 sums are
+ * stored (NULL: none). */
 static void gpu_ring_attention_backward(GpuRing* r, const ContextGroups* g, const int* chunks, int B, int Tl, const RingHeads* h, RingDocStarts docs,
                                         floatX* dqkv, const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                        const DropoutSite* drop, MultiGpu* mg, cudaStream_t s) {
+                                        const DropoutSite* drop, const RopeRows* rope, MultiGpu* mg, cudaStream_t s) {
     int N = g->group_size;
     const size_t kvw = 2 * ring_kv_width(h);
     size_t rows = (size_t)B * Tl, kv_bytes = rows * kvw * sizeof(floatX), dkv_bytes = rows * kvw * sizeof(float);
@@ -121,7 +124,7 @@ static void gpu_ring_attention_backward(GpuRing* r, const ContextGroups* g, cons
         multigpu_ring_pass(mg, s, dkv, r->dkv[(step + 1) % 2], dkv_bytes, "the ring attention backward");
         multigpu_ring_join(mg, s);
     }
-    gpu_attention_ring_store_dqkv(dqkv, r->acc, r->dkv[N % 2], rows, h->NH, h->NKV, h->HD, s);
+    gpu_attention_ring_store_dqkv(dqkv, r->acc, r->dkv[N % 2], rows, h->NH, h->NKV, h->HD, s, rope);
 }
 
 #endif
