@@ -121,9 +121,11 @@ static void expect_work(const char* what, double got, double want) {
  * 4 x 32 query heads x 128 per causal pair (T(T+1)/2), the K/V heads shared,
  * backward 2.5x; bytes: two RMSNorms 4C forward and 8C backward, SwiGLU 3F
  * forward (2F read, F written) and 5F backward (2F and F read, 2F written),
- * at GELU's rate, RoPE 2 x (32 + 8) x 128 both ways; -r 1 reruns the QKV, O
- * and gate/up matmuls, RoPE, both norms and SwiGLU, and attention. A mutant
- * that counts attention for the K/V heads, RoPE for Q only, or SwiGLU's
+ * at GELU's rate, RoPE's pass 2 x (32 + 8) x 128 forward (and on the CPU
+ * backward too; the GPU's attention backward turns dQ and dK back in its
+ * epilogues: no pass); -r 1 reruns the QKV, O and gate/up matmuls, RoPE,
+ * both norms and SwiGLU, and attention. A mutant that counts attention for
+ * the K/V heads, RoPE for Q only, a GPU backward pass of RoPE, or SwiGLU's
  * bytes as GELU's (F in, F out) fails here. */
 static void check_llama_work(void) {
     PlanSpec s;
@@ -139,11 +141,14 @@ static void check_llama_work(void) {
     expect_work("llama3.1-8b forward SwiGLU bytes", f.gelu_bytes, 3 * F * N * E);
     expect_work("llama3.1-8b backward matmul FLOPs", b.matmul_backward_flops, 2 * matmul);
     expect_work("llama3.1-8b backward attention FLOPs", b.attention_backward_flops, 2.5 * attention);
-    expect_work("llama3.1-8b backward bytes", b.memory_bytes, (8 * C + 5 * F + rope) * N * E);
+    expect_work("llama3.1-8b backward bytes (GPU: no RoPE pass)", b.memory_bytes, (8 * C + 5 * F) * N * E);
     expect_work("llama3.1-8b backward SwiGLU bytes", b.gelu_bytes, 5 * F * N * E);
     expect_work("llama3.1-8b -r 1 recompute matmul FLOPs", r.matmul_flops, 2.0 * C * (48 * 128 + 4096 + 2 * F) * N);
     expect_work("llama3.1-8b -r 1 recompute attention FLOPs", r.attention_flops, attention);
     expect_work("llama3.1-8b -r 1 recompute bytes", r.memory_bytes, (4 * C + 3 * F + rope) * N * E);
+    s.backend = BACKEND_CPU;
+    s.elem_bytes = E = 4;
+    expect_work("llama3.1-8b backward bytes (CPU: RoPE's pass)", layer_work(&s, 1).memory_bytes, (8 * C + 5 * F + rope) * N * E);
 }
 
 /* The searches' model: L layers of C=64, 4 heads, V=50, T=256 at B=2, bf16

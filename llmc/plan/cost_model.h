@@ -28,8 +28,8 @@
  * in layer_widths below: its matmuls 2 C (QKV + NH HD + FC + F) per token
  * with QKV = (NH + 2 NKV) HD and FC = F or SwiGLU's 2F; attention 4 NH HD
  * per pair; the activation's bytes FC + F forward, 2 FC + F backward;
- * RoPE's pass reads and writes the Q and K heads, forward, backward and in
- * every recompute that reruns the QKV matmul):
+ * RoPE's pass reads and writes the Q and K heads, forward and in every
+ * recompute that reruns the QKV matmul, and backward on the CPU):
  *   block forward    matmul 24 N C^2, attention 2 B T (T+1) C (QK^T and PV
  *                    over the T(T+1)/2 causal pairs), bytes 12 N C E (two
  *                    LayerNorms read and write C, GELU reads and writes 4C:
@@ -63,9 +63,12 @@
  *                    CPU calibration times both under one clock, OP_GELU); on
  *                    the GPU that rate is memory_bytes_per_s
  *   RoPE             the Q and K heads read and written, (NH + NKV) HD each way,
- *                    forward, backward and in each QKV recompute, at
- *                    memory_bytes_per_s (sin and cos from the position: a few
- *                    FLOPs an element, hidden under the loads)
+ *                    forward and in each QKV recompute, at memory_bytes_per_s
+ *                    (sin and cos from the position: a few FLOPs an element,
+ *                    hidden under the loads); backward the CPU's pass again,
+ *                    while the GPU's attention backward turns dQ and dK back
+ *                    in its epilogues before storing them (llmc/cuda/rope.cuh):
+ *                    no bytes of its own
  *   attention (GQA)  FLOPs for the NH query heads, K/V shared by NH/NKV of
  *                    them: 4 NH HD per pair, as for NH K/V heads (sharing
  *                    saves K/V loads, not products), at the attention family's
@@ -434,7 +437,8 @@ static inline Work layer_work(const PlanSpec* s, int backward) {
     if (backward) {
         w.matmul_flops = w.matmul_backward_flops = 2.0 * matmul * N;
         w.attention_flops = w.attention_backward_flops = 2.5 * attention_forward_flops(s);
-        w.memory_bytes = (8.0 * C + lw.act_bwd + lw.rope) * N * E;
+        const double rope_back = s->backend == BACKEND_GPU ? 0.0 : lw.rope; /* the GPU turns back in attention's epilogues */
+        w.memory_bytes = (8.0 * C + lw.act_bwd + rope_back) * N * E;
         w.gelu_bytes = lw.act_bwd * N * E; /* reads its input and the gradient, writes the gradient */
     }
     return tile_cost(s, w, 2.0);
