@@ -30,7 +30,9 @@
 #      default attention at head sizes 64 and 128, T=77, forward and backward,
 #      with and without dropout
 #   5. the attention kernels alone (dev/bench/bench_attention.cu: tensor cores
-#      against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s) and the
+#      against CUDA cores at the d12 and 24x2048 shapes, ms and TFLOP/s; and
+#      RoPE beside attention at llama3.1-8b's heads, T = 32768: the forward's
+#      pass, and the backward's epilogue turn against a pass after it) and the
 #      memory-bound kernels alone (dev/bench/bench_memory.cu: 16-byte vector
 #      paths against scalar paths at GPT-2 124M shapes, ms and GB/s)
 #   6. short training runs on the synthetic dataset in BF16 and FP16 (dynamic
@@ -382,6 +384,10 @@ if [[ -x build/bench_attention_bf16 ]]; then
     att_rate() { grep "^| 4 8192 16 128 | $1" "$ATT_MD" | awk -F'|' '{gsub(/ /, "", $5); gsub(/ /, "", $7); print "fwd " $5 ", bwd " $7}'; }
     big=$(att_rate mma) tcr=$(att_rate tc) ref=$(att_rate simt)
     SUMMARY+=("| attention alone, B=4 T=8192 NH=16 hs=128 (bf16), table below | $(status_word $rc)${big:+: mma $big TFLOP/s; tc $tcr; simt $ref} |")
+    stage bench_attention_rope 60 build/bench_attention_bf16 --rope 1 32768 32 8 128
+    rc=$?
+    rope=$(grep -m 1 '^rope ' "$LOGDIR/bench_attention_rope.log" | sed -E 's/^rope B=1 T=32768 NH=32 NKV=8 hs=128 //')
+    SUMMARY+=("| RoPE beside attention, llama3.1-8b heads, T=32768 (bf16; pass: forward's RoPE; bwd_fused: turned back in the epilogues; bwd_then_pass: the pass after instead) | $(status_word $rc)${rope:+: $rope} |")
 else
     SUMMARY+=("| attention alone (bench_attention_bf16) | not built |")
 fi

@@ -39,6 +39,19 @@
  *        blocks where the 4-warp grid leaves SMs idle: the warps it then
  *        has a block), has a block on every SM. Narrow blocks spread the
  *        same warps over more SMs; they add none.
+ *        build/bench_attention_bf16 --rope B T NH NKV HS
+ *        RoPE beside attention, the build's family, grouped-query heads
+ *        (e.g. llama3.1-8b's 1 32768 32 8 128), llama3.1-8b's frequencies:
+ *        one line `rope B= T= NH= NKV= hs= kernels= pass_ms= pass_GBps=
+ *        fwd_ms= bwd_ms= bwd_fused_ms= bwd_then_pass_ms= saved_ms=
+ *        bwd_fused_vs_pass_rel=`: the forward's pass over Q and K
+ *        (llmc/cuda/rope.cuh; its bytes read and written a second), the
+ *        attention forward, its backward without RoPE, with dQ and dK
+ *        turned back in the epilogues, and without them followed by the
+ *        pass turning them back (what the epilogues replace), the time
+ *        that saves, and how far the two results are apart (norm of the
+ *        difference over the norm: the epilogues round once, the pass
+ *        rounds twice).
  * Exit status: 0, 1 on bad arguments or a CUDA error (a GPU present but
  * unusable included), 77 where no NVIDIA GPU exists.
  *
@@ -198,6 +211,61 @@ static int parse_positive(const char* s, const char* what) {
     return (int)v;
 }
 
+/* The --rope report of one shape (usage above). */
+template <int HS> static void rope_report(int B, int T, int NH, int NKV, int hs) {
+    const AttHeads hd = att_heads(NH, NKV, hs);
+    const size_t rows = (size_t)B * T, n_qkv = rows * hd.q_ld, n_out = rows * hd.out_ld, n_stat = rows * NH;
+    BenchBuffers b;
+    CUDA_CHECK(cudaMalloc((void**)&b.qkv, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.dqkv, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.dout, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.out, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.lse, n_stat * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&b.rowsum, n_stat * sizeof(float)));
+    bench_fill_kernel<<<grid_for(n_qkv, 256), 256>>>(b.qkv, n_qkv, 1);
+    bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
+    CUDA_CHECK_LAUNCH();
+    ModelConfig cfg;
+    if (config_from_descriptor("llama3.1-8b", &cfg) != 0) fail("bench_attention: the llama3.1-8b preset is missing");
+    cfg.head_size = hs;
+    RopeRows rope;
+    memset(&rope, 0, sizeof(rope));
+    rope.table = rope_table(&cfg);
+    rope.lay = TokenLayout{T, 0, 1, 0, 1};
+    const DropoutSite none = attention_no_dropout();
+    const int kind = ATTENTION_KIND, heads = NH + NKV;
+    const float pass_ms = time_ms([&] { gpu_rope_rotate(b.qkv, hd.q_ld, &rope, 0, (int)rows, heads, 1, 0); });
+    const float fwd_ms = time_ms([&] { attention_forward_launch<HS>(b.out, b.lse, b.qkv, B, T, hd, kind, none, 0); });
+    const float bwd_ms = time_ms([&] { attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, hd, kind, none, 0); });
+    const float fused_ms = time_ms([&] {
+        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, hd, kind, none, 0, nullptr, &rope);
+    });
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float* fused_out = fetch(b.dqkv, n_qkv);
+    const float then_pass_ms = time_ms([&] {
+        attention_backward_launch<HS>(b.dqkv, b.rowsum, b.dout, b.qkv, b.out, b.lse, B, T, hd, kind, none, 0);
+        gpu_rope_rotate(b.dqkv, hd.q_ld, &rope, 0, (int)rows, heads, -1, 0);
+    });
+    CUDA_CHECK(cudaDeviceSynchronize());
+    float* pass_out = fetch(b.dqkv, n_qkv);
+    const double pass_bytes = 2.0 * rows * heads * hs * sizeof(floatX); /* Q and K read and written */
+    const int family = attention_family(kind, hs);
+    const char* name = family == ATT_KIND_SIMT ? "simt" : family == ATT_KIND_MMA && attention_mma_fits(kind, HS, hs, b.out, b.qkv, b.dqkv) ? "mma" : "tc";
+    printf("rope B=%d T=%d NH=%d NKV=%d hs=%d kernels=%s%s pass_ms=%.4f pass_GBps=%.1f fwd_ms=%.3f bwd_ms=%.3f bwd_fused_ms=%.3f "
+           "bwd_then_pass_ms=%.3f saved_ms=%.4f bwd_fused_vs_pass_rel=%.2e\n",
+           B, T, NH, NKV, hs, name, attention_rope_fused(HS, hs) ? "" : "+pass", pass_ms,
+           pass_bytes / (pass_ms * 1e-3) / 1e9, fwd_ms, bwd_ms, fused_ms, then_pass_ms, then_pass_ms - fused_ms,
+           norm_rel(fused_out, pass_out, n_qkv));
+    free(fused_out);
+    free(pass_out);
+    CUDA_CHECK(cudaFree(b.qkv));
+    CUDA_CHECK(cudaFree(b.dqkv));
+    CUDA_CHECK(cudaFree(b.dout));
+    CUDA_CHECK(cudaFree(b.out));
+    CUDA_CHECK(cudaFree(b.lse));
+    CUDA_CHECK(cudaFree(b.rowsum));
+}
+
 /* SMs of the device the sm_90 figures describe (an H100 SXM has 132, as has an H200). */
 #define LAUNCH_SM90_SMS 132
 
@@ -295,10 +363,11 @@ int main(int argc, char** argv) {
     static const int defaults[] = {16, 1024, 12, 64, 4, 8192, 16, 128};
     static const int long_shapes[] = {1, 32768, 16, 64, 1, 32768, 16, 128, 1, 131072, 16, 64, 1, 131072, 16, 128};
     const bool launch = argc > 1 && strcmp(argv[1], "--launch") == 0, long_set = argc == 2 && strcmp(argv[1], "--long") == 0;
-    const bool fill = argc > 1 && strcmp(argv[1], "--fill") == 0;
+    const bool fill = argc > 1 && strcmp(argv[1], "--fill") == 0, rope = argc > 1 && strcmp(argv[1], "--rope") == 0;
+    if (rope && argc != 7) fail("bench_attention: --rope takes one shape: B T NH NKV HS");
     if (launch && argc != 6 && argc != 7) fail("bench_attention: --launch takes one shape: B T NH HS [NKV]");
     if (fill && argc != 2) fail("bench_attention: --fill takes no arguments");
-    if (!launch && !long_set && !fill && (argc - 1) % 4) fail("bench_attention: arguments come in groups of four: B T NH HS");
+    if (!launch && !long_set && !fill && !rope && (argc - 1) % 4) fail("bench_attention: arguments come in groups of four: B T NH HS");
     const int* preset = long_set ? long_shapes : defaults;
     const bool own_shapes = argc > 1 && !long_set;
     int nshapes = own_shapes ? (argc - 1) / 4 : long_set ? 4 : 2;
@@ -327,6 +396,21 @@ int main(int argc, char** argv) {
     if (devices == 0) {
         printf("SKIP: no CUDA device (%s)\n", why);
         return 77;
+    }
+    if (rope) {
+        const int B = parse_positive(argv[2], "B"), T = parse_positive(argv[3], "T"), NH = parse_positive(argv[4], "NH");
+        const int NKV = parse_positive(argv[5], "NKV"), hs = parse_positive(argv[6], "HS");
+        if (NH % NKV) fail("bench_attention: NKV %d does not divide NH %d", NKV, NH);
+        if (hs % 2) fail("bench_attention: RoPE turns pairs of channels: head size %d is odd", hs);
+        if ((long long)B * NH > 65535) fail("bench_attention: B*NH = %lld exceeds the grid limit 65535", (long long)B * NH);
+        switch (attention_head_bucket(hs)) {
+        case 16: rope_report<16>(B, T, NH, NKV, hs); break;
+        case 32: rope_report<32>(B, T, NH, NKV, hs); break;
+        case 64: rope_report<64>(B, T, NH, NKV, hs); break;
+        case 128: rope_report<128>(B, T, NH, NKV, hs); break;
+        default: fail("bench_attention: head size %d is above the 128 the kernels support", hs);
+        }
+        return 0;
     }
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

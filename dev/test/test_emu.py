@@ -738,6 +738,29 @@ def test_bench_attention_emulated(emu_build):
     assert bad.returncode == 1 and "groups of four" in bad.stderr, explain(bad)
 
 
+def test_bench_attention_rope_emulated(emu_build):
+    """bench_attention --rope: one line per shape with the forward's RoPE pass, the backward without RoPE, with dQ and dK
+    turned back in its epilogues, and followed by the pass instead. At hs64 the mma epilogues turn in fp32 and round
+    once, the pass after them rounds twice: apart by about bf16's rounding, far below a wrong turn's O(1). At hs48 (tc,
+    padded to 64) the backward itself takes the pass after its kernels (attention_rope_fused): the same bits."""
+    exe = OUT / "emu_bench_attention_bf16"
+    assert exe.exists(), "the emulator build succeeded but left out emu_bench_attention_bf16"
+    fields = {}
+    for shape, kernels in (("1 70 4 2 64", "mma"), ("1 40 4 2 48", "tc+pass")):
+        res = emu_run([exe, "--rope", *shape.split()], timeout=300)
+        assert res.returncode == 0, explain(res)
+        line = [x for x in res.stdout.splitlines() if x.startswith("rope ")]
+        assert len(line) == 1, res.stdout
+        fields[kernels] = dict(kv.split("=", 1) for kv in line[0].split()[1:])
+        assert fields[kernels]["kernels"] == kernels, line
+        for key in ("pass_ms", "pass_GBps", "fwd_ms", "bwd_ms", "bwd_fused_ms", "bwd_then_pass_ms", "saved_ms"):
+            float(fields[kernels][key])
+    assert 0 < float(fields["mma"]["bwd_fused_vs_pass_rel"]) < 1e-2, fields["mma"]
+    assert float(fields["tc+pass"]["bwd_fused_vs_pass_rel"]) == 0.0, fields["tc+pass"]
+    bad = emu_run([exe, "--rope", "1", "2", "3"])
+    assert bad.returncode == 1 and "--rope takes one shape" in bad.stderr, explain(bad)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_misaligned_bias_takes_the_bias_kernel(emu_build, precision):
     """test_gpt's check_bias_fallback: the path a GPU takes for a bias cuBLASLt's epilogue cannot read."""
