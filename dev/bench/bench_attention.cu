@@ -90,6 +90,30 @@ __global__ void bench_fill_kernel(floatX* x, size_t n, uint64_t stream) {
 
 typedef struct { floatX *qkv, *dout, *out, *dqkv; float *lse, *rowsum; } BenchBuffers;
 
+/* The buffers of n_qkv (qkv, dqkv), n_out (out, dout) and n_stat (lse, rowsum) elements; qkv and dout filled. */
+static BenchBuffers bench_buffers(size_t n_qkv, size_t n_out, size_t n_stat) {
+    BenchBuffers b;
+    CUDA_CHECK(cudaMalloc((void**)&b.qkv, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.dqkv, n_qkv * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.dout, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.out, n_out * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&b.lse, n_stat * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&b.rowsum, n_stat * sizeof(float)));
+    bench_fill_kernel<<<grid_for(n_qkv, 256), 256>>>(b.qkv, n_qkv, 1);
+    bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
+    CUDA_CHECK_LAUNCH();
+    return b;
+}
+
+static void bench_buffers_free(BenchBuffers* b) {
+    CUDA_CHECK(cudaFree(b->qkv));
+    CUDA_CHECK(cudaFree(b->dqkv));
+    CUDA_CHECK(cudaFree(b->dout));
+    CUDA_CHECK(cudaFree(b->out));
+    CUDA_CHECK(cudaFree(b->lse));
+    CUDA_CHECK(cudaFree(b->rowsum));
+}
+
 /* One kernel family at one dropout site: times and outputs (host fp32, owned). */
 typedef struct { float fwd_ms, bwd_ms, *out, *dqkv; } BenchRun;
 
@@ -156,16 +180,7 @@ static void bench_run_free(BenchRun* r) {
 template <int HS> static void bench_shape(int B, int T, int NH, int hs, int first) {
     const int C = NH * hs;
     const size_t n_qkv = (size_t)B * T * 3 * C, n_out = (size_t)B * T * C, n_stat = (size_t)B * NH * T;
-    BenchBuffers b;
-    CUDA_CHECK(cudaMalloc((void**)&b.qkv, n_qkv * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.dqkv, n_qkv * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.dout, n_out * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.out, n_out * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.lse, n_stat * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&b.rowsum, n_stat * sizeof(float)));
-    bench_fill_kernel<<<grid_for(n_qkv, 256), 256>>>(b.qkv, n_qkv, 1);
-    bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
-    CUDA_CHECK_LAUNCH();
+    BenchBuffers b = bench_buffers(n_qkv, n_out, n_stat);
     const double fwd_flops = 2.0 * B * NH * (double)T * T * hs, bwd_flops = 2.5 * fwd_flops;
     const DropoutSite none = attention_no_dropout();
     DropoutState drop_state = {{0}, 1234, 0, 1, 0, 0, 0};
@@ -196,12 +211,7 @@ template <int HS> static void bench_shape(int B, int T, int NH, int hs, int firs
     }
     bench_run_free(&ref);
     bench_run_free(&ref_drop);
-    CUDA_CHECK(cudaFree(b.qkv));
-    CUDA_CHECK(cudaFree(b.dqkv));
-    CUDA_CHECK(cudaFree(b.dout));
-    CUDA_CHECK(cudaFree(b.out));
-    CUDA_CHECK(cudaFree(b.lse));
-    CUDA_CHECK(cudaFree(b.rowsum));
+    bench_buffers_free(&b);
 }
 
 static int parse_positive(const char* s, const char* what) {
@@ -215,16 +225,7 @@ static int parse_positive(const char* s, const char* what) {
 template <int HS> static void rope_report(int B, int T, int NH, int NKV, int hs) {
     const AttHeads hd = att_heads(NH, NKV, hs);
     const size_t rows = (size_t)B * T, n_qkv = rows * hd.q_ld, n_out = rows * hd.out_ld, n_stat = rows * NH;
-    BenchBuffers b;
-    CUDA_CHECK(cudaMalloc((void**)&b.qkv, n_qkv * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.dqkv, n_qkv * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.dout, n_out * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.out, n_out * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&b.lse, n_stat * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&b.rowsum, n_stat * sizeof(float)));
-    bench_fill_kernel<<<grid_for(n_qkv, 256), 256>>>(b.qkv, n_qkv, 1);
-    bench_fill_kernel<<<grid_for(n_out, 256), 256>>>(b.dout, n_out, 2);
-    CUDA_CHECK_LAUNCH();
+    BenchBuffers b = bench_buffers(n_qkv, n_out, n_stat);
     ModelConfig cfg;
     if (config_from_descriptor("llama3.1-8b", &cfg) != 0) fail("bench_attention: the llama3.1-8b preset is missing");
     cfg.head_size = hs;
@@ -258,12 +259,7 @@ template <int HS> static void rope_report(int B, int T, int NH, int NKV, int hs)
            norm_rel(fused_out, pass_out, n_qkv));
     free(fused_out);
     free(pass_out);
-    CUDA_CHECK(cudaFree(b.qkv));
-    CUDA_CHECK(cudaFree(b.dqkv));
-    CUDA_CHECK(cudaFree(b.dout));
-    CUDA_CHECK(cudaFree(b.out));
-    CUDA_CHECK(cudaFree(b.lse));
-    CUDA_CHECK(cudaFree(b.rowsum));
+    bench_buffers_free(&b);
 }
 
 /* SMs of the device the sm_90 figures describe (an H100 SXM has 132, as has an H200). */
