@@ -250,11 +250,12 @@ template <int HS> static void rope_report(int B, int T, int NH, int NKV, int hs)
     CUDA_CHECK(cudaDeviceSynchronize());
     float* pass_out = fetch(b.dqkv, n_qkv);
     const double pass_bytes = 2.0 * rows * heads * hs * sizeof(floatX); /* Q and K read and written */
-    const int family = attention_family(kind, hs);
-    const char* name = family == ATT_KIND_SIMT ? "simt" : family == ATT_KIND_MMA && attention_mma_fits(kind, HS, hs, b.out, b.qkv, b.dqkv) ? "mma" : "tc";
+    int family = attention_family(kind, hs);
+    if (family == ATT_KIND_MMA && !attention_mma_fits(kind, HS, hs, b.out, b.qkv, b.dqkv)) family = ATT_KIND_TC;
+    const char* name = family == ATT_KIND_SIMT ? "simt" : family == ATT_KIND_MMA ? "mma" : "tc";
     printf("rope B=%d T=%d NH=%d NKV=%d hs=%d kernels=%s%s pass_ms=%.4f pass_GBps=%.1f fwd_ms=%.3f bwd_ms=%.3f bwd_fused_ms=%.3f "
            "bwd_then_pass_ms=%.3f saved_ms=%.4f bwd_fused_vs_pass_rel=%.2e\n",
-           B, T, NH, NKV, hs, name, attention_rope_fused(HS, hs) ? "" : "+pass", pass_ms,
+           B, T, NH, NKV, hs, name, attention_rope_in_kernels(family, HS, hs) ? "" : "+pass", pass_ms,
            pass_bytes / (pass_ms * 1e-3) / 1e9, fwd_ms, bwd_ms, fused_ms, then_pass_ms, then_pass_ms - fused_ms,
            norm_rel(fused_out, pass_out, n_qkv));
     free(fused_out);

@@ -110,8 +110,9 @@ BLOCK_CASES = ["blocks:hs32:64:2:300:37", "blocks:hs64:128:2:300:70", "blocks:hs
 # Groups of 2, 3 (smollm2-135m's 9/3 at hs64) and 4 (hs128: llama3.1-8b's group); hs64 and hs128 run the
 # mma kernels in the 16-bit builds, hs32 the tc ones, fp32 the simt ones. Every case runs the backward again with
 # RoPE's turn back of dQ and dK (llama3's scaling; yarn's with documents restarting positions) against the CPU's
-# backward then rope_rotate: in the kernels' epilogues where the head size is the template's, by the pass after
-# them at hs48 (padded to 64); the rings turn back as their fp32 sums are stored. A few seconds each.
+# backward then rope_rotate: in the mma and simt kernels' epilogues (simt: where the head size is the template's),
+# by the pass after them in the tc family (hs32 and hs48 here; hs48 is padded to 64); the rings turn back as their
+# fp32 sums are stored. A few seconds each.
 GQA_CASES = ["gqa:g2hs64:4:2:64:77", "gqadrop:g3hs64:9:3:64:70", "gqa:g4hs128:8:2:128:45", "gqadrop:g2hs32:4:2:32:45",
              "gqaring2:g2hs64:4:2:64:37", "gqaring3:g3hs32:6:2:32:24", "gqa:g2hs48:4:2:48:40"]
 # The slow set: more groups (1, 3, 4, 7: qwen2.5-0.5b's 14/2), head sizes and T, and the rings at hs128.
@@ -467,16 +468,16 @@ def test_gpt_token_tile_mutants_fail_emulated(emu_build, tmp_path, what):
 # Mutants of RoPE's turn back in the attention backward (llmc/cuda/rope.cuh's RopeRows in the kernels' epilogues), each
 # with the grouped-query case that must fail (check_attention_gqa_rope and the ring's store against the CPU): the mma
 # dK/dV kernel's dK not turned, the mma epilogues' position taken from the warp's first row instead of each row's,
-# the tc store pairing a column with its neighbour's partner, the simt dQ kernel's dQ not turned (FP32), the ring's
-# store turning dV too.
+# the simt dQ kernel's dQ not turned (FP32), the simt dK/dV kernel pairing element e with e + CH/2 + 1 (FP32), the
+# ring's store turning dV too.
 ROPE_MUTANTS = {
     "mma dK not turned back": ("bf16", "gqa:g2hs64:4:2:64:45", "llmc/cuda/attention_mma.cuh",
                                "        if (rope.table.half) att_mma_rope_back<HS>(dk, rope, b, r0, T);\n", ""),
     "mma position of the warp's first row": ("bf16", "gqa:g4hs128:8:2:128:45", "llmc/cuda/attention_mma.cuh",
                                              "const double pos = rope_position_at(rope, b, t);\n#pragma unroll\n        for (int ot = 0;",
                                              "const double pos = rope_position_at(rope, b, r0);\n#pragma unroll\n        for (int ot = 0;"),
-    "tc pair's neighbour": ("bf16", "gqa:g2hs32:4:2:32:45", "llmc/cuda/attention_tc.cuh",
-                            "hi = scratch[r * ldm + W + c], co, si;", "hi = scratch[r * ldm + W + (c ^ 1)], co, si;"),
+    "simt pair's neighbour": ("fp32", "gqa:g4hs128:8:2:128:45", "llmc/cuda/attention.cuh",
+                              "rope_turn(&x[e], &x[e + CH / 2], co, si);", "rope_turn(&x[e], &x[(e + CH / 2 + 1) % CH], co, si);"),
     "simt dQ not turned back": ("fp32", "gqa:g2hs64:4:2:64:45", "llmc/cuda/attention.cuh",
                                 "        if (rope.table.half) att_rope_back_row<HS>(dq, rope, b, t, g);\n", ""),
     "ring store turns dV": ("bf16", "gqaring2:g2hs64:4:2:64:37", "llmc/cuda/attention.cuh",
@@ -742,7 +743,7 @@ def test_bench_attention_rope_emulated(emu_build):
     """bench_attention --rope: one line per shape with the forward's RoPE pass, the backward without RoPE, with dQ and dK
     turned back in its epilogues, and followed by the pass instead. At hs64 the mma epilogues turn in fp32 and round
     once, the pass after them rounds twice: apart by about bf16's rounding, far below a wrong turn's O(1). At hs48 (tc,
-    padded to 64) the backward itself takes the pass after its kernels (attention_rope_fused): the same bits."""
+    padded to 64) the backward itself takes the pass after its kernels (attention_rope_in_kernels): the same bits."""
     exe = OUT / "emu_bench_attention_bf16"
     assert exe.exists(), "the emulator build succeeded but left out emu_bench_attention_bf16"
     fields = {}

@@ -426,7 +426,7 @@ template <int HS> __device__ __forceinline__ void att_store_row(floatX* row, con
 
 /* RoPE's turn back (rope.cuh) of this thread's channels of row t of
  * sequence b of dQ or dK, where the head size is the template's
- * (hs = HS, which the launchers check: attention_rope_fused): channel c <
+ * (hs = HS, which the launcher checks: attention_rope_in_kernels): channel c <
  * HS/2 of element e pairs with c + HS/2, element e + CH/2 of the same
  * thread (att_channel's chunks: CH/8 chunks further, G threads apart). */
 template <int HS> __device__ __forceinline__ void att_rope_back_row(float* x, const RopeRows& rope, int b, int t, int g) {
@@ -847,16 +847,23 @@ static void attention_forward_launch(floatX* out, float* lse, const floatX* qkv,
     else attention_forward_launch_as<HS, false>(out, lse, qkv, B, T, hd, kind, drop, doc_start, stream);
 }
 
-/* RoPE in the backward (rope.cuh): the kernels turn dQ and dK back in
- * their epilogues where the head size is the template's (16, 32, 64, 128),
- * so that every family holds a channel and its pair (c + HS/2) in one
- * thread or one warp's scratch; at other head sizes (the simt and tc
- * families' padded buckets) rope.cuh's pass turns dqkv back after them. */
-static inline bool attention_rope_fused(int HS, int hs) { return HS == hs; }
+/* RoPE in the backward (rope.cuh): the kernels of `family` turn dQ and dK
+ * back in their epilogues, where a channel and its pair (c + HS/2) meet in
+ * one thread: the mma kernels (head sizes 64 and 128, their templates'),
+ * and the simt ones where the head size is the template's (16, 32, 64,
+ * 128; not a padded bucket). Elsewhere rope.cuh's pass turns dqkv back
+ * after them: the tc kernels, at their register limits (the dK/dV kernel
+ * at 255 at hs128), spilled with the turn in their epilogue (BF16 hs128
+ * with dropout 8 bytes, FP16 hs32 4), and the padded simt buckets would
+ * need the pair from another thread. */
+static inline bool attention_rope_in_kernels(int family, int HS, int hs) {
+    return family == ATT_KIND_MMA || (family == ATT_KIND_SIMT && HS == hs);
+}
 
-/* rope: the turn in the kernels' epilogues (table.half 0: none). */
+/* rope: RoPE's rows (table.half 0: none); returns whether the kernels
+ * that ran turned dQ and dK back by it (attention_rope_in_kernels). */
 template <int HS, bool DROPOUT>
-static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
+static bool attention_backward_launch_as(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                          const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
                                          const int* doc_start, const RopeRows& rope, cudaStream_t stream) {
     const int hs = hd.HD, NH = hd.NH, NKV = hd.NKV;
@@ -868,46 +875,52 @@ static void attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
         if (attention_mma_fits(kind, HS, hs, dqkv, dout, qkv) && attention_mma_fits(kind, HS, hs, out, out, out)) {
             att_pack_grid(B, T, NH, NKV, 16, ATT_MMA_WARPS); /* the grid limit on B*NKV, checked before any launch */
             attention_mma_backward_launch<HS>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, scale, drop, doc_start, rope, stream);
-            return;
+            return true;
         }
     }
     if (kind != ATT_KIND_SIMT) {
         attention_tc_backward_dq_kernel<HS, DROPOUT><<<att_tc_grid(B, T, NH, NKV), ATT_TC_THREADS, 0, stream>>>(
-            dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, doc_start, rope);
+            dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, doc_start);
         CUDA_CHECK_LAUNCH();
         const size_t dkv_smem = AttTcDkvSmem<HS>::BYTES;
         CUDA_CHECK(cudaFuncSetAttribute(attention_tc_backward_dkv_kernel<HS, DROPOUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dkv_smem));
         attention_tc_backward_dkv_kernel<HS, DROPOUT><<<attention_grid(B, T, NKV, ATT_TC_ROWS), ATT_TC_THREADS, dkv_smem, stream>>>(
-            dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, doc_start, rope);
+            dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, doc_start);
         CUDA_CHECK_LAUNCH();
-        return;
+        return false;
     }
 #else
     (void)kind;
 #endif
+    const bool turn = attention_rope_in_kernels(ATT_KIND_SIMT, HS, hs);
+    RopeRows in_kernels;
+    memset(&in_kernels, 0, sizeof(in_kernels));
+    if (turn) in_kernels = rope;
     attention_backward_dq_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, NKV), AttConfig<HS>::THREADS, 0, stream>>>(
-        dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs, rope);
+        dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs, in_kernels);
     CUDA_CHECK_LAUNCH();
     attention_backward_dkv_kernel<HS, DROPOUT, false><<<attention_grid(B, T, NKV, ATT_ROWS), AttConfig<HS>::THREADS, 0, stream>>>(
-        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs, rope);
+        dqkv, rowsum, dout, qkv, lse, T, hd, scale, drop, docs, in_kernels);
     CUDA_CHECK_LAUNCH();
+    return turn;
 }
 
 /* rope: RoPE's rows (NULL or table.half 0: none), turned back in the
- * kernels or after them (attention_rope_fused). */
+ * kernels or after them (attention_rope_in_kernels). */
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
                                       cudaStream_t stream, const int* doc_start = nullptr, const RopeRows* rope = nullptr) {
-    const bool turn = rope && rope->table.half, fused = turn && attention_rope_fused(HS, hd.HD);
+    const bool turn = rope && rope->table.half;
     if (turn && 2 * rope->table.half != hd.HD) fail("attention: RoPE's table is for head size %d, the heads' is %d", 2 * rope->table.half, hd.HD);
     if (turn && rope->lay.T != T) fail("attention: RoPE's rows are sequences of %d tokens, the call's of %d", rope->lay.T, T);
-    RopeRows in_kernels;
-    memset(&in_kernels, 0, sizeof(in_kernels));
-    if (fused) in_kernels = *rope;
-    if (drop.threshold) attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, in_kernels, stream);
-    else attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, in_kernels, stream);
-    if (turn && !fused) gpu_rope_rotate(dqkv, hd.q_ld, rope, 0, B * T, hd.NH + hd.NKV, -1, stream);
+    RopeRows rows;
+    memset(&rows, 0, sizeof(rows));
+    if (turn) rows = *rope;
+    const bool turned = drop.threshold
+                            ? attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, rows, stream)
+                            : attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, rows, stream);
+    if (turn && !turned) gpu_rope_rotate(dqkv, hd.q_ld, rope, 0, B * T, hd.NH + hd.NKV, -1, stream);
 }
 
 /* One kernel launch of the attention forward or backward, as the launchers

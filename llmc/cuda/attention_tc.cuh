@@ -62,7 +62,6 @@
 
 #include <mma.h>
 #include "cuda_common.cuh"
-#include "rope.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "tensor-core attention (16-bit WMMA) needs sm_80 or newer: build with ATTENTION=simt for an older GPU"
@@ -187,41 +186,6 @@ __device__ __forceinline__ void att_tc_store_rows(floatX* dst, size_t ld, int r0
         for (int i = lane; i < 256; i += 32) {
             int r = i / 16, c = f * 16 + i % 16;
             if (r0 + r < T && c < hs) dst[(size_t)(r0 + r) * ld + c] = from_f32<floatX>(scratch[r * ldm + i % 16]);
-        }
-        __syncwarp();
-    }
-}
-
-/* att_tc_store_rows with RoPE's turn back (rope.cuh) first, for a head size
- * that is the template's (hs = HS): channel c < HS/2 pairs with c + HS/2.
- * With two fragments or more, fragment f < NF/2 and fragment f + NF/2 hold
- * the pairs' halves at the same column: they go side by side into the
- * scratch (columns 0..15 and 16..31; ldm >= 32); HS 16 has one fragment,
- * whose columns 0..7 pair with 8..15. Each lane then turns whole pairs.
- * b: the rows' sequence. */
-template <int HS>
-__device__ __forceinline__ void att_tc_store_rows_rope(floatX* dst, size_t ld, int r0, int T, FragAcc* acc, float* scratch, int ldm,
-                                                       const RopeRows& rope, int b) {
-    constexpr int NF = AttTc<HS>::NF, W = NF >= 2 ? 16 : 8; /* pairs per row and step; the second halves W columns on */
-    static_assert(AttTc<HS>::SLD >= 32, "two fragments side by side in a warp's score scratch");
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int f = 0; f < (NF >= 2 ? NF / 2 : 1); f++) {
-        wmma::store_matrix_sync(scratch, acc[f], ldm, wmma::mem_row_major);
-        if constexpr (NF >= 2) wmma::store_matrix_sync(scratch + 16, acc[f + NF / 2], ldm, wmma::mem_row_major);
-        __syncwarp();
-        const int c = lane % W, j = f * W + c; /* this lane's pair: the same channel in each of its rows */
-        const double freq = rope.table.inv_freq[j];
-#pragma unroll 1 /* a row at a time: its double angle beside the accumulators still live */
-        for (int r = lane / W; r < 16; r += 32 / W) {
-            const int t = r0 + r;
-            if (t < T) {
-                float lo = scratch[r * ldm + c], hi = scratch[r * ldm + W + c], co, si; /* channels j and j + HS/2 */
-                rope_cos_sin(rope_position_at(rope, b, t), freq, rope.table.mscale, -1, &co, &si);
-                rope_turn(&lo, &hi, co, si);
-                dst[(size_t)t * ld + j] = from_f32<floatX>(lo);
-                dst[(size_t)t * ld + j + HS / 2] = from_f32<floatX>(hi);
-            }
         }
         __syncwarp();
     }
@@ -448,8 +412,7 @@ template <int HS> struct AttTcDqSmem {
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv, const floatX* out,
-                                const float* lse, int T, const AttHeads hd, float scale, DropoutSite drop, const int* doc_start,
-                                const RopeRows rope) {
+                                const float* lse, int T, const AttHeads hd, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDqSmem<HS> L;
     __shared__ __align__(128) unsigned char smem[L::BYTES];
@@ -516,9 +479,7 @@ attention_tc_backward_dq_kernel(floatX* dqkv, float* rowsum, const floatX* dout,
         att_tc_accumulate<HS>(dq, dSw, Ks);
         __syncwarp(); /* dSw is rewritten at the next tile */
     }
-    floatX* drows = dqkv + att_tc_head_rows(warp_bh[warp], T, hd.NH, hs, ld);
-    if (rope.table.half) att_tc_store_rows_rope<HS>(drows, ld, r0, T, dq, Sw, Cfg::SLD, rope, warp_bh[warp] / hd.NH);
-    else att_tc_store_rows<HS>(drows, ld, r0, T, hs, dq, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(dqkv + att_tc_head_rows(warp_bh[warp], T, hd.NH, hs, ld), ld, r0, T, hs, dq, Sw, Cfg::SLD);
 }
 
 /* ---- backward, pass 2: dk and dv ----
@@ -565,7 +526,7 @@ __device__ __forceinline__ unsigned att_tc_keep_col16_rolled(const DropoutSite& 
 template <int HS, bool DROPOUT>
 __global__ void __launch_bounds__(ATT_TC_THREADS)
 attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX* dout, const floatX* qkv, const float* lse,
-                                 int T, const AttHeads hd, float scale, DropoutSite drop, const int* doc_start, const RopeRows rope) {
+                                 int T, const AttHeads hd, float scale, DropoutSite drop, const int* doc_start) {
     typedef AttTc<HS> Cfg;
     typedef AttTcDkvSmem<HS> L;
     extern __shared__ __align__(128) unsigned char smem[]; /* L::BYTES */
@@ -603,12 +564,10 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
     __shared__ const int* starts_rows;
     __shared__ int query_end; /* t_end, likewise */
     __shared__ floatX* dkv_rows; /* where dK and dV go, likewise, read after the loop */
-    __shared__ int rope_b;        /* the keys' sequence, for RoPE's positions, likewise */
     if (threadIdx.x == 0) {
         starts_rows = row_starts;
         query_end = t_end;
         dkv_rows = dqkv + (size_t)b * T * ld + (size_t)kvh * hs;
-        rope_b = b;
     }
     __syncthreads(); /* they are visible (the loop's bound is read before its first barrier; the loop may not run) */
     /* the group's query heads in order (dk, dv sum over all of them). The
@@ -669,9 +628,8 @@ attention_tc_backward_dkv_kernel(floatX* dqkv, const float* rowsum, const floatX
         }
     } while (++bh % hd.group);
     floatX* drows = dkv_rows;
-    att_tc_store_rows<HS>(drows + hd.v_off, ld, r0, T, hs, dv, Sw, Cfg::SLD); /* dV first: fewer registers live beside RoPE's turn of dK */
-    if (rope.table.half) att_tc_store_rows_rope<HS>(drows + hd.k_off, ld, r0, T, dk, Sw, Cfg::SLD, rope, rope_b);
-    else att_tc_store_rows<HS>(drows + hd.k_off, ld, r0, T, hs, dk, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(drows + hd.k_off, ld, r0, T, hs, dk, Sw, Cfg::SLD);
+    att_tc_store_rows<HS>(drows + hd.v_off, ld, r0, T, hs, dv, Sw, Cfg::SLD);
 }
 
 #endif
