@@ -188,7 +188,7 @@ def test_four_ranks_in_two_rings_with_zero1_match_one_process(bins, llama):
 
 
 MUTANTS = {
-    "rope-local-position": ("llmc/cuda/rope.cuh", "(double)(token_position(&lay, bt) -", "(double)((int)(bt % (size_t)lay.T) -"),
+    "rope-local-position": ("llmc/cuda/rope.cuh", "(double)(token_position(&r.lay, bt) -", "(double)((int)(bt % (size_t)r.lay.T) -"),
     "ring-read-with-query-width": ("llmc/cuda/ring.cuh", "*ld = (int)(step == 0 ? q + kv2 : kv2);",
                                    "*ld = (int)(step == 0 ? q + kv2 : 2 * q);"),
     "ring-pack-with-query-width": ("llmc/cuda/ring.cuh", "qkv + q, (q + kv2) * sizeof(floatX)", "qkv + q, 3 * q * sizeof(floatX)"),
