@@ -893,9 +893,7 @@ static bool attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     (void)kind;
 #endif
     const bool turn = attention_rope_in_kernels(ATT_KIND_SIMT, HS, hs);
-    RopeRows in_kernels;
-    memset(&in_kernels, 0, sizeof(in_kernels));
-    if (turn) in_kernels = rope;
+    const RopeRows in_kernels = turn ? rope : RopeRows{};
     attention_backward_dq_kernel<HS, DROPOUT, false><<<att_simt_grid<HS>(B, T, NH, NKV), AttConfig<HS>::THREADS, 0, stream>>>(
         dqkv, rowsum, dout, qkv, out, lse, T, hd, scale, drop, docs, in_kernels);
     CUDA_CHECK_LAUNCH();
@@ -905,18 +903,22 @@ static bool attention_backward_launch_as(floatX* dqkv, float* rowsum, const floa
     return turn;
 }
 
+/* Whether rope (NULL or table.half 0: none) turns heads of HD, which its table must be for. */
+static inline bool attention_rope_turns(const RopeRows* rope, int HD) {
+    if (!rope || !rope->table.half) return false;
+    if (2 * rope->table.half != HD) fail("attention: RoPE's table is for head size %d, the heads' is %d", 2 * rope->table.half, HD);
+    return true;
+}
+
 /* rope: RoPE's rows (NULL or table.half 0: none), turned back in the
  * kernels or after them (attention_rope_in_kernels). */
 template <int HS>
 static void attention_backward_launch(floatX* dqkv, float* rowsum, const floatX* dout, const floatX* qkv,
                                       const floatX* out, const float* lse, int B, int T, const AttHeads& hd, int kind, const DropoutSite& drop,
                                       cudaStream_t stream, const int* doc_start = nullptr, const RopeRows* rope = nullptr) {
-    const bool turn = rope && rope->table.half;
-    if (turn && 2 * rope->table.half != hd.HD) fail("attention: RoPE's table is for head size %d, the heads' is %d", 2 * rope->table.half, hd.HD);
+    const bool turn = attention_rope_turns(rope, hd.HD);
     if (turn && rope->lay.T != T) fail("attention: RoPE's rows are sequences of %d tokens, the call's of %d", rope->lay.T, T);
-    RopeRows rows;
-    memset(&rows, 0, sizeof(rows));
-    if (turn) rows = *rope;
+    const RopeRows rows = turn ? *rope : RopeRows{};
     const bool turned = drop.threshold
                             ? attention_backward_launch_as<HS, true>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, rows, stream)
                             : attention_backward_launch_as<HS, false>(dqkv, rowsum, dout, qkv, out, lse, B, T, hd, kind, drop, doc_start, rows, stream);
@@ -1251,8 +1253,7 @@ static inline void gpu_attention_ring_store_out(floatX* out, const float* out_ac
  * turned back on the way (NULL or table.half 0: none). */
 static inline void gpu_attention_ring_store_dqkv(floatX* dqkv, const float* dq_acc, const float* dkv_acc, size_t rows, int NH, int NKV, int HD,
                                                  cudaStream_t s, const RopeRows* rope = nullptr) {
-    if (rope && rope->table.half) {
-        if (2 * rope->table.half != HD) fail("attention: RoPE's table is for head size %d, the heads' is %d", 2 * rope->table.half, HD);
+    if (attention_rope_turns(rope, HD)) {
         attention_ring_store_dqkv_rope_kernel<<<attention_elementwise_blocks(rows * rope->table.half), 256, 0, s>>>(dqkv, dq_acc, dkv_acc, rows,
                                                                                                                     NH, NKV, *rope);
         CUDA_CHECK_LAUNCH();

@@ -15,11 +15,12 @@
  * QKV matmul (gpu_rope_rotate), because attention reads the turned rows
  * many times over (K and V once per query tile, Q and dO once per key tile
  * in the dK/dV kernel), and turning them at each load would compute each
- * angle that many times. The backward has no pass: the attention backward
- * kernels turn dQ and dK back in fp32 in their epilogues, before the one
- * rounding to floatX (rope_cos_sin and rope_turn, with a RopeRows
- * argument; attention.cuh, "RoPE in the backward"), and so does the
- * ring's store of its fp32 sums (ring.cuh).
+ * angle that many times. The backward has no pass where the mma and simt
+ * attention kernels run: they turn dQ and dK back in fp32 in their
+ * epilogues, before the one rounding to floatX (rope_cos_sin and
+ * rope_turn, with a RopeRows argument; attention.cuh's
+ * attention_rope_in_kernels says where), and so does the ring's store of
+ * its fp32 sums (ring.cuh). After the tc kernels this pass turns back.
  *
  * Positions: each row's as the CPU's encoder_position computes it: its place
  * in the sequence (token_position: under context parallelism the global one),
